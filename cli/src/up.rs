@@ -1,0 +1,112 @@
+//! `primus up`: NATS, Redis and the six services as local processes, like a cluster.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use primus_testkit::service::ServiceProcess;
+use primus_testkit::{NatsServer, RedisServer};
+
+use crate::{HealthRow, print_table, probe, services};
+
+pub struct UpOptions {
+    /// Where the servers keep data and the services write logs.
+    pub data_dir: PathBuf,
+    /// Where the service binaries are.
+    pub bin_dir: PathBuf,
+    pub nats_port: u16,
+    pub redis_port: u16,
+    /// Stop everything once healthy (a smoke check) instead of running until Ctrl-C.
+    pub check: bool,
+}
+
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+pub async fn up(options: UpOptions) -> anyhow::Result<()> {
+    let data = std::path::absolute(&options.data_dir)?;
+    let logs = data.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("create {}", logs.display()))?;
+
+    let nats = NatsServer::start_with(options.nats_port, Some(&data.join("nats")))
+        .context("starting nats-server")?;
+    let redis = RedisServer::start_with(options.redis_port, Some(&data.join("redis")))
+        .context("starting redis-server")?;
+    println!("nats   {}   (data in {})", nats.url(), nats.dir().display());
+    println!("redis  {}  (data in {})", redis.url(), redis.dir().display());
+
+    let settings = format!("nats:\n  url: {}\nredis:\n  url: {}\n", nats.url(), redis.url());
+    let mut running = Vec::new();
+    for (name, port) in services() {
+        let process = start(&options.bin_dir, &logs, name, port, &settings)?;
+        running.push(process);
+    }
+    for process in &mut running {
+        process
+            .wait_healthy(HEALTH_TIMEOUT)
+            .await
+            .map_err(anyhow::Error::msg)?;
+    }
+    let mut rows = Vec::new();
+    for process in &running {
+        rows.push(probe(process.name(), process.addr()).await);
+    }
+    print_table(&rows);
+    if !rows.iter().all(HealthRow::serving) {
+        bail!("not every service is serving (logs in {})", logs.display());
+    }
+
+    if options.check {
+        println!("all services healthy; stopping them (--check)");
+    } else {
+        println!("cluster up; logs in {}. Ctrl-C stops it.", logs.display());
+        wait_for_stop_signal().await?;
+    }
+    stop(running)
+}
+
+fn start(
+    bin_dir: &Path,
+    logs: &Path,
+    name: &str,
+    port: u16,
+    settings: &str,
+) -> anyhow::Result<ServiceProcess> {
+    let exe = bin_dir.join(name);
+    if !exe.is_file() {
+        bail!(
+            "{} not found (build with `cargo build --workspace`, or pass --bin-dir)",
+            exe.display()
+        );
+    }
+    ServiceProcess::start_on(&exe, logs, port, settings)
+        .with_context(|| format!("starting {name} on port {port}"))
+}
+
+async fn wait_for_stop_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+    Ok(())
+}
+
+/// SIGTERM to every service, newest first; each must exit 0.
+fn stop(running: Vec<ServiceProcess>) -> anyhow::Result<()> {
+    let mut failed = Vec::new();
+    for process in running.into_iter().rev() {
+        let name = process.name().to_owned();
+        match process.terminate(STOP_TIMEOUT) {
+            Ok(status) if status.success() => println!("{name:<22} stopped (exit 0)"),
+            Ok(status) => failed.push(format!("{name}: {status}")),
+            Err(e) => failed.push(e),
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!("services did not stop cleanly: {}", failed.join("; "))
+    }
+}

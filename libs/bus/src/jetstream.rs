@@ -1,0 +1,164 @@
+//! JetStream: streams, durable pull consumers, acknowledged publishing of prost messages.
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, AckKind, consumer, stream};
+use futures::StreamExt;
+use prost::Message;
+
+use crate::bus::decode;
+use crate::{Bus, BusError, Received};
+
+fn js_error(what: impl Into<String>) -> impl FnOnce(String) -> BusError {
+    let what = what.into();
+    move |message| BusError::JetStream { what, message }
+}
+
+/// A JetStream context over a [`Bus`] connection.
+#[derive(Clone)]
+pub struct JetStream {
+    context: jetstream::Context,
+}
+
+impl Bus {
+    pub fn jetstream(&self) -> JetStream {
+        JetStream {
+            context: jetstream::new(self.client().clone()),
+        }
+    }
+}
+
+impl JetStream {
+    /// Creates the stream `name` over `subjects`, or returns it when it exists.
+    pub async fn ensure_stream(
+        &self,
+        name: &str,
+        subjects: Vec<String>,
+    ) -> Result<stream::Stream, BusError> {
+        let config = stream::Config {
+            name: name.to_owned(),
+            subjects,
+            ..Default::default()
+        };
+        self.context
+            .get_or_create_stream(config)
+            .await
+            .map_err(|e| js_error(format!("create stream {name}"))(e.to_string()))
+    }
+
+    /// Publishes with trace context and waits for the server's ack; returns the sequence.
+    pub async fn publish<M: Message>(&self, subject: String, message: &M) -> Result<u64, BusError> {
+        let mut headers = HeaderMap::new();
+        primus_telemetry::propagation::inject_nats(&mut headers);
+        let what = format!("publish to {subject}");
+        let ack = self
+            .context
+            .publish_with_headers(subject, headers, message.encode_to_vec().into())
+            .await
+            .map_err(|e| js_error(what.clone())(e.to_string()))?
+            .await
+            .map_err(|e| js_error(what)(e.to_string()))?;
+        Ok(ack.sequence)
+    }
+
+    /// A durable pull consumer with explicit acks: a message not acked within `ack_wait`
+    /// is delivered again (to this or another process binding the same durable name).
+    pub async fn durable_consumer<M: Message + Default>(
+        &self,
+        stream_name: &str,
+        durable: &str,
+        filter_subject: Option<String>,
+        ack_wait: Duration,
+    ) -> Result<Consumer<M>, BusError> {
+        let what = format!("consumer {durable} on stream {stream_name}");
+        let stream = self
+            .context
+            .get_stream(stream_name)
+            .await
+            .map_err(|e| js_error(what.clone())(e.to_string()))?;
+        let config = consumer::pull::Config {
+            durable_name: Some(durable.to_owned()),
+            filter_subject: filter_subject.unwrap_or_default(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait,
+            ..Default::default()
+        };
+        let inner = stream
+            .get_or_create_consumer(durable, config)
+            .await
+            .map_err(|e| js_error(what)(e.to_string()))?;
+        Ok(Consumer {
+            inner,
+            _message: PhantomData,
+        })
+    }
+}
+
+/// A durable pull consumer decoding messages as `M`.
+pub struct Consumer<M> {
+    inner: consumer::PullConsumer,
+    _message: PhantomData<M>,
+}
+
+/// What one fetch brought: decoded deliveries, and messages that did not decode (those
+/// were terminated so they are not redelivered forever).
+pub struct Fetched<M> {
+    pub deliveries: Vec<Delivery<M>>,
+    pub rejected: Vec<BusError>,
+}
+
+impl<M: Message + Default> Consumer<M> {
+    /// Up to `max` messages, waiting at most `wait` for them to arrive.
+    pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Fetched<M>, BusError> {
+        let mut batch = self
+            .inner
+            .batch()
+            .max_messages(max)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| js_error("fetch")(e.to_string()))?;
+        let mut fetched = Fetched {
+            deliveries: Vec::new(),
+            rejected: Vec::new(),
+        };
+        while let Some(next) = batch.next().await {
+            let raw = next.map_err(|e| js_error("fetch")(e.to_string()))?;
+            match decode::<M>(&raw.subject, raw.headers.as_ref(), &raw.payload) {
+                Ok(received) => fetched.deliveries.push(Delivery { received, raw }),
+                Err(error) => {
+                    raw.ack_with(AckKind::Term)
+                        .await
+                        .map_err(|e| js_error("terminate an undecodable message")(e.to_string()))?;
+                    fetched.rejected.push(error);
+                }
+            }
+        }
+        Ok(fetched)
+    }
+}
+
+/// One delivered message; [`Delivery::ack`] once it is safely handled.
+pub struct Delivery<M> {
+    pub received: Received<M>,
+    raw: jetstream::Message,
+}
+
+impl<M> Delivery<M> {
+    /// The stream sequence of this message.
+    pub fn sequence(&self) -> Result<u64, BusError> {
+        self.raw
+            .info()
+            .map(|info| info.stream_sequence)
+            .map_err(|e| js_error("message info")(e.to_string()))
+    }
+
+    pub async fn ack(&self) -> Result<(), BusError> {
+        self.raw
+            .double_ack()
+            .await
+            .map_err(|e| js_error("ack")(e.to_string()))
+    }
+}

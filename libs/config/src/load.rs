@@ -1,0 +1,143 @@
+use std::collections::HashMap;
+use std::path::Path;
+
+use config::{Config, Environment, File, FileFormat, Value};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Environment variables starting with this prefix and holding a `__` are settings.
+pub const ENV_PREFIX: &str = "PRIMUS_";
+const ENV_SECTION_SEPARATOR: &str = "__";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("settings file {path}: {message}")]
+    File { path: String, message: String },
+    #[error("unknown setting `{key}` (set in {origin})")]
+    UnknownKey { key: String, origin: String },
+    #[error("setting `{key}` (set in {origin}): {message}")]
+    Invalid { key: String, origin: String, message: String },
+    #[error("settings: {0}")]
+    Other(String),
+}
+
+/// Renders settings as TOML (what `--print-settings` shows; loadable as a `--config` file).
+pub fn to_toml<T: Serialize>(settings: &T) -> Result<String, ConfigError> {
+    toml::to_string(settings).map_err(|e| ConfigError::Other(e.to_string()))
+}
+
+/// Loads settings over `defaults` from an optional file and the process environment.
+pub fn load_from_process<T: DeserializeOwned + Serialize>(
+    defaults: &T,
+    file: Option<&Path>,
+) -> Result<T, ConfigError> {
+    load(defaults, file, std::env::vars())
+}
+
+/// Loads settings: `defaults`, then the file (if any), then the given environment.
+pub fn load<T: DeserializeOwned + Serialize>(
+    defaults: &T,
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<T, ConfigError> {
+    let defaults = Config::try_from(defaults).map_err(|e| ConfigError::Other(e.to_string()))?;
+    let mut builder = Config::builder().add_source(defaults);
+    if let Some(path) = file {
+        builder = builder.add_source(File::from(path).format(file_format(path)?).required(true));
+    }
+    // Only PRIMUS_<SECTION>__<KEY> names are settings: a PRIMUS_TOKEN meant for the CLI
+    // must not be read as an unknown setting `token`.
+    let settings_env: HashMap<String, String> = env
+        .into_iter()
+        .filter(|(name, _)| {
+            name.strip_prefix(ENV_PREFIX)
+                .is_some_and(|rest| rest.contains(ENV_SECTION_SEPARATOR))
+        })
+        .collect();
+    builder = builder.add_source(
+        Environment::with_prefix(ENV_PREFIX.trim_end_matches('_'))
+            .prefix_separator("_")
+            .separator(ENV_SECTION_SEPARATOR)
+            .try_parsing(true)
+            .source(Some(settings_env)),
+    );
+    let layered = builder.build().map_err(|e| file_error(file, e))?;
+
+    let mut unknown = Vec::new();
+    let parsed = serde_ignored::deserialize(layered.clone(), |path| unknown.push(path.to_string()))
+        .map_err(|e| describe(&layered, e))?;
+    match unknown.into_iter().next() {
+        Some(key) => Err(ConfigError::UnknownKey {
+            origin: origin_of(&layered, &key),
+            key,
+        }),
+        None => Ok(parsed),
+    }
+}
+
+fn file_format(path: &Path) -> Result<FileFormat, ConfigError> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("yaml" | "yml") => Ok(FileFormat::Yaml),
+        Some("toml") => Ok(FileFormat::Toml),
+        // JSON is YAML, so the YAML parser reads it.
+        Some("json") => Ok(FileFormat::Yaml),
+        _ => Err(ConfigError::File {
+            path: path.display().to_string(),
+            message: "unsupported extension: use .yaml, .yml, .toml or .json".into(),
+        }),
+    }
+}
+
+fn file_error(file: Option<&Path>, error: config::ConfigError) -> ConfigError {
+    match file {
+        Some(path) => ConfigError::File {
+            path: path.display().to_string(),
+            message: error.to_string(),
+        },
+        None => ConfigError::Other(error.to_string()),
+    }
+}
+
+/// Where a key's value came from: a file path, "the environment", or the defaults.
+/// (`Config::get` re-deserializes values and loses their origin, so walk the merged tree.)
+fn origin_of(layered: &Config, key: &str) -> String {
+    let mut value: Value = layered.cache.clone();
+    for part in key.split('.') {
+        match value.into_table().ok().and_then(|mut t| t.remove(part)) {
+            Some(child) => value = child,
+            None => return DEFAULTS_ORIGIN.into(),
+        }
+    }
+    value.origin().unwrap_or(DEFAULTS_ORIGIN).to_owned()
+}
+
+const DEFAULTS_ORIGIN: &str = "the defaults";
+
+fn describe(layered: &Config, error: config::ConfigError) -> ConfigError {
+    match error {
+        config::ConfigError::Type {
+            origin,
+            unexpected,
+            expected,
+            key,
+        } => {
+            let key = key.unwrap_or_default();
+            ConfigError::Invalid {
+                origin: origin.unwrap_or_else(|| origin_of(layered, &key)),
+                message: format!("expected {expected}, found {unexpected}"),
+                key,
+            }
+        }
+        config::ConfigError::At {
+            error, origin, key, ..
+        } => {
+            let key = key.unwrap_or_default();
+            ConfigError::Invalid {
+                origin: origin.unwrap_or_else(|| origin_of(layered, &key)),
+                message: error.to_string(),
+                key,
+            }
+        }
+        other => ConfigError::Other(other.to_string()),
+    }
+}

@@ -1,0 +1,197 @@
+//! The typed settings of every service. Every field has a default, so an empty file is valid.
+//! Sections are shared types (`server`, `nats`, `telemetry`, ...); each service's settings
+//! type names the sections it reads.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// The gRPC listener and how long to drain on shutdown.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct ServerSettings {
+    /// host:port to listen on; port 0 picks a free one (logged at start).
+    pub grpc_addr: SocketAddr,
+    /// After SIGTERM, how long in-flight requests may take before the listener closes.
+    pub drain_timeout_ms: u64,
+}
+
+impl ServerSettings {
+    fn on_port(port: u16) -> Self {
+        Self {
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            drain_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Connection to the NATS server that carries events, heartbeats, metrics and streams.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct NatsSettings {
+    pub url: String,
+    /// First token of every subject (`primus.events...`), so clusters can share a server.
+    pub subject_prefix: String,
+    pub connect_timeout_ms: u64,
+    /// Attempts before giving up at start (a service waits for NATS, not forever).
+    pub connect_attempts: u32,
+}
+
+impl Default for NatsSettings {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            subject_prefix: "primus".into(),
+            connect_timeout_ms: 2_000,
+            connect_attempts: 10,
+        }
+    }
+}
+
+/// Connection to the Redis server holding resources and task queues.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct RedisSettings {
+    pub url: String,
+    /// Every key this cluster writes starts with this.
+    pub key_prefix: String,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379".into(),
+            key_prefix: "primus".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Pretty,
+    Json,
+}
+
+/// Logs and traces.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct TelemetrySettings {
+    /// An `EnvFilter` directive such as `info,primus_master=debug` (RUST_LOG overrides it).
+    pub log_filter: String,
+    pub log_format: LogFormat,
+    /// OTLP/gRPC collector (`http://127.0.0.1:4317`); traces are exported only when set.
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        Self {
+            log_filter: "info".into(),
+            log_format: LogFormat::Pretty,
+            otlp_endpoint: None,
+        }
+    }
+}
+
+/// Credentials and endpoint for `s3://` URLs (others need none).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default)]
+#[serde(default)]
+pub struct S3Settings {
+    /// Endpoint of an S3-compatible server (MinIO, SeaweedFS); empty means AWS.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    /// Allow plain http endpoints (loopback servers, MinIO in compose).
+    pub allow_http: bool,
+}
+
+/// Settings for `hdfs://` URLs.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct HdfsSettings {
+    /// Failover attempts against the namenode; the client's own default takes minutes to
+    /// give up on a dead namenode, so this stays small.
+    pub failover_max_attempts: u32,
+    pub failover_sleep_base_ms: u64,
+    pub failover_sleep_max_ms: u64,
+}
+
+impl Default for HdfsSettings {
+    fn default() -> Self {
+        Self {
+            failover_max_attempts: 1,
+            failover_sleep_base_ms: 100,
+            failover_sleep_max_ms: 1_000,
+        }
+    }
+}
+
+/// How object-store URLs are opened.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default)]
+#[serde(default)]
+pub struct StorageSettings {
+    pub s3: S3Settings,
+    pub hdfs: HdfsSettings,
+}
+
+/// Settings of `primus-api-server`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ApiServerSettings {
+    pub server: ServerSettings,
+    pub nats: NatsSettings,
+    pub redis: RedisSettings,
+    pub telemetry: TelemetrySettings,
+}
+
+impl Default for ApiServerSettings {
+    fn default() -> Self {
+        Self {
+            server: ServerSettings::on_port(DEFAULT_PORTS.api_server),
+            nats: NatsSettings::default(),
+            redis: RedisSettings::default(),
+            telemetry: TelemetrySettings::default(),
+        }
+    }
+}
+
+/// Settings of a service that needs only its listener, NATS and telemetry (today: master,
+/// data-executor, trainer, ps, serving-sync; each gets its own type once it needs more).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct NodeSettings {
+    pub server: ServerSettings,
+    pub nats: NatsSettings,
+    pub telemetry: TelemetrySettings,
+}
+
+impl NodeSettings {
+    /// Defaults with the listener on `port`.
+    pub fn on_port(port: u16) -> Self {
+        Self {
+            server: ServerSettings::on_port(port),
+            nats: NatsSettings::default(),
+            telemetry: TelemetrySettings::default(),
+        }
+    }
+}
+
+/// Default gRPC ports of the services on one host (`primus up` uses them too).
+pub struct DefaultPorts {
+    pub api_server: u16,
+    pub master: u16,
+    pub data_executor: u16,
+    pub trainer: u16,
+    pub ps: u16,
+    pub serving_sync: u16,
+}
+
+pub const DEFAULT_PORTS: DefaultPorts = DefaultPorts {
+    api_server: 7070,
+    master: 7071,
+    data_executor: 7072,
+    trainer: 7073,
+    ps: 7074,
+    serving_sync: 7075,
+};

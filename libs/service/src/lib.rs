@@ -1,0 +1,106 @@
+//! The harness every Primus service binary runs in.
+//!
+//! [`main`] parses `--config`/`--help`/`--version`, loads the service's settings
+//! (defaults, file, `PRIMUS_*` env), starts the tokio runtime and telemetry, turns SIGTERM
+//! and SIGINT into a [`Shutdown`], runs the service, and flushes traces before exiting.
+//! [`Node`] is the service's gRPC listener: it always serves `grpc.health.v1.Health`, which
+//! reports NOT_SERVING while a dependency (NATS, Redis) is unreachable or once draining began.
+
+mod node;
+mod shutdown;
+
+pub use node::Node;
+pub use shutdown::Shutdown;
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Arg, ArgAction, Command};
+use primus_config::{ApiServerSettings, NodeSettings, TelemetrySettings};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A settings type a service can be launched with.
+pub trait ServiceSettings: Serialize + DeserializeOwned + Send + 'static {
+    fn telemetry(&self) -> &TelemetrySettings;
+}
+
+impl ServiceSettings for NodeSettings {
+    fn telemetry(&self) -> &TelemetrySettings {
+        &self.telemetry
+    }
+}
+
+impl ServiceSettings for ApiServerSettings {
+    fn telemetry(&self) -> &TelemetrySettings {
+        &self.telemetry
+    }
+}
+
+fn command(service: &'static str, about: &'static str) -> Command {
+    Command::new(service)
+        .about(about)
+        .version(env!("CARGO_PKG_VERSION"))
+        .arg(
+            Arg::new("config")
+                .long("config")
+                .short('c')
+                .value_name("FILE")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("Settings file (.yaml, .yml, .toml or .json)"),
+        )
+        .arg(
+            Arg::new("print-settings")
+                .long("print-settings")
+                .action(ArgAction::SetTrue)
+                .help("Print the effective settings as TOML and exit"),
+        )
+        .after_help(
+            "Settings: built-in defaults, then the --config file, then environment variables \
+             PRIMUS_<SECTION>__<KEY> (e.g. PRIMUS_NATS__URL=nats://10.0.0.5:4222).\n\
+             Unknown keys and wrong types fail at start, naming the key and where it was set.\n\
+             SIGTERM or SIGINT: stop accepting work, drain, exit 0.",
+        )
+}
+
+/// Runs a service binary: `run` gets its settings and a [`Shutdown`] that fires on
+/// SIGTERM/SIGINT, and should return once it has drained.
+pub fn main<S, F, Fut>(
+    service: &'static str,
+    about: &'static str,
+    defaults: S,
+    run: F,
+) -> anyhow::Result<()>
+where
+    S: ServiceSettings,
+    F: FnOnce(S, Shutdown) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let matches = command(service, about).get_matches();
+    let file = matches.get_one::<PathBuf>("config");
+    let settings: S = primus_config::load_from_process(&defaults, file.map(PathBuf::as_path))
+        .with_context(|| format!("{service}: invalid settings"))?;
+    if matches.get_flag("print-settings") {
+        print!("{}", primus_config::to_toml(&settings)?);
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name(service)
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let telemetry = primus_telemetry::init(service, settings.telemetry())?;
+        let shutdown = Shutdown::new();
+        shutdown.trigger_on_signals()?;
+        tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
+        let result = run(settings, shutdown).await;
+        match &result {
+            Ok(()) => tracing::info!(service, "stopped"),
+            Err(e) => tracing::error!(service, error = format!("{e:#}"), "failed"),
+        }
+        telemetry.shutdown();
+        result
+    })
+}

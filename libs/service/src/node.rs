@@ -1,0 +1,148 @@
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::future::BoxFuture;
+use primus_bus::Bus;
+use primus_config::{NatsSettings, ServerSettings};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::Routes;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::Shutdown;
+
+const DEPENDENCY_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// A check that does not answer within this is a dependency that is down.
+const DEPENDENCY_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+type Check = Box<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync>;
+
+/// A service's gRPC listener, bound before serving so its address is known (port 0 works).
+pub struct Node {
+    service: &'static str,
+    listener: TcpListener,
+    drain_timeout: Duration,
+    dependencies: Vec<(&'static str, Check)>,
+}
+
+impl Node {
+    pub async fn bind(service: &'static str, settings: &ServerSettings) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(settings.grpc_addr).await.with_context(|| {
+            format!(
+                "cannot listen on {} (setting `server.grpc_addr`)",
+                settings.grpc_addr
+            )
+        })?;
+        Ok(Self {
+            service,
+            listener,
+            drain_timeout: Duration::from_millis(settings.drain_timeout_ms),
+            dependencies: Vec::new(),
+        })
+    }
+
+    pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Health reports NOT_SERVING whenever `check` says the dependency `name` is down.
+    pub fn depends_on<F, Fut>(&mut self, name: &'static str, check: F)
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = bool> + Send + 'static,
+    {
+        self.dependencies
+            .push((name, Box::new(move || Box::pin(check()))));
+    }
+
+    /// Connects to NATS and makes the connection a health dependency.
+    pub async fn connect_nats(&mut self, settings: &NatsSettings) -> anyhow::Result<Bus> {
+        let bus = Bus::connect(settings).await?;
+        let probe = bus.clone();
+        self.depends_on("nats", move || {
+            let connected = probe.is_connected();
+            async move { connected }
+        });
+        Ok(bus)
+    }
+
+    /// Serves `routes` plus gRPC health until `shutdown`, then drains in-flight calls for
+    /// at most `server.drain_timeout_ms`.
+    pub async fn serve(self, routes: Routes, shutdown: Shutdown) -> anyhow::Result<()> {
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let addr = self.local_addr()?;
+        let service = self.service;
+        let monitor = tokio::spawn(monitor_dependencies(
+            service,
+            reporter.clone(),
+            self.dependencies,
+            shutdown.clone(),
+        ));
+        let stop = shutdown.clone();
+        let server = tonic::transport::Server::builder()
+            .trace_fn(primus_telemetry::propagation::grpc_server_span)
+            .add_routes(routes.add_service(health_service))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), async move {
+                stop.wait().await;
+                set_status(&reporter, service, ServingStatus::NotServing).await;
+            });
+        let mut server = tokio::spawn(server);
+        tracing::info!(service, %addr, "serving gRPC");
+        let served = tokio::select! {
+            result = &mut server => result,
+            _ = shutdown.wait() => match tokio::time::timeout(self.drain_timeout, &mut server).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::warn!(service, timeout = ?self.drain_timeout, "drain timed out; closing open calls");
+                    server.abort();
+                    Ok(Ok(()))
+                }
+            },
+        };
+        monitor.abort();
+        served
+            .context("gRPC server task")?
+            .with_context(|| format!("gRPC server on {addr}"))
+    }
+}
+
+async fn set_status(reporter: &HealthReporter, service: &str, status: ServingStatus) {
+    reporter.set_service_status("", status).await;
+    reporter.set_service_status(service, status).await;
+}
+
+/// Keeps health in step with the dependencies; logs every transition.
+async fn monitor_dependencies(
+    service: &'static str,
+    reporter: HealthReporter,
+    dependencies: Vec<(&'static str, Check)>,
+    shutdown: Shutdown,
+) {
+    let mut last: Option<Vec<&'static str>> = None;
+    loop {
+        let mut down = Vec::new();
+        for (name, check) in &dependencies {
+            let up = tokio::time::timeout(DEPENDENCY_CHECK_TIMEOUT, check()).await;
+            if !matches!(up, Ok(true)) {
+                down.push(*name);
+            }
+        }
+        if shutdown.is_triggered() {
+            return;
+        }
+        if last.as_ref() != Some(&down) {
+            if down.is_empty() {
+                tracing::info!(service, "healthy");
+                set_status(&reporter, service, ServingStatus::Serving).await;
+            } else {
+                tracing::warn!(service, unreachable = ?down, "unhealthy");
+                set_status(&reporter, service, ServingStatus::NotServing).await;
+            }
+            last = Some(down);
+        }
+        tokio::time::sleep(DEPENDENCY_CHECK_INTERVAL).await;
+    }
+}

@@ -1,0 +1,74 @@
+//! The gRPC listener every service runs: health follows dependencies and shutdown.
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use primus_config::ServerSettings;
+use primus_service::{Node, Shutdown};
+use primus_testkit::service::{ServingStatus, health_status, wait_for_health};
+use tonic::service::Routes;
+
+fn settings(drain_timeout_ms: u64) -> ServerSettings {
+    ServerSettings {
+        grpc_addr: ([127, 0, 0, 1], 0).into(),
+        drain_timeout_ms,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_follows_a_dependency_and_shutdown_stops_serving() {
+    let mut node = Node::bind("primus-test", &settings(1_000)).await.expect("bind");
+    let addr = node.local_addr().expect("addr").to_string();
+    let up = Arc::new(AtomicBool::new(true));
+    let probe = up.clone();
+    node.depends_on("fake-dependency", move || {
+        let up = probe.load(Ordering::SeqCst);
+        async move { up }
+    });
+    let shutdown = Shutdown::new();
+    let serving = tokio::spawn(node.serve(Routes::default(), shutdown.clone()));
+
+    wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(5))
+        .await
+        .expect("serving");
+    assert_eq!(
+        health_status(&addr, "primus-test").await.expect("named service"),
+        ServingStatus::Serving
+    );
+    up.store(false, Ordering::SeqCst);
+    wait_for_health(&addr, ServingStatus::NotServing, Duration::from_secs(5))
+        .await
+        .expect("dependency down");
+    up.store(true, Ordering::SeqCst);
+    wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(5))
+        .await
+        .expect("dependency back");
+
+    let started = Instant::now();
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(5), serving)
+        .await
+        .expect("serve returns")
+        .expect("task")
+        .expect("clean");
+    assert!(started.elapsed() < Duration::from_secs(2), "no open calls, no wait");
+    assert!(health_status(&addr, "").await.is_err(), "listener closed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_taken_port_is_a_clear_error() {
+    let first = Node::bind("primus-test", &settings(1_000)).await.expect("bind");
+    let taken = first.local_addr().expect("addr");
+    let err = Node::bind(
+        "primus-test",
+        &ServerSettings {
+            grpc_addr: taken,
+            drain_timeout_ms: 1_000,
+        },
+    )
+    .await
+    .err()
+    .expect("port in use");
+    let text = format!("{err:#}");
+    assert!(text.contains("server.grpc_addr") && text.contains(&taken.to_string()), "{text}");
+}

@@ -1,0 +1,143 @@
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("`{binary}` was not found on PATH or in {tools}; install it with: {install}")]
+    MissingBinary {
+        binary: String,
+        tools: String,
+        install: String,
+    },
+    #[error("{what} did not become ready within {timeout:?}: {detail}")]
+    NotReady {
+        what: String,
+        timeout: Duration,
+        detail: String,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let what = what.into();
+        move |source| Error::Io { what, source }
+    }
+}
+
+/// The repository root (two levels above this crate).
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Finds `binary` on PATH or under `.tools/*/bin` of the repository.
+pub fn find_binary(binary: &str) -> Result<PathBuf, Error> {
+    let tools = repo_root().join(".tools");
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let in_tools = std::fs::read_dir(&tools)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.path().join("bin"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain(in_tools)
+        .map(|dir| dir.join(binary))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| Error::MissingBinary {
+            binary: binary.into(),
+            tools: tools.display().to_string(),
+            install: "./scripts/install-deps.sh".into(),
+        })
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> Result<u16, Error> {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).map_err(Error::io("bind a free port"))?;
+    let addr = listener.local_addr().map_err(Error::io("read a free port"))?;
+    Ok(addr.port())
+}
+
+/// Polls `probe` every 50 ms until it returns Ok, or fails with its last error.
+pub fn wait_until<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Result<T, String>,
+) -> Result<T, Error> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match probe() {
+            Ok(value) => return Ok(value),
+            Err(detail) if Instant::now() >= deadline => {
+                return Err(Error::NotReady {
+                    what: what.into(),
+                    timeout,
+                    detail,
+                });
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+pub(crate) fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// A child process that is killed by PID and reaped when dropped: SIGKILL, or SIGTERM for
+/// a watchdog script that must clean up after itself.
+pub(crate) struct Guarded {
+    child: Child,
+    graceful: bool,
+}
+
+impl Guarded {
+    pub(crate) fn new(child: Child) -> Self {
+        Self {
+            child,
+            graceful: false,
+        }
+    }
+
+    pub(crate) fn with_stop_signal(child: Child) -> Self {
+        Self {
+            child,
+            graceful: true,
+        }
+    }
+
+    /// Fails with the child's exit status if it has already died (e.g. its port was taken).
+    pub(crate) fn check_alive(&mut self, what: &str) -> Result<(), String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Err(format!("{what} exited early with {status}")),
+            Ok(None) => Ok(()),
+            Err(e) => Err(format!("{what}: {e}")),
+        }
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        let terminated = self.graceful
+            && Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+        if !terminated {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}

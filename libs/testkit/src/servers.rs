@@ -1,0 +1,363 @@
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::process::{Error, Guarded, find_binary, free_port, loopback, wait_until};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a server keeps its files: a temp dir removed on drop, or a caller's folder.
+enum DataDir {
+    Temp(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl DataDir {
+    fn new(kept: Option<&Path>) -> Result<Self, Error> {
+        match kept {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(Error::io(format!("create {}", dir.display())))?;
+                Ok(Self::Kept(dir.to_path_buf()))
+            }
+            None => tempfile::Builder::new()
+                .prefix("primus-testkit-")
+                .tempdir()
+                .map(Self::Temp)
+                .map_err(Error::io("create a temp dir")),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            Self::Temp(t) => t.path(),
+            Self::Kept(p) => p,
+        }
+    }
+
+    fn log_file(&self, name: &str) -> Result<Stdio, Error> {
+        let path = self.path().join(name);
+        std::fs::File::create(&path)
+            .map(Stdio::from)
+            .map_err(Error::io(format!("create {}", path.display())))
+    }
+}
+
+fn spawn(binary: &str, args: &[String], dir: &DataDir) -> Result<Guarded, Error> {
+    let exe = find_binary(binary)?;
+    let log = format!("{binary}.log");
+    let child = Command::new(&exe)
+        .args(args)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(dir.log_file(&log)?)
+        .stderr(dir.log_file(&format!("{binary}.err.log"))?)
+        .spawn()
+        .map_err(Error::io(format!("start {}", exe.display())))?;
+    Ok(Guarded::new(child))
+}
+
+/// Sends `request` to 127.0.0.1:`port` and returns the first bytes of the answer.
+fn exchange(port: u16, request: &[u8]) -> Result<String, String> {
+    let mut stream = TcpStream::connect_timeout(&loopback(port), Duration::from_millis(500))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    stream.write_all(request).map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 256];
+    let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Status code of a bodiless HTTP/1.1 request.
+fn http_status(port: u16, method: &str, path: &str) -> Result<u16, String> {
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    let answer = exchange(port, request.as_bytes())?;
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("not an HTTP answer: {answer:?}"))
+}
+
+/// A NATS server with JetStream.
+pub struct NatsServer {
+    port: u16,
+    process: Guarded,
+    dir: DataDir,
+}
+
+impl NatsServer {
+    /// On a free port, in a temp dir.
+    pub fn start() -> Result<Self, Error> {
+        Self::start_with(free_port()?, None)
+    }
+
+    /// On `port`, keeping JetStream data in `dir` when given.
+    pub fn start_with(port: u16, dir: Option<&Path>) -> Result<Self, Error> {
+        let dir = DataDir::new(dir)?;
+        let store = dir.path().join("jetstream");
+        let args = [
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            port.to_string(),
+            "-js".into(),
+            "-sd".into(),
+            store.display().to_string(),
+        ];
+        let mut process = spawn("nats-server", &args, &dir)?;
+        wait_until("nats-server", READY_TIMEOUT, || {
+            process.check_alive("nats-server")?;
+            let hello = exchange(port, b"")?;
+            hello
+                .starts_with("INFO")
+                .then_some(())
+                .ok_or(format!("unexpected greeting {hello:?}"))
+        })?;
+        Ok(Self { port, process, dir })
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Where the server writes its logs and JetStream data.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Kills the server now (as a crash would).
+    pub fn kill(self) {
+        drop(self.process);
+    }
+}
+
+/// A Redis server.
+pub struct RedisServer {
+    port: u16,
+    _process: Guarded,
+    dir: DataDir,
+}
+
+impl RedisServer {
+    /// On a free port, in a temp dir, without persistence.
+    pub fn start() -> Result<Self, Error> {
+        Self::start_with(free_port()?, None)
+    }
+
+    /// On `port`; with `dir`, persisted there (append-only file) so a restart keeps data.
+    pub fn start_with(port: u16, dir: Option<&Path>) -> Result<Self, Error> {
+        let persistent = dir.is_some();
+        let dir = DataDir::new(dir)?;
+        let mut args: Vec<String> = vec![
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            port.to_string(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+            "--save".into(),
+            String::new(),
+        ];
+        args.extend(["--appendonly".into(), if persistent { "yes" } else { "no" }.into()]);
+        let mut process = spawn("redis-server", &args, &dir)?;
+        wait_until("redis-server", READY_TIMEOUT, || {
+            process.check_alive("redis-server")?;
+            let pong = exchange(port, b"PING\r\n")?;
+            pong.starts_with("+PONG")
+                .then_some(())
+                .ok_or(format!("unexpected answer {pong:?}"))
+        })?;
+        Ok(Self {
+            port,
+            _process: process,
+            dir,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Credentials the testkit's SeaweedFS accepts.
+const ACCESS_KEY: &str = "primus-test";
+const SECRET_KEY: &str = "primus-test-secret";
+
+/// A SeaweedFS server (master, volume, filer, S3 gateway) with one identity.
+///
+/// SeaweedFS ignores SIGTERM for a long time, so it runs under a small shell watchdog that
+/// SIGKILLs it when the owning process exits; that also covers the per-test-binary shared
+/// instance, which lives in a static and is never dropped.
+pub struct SeaweedS3 {
+    s3_port: u16,
+    filer_port: u16,
+    _watchdog: Guarded,
+}
+
+impl SeaweedS3 {
+    /// The one instance of this test binary, started on first use.
+    pub fn shared() -> Result<&'static SeaweedS3, Error> {
+        static SHARED: OnceLock<Result<SeaweedS3, String>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| SeaweedS3::start().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|detail| Error::NotReady {
+                what: "seaweedfs (shared)".into(),
+                timeout: READY_TIMEOUT,
+                detail: detail.clone(),
+            })
+    }
+
+    /// A new instance on free ports; its files are deleted when it stops.
+    pub fn start() -> Result<Self, Error> {
+        let weed = find_binary("weed")?;
+        let dir = std::env::temp_dir().join(format!(
+            "primus-weed-{}-{}",
+            std::process::id(),
+            free_port()?
+        ));
+        std::fs::create_dir_all(&dir).map_err(Error::io(format!("create {}", dir.display())))?;
+        let identities = format!(
+            r#"{{"identities":[{{"name":"primus","credentials":[{{"accessKey":"{ACCESS_KEY}","secretKey":"{SECRET_KEY}"}}],"actions":["Admin","Read","Write","List","Tagging"]}}]}}"#
+        );
+        let s3_config = dir.join("s3.json");
+        std::fs::write(&s3_config, identities).map_err(Error::io("write s3.json"))?;
+
+        let (s3_port, filer_port) = (free_port()?, free_port()?);
+        let mut args = vec![
+            "server".to_string(),
+            "-ip=127.0.0.1".into(),
+            "-ip.bind=127.0.0.1".into(),
+            format!("-dir={}", dir.display()),
+            "-master.volumeSizeLimitMB=64".into(),
+            "-volume.max=16".into(),
+            "-filer".into(),
+            format!("-filer.port={filer_port}"),
+            format!("-filer.localSocket={}", dir.join("filer.sock").display()),
+            "-s3".into(),
+            format!("-s3.port={s3_port}"),
+            format!("-s3.config={}", s3_config.display()),
+            format!("-s3.localSocket={}", dir.join("s3.sock").display()),
+        ];
+        // Every other listener gets its own free port so instances never collide.
+        for flag in [
+            "master.port",
+            "master.port.grpc",
+            "volume.port",
+            "volume.port.grpc",
+            "filer.port.grpc",
+            "s3.port.grpc",
+            "s3.port.iceberg",
+            "s3.port.lance",
+        ] {
+            args.push(format!("-{flag}={}", free_port()?));
+        }
+        let quoted: Vec<String> = std::iter::once(weed.display().to_string())
+            .chain(args)
+            .map(|a| format!("'{a}'"))
+            .collect();
+        let script = format!(
+            "{cmd} >'{d}/weed.log' 2>&1 & w=$!\n\
+             trap 'kill -9 $w; rm -rf \"{d}\"; exit 0' TERM INT\n\
+             while kill -0 {owner} 2>/dev/null && kill -0 $w 2>/dev/null; do sleep 0.5; done\n\
+             kill -9 $w 2>/dev/null; rm -rf '{d}'",
+            cmd = quoted.join(" "),
+            d = dir.display(),
+            owner = std::process::id(),
+        );
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(Error::io("start the seaweedfs watchdog"))?;
+        let mut watchdog = Guarded::with_stop_signal(child);
+        // An anonymous PUT answers 403 once the S3 gateway is up (500 while it starts).
+        wait_until("seaweedfs", Duration::from_secs(60), || {
+            watchdog.check_alive("seaweedfs")?;
+            match http_status(s3_port, "PUT", "/primus-probe")? {
+                403 => Ok(()),
+                other => Err(format!("S3 gateway answered {other}")),
+            }
+        })?;
+        Ok(Self {
+            s3_port,
+            filer_port,
+            _watchdog: watchdog,
+        })
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.s3_port)
+    }
+
+    /// Creates a new, empty bucket whose name starts with `hint`.
+    pub fn bucket(&self, hint: &str) -> Result<S3Bucket, Error> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let clean: String = hint
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .take(40)
+            .collect();
+        let name = format!(
+            "{clean}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        // A folder under the filer's /buckets is a bucket; this avoids signing a CreateBucket.
+        let status = http_status(self.filer_port, "POST", &format!("/buckets/{name}/"))
+            .map_err(|detail| Error::NotReady {
+                what: format!("bucket {name}"),
+                timeout: READY_TIMEOUT,
+                detail,
+            })?;
+        if status != 201 {
+            return Err(Error::NotReady {
+                what: format!("bucket {name}"),
+                timeout: READY_TIMEOUT,
+                detail: format!("filer answered {status}"),
+            });
+        }
+        Ok(S3Bucket {
+            name,
+            endpoint: self.endpoint(),
+        })
+    }
+}
+
+/// A bucket on a testkit SeaweedFS, with the credentials that open it.
+#[derive(Debug, Clone)]
+pub struct S3Bucket {
+    pub name: String,
+    pub endpoint: String,
+}
+
+impl S3Bucket {
+    pub const REGION: &'static str = "us-east-1";
+    pub const ACCESS_KEY: &'static str = ACCESS_KEY;
+    pub const SECRET_KEY: &'static str = SECRET_KEY;
+
+    pub fn url(&self) -> String {
+        format!("s3://{}", self.name)
+    }
+}

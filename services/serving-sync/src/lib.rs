@@ -1,0 +1,24 @@
+//! `primus-serving-sync`. Moves touched-key deltas from training PS shards to serving replicas, dense parameters less often.
+//!
+//! Built so far: the service process (settings, NATS connection, gRPC health that follows
+//! the NATS connection, graceful SIGTERM). Its own RPCs arrive with later steps.
+
+use primus_config::{DEFAULT_PORTS, NodeSettings};
+use primus_service::{Node, Shutdown};
+use tonic::service::Routes;
+
+pub const SERVICE: &str = "primus-serving-sync";
+pub const ABOUT: &str = "Primus serving-sync: moves training deltas to serving replicas.";
+
+pub fn default_settings() -> NodeSettings {
+    NodeSettings::on_port(DEFAULT_PORTS.serving_sync)
+}
+
+/// Runs until `shutdown`, then drains and returns.
+pub async fn run(settings: NodeSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+    let mut node = Node::bind(SERVICE, &settings.server).await?;
+    let bus = node.connect_nats(&settings.nats).await?;
+    node.serve(Routes::default(), shutdown).await?;
+    bus.drain().await?;
+    Ok(())
+}

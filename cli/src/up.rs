@@ -33,13 +33,23 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
     let redis = RedisServer::start_with(options.redis_port, Some(&data.join("redis")))
         .context("starting redis-server")?;
     println!("nats   {}   (data in {})", nats.url(), nats.dir().display());
-    println!("redis  {}  (data in {})", redis.url(), redis.dir().display());
+    println!(
+        "redis  {}  (data in {})",
+        redis.url(),
+        redis.dir().display()
+    );
 
-    let settings = format!("nats:\n  url: {}\nredis:\n  url: {}\n", nats.url(), redis.url());
+    let nats_settings = format!("nats:\n  url: {}\n", nats.url());
+    let api_settings = format!("{nats_settings}redis:\n  url: {}\n", redis.url());
     let mut running = Vec::new();
     for (name, port) in services() {
-        let process = start(&options.bin_dir, &logs, name, port, &settings)?;
-        running.push(process);
+        // Only the api-server talks to Redis (and only it accepts a `redis` section).
+        let settings = if name == "primus-api-server" {
+            &api_settings
+        } else {
+            &nats_settings
+        };
+        running.push(start(&options.bin_dir, &logs, name, port, settings)?);
     }
     for process in &mut running {
         process

@@ -10,7 +10,9 @@ use crate::Subjects;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
-    #[error("cannot connect to NATS at {url} (setting `nats.url`) after {attempts} attempts: {last}")]
+    #[error(
+        "cannot connect to NATS at {url} (setting `nats.url`) after {attempts} attempts: {last}"
+    )]
     Connect {
         url: String,
         attempts: u32,
@@ -101,14 +103,14 @@ impl Bus {
         &self,
         subject: String,
     ) -> Result<Subscription<M>, BusError> {
-        let inner = self
-            .client
-            .subscribe(subject.clone())
-            .await
-            .map_err(|e| BusError::Subscribe {
-                subject,
-                message: e.to_string(),
-            })?;
+        let inner =
+            self.client
+                .subscribe(subject.clone())
+                .await
+                .map_err(|e| BusError::Subscribe {
+                    subject,
+                    message: e.to_string(),
+                })?;
         Ok(Subscription {
             inner,
             _message: PhantomData,

@@ -91,6 +91,7 @@ impl JetStream {
             .map_err(|e| js_error(what)(e.to_string()))?;
         Ok(Consumer {
             inner,
+            ack_wait,
             _message: PhantomData,
         })
     }
@@ -99,6 +100,7 @@ impl JetStream {
 /// A durable pull consumer decoding messages as `M`.
 pub struct Consumer<M> {
     inner: consumer::PullConsumer,
+    ack_wait: Duration,
     _message: PhantomData<M>,
 }
 
@@ -111,12 +113,15 @@ pub struct Fetched<M> {
 
 impl<M: Message + Default> Consumer<M> {
     /// Up to `max` messages, waiting at most `wait` for them to arrive.
+    ///
+    /// The wait is capped at half the consumer's `ack_wait`: a longer fetch would see the
+    /// first messages of its own batch redelivered before it could ack them.
     pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Fetched<M>, BusError> {
         let mut batch = self
             .inner
             .batch()
             .max_messages(max)
-            .expires(wait)
+            .expires(wait.min(self.ack_wait / 2))
             .messages()
             .await
             .map_err(|e| js_error("fetch")(e.to_string()))?;

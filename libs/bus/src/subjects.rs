@@ -100,7 +100,10 @@ mod tests {
             s.heartbeat("ctr", "trainer", "0").expect("ok"),
             "primus.job.ctr.heartbeat.trainer.0"
         );
-        assert_eq!(s.metrics("ctr", ANY, ANY).expect("ok"), "primus.job.ctr.metrics.*.*");
+        assert_eq!(
+            s.metrics("ctr", ANY, ANY).expect("ok"),
+            "primus.job.ctr.metrics.*.*"
+        );
         assert_eq!(s.control("ctr").expect("ok"), "primus.job.ctr.control");
         assert_eq!(s.delta("ctr", "3").expect("ok"), "primus.job.ctr.delta.3");
         let nested = Subjects::new("team.a").expect("dotted prefix");

@@ -68,9 +68,16 @@ async fn undecodable_message_is_an_error_and_the_stream_goes_on() {
     bus.publish(subject.clone(), &heartbeat("1", 7))
         .await
         .expect("publish");
-    let first = tokio::time::timeout(WAIT, sub.next()).await.expect("in time").expect("open");
+    let first = tokio::time::timeout(WAIT, sub.next())
+        .await
+        .expect("in time")
+        .expect("open");
     match first {
-        Err(BusError::Decode { subject: s, type_name, .. }) => {
+        Err(BusError::Decode {
+            subject: s,
+            type_name,
+            ..
+        }) => {
             assert_eq!(s, subject);
             assert!(type_name.contains("Heartbeat"), "{type_name}");
         }
@@ -93,7 +100,10 @@ async fn connect_to_nothing_fails_naming_url_and_setting() {
     s.connect_timeout_ms = 200;
     let err = Bus::connect(&s).await.err().expect("nothing listens there");
     let text = err.to_string();
-    assert!(text.contains(&url) && text.contains("nats.url") && text.contains("2 attempts"), "{text}");
+    assert!(
+        text.contains(&url) && text.contains("nats.url") && text.contains("2 attempts"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -102,8 +112,12 @@ async fn jetstream_durable_consumer_redelivers_what_was_not_acked() {
     let bus = Bus::connect(&settings(nats.url())).await.expect("connect");
     let js = bus.jetstream();
     let subjects = vec!["clicks.>".to_string()];
-    js.ensure_stream("CLICKS", subjects.clone()).await.expect("stream");
-    js.ensure_stream("CLICKS", subjects).await.expect("ensure is idempotent");
+    js.ensure_stream("CLICKS", subjects.clone())
+        .await
+        .expect("stream");
+    js.ensure_stream("CLICKS", subjects)
+        .await
+        .expect("ensure is idempotent");
     for i in 0..3 {
         let seq = js
             .publish(format!("clicks.p{i}"), &heartbeat(&i.to_string(), i))
@@ -116,9 +130,18 @@ async fn jetstream_durable_consumer_redelivers_what_was_not_acked() {
         .durable_consumer::<Heartbeat>("CLICKS", "executor", None, ack_wait)
         .await
         .expect("consumer");
-    let Fetched { deliveries, rejected } = consumer.fetch(10, Duration::from_secs(2)).await.expect("fetch");
+    let Fetched {
+        deliveries,
+        rejected,
+    } = consumer
+        .fetch(10, Duration::from_secs(2))
+        .await
+        .expect("fetch");
     assert!(rejected.is_empty());
-    let got: Vec<i64> = deliveries.iter().map(|d| d.received.message.unix_ms).collect();
+    let got: Vec<i64> = deliveries
+        .iter()
+        .map(|d| d.received.message.unix_ms)
+        .collect();
     assert_eq!(got, vec![0, 1, 2]);
     for d in &deliveries[..2] {
         d.ack().await.expect("ack");
@@ -131,12 +154,22 @@ async fn jetstream_durable_consumer_redelivers_what_was_not_acked() {
         .durable_consumer::<Heartbeat>("CLICKS", "executor", None, ack_wait)
         .await
         .expect("same durable");
-    let redelivered = again.fetch(10, Duration::from_secs(2)).await.expect("fetch");
-    let got: Vec<i64> = redelivered.deliveries.iter().map(|d| d.received.message.unix_ms).collect();
+    let redelivered = again
+        .fetch(10, Duration::from_secs(2))
+        .await
+        .expect("fetch");
+    let got: Vec<i64> = redelivered
+        .deliveries
+        .iter()
+        .map(|d| d.received.message.unix_ms)
+        .collect();
     assert_eq!(got, vec![2]);
     assert_eq!(redelivered.deliveries[0].sequence().expect("info"), 3);
     redelivered.deliveries[0].ack().await.expect("ack");
-    let rest = again.fetch(10, Duration::from_millis(500)).await.expect("fetch");
+    let rest = again
+        .fetch(10, Duration::from_millis(500))
+        .await
+        .expect("fetch");
     assert!(rest.deliveries.is_empty());
 }
 
@@ -145,7 +178,9 @@ async fn jetstream_terminates_undecodable_messages() {
     let nats = NatsServer::start().expect("nats-server");
     let bus = Bus::connect(&settings(nats.url())).await.expect("connect");
     let js = bus.jetstream();
-    js.ensure_stream("RAW", vec!["raw.>".into()]).await.expect("stream");
+    js.ensure_stream("RAW", vec!["raw.>".into()])
+        .await
+        .expect("stream");
     async_nats::jetstream::new(bus.client().clone())
         .publish("raw.x", vec![0xff, 0x01].into())
         .await
@@ -156,10 +191,19 @@ async fn jetstream_terminates_undecodable_messages() {
         .durable_consumer::<Heartbeat>("RAW", "reader", None, Duration::from_secs(1))
         .await
         .expect("consumer");
-    let fetched = consumer.fetch(10, Duration::from_secs(1)).await.expect("fetch");
+    let fetched = consumer
+        .fetch(10, Duration::from_secs(1))
+        .await
+        .expect("fetch");
     assert!(fetched.deliveries.is_empty());
     assert_eq!(fetched.rejected.len(), 1);
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let later = consumer.fetch(10, Duration::from_millis(500)).await.expect("fetch");
-    assert!(later.rejected.is_empty() && later.deliveries.is_empty(), "not redelivered");
+    let later = consumer
+        .fetch(10, Duration::from_millis(500))
+        .await
+        .expect("fetch");
+    assert!(
+        later.rejected.is_empty() && later.deliveries.is_empty(),
+        "not redelivered"
+    );
 }

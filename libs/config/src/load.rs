@@ -16,7 +16,11 @@ pub enum ConfigError {
     #[error("unknown setting `{key}` (set in {origin})")]
     UnknownKey { key: String, origin: String },
     #[error("setting `{key}` (set in {origin}): {message}")]
-    Invalid { key: String, origin: String, message: String },
+    Invalid {
+        key: String,
+        origin: String,
+        message: String,
+    },
     #[error("settings: {0}")]
     Other(String),
 }
@@ -108,7 +112,15 @@ fn origin_of(layered: &Config, key: &str) -> String {
             None => return DEFAULTS_ORIGIN.into(),
         }
     }
-    value.origin().unwrap_or(DEFAULTS_ORIGIN).to_owned()
+    leaf_origin(value).unwrap_or_else(|| DEFAULTS_ORIGIN.into())
+}
+
+/// A table has no origin of its own: take that of the first value inside it.
+fn leaf_origin(value: Value) -> Option<String> {
+    if let Some(origin) = value.origin() {
+        return Some(origin.to_owned());
+    }
+    value.into_table().ok()?.into_values().find_map(leaf_origin)
 }
 
 const DEFAULTS_ORIGIN: &str = "the defaults";

@@ -44,7 +44,10 @@ fn file_overrides_defaults_and_env_overrides_file() {
     assert_eq!(loaded.server.grpc_addr.port(), 9000);
     assert_eq!(loaded.nats.url, "nats://127.0.0.1:5555");
     assert_eq!(loaded.nats.connect_attempts, 3);
-    assert_eq!(loaded.nats.subject_prefix, "primus", "untouched keys keep defaults");
+    assert_eq!(
+        loaded.nats.subject_prefix, "primus",
+        "untouched keys keep defaults"
+    );
     assert_eq!(loaded.telemetry.log_format, LogFormat::Json);
     assert_eq!(
         loaded.telemetry.otlp_endpoint.as_deref(),
@@ -63,7 +66,7 @@ fn toml_files_load_too() {
 #[test]
 fn unknown_key_in_file_names_key_and_file() {
     let f = file(".yaml", "server:\n  grpc_adr: 127.0.0.1:9000\n");
-    let err = load(&NodeSettings::on_port(1), Some(f.path()), env(&[])).unwrap_err();
+    let err = load(&NodeSettings::on_port(1), Some(f.path()), env(&[])).expect_err("must fail");
     match &err {
         ConfigError::UnknownKey { key, origin } => {
             assert_eq!(key, "server.grpc_adr");
@@ -80,15 +83,18 @@ fn unknown_key_in_env_names_the_environment() {
         None,
         env(&[("PRIMUS_NATS__URLL", "nats://x")]),
     )
-    .unwrap_err();
+    .expect_err("must fail");
     let text = err.to_string();
-    assert!(text.contains("nats.urll") && text.contains("environment"), "{text}");
+    assert!(
+        text.contains("nats.urll") && text.contains("environment"),
+        "{text}"
+    );
 }
 
 #[test]
 fn wrong_type_names_key_and_origin() {
     let f = file(".yaml", "nats:\n  connect_attempts: many\n");
-    let err = load(&NodeSettings::on_port(1), Some(f.path()), env(&[])).unwrap_err();
+    let err = load(&NodeSettings::on_port(1), Some(f.path()), env(&[])).expect_err("must fail");
     let text = err.to_string();
     assert!(matches!(err, ConfigError::Invalid { .. }), "{text}");
     assert!(text.contains("nats.connect_attempts"), "{text}");
@@ -99,7 +105,7 @@ fn wrong_type_names_key_and_origin() {
         None,
         env(&[("PRIMUS_SERVER__GRPC_ADDR", "not-an-address")]),
     )
-    .unwrap_err();
+    .expect_err("must fail");
     let text = err.to_string();
     assert!(
         text.contains("server.grpc_addr") && text.contains("environment"),
@@ -126,18 +132,21 @@ fn missing_or_unsupported_file_is_a_clear_error() {
         Some(Path::new("/nonexistent/primus.yaml")),
         env(&[]),
     )
-    .unwrap_err();
-    assert!(err.to_string().contains("/nonexistent/primus.yaml"), "{err}");
+    .expect_err("must fail");
+    assert!(
+        err.to_string().contains("/nonexistent/primus.yaml"),
+        "{err}"
+    );
 
     let f = file(".ini", "x=1");
-    let err = load(&NodeSettings::on_port(1), Some(f.path()), env(&[])).unwrap_err();
+    let err = load(&NodeSettings::on_port(1), Some(f.path()), env(&[])).expect_err("must fail");
     assert!(err.to_string().contains("unsupported extension"), "{err}");
 }
 
 #[test]
 fn malformed_yaml_names_the_file() {
     let f = file(".yaml", "server: [unclosed\n");
-    let err = load(&NodeSettings::on_port(1), Some(f.path()), env(&[])).unwrap_err();
+    let err = load(&NodeSettings::on_port(1), Some(f.path()), env(&[])).expect_err("must fail");
     assert!(matches!(err, ConfigError::File { .. }), "{err}");
 }
 
@@ -150,4 +159,13 @@ fn printed_settings_load_back_unchanged() {
     let loaded: ApiServerSettings =
         load(&ApiServerSettings::default(), Some(f.path()), env(&[])).expect("load");
     assert_eq!(loaded, settings);
+}
+
+#[test]
+fn unknown_section_names_the_file() {
+    let f = file(".yaml", "redis:\n  url: redis://127.0.0.1:6379\n");
+    let err = load(&NodeSettings::on_port(1), Some(f.path()), env(&[])).expect_err("must fail");
+    let text = err.to_string();
+    assert!(text.contains("`redis`"), "{text}");
+    assert!(text.contains(&*f.path().to_string_lossy()), "{text}");
 }

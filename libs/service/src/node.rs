@@ -30,12 +30,14 @@ pub struct Node {
 
 impl Node {
     pub async fn bind(service: &'static str, settings: &ServerSettings) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(settings.grpc_addr).await.with_context(|| {
-            format!(
-                "cannot listen on {} (setting `server.grpc_addr`)",
-                settings.grpc_addr
-            )
-        })?;
+        let listener = TcpListener::bind(settings.grpc_addr)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on {} (setting `server.grpc_addr`)",
+                    settings.grpc_addr
+                )
+            })?;
         Ok(Self {
             service,
             listener,

@@ -17,7 +17,9 @@ fn settings(drain_timeout_ms: u64) -> ServerSettings {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn health_follows_a_dependency_and_shutdown_stops_serving() {
-    let mut node = Node::bind("primus-test", &settings(1_000)).await.expect("bind");
+    let mut node = Node::bind("primus-test", &settings(1_000))
+        .await
+        .expect("bind");
     let addr = node.local_addr().expect("addr").to_string();
     let up = Arc::new(AtomicBool::new(true));
     let probe = up.clone();
@@ -32,7 +34,9 @@ async fn health_follows_a_dependency_and_shutdown_stops_serving() {
         .await
         .expect("serving");
     assert_eq!(
-        health_status(&addr, "primus-test").await.expect("named service"),
+        health_status(&addr, "primus-test")
+            .await
+            .expect("named service"),
         ServingStatus::Serving
     );
     up.store(false, Ordering::SeqCst);
@@ -51,13 +55,18 @@ async fn health_follows_a_dependency_and_shutdown_stops_serving() {
         .expect("serve returns")
         .expect("task")
         .expect("clean");
-    assert!(started.elapsed() < Duration::from_secs(2), "no open calls, no wait");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "no open calls, no wait"
+    );
     assert!(health_status(&addr, "").await.is_err(), "listener closed");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_taken_port_is_a_clear_error() {
-    let first = Node::bind("primus-test", &settings(1_000)).await.expect("bind");
+    let first = Node::bind("primus-test", &settings(1_000))
+        .await
+        .expect("bind");
     let taken = first.local_addr().expect("addr");
     let err = Node::bind(
         "primus-test",
@@ -70,5 +79,8 @@ async fn a_taken_port_is_a_clear_error() {
     .err()
     .expect("port in use");
     let text = format!("{err:#}");
-    assert!(text.contains("server.grpc_addr") && text.contains(&taken.to_string()), "{text}");
+    assert!(
+        text.contains("server.grpc_addr") && text.contains(&taken.to_string()),
+        "{text}"
+    );
 }

@@ -1,12 +1,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use bytes::Bytes;
+use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use bytes::Bytes;
-use futures::TryStreamExt;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use primus_config::StorageSettings;
 
@@ -74,14 +74,33 @@ impl Location {
     /// Every object under `relative` (recursively), sorted by path.
     pub async fn list(&self, relative: &str) -> Result<Vec<ObjectMeta>, StorageError> {
         let path = self.path(relative);
-        let mut objects: Vec<ObjectMeta> = self
-            .store
-            .list(Some(&path))
-            .try_collect()
-            .await
-            .map_err(|e| StorageError::from_store(self.url_of(&path), e))?;
-        objects.sort_by(|a, b| a.location.cmp(&b.location));
-        Ok(objects)
+        let listed: Result<Vec<ObjectMeta>, _> = self.store.list(Some(&path)).try_collect().await;
+        match listed {
+            Ok(mut objects) => {
+                objects.sort_by(|a, b| a.location.cmp(&b.location));
+                Ok(objects)
+            }
+            Err(error) => Err(self.classify_list_error(&path, error).await),
+        }
+    }
+
+    /// object_store reports a refused LIST as a generic error (the HTTP status is not
+    /// reachable through its public types), while HEAD maps 401/403 properly. So a failed
+    /// list asks HEAD once and reports "denied" only if HEAD says so.
+    async fn classify_list_error(&self, path: &Path, error: object_store::Error) -> StorageError {
+        let url = self.url_of(path);
+        if let object_store::Error::Generic { .. } = &error
+            && let Err(
+                head @ (object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. }),
+            ) = self.store.head(path).await
+        {
+            return StorageError::Denied {
+                url,
+                message: format!("{error} ({head})"),
+            };
+        }
+        StorageError::from_store(url, error)
     }
 }
 
@@ -211,10 +230,12 @@ fn open_hdfs(url: &str, rest: &str, settings: &StorageSettings) -> Result<Locati
             hdfs.failover_sleep_max_ms.to_string(),
         ),
     ]);
-    let store = hdfs_native_object_store::HdfsObjectStore::with_config(&root_url, config)
-        .map_err(|e| StorageError::InvalidUrl {
-            url: url.to_owned(),
-            message: e.to_string(),
+    let store =
+        hdfs_native_object_store::HdfsObjectStore::with_config(&root_url, config).map_err(|e| {
+            StorageError::InvalidUrl {
+                url: url.to_owned(),
+                message: e.to_string(),
+            }
         })?;
     Ok(Location {
         store: Arc::new(store),

@@ -101,16 +101,18 @@ pub async fn read(
         let indices = columns
             .iter()
             .map(|name| {
-                schema.index_of(name).map_err(|_| StorageError::MissingColumn {
-                    url: url.clone(),
-                    column: name.clone(),
-                    available: schema
-                        .fields()
-                        .iter()
-                        .map(|f| f.name().as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })
+                schema
+                    .index_of(name)
+                    .map_err(|_| StorageError::MissingColumn {
+                        url: url.clone(),
+                        column: name.clone(),
+                        available: schema
+                            .fields()
+                            .iter()
+                            .map(|f| f.name().as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), indices);

@@ -28,7 +28,13 @@ fn external(e: object_store::Error) -> ParquetError {
 
 impl AsyncFileReader for ObjectReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
-        async move { self.store.get_range(&self.path, range).await.map_err(external) }.boxed()
+        async move {
+            self.store
+                .get_range(&self.path, range)
+                .await
+                .map_err(external)
+        }
+        .boxed()
     }
 
     fn get_byte_ranges(

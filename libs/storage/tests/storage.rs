@@ -60,9 +60,15 @@ async fn parquet_roundtrip(location: &Location) {
     let props = WriterProperties::builder()
         .set_max_row_group_row_count(Some(ROWS_PER_GROUP))
         .build();
-    let written = write(location, &path, schema(), (0..GROUPS).map(batch), Some(props))
-        .await
-        .expect("write");
+    let written = write(
+        location,
+        &path,
+        schema(),
+        (0..GROUPS).map(batch),
+        Some(props),
+    )
+    .await
+    .expect("write");
     assert_eq!(written.rows, (ROWS_PER_GROUP * GROUPS) as u64);
     assert_eq!(written.row_groups, GROUPS);
 
@@ -79,7 +85,10 @@ async fn parquet_roundtrip(location: &Location) {
         .try_collect()
         .await
         .expect("batches");
-    assert_eq!(ids(&all), (0..(ROWS_PER_GROUP * GROUPS) as i64).collect::<Vec<_>>());
+    assert_eq!(
+        ids(&all),
+        (0..(ROWS_PER_GROUP * GROUPS) as i64).collect::<Vec<_>>()
+    );
 
     let options = ReadOptions {
         columns: Some(vec!["id".into()]),
@@ -92,7 +101,10 @@ async fn parquet_roundtrip(location: &Location) {
         .try_collect()
         .await
         .expect("batches");
-    assert!(middle.iter().all(|b| b.num_columns() == 1), "projection keeps one column");
+    assert!(
+        middle.iter().all(|b| b.num_columns() == 1),
+        "projection keeps one column"
+    );
     assert_eq!(
         ids(&middle),
         (ROWS_PER_GROUP as i64..2 * ROWS_PER_GROUP as i64).collect::<Vec<_>>()
@@ -136,7 +148,10 @@ async fn missing_things_are_named(location: &Location) {
     .await
     .err()
     .expect("row groups out of range");
-    assert!(matches!(err, StorageError::RowGroupRange { available: 3, .. }), "{err}");
+    assert!(
+        matches!(err, StorageError::RowGroupRange { available: 3, .. }),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -147,7 +162,9 @@ async fn local_file_system() {
     parquet_roundtrip(&location).await;
     missing_things_are_named(&location).await;
     assert!(
-        dir.path().join("data/date=2026-11-21/hour=07/part-0.parquet").is_file(),
+        dir.path()
+            .join("data/date=2026-11-21/hour=07/part-0.parquet")
+            .is_file(),
         "written where the URL says"
     );
 }
@@ -155,19 +172,35 @@ async fn local_file_system() {
 #[tokio::test]
 async fn plain_paths_are_local_files() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let location = open(&dir.path().display().to_string(), &StorageSettings::default()).expect("open");
+    let location = open(
+        &dir.path().display().to_string(),
+        &StorageSettings::default(),
+    )
+    .expect("open");
     parquet_roundtrip(&location).await;
 }
 
 #[tokio::test]
 async fn a_file_that_is_not_parquet_is_named() {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("bad.parquet"), b"this is not parquet at all").expect("write");
-    let location = open(&dir.path().display().to_string(), &StorageSettings::default()).expect("open");
-    let err = read(&location, &location.path("bad.parquet"), &ReadOptions::default())
-        .await
-        .err()
-        .expect("corrupt");
+    std::fs::write(
+        dir.path().join("bad.parquet"),
+        b"this is not parquet at all",
+    )
+    .expect("write");
+    let location = open(
+        &dir.path().display().to_string(),
+        &StorageSettings::default(),
+    )
+    .expect("open");
+    let err = read(
+        &location,
+        &location.path("bad.parquet"),
+        &ReadOptions::default(),
+    )
+    .await
+    .err()
+    .expect("corrupt");
     assert!(matches!(err, StorageError::Parquet { .. }), "{err}");
     assert!(err.to_string().contains("bad.parquet"), "{err}");
 }
@@ -210,22 +243,30 @@ fn s3_settings(bucket: &S3Bucket, secret: &str) -> StorageSettings {
 
 #[tokio::test]
 async fn s3_parquet_roundtrip_range_reads_and_missing_objects() {
-    let bucket = SeaweedS3::shared().expect("seaweedfs").bucket("roundtrip").expect("bucket");
+    let bucket = SeaweedS3::shared()
+        .expect("seaweedfs")
+        .bucket("roundtrip")
+        .expect("bucket");
     let url = format!("{}/datasets/criteo", bucket.url());
     let location = open(&url, &s3_settings(&bucket, S3Bucket::SECRET_KEY)).expect("open");
     parquet_roundtrip(&location).await;
     missing_things_are_named(&location).await;
     let small = location.path("small.bin");
-    location.put(&small, b"0123456789".to_vec().into()).await.expect("put");
+    location
+        .put(&small, b"0123456789".to_vec().into())
+        .await
+        .expect("put");
     assert_eq!(&location.get(&small).await.expect("get")[..], b"0123456789");
     assert_eq!(location.list("").await.expect("list").len(), 2);
 }
 
 #[tokio::test]
 async fn s3_wrong_credentials_are_access_denied() {
-    let bucket = SeaweedS3::shared().expect("seaweedfs").bucket("denied").expect("bucket");
-    let location =
-        open(&bucket.url(), &s3_settings(&bucket, "not-the-secret")).expect("open");
+    let bucket = SeaweedS3::shared()
+        .expect("seaweedfs")
+        .bucket("denied")
+        .expect("bucket");
+    let location = open(&bucket.url(), &s3_settings(&bucket, "not-the-secret")).expect("open");
     let path = location.path("x.bin");
     let err = location
         .put(&path, b"payload".to_vec().into())
@@ -235,6 +276,9 @@ async fn s3_wrong_credentials_are_access_denied() {
     assert!(err.to_string().contains("access denied"), "{err}");
     assert!(err.to_string().contains("x.bin"), "{err}");
 
-    let err = location.list("").await.expect_err("wrong secret lists nothing");
+    let err = location
+        .list("")
+        .await
+        .expect_err("wrong secret lists nothing");
     assert!(matches!(err, StorageError::Denied { .. }), "{err}");
 }

@@ -21,7 +21,9 @@ use tracing_subscriber::{EnvFilter, Layer};
 pub enum TelemetryError {
     #[error("setting `telemetry.log_filter` = {filter:?} is not a valid filter: {message}")]
     Filter { filter: String, message: String },
-    #[error("setting `telemetry.otlp_endpoint` = {endpoint:?}: cannot build the OTLP exporter: {message}")]
+    #[error(
+        "setting `telemetry.otlp_endpoint` = {endpoint:?}: cannot build the OTLP exporter: {message}"
+    )]
     Exporter { endpoint: String, message: String },
     #[error("a global tracing subscriber is already installed in this process")]
     AlreadyInstalled,
@@ -104,6 +106,10 @@ fn tracer_provider(service: &str, endpoint: &str) -> Result<SdkTracerProvider, T
         })?;
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
-        .with_resource(Resource::builder().with_service_name(service.to_owned()).build())
+        .with_resource(
+            Resource::builder()
+                .with_service_name(service.to_owned())
+                .build(),
+        )
         .build())
 }

@@ -127,7 +127,10 @@ pub fn nats_span(subject: &str, headers: Option<&async_nats::HeaderMap>) -> trac
 pub struct TraceInterceptor;
 
 impl tonic::service::Interceptor for TraceInterceptor {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
         inject_grpc(request.metadata_mut());
         Ok(request)
     }

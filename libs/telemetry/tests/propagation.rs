@@ -89,8 +89,14 @@ async fn remote_spans_are_children_of_the_sender_span() {
     })
     .await
     .expect("connect");
-    let subject = bus.subjects().heartbeat("ctr", "trainer", "0").expect("subject");
-    let mut sub = bus.subscribe::<Heartbeat>(subject.clone()).await.expect("subscribe");
+    let subject = bus
+        .subjects()
+        .heartbeat("ctr", "trainer", "0")
+        .expect("subject");
+    let mut sub = bus
+        .subscribe::<Heartbeat>(subject.clone())
+        .await
+        .expect("subscribe");
     let handled = tokio::spawn(async move {
         let received = sub.next().await.expect("open").expect("decodes");
         let _enter = received.span.enter();
@@ -124,7 +130,10 @@ async fn remote_spans_are_children_of_the_sender_span() {
         .expect("message handled")
         .expect("task");
 
-    let wanted = ["/grpc.health.v1.Health/Check".to_string(), format!("receive {subject}")];
+    let wanted = [
+        "/grpc.health.v1.Health/Check".to_string(),
+        format!("receive {subject}"),
+    ];
     let mut found = Vec::new();
     for _ in 0..50 {
         telemetry.flush();

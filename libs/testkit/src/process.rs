@@ -66,7 +66,9 @@ pub fn find_binary(binary: &str) -> Result<PathBuf, Error> {
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> Result<u16, Error> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).map_err(Error::io("bind a free port"))?;
-    let addr = listener.local_addr().map_err(Error::io("read a free port"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(Error::io("read a free port"))?;
     Ok(addr.port())
 }
 

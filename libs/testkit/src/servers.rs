@@ -20,7 +20,8 @@ impl DataDir {
     fn new(kept: Option<&Path>) -> Result<Self, Error> {
         match kept {
             Some(dir) => {
-                std::fs::create_dir_all(dir).map_err(Error::io(format!("create {}", dir.display())))?;
+                std::fs::create_dir_all(dir)
+                    .map_err(Error::io(format!("create {}", dir.display())))?;
                 Ok(Self::Kept(dir.to_path_buf()))
             }
             None => tempfile::Builder::new()
@@ -170,7 +171,10 @@ impl RedisServer {
             "--save".into(),
             String::new(),
         ];
-        args.extend(["--appendonly".into(), if persistent { "yes" } else { "no" }.into()]);
+        args.extend([
+            "--appendonly".into(),
+            if persistent { "yes" } else { "no" }.into(),
+        ]);
         let mut process = spawn("redis-server", &args, &dir)?;
         wait_until("redis-server", READY_TIMEOUT, || {
             process.check_alive("redis-server")?;
@@ -260,6 +264,7 @@ impl SeaweedS3 {
             format!("-s3.localSocket={}", dir.join("s3.sock").display()),
         ];
         // Every other listener gets its own free port so instances never collide.
+        let mut ports = vec![s3_port, filer_port];
         for flag in [
             "master.port",
             "master.port.grpc",
@@ -270,20 +275,29 @@ impl SeaweedS3 {
             "s3.port.iceberg",
             "s3.port.lance",
         ] {
-            args.push(format!("-{flag}={}", free_port()?));
+            let port = free_port()?;
+            ports.push(port);
+            args.push(format!("-{flag}={port}"));
         }
+        // SeaweedFS leaves /tmp/seaweedfs-<kind>-<port>.sock behind (it ignores TMPDIR).
+        let sockets: Vec<String> = ports
+            .iter()
+            .map(|port| format!("/tmp/seaweedfs-*-{port}.sock"))
+            .collect();
         let quoted: Vec<String> = std::iter::once(weed.display().to_string())
             .chain(args)
             .map(|a| format!("'{a}'"))
             .collect();
         let script = format!(
             "{cmd} >'{d}/weed.log' 2>&1 & w=$!\n\
-             trap 'kill -9 $w; rm -rf \"{d}\"; exit 0' TERM INT\n\
+             cleanup() {{ kill -9 $w 2>/dev/null; rm -rf '{d}' {sockets}; }}\n\
+             trap 'cleanup; exit 0' TERM INT\n\
              while kill -0 {owner} 2>/dev/null && kill -0 $w 2>/dev/null; do sleep 0.5; done\n\
-             kill -9 $w 2>/dev/null; rm -rf '{d}'",
+             cleanup",
             cmd = quoted.join(" "),
             d = dir.display(),
             owner = std::process::id(),
+            sockets = sockets.join(" "),
         );
         let child = Command::new("sh")
             .arg("-c")
@@ -316,7 +330,13 @@ impl SeaweedS3 {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let clean: String = hint
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
             .take(40)
             .collect();
         let name = format!(
@@ -325,12 +345,13 @@ impl SeaweedS3 {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         // A folder under the filer's /buckets is a bucket; this avoids signing a CreateBucket.
-        let status = http_status(self.filer_port, "POST", &format!("/buckets/{name}/"))
-            .map_err(|detail| Error::NotReady {
+        let status = http_status(self.filer_port, "POST", &format!("/buckets/{name}/")).map_err(
+            |detail| Error::NotReady {
                 what: format!("bucket {name}"),
                 timeout: READY_TIMEOUT,
                 detail,
-            })?;
+            },
+        )?;
         if status != 201 {
             return Err(Error::NotReady {
                 what: format!("bucket {name}"),

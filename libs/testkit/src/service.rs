@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-pub use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::HealthCheckRequest;
+pub use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::process::{Error, free_port};
@@ -41,7 +41,9 @@ pub async fn wait_for_health(
             Err(e) => e,
         };
         if Instant::now() >= deadline {
-            return Err(format!("{addr} not {wanted:?} after {timeout:?}; last: {seen}"));
+            return Err(format!(
+                "{addr} not {wanted:?} after {timeout:?}; last: {seen}"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -74,7 +76,8 @@ impl ServiceProcess {
         let body = format!("server:\n  grpc_addr: {addr}\n  drain_timeout_ms: 5000\n{settings}");
         std::fs::write(&config, body).map_err(Error::io(format!("write {}", config.display())))?;
         let log = dir.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log).map_err(Error::io(format!("create {}", log.display())))?;
+        let out =
+            std::fs::File::create(&log).map_err(Error::io(format!("create {}", log.display())))?;
         let err = out.try_clone().map_err(Error::io("clone a log handle"))?;
         let child = Command::new(exe)
             .arg("--config")
@@ -112,7 +115,11 @@ impl ServiceProcess {
     /// Waits for SERVING; the error carries the service's log.
     pub async fn wait_healthy(&mut self, timeout: Duration) -> Result<(), String> {
         if let Ok(Some(status)) = self.child.try_wait() {
-            return Err(format!("{} exited with {status}:\n{}", self.name, self.log()));
+            return Err(format!(
+                "{} exited with {status}:\n{}",
+                self.name,
+                self.log()
+            ));
         }
         wait_for_health(&self.addr, ServingStatus::Serving, timeout)
             .await
@@ -126,7 +133,9 @@ impl ServiceProcess {
         loop {
             match self.child.try_wait() {
                 Ok(Some(status)) => return Ok(status),
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
                 Ok(None) => {
                     return Err(format!(
                         "{} still running {timeout:?} after SIGTERM\n--- log ---\n{}",
@@ -166,14 +175,18 @@ pub fn signal(pid: u32, name: &str) -> Result<(), String> {
 /// with `settings` it becomes healthy; SIGTERM makes it exit 0; a bad setting makes it exit
 /// non-zero naming the key.
 pub async fn check_service_binary(exe: &Path, settings: &str) -> Result<(), String> {
-    let help = Command::new(exe).arg("--help").output().map_err(|e| e.to_string())?;
+    let help = Command::new(exe)
+        .arg("--help")
+        .output()
+        .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&help.stdout);
     if !help.status.success() || !text.contains("--config") || !text.contains("PRIMUS_") {
         return Err(format!("--help: {}\n{text}", help.status));
     }
 
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut process = ServiceProcess::start(exe, dir.path(), settings).map_err(|e| e.to_string())?;
+    let mut process =
+        ServiceProcess::start(exe, dir.path(), settings).map_err(|e| e.to_string())?;
     process.wait_healthy(Duration::from_secs(30)).await?;
     let status = process.terminate(Duration::from_secs(15))?;
     if !status.success() {

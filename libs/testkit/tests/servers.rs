@@ -18,7 +18,10 @@ fn nats_starts_answers_and_dies_on_drop() {
     assert!(roundtrip(nats.port(), b"").starts_with("INFO"));
     let port = nats.port();
     drop(nats);
-    assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "still listening after drop");
+    assert!(
+        TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "still listening after drop"
+    );
 }
 
 #[test]

@@ -11,7 +11,8 @@ use redis::aio::ConnectionManager;
 use tonic::service::Routes;
 
 pub const SERVICE: &str = "primus-api-server";
-pub const ABOUT: &str = "Primus API server: Job, Dataset and Metric resources (in Redis; changes on NATS).";
+pub const ABOUT: &str =
+    "Primus API server: Job, Dataset and Metric resources (in Redis; changes on NATS).";
 
 pub fn default_settings() -> ApiServerSettings {
     ApiServerSettings::default()
@@ -37,7 +38,12 @@ pub async fn run(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Res
 }
 
 async fn connect_redis(settings: &RedisSettings) -> anyhow::Result<ConnectionManager> {
-    let context = || format!("cannot connect to Redis at {} (setting `redis.url`)", settings.url);
+    let context = || {
+        format!(
+            "cannot connect to Redis at {} (setting `redis.url`)",
+            settings.url
+        )
+    };
     let client = redis::Client::open(settings.url.as_str()).with_context(context)?;
     let mut connection = client
         .get_connection_manager()

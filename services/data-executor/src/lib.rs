@@ -8,7 +8,8 @@ use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
 
 pub const SERVICE: &str = "primus-data-executor";
-pub const ABOUT: &str = "Primus data executor: reads data tasks and serves minibatches to trainers.";
+pub const ABOUT: &str =
+    "Primus data executor: reads data tasks and serves minibatches to trainers.";
 
 pub fn default_settings() -> NodeSettings {
     NodeSettings::on_port(DEFAULT_PORTS.data_executor)

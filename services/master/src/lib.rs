@@ -8,7 +8,8 @@ use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
 
 pub const SERVICE: &str = "primus-master";
-pub const ABOUT: &str = "Primus master: the per-cluster job driver (job controller, resource controller, data driver).";
+pub const ABOUT: &str =
+    "Primus master: the per-cluster job driver (job controller, resource controller, data driver).";
 
 pub fn default_settings() -> NodeSettings {
     NodeSettings::on_port(DEFAULT_PORTS.master)

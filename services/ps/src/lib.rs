@@ -8,7 +8,8 @@ use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
 
 pub const SERVICE: &str = "primus-ps";
-pub const ABOUT: &str = "Primus parameter server: embedding tables and dense parameters (training or serving role).";
+pub const ABOUT: &str =
+    "Primus parameter server: embedding tables and dense parameters (training or serving role).";
 
 pub fn default_settings() -> NodeSettings {
     NodeSettings::on_port(DEFAULT_PORTS.ps)

@@ -5,7 +5,10 @@ use primus_testkit::NatsServer;
 async fn binary_starts_serves_health_and_stops_on_sigterm() {
     let nats = NatsServer::start().expect("nats-server");
     let settings = format!("nats:\n  url: {}\n", nats.url());
-    primus_testkit::service::check_service_binary(env!("CARGO_BIN_EXE_primus-serving-sync").as_ref(), &settings)
-        .await
-        .expect("service binary checks");
+    primus_testkit::service::check_service_binary(
+        env!("CARGO_BIN_EXE_primus-serving-sync").as_ref(),
+        &settings,
+    )
+    .await
+    .expect("service binary checks");
 }

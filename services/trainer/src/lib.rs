@@ -8,7 +8,8 @@ use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
 
 pub const SERVICE: &str = "primus-trainer";
-pub const ABOUT: &str = "Primus trainer: trains the dense network on minibatches, embeddings on the PS.";
+pub const ABOUT: &str =
+    "Primus trainer: trains the dense network on minibatches, embeddings on the PS.";
 
 pub fn default_settings() -> NodeSettings {
     NodeSettings::on_port(DEFAULT_PORTS.trainer)

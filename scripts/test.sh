@@ -13,7 +13,8 @@ echo "[test] CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
 
 echo "[test] cargo fmt --check"
 cargo fmt --all --check
+# --all-features: the optional `hdfs` support of primus-storage is built, linted and tested too.
 echo "[test] cargo clippy -D warnings"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 echo "[test] cargo test"
-cargo test --workspace --locked
+cargo test --workspace --all-features --locked

@@ -9,7 +9,7 @@
 mod node;
 mod shutdown;
 
-pub use node::Node;
+pub use node::{Node, serve_nats_node};
 pub use shutdown::Shutdown;
 
 use std::future::Future;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::future::BoxFuture;
 use primus_bus::Bus;
-use primus_config::{NatsSettings, ServerSettings};
+use primus_config::{NatsSettings, NodeSettings, ServerSettings};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
@@ -109,6 +109,21 @@ impl Node {
             .context("gRPC server task")?
             .with_context(|| format!("gRPC server on {addr}"))
     }
+}
+
+/// The whole life of a service whose only dependency is NATS: bind, connect, serve
+/// `routes` until `shutdown`, drain the listener, then drain NATS.
+pub async fn serve_nats_node(
+    service: &'static str,
+    settings: &NodeSettings,
+    routes: Routes,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let mut node = Node::bind(service, &settings.server).await?;
+    let bus = node.connect_nats(&settings.nats).await?;
+    node.serve(routes, shutdown).await?;
+    bus.drain().await?;
+    Ok(())
 }
 
 async fn set_status(reporter: &HealthReporter, service: &str, status: ServingStatus) {

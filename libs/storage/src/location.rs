@@ -230,12 +230,13 @@ fn open_hdfs(url: &str, rest: &str, settings: &StorageSettings) -> Result<Locati
             hdfs.failover_sleep_max_ms.to_string(),
         ),
     ]);
-    let store =
-        hdfs_native_object_store::HdfsObjectStore::with_config(&root_url, config).map_err(|e| {
-            StorageError::InvalidUrl {
-                url: url.to_owned(),
-                message: e.to_string(),
-            }
+    let store = hdfs_native_object_store::HdfsObjectStoreBuilder::new()
+        .with_url(root_url.clone())
+        .with_config(config)
+        .build()
+        .map_err(|e| StorageError::InvalidUrl {
+            url: url.to_owned(),
+            message: e.to_string(),
         })?;
     Ok(Location {
         store: Arc::new(store),

@@ -11,8 +11,10 @@ use redis::aio::ConnectionManager;
 use tonic::service::Routes;
 
 pub const SERVICE: &str = "primus-api-server";
-pub const ABOUT: &str =
-    "Primus API server: Job, Dataset and Metric resources (in Redis; changes on NATS).";
+pub const ABOUT: &str = concat!(
+    "Primus API server: Job, Dataset and Metric resources (in Redis; changes on NATS).",
+    " This build runs the service shell only: settings, connections, gRPC health."
+);
 
 pub fn default_settings() -> ApiServerSettings {
     ApiServerSettings::default()

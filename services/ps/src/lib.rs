@@ -4,12 +4,14 @@
 //! the NATS connection, graceful SIGTERM). Its own RPCs arrive with later steps.
 
 use primus_config::{DEFAULT_PORTS, NodeSettings};
-use primus_service::{Node, Shutdown};
+use primus_service::Shutdown;
 use tonic::service::Routes;
 
 pub const SERVICE: &str = "primus-ps";
-pub const ABOUT: &str =
-    "Primus parameter server: embedding tables and dense parameters (training or serving role).";
+pub const ABOUT: &str = concat!(
+    "Primus parameter server: embedding tables and dense parameters (training or serving role).",
+    " This build runs the service shell only: settings, connections, gRPC health."
+);
 
 pub fn default_settings() -> NodeSettings {
     NodeSettings::on_port(DEFAULT_PORTS.ps)
@@ -17,9 +19,5 @@ pub fn default_settings() -> NodeSettings {
 
 /// Runs until `shutdown`, then drains and returns.
 pub async fn run(settings: NodeSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    let mut node = Node::bind(SERVICE, &settings.server).await?;
-    let bus = node.connect_nats(&settings.nats).await?;
-    node.serve(Routes::default(), shutdown).await?;
-    bus.drain().await?;
-    Ok(())
+    primus_service::serve_nats_node(SERVICE, &settings, Routes::default(), shutdown).await
 }

@@ -4,11 +4,14 @@
 //! the NATS connection, graceful SIGTERM). Its own RPCs arrive with later steps.
 
 use primus_config::{DEFAULT_PORTS, NodeSettings};
-use primus_service::{Node, Shutdown};
+use primus_service::Shutdown;
 use tonic::service::Routes;
 
 pub const SERVICE: &str = "primus-serving-sync";
-pub const ABOUT: &str = "Primus serving-sync: moves training deltas to serving replicas.";
+pub const ABOUT: &str = concat!(
+    "Primus serving-sync: moves training deltas to serving replicas.",
+    " This build runs the service shell only: settings, connections, gRPC health."
+);
 
 pub fn default_settings() -> NodeSettings {
     NodeSettings::on_port(DEFAULT_PORTS.serving_sync)
@@ -16,9 +19,5 @@ pub fn default_settings() -> NodeSettings {
 
 /// Runs until `shutdown`, then drains and returns.
 pub async fn run(settings: NodeSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    let mut node = Node::bind(SERVICE, &settings.server).await?;
-    let bus = node.connect_nats(&settings.nats).await?;
-    node.serve(Routes::default(), shutdown).await?;
-    bus.drain().await?;
-    Ok(())
+    primus_service::serve_nats_node(SERVICE, &settings, Routes::default(), shutdown).await
 }

@@ -66,13 +66,17 @@ pub fn load<T: DeserializeOwned + Serialize>(
             .source(Some(settings_env)),
     );
     let layered = builder.build().map_err(|e| file_error(file, e))?;
+    let origins = Origins {
+        layered: &layered,
+        file,
+    };
 
     let mut unknown = Vec::new();
     let parsed = serde_ignored::deserialize(layered.clone(), |path| unknown.push(path.to_string()))
-        .map_err(|e| describe(&layered, e))?;
+        .map_err(|e| origins.describe(e))?;
     match unknown.into_iter().next() {
         Some(key) => Err(ConfigError::UnknownKey {
-            origin: origin_of(&layered, &key),
+            origin: origins.of_key(&key),
             key,
         }),
         None => Ok(parsed),
@@ -102,17 +106,68 @@ fn file_error(file: Option<&Path>, error: config::ConfigError) -> ConfigError {
     }
 }
 
-/// Where a key's value came from: a file path, "the environment", or the defaults.
-/// (`Config::get` re-deserializes values and loses their origin, so walk the merged tree.)
-fn origin_of(layered: &Config, key: &str) -> String {
-    let mut value: Value = layered.cache.clone();
-    for part in key.split('.') {
-        match value.into_table().ok().and_then(|mut t| t.remove(part)) {
-            Some(child) => value = child,
-            None => return DEFAULTS_ORIGIN.into(),
+const DEFAULTS_ORIGIN: &str = "the defaults";
+/// What the `config` crate records as the origin of environment values.
+const ENV_ORIGIN: &str = "the environment";
+
+/// Names where a value came from: the settings file as the user gave its path (the
+/// `config` crate records it relative to the working directory), the environment, or the
+/// defaults.
+struct Origins<'a> {
+    layered: &'a Config,
+    file: Option<&'a Path>,
+}
+
+impl Origins<'_> {
+    fn name(&self, recorded: Option<&str>) -> String {
+        match (recorded, self.file) {
+            (None, _) => DEFAULTS_ORIGIN.into(),
+            (Some(ENV_ORIGIN), _) => ENV_ORIGIN.into(),
+            (Some(_), Some(file)) => file.display().to_string(),
+            (Some(other), None) => other.into(),
         }
     }
-    leaf_origin(value).unwrap_or_else(|| DEFAULTS_ORIGIN.into())
+
+    /// (`Config::get` re-deserializes values and loses their origin, so walk the tree.)
+    fn of_key(&self, key: &str) -> String {
+        let mut value: Value = self.layered.cache.clone();
+        for part in key.split('.') {
+            match value.into_table().ok().and_then(|mut t| t.remove(part)) {
+                Some(child) => value = child,
+                None => return DEFAULTS_ORIGIN.into(),
+            }
+        }
+        self.name(leaf_origin(value).as_deref())
+    }
+
+    fn describe(&self, error: config::ConfigError) -> ConfigError {
+        let (key, origin, message) = match error {
+            config::ConfigError::Type {
+                origin,
+                unexpected,
+                expected,
+                key,
+            } => (
+                key,
+                origin,
+                format!("expected {expected}, found {unexpected}"),
+            ),
+            config::ConfigError::At {
+                error, origin, key, ..
+            } => (key, origin, error.to_string()),
+            other => return ConfigError::Other(other.to_string()),
+        };
+        let key = key.unwrap_or_default();
+        let origin = match origin {
+            Some(recorded) => self.name(Some(&recorded)),
+            None => self.of_key(&key),
+        };
+        ConfigError::Invalid {
+            key,
+            origin,
+            message,
+        }
+    }
 }
 
 /// A table has no origin of its own: take that of the first value inside it.
@@ -121,35 +176,4 @@ fn leaf_origin(value: Value) -> Option<String> {
         return Some(origin.to_owned());
     }
     value.into_table().ok()?.into_values().find_map(leaf_origin)
-}
-
-const DEFAULTS_ORIGIN: &str = "the defaults";
-
-fn describe(layered: &Config, error: config::ConfigError) -> ConfigError {
-    match error {
-        config::ConfigError::Type {
-            origin,
-            unexpected,
-            expected,
-            key,
-        } => {
-            let key = key.unwrap_or_default();
-            ConfigError::Invalid {
-                origin: origin.unwrap_or_else(|| origin_of(layered, &key)),
-                message: format!("expected {expected}, found {unexpected}"),
-                key,
-            }
-        }
-        config::ConfigError::At {
-            error, origin, key, ..
-        } => {
-            let key = key.unwrap_or_default();
-            ConfigError::Invalid {
-                origin: origin.unwrap_or_else(|| origin_of(layered, &key)),
-                message: error.to_string(),
-                key,
-            }
-        }
-        other => ConfigError::Other(other.to_string()),
-    }
 }

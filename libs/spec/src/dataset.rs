@@ -1,0 +1,327 @@
+//! Primus's three-tier data definition: a dataset holds data streams (served one after
+//! another or together); a stream mixes data sources under a sliding hourly or daily
+//! window; a source is a time-partitioned Parquet prefix or a JetStream subject.
+//! The feature schema says how rows become samples.
+
+use serde::{Deserialize, Serialize};
+
+use crate::validate::{
+    FieldError, Validate, check_name, check_positive, check_unique, fail, field, index,
+};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSpec {
+    pub streams: Vec<DataStream>,
+    #[serde(default)]
+    pub order: StreamOrder,
+    pub schema: FeatureSchema,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamOrder {
+    /// Each stream is served after the previous one is exhausted.
+    #[default]
+    Sequential,
+    /// All streams are served together.
+    Simultaneous,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataStream {
+    pub name: String,
+    pub window: Window,
+    pub sources: Vec<DataSource>,
+}
+
+/// The time window that slides over a stream's sources.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Window {
+    pub unit: WindowUnit,
+    /// First window: `YYYY-MM-DD` (daily) or `YYYY-MM-DDTHH` (hourly), UTC.
+    pub start: String,
+    /// Window after the last one (exclusive); unset means open-ended (keep following).
+    #[serde(default)]
+    pub end: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowUnit {
+    Hourly,
+    Daily,
+}
+
+/// Exactly one of `parquet` and `jetstream`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSource {
+    pub name: String,
+    /// Priority weight w_i in the serving policy argmax w_i * sigmoid(q_i) (Primus Eq. 4).
+    #[serde(default = "one")]
+    pub weight: f64,
+    #[serde(default)]
+    pub parquet: Option<ParquetSource>,
+    #[serde(default)]
+    pub jetstream: Option<JetStreamSource>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// Files under `<uri>/date=YYYY-MM-DD/hour=HH/*.parquet` (hourly) or `<uri>/date=YYYY-MM-DD/` (daily).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParquetSource {
+    pub uri: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JetStreamSource {
+    pub stream: String,
+    pub subject: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureSchema {
+    /// Column holding the 0/1 label.
+    pub label: String,
+    #[serde(default)]
+    pub dense: Vec<DenseFeature>,
+    pub sparse: Vec<SparseFeature>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DenseFeature {
+    pub name: String,
+    #[serde(default)]
+    pub transform: DenseTransform,
+    /// Value used when the column is null.
+    #[serde(default)]
+    pub missing: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DenseTransform {
+    #[default]
+    None,
+    /// log(1 + max(x, 0)).
+    Log1p,
+    Standardize {
+        mean: f64,
+        std: f64,
+    },
+    Clip {
+        min: f64,
+        max: f64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SparseFeature {
+    pub name: String,
+    /// Embedding table (in the Job's model) this feature's ids are looked up in.
+    pub table: String,
+    /// The column holds a list of values (multi-hot) rather than one.
+    #[serde(default)]
+    pub multi_hot: bool,
+    /// RecD dedup group: features of a group are deduplicated together per session.
+    #[serde(default)]
+    pub dedup_group: Option<String>,
+}
+
+/// Checks `YYYY-MM-DD` (and `THH` when `hourly`) without a calendar library: month 1-12,
+/// day within the month (leap years counted), hour 0-23.
+fn check_window_time(errors: &mut Vec<FieldError>, path: String, value: &str, unit: WindowUnit) {
+    let (date, hour) = match unit {
+        WindowUnit::Daily => (value, None),
+        WindowUnit::Hourly => match value.split_once('T') {
+            Some((date, hour)) => (date, Some(hour)),
+            None => (value, Some("")),
+        },
+    };
+    let parts: Vec<Option<u32>> = date.split('-').map(|p| p.parse().ok()).collect();
+    let valid_date = match parts[..] {
+        [Some(y), Some(m), Some(d)] if date.len() == 10 && (1..=12).contains(&m) => {
+            let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+            let days = [
+                31,
+                if leap { 29 } else { 28 },
+                31,
+                30,
+                31,
+                30,
+                31,
+                31,
+                30,
+                31,
+                30,
+                31,
+            ];
+            (1..=days[m as usize - 1]).contains(&d)
+        }
+        _ => false,
+    };
+    let valid_hour = hour.is_none_or(|h| h.len() == 2 && h.parse::<u32>().is_ok_and(|h| h < 24));
+    if !(valid_date && valid_hour) {
+        let format = match unit {
+            WindowUnit::Daily => "YYYY-MM-DD",
+            WindowUnit::Hourly => "YYYY-MM-DDTHH",
+        };
+        fail(errors, path, format!("{value:?} is not a {format} time"));
+    }
+}
+
+impl Validate for DatasetSpec {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        let streams = field(path, "streams");
+        if self.streams.is_empty() {
+            fail(
+                errors,
+                streams.clone(),
+                "a dataset needs at least one stream",
+            );
+        }
+        check_unique(
+            errors,
+            &streams,
+            "stream",
+            self.streams.iter().map(|s| s.name.as_str()),
+        );
+        let all_sources = self
+            .streams
+            .iter()
+            .flat_map(|s| s.sources.iter().map(|src| src.name.as_str()));
+        check_unique(errors, &field(path, "sources"), "source", all_sources);
+        for (i, stream) in self.streams.iter().enumerate() {
+            stream.validate(&index(&streams, i), errors);
+        }
+        self.schema.validate(&field(path, "schema"), errors);
+    }
+}
+
+impl Validate for DataStream {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        check_name(errors, field(path, "name"), &self.name, false);
+        let window = field(path, "window");
+        check_window_time(
+            errors,
+            field(&window, "start"),
+            &self.window.start,
+            self.window.unit,
+        );
+        if let Some(end) = &self.window.end {
+            check_window_time(errors, field(&window, "end"), end, self.window.unit);
+            // Both have the same fixed-width format, so text order is time order.
+            if end.len() == self.window.start.len() && end <= &self.window.start {
+                fail(errors, field(&window, "end"), "must be after window.start");
+            }
+        }
+        let sources = field(path, "sources");
+        if self.sources.is_empty() {
+            fail(
+                errors,
+                sources.clone(),
+                "a stream needs at least one source",
+            );
+        }
+        for (i, source) in self.sources.iter().enumerate() {
+            source.validate(&index(&sources, i), errors);
+        }
+    }
+}
+
+impl Validate for DataSource {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        check_name(errors, field(path, "name"), &self.name, false);
+        check_positive(errors, field(path, "weight"), self.weight);
+        match (&self.parquet, &self.jetstream) {
+            (Some(parquet), None) => {
+                if parquet.uri.trim().is_empty() {
+                    fail(
+                        errors,
+                        field(&field(path, "parquet"), "uri"),
+                        "must not be empty",
+                    );
+                }
+            }
+            (None, Some(js)) => {
+                let at = field(path, "jetstream");
+                if js.stream.is_empty() || js.stream.contains(['.', ' ', '*', '>']) {
+                    fail(
+                        errors,
+                        field(&at, "stream"),
+                        "must be a JetStream stream name (no '.', ' ', '*', '>')",
+                    );
+                }
+                if js.subject.is_empty() || js.subject.contains(char::is_whitespace) {
+                    fail(errors, field(&at, "subject"), "must be a NATS subject");
+                }
+            }
+            _ => fail(
+                errors,
+                path.to_owned(),
+                "needs exactly one of `parquet` and `jetstream`",
+            ),
+        }
+    }
+}
+
+impl Validate for FeatureSchema {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        if self.label.is_empty() {
+            fail(errors, field(path, "label"), "must name the label column");
+        }
+        let dense = field(path, "dense");
+        let sparse = field(path, "sparse");
+        if self.sparse.is_empty() {
+            fail(errors, sparse.clone(), "needs at least one sparse feature");
+        }
+        let names = self
+            .dense
+            .iter()
+            .map(|d| d.name.as_str())
+            .chain(self.sparse.iter().map(|s| s.name.as_str()));
+        check_unique(errors, &field(path, "features"), "feature", names);
+        for (i, feature) in self.dense.iter().enumerate() {
+            let at = index(&dense, i);
+            check_name(errors, field(&at, "name"), &feature.name, true);
+            if feature.name == self.label {
+                fail(
+                    errors,
+                    field(&at, "name"),
+                    "the label column cannot be a feature",
+                );
+            }
+            let transform = field(&at, "transform");
+            match feature.transform {
+                DenseTransform::Standardize { std, .. } => {
+                    check_positive(errors, field(&transform, "std"), std)
+                }
+                DenseTransform::Clip { min, max }
+                    if min.partial_cmp(&max) != Some(std::cmp::Ordering::Less) =>
+                {
+                    fail(errors, field(&transform, "max"), "must be greater than min")
+                }
+                _ => {}
+            }
+        }
+        for (i, feature) in self.sparse.iter().enumerate() {
+            let at = index(&sparse, i);
+            check_name(errors, field(&at, "name"), &feature.name, true);
+            check_name(errors, field(&at, "table"), &feature.table, true);
+            if let Some(group) = &feature.dedup_group {
+                check_name(errors, field(&at, "dedup_group"), group, true);
+            }
+        }
+    }
+}

@@ -1,0 +1,502 @@
+//! A training job: the model, its data, how it trains, where it runs.
+
+use serde::{Deserialize, Serialize};
+
+use crate::validate::{
+    FieldError, Validate, check_name, check_positive, check_probability, check_unique, fail, field,
+    index,
+};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub model: ModelSpec,
+    /// Name of the Dataset resource the job reads.
+    pub dataset: String,
+    pub mode: TrainingMode,
+    pub topology: Topology,
+    #[serde(default)]
+    pub scaling: ScalingPolicy,
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointSpec>,
+    #[serde(default)]
+    pub serving_sync: ServingSyncSpec,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrainingMode {
+    /// Bounded batch data only.
+    Batch,
+    /// Online training from streams only.
+    Stream,
+    /// Finish the batch data, then follow the streams without restarting.
+    BatchThenStream,
+    /// Batch and stream served together (Primus Alg. 1 and 2).
+    Mixture,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelKind {
+    Deepfm,
+    Dlrm,
+    WideDeep,
+    /// Memory tower on batch data, adapt tower on stream data (Primus MTRM).
+    Mtrm,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    pub kind: ModelKind,
+    pub tables: Vec<TableSpec>,
+    pub dense: DenseSpec,
+}
+
+/// One embedding table (Monolith's collisionless table).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableSpec {
+    pub name: String,
+    pub dim: u32,
+    pub optimizer: OptimizerSpec,
+    #[serde(default)]
+    pub initializer: Initializer,
+    #[serde(default)]
+    pub admission: AdmissionSpec,
+    /// Rows not updated for this long are evicted; unset keeps rows forever.
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OptimizerSpec {
+    Sgd {
+        learning_rate: f64,
+    },
+    Adagrad {
+        learning_rate: f64,
+        #[serde(default = "defaults::initial_accumulator")]
+        initial_accumulator: f64,
+        #[serde(default = "defaults::epsilon")]
+        epsilon: f64,
+    },
+    Adam {
+        learning_rate: f64,
+        #[serde(default = "defaults::beta1")]
+        beta1: f64,
+        #[serde(default = "defaults::beta2")]
+        beta2: f64,
+        #[serde(default = "defaults::epsilon")]
+        epsilon: f64,
+    },
+    Ftrl {
+        alpha: f64,
+        #[serde(default = "defaults::ftrl_beta")]
+        beta: f64,
+        #[serde(default)]
+        l1: f64,
+        #[serde(default)]
+        l2: f64,
+    },
+}
+
+mod defaults {
+    pub fn initial_accumulator() -> f64 {
+        0.1
+    }
+    pub fn epsilon() -> f64 {
+        1e-8
+    }
+    pub fn beta1() -> f64 {
+        0.9
+    }
+    pub fn beta2() -> f64 {
+        0.999
+    }
+    pub fn ftrl_beta() -> f64 {
+        1.0
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Initializer {
+    Zeros,
+    Uniform { scale: f64 },
+    Normal { std: f64 },
+}
+
+impl Default for Initializer {
+    fn default() -> Self {
+        Self::Uniform { scale: 0.01 }
+    }
+}
+
+/// Monolith's admission filters: a key gets a row only once seen `min_count` times
+/// (counted in a count-min sketch), and then only with `probability`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionSpec {
+    #[serde(default)]
+    pub min_count: u32,
+    #[serde(default = "one")]
+    pub probability: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl Default for AdmissionSpec {
+    fn default() -> Self {
+        Self {
+            min_count: 0,
+            probability: 1.0,
+        }
+    }
+}
+
+/// Hidden layer widths of the dense network (`bottom` is DLRM's and MTRM's dense-feature MLP).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DenseSpec {
+    #[serde(default)]
+    pub bottom: Vec<u32>,
+    pub top: Vec<u32>,
+}
+
+/// How many processes of each role the job runs, and what each may use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    pub data_executors: RoleSpec,
+    pub trainers: RoleSpec,
+    pub ps: RoleSpec,
+    #[serde(default)]
+    pub serving: Option<RoleSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleSpec {
+    pub replicas: u32,
+    /// CPU cores.
+    #[serde(default = "one")]
+    pub cpu: f64,
+    /// Memory as a Kubernetes quantity: `512Mi`, `4Gi`, `2G`, `1000000`.
+    #[serde(default = "defaults_memory")]
+    pub memory: String,
+}
+
+fn defaults_memory() -> String {
+    "1Gi".into()
+}
+
+/// Bytes in a Kubernetes-style memory quantity, or why it is not one.
+pub fn parse_memory(quantity: &str) -> Result<u64, String> {
+    let units: [(&str, u64); 8] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("K", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (digits, multiplier) = units
+        .iter()
+        .find_map(|(suffix, m)| quantity.strip_suffix(suffix).map(|d| (d, *m)))
+        .unwrap_or((quantity, 1));
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{quantity:?} is not a memory quantity (e.g. 512Mi, 4Gi)"))?;
+    value
+        .checked_mul(multiplier)
+        .filter(|bytes| *bytes > 0)
+        .ok_or_else(|| format!("{quantity:?} must be > 0 and fit in 64 bits"))
+}
+
+/// Primus's horizontal scaling of data executors by load (Eq. 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScalingPolicy {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default = "one_u32")]
+    pub min_data_executors: u32,
+    #[serde(default = "one_u32")]
+    pub max_data_executors: u32,
+    /// Scale out when the weighted load L = w.u exceeds this.
+    #[serde(default = "default_threshold")]
+    pub load_threshold: f64,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+
+fn default_threshold() -> f64 {
+    0.8
+}
+
+impl Default for ScalingPolicy {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            min_data_executors: 1,
+            max_data_executors: 1,
+            load_threshold: default_threshold(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Object-store URL under which snapshots and task offsets are written.
+    pub uri: String,
+    pub interval_seconds: u64,
+}
+
+/// How the serving copy follows training (Monolith 2.2.3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServingSyncSpec {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default = "default_sparse_interval")]
+    pub sparse_interval_ms: u64,
+    #[serde(default = "default_dense_interval")]
+    pub dense_interval_seconds: u64,
+}
+
+fn default_sparse_interval() -> u64 {
+    500
+}
+
+fn default_dense_interval() -> u64 {
+    60
+}
+
+impl Default for ServingSyncSpec {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            sparse_interval_ms: default_sparse_interval(),
+            dense_interval_seconds: default_dense_interval(),
+        }
+    }
+}
+
+impl Validate for JobSpec {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        self.model.validate(&field(path, "model"), errors);
+        check_name(errors, field(path, "dataset"), &self.dataset, false);
+        self.topology.validate(&field(path, "topology"), errors);
+        self.scaling.validate(&field(path, "scaling"), errors);
+        if let Some(checkpoint) = &self.checkpoint {
+            let at = field(path, "checkpoint");
+            if checkpoint.uri.trim().is_empty() {
+                fail(errors, field(&at, "uri"), "must not be empty");
+            }
+            if checkpoint.interval_seconds == 0 {
+                fail(errors, field(&at, "interval_seconds"), "must be > 0");
+            }
+        }
+        let sync = &self.serving_sync;
+        let at = field(path, "serving_sync");
+        if sync.sparse_interval_ms == 0 {
+            fail(errors, field(&at, "sparse_interval_ms"), "must be > 0");
+        }
+        if sync.dense_interval_seconds == 0 {
+            fail(errors, field(&at, "dense_interval_seconds"), "must be > 0");
+        }
+        if sync.enabled
+            && self
+                .topology
+                .serving
+                .as_ref()
+                .is_none_or(|s| s.replicas == 0)
+        {
+            fail(
+                errors,
+                field(&at, "enabled"),
+                "serving sync needs topology.serving with at least one replica",
+            );
+        }
+    }
+}
+
+impl Validate for ModelSpec {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        let tables = field(path, "tables");
+        if self.tables.is_empty() {
+            fail(
+                errors,
+                tables.clone(),
+                "a model needs at least one embedding table",
+            );
+        }
+        check_unique(
+            errors,
+            &tables,
+            "table",
+            self.tables.iter().map(|t| t.name.as_str()),
+        );
+        for (i, table) in self.tables.iter().enumerate() {
+            table.validate(&index(&tables, i), errors);
+        }
+        let dense = field(path, "dense");
+        if self.dense.top.is_empty() {
+            fail(errors, field(&dense, "top"), "needs at least one layer");
+        }
+        if matches!(self.kind, ModelKind::Dlrm | ModelKind::Mtrm) && self.dense.bottom.is_empty() {
+            fail(
+                errors,
+                field(&dense, "bottom"),
+                "dlrm and mtrm need a bottom MLP",
+            );
+        }
+        for (name, layers) in [("bottom", &self.dense.bottom), ("top", &self.dense.top)] {
+            for (i, width) in layers.iter().enumerate() {
+                if *width == 0 {
+                    fail(errors, index(&field(&dense, name), i), "must be > 0");
+                }
+            }
+        }
+    }
+}
+
+impl Validate for TableSpec {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        check_name(errors, field(path, "name"), &self.name, true);
+        if self.dim == 0 {
+            fail(errors, field(path, "dim"), "must be > 0");
+        } else if self.dim > 4096 {
+            fail(
+                errors,
+                field(path, "dim"),
+                format!("must be <= 4096 (got {})", self.dim),
+            );
+        }
+        let at = field(path, "optimizer");
+        match &self.optimizer {
+            OptimizerSpec::Sgd { learning_rate } => {
+                check_positive(errors, field(&at, "learning_rate"), *learning_rate)
+            }
+            OptimizerSpec::Adagrad {
+                learning_rate,
+                initial_accumulator,
+                epsilon,
+            } => {
+                check_positive(errors, field(&at, "learning_rate"), *learning_rate);
+                check_positive(
+                    errors,
+                    field(&at, "initial_accumulator"),
+                    *initial_accumulator,
+                );
+                check_positive(errors, field(&at, "epsilon"), *epsilon);
+            }
+            OptimizerSpec::Adam {
+                learning_rate,
+                beta1,
+                beta2,
+                epsilon,
+            } => {
+                check_positive(errors, field(&at, "learning_rate"), *learning_rate);
+                for (name, beta) in [("beta1", beta1), ("beta2", beta2)] {
+                    if !(0.0..1.0).contains(beta) {
+                        fail(
+                            errors,
+                            field(&at, name),
+                            format!("must be within 0..1 (got {beta})"),
+                        );
+                    }
+                }
+                check_positive(errors, field(&at, "epsilon"), *epsilon);
+            }
+            OptimizerSpec::Ftrl {
+                alpha,
+                beta,
+                l1,
+                l2,
+            } => {
+                check_positive(errors, field(&at, "alpha"), *alpha);
+                check_positive(errors, field(&at, "beta"), *beta);
+                for (name, value) in [("l1", l1), ("l2", l2)] {
+                    if !(value.is_finite() && *value >= 0.0) {
+                        fail(
+                            errors,
+                            field(&at, name),
+                            format!("must be >= 0 (got {value})"),
+                        );
+                    }
+                }
+            }
+        }
+        let at = field(path, "initializer");
+        match &self.initializer {
+            Initializer::Zeros => {}
+            Initializer::Uniform { scale } => check_positive(errors, field(&at, "scale"), *scale),
+            Initializer::Normal { std } => check_positive(errors, field(&at, "std"), *std),
+        }
+        check_probability(
+            errors,
+            field(&field(path, "admission"), "probability"),
+            self.admission.probability,
+        );
+        if self.ttl_seconds == Some(0) {
+            fail(
+                errors,
+                field(path, "ttl_seconds"),
+                "must be > 0 (leave it out to keep rows forever)",
+            );
+        }
+    }
+}
+
+impl Validate for Topology {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        let roles = [
+            ("data_executors", Some(&self.data_executors), 1),
+            ("trainers", Some(&self.trainers), 1),
+            ("ps", Some(&self.ps), 1),
+            ("serving", self.serving.as_ref(), 0),
+        ];
+        for (name, role, minimum) in roles {
+            let Some(role) = role else { continue };
+            let at = field(path, name);
+            if role.replicas < minimum {
+                fail(
+                    errors,
+                    field(&at, "replicas"),
+                    format!("must be >= {minimum}"),
+                );
+            }
+            check_positive(errors, field(&at, "cpu"), role.cpu);
+            if let Err(message) = parse_memory(&role.memory) {
+                fail(errors, field(&at, "memory"), message);
+            }
+        }
+    }
+}
+
+impl Validate for ScalingPolicy {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        if self.min_data_executors == 0 {
+            fail(errors, field(path, "min_data_executors"), "must be >= 1");
+        }
+        if self.max_data_executors < self.min_data_executors {
+            fail(
+                errors,
+                field(path, "max_data_executors"),
+                "must be >= min_data_executors",
+            );
+        }
+        check_positive(errors, field(path, "load_threshold"), self.load_threshold);
+    }
+}

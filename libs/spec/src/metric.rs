@@ -1,0 +1,63 @@
+//! Time series of one job's metrics, written by the master.
+
+use serde::{Deserialize, Serialize};
+
+use crate::validate::{FieldError, Validate, check_name, fail, field, index};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricSpec {
+    /// Name of the Job these metrics belong to.
+    pub job: String,
+    #[serde(default)]
+    pub series: Vec<MetricSeries>,
+}
+
+/// One metric (`samples_per_second`, `loss`, `auc`, `cpu_utilisation`, `data_lag_seconds`,
+/// ...), optionally of one role.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricSeries {
+    pub name: String,
+    #[serde(default)]
+    pub role: Option<String>,
+    #[serde(default)]
+    pub points: Vec<MetricPoint>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricPoint {
+    pub unix_ms: i64,
+    pub value: f64,
+}
+
+impl Validate for MetricSpec {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        check_name(errors, field(path, "job"), &self.job, false);
+        let series = field(path, "series");
+        for (i, s) in self.series.iter().enumerate() {
+            let at = index(&series, i);
+            check_name(errors, field(&at, "name"), &s.name, true);
+            let points = field(&at, "points");
+            for (j, pair) in s.points.windows(2).enumerate() {
+                if pair[1].unix_ms < pair[0].unix_ms {
+                    fail(
+                        errors,
+                        index(&points, j + 1),
+                        "points must be in time order",
+                    );
+                }
+            }
+            for (j, point) in s.points.iter().enumerate() {
+                if !point.value.is_finite() {
+                    fail(
+                        errors,
+                        field(&index(&points, j), "value"),
+                        "must be a finite number",
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! Resource files: the shipped examples, and every way a user gets one wrong.
+use primus_spec::job::OptimizerSpec;
+use primus_spec::{Kind, MAX_DOCUMENT_BYTES, Resource, SpecError, parse_documents};
+
+const JOB: &str = r#"
+kind: Job
+metadata: {name: ctr}
+spec:
+  dataset: criteo-like
+  mode: batch
+  model:
+    kind: deepfm
+    tables:
+      - {name: a, dim: 8, optimizer: {kind: sgd, learning_rate: 0.1}}
+      - {name: b, dim: 8, optimizer: {kind: adagrad, learning_rate: 0.1}}
+      - {name: c, dim: 8, optimizer: {kind: adam, learning_rate: 0.01}}
+    dense: {top: [64, 1]}
+  topology:
+    data_executors: {replicas: 1}
+    trainers: {replicas: 1}
+    ps: {replicas: 1}
+"#;
+
+fn error_text(text: &str) -> String {
+    parse_documents("job.yaml", text)
+        .expect_err("must be refused")
+        .to_string()
+}
+
+#[test]
+fn every_example_parses_and_validates() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).expect("examples/") {
+        let path = entry.expect("entry").path();
+        if path
+            .extension()
+            .is_some_and(|e| e == "yaml" || e == "yml" || e == "json")
+        {
+            let text = std::fs::read_to_string(&path).expect("read");
+            let resources = parse_documents(&path.display().to_string(), &text)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                resources.iter().any(|r| r.kind() == Kind::Job),
+                "{}",
+                path.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "examples checked: {checked}");
+}
+
+#[test]
+fn a_valid_job_parses_with_defaults_filled() {
+    let resources = parse_documents("job.yaml", JOB).expect("valid");
+    let [Resource::Job(job)] = &resources[..] else {
+        panic!("one job expected")
+    };
+    assert_eq!(job.metadata.name, "ctr");
+    match &job.spec.model.tables[1].optimizer {
+        OptimizerSpec::Adagrad {
+            initial_accumulator,
+            ..
+        } => assert_eq!(*initial_accumulator, 0.1),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(job.spec.model.tables[0].admission.probability, 1.0);
+    assert!(!job.spec.serving_sync.enabled);
+}
+
+#[test]
+fn negative_dim_names_the_field() {
+    let text = JOB.replace("{name: c, dim: 8", "{name: c, dim: -4");
+    let err = error_text(&text);
+    assert!(err.contains("spec.model.tables[2].dim"), "{err}");
+    assert!(err.contains("job.yaml, document 1"), "{err}");
+}
+
+#[test]
+fn zero_dim_is_a_validation_error_with_path() {
+    let text = JOB.replace("{name: c, dim: 8", "{name: c, dim: 0");
+    let err = error_text(&text);
+    assert!(
+        err.contains("spec.model.tables[2].dim: must be > 0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_optimizer_names_the_field_and_the_choices() {
+    let text = JOB.replace("kind: adam", "kind: adamw");
+    let err = error_text(&text);
+    assert!(err.contains("spec.model.tables[2].optimizer"), "{err}");
+    assert!(err.contains("adamw") && err.contains("adagrad"), "{err}");
+}
+
+#[test]
+fn unknown_field_names_the_field() {
+    let text = JOB.replace("mode: batch", "mode: batch\n  replicas: 3");
+    let err = error_text(&text);
+    assert!(err.contains("replicas"), "{err}");
+    assert!(err.contains("unknown field"), "{err}");
+}
+
+#[test]
+fn malformed_yaml_is_a_parse_error_with_its_line() {
+    let err =
+        parse_documents("job.yaml", "kind: Job\nmetadata: {name: [\n").expect_err("malformed");
+    assert!(matches!(err, SpecError::Parse { document: 1, .. }), "{err}");
+    assert!(err.to_string().contains("line"), "{err}");
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let text = JOB
+        .replace("{name: a, dim: 8", "{name: a, dim: 0")
+        .replace("learning_rate: 0.01", "learning_rate: -1")
+        .replace("trainers: {replicas: 1}", "trainers: {replicas: 0}")
+        .replace("name: ctr", "name: Bad_Name");
+    let Err(SpecError::Invalid { errors, .. }) = parse_documents("job.yaml", &text) else {
+        panic!("expected validation errors")
+    };
+    let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+    for wanted in [
+        "metadata.name",
+        "spec.model.tables[0].dim",
+        "spec.model.tables[2].optimizer.learning_rate",
+        "spec.topology.trainers.replicas",
+    ] {
+        assert!(paths.contains(&wanted), "{wanted} missing from {paths:?}");
+    }
+}
+
+#[test]
+fn a_bad_second_document_refuses_the_whole_file() {
+    let text = format!("{JOB}---\nkind: Gadget\nmetadata: {{name: x}}\nspec: {{}}\n");
+    let err = parse_documents("job.yaml", &text).expect_err("unknown kind");
+    assert!(matches!(err, SpecError::Parse { document: 2, .. }), "{err}");
+    assert!(err.to_string().contains("Gadget"), "{err}");
+}
+
+#[test]
+fn dataset_source_needs_exactly_one_kind_and_valid_windows() {
+    let text = r#"
+kind: Dataset
+metadata: {name: d}
+spec:
+  streams:
+    - name: s
+      window: {unit: hourly, start: "2026-02-30T25", end: "2026-01-01T00"}
+      sources:
+        - {name: both, parquet: {uri: "file:///x"}, jetstream: {stream: S, subject: s.x}}
+        - {name: neither}
+  schema:
+    label: y
+    sparse: [{name: f, table: t}, {name: f, table: t}]
+"#;
+    let Err(SpecError::Invalid { errors, .. }) = parse_documents("d.yaml", text) else {
+        panic!("expected validation errors")
+    };
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    let all = text.join("\n");
+    assert!(all.contains("spec.streams[0].window.start"), "{all}");
+    assert!(
+        all.contains("spec.streams[0].sources[0]: needs exactly one"),
+        "{all}"
+    );
+    assert!(
+        all.contains("spec.streams[0].sources[1]: needs exactly one"),
+        "{all}"
+    );
+    assert!(all.contains("duplicate feature \"f\""), "{all}");
+}
+
+#[test]
+fn json_files_work_and_spec_json_round_trips() {
+    let resources = parse_documents("job.yaml", JOB).expect("valid");
+    let job = &resources[0];
+    let json = job.spec_json().expect("json");
+    let back = Resource::from_json(Kind::Job, job.metadata().clone(), &json).expect("back");
+    assert_eq!(&back, job);
+
+    let document = format!(r#"{{"kind": "Job", "metadata": {{"name": "ctr"}}, "spec": {json}}}"#);
+    let from_json = parse_documents("job.json", &document).expect("JSON is YAML");
+    assert_eq!(&from_json[0], job);
+
+    let err = Resource::from_json(Kind::Job, job.metadata().clone(), r#"{"mode": 3}"#)
+        .expect_err("bad stored spec");
+    assert!(err.starts_with("spec."), "{err}");
+}
+
+#[test]
+fn oversized_and_empty_files_are_refused() {
+    let huge = format!("{JOB}#{}", "x".repeat(MAX_DOCUMENT_BYTES));
+    let err = parse_documents("big.yaml", &huge).expect_err("too large");
+    assert!(matches!(err, SpecError::TooLarge { .. }), "{err}");
+    let err = parse_documents("empty.yaml", "---\n").expect_err("empty");
+    assert!(matches!(err, SpecError::Empty { .. }), "{err}");
+}
+
+#[test]
+fn kinds_parse_as_users_type_them() {
+    assert_eq!(Kind::parse("jobs"), Some(Kind::Job));
+    assert_eq!(Kind::parse("Dataset"), Some(Kind::Dataset));
+    assert_eq!(Kind::parse("metrics"), Some(Kind::Metric));
+    assert_eq!(Kind::parse("pods"), None);
+}
+
+#[test]
+fn memory_quantities() {
+    use primus_spec::job::parse_memory;
+    assert_eq!(parse_memory("4Gi"), Ok(4 << 30));
+    assert_eq!(parse_memory("512Mi"), Ok(512 << 20));
+    assert_eq!(parse_memory("2G"), Ok(2_000_000_000));
+    assert!(parse_memory("lots").is_err());
+    assert!(parse_memory("0").is_err());
+    assert!(parse_memory("99999999999Ti").is_err());
+}

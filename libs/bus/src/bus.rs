@@ -57,7 +57,7 @@ impl Bus {
                 Ok(client) => return Ok(Self { client, subjects }),
                 Err(e) => {
                     last = e.to_string();
-                    tracing::warn!(url = %settings.url, attempt, error = %last, "NATS connect failed");
+                    tracing::warn!(url = %primus_config::redact_url(&settings.url), attempt, error = %last, "NATS connect failed");
                 }
             }
             if attempt < attempts {
@@ -66,7 +66,7 @@ impl Bus {
             }
         }
         Err(BusError::Connect {
-            url: settings.url.clone(),
+            url: primus_config::redact_url(&settings.url),
             attempts,
             last,
         })

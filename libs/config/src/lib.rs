@@ -10,3 +10,40 @@ mod settings;
 
 pub use load::{ConfigError, ENV_PREFIX, load, load_from_process, to_toml};
 pub use settings::*;
+
+/// A URL fit for logs and errors: credentials (`user:password@`) replaced by `***@`.
+pub fn redact_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('/') {
+            Some((authority, path)) => format!("{scheme}://{}/{path}", redact_authority(authority)),
+            None => format!("{scheme}://{}", redact_authority(rest)),
+        },
+        None => url.to_owned(),
+    }
+}
+
+fn redact_authority(authority: &str) -> String {
+    match authority.rsplit_once('@') {
+        Some((_, host)) => format!("***@{host}"),
+        None => authority.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn credentials_never_reach_logs() {
+        assert_eq!(
+            redact_url("redis://:s3cret@10.0.0.5:6379/0"),
+            "redis://***@10.0.0.5:6379/0"
+        );
+        assert_eq!(
+            redact_url("nats://user:pw@nats:4222"),
+            "nats://***@nats:4222"
+        );
+        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(redact_url("s3://bucket/a@b"), "s3://bucket/a@b");
+    }
+}

@@ -43,7 +43,7 @@ async fn connect_redis(settings: &RedisSettings) -> anyhow::Result<ConnectionMan
     let context = || {
         format!(
             "cannot connect to Redis at {} (setting `redis.url`)",
-            settings.url
+            primus_config::redact_url(&settings.url)
         )
     };
     let client = redis::Client::open(settings.url.as_str()).with_context(context)?;

@@ -58,10 +58,14 @@ async fn unreachable_redis_fails_start_naming_the_setting() {
     let mut settings = ApiServerSettings::default();
     settings.server.grpc_addr = ([127, 0, 0, 1], 0).into();
     settings.nats.url = nats.url();
-    settings.redis.url = format!("redis://127.0.0.1:{}", free_port().expect("port"));
+    settings.redis.url = format!("redis://:hunter2@127.0.0.1:{}", free_port().expect("port"));
     let err = primus_api_server::run(settings, Shutdown::new())
         .await
         .expect_err("no Redis");
     let text = format!("{err:#}");
     assert!(text.contains("redis.url"), "{text}");
+    assert!(
+        !text.contains("hunter2"),
+        "the password must not be shown: {text}"
+    );
 }

@@ -84,3 +84,37 @@ async fn a_taken_port_is_a_clear_error() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_drops_when_nats_goes_away() {
+    let nats = primus_testkit::NatsServer::start().expect("nats-server");
+    let mut node = Node::bind("primus-test", &settings(1_000))
+        .await
+        .expect("bind");
+    let addr = node.local_addr().expect("addr").to_string();
+    let bus = node
+        .connect_nats(&primus_config::NatsSettings {
+            url: nats.url(),
+            ..Default::default()
+        })
+        .await
+        .expect("connect");
+    let shutdown = Shutdown::new();
+    let serving = tokio::spawn(node.serve(Routes::default(), shutdown.clone()));
+    wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(5))
+        .await
+        .expect("serving");
+
+    nats.kill();
+    wait_for_health(&addr, ServingStatus::NotServing, Duration::from_secs(10))
+        .await
+        .expect("NATS gone");
+    assert!(!bus.is_connected());
+
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(5), serving)
+        .await
+        .expect("serve returns")
+        .expect("task")
+        .expect("clean");
+}

@@ -15,6 +15,16 @@ fn settings(drain_timeout_ms: u64) -> ServerSettings {
     }
 }
 
+/// Triggers shutdown and expects `serve` to return cleanly within 5 s.
+async fn stop(shutdown: &Shutdown, serving: tokio::task::JoinHandle<anyhow::Result<()>>) {
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(5), serving)
+        .await
+        .expect("serve returns")
+        .expect("task")
+        .expect("clean");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn health_follows_a_dependency_and_shutdown_stops_serving() {
     let mut node = Node::bind("primus-test", &settings(1_000))
@@ -49,12 +59,7 @@ async fn health_follows_a_dependency_and_shutdown_stops_serving() {
         .expect("dependency back");
 
     let started = Instant::now();
-    shutdown.trigger();
-    tokio::time::timeout(Duration::from_secs(5), serving)
-        .await
-        .expect("serve returns")
-        .expect("task")
-        .expect("clean");
+    stop(&shutdown, serving).await;
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "no open calls, no wait"
@@ -111,10 +116,5 @@ async fn health_drops_when_nats_goes_away() {
         .expect("NATS gone");
     assert!(!bus.is_connected());
 
-    shutdown.trigger();
-    tokio::time::timeout(Duration::from_secs(5), serving)
-        .await
-        .expect("serve returns")
-        .expect("task")
-        .expect("clean");
+    stop(&shutdown, serving).await;
 }

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::defaults;
 use crate::validate::{
     FieldError, Validate, check_name, check_positive, check_unique, fail, field, index,
 };
@@ -61,16 +62,12 @@ pub enum WindowUnit {
 pub struct DataSource {
     pub name: String,
     /// Priority weight w_i in the serving policy argmax w_i * sigmoid(q_i) (Primus Eq. 4).
-    #[serde(default = "one")]
+    #[serde(default = "defaults::one")]
     pub weight: f64,
     #[serde(default)]
     pub parquet: Option<ParquetSource>,
     #[serde(default)]
     pub jetstream: Option<JetStreamSource>,
-}
-
-fn one() -> f64 {
-    1.0
 }
 
 /// Files under `<uri>/date=YYYY-MM-DD/hour=HH/*.parquet` (hourly) or `<uri>/date=YYYY-MM-DD/` (daily).

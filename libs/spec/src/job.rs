@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::defaults;
 use crate::validate::{
     FieldError, Validate, check_name, check_positive, check_probability, check_unique, fail, field,
     index,
@@ -103,24 +104,6 @@ pub enum OptimizerSpec {
     },
 }
 
-mod defaults {
-    pub fn initial_accumulator() -> f64 {
-        0.1
-    }
-    pub fn epsilon() -> f64 {
-        1e-8
-    }
-    pub fn beta1() -> f64 {
-        0.9
-    }
-    pub fn beta2() -> f64 {
-        0.999
-    }
-    pub fn ftrl_beta() -> f64 {
-        1.0
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Initializer {
@@ -142,19 +125,15 @@ impl Default for Initializer {
 pub struct AdmissionSpec {
     #[serde(default)]
     pub min_count: u32,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::one")]
     pub probability: f64,
-}
-
-fn one() -> f64 {
-    1.0
 }
 
 impl Default for AdmissionSpec {
     fn default() -> Self {
         Self {
             min_count: 0,
-            probability: 1.0,
+            probability: defaults::one(),
         }
     }
 }
@@ -184,15 +163,11 @@ pub struct Topology {
 pub struct RoleSpec {
     pub replicas: u32,
     /// CPU cores.
-    #[serde(default = "one")]
+    #[serde(default = "defaults::one")]
     pub cpu: f64,
     /// Memory as a Kubernetes quantity: `512Mi`, `4Gi`, `2G`, `1000000`.
-    #[serde(default = "defaults_memory")]
+    #[serde(default = "defaults::memory")]
     pub memory: String,
-}
-
-fn defaults_memory() -> String {
-    "1Gi".into()
 }
 
 /// Bytes in a Kubernetes-style memory quantity, or why it is not one.
@@ -226,30 +201,22 @@ pub fn parse_memory(quantity: &str) -> Result<u64, String> {
 pub struct ScalingPolicy {
     #[serde(default)]
     pub enabled: bool,
-    #[serde(default = "one_u32")]
+    #[serde(default = "defaults::one_u32")]
     pub min_data_executors: u32,
-    #[serde(default = "one_u32")]
+    #[serde(default = "defaults::one_u32")]
     pub max_data_executors: u32,
     /// Scale out when the weighted load L = w.u exceeds this.
-    #[serde(default = "default_threshold")]
+    #[serde(default = "defaults::load_threshold")]
     pub load_threshold: f64,
-}
-
-fn one_u32() -> u32 {
-    1
-}
-
-fn default_threshold() -> f64 {
-    0.8
 }
 
 impl Default for ScalingPolicy {
     fn default() -> Self {
         Self {
             enabled: false,
-            min_data_executors: 1,
-            max_data_executors: 1,
-            load_threshold: default_threshold(),
+            min_data_executors: defaults::one_u32(),
+            max_data_executors: defaults::one_u32(),
+            load_threshold: defaults::load_threshold(),
         }
     }
 }
@@ -268,26 +235,18 @@ pub struct CheckpointSpec {
 pub struct ServingSyncSpec {
     #[serde(default)]
     pub enabled: bool,
-    #[serde(default = "default_sparse_interval")]
+    #[serde(default = "defaults::sparse_interval_ms")]
     pub sparse_interval_ms: u64,
-    #[serde(default = "default_dense_interval")]
+    #[serde(default = "defaults::dense_interval_seconds")]
     pub dense_interval_seconds: u64,
-}
-
-fn default_sparse_interval() -> u64 {
-    500
-}
-
-fn default_dense_interval() -> u64 {
-    60
 }
 
 impl Default for ServingSyncSpec {
     fn default() -> Self {
         Self {
             enabled: false,
-            sparse_interval_ms: default_sparse_interval(),
-            dense_interval_seconds: default_dense_interval(),
+            sparse_interval_ms: defaults::sparse_interval_ms(),
+            dense_interval_seconds: defaults::dense_interval_seconds(),
         }
     }
 }

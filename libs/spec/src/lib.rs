@@ -6,6 +6,7 @@
 //! Checks that need other resources (does the Job's dataset exist?) belong to the API server.
 
 pub mod dataset;
+mod defaults;
 mod document;
 pub mod job;
 pub mod metric;

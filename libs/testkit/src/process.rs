@@ -17,6 +17,8 @@ pub enum Error {
         timeout: Duration,
         detail: String,
     },
+    #[error("creating bucket {bucket}: {detail}")]
+    Bucket { bucket: String, detail: String },
     #[error("{what}: {source}")]
     Io {
         what: String,

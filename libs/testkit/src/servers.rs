@@ -345,19 +345,14 @@ impl SeaweedS3 {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         // A folder under the filer's /buckets is a bucket; this avoids signing a CreateBucket.
-        let status = http_status(self.filer_port, "POST", &format!("/buckets/{name}/")).map_err(
-            |detail| Error::NotReady {
-                what: format!("bucket {name}"),
-                timeout: READY_TIMEOUT,
-                detail,
-            },
-        )?;
-        if status != 201 {
-            return Err(Error::NotReady {
-                what: format!("bucket {name}"),
-                timeout: READY_TIMEOUT,
-                detail: format!("filer answered {status}"),
-            });
+        let bucket_error = |detail: String| Error::Bucket {
+            bucket: name.clone(),
+            detail,
+        };
+        match http_status(self.filer_port, "POST", &format!("/buckets/{name}/")) {
+            Ok(201) => {}
+            Ok(status) => return Err(bucket_error(format!("filer answered {status}"))),
+            Err(detail) => return Err(bucket_error(detail)),
         }
         Ok(S3Bucket {
             name,

@@ -1,0 +1,46 @@
+//! Values of fields a resource file may leave out (serde `default = "..."` targets).
+
+pub fn one() -> f64 {
+    1.0
+}
+
+pub fn one_u32() -> u32 {
+    1
+}
+
+pub fn memory() -> String {
+    "1Gi".into()
+}
+
+pub fn initial_accumulator() -> f64 {
+    0.1
+}
+
+pub fn epsilon() -> f64 {
+    1e-8
+}
+
+pub fn beta1() -> f64 {
+    0.9
+}
+
+pub fn beta2() -> f64 {
+    0.999
+}
+
+pub fn ftrl_beta() -> f64 {
+    1.0
+}
+
+/// Scale data executors out when their weighted load exceeds this (Primus Eq. 1).
+pub fn load_threshold() -> f64 {
+    0.8
+}
+
+pub fn sparse_interval_ms() -> u64 {
+    500
+}
+
+pub fn dense_interval_seconds() -> u64 {
+    60
+}

@@ -39,8 +39,13 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
         redis.dir().display()
     );
 
+    let token_file = ensure_token(&data)?;
     let nats_settings = format!("nats:\n  url: {}\n", nats.url());
-    let api_settings = format!("{nats_settings}redis:\n  url: {}\n", redis.url());
+    let api_settings = format!(
+        "{nats_settings}redis:\n  url: {}\nauth:\n  token_file: {}\n",
+        redis.url(),
+        token_file.display()
+    );
     let mut running = Vec::new();
     for (name, port) in services() {
         // Only the api-server talks to Redis (and only it accepts a `redis` section).
@@ -66,6 +71,11 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
         bail!("not every service is serving (logs in {})", logs.display());
     }
 
+    println!(
+        "API token in {0}; for the CLI: export PRIMUS_SERVER=http://127.0.0.1:{1} PRIMUS_TOKEN=$(cat {0})",
+        token_file.display(),
+        primus_config::DEFAULT_PORTS.api_server
+    );
     if options.check {
         println!("all services healthy; stopping them (--check)");
     } else {
@@ -73,6 +83,31 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
         wait_for_stop_signal().await?;
     }
     stop(running)
+}
+
+/// The local cluster's API token: made once (random, readable by this user only), then kept
+/// so CLI sessions survive a restart of the cluster.
+fn ensure_token(data: &Path) -> anyhow::Result<PathBuf> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data.join("token");
+    if path.is_file() {
+        return Ok(path);
+    }
+    let mut random = [0u8; 24];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut random))
+        .context("reading /dev/urandom for an API token")?;
+    let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("create {}", path.display()))?;
+    std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes())
+        .with_context(|| format!("write {}", path.display()))?;
+    Ok(path)
 }
 
 fn start(

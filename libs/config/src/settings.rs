@@ -3,6 +3,7 @@
 //! type names the sections it reads.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +14,17 @@ pub struct ServerSettings {
     pub grpc_addr: SocketAddr,
     /// After SIGTERM, how long in-flight requests may take before the listener closes.
     pub drain_timeout_ms: u64,
+    /// Serve TLS instead of plaintext when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSettings>,
+}
+
+/// PEM files of the gRPC listener's certificate chain and private key.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSettings {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 impl ServerSettings {
@@ -20,6 +32,7 @@ impl ServerSettings {
         Self {
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], port)),
             drain_timeout_ms: 10_000,
+            tls: None,
         }
     }
 }
@@ -136,6 +149,36 @@ pub struct StorageSettings {
     pub hdfs: HdfsSettings,
 }
 
+/// Who may call the API: bearer tokens read from a file, so no secret is ever part of the
+/// settings (which `--print-settings` shows and logs may echo).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default)]
+#[serde(default)]
+pub struct AuthSettings {
+    /// One token per line; blank lines and lines starting with `#` are skipped. Required:
+    /// the API server does not start without at least one token.
+    pub token_file: Option<PathBuf>,
+}
+
+/// How the API server keeps resources and their change log.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ResourceStoreSettings {
+    /// Changes kept for Watch replay; a watch from an older version must re-list.
+    pub event_log_retention: u64,
+    /// How often a Watch re-reads the log when no change notification arrives (a safety
+    /// net for a lost NATS message).
+    pub watch_poll_interval_ms: u64,
+}
+
+impl Default for ResourceStoreSettings {
+    fn default() -> Self {
+        Self {
+            event_log_retention: 100_000,
+            watch_poll_interval_ms: 1_000,
+        }
+    }
+}
+
 /// Settings of `primus-api-server`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
@@ -143,6 +186,8 @@ pub struct ApiServerSettings {
     pub server: ServerSettings,
     pub nats: NatsSettings,
     pub redis: RedisSettings,
+    pub auth: AuthSettings,
+    pub store: ResourceStoreSettings,
     pub telemetry: TelemetrySettings,
 }
 
@@ -152,6 +197,8 @@ impl Default for ApiServerSettings {
             server: ServerSettings::on_port(DEFAULT_PORTS.api_server),
             nats: NatsSettings::default(),
             redis: RedisSettings::default(),
+            auth: AuthSettings::default(),
+            store: ResourceStoreSettings::default(),
             telemetry: TelemetrySettings::default(),
         }
     }

@@ -5,10 +5,11 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::future::BoxFuture;
 use primus_bus::Bus;
-use primus_config::{NatsSettings, NodeSettings, ServerSettings};
+use primus_config::{NatsSettings, NodeSettings, ServerSettings, TlsSettings};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
+use tonic::transport::{Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -25,11 +26,13 @@ pub struct Node {
     service: &'static str,
     listener: TcpListener,
     drain_timeout: Duration,
+    tls: Option<ServerTlsConfig>,
     dependencies: Vec<(&'static str, Check)>,
 }
 
 impl Node {
     pub async fn bind(service: &'static str, settings: &ServerSettings) -> anyhow::Result<Self> {
+        let tls = settings.tls.as_ref().map(load_tls).transpose()?;
         let listener = TcpListener::bind(settings.grpc_addr)
             .await
             .with_context(|| {
@@ -42,6 +45,7 @@ impl Node {
             service,
             listener,
             drain_timeout: Duration::from_millis(settings.drain_timeout_ms),
+            tls,
             dependencies: Vec::new(),
         })
     }
@@ -84,7 +88,14 @@ impl Node {
             shutdown.clone(),
         ));
         let stop = shutdown.clone();
-        let server = tonic::transport::Server::builder()
+        let tls_enabled = self.tls.is_some();
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = self.tls {
+            builder = builder
+                .tls_config(tls)
+                .context("TLS settings (`server.tls`)")?;
+        }
+        let server = builder
             .trace_fn(primus_telemetry::propagation::grpc_server_span)
             .add_routes(routes.add_service(health_service))
             .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), async move {
@@ -92,7 +103,7 @@ impl Node {
                 set_status(&reporter, service, ServingStatus::NotServing).await;
             });
         let mut server = tokio::spawn(server);
-        tracing::info!(service, %addr, "serving gRPC");
+        tracing::info!(service, %addr, tls = tls_enabled, "serving gRPC");
         let served = tokio::select! {
             result = &mut server => result,
             _ = shutdown.wait() => match tokio::time::timeout(self.drain_timeout, &mut server).await {
@@ -109,6 +120,24 @@ impl Node {
             .context("gRPC server task")?
             .with_context(|| format!("gRPC server on {addr}"))
     }
+}
+
+/// Reads the PEM files named by `server.tls`; an unreadable file fails start naming it.
+fn load_tls(settings: &TlsSettings) -> anyhow::Result<ServerTlsConfig> {
+    let read = |path: &std::path::Path, key: &str| {
+        std::fs::read(path).with_context(|| {
+            format!(
+                "cannot read {} (setting `server.tls.{key}`)",
+                path.display()
+            )
+        })
+    };
+    let cert = read(&settings.cert_file, "cert_file")?;
+    let key = read(&settings.key_file, "key_file")?;
+    // rustls has both ring and aws-lc-rs compiled in (via different dependencies) and then
+    // needs the process-wide choice made explicitly; an earlier install is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Ok(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
 }
 
 /// The whole life of a service whose only dependency is NATS: bind, connect, serve

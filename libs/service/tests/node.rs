@@ -12,6 +12,7 @@ fn settings(drain_timeout_ms: u64) -> ServerSettings {
     ServerSettings {
         grpc_addr: ([127, 0, 0, 1], 0).into(),
         drain_timeout_ms,
+        tls: None,
     }
 }
 
@@ -78,6 +79,7 @@ async fn a_taken_port_is_a_clear_error() {
         &ServerSettings {
             grpc_addr: taken,
             drain_timeout_ms: 1_000,
+            tls: None,
         },
     )
     .await

@@ -16,4 +16,4 @@ mod validate;
 pub use document::{
     Kind, MAX_DOCUMENT_BYTES, Metadata, Object, Resource, SpecError, parse_documents,
 };
-pub use validate::{FieldError, Validate};
+pub use validate::{FieldError, Validate, check_resource_name};

@@ -44,6 +44,13 @@ pub(crate) fn fail(errors: &mut Vec<FieldError>, path: String, message: impl Int
     });
 }
 
+/// Checks a resource name given on its own (a Get or Delete by name).
+pub fn check_resource_name(path: &str, name: &str) -> Result<(), FieldError> {
+    let mut errors = Vec::new();
+    check_name(&mut errors, path.to_owned(), name, false);
+    errors.pop().map_or(Ok(()), Err)
+}
+
 /// Names of resources, tables, features and sources: they end up in NATS subjects, Redis
 /// keys and file names, so they are DNS-label-like: 1-63 of `a-z 0-9 -`, starting with a
 /// letter, not ending with `-` (underscores allowed for feature and table names).

@@ -1,20 +1,36 @@
-//! `primus-api-server`. Stores Job, Dataset and Metric resources in Redis and publishes
-//! their changes on NATS.
-//!
-//! Built so far: the service process (settings, NATS and Redis connections, gRPC health that
-//! follows both, graceful SIGTERM). The resource API arrives with the next step.
+//! `primus-api-server`: the one place where Job, Dataset and Metric resources are declared
+//! and observed. Resources live in Redis ([`store`]); every change takes the next global
+//! version, is logged for Watch replay and is published on `primus.events.<kind>.<name>`.
+//! Every call needs a bearer token from `auth.token_file`.
+
+mod auth;
+mod service;
+pub mod store;
+
+use std::time::Duration;
 
 use anyhow::Context;
+use primus_bus::Bus;
 use primus_config::{ApiServerSettings, RedisSettings};
+use primus_proto::v1::ResourceEvent;
+use primus_proto::v1::api_service_server::ApiServiceServer;
 use primus_service::{Node, Shutdown};
 use redis::aio::ConnectionManager;
+use tokio::sync::watch;
 use tonic::service::Routes;
+use tonic::service::interceptor::InterceptedService;
+
+pub use service::MAX_SPEC_BYTES;
 
 pub const SERVICE: &str = "primus-api-server";
 pub const ABOUT: &str = concat!(
-    "Primus API server: Job, Dataset and Metric resources (in Redis; changes on NATS).",
-    " This build runs the service shell only: settings, connections, gRPC health."
+    "Primus API server: Job, Dataset and Metric resources in Redis, with compare-and-swap",
+    " writes, Watch replay and change events on NATS. Bearer tokens from `auth.token_file`."
 );
+
+/// Requests up to this size are decoded, so an oversized spec gets the API's own error
+/// naming the limit rather than a transport error.
+const MAX_REQUEST_BYTES: usize = 16 << 20;
 
 pub fn default_settings() -> ApiServerSettings {
     ApiServerSettings::default()
@@ -22,9 +38,26 @@ pub fn default_settings() -> ApiServerSettings {
 
 /// Runs until `shutdown`, then drains and returns.
 pub async fn run(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+    let tokens = auth::Tokens::load(settings.auth.token_file.as_deref())?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let bus = node.connect_nats(&settings.nats).await?;
     let redis = connect_redis(&settings.redis).await?;
+    let store = store::Store::new(
+        redis.clone(),
+        &settings.redis.key_prefix,
+        settings.store.event_log_retention,
+    );
+    let (changes, _) = watch::channel(0);
+    let follower = tokio::spawn(follow_changes(bus.clone(), changes.clone()));
+    let api = service::Api::new(
+        store,
+        bus.clone(),
+        changes,
+        Duration::from_millis(settings.store.watch_poll_interval_ms),
+        shutdown.clone(),
+    );
+    let api = ApiServiceServer::new(api).max_decoding_message_size(MAX_REQUEST_BYTES);
+    let api = InterceptedService::new(api, move |request| tokens.check(request));
     node.depends_on("redis", move || {
         let mut redis = redis.clone();
         async move {
@@ -34,9 +67,29 @@ pub async fn run(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Res
                 .is_ok()
         }
     });
-    node.serve(Routes::default(), shutdown).await?;
+    node.serve(Routes::new(api), shutdown).await?;
+    follower.abort();
     bus.drain().await?;
     Ok(())
+}
+
+/// Wakes local watchers when another API server (same Redis) announces a change.
+async fn follow_changes(bus: Bus, changes: watch::Sender<u64>) {
+    let subject = bus.subjects().all_events();
+    let mut events = match bus.subscribe::<ResourceEvent>(subject).await {
+        Ok(events) => events,
+        Err(e) => {
+            tracing::warn!(error = %e, "not following other API servers' changes; watches poll");
+            return;
+        }
+    };
+    while let Some(received) = events.next().await {
+        let version = received
+            .ok()
+            .and_then(|r| r.message.resource)
+            .map_or(0, |r| r.resource_version);
+        changes.send_modify(|latest| *latest = (*latest).max(version));
+    }
 }
 
 async fn connect_redis(settings: &RedisSettings) -> anyhow::Result<ConnectionManager> {

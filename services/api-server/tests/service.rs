@@ -6,14 +6,22 @@ use primus_service::Shutdown;
 use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, RedisServer, free_port};
 
+fn token_file() -> tempfile::NamedTempFile {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), "service-test-token\n").expect("write tokens");
+    file
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn binary_starts_serves_health_and_stops_on_sigterm() {
     let nats = NatsServer::start().expect("nats-server");
     let redis = RedisServer::start().expect("redis-server");
+    let tokens = token_file();
     let settings = format!(
-        "nats:\n  url: {}\nredis:\n  url: {}\n",
+        "nats:\n  url: {}\nredis:\n  url: {}\nauth:\n  token_file: {}\n",
         nats.url(),
-        redis.url()
+        redis.url(),
+        tokens.path().display()
     );
     primus_testkit::service::check_service_binary(
         env!("CARGO_BIN_EXE_primus-api-server").as_ref(),
@@ -31,6 +39,8 @@ async fn health_follows_redis_and_shutdown_returns() {
     settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
     settings.nats.url = nats.url();
     settings.redis.url = redis.url();
+    let tokens = token_file();
+    settings.auth.token_file = Some(tokens.path().to_owned());
     let addr = settings.server.grpc_addr.to_string();
 
     let shutdown = Shutdown::new();
@@ -59,6 +69,8 @@ async fn unreachable_redis_fails_start_naming_the_setting() {
     settings.server.grpc_addr = ([127, 0, 0, 1], 0).into();
     settings.nats.url = nats.url();
     settings.redis.url = format!("redis://:hunter2@127.0.0.1:{}", free_port().expect("port"));
+    let tokens = token_file();
+    settings.auth.token_file = Some(tokens.path().to_owned());
     let err = primus_api_server::run(settings, Shutdown::new())
         .await
         .expect_err("no Redis");

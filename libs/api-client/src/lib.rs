@@ -1,0 +1,247 @@
+//! The API server's client: connects over plaintext or TLS, sends the bearer token and the
+//! trace context with every call, and speaks in [`primus_spec`] resources where it helps.
+//! Used by the `primus` CLI, the master's job controller and the tests.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use primus_proto::v1::api_service_client::ApiServiceClient;
+use primus_proto::v1::{
+    ApplyRequest, ApplyResponse, DeleteRequest, GetRequest, ListRequest, ListResponse, Resource,
+    ResourceEvent, UpdateStatusRequest, WatchRequest,
+};
+use primus_spec::Kind;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::{Status, Streaming};
+
+/// Where the API server is and how to prove who we are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientSettings {
+    /// `http://host:port`, or `https://host:port` for a TLS listener.
+    pub server: String,
+    pub token: String,
+    /// PEM of the CA that signed the server's certificate (default: the system's roots).
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("server address {server:?}: {message}")]
+    Address { server: String, message: String },
+    #[error("the token is not a valid header value (printable ASCII only)")]
+    Token,
+    #[error("cannot read CA certificate {path}: {message}")]
+    CaFile { path: String, message: String },
+    #[error("cannot connect to the API server at {server}: {message}")]
+    Connect { server: String, message: String },
+    #[error("{}", describe(.0))]
+    Status(#[from] Status),
+    #[error("the server sent a response without its resource")]
+    MissingResource,
+}
+
+fn describe(status: &Status) -> String {
+    format!("{:?}: {}", status.code(), status.message())
+}
+
+impl ClientError {
+    /// The gRPC code, if the server answered.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            ClientError::Status(status) => Some(status.code()),
+            _ => None,
+        }
+    }
+}
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Adds `authorization: Bearer <token>` and the trace context to every call.
+#[derive(Clone)]
+pub struct Credentials {
+    authorization: AsciiMetadataValue,
+}
+
+impl Interceptor for Credentials {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        request
+            .metadata_mut()
+            .insert("authorization", self.authorization.clone());
+        primus_telemetry::propagation::inject_grpc(request.metadata_mut());
+        Ok(request)
+    }
+}
+
+/// A connected client; cheap to clone (calls share one HTTP/2 connection).
+#[derive(Clone)]
+pub struct ApiClient {
+    inner: ApiServiceClient<InterceptedService<Channel, Credentials>>,
+}
+
+impl ApiClient {
+    pub async fn connect(settings: &ClientSettings) -> Result<Self, ClientError> {
+        let address_error = |message: String| ClientError::Address {
+            server: settings.server.clone(),
+            message,
+        };
+        let mut endpoint = Endpoint::from_shared(settings.server.clone())
+            .map_err(|e| address_error(e.to_string()))?
+            .connect_timeout(CONNECT_TIMEOUT);
+        if settings.server.starts_with("https://") {
+            endpoint = endpoint
+                .tls_config(tls_config(settings)?)
+                .map_err(|e| address_error(e.to_string()))?;
+        } else if !settings.server.starts_with("http://") {
+            return Err(address_error("must start with http:// or https://".into()));
+        }
+        let authorization = format!("Bearer {}", settings.token)
+            .parse()
+            .map_err(|_| ClientError::Token)?;
+        let channel = endpoint.connect().await.map_err(|e| ClientError::Connect {
+            server: settings.server.clone(),
+            message: error_chain(&e),
+        })?;
+        let inner = ApiServiceClient::with_interceptor(channel, Credentials { authorization })
+            .max_decoding_message_size(64 << 20);
+        Ok(Self { inner })
+    }
+
+    /// Creates or updates; `expected_version` 0 overwrites, otherwise compare-and-swap.
+    pub async fn apply(
+        &self,
+        resource: &primus_spec::Resource,
+        expected_version: u64,
+    ) -> Result<ApplyResponse, ClientError> {
+        let spec_json = resource
+            .spec_json()
+            .map_err(|e| Status::invalid_argument(format!("spec: {e}")))?;
+        let metadata = resource.metadata();
+        let request = ApplyRequest {
+            resource: Some(Resource {
+                kind: resource.kind().as_str().into(),
+                name: metadata.name.clone(),
+                labels: metadata.labels.clone().into_iter().collect(),
+                spec_json,
+                ..Resource::default()
+            }),
+            expected_version,
+        };
+        self.apply_raw(request).await
+    }
+
+    /// Apply with the request as given (no client-side validation).
+    pub async fn apply_raw(&self, request: ApplyRequest) -> Result<ApplyResponse, ClientError> {
+        Ok(self.inner.clone().apply(request).await?.into_inner())
+    }
+
+    pub async fn get(&self, kind: Kind, name: &str) -> Result<Resource, ClientError> {
+        let request = GetRequest {
+            kind: kind.as_str().into(),
+            name: name.into(),
+        };
+        let response = self.inner.clone().get(request).await?.into_inner();
+        response.resource.ok_or(ClientError::MissingResource)
+    }
+
+    /// Every resource of `kind` whose labels include `selector`, and the version to watch from.
+    pub async fn list(
+        &self,
+        kind: Kind,
+        selector: HashMap<String, String>,
+    ) -> Result<ListResponse, ClientError> {
+        let request = ListRequest {
+            kind: kind.as_str().into(),
+            label_selector: selector,
+        };
+        Ok(self.inner.clone().list(request).await?.into_inner())
+    }
+
+    pub async fn delete(
+        &self,
+        kind: Kind,
+        name: &str,
+        expected_version: u64,
+    ) -> Result<Resource, ClientError> {
+        let request = DeleteRequest {
+            kind: kind.as_str().into(),
+            name: name.into(),
+            expected_version,
+        };
+        let response = self.inner.clone().delete(request).await?.into_inner();
+        response.resource.ok_or(ClientError::MissingResource)
+    }
+
+    pub async fn update_status(
+        &self,
+        kind: Kind,
+        name: &str,
+        status: &primus_spec::status::Status,
+        expected_version: u64,
+    ) -> Result<Resource, ClientError> {
+        let status_json = serde_json_status(status)?;
+        let request = UpdateStatusRequest {
+            kind: kind.as_str().into(),
+            name: name.into(),
+            status_json,
+            expected_version,
+        };
+        let response = self
+            .inner
+            .clone()
+            .update_status(request)
+            .await?
+            .into_inner();
+        response.resource.ok_or(ClientError::MissingResource)
+    }
+
+    /// Changes after `since_version` (0: from now), filtered by kind and name when given.
+    /// OUT_OF_RANGE means the version is no longer replayable: list again.
+    pub async fn watch(
+        &self,
+        kind: Option<Kind>,
+        name: Option<&str>,
+        since_version: u64,
+    ) -> Result<Streaming<ResourceEvent>, ClientError> {
+        let request = WatchRequest {
+            kind: kind.map(|k| k.as_str().to_owned()).unwrap_or_default(),
+            name: name.unwrap_or_default().into(),
+            since_version,
+        };
+        Ok(self.inner.clone().watch(request).await?.into_inner())
+    }
+}
+
+fn serde_json_status(status: &primus_spec::status::Status) -> Result<String, ClientError> {
+    serde_json::to_string(status)
+        .map_err(|e| ClientError::Status(Status::invalid_argument(format!("status: {e}"))))
+}
+
+fn tls_config(settings: &ClientSettings) -> Result<ClientTlsConfig, ClientError> {
+    let config = ClientTlsConfig::new();
+    match &settings.ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| ClientError::CaFile {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })?;
+            Ok(config.ca_certificate(Certificate::from_pem(pem)))
+        }
+        None => Ok(config.with_native_roots()),
+    }
+}
+
+/// A transport error with its causes (tonic's top-level message is just "transport error").
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,547 @@
+//! The ApiService RPCs: validation with primus-spec, storage through [`Store`], change
+//! events on NATS, and Watch streams that replay from Redis.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::Stream;
+use primus_bus::Bus;
+use primus_proto::v1::api_service_server::ApiService;
+use primus_proto::v1::{
+    ApplyRequest, ApplyResponse, DeleteRequest, DeleteResponse, EventType, GetRequest, GetResponse,
+    ListRequest, ListResponse, Resource, ResourceEvent, UpdateStatusRequest, UpdateStatusResponse,
+    WatchRequest,
+};
+use primus_service::Shutdown;
+use primus_spec::status::Status as ResourceStatus;
+use primus_spec::{Kind, MAX_DOCUMENT_BYTES, Metadata, check_resource_name};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::store::{Change, Reference, Store, StoreError};
+
+/// Largest spec or status accepted: the same limit as a resource file.
+pub const MAX_SPEC_BYTES: usize = MAX_DOCUMENT_BYTES;
+/// Optimistic writes retried this often when a caller did not ask for compare-and-swap.
+const WRITE_ATTEMPTS: usize = 16;
+/// Log entries a Watch reads per Redis call.
+const WATCH_PAGE: usize = 256;
+/// Events buffered per Watch before the reader waits for its client.
+const WATCH_BUFFER: usize = 64;
+
+pub struct Api {
+    store: Store,
+    bus: Bus,
+    /// Latest version known to have been written (by this server or, via NATS, another).
+    changes: watch::Sender<u64>,
+    poll_interval: Duration,
+    shutdown: Shutdown,
+}
+
+impl Api {
+    pub fn new(
+        store: Store,
+        bus: Bus,
+        changes: watch::Sender<u64>,
+        poll_interval: Duration,
+        shutdown: Shutdown,
+    ) -> Self {
+        Self {
+            store,
+            bus,
+            changes,
+            poll_interval,
+            shutdown,
+        }
+    }
+
+    /// Publishes a change on `primus.events.<kind>.<name>` and wakes local watchers.
+    /// Redis is the record: a failed publish is logged, and watchers still see the change
+    /// on their next poll.
+    async fn announce(&self, event: ResourceEvent) {
+        let Some(resource) = event.resource.as_ref() else {
+            return;
+        };
+        let version = resource.resource_version;
+        self.changes
+            .send_modify(|latest| *latest = (*latest).max(version));
+        let published = match self.bus.subjects().event(&resource.kind, &resource.name) {
+            Ok(subject) => self.bus.publish(subject, &event).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = published {
+            tracing::warn!(error = %e, version, "change stored but not published on NATS");
+        }
+    }
+
+    async fn apply(&self, request: ApplyRequest) -> Result<ApplyResponse, Status> {
+        let given = request
+            .resource
+            .ok_or_else(|| Status::invalid_argument("resource: missing"))?;
+        let (kind, typed) = validate(&given)?;
+        let reference = reference_of(&typed);
+        let spec_json = typed
+            .spec_json()
+            .map_err(|e| Status::internal(format!("re-encoding the spec: {e}")))?;
+        for _ in 0..WRITE_ATTEMPTS {
+            let current = self.store.get(kind, &given.name).await.map_err(status)?;
+            let current_version = current.as_ref().map_or(0, |c| c.resource_version);
+            check_expected(kind, &given.name, request.expected_version, current_version)?;
+            if let Some(current) = &current
+                && current.spec_json == spec_json
+                && current.labels == given.labels
+            {
+                // Nothing changed: no new version, no event (re-applying a file is free).
+                return Ok(ApplyResponse {
+                    resource: Some(current.clone()),
+                    created: false,
+                });
+            }
+            let now = now_ms();
+            let next = Resource {
+                kind: kind.as_str().into(),
+                name: given.name.clone(),
+                labels: given.labels.clone(),
+                resource_version: 0,
+                generation: current.as_ref().map_or(1, |c| c.generation + 1),
+                spec_json: spec_json.clone(),
+                status_json: match &current {
+                    Some(c) => c.status_json.clone(),
+                    None => initial_status()?,
+                },
+                created_unix_ms: current.as_ref().map_or(now, |c| c.created_unix_ms),
+                updated_unix_ms: now,
+            };
+            let previous_reference = current.as_ref().and_then(stored_reference);
+            let event = if current.is_some() {
+                EventType::Modified
+            } else {
+                EventType::Added
+            };
+            let written = self
+                .store
+                .write(Change {
+                    kind,
+                    name: &given.name,
+                    expected: current_version,
+                    resource: &next,
+                    event,
+                    reference: reference.as_ref(),
+                    previous_reference: previous_reference.as_ref(),
+                })
+                .await;
+            match written {
+                Ok(version) => {
+                    let resource = Resource {
+                        resource_version: version,
+                        ..next
+                    };
+                    self.announce(ResourceEvent {
+                        r#type: event as i32,
+                        resource: Some(resource.clone()),
+                    })
+                    .await;
+                    return Ok(ApplyResponse {
+                        resource: Some(resource),
+                        created: current.is_none(),
+                    });
+                }
+                // Someone else wrote in between and the caller asked for no CAS: go again.
+                Err(StoreError::Conflict { .. }) if request.expected_version == 0 => continue,
+                Err(e) => return Err(status(e)),
+            }
+        }
+        Err(too_contended(kind, &given.name))
+    }
+
+    async fn update_status(
+        &self,
+        request: UpdateStatusRequest,
+    ) -> Result<UpdateStatusResponse, Status> {
+        let kind = parse_kind(&request.kind)?;
+        check_name(&request.name)?;
+        let status_json = canonical_status(&request.status_json)?;
+        for _ in 0..WRITE_ATTEMPTS {
+            let current = self.get_existing(kind, &request.name).await?;
+            check_expected(
+                kind,
+                &request.name,
+                request.expected_version,
+                current.resource_version,
+            )?;
+            let next = Resource {
+                status_json: status_json.clone(),
+                updated_unix_ms: now_ms(),
+                ..current.clone()
+            };
+            let written = self
+                .store
+                .write(Change {
+                    kind,
+                    name: &request.name,
+                    expected: current.resource_version,
+                    resource: &next,
+                    event: EventType::Modified,
+                    reference: None,
+                    previous_reference: None,
+                })
+                .await;
+            match written {
+                Ok(version) => {
+                    let resource = Resource {
+                        resource_version: version,
+                        ..next
+                    };
+                    self.announce(ResourceEvent {
+                        r#type: EventType::Modified as i32,
+                        resource: Some(resource.clone()),
+                    })
+                    .await;
+                    return Ok(UpdateStatusResponse {
+                        resource: Some(resource),
+                    });
+                }
+                Err(StoreError::Conflict { .. }) if request.expected_version == 0 => continue,
+                Err(e) => return Err(status(e)),
+            }
+        }
+        Err(too_contended(kind, &request.name))
+    }
+
+    async fn delete(&self, request: DeleteRequest) -> Result<DeleteResponse, Status> {
+        let kind = parse_kind(&request.kind)?;
+        check_name(&request.name)?;
+        for _ in 0..WRITE_ATTEMPTS {
+            let current = self.get_existing(kind, &request.name).await?;
+            check_expected(
+                kind,
+                &request.name,
+                request.expected_version,
+                current.resource_version,
+            )?;
+            let reference = stored_reference(&current);
+            let deleted = self
+                .store
+                .delete(&current, kind, current.resource_version, reference.as_ref())
+                .await;
+            match deleted {
+                Ok(version) => {
+                    let resource = Resource {
+                        resource_version: version,
+                        ..current
+                    };
+                    self.announce(ResourceEvent {
+                        r#type: EventType::Deleted as i32,
+                        resource: Some(resource.clone()),
+                    })
+                    .await;
+                    return Ok(DeleteResponse {
+                        resource: Some(resource),
+                    });
+                }
+                Err(StoreError::Conflict { .. }) if request.expected_version == 0 => continue,
+                Err(e) => return Err(status(e)),
+            }
+        }
+        Err(too_contended(kind, &request.name))
+    }
+
+    async fn get_existing(&self, kind: Kind, name: &str) -> Result<Resource, Status> {
+        self.store
+            .get(kind, name)
+            .await
+            .map_err(status)?
+            .ok_or_else(|| Status::not_found(format!("{kind} {name:?} does not exist")))
+    }
+
+    async fn list(&self, request: ListRequest) -> Result<ListResponse, Status> {
+        let kind = parse_kind(&request.kind)?;
+        let (mut resources, version) = self.store.list(kind).await.map_err(status)?;
+        resources.retain(|r| {
+            request
+                .label_selector
+                .iter()
+                .all(|(k, v)| r.labels.get(k) == Some(v))
+        });
+        resources.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(ListResponse {
+            resources,
+            resource_version: version,
+        })
+    }
+
+    async fn open_watch(&self, request: WatchRequest) -> Result<EventStream, Status> {
+        let kind = match request.kind.as_str() {
+            "" => None,
+            text => Some(parse_kind(text)?),
+        };
+        if !request.name.is_empty() {
+            check_name(&request.name)?;
+        }
+        // Subscribe to wake-ups before the first read, so no change falls in between.
+        let wakeups = self.changes.subscribe();
+        let since = match request.since_version {
+            0 => self.store.latest_version().await.map_err(status)?,
+            v => v,
+        };
+        // The first page is read here so a trimmed or future version fails the call itself.
+        let first = self
+            .store
+            .events_after(since, WATCH_PAGE)
+            .await
+            .map_err(status)?;
+        let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
+        let watcher = Watcher {
+            store: self.store.clone(),
+            kind,
+            name: request.name,
+            since,
+            wakeups,
+            poll_interval: self.poll_interval,
+            shutdown: self.shutdown.clone(),
+            sender,
+        };
+        tokio::spawn(watcher.run(first.events));
+        Ok(Box::pin(ReceiverStream::new(receiver)))
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<ResourceEvent, Status>> + Send>>;
+
+/// Feeds one Watch: replays the log from `since`, then follows it as it grows.
+struct Watcher {
+    store: Store,
+    kind: Option<Kind>,
+    name: String,
+    since: u64,
+    wakeups: watch::Receiver<u64>,
+    poll_interval: Duration,
+    shutdown: Shutdown,
+    sender: mpsc::Sender<Result<ResourceEvent, Status>>,
+}
+
+impl Watcher {
+    async fn run(mut self, mut page: Vec<ResourceEvent>) {
+        loop {
+            let full = page.len() == WATCH_PAGE;
+            for event in page {
+                let Some(resource) = &event.resource else {
+                    continue;
+                };
+                self.since = resource.resource_version;
+                if self.wants(resource) && self.sender.send(Ok(event)).await.is_err() {
+                    return; // the client went away
+                }
+            }
+            if !full {
+                tokio::select! {
+                    _ = self.wakeups.changed() => {},
+                    _ = tokio::time::sleep(self.poll_interval) => {},
+                    _ = self.sender.closed() => return,
+                    _ = self.shutdown.wait() => {
+                        let message = format!(
+                            "API server shutting down; watch again from version {}",
+                            self.since
+                        );
+                        let _ = self.sender.send(Err(Status::unavailable(message))).await;
+                        return;
+                    }
+                }
+            }
+            page = match self.store.events_after(self.since, WATCH_PAGE).await {
+                Ok(next) => next.events,
+                Err(e) => {
+                    let _ = self.sender.send(Err(status(e))).await;
+                    return;
+                }
+            };
+        }
+    }
+
+    fn wants(&self, resource: &Resource) -> bool {
+        self.kind.is_none_or(|k| k.as_str() == resource.kind)
+            && (self.name.is_empty() || self.name == resource.name)
+    }
+}
+
+#[tonic::async_trait]
+impl ApiService for Api {
+    async fn apply(
+        &self,
+        request: Request<ApplyRequest>,
+    ) -> Result<Response<ApplyResponse>, Status> {
+        self.apply(request.into_inner()).await.map(Response::new)
+    }
+
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let request = request.into_inner();
+        let kind = parse_kind(&request.kind)?;
+        check_name(&request.name)?;
+        let resource = self.get_existing(kind, &request.name).await?;
+        Ok(Response::new(GetResponse {
+            resource: Some(resource),
+        }))
+    }
+
+    async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        self.list(request.into_inner()).await.map(Response::new)
+    }
+
+    async fn delete(
+        &self,
+        request: Request<DeleteRequest>,
+    ) -> Result<Response<DeleteResponse>, Status> {
+        self.delete(request.into_inner()).await.map(Response::new)
+    }
+
+    async fn update_status(
+        &self,
+        request: Request<UpdateStatusRequest>,
+    ) -> Result<Response<UpdateStatusResponse>, Status> {
+        self.update_status(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        self.open_watch(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+}
+
+/// Parses and validates a resource as sent; every problem is named with its field path.
+fn validate(given: &Resource) -> Result<(Kind, primus_spec::Resource), Status> {
+    let kind = parse_kind(&given.kind)?;
+    if given.spec_json.len() > MAX_SPEC_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "spec: {} bytes is over the {MAX_SPEC_BYTES}-byte limit for a resource",
+            given.spec_json.len()
+        )));
+    }
+    let metadata = Metadata {
+        name: given.name.clone(),
+        labels: given
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<BTreeMap<_, _>>(),
+    };
+    let typed = primus_spec::Resource::from_json(kind, metadata, &given.spec_json)
+        .map_err(Status::invalid_argument)?;
+    let problems = typed.problems();
+    if !problems.is_empty() {
+        let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        return Err(Status::invalid_argument(lines.join("\n")));
+    }
+    Ok((kind, typed))
+}
+
+fn parse_kind(text: &str) -> Result<Kind, Status> {
+    Kind::parse(text).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "kind: {text:?} is not a resource kind (Job, Dataset, Metric)"
+        ))
+    })
+}
+
+fn check_name(name: &str) -> Result<(), Status> {
+    check_resource_name("name", name).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+/// What a validated resource references (a Job its Dataset).
+fn reference_of(resource: &primus_spec::Resource) -> Option<Reference> {
+    match resource {
+        primus_spec::Resource::Job(job) => Some(Reference {
+            kind: Kind::Dataset,
+            name: job.spec.dataset.clone(),
+        }),
+        _ => None,
+    }
+}
+
+/// What a stored resource references; read back from its spec.
+fn stored_reference(resource: &Resource) -> Option<Reference> {
+    #[derive(serde::Deserialize)]
+    struct JobDataset {
+        dataset: String,
+    }
+    if resource.kind != Kind::Job.as_str() {
+        return None;
+    }
+    let spec: JobDataset = serde_json::from_str(&resource.spec_json).ok()?;
+    Some(Reference {
+        kind: Kind::Dataset,
+        name: spec.dataset,
+    })
+}
+
+fn check_expected(kind: Kind, name: &str, expected: u64, actual: u64) -> Result<(), Status> {
+    if expected == 0 || expected == actual {
+        Ok(())
+    } else {
+        Err(status(StoreError::Conflict {
+            kind,
+            name: name.to_owned(),
+            expected,
+            actual,
+        }))
+    }
+}
+
+fn initial_status() -> Result<String, Status> {
+    serde_json::to_string(&ResourceStatus::default())
+        .map_err(|e| Status::internal(format!("encoding a status: {e}")))
+}
+
+/// Validates a status document and returns it re-encoded (defaults filled in).
+fn canonical_status(status_json: &str) -> Result<String, Status> {
+    if status_json.len() > MAX_SPEC_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "status: {} bytes is over the {MAX_SPEC_BYTES}-byte limit",
+            status_json.len()
+        )));
+    }
+    let mut input = serde_json::Deserializer::from_str(status_json);
+    let parsed: ResourceStatus = serde_path_to_error::deserialize(&mut input)
+        .map_err(|e| Status::invalid_argument(format!("status.{}: {}", e.path(), e.inner())))?;
+    serde_json::to_string(&parsed).map_err(|e| Status::internal(format!("encoding a status: {e}")))
+}
+
+fn too_contended(kind: Kind, name: &str) -> Status {
+    Status::aborted(format!(
+        "{kind} {name:?} changed {WRITE_ATTEMPTS} times while this call tried to write it; retry"
+    ))
+}
+
+/// Maps store errors to codes a caller can act on.
+fn status(error: StoreError) -> Status {
+    let message = error.to_string();
+    match error {
+        StoreError::Conflict { .. } => {
+            Status::aborted(format!("{message}; get it again and retry"))
+        }
+        StoreError::DanglingReference { .. } => {
+            Status::failed_precondition(format!("spec.dataset: {message}; apply it first"))
+        }
+        StoreError::Referenced { .. } => {
+            Status::failed_precondition(format!("{message}; delete those first"))
+        }
+        StoreError::Gone { .. } | StoreError::Ahead { .. } => Status::out_of_range(message),
+        StoreError::Redis(_) => Status::unavailable(format!("resource store: {message}")),
+        StoreError::Corrupt { .. } => Status::data_loss(message),
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

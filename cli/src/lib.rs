@@ -1,6 +1,15 @@
-//! The `primus` command. Today: `up` (a local playground cluster) and `health`.
+//! The `primus` command: resources (`apply`, `get`, `describe`, `delete`, `watch`) against
+//! the API server, `up` (a local playground cluster) and `health`.
+//!
+//! Exit codes: 0 ok; 1 the server or the connection failed (or a watched Job failed);
+//! 2 bad input, found locally (a file, a flag, a kind) or by the server (INVALID_ARGUMENT,
+//! FAILED_PRECONDITION).
 
+pub mod connection;
+pub mod output;
+pub mod resources;
 pub mod up;
+pub mod watch;
 
 use std::time::Duration;
 
@@ -51,5 +60,40 @@ pub fn print_table(rows: &[HealthRow]) {
             Err(e) => format!("UNREACHABLE ({e})"),
         };
         println!("{:<22} {:<18} {status}", row.name, row.addr);
+    }
+}
+
+/// An error and the exit code it ends the command with.
+#[derive(Debug)]
+pub struct Failure {
+    pub exit_code: u8,
+    pub error: anyhow::Error,
+}
+
+impl Failure {
+    /// The user's input is wrong: exit 2.
+    pub fn input(error: anyhow::Error) -> Self {
+        Self {
+            exit_code: 2,
+            error,
+        }
+    }
+
+    /// The server or the connection failed: exit 1.
+    pub fn server(error: anyhow::Error) -> Self {
+        Self {
+            exit_code: 1,
+            error,
+        }
+    }
+}
+
+impl From<primus_api_client::ClientError> for Failure {
+    fn from(error: primus_api_client::ClientError) -> Self {
+        use tonic::Code;
+        match error.code() {
+            Some(Code::InvalidArgument | Code::FailedPrecondition) => Self::input(error.into()),
+            _ => Self::server(error.into()),
+        }
     }
 }

@@ -1,20 +1,77 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use primus_api_client::ApiClient;
+use primus_cli::connection::{ConnectionArgs, resolve};
+use primus_cli::output::Format;
+use primus_cli::resources::{self, parse_kind, parse_selector, read_resources};
 use primus_cli::up::{UpOptions, up};
-use primus_cli::{print_table, probe, services};
+use primus_cli::{Failure, print_table, probe, services, watch};
 
 /// Primus: train recommendation models from batch files and live streams, serve them fresh.
+///
+/// Exit codes: 0 ok; 1 server or connection error (or a watched job failed); 2 bad input.
 #[derive(Parser)]
 #[command(name = "primus", version)]
 struct Cli {
+    #[command(flatten)]
+    connection: Connection,
     #[command(subcommand)]
     command: Commands,
 }
 
+/// Where the API server is (flags, then PRIMUS_* environment, then the CLI config file).
+#[derive(Args)]
+struct Connection {
+    /// API server address, http://host:port or https://host:port.
+    #[arg(long, env = "PRIMUS_SERVER", global = true)]
+    server: Option<String>,
+    /// Bearer token for the API server.
+    #[arg(long, env = "PRIMUS_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// File holding the bearer token (e.g. .primus/token of `primus up`).
+    #[arg(long, env = "PRIMUS_TOKEN_FILE", global = true)]
+    token_file: Option<PathBuf>,
+    /// CA certificate (PEM) that signed the API server's TLS certificate.
+    #[arg(long, env = "PRIMUS_CA_FILE", global = true)]
+    ca_file: Option<PathBuf>,
+    /// CLI config file with server, token or token_file, ca_file
+    /// (default: ~/.config/primus/config.yaml when it exists).
+    #[arg(long, env = "PRIMUS_CLI_CONFIG", global = true)]
+    cli_config: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum Commands {
+    /// Create or update the resources in files (several per file, `---` separated; `-` is stdin).
+    Apply {
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// List resources of a kind, or show one.
+    Get {
+        /// job, dataset or metric (plural works too).
+        kind: String,
+        name: Option<String>,
+        #[arg(short, long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+        /// Only resources with this label (key=value; repeatable).
+        #[arg(short = 'l', long = "selector")]
+        selector: Vec<String>,
+    },
+    /// Show one resource in detail: metadata, status with conditions, spec.
+    Describe { kind: String, name: String },
+    /// Delete a resource.
+    Delete {
+        kind: String,
+        name: String,
+        /// Delete only if the resource is still at this version.
+        #[arg(long, default_value_t = 0)]
+        if_version: u64,
+    },
+    /// Show the current state, then every change live (a job: until it ends).
+    Watch { kind: String, name: Option<String> },
     /// Start a local cluster: NATS, Redis and every service as processes on this machine.
     Up {
         /// Data and logs of the local cluster.
@@ -49,15 +106,61 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(1)
+        Err(failure) => {
+            eprintln!("error: {:#}", failure.error);
+            ExitCode::from(failure.exit_code)
         }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+impl Connection {
+    async fn client(&self) -> Result<ApiClient, Failure> {
+        let settings = resolve(&ConnectionArgs {
+            server: self.server.clone(),
+            token: self.token.clone(),
+            token_file: self.token_file.clone(),
+            ca_file: self.ca_file.clone(),
+            cli_config: self.cli_config.clone(),
+        })?;
+        Ok(ApiClient::connect(&settings).await?)
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let connection = cli.connection;
     match cli.command {
+        Commands::Apply { files } => {
+            // Every file is read and validated before the first call.
+            let resources = read_resources(&files)?;
+            resources::apply(&connection.client().await?, &resources).await?;
+        }
+        Commands::Get {
+            kind,
+            name,
+            output,
+            selector,
+        } => {
+            let kind = parse_kind(&kind)?;
+            let selector = parse_selector(&selector)?;
+            let client = connection.client().await?;
+            resources::get(&client, kind, name.as_deref(), selector, output).await?;
+        }
+        Commands::Describe { kind, name } => {
+            let kind = parse_kind(&kind)?;
+            resources::describe(&connection.client().await?, kind, &name).await?;
+        }
+        Commands::Delete {
+            kind,
+            name,
+            if_version,
+        } => {
+            let kind = parse_kind(&kind)?;
+            resources::delete(&connection.client().await?, kind, &name, if_version).await?;
+        }
+        Commands::Watch { kind, name } => {
+            let kind = parse_kind(&kind)?;
+            watch::watch(&connection.client().await?, kind, name.as_deref()).await?;
+        }
         Commands::Up {
             data_dir,
             bin_dir,
@@ -67,7 +170,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             let bin_dir = match bin_dir {
                 Some(dir) => dir,
-                None => own_dir()?,
+                None => own_dir().map_err(Failure::server)?,
             };
             up(UpOptions {
                 data_dir,
@@ -76,8 +179,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 redis_port,
                 check,
             })
-            .await?;
-            Ok(ExitCode::SUCCESS)
+            .await
+            .map_err(Failure::server)?;
         }
         Commands::Health { addrs } => {
             let targets: Vec<(String, String)> = if addrs.is_empty() {
@@ -93,13 +196,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 rows.push(probe(name, addr).await);
             }
             print_table(&rows);
-            Ok(if rows.iter().all(|r| r.serving()) {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            if !rows.iter().all(|r| r.serving()) {
+                return Ok(ExitCode::from(1));
+            }
         }
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn own_dir() -> anyhow::Result<PathBuf> {

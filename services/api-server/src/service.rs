@@ -97,6 +97,7 @@ impl Api {
                 return Ok(ApplyResponse {
                     resource: Some(current.clone()),
                     created: false,
+                    changed: false,
                 });
             }
             let now = now_ms();
@@ -146,6 +147,7 @@ impl Api {
                     return Ok(ApplyResponse {
                         resource: Some(resource),
                         created: current.is_none(),
+                        changed: true,
                     });
                 }
                 // Someone else wrote in between and the caller asked for no CAS: go again.

@@ -179,7 +179,7 @@ async fn apply_get_list_delete_round_trip() {
         .apply(&parse_one(&job_yaml("ctr", "clicks", 8)), 0)
         .await
         .expect("re-apply");
-    assert!(!again.created);
+    assert!(!again.created && !again.changed);
     assert_eq!(
         again.resource.expect("r").resource_version,
         job.resource_version
@@ -637,4 +637,76 @@ async fn a_watch_on_one_server_sees_writes_through_another_at_once() {
     assert_eq!(event.resource, applied.resource);
     writing.stop().await;
     watching.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_listener_serves_clients_that_trust_its_ca() {
+    let cluster = Cluster::start();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("cert");
+    let cert_file = cluster.dir.path().join("server.pem");
+    let key_file = cluster.dir.path().join("server.key");
+    std::fs::write(&cert_file, certified.cert.pem()).expect("cert");
+    std::fs::write(&key_file, certified.signing_key.serialize_pem()).expect("key");
+    let mut settings = cluster.settings();
+    settings.server.tls = Some(primus_config::TlsSettings {
+        cert_file: cert_file.clone(),
+        key_file,
+    });
+    let port = settings.server.grpc_addr.port();
+    let shutdown = Shutdown::new();
+    let task = tokio::spawn(primus_api_server::run(settings, shutdown.clone()));
+
+    let trusted = ClientSettings {
+        server: format!("https://localhost:{port}"),
+        token: TOKEN.into(),
+        ca_file: Some(cert_file),
+    };
+    let mut last_error = String::new();
+    for _ in 0..100 {
+        match ApiClient::connect(&trusted).await {
+            Ok(client) => match client.list(Kind::Job, HashMap::new()).await {
+                Ok(_) => {
+                    last_error.clear();
+                    break;
+                }
+                Err(e) => last_error = e.to_string(),
+            },
+            Err(e) => last_error = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        last_error.is_empty(),
+        "a TLS client with the CA is served: {last_error}"
+    );
+
+    let plaintext = ClientSettings {
+        server: format!("http://localhost:{port}"),
+        ..trusted.clone()
+    };
+    let refused = match ApiClient::connect(&plaintext).await {
+        Ok(client) => client.list(Kind::Job, HashMap::new()).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(refused, "plaintext is not served on a TLS listener");
+
+    let untrusting = ClientSettings {
+        ca_file: None,
+        ..trusted
+    };
+    let refused = match ApiClient::connect(&untrusting).await {
+        Ok(client) => client.list(Kind::Job, HashMap::new()).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(
+        refused,
+        "a self-signed certificate is not trusted by default"
+    );
+
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .expect("stops")
+        .expect("task")
+        .expect("clean exit");
 }

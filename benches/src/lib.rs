@@ -1,0 +1,2 @@
+//! End-to-end benchmarks live in `benches/` (`cargo bench -p primus-benches`); this crate
+//! has no library code of its own.

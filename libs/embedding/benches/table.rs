@@ -1,0 +1,201 @@
+//! Lookup, Adagrad push and insert against two baselines measured in the same run: a raw
+//! gather of rows by precomputed position (the memory-bandwidth limit) and a
+//! `HashMap<u64, Vec<f32>>`. Keys are uniform or Zipf(1.05) over the table.
+//!
+//! `PRIMUS_BENCH_KEYS=1000000,10000000 PRIMUS_BENCH_DIMS=16,64 cargo bench -p primus-embedding`
+//! (defaults: 1M keys, dims 16 and 64). Figures are elements (keys) per second.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use primus_embedding::{Table, TableOptions};
+use primus_spec::job::{AdmissionSpec, Initializer, OptimizerSpec, TableSpec};
+
+const BATCH: usize = 4096;
+const BATCHES: usize = 64;
+
+fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+fn spec(dim: usize) -> TableSpec {
+    TableSpec {
+        name: "bench".into(),
+        dim: dim as u32,
+        optimizer: OptimizerSpec::Adagrad {
+            learning_rate: 0.05,
+            initial_accumulator: 0.1,
+            epsilon: 1e-8,
+        },
+        initializer: Initializer::Uniform { scale: 0.01 },
+        admission: AdmissionSpec::default(),
+        ttl_seconds: None,
+    }
+}
+
+/// A deterministic generator (splitmix64) so runs are comparable.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Positions 0..n drawn uniformly or by Zipf(s) (rank 0 most frequent).
+fn positions(n: usize, zipf: Option<f64>, count: usize, rng: &mut Rng) -> Vec<usize> {
+    match zipf {
+        None => (0..count)
+            .map(|_| (rng.next() % n as u64) as usize)
+            .collect(),
+        Some(s) => {
+            let mut cdf = Vec::with_capacity(n);
+            let mut total = 0.0;
+            for rank in 1..=n {
+                total += (rank as f64).powf(-s);
+                cdf.push(total);
+            }
+            (0..count)
+                .map(|_| {
+                    let u = rng.unit() * total;
+                    cdf.partition_point(|c| *c < u).min(n - 1)
+                })
+                .collect()
+        }
+    }
+}
+
+fn key_of(i: usize) -> u64 {
+    // Keys look like hashed feature ids, not a dense range.
+    (i as u64 ^ 0xdead_beef).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+fn bench(c: &mut Criterion) {
+    for &n in &env_list("PRIMUS_BENCH_KEYS", &[1_000_000]) {
+        for &dim in &env_list("PRIMUS_BENCH_DIMS", &[16, 64]) {
+            run(c, n, dim);
+        }
+    }
+}
+
+fn run(c: &mut Criterion, n: usize, dim: usize) {
+    let keys: Vec<u64> = (0..n).map(key_of).collect();
+    let table = Table::new(&spec(dim), TableOptions::default()).expect("table");
+    let zero = vec![0.0f32; BATCH * dim];
+    for chunk in keys.chunks(BATCH) {
+        table
+            .push(chunk, &zero[..chunk.len() * dim], 1)
+            .expect("fill");
+    }
+    let arena: Vec<f32> = (0..n * dim).map(|i| i as f32).collect();
+    let map: HashMap<u64, Vec<f32>> = keys.iter().map(|k| (*k, vec![0.5; dim])).collect();
+    let mut rng = Rng(7);
+    let stats = table.stats();
+    let payload = (n * dim * 2 * 4) as f64; // weights + Adagrad state
+    println!(
+        "{n} keys, dim {dim}: table holds {} bytes, {:.1} bytes/key beyond weights+state",
+        stats.bytes,
+        (stats.bytes as f64 - payload) / n as f64
+    );
+
+    for (label, zipf) in [("uniform", None), ("zipf1.05", Some(1.05))] {
+        let batches: Vec<Vec<usize>> = (0..BATCHES)
+            .map(|_| positions(n, zipf, BATCH, &mut rng))
+            .collect();
+        let key_batches: Vec<Vec<u64>> = batches
+            .iter()
+            .map(|b| b.iter().map(|p| keys[*p]).collect())
+            .collect();
+        let mut group = c.benchmark_group(format!("lookup/{n}/dim{dim}/{label}"));
+        group.throughput(Throughput::Elements(BATCH as u64));
+        let mut out = vec![0.0f32; BATCH * dim];
+        let mut i = 0;
+        group.bench_function("raw_gather", |b| {
+            b.iter(|| {
+                let batch = &batches[i % BATCHES];
+                i += 1;
+                for (slot, p) in batch.iter().enumerate() {
+                    out[slot * dim..(slot + 1) * dim]
+                        .copy_from_slice(&arena[p * dim..(p + 1) * dim]);
+                }
+                black_box(&out);
+            })
+        });
+        group.bench_function("hashmap", |b| {
+            b.iter(|| {
+                let batch = &key_batches[i % BATCHES];
+                i += 1;
+                for (slot, k) in batch.iter().enumerate() {
+                    if let Some(row) = map.get(k) {
+                        out[slot * dim..(slot + 1) * dim].copy_from_slice(row);
+                    }
+                }
+                black_box(&out);
+            })
+        });
+        group.bench_function("table_lookup", |b| {
+            b.iter(|| {
+                let batch = &key_batches[i % BATCHES];
+                i += 1;
+                table.lookup(batch, &mut out).expect("lookup");
+                black_box(&out);
+            })
+        });
+        let grads = vec![0.001f32; BATCH * dim];
+        group.bench_function("table_push_adagrad", |b| {
+            b.iter(|| {
+                let batch = &key_batches[i % BATCHES];
+                i += 1;
+                table.push(batch, &grads, 2).expect("push");
+            })
+        });
+        group.finish();
+    }
+
+    let mut group = c.benchmark_group(format!("insert/{n}/dim{dim}"));
+    group.throughput(Throughput::Elements(BATCH as u64));
+    group.sample_size(10);
+    let grads = vec![0.001f32; BATCH * dim];
+    group.bench_function(BenchmarkId::new("hashmap", "new keys"), |b| {
+        b.iter_batched(
+            || {
+                (
+                    HashMap::<u64, Vec<f32>>::new(),
+                    (0..BATCH).map(|i| key_of(n + i)).collect::<Vec<_>>(),
+                )
+            },
+            |(mut map, new_keys)| {
+                for k in new_keys {
+                    map.insert(k, vec![0.0; dim]);
+                }
+                black_box(map)
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    let mut next = n;
+    group.bench_function(BenchmarkId::new("table", "new keys"), |b| {
+        b.iter(|| {
+            let new_keys: Vec<u64> = (next..next + BATCH).map(key_of).collect();
+            next += BATCH;
+            table.push(&new_keys, &grads, 3).expect("insert");
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,20 @@
+//! Collisionless embedding tables (Monolith §2.1, HypeReca §4): the parameter server's
+//! training-role storage.
+//!
+//! - [`index::CuckooIndex`]: u64 key -> row id, bucketized cuckoo hashing, > 90% load.
+//! - [`Table`]: shards by key hash, each locked on its own, holding a chunked arena of rows
+//!   (weights then optimizer state, contiguous) plus per-row metadata (last update, count,
+//!   version). Rows never move; evicted rows are recycled.
+//! - Per table: optimizer (SGD, Adagrad, Adam, FTRL), deterministic per-key initializer,
+//!   admission (count-min threshold and/or probability), TTL expiry, touched-row deltas.
+//!
+//! Time is passed in (`now_secs`), never read from the clock here, so behaviour is testable.
+
+mod admission;
+mod hash;
+pub mod index;
+mod init;
+mod optimizer;
+mod table;
+
+pub use table::{Delta, EmbeddingError, RowMeta, Table, TableOptions, TableStats};

@@ -1,0 +1,493 @@
+//! The table: shards by key hash, each behind its own lock, each with a cuckoo index over a
+//! chunked arena of rows. Lookups take read locks shard by shard (never one global lock);
+//! a push takes each shard's write lock once per call.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use primus_spec::job::TableSpec;
+
+use crate::admission::Admission;
+use crate::hash::seeded;
+use crate::index::CuckooIndex;
+use crate::init::Init;
+use crate::optimizer::Optimizer;
+
+/// Rows per arena chunk; a chunk never moves once allocated.
+const CHUNK_ROWS: usize = 4096;
+/// Salt of the shard hash, so shard choice and bucket choice are independent.
+const SHARD_SALT: u64 = 0x5348_4152_4453_414c;
+/// Evictions remembered for deltas (per shard); older ones are dropped.
+const EVICTION_LOG: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum EmbeddingError {
+    #[error("table {table}: dim must be > 0")]
+    ZeroDim { table: String },
+    #[error("table {table}: shard count {shards} must be a power of two between 1 and 4096")]
+    Shards { table: String, shards: usize },
+    #[error("{what} has {got} floats; {keys} keys of dim {dim} need {want}")]
+    Width {
+        what: &'static str,
+        got: usize,
+        keys: usize,
+        dim: usize,
+        want: usize,
+    },
+    #[error("gradient for key {key} (position {position}) is not finite")]
+    NonFinite { key: u64, position: usize },
+}
+
+/// How a table is laid out in memory (not part of the job spec: a deployment choice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableOptions {
+    /// Independently locked shards; a power of two.
+    pub shards: usize,
+    /// Seeds the initializers and the admission draws.
+    pub seed: u64,
+    /// Counters per count-min sketch row, per shard (only with an admission `min_count`).
+    pub sketch_width: usize,
+}
+
+impl Default for TableOptions {
+    fn default() -> Self {
+        Self {
+            shards: 64,
+            seed: 0,
+            sketch_width: 1 << 14,
+        }
+    }
+}
+
+/// What one row carries besides weights and optimizer state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RowMeta {
+    /// Seconds (caller's clock) of the last update.
+    pub updated_at: u32,
+    /// Updates applied to this row.
+    pub count: u32,
+    /// Table version of the last update (see [`Table::export_delta`]).
+    pub version: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableStats {
+    pub rows: u64,
+    /// Memory held: arena, row metadata, index, admission sketches.
+    pub bytes: u64,
+    /// Keys given a row.
+    pub admitted: u64,
+    /// Gradients dropped because their key was not admitted (yet).
+    pub rejected: u64,
+    pub evicted: u64,
+    /// Lookups of keys without a row (answered with the initial value).
+    pub missing_reads: u64,
+}
+
+/// Rows changed after a version, and keys evicted after it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Delta {
+    /// Pass this as `since` next time; every change up to it is included.
+    pub version: u64,
+    pub keys: Vec<u64>,
+    /// Weights of `keys`, `dim` floats each.
+    pub weights: Vec<f32>,
+    pub evicted: Vec<u64>,
+}
+
+pub struct Table {
+    name: String,
+    dim: usize,
+    /// Floats per row: weights, then optimizer state.
+    stride: usize,
+    optimizer: Optimizer,
+    init: Init,
+    ttl_secs: Option<u64>,
+    seed: u64,
+    shard_shift: u32,
+    shards: Box<[RwLock<Shard>]>,
+    version: AtomicU64,
+    missing_reads: AtomicU64,
+}
+
+struct Shard {
+    index: CuckooIndex,
+    chunks: Vec<Box<[f32]>>,
+    meta: Vec<RowMeta>,
+    /// Row ids of evicted rows, reused before the arena grows.
+    free: Vec<u32>,
+    admission: Admission,
+    admitted: u64,
+    rejected: u64,
+    evicted: u64,
+    eviction_log: Vec<(u64, u64)>,
+}
+
+impl Table {
+    pub fn new(spec: &TableSpec, options: TableOptions) -> Result<Self, EmbeddingError> {
+        let dim = spec.dim as usize;
+        if dim == 0 {
+            return Err(EmbeddingError::ZeroDim {
+                table: spec.name.clone(),
+            });
+        }
+        if !options.shards.is_power_of_two() || options.shards > 4096 {
+            return Err(EmbeddingError::Shards {
+                table: spec.name.clone(),
+                shards: options.shards,
+            });
+        }
+        let optimizer = Optimizer::from_spec(&spec.optimizer);
+        let shards = (0..options.shards)
+            .map(|i| {
+                RwLock::new(Shard {
+                    index: CuckooIndex::default(),
+                    chunks: Vec::new(),
+                    meta: Vec::new(),
+                    free: Vec::new(),
+                    admission: Admission::new(
+                        spec.admission.min_count,
+                        spec.admission.probability as f32,
+                        options.sketch_width,
+                        seeded(i as u64, options.seed),
+                    ),
+                    admitted: 0,
+                    rejected: 0,
+                    evicted: 0,
+                    eviction_log: Vec::new(),
+                })
+            })
+            .collect();
+        Ok(Self {
+            name: spec.name.clone(),
+            dim,
+            stride: dim + optimizer.state_len(dim),
+            optimizer,
+            init: Init::from_spec(&spec.initializer),
+            ttl_secs: spec.ttl_seconds,
+            seed: options.seed,
+            shard_shift: 64 - options.shards.trailing_zeros(),
+            shards,
+            version: AtomicU64::new(0),
+            missing_reads: AtomicU64::new(0),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The version of the latest update.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    #[inline]
+    fn shard_of(&self, key: u64) -> usize {
+        if self.shard_shift == 64 {
+            0
+        } else {
+            (seeded(key, SHARD_SALT) >> self.shard_shift) as usize
+        }
+    }
+
+    fn read(&self, shard: usize) -> RwLockReadGuard<'_, Shard> {
+        // A panic under the lock cannot leave a row half-written in a way later readers
+        // could not handle (rows are plain floats), so a poisoned lock is still usable.
+        self.shards[shard]
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self, shard: usize) -> RwLockWriteGuard<'_, Shard> {
+        self.shards[shard]
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Positions of `keys` grouped by shard (a counting sort), so each shard is locked once.
+    fn group_by_shard(&self, keys: &[u64]) -> (Vec<u32>, Vec<usize>) {
+        let shards = self.shards.len();
+        let shard_of: Vec<u16> = keys.iter().map(|k| self.shard_of(*k) as u16).collect();
+        let mut starts = vec![0usize; shards + 1];
+        for s in &shard_of {
+            starts[*s as usize + 1] += 1;
+        }
+        for i in 0..shards {
+            starts[i + 1] += starts[i];
+        }
+        let mut cursor = starts.clone();
+        let mut order = vec![0u32; keys.len()];
+        for (position, s) in shard_of.iter().enumerate() {
+            let slot = &mut cursor[*s as usize];
+            order[*slot] = position as u32;
+            *slot += 1;
+        }
+        (order, starts)
+    }
+
+    fn check_width(
+        &self,
+        what: &'static str,
+        keys: usize,
+        got: usize,
+    ) -> Result<(), EmbeddingError> {
+        let want = keys * self.dim;
+        if got == want {
+            Ok(())
+        } else {
+            Err(EmbeddingError::Width {
+                what,
+                got,
+                keys,
+                dim: self.dim,
+                want,
+            })
+        }
+    }
+
+    /// Writes the weights of `keys` into `out` (`dim` floats per key, in key order). Keys
+    /// without a row read as their initial value.
+    pub fn lookup(&self, keys: &[u64], out: &mut [f32]) -> Result<(), EmbeddingError> {
+        self.check_width("lookup output", keys.len(), out.len())?;
+        let dim = self.dim;
+        let (order, starts) = self.group_by_shard(keys);
+        let mut missing = 0u64;
+        let mut rows = Vec::new();
+        for shard in 0..self.shards.len() {
+            let positions = &order[starts[shard]..starts[shard + 1]];
+            if positions.is_empty() {
+                continue;
+            }
+            let guard = self.read(shard);
+            // Resolve every row first, then copy: both loops issue independent loads.
+            guard
+                .index
+                .get_many(positions.iter().map(|p| keys[*p as usize]), &mut rows);
+            for (&position, row) in positions.iter().zip(&rows) {
+                let position = position as usize;
+                let target = &mut out[position * dim..(position + 1) * dim];
+                match row {
+                    Some(row) => target.copy_from_slice(guard.weights(*row, self.stride, dim)),
+                    None => {
+                        missing += 1;
+                        self.init.fill(keys[position], self.seed, target);
+                    }
+                }
+            }
+        }
+        if missing > 0 {
+            self.missing_reads.fetch_add(missing, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Applies `grads` (`dim` floats per key) with the table's optimizer at time `now_secs`.
+    /// A key without a row gets one if admission lets it in; otherwise its gradient is
+    /// dropped. Any non-finite gradient refuses the whole call before anything changes.
+    pub fn push(&self, keys: &[u64], grads: &[f32], now_secs: u32) -> Result<(), EmbeddingError> {
+        self.check_width("gradients", keys.len(), grads.len())?;
+        if let Some(bad) = grads.iter().position(|g| !g.is_finite()) {
+            let position = bad / self.dim;
+            return Err(EmbeddingError::NonFinite {
+                key: keys[position],
+                position,
+            });
+        }
+        let dim = self.dim;
+        let (order, starts) = self.group_by_shard(keys);
+        let mut rows = Vec::new();
+        for shard in 0..self.shards.len() {
+            let positions = &order[starts[shard]..starts[shard + 1]];
+            if positions.is_empty() {
+                continue;
+            }
+            let mut guard = self.write(shard);
+            // Taken under the shard's lock: an export that reads this version afterwards
+            // is guaranteed to see the rows (see `export_delta`).
+            let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
+            guard
+                .index
+                .get_many(positions.iter().map(|p| keys[*p as usize]), &mut rows);
+            for (&position, known) in positions.iter().zip(&rows) {
+                let position = position as usize;
+                let key = keys[position];
+                let grad = &grads[position * dim..(position + 1) * dim];
+                // A key new to this batch may have been inserted by an earlier duplicate.
+                let row = match known.or_else(|| guard.index.get(key)) {
+                    Some(row) => row,
+                    None => {
+                        if !guard.admission.admit(key) {
+                            guard.rejected += 1;
+                            continue;
+                        }
+                        guard.admitted += 1;
+                        guard.new_row(key, self)
+                    }
+                };
+                let (weights, state) = guard.row_mut(row, self.stride, dim);
+                self.optimizer.apply(weights, state, grad);
+                let meta = &mut guard.meta[row as usize];
+                meta.updated_at = now_secs;
+                meta.count = meta.count.saturating_add(1);
+                meta.version = version;
+            }
+        }
+        Ok(())
+    }
+
+    /// Evicts rows not updated for the table's TTL (none without a TTL); their slots are
+    /// reused by later inserts. Returns how many rows went.
+    pub fn evict_expired(&self, now_secs: u32) -> usize {
+        let Some(ttl) = self.ttl_secs else {
+            return 0;
+        };
+        let mut total = 0;
+        for shard in 0..self.shards.len() {
+            let mut guard = self.write(shard);
+            let expired: Vec<(u64, u32)> = guard
+                .index
+                .iter()
+                .filter(|(_, row)| {
+                    u64::from(now_secs)
+                        .saturating_sub(u64::from(guard.meta[*row as usize].updated_at))
+                        >= ttl
+                })
+                .collect();
+            if expired.is_empty() {
+                continue;
+            }
+            let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
+            for (key, row) in &expired {
+                guard.index.remove(*key);
+                guard.meta[*row as usize] = RowMeta::default();
+                guard.free.push(*row);
+                guard.eviction_log.push((version, *key));
+            }
+            guard.evicted += expired.len() as u64;
+            if guard.eviction_log.len() > EVICTION_LOG {
+                let excess = guard.eviction_log.len() - EVICTION_LOG;
+                guard.eviction_log.drain(..excess);
+            }
+            total += expired.len();
+        }
+        total
+    }
+
+    /// Rows updated and keys evicted after version `since`.
+    ///
+    /// Every change with a version up to the returned `Delta::version` is included: versions
+    /// are taken under the shard's write lock, so by the time this reads a shard (under its
+    /// read lock) every change of that shard with a version below the watermark is done.
+    /// A change newer than the watermark may be included too; applying it twice is harmless.
+    pub fn export_delta(&self, since: u64) -> Delta {
+        let watermark = self.version();
+        let mut delta = Delta {
+            version: watermark,
+            ..Delta::default()
+        };
+        for shard in 0..self.shards.len() {
+            let guard = self.read(shard);
+            for (key, row) in guard.index.iter() {
+                if guard.meta[row as usize].version > since {
+                    delta.keys.push(key);
+                    delta
+                        .weights
+                        .extend_from_slice(guard.weights(row, self.stride, self.dim));
+                }
+            }
+            delta.evicted.extend(
+                guard
+                    .eviction_log
+                    .iter()
+                    .filter(|(version, _)| *version > since)
+                    .map(|(_, key)| *key),
+            );
+        }
+        delta
+    }
+
+    /// The row of `key`: weights, optimizer state and metadata read together, under one lock.
+    pub fn row(&self, key: u64) -> Option<(Vec<f32>, Vec<f32>, RowMeta)> {
+        let guard = self.read(self.shard_of(key));
+        let row = guard.index.get(key)?;
+        let start = row as usize % CHUNK_ROWS * self.stride;
+        let chunk = &guard.chunks[row as usize / CHUNK_ROWS];
+        Some((
+            chunk[start..start + self.dim].to_vec(),
+            chunk[start + self.dim..start + self.stride].to_vec(),
+            guard.meta[row as usize],
+        ))
+    }
+
+    pub fn len(&self) -> usize {
+        (0..self.shards.len())
+            .map(|s| self.read(s).index.len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn stats(&self) -> TableStats {
+        let mut stats = TableStats {
+            missing_reads: self.missing_reads.load(Ordering::Relaxed),
+            ..TableStats::default()
+        };
+        for shard in 0..self.shards.len() {
+            let guard = self.read(shard);
+            stats.rows += guard.index.len() as u64;
+            stats.admitted += guard.admitted;
+            stats.rejected += guard.rejected;
+            stats.evicted += guard.evicted;
+            stats.bytes += (guard.chunks.len() * CHUNK_ROWS * self.stride * 4
+                + guard.meta.capacity() * std::mem::size_of::<RowMeta>()
+                + guard.index.memory_bytes()
+                + guard.admission.memory_bytes()) as u64;
+        }
+        stats
+    }
+}
+
+impl Shard {
+    #[inline]
+    fn weights(&self, row: u32, stride: usize, dim: usize) -> &[f32] {
+        let start = row as usize % CHUNK_ROWS * stride;
+        &self.chunks[row as usize / CHUNK_ROWS][start..start + dim]
+    }
+
+    #[inline]
+    fn row_mut(&mut self, row: u32, stride: usize, dim: usize) -> (&mut [f32], &mut [f32]) {
+        let start = row as usize % CHUNK_ROWS * stride;
+        let slice = &mut self.chunks[row as usize / CHUNK_ROWS][start..start + stride];
+        slice.split_at_mut(dim)
+    }
+
+    /// A row for a new key: a recycled one, or the next in the arena. Initialised from the
+    /// key (weights) and the optimizer (state).
+    fn new_row(&mut self, key: u64, table: &Table) -> u32 {
+        let row = match self.free.pop() {
+            Some(row) => row,
+            None => {
+                let row = self.meta.len();
+                if row.is_multiple_of(CHUNK_ROWS) {
+                    self.chunks
+                        .push(vec![0.0; CHUNK_ROWS * table.stride].into_boxed_slice());
+                }
+                self.meta.push(RowMeta::default());
+                row as u32
+            }
+        };
+        let (weights, state) = self.row_mut(row, table.stride, table.dim);
+        table.init.fill(key, table.seed, weights);
+        table.optimizer.init_state(weights, state);
+        self.meta[row as usize] = RowMeta::default();
+        self.index.insert(key, row);
+        row
+    }
+}

@@ -1,0 +1,263 @@
+//! The table against a reference model (a HashMap), over random interleavings of lookups,
+//! pushes and evictions; admission and expiry as configured; concurrent use.
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use primus_embedding::{EmbeddingError, Table, TableOptions};
+use primus_spec::job::{AdmissionSpec, Initializer, OptimizerSpec, TableSpec};
+use proptest::prelude::*;
+
+const DIM: usize = 4;
+const LR: f32 = 0.5;
+const TTL: u64 = 10;
+
+fn spec(min_count: u32, probability: f64, ttl: Option<u64>) -> TableSpec {
+    TableSpec {
+        name: "t".into(),
+        dim: DIM as u32,
+        optimizer: OptimizerSpec::Sgd {
+            learning_rate: f64::from(LR),
+        },
+        initializer: Initializer::Uniform { scale: 0.1 },
+        admission: AdmissionSpec {
+            min_count,
+            probability,
+        },
+        ttl_seconds: ttl,
+    }
+}
+
+fn table(shards: usize, spec: &TableSpec) -> Table {
+    Table::new(
+        spec,
+        TableOptions {
+            shards,
+            seed: 11,
+            sketch_width: 1 << 10,
+        },
+    )
+    .expect("table")
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Lookup(Vec<u64>),
+    Push(Vec<u64>, Vec<f32>),
+    /// Advance the clock by this many seconds, then evict.
+    Evict(u32),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // A small key space so keys repeat, collide in buckets and come back after eviction.
+    let keys = prop::collection::vec(0u64..300, 1..40);
+    prop_oneof![
+        keys.clone().prop_map(Op::Lookup),
+        keys.prop_flat_map(|keys| {
+            let n = keys.len() * DIM;
+            (Just(keys), prop::collection::vec(-1.0f32..1.0, n))
+        })
+        .prop_map(|(keys, grads)| Op::Push(keys, grads)),
+        (1u32..8).prop_map(Op::Evict),
+    ]
+}
+
+/// What the table should hold: weights and last update per key.
+#[derive(Default)]
+struct Model {
+    rows: HashMap<u64, (Vec<f32>, u32)>,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn matches_a_hashmap_model(ops in prop::collection::vec(op(), 1..60), shards in prop::sample::select(vec![1usize, 4, 64])) {
+        let spec = spec(0, 1.0, Some(TTL));
+        let subject = table(shards, &spec);
+        // Initial values come from an untouched table with the same seed.
+        let fresh = table(1, &spec);
+        let initial = |key: u64| {
+            let mut row = vec![0.0; DIM];
+            fresh.lookup(&[key], &mut row).expect("lookup");
+            row
+        };
+        let mut model = Model::default();
+        let mut now = 1_000u32;
+        for op in ops {
+            match op {
+                Op::Lookup(keys) => {
+                    let mut got = vec![0.0; keys.len() * DIM];
+                    subject.lookup(&keys, &mut got).expect("lookup");
+                    for (i, key) in keys.iter().enumerate() {
+                        let want = model.rows.get(key).map_or_else(|| initial(*key), |r| r.0.clone());
+                        prop_assert_eq!(&got[i * DIM..(i + 1) * DIM], &want[..], "key {}", key);
+                    }
+                }
+                Op::Push(keys, grads) => {
+                    subject.push(&keys, &grads, now).expect("push");
+                    for (i, key) in keys.iter().enumerate() {
+                        let row = model.rows.entry(*key).or_insert_with(|| (initial(*key), now));
+                        for (w, g) in row.0.iter_mut().zip(&grads[i * DIM..(i + 1) * DIM]) {
+                            *w -= LR * g;
+                        }
+                        row.1 = now;
+                    }
+                }
+                Op::Evict(seconds) => {
+                    now += seconds;
+                    let evicted = subject.evict_expired(now);
+                    let before = model.rows.len();
+                    model.rows.retain(|_, (_, updated)| u64::from(now - *updated) < TTL);
+                    prop_assert_eq!(evicted, before - model.rows.len());
+                }
+            }
+            prop_assert_eq!(subject.len(), model.rows.len());
+        }
+        // Every row is there once, under its own key, with its own weights.
+        let delta = subject.export_delta(0);
+        let mut exported: Vec<u64> = delta.keys.clone();
+        exported.sort_unstable();
+        let mut expected: Vec<u64> = model.rows.keys().copied().collect();
+        expected.sort_unstable();
+        prop_assert_eq!(exported, expected);
+        for (i, key) in delta.keys.iter().enumerate() {
+            prop_assert_eq!(&delta.weights[i * DIM..(i + 1) * DIM], &model.rows[key].0[..]);
+        }
+    }
+}
+
+#[test]
+fn keys_below_the_count_threshold_read_initial_and_drop_gradients() {
+    let table = table(4, &spec(3, 1.0, None));
+    let mut initial = vec![0.0; DIM];
+    table.lookup(&[42], &mut initial).expect("lookup");
+    let grad = vec![1.0; DIM];
+    table.push(&[42], &grad, 1).expect("push");
+    table.push(&[42], &grad, 2).expect("push");
+    let mut row = vec![0.0; DIM];
+    table.lookup(&[42], &mut row).expect("lookup");
+    assert_eq!(row, initial, "not admitted after 2 occurrences");
+    table.push(&[42], &grad, 3).expect("push");
+    table.lookup(&[42], &mut row).expect("lookup");
+    let expected: Vec<f32> = initial.iter().map(|w| w - LR).collect();
+    assert_eq!(
+        row, expected,
+        "admitted on the 3rd, and that gradient applied"
+    );
+    let stats = table.stats();
+    assert_eq!((stats.admitted, stats.rejected, stats.rows), (1, 2, 1));
+    assert_eq!(stats.missing_reads, 2);
+}
+
+#[test]
+fn admission_probability_admits_about_that_share() {
+    let table = table(4, &spec(0, 0.2, None));
+    let keys: Vec<u64> = (0..10_000).collect();
+    table
+        .push(&keys, &vec![0.1; keys.len() * DIM], 1)
+        .expect("push");
+    let stats = table.stats();
+    assert!((1_500..2_500).contains(&stats.admitted), "{stats:?}");
+    assert_eq!(stats.admitted + stats.rejected, 10_000);
+}
+
+#[test]
+fn expired_rows_are_evicted_and_their_slots_reused() {
+    let table = table(1, &spec(0, 1.0, Some(60)));
+    let keys: Vec<u64> = (0..1_000).collect();
+    let grads = vec![0.1; keys.len() * DIM];
+    table.push(&keys, &grads, 100).expect("push");
+    table
+        .push(&keys[..10], &grads[..10 * DIM], 150)
+        .expect("refresh ten");
+    let bytes = table.stats().bytes;
+    assert_eq!(table.evict_expired(159), 0, "not yet");
+    assert_eq!(table.evict_expired(160), 990);
+    assert_eq!(table.len(), 10);
+    assert_eq!(table.export_delta(0).evicted.len(), 990);
+    let fresh: Vec<u64> = (5_000..5_990).collect();
+    table
+        .push(&fresh, &vec![0.1; fresh.len() * DIM], 170)
+        .expect("push");
+    assert_eq!(table.len(), 1_000);
+    assert_eq!(
+        table.stats().bytes,
+        bytes,
+        "new keys took the evicted rows' slots"
+    );
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let table = table(4, &spec(0, 1.0, None));
+    let err = table.push(&[1, 2], &[0.0; DIM], 1).expect_err("width");
+    assert!(
+        matches!(err, EmbeddingError::Width { keys: 2, .. }),
+        "{err}"
+    );
+    let mut grads = vec![0.5; 2 * DIM];
+    grads[DIM + 1] = f32::NAN;
+    let err = table.push(&[1, 2], &grads, 1).expect_err("nan");
+    assert_eq!(
+        err,
+        EmbeddingError::NonFinite {
+            key: 2,
+            position: 1
+        }
+    );
+    assert!(table.is_empty(), "nothing applied, not even key 1");
+    let mut out = vec![0.0; DIM];
+    assert!(table.lookup(&[1, 2], &mut out).is_err());
+}
+
+#[test]
+fn deltas_hold_rows_changed_since_a_version() {
+    let table = table(8, &spec(0, 1.0, None));
+    let grad = vec![0.1; DIM];
+    table.push(&[1], &grad, 1).expect("push");
+    let first = table.export_delta(0);
+    assert_eq!(first.keys, vec![1]);
+    table.push(&[2], &grad, 2).expect("push");
+    let second = table.export_delta(first.version);
+    assert_eq!(second.keys, vec![2]);
+    assert!(table.export_delta(second.version).keys.is_empty());
+}
+
+#[test]
+fn concurrent_pushes_and_lookups_lose_nothing() {
+    let table = Arc::new(table(16, &spec(0, 1.0, None)));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let table = table.clone();
+            std::thread::spawn(move || {
+                // Each thread owns its keys; each key gets 100 unit gradients.
+                let keys: Vec<u64> = (0..500).map(|k| k * 4 + t).collect();
+                let grads = vec![1.0; keys.len() * DIM];
+                let mut out = vec![0.0; keys.len() * DIM];
+                for step in 0..100 {
+                    table.push(&keys, &grads, step).expect("push");
+                    table.lookup(&keys, &mut out).expect("lookup");
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("thread");
+    }
+    assert_eq!(table.len(), 2_000);
+    let fresh = self::table(1, &spec(0, 1.0, None));
+    for key in [0u64, 1, 2, 3, 1_999] {
+        let (mut got, mut initial) = (vec![0.0; DIM], vec![0.0; DIM]);
+        table.lookup(&[key], &mut got).expect("lookup");
+        fresh.lookup(&[key], &mut initial).expect("lookup");
+        let mut expected = initial.clone();
+        for _ in 0..100 {
+            for w in &mut expected {
+                *w -= LR;
+            }
+        }
+        assert_eq!(got, expected, "key {key}");
+        let (_, _, meta) = table.row(key).expect("row");
+        assert_eq!(meta.count, 100);
+    }
+}

@@ -17,4 +17,4 @@ mod init;
 mod optimizer;
 mod table;
 
-pub use table::{Delta, EmbeddingError, RowMeta, Table, TableOptions, TableStats};
+pub use table::{Delta, EmbeddingError, PushOutcome, RowMeta, Table, TableOptions, TableStats};

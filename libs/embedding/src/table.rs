@@ -3,7 +3,7 @@
 //! a push takes each shard's write lock once per call.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use primus_spec::job::TableSpec;
 
@@ -106,7 +106,8 @@ pub struct Table {
     seed: u64,
     shard_shift: u32,
     shards: Box<[RwLock<Shard>]>,
-    version: AtomicU64,
+    /// Change versions; may be shared by the tables of one PS so one `since` covers all.
+    version: Arc<AtomicU64>,
     missing_reads: AtomicU64,
 }
 
@@ -123,8 +124,26 @@ struct Shard {
     eviction_log: Vec<(u64, u64)>,
 }
 
+/// What one push did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PushOutcome {
+    /// Gradients applied to a row.
+    pub applied: u64,
+    /// Gradients dropped because their key is not admitted (yet).
+    pub dropped: u64,
+}
+
 impl Table {
     pub fn new(spec: &TableSpec, options: TableOptions) -> Result<Self, EmbeddingError> {
+        Self::with_versions(spec, options, Arc::new(AtomicU64::new(0)))
+    }
+
+    /// A table whose change versions come from `versions`, shared with other tables.
+    pub fn with_versions(
+        spec: &TableSpec,
+        options: TableOptions,
+        versions: Arc<AtomicU64>,
+    ) -> Result<Self, EmbeddingError> {
         let dim = spec.dim as usize;
         if dim == 0 {
             return Err(EmbeddingError::ZeroDim {
@@ -168,7 +187,7 @@ impl Table {
             seed: options.seed,
             shard_shift: 64 - options.shards.trailing_zeros(),
             shards,
-            version: AtomicU64::new(0),
+            version: versions,
             missing_reads: AtomicU64::new(0),
         })
     }
@@ -289,7 +308,12 @@ impl Table {
     /// Applies `grads` (`dim` floats per key) with the table's optimizer at time `now_secs`.
     /// A key without a row gets one if admission lets it in; otherwise its gradient is
     /// dropped. Any non-finite gradient refuses the whole call before anything changes.
-    pub fn push(&self, keys: &[u64], grads: &[f32], now_secs: u32) -> Result<(), EmbeddingError> {
+    pub fn push(
+        &self,
+        keys: &[u64],
+        grads: &[f32],
+        now_secs: u32,
+    ) -> Result<PushOutcome, EmbeddingError> {
         self.check_width("gradients", keys.len(), grads.len())?;
         if let Some(bad) = grads.iter().position(|g| !g.is_finite()) {
             let position = bad / self.dim;
@@ -301,6 +325,7 @@ impl Table {
         let dim = self.dim;
         let (order, starts) = self.group_by_shard(keys);
         let mut rows = Vec::new();
+        let mut outcome = PushOutcome::default();
         for shard in 0..self.shards.len() {
             let positions = &order[starts[shard]..starts[shard + 1]];
             if positions.is_empty() {
@@ -323,6 +348,7 @@ impl Table {
                     None => {
                         if !guard.admission.admit(key) {
                             guard.rejected += 1;
+                            outcome.dropped += 1;
                             continue;
                         }
                         guard.admitted += 1;
@@ -335,9 +361,10 @@ impl Table {
                 meta.updated_at = now_secs;
                 meta.count = meta.count.saturating_add(1);
                 meta.version = version;
+                outcome.applied += 1;
             }
         }
-        Ok(())
+        Ok(outcome)
     }
 
     /// Evicts rows not updated for the table's TTL (none without a TTL); their slots are

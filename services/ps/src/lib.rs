@@ -1,23 +1,58 @@
-//! `primus-ps`. Holds embedding tables and dense parameters; the serving role answers Predict.
+//! `primus-ps`, training role: serves this process's embedding tables ([`primus_embedding`])
+//! over the ParameterServer gRPC API (Lookup, Push, ExportDelta, Stats), evicts idle rows
+//! on a timer, and ships [`client::PsClient`], which routes keys across a job's PS shards.
 //!
-//! Built so far: the service process (settings, NATS connection, gRPC health that follows
-//! the NATS connection, graceful SIGTERM). Its own RPCs arrive with later steps.
+//! Not built yet: dense parameters, snapshot/restore, the serving role.
 
-use primus_config::{DEFAULT_PORTS, NodeSettings};
-use primus_service::Shutdown;
+pub mod client;
+mod codec;
+mod service;
+pub mod settings;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use primus_proto::v1::parameter_server_server::ParameterServerServer;
+use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
+
+pub use settings::PsSettings;
 
 pub const SERVICE: &str = "primus-ps";
 pub const ABOUT: &str = concat!(
-    "Primus parameter server: embedding tables and dense parameters (training or serving role).",
-    " This build runs the service shell only: settings, connections, gRPC health."
+    "Primus parameter server, training role: embedding tables (from `ps.tables`) served over",
+    " gRPC Lookup, Push, ExportDelta and Stats."
 );
 
-pub fn default_settings() -> NodeSettings {
-    NodeSettings::on_port(DEFAULT_PORTS.ps)
+pub fn default_settings() -> PsSettings {
+    PsSettings::default()
 }
 
 /// Runs until `shutdown`, then drains and returns.
-pub async fn run(settings: NodeSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    primus_service::serve_nats_node(SERVICE, &settings, Routes::default(), shutdown).await
+pub async fn run(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+    let tables = Arc::new(service::Tables::new(&settings.ps)?);
+    let mut node = Node::bind(SERVICE, &settings.server).await?;
+    let bus = node.connect_nats(&settings.nats).await?;
+    let evictor = tokio::spawn(evict_periodically(
+        tables.clone(),
+        Duration::from_millis(settings.ps.eviction_interval_ms.max(100)),
+    ));
+    let ps = ParameterServerServer::new(service::Ps::new(tables))
+        .max_decoding_message_size(settings.ps.max_request_bytes)
+        .max_encoding_message_size(usize::MAX);
+    node.serve(Routes::new(ps), shutdown).await?;
+    evictor.abort();
+    bus.drain().await?;
+    Ok(())
+}
+
+async fn evict_periodically(tables: Arc<service::Tables>, interval: Duration) {
+    let mut ticks = tokio::time::interval(interval);
+    loop {
+        ticks.tick().await;
+        let evicted = tables.evict_expired();
+        if evicted > 0 {
+            tracing::info!(evicted, "evicted rows idle past their TTL");
+        }
+    }
 }

@@ -1,0 +1,221 @@
+//! Client of a job's PS shards: routes each key to a shard by jump consistent hash, sends
+//! each shard its unique keys in parallel, and reassembles rows in request order.
+
+use std::collections::HashMap;
+
+use futures::future::try_join_all;
+use primus_proto::v1::parameter_server_client::ParameterServerClient;
+use primus_proto::v1::{LookupRequest, PushRequest};
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::codec::{decode_f32, encode_f32, encode_keys};
+
+/// Lamping & Veach's jump consistent hash: the shard of `key` among `shards`; growing the
+/// shard count moves only the keys the new shards take.
+pub fn jump_consistent_hash(key: u64, shards: u32) -> u32 {
+    let mut key = key;
+    let (mut b, mut j) = (-1i64, 0i64);
+    while j < i64::from(shards) {
+        b = j;
+        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
+    }
+    b as u32
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PsClientError {
+    #[error("no PS shard addresses")]
+    NoShards,
+    #[error("PS shard {addr}: {message}")]
+    Connect { addr: String, message: String },
+    #[error("PS shard {shard}: {status}")]
+    Call { shard: usize, status: Status },
+    #[error("{got} gradient floats for {keys} keys is not a whole row per key")]
+    GradientWidth { got: usize, keys: usize },
+}
+
+#[derive(Clone)]
+pub struct PsClient {
+    shards: Vec<ParameterServerClient<Channel>>,
+}
+
+/// The keys one shard gets: unique keys and where each came from in the request.
+struct Route {
+    keys: Vec<u64>,
+    /// For each request position routed here: index into `keys`.
+    positions: Vec<(usize, usize)>,
+}
+
+impl PsClient {
+    /// Connects to every shard (`host:port`, in the job topology's shard order).
+    pub async fn connect(addrs: &[String]) -> Result<Self, PsClientError> {
+        if addrs.is_empty() {
+            return Err(PsClientError::NoShards);
+        }
+        let mut shards = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            let failed = |message: String| PsClientError::Connect {
+                addr: addr.clone(),
+                message,
+            };
+            let channel = Endpoint::from_shared(format!("http://{addr}"))
+                .map_err(|e| failed(e.to_string()))?
+                .connect()
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            shards.push(
+                ParameterServerClient::new(channel)
+                    .max_decoding_message_size(256 << 20)
+                    .max_encoding_message_size(256 << 20),
+            );
+        }
+        Ok(Self { shards })
+    }
+
+    fn route(&self, keys: &[u64]) -> Vec<Route> {
+        let n = self.shards.len() as u32;
+        let mut routes: Vec<Route> = (0..n)
+            .map(|_| Route {
+                keys: Vec::new(),
+                positions: Vec::new(),
+            })
+            .collect();
+        let mut seen: HashMap<u64, (usize, usize)> = HashMap::with_capacity(keys.len());
+        for (position, key) in keys.iter().enumerate() {
+            let (shard, index) = *seen.entry(*key).or_insert_with(|| {
+                let shard = jump_consistent_hash(*key, n) as usize;
+                routes[shard].keys.push(*key);
+                (shard, routes[shard].keys.len() - 1)
+            });
+            routes[shard].positions.push((position, index));
+        }
+        routes
+    }
+
+    /// Rows of `keys` in request order (`dim` floats each), and `dim`.
+    pub async fn lookup(
+        &self,
+        table: &str,
+        keys: &[u64],
+    ) -> Result<(Vec<f32>, usize), PsClientError> {
+        let routes = self.route(keys);
+        let calls = routes
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.keys.is_empty())
+            .map(|(shard, route)| {
+                let mut client = self.shards[shard].clone();
+                let request = LookupRequest {
+                    table: table.to_owned(),
+                    keys: encode_keys(&route.keys),
+                };
+                async move {
+                    let response = client
+                        .lookup(request)
+                        .await
+                        .map_err(|status| PsClientError::Call { shard, status })?
+                        .into_inner();
+                    let rows = decode_f32("rows", &response.rows)
+                        .map_err(|status| PsClientError::Call { shard, status })?;
+                    Ok::<_, PsClientError>((shard, response.dim as usize, rows))
+                }
+            });
+        let answers = try_join_all(calls).await?;
+        let dim = answers.first().map_or(0, |(_, dim, _)| *dim);
+        let mut out = vec![0.0f32; keys.len() * dim];
+        for (shard, _, rows) in answers {
+            for &(position, index) in &routes[shard].positions {
+                out[position * dim..(position + 1) * dim]
+                    .copy_from_slice(&rows[index * dim..(index + 1) * dim]);
+            }
+        }
+        Ok((out, dim))
+    }
+
+    /// Pushes `grads` (`dim` floats per key, in key order); duplicate keys have their
+    /// gradients applied one after another, as one table would. Returns (applied, dropped).
+    pub async fn push(
+        &self,
+        table: &str,
+        keys: &[u64],
+        grads: &[f32],
+    ) -> Result<(u64, u64), PsClientError> {
+        if keys.is_empty() {
+            return Ok((0, 0));
+        }
+        if !grads.len().is_multiple_of(keys.len()) {
+            return Err(PsClientError::GradientWidth {
+                got: grads.len(),
+                keys: keys.len(),
+            });
+        }
+        let dim = grads.len() / keys.len();
+        let n = self.shards.len() as u32;
+        let mut per_shard: Vec<(Vec<u64>, Vec<u8>)> =
+            vec![(Vec::new(), Vec::new()); self.shards.len()];
+        for (position, key) in keys.iter().enumerate() {
+            let shard = jump_consistent_hash(*key, n) as usize;
+            per_shard[shard].0.push(*key);
+            encode_f32(
+                &grads[position * dim..(position + 1) * dim],
+                &mut per_shard[shard].1,
+            );
+        }
+        let calls = per_shard
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (k, _))| !k.is_empty())
+            .map(|(shard, (shard_keys, shard_grads))| {
+                let mut client = self.shards[shard].clone();
+                let request = PushRequest {
+                    table: table.to_owned(),
+                    keys: encode_keys(&shard_keys),
+                    grads: shard_grads,
+                };
+                async move {
+                    let response = client
+                        .push(request)
+                        .await
+                        .map_err(|status| PsClientError::Call { shard, status })?
+                        .into_inner();
+                    Ok::<_, PsClientError>((response.applied, response.dropped))
+                }
+            });
+        let outcomes = try_join_all(calls).await?;
+        Ok(outcomes
+            .into_iter()
+            .fold((0, 0), |(a, d), (x, y)| (a + x, d + y)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jump_hash_spreads_keys_and_moves_few_on_growth() {
+        let keys: Vec<u64> = (0..10_000u64)
+            .map(|k| k.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let mut counts = [0usize; 4];
+        for k in &keys {
+            counts[jump_consistent_hash(*k, 4) as usize] += 1;
+        }
+        assert!(
+            counts.iter().all(|c| (2_200..2_800).contains(c)),
+            "{counts:?}"
+        );
+        let moved = keys
+            .iter()
+            .filter(|k| jump_consistent_hash(**k, 4) != jump_consistent_hash(**k, 5))
+            .count();
+        // Growing 4 -> 5 shards moves about a fifth of the keys, all to the new shard.
+        assert!((1_700..2_300).contains(&moved), "{moved}");
+        assert!(keys.iter().all(|k| {
+            let (before, after) = (jump_consistent_hash(*k, 4), jump_consistent_hash(*k, 5));
+            before == after || after == 4
+        }));
+    }
+}

@@ -1,0 +1,195 @@
+//! The ParameterServer RPCs over this process's tables.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use primus_embedding::{EmbeddingError, Table, TableOptions};
+use primus_proto::v1::parameter_server_server::ParameterServer;
+use primus_proto::v1::{
+    ExportDeltaRequest, ExportDeltaResponse, LookupRequest, LookupResponse, PushRequest,
+    PushResponse, StatsRequest, StatsResponse, TableDelta, TableStats,
+};
+use primus_spec::Validate;
+use tonic::{Request, Response, Status};
+
+use crate::codec::{decode_f32, decode_keys, encode_f32, encode_keys};
+use crate::settings::TableSettings;
+
+/// The tables of one PS process, sharing one change-version sequence.
+pub struct Tables {
+    tables: HashMap<String, Table>,
+}
+
+impl Tables {
+    /// Builds every table; a bad table spec fails start naming `ps.tables[i]...`.
+    pub fn new(settings: &TableSettings) -> anyhow::Result<Self> {
+        let versions = Arc::new(AtomicU64::new(0));
+        let mut tables = HashMap::new();
+        for (i, spec) in settings.tables.iter().enumerate() {
+            let path = format!("ps.tables[{i}]");
+            let problems = spec.problems(&path);
+            if !problems.is_empty() {
+                let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+                anyhow::bail!("invalid table settings:\n  {}", lines.join("\n  "));
+            }
+            let options = TableOptions {
+                shards: settings.shards_per_table,
+                seed: settings.seed,
+                ..TableOptions::default()
+            };
+            let table = Table::with_versions(spec, options, versions.clone())
+                .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+            if tables.insert(spec.name.clone(), table).is_some() {
+                anyhow::bail!("{path}.name: table {:?} is listed twice", spec.name);
+            }
+        }
+        Ok(Self { tables })
+    }
+
+    fn get(&self, name: &str) -> Result<&Table, Status> {
+        self.tables.get(name).ok_or_else(|| {
+            let mut known: Vec<&str> = self.tables.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            Status::invalid_argument(format!(
+                "table: {name:?} is not held by this PS (tables: {})",
+                known.join(", ")
+            ))
+        })
+    }
+
+    pub fn evict_expired(&self) -> usize {
+        let now = now_secs();
+        self.tables.values().map(|t| t.evict_expired(now)).sum()
+    }
+}
+
+pub struct Ps {
+    tables: Arc<Tables>,
+}
+
+impl Ps {
+    pub fn new(tables: Arc<Tables>) -> Self {
+        Self { tables }
+    }
+}
+
+#[tonic::async_trait]
+impl ParameterServer for Ps {
+    async fn lookup(
+        &self,
+        request: Request<LookupRequest>,
+    ) -> Result<Response<LookupResponse>, Status> {
+        let request = request.into_inner();
+        let table = self.tables.get(&request.table)?;
+        let keys = decode_keys(&request.keys)?;
+        // Duplicates are looked up once, then copied to every position that asked.
+        let (unique, positions) = dedup(&keys);
+        let dim = table.dim();
+        let mut rows = vec![0.0f32; unique.len() * dim];
+        table.lookup(&unique, &mut rows).map_err(invalid)?;
+        let mut out = Vec::with_capacity(keys.len() * dim * 4);
+        for &p in &positions {
+            encode_f32(&rows[p * dim..(p + 1) * dim], &mut out);
+        }
+        Ok(Response::new(LookupResponse {
+            dim: dim as u32,
+            rows: out,
+        }))
+    }
+
+    async fn push(&self, request: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
+        let request = request.into_inner();
+        let table = self.tables.get(&request.table)?;
+        let keys = decode_keys(&request.keys)?;
+        let grads = decode_f32("grads", &request.grads)?;
+        let outcome = table.push(&keys, &grads, now_secs()).map_err(invalid)?;
+        Ok(Response::new(PushResponse {
+            applied: outcome.applied,
+            dropped: outcome.dropped,
+        }))
+    }
+
+    async fn export_delta(
+        &self,
+        request: Request<ExportDeltaRequest>,
+    ) -> Result<Response<ExportDeltaResponse>, Status> {
+        let since = request.into_inner().since_version;
+        let mut response = ExportDeltaResponse::default();
+        let mut names: Vec<&String> = self.tables.tables.keys().collect();
+        names.sort_unstable();
+        for name in names {
+            let table = &self.tables.tables[name];
+            let delta = table.export_delta(since);
+            // Every table shares the version sequence; the smallest watermark is safe for all.
+            response.version = if response.tables.is_empty() {
+                delta.version
+            } else {
+                response.version.min(delta.version)
+            };
+            let mut rows = Vec::with_capacity(delta.weights.len() * 4);
+            encode_f32(&delta.weights, &mut rows);
+            response.tables.push(TableDelta {
+                table: name.clone(),
+                dim: table.dim() as u32,
+                keys: encode_keys(&delta.keys),
+                rows,
+                evicted_keys: encode_keys(&delta.evicted),
+            });
+        }
+        Ok(Response::new(response))
+    }
+
+    async fn stats(
+        &self,
+        _request: Request<StatsRequest>,
+    ) -> Result<Response<StatsResponse>, Status> {
+        let mut tables: Vec<TableStats> = self
+            .tables
+            .tables
+            .iter()
+            .map(|(name, table)| {
+                let stats = table.stats();
+                TableStats {
+                    table: name.clone(),
+                    rows: stats.rows,
+                    bytes: stats.bytes,
+                    admitted: stats.admitted,
+                    rejected: stats.rejected,
+                    evicted: stats.evicted,
+                    dim: table.dim() as u32,
+                    missing_reads: stats.missing_reads,
+                }
+            })
+            .collect();
+        tables.sort_by(|a, b| a.table.cmp(&b.table));
+        Ok(Response::new(StatsResponse { tables }))
+    }
+}
+
+/// Unique keys in first-seen order, and for each request position its unique index.
+fn dedup(keys: &[u64]) -> (Vec<u64>, Vec<usize>) {
+    let mut seen: HashMap<u64, usize> = HashMap::with_capacity(keys.len());
+    let mut unique = Vec::with_capacity(keys.len());
+    let positions = keys
+        .iter()
+        .map(|key| {
+            *seen.entry(*key).or_insert_with(|| {
+                unique.push(*key);
+                unique.len() - 1
+            })
+        })
+        .collect();
+    (unique, positions)
+}
+
+fn invalid(error: EmbeddingError) -> Status {
+    Status::invalid_argument(error.to_string())
+}
+
+fn now_secs() -> u32 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX))
+}

@@ -7,6 +7,8 @@
 //!   version). Rows never move; evicted rows are recycled.
 //! - Per table: optimizer (SGD, Adagrad, Adam, FTRL), deterministic per-key initializer,
 //!   admission (count-min threshold and/or probability), TTL expiry, touched-row deltas.
+//! - [`ShardSnapshot`]: a shard's rows copied under its lock, full or incremental (rows
+//!   changed and keys evicted since a version), in a checksummed binary format.
 //!
 //! Time is passed in (`now_secs`), never read from the clock here, so behaviour is testable.
 
@@ -15,6 +17,8 @@ mod hash;
 pub mod index;
 mod init;
 mod optimizer;
+mod snapshot;
 mod table;
 
+pub use snapshot::{ShardSnapshot, SnapshotError};
 pub use table::{Delta, EmbeddingError, PushOutcome, RowMeta, Table, TableOptions, TableStats};

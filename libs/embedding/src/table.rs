@@ -12,6 +12,7 @@ use crate::hash::seeded;
 use crate::index::CuckooIndex;
 use crate::init::Init;
 use crate::optimizer::Optimizer;
+use crate::snapshot::{ShardSnapshot, SnapshotError};
 
 /// Rows per arena chunk; a chunk never moves once allocated.
 const CHUNK_ROWS: usize = 4096;
@@ -449,6 +450,107 @@ impl Table {
             chunk[start + self.dim..start + self.stride].to_vec(),
             guard.meta[row as usize],
         ))
+    }
+
+    /// Drops every row (a restore starts from an empty table).
+    pub fn clear(&self) {
+        for shard in 0..self.shards.len() {
+            let mut guard = self.write(shard);
+            guard.index = CuckooIndex::default();
+            guard.chunks.clear();
+            guard.meta.clear();
+            guard.free.clear();
+            guard.eviction_log.clear();
+        }
+    }
+
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Copies one shard's rows changed after `since` (0: all rows) under its read lock:
+    /// weights, optimizer state and metadata of each row from the same moment.
+    pub fn snapshot_shard(&self, shard: usize, since: u64) -> ShardSnapshot {
+        let guard = self.read(shard);
+        // Read under the lock: no change of this shard up to this version is missing.
+        let version = self.version();
+        let mut snapshot = ShardSnapshot {
+            dim: self.dim as u32,
+            stride: self.stride as u32,
+            shard: shard as u32,
+            shards: self.shards.len() as u32,
+            since,
+            version,
+            keys: Vec::new(),
+            meta: Vec::new(),
+            values: Vec::new(),
+            evicted: Vec::new(),
+        };
+        for (key, row) in guard.index.iter() {
+            let meta = guard.meta[row as usize];
+            if meta.version > since {
+                let start = row as usize % CHUNK_ROWS * self.stride;
+                let chunk = &guard.chunks[row as usize / CHUNK_ROWS];
+                snapshot.keys.push(key);
+                snapshot.meta.push(meta);
+                snapshot
+                    .values
+                    .extend_from_slice(&chunk[start..start + self.stride]);
+            }
+        }
+        if since > 0 {
+            snapshot.evicted = guard
+                .eviction_log
+                .iter()
+                .filter(|(v, _)| *v > since)
+                .map(|(_, key)| *key)
+                .collect();
+        }
+        snapshot
+    }
+
+    /// Writes a shard snapshot's rows into this table (any shard count: each key goes to its
+    /// own shard here) and removes the keys it lists as evicted. Returns the rows written.
+    pub fn restore_shard(&self, snapshot: &ShardSnapshot) -> Result<usize, SnapshotError> {
+        if snapshot.dim as usize != self.dim || snapshot.stride as usize != self.stride {
+            return Err(SnapshotError::Shape {
+                got_dim: snapshot.dim,
+                got_stride: snapshot.stride,
+                dim: self.dim as u32,
+                stride: self.stride as u32,
+            });
+        }
+        for key in &snapshot.evicted {
+            let mut guard = self.write(self.shard_of(*key));
+            if let Some(row) = guard.index.remove(*key) {
+                guard.meta[row as usize] = RowMeta::default();
+                guard.free.push(row);
+            }
+        }
+        let (order, starts) = self.group_by_shard(&snapshot.keys);
+        for shard in 0..self.shards.len() {
+            let positions = &order[starts[shard]..starts[shard + 1]];
+            if positions.is_empty() {
+                continue;
+            }
+            let mut guard = self.write(shard);
+            for &position in positions {
+                let position = position as usize;
+                let key = snapshot.keys[position];
+                let row = match guard.index.get(key) {
+                    Some(row) => row,
+                    None => guard.new_row(key, self),
+                };
+                let values = &snapshot.values[position * self.stride..(position + 1) * self.stride];
+                let (weights, state) = guard.row_mut(row, self.stride, self.dim);
+                weights.copy_from_slice(&values[..self.dim]);
+                state.copy_from_slice(&values[self.dim..]);
+                guard.meta[row as usize] = snapshot.meta[position];
+            }
+        }
+        // Later changes must get versions above everything restored.
+        self.version.fetch_max(snapshot.version, Ordering::AcqRel);
+        Ok(snapshot.keys.len())
     }
 
     pub fn len(&self) -> usize {

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use primus_embedding::{EmbeddingError, Table, TableOptions};
+use primus_embedding::{EmbeddingError, ShardSnapshot, SnapshotError, Table, TableOptions};
 use primus_spec::job::{AdmissionSpec, Initializer, OptimizerSpec, TableSpec};
 use proptest::prelude::*;
 
@@ -45,6 +45,9 @@ enum Op {
     Push(Vec<u64>, Vec<f32>),
     /// Advance the clock by this many seconds, then evict.
     Evict(u32),
+    /// Snapshot every shard (through the byte format) and restore into a new table with
+    /// this many shards, which replaces the old one.
+    Reload(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -58,6 +61,7 @@ fn op() -> impl Strategy<Value = Op> {
         })
         .prop_map(|(keys, grads)| Op::Push(keys, grads)),
         (1u32..8).prop_map(Op::Evict),
+        prop::sample::select(vec![1usize, 2, 16]).prop_map(Op::Reload),
     ]
 }
 
@@ -73,7 +77,7 @@ proptest! {
     #[test]
     fn matches_a_hashmap_model(ops in prop::collection::vec(op(), 1..60), shards in prop::sample::select(vec![1usize, 4, 64])) {
         let spec = spec(0, 1.0, Some(TTL));
-        let subject = table(shards, &spec);
+        let mut subject = table(shards, &spec);
         // Initial values come from an untouched table with the same seed.
         let fresh = table(1, &spec);
         let initial = |key: u64| {
@@ -109,6 +113,16 @@ proptest! {
                     let before = model.rows.len();
                     model.rows.retain(|_, (_, updated)| u64::from(now - *updated) < TTL);
                     prop_assert_eq!(evicted, before - model.rows.len());
+                }
+                Op::Reload(new_shards) => {
+                    let restored = table(new_shards, &spec);
+                    for shard in 0..subject.shard_count() {
+                        let bytes = subject.snapshot_shard(shard, 0).encode();
+                        let snapshot = ShardSnapshot::decode(&bytes).expect("decode");
+                        restored.restore_shard(&snapshot).expect("restore");
+                    }
+                    prop_assert!(restored.version() >= subject.version());
+                    subject = restored;
                 }
             }
             prop_assert_eq!(subject.len(), model.rows.len());
@@ -260,4 +274,138 @@ fn concurrent_pushes_and_lookups_lose_nothing() {
         let (_, _, meta) = table.row(key).expect("row");
         assert_eq!(meta.count, 100);
     }
+}
+
+fn adagrad_spec() -> TableSpec {
+    TableSpec {
+        optimizer: OptimizerSpec::Adagrad {
+            learning_rate: 0.05,
+            initial_accumulator: 0.1,
+            epsilon: 1e-8,
+        },
+        ..spec(0, 1.0, None)
+    }
+}
+
+/// Snapshots every shard through the byte format and restores into a fresh table.
+fn reload(source: &Table, since: u64, into: &Table) -> u64 {
+    let mut version = u64::MAX;
+    for shard in 0..source.shard_count() {
+        let snapshot =
+            ShardSnapshot::decode(&source.snapshot_shard(shard, since).encode()).expect("decode");
+        version = version.min(snapshot.version);
+        into.restore_shard(&snapshot).expect("restore");
+    }
+    version
+}
+
+#[test]
+fn a_snapshot_taken_during_pushes_pairs_each_weight_with_its_own_optimizer_state() {
+    let source = Arc::new(table(8, &adagrad_spec()));
+    let keys: Vec<u64> = (0..2_000).collect();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pushers: Vec<_> = (0..2)
+        .map(|t| {
+            let (source, stop) = (source.clone(), stop.clone());
+            let keys: Vec<u64> = keys.iter().copied().filter(|k| k % 2 == t).collect();
+            std::thread::spawn(move || {
+                let grads = vec![1.0; keys.len() * DIM];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    source.push(&keys, &grads, 1).expect("push");
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let restored = table(8, &adagrad_spec());
+    reload(&source, 0, &restored);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for pusher in pushers {
+        pusher.join().expect("pusher");
+    }
+    // Replaying `count` unit gradients from the initial row must give exactly the saved
+    // weights and accumulators: a weight saved with another moment's state would not.
+    let mut checked = 0;
+    for key in keys.iter().step_by(97) {
+        let Some((weights, state, meta)) = restored.row(*key) else {
+            continue;
+        };
+        let replay = table(1, &adagrad_spec());
+        for _ in 0..meta.count {
+            replay.push(&[*key], &[1.0; DIM], 1).expect("replay");
+        }
+        let (want_weights, want_state, _) = replay.row(*key).expect("replayed row");
+        assert_eq!(
+            weights, want_weights,
+            "key {key} after {} pushes",
+            meta.count
+        );
+        assert_eq!(state, want_state, "key {key}");
+        checked += 1;
+    }
+    assert!(checked > 10, "{checked} rows checked");
+}
+
+#[test]
+fn a_full_then_incremental_snapshot_restores_the_table() {
+    let source = table(4, &spec(0, 1.0, Some(100)));
+    let grads = vec![0.25; 500 * DIM];
+    let first: Vec<u64> = (0..500).collect();
+    source.push(&first, &grads, 10).expect("push");
+    let restored = table(2, &spec(0, 1.0, Some(100)));
+    let base = reload(&source, 0, &restored);
+
+    let second: Vec<u64> = (400..900).collect();
+    source.push(&second, &grads, 60).expect("push");
+    assert_eq!(
+        source.evict_expired(110),
+        400,
+        "keys 0..400 idle since t=10"
+    );
+    let incremental = reload(&source, base, &restored);
+    assert!(incremental > base);
+
+    let mut want = source.export_delta(0);
+    let mut got = restored.export_delta(0);
+    for delta in [&mut want, &mut got] {
+        let mut rows: Vec<(u64, Vec<f32>)> = delta
+            .keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (*k, delta.weights[i * DIM..(i + 1) * DIM].to_vec()))
+            .collect();
+        rows.sort_by_key(|r| r.0);
+        delta.keys = rows.iter().map(|r| r.0).collect();
+        delta.weights = rows.into_iter().flat_map(|r| r.1).collect();
+    }
+    assert_eq!(got.keys, want.keys);
+    assert_eq!(got.weights, want.weights);
+    assert_eq!(restored.len(), 500);
+}
+
+#[test]
+fn a_damaged_snapshot_is_refused() {
+    let source = table(1, &spec(0, 1.0, None));
+    source.push(&[1, 2, 3], &[0.5; 3 * DIM], 1).expect("push");
+    let bytes = source.snapshot_shard(0, 0).encode();
+    let mut flipped = bytes.clone();
+    flipped[60] ^= 1;
+    assert!(matches!(
+        ShardSnapshot::decode(&flipped),
+        Err(SnapshotError::Checksum { .. })
+    ));
+    assert!(ShardSnapshot::decode(&bytes[..bytes.len() - 9]).is_err());
+    let snapshot = ShardSnapshot::decode(&bytes).expect("intact");
+    let wider = Table::new(
+        &TableSpec {
+            dim: 8,
+            ..spec(0, 1.0, None)
+        },
+        TableOptions::default(),
+    )
+    .expect("table");
+    assert!(matches!(
+        wider.restore_shard(&snapshot),
+        Err(SnapshotError::Shape { .. })
+    ));
 }

@@ -1,13 +1,15 @@
 //! `primus-ps`, training role: serves this process's embedding tables ([`primus_embedding`])
-//! over the ParameterServer gRPC API (Lookup, Push, ExportDelta, Stats), evicts idle rows
-//! on a timer, and ships [`client::PsClient`], which routes keys across a job's PS shards.
+//! over the ParameterServer gRPC API (Lookup, Push, Snapshot, Restore, ExportDelta, Stats),
+//! evicts idle rows on a timer, and ships [`client::PsClient`], which routes keys across a
+//! job's PS shards. Snapshots go to any object-store URL through primus-storage.
 //!
-//! Not built yet: dense parameters, snapshot/restore, the serving role.
+//! Not built yet: dense parameters, the serving role.
 
 pub mod client;
 mod codec;
 mod service;
 pub mod settings;
+mod snapshots;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +23,7 @@ pub use settings::PsSettings;
 pub const SERVICE: &str = "primus-ps";
 pub const ABOUT: &str = concat!(
     "Primus parameter server, training role: embedding tables (from `ps.tables`) served over",
-    " gRPC Lookup, Push, ExportDelta and Stats."
+    " gRPC Lookup, Push, Snapshot, Restore, ExportDelta and Stats."
 );
 
 pub fn default_settings() -> PsSettings {
@@ -37,7 +39,7 @@ pub async fn run(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()>
         tables.clone(),
         Duration::from_millis(settings.ps.eviction_interval_ms.max(100)),
     ));
-    let ps = ParameterServerServer::new(service::Ps::new(tables))
+    let ps = ParameterServerServer::new(service::Ps::new(tables, settings.storage.clone()))
         .max_decoding_message_size(settings.ps.max_request_bytes)
         .max_encoding_message_size(usize::MAX);
     node.serve(Routes::new(ps), shutdown).await?;

@@ -9,13 +9,17 @@ use primus_embedding::{EmbeddingError, Table, TableOptions};
 use primus_proto::v1::parameter_server_server::ParameterServer;
 use primus_proto::v1::{
     ExportDeltaRequest, ExportDeltaResponse, LookupRequest, LookupResponse, PushRequest,
-    PushResponse, StatsRequest, StatsResponse, TableDelta, TableStats,
+    PushResponse, RestoreRequest, RestoreResponse, SnapshotRequest, SnapshotResponse, StatsRequest,
+    StatsResponse, TableDelta, TableStats,
 };
 use primus_spec::Validate;
 use tonic::{Request, Response, Status};
 
+use primus_config::StorageSettings;
+
 use crate::codec::{decode_f32, decode_keys, encode_f32, encode_keys};
 use crate::settings::TableSettings;
+use crate::snapshots;
 
 /// The tables of one PS process, sharing one change-version sequence.
 pub struct Tables {
@@ -48,7 +52,15 @@ impl Tables {
         Ok(Self { tables })
     }
 
-    fn get(&self, name: &str) -> Result<&Table, Status> {
+    /// Tables in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Table)> {
+        let mut all: Vec<(&str, &Table)> =
+            self.tables.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        all.sort_unstable_by_key(|(name, _)| *name);
+        all.into_iter()
+    }
+
+    pub fn get(&self, name: &str) -> Result<&Table, Status> {
         self.tables.get(name).ok_or_else(|| {
             let mut known: Vec<&str> = self.tables.keys().map(String::as_str).collect();
             known.sort_unstable();
@@ -67,11 +79,12 @@ impl Tables {
 
 pub struct Ps {
     tables: Arc<Tables>,
+    storage: StorageSettings,
 }
 
 impl Ps {
-    pub fn new(tables: Arc<Tables>) -> Self {
-        Self { tables }
+    pub fn new(tables: Arc<Tables>, storage: StorageSettings) -> Self {
+        Self { tables, storage }
     }
 }
 
@@ -111,16 +124,44 @@ impl ParameterServer for Ps {
         }))
     }
 
+    async fn snapshot(
+        &self,
+        request: Request<SnapshotRequest>,
+    ) -> Result<Response<SnapshotResponse>, Status> {
+        let request = request.into_inner();
+        let taken = snapshots::snapshot(
+            self.tables.clone(),
+            &self.storage,
+            &request.uri,
+            &request.base_manifest_uri,
+        )
+        .await?;
+        tracing::info!(manifest = %taken.manifest_uri, version = taken.version, rows = taken.rows, "snapshot written");
+        Ok(Response::new(SnapshotResponse {
+            manifest_uri: taken.manifest_uri,
+            version: taken.version,
+            rows: taken.rows,
+        }))
+    }
+
+    async fn restore(
+        &self,
+        request: Request<RestoreRequest>,
+    ) -> Result<Response<RestoreResponse>, Status> {
+        let manifest_uri = request.into_inner().manifest_uri;
+        let (version, rows) =
+            snapshots::restore(self.tables.clone(), &self.storage, &manifest_uri).await?;
+        tracing::info!(manifest = %manifest_uri, version, rows, "restored");
+        Ok(Response::new(RestoreResponse { version, rows }))
+    }
+
     async fn export_delta(
         &self,
         request: Request<ExportDeltaRequest>,
     ) -> Result<Response<ExportDeltaResponse>, Status> {
         let since = request.into_inner().since_version;
         let mut response = ExportDeltaResponse::default();
-        let mut names: Vec<&String> = self.tables.tables.keys().collect();
-        names.sort_unstable();
-        for name in names {
-            let table = &self.tables.tables[name];
+        for (name, table) in self.tables.iter() {
             let delta = table.export_delta(since);
             // Every table shares the version sequence; the smallest watermark is safe for all.
             response.version = if response.tables.is_empty() {
@@ -131,7 +172,7 @@ impl ParameterServer for Ps {
             let mut rows = Vec::with_capacity(delta.weights.len() * 4);
             encode_f32(&delta.weights, &mut rows);
             response.tables.push(TableDelta {
-                table: name.clone(),
+                table: name.to_owned(),
                 dim: table.dim() as u32,
                 keys: encode_keys(&delta.keys),
                 rows,
@@ -145,14 +186,13 @@ impl ParameterServer for Ps {
         &self,
         _request: Request<StatsRequest>,
     ) -> Result<Response<StatsResponse>, Status> {
-        let mut tables: Vec<TableStats> = self
-            .tables
+        let tables: Vec<TableStats> = self
             .tables
             .iter()
             .map(|(name, table)| {
                 let stats = table.stats();
                 TableStats {
-                    table: name.clone(),
+                    table: name.to_owned(),
                     rows: stats.rows,
                     bytes: stats.bytes,
                     admitted: stats.admitted,
@@ -163,7 +203,6 @@ impl ParameterServer for Ps {
                 }
             })
             .collect();
-        tables.sort_by(|a, b| a.table.cmp(&b.table));
         Ok(Response::new(StatsResponse { tables }))
     }
 }

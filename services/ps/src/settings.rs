@@ -1,6 +1,8 @@
 //! Settings of `primus-ps`: the shared sections plus the tables this process holds.
 
-use primus_config::{DEFAULT_PORTS, NatsSettings, ServerSettings, TelemetrySettings};
+use primus_config::{
+    DEFAULT_PORTS, NatsSettings, ServerSettings, StorageSettings, TelemetrySettings,
+};
 use primus_service::ServiceSettings;
 use primus_spec::job::TableSpec;
 use serde::{Deserialize, Serialize};
@@ -11,6 +13,8 @@ pub struct PsSettings {
     pub server: ServerSettings,
     pub nats: NatsSettings,
     pub telemetry: TelemetrySettings,
+    /// Credentials and endpoints for snapshot URLs.
+    pub storage: StorageSettings,
     pub ps: TableSettings,
 }
 
@@ -50,6 +54,7 @@ impl Default for PsSettings {
             server: primus_config::NodeSettings::on_port(DEFAULT_PORTS.ps).server,
             nats: NatsSettings::default(),
             telemetry: TelemetrySettings::default(),
+            storage: StorageSettings::default(),
             ps: TableSettings::default(),
         }
     }

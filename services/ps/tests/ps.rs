@@ -2,15 +2,18 @@
 //! one in-process table; bad input is refused and changes nothing.
 use std::time::Duration;
 
+use primus_config::{S3Settings, StorageSettings};
 use primus_embedding::{Table, TableOptions};
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
-use primus_proto::v1::{ExportDeltaRequest, LookupRequest, PushRequest, StatsRequest};
+use primus_proto::v1::{
+    ExportDeltaRequest, LookupRequest, PushRequest, RestoreRequest, SnapshotRequest, StatsRequest,
+};
 use primus_ps::PsSettings;
 use primus_ps::client::PsClient;
 use primus_service::Shutdown;
 use primus_spec::job::{AdmissionSpec, Initializer, OptimizerSpec, TableSpec};
 use primus_testkit::service::{ServingStatus, wait_for_health};
-use primus_testkit::{NatsServer, free_port};
+use primus_testkit::{NatsServer, S3Bucket, SeaweedS3, free_port};
 use tonic::Code;
 
 const DIM: usize = 8;
@@ -37,7 +40,18 @@ struct Shard {
 }
 
 async fn start_shard(nats: &NatsServer, tables: Vec<TableSpec>) -> Shard {
-    let mut settings = PsSettings::default();
+    start_shard_with(nats, tables, StorageSettings::default()).await
+}
+
+async fn start_shard_with(
+    nats: &NatsServer,
+    tables: Vec<TableSpec>,
+    storage: StorageSettings,
+) -> Shard {
+    let mut settings = PsSettings {
+        storage,
+        ..PsSettings::default()
+    };
     settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
     settings.nats.url = nats.url();
     settings.ps.tables = tables;
@@ -228,4 +242,177 @@ async fn a_bad_table_setting_fails_start_naming_it() {
         .expect_err("invalid table");
     let text = format!("{err:#}");
     assert!(text.contains("ps.tables[1].dim"), "{text}");
+}
+
+/// Pushes a batch through `client` and returns the keys.
+async fn push_batch(client: &PsClient, step: u64) -> Vec<u64> {
+    let keys = batch(step, 500);
+    let grads: Vec<f32> = (0..keys.len() * DIM)
+        .map(|i| ((i as u64 + step) % 13) as f32 / 13.0 - 0.5)
+        .collect();
+    client.push("items", &keys, &grads).await.expect("push");
+    keys
+}
+
+/// Full snapshot, more pushes, incremental snapshot; a fresh PS restored from the
+/// incremental (and, through it, the full one) answers exactly like the original.
+async fn snapshot_and_restore(nats: &NatsServer, storage: StorageSettings, uri: &str) {
+    let original = start_shard_with(nats, vec![table_spec("items")], storage.clone()).await;
+    let client = PsClient::connect(std::slice::from_ref(&original.addr))
+        .await
+        .expect("connect");
+    let mut raw = ParameterServerClient::connect(format!("http://{}", original.addr))
+        .await
+        .expect("connect");
+    for step in 0..5 {
+        push_batch(&client, step).await;
+    }
+    let full = raw
+        .snapshot(SnapshotRequest {
+            uri: uri.into(),
+            base_manifest_uri: String::new(),
+        })
+        .await
+        .expect("full snapshot")
+        .into_inner();
+    assert!(full.rows > 0);
+    for step in 5..8 {
+        push_batch(&client, step).await;
+    }
+    let incremental = raw
+        .snapshot(SnapshotRequest {
+            uri: uri.into(),
+            base_manifest_uri: full.manifest_uri.clone(),
+        })
+        .await
+        .expect("incremental snapshot")
+        .into_inner();
+    assert!(incremental.version > full.version);
+    // Only rows pushed since the full one: three batches of 500 keys.
+    assert!(
+        (1..=1_500).contains(&incremental.rows),
+        "{}",
+        incremental.rows
+    );
+
+    let copy = start_shard_with(nats, vec![table_spec("items")], storage).await;
+    let mut copy_raw = ParameterServerClient::connect(format!("http://{}", copy.addr))
+        .await
+        .expect("connect");
+    copy_raw
+        .restore(RestoreRequest {
+            manifest_uri: incremental.manifest_uri.clone(),
+        })
+        .await
+        .expect("restore");
+    let copy_client = PsClient::connect(std::slice::from_ref(&copy.addr))
+        .await
+        .expect("connect");
+    let probe: Vec<u64> = (0..10).flat_map(|s| batch(s, 300)).collect();
+    let (want, _) = client.lookup("items", &probe).await.expect("lookup");
+    let (got, _) = copy_client.lookup("items", &probe).await.expect("lookup");
+    assert_eq!(got, want);
+    let rows = |stats: primus_proto::v1::StatsResponse| stats.tables[0].rows;
+    assert_eq!(
+        rows(
+            copy_raw
+                .stats(StatsRequest {})
+                .await
+                .expect("stats")
+                .into_inner()
+        ),
+        rows(
+            raw.stats(StatsRequest {})
+                .await
+                .expect("stats")
+                .into_inner()
+        )
+    );
+    original.shutdown.trigger();
+    copy.shutdown.trigger();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_restore_through_a_local_folder() {
+    let nats = NatsServer::start().expect("nats-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let uri = format!("file://{}/snapshots", dir.path().display());
+    snapshot_and_restore(&nats, StorageSettings::default(), &uri).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_restore_through_s3() {
+    let nats = NatsServer::start().expect("nats-server");
+    let bucket = SeaweedS3::shared()
+        .expect("seaweedfs")
+        .bucket("ps-snapshots")
+        .expect("bucket");
+    let storage = StorageSettings {
+        s3: S3Settings {
+            endpoint: Some(bucket.endpoint.clone()),
+            region: Some(S3Bucket::REGION.into()),
+            access_key_id: Some(S3Bucket::ACCESS_KEY.into()),
+            secret_access_key: Some(S3Bucket::SECRET_KEY.into()),
+            allow_http: true,
+        },
+        ..StorageSettings::default()
+    };
+    snapshot_and_restore(&nats, storage, &format!("{}/job-a", bucket.url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_snapshot_file_is_data_loss_and_restores_nothing() {
+    let nats = NatsServer::start().expect("nats-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shard = start_shard(&nats, vec![table_spec("items")]).await;
+    let client = PsClient::connect(std::slice::from_ref(&shard.addr))
+        .await
+        .expect("connect");
+    let mut raw = ParameterServerClient::connect(format!("http://{}", shard.addr))
+        .await
+        .expect("connect");
+    push_batch(&client, 1).await;
+    let taken = raw
+        .snapshot(SnapshotRequest {
+            uri: format!("file://{}", dir.path().display()),
+            base_manifest_uri: String::new(),
+        })
+        .await
+        .expect("snapshot")
+        .into_inner();
+    let file = dir
+        .path()
+        .join(format!("full-{}", taken.version))
+        .join("items/shard-0.bin");
+    let mut bytes = std::fs::read(&file).expect("shard file");
+    bytes[40] ^= 0xff;
+    std::fs::write(&file, bytes).expect("write");
+    push_batch(&client, 2).await;
+    let before = raw
+        .stats(StatsRequest {})
+        .await
+        .expect("stats")
+        .into_inner();
+    let status = raw
+        .restore(RestoreRequest {
+            manifest_uri: taken.manifest_uri,
+        })
+        .await
+        .expect_err("damaged");
+    assert_eq!(status.code(), Code::DataLoss, "{status:?}");
+    assert!(
+        status.message().contains("shard-0.bin"),
+        "{}",
+        status.message()
+    );
+    let after = raw
+        .stats(StatsRequest {})
+        .await
+        .expect("stats")
+        .into_inner();
+    assert_eq!(
+        after.tables[0].rows, before.tables[0].rows,
+        "tables untouched"
+    );
+    shard.shutdown.trigger();
 }

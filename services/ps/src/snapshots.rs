@@ -1,0 +1,262 @@
+//! Snapshots of every table of this PS in an object store:
+//! `<uri>/<full-V | incr-S-V>/<table>/shard-<i>.bin` plus `manifest.json` beside them,
+//! naming the version, the base (for incrementals) and each file's size and CRC32.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use primus_config::StorageSettings;
+use primus_embedding::ShardSnapshot;
+use primus_storage::{Location, StorageError};
+use serde::{Deserialize, Serialize};
+use tonic::Status;
+
+use crate::service::Tables;
+
+const MANIFEST: &str = "manifest.json";
+const FORMAT: u32 = 1;
+/// Incrementals followed back to their full snapshot at most this deep.
+const MAX_CHAIN: usize = 256;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Manifest {
+    format: u32,
+    /// Every change up to this version is in this snapshot (with its bases).
+    version: u64,
+    /// Rows changed after this version are in it (0: full).
+    since: u64,
+    /// The manifest this one is incremental to.
+    base: Option<String>,
+    tables: Vec<TableEntry>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TableEntry {
+    name: String,
+    dim: u32,
+    shards: Vec<ShardFile>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShardFile {
+    /// Relative to the manifest's folder.
+    path: String,
+    rows: u64,
+    bytes: u64,
+    crc32: u32,
+}
+
+pub struct Taken {
+    pub manifest_uri: String,
+    pub version: u64,
+    pub rows: u64,
+}
+
+/// Writes a full snapshot (`base_manifest` empty) or one incremental to that manifest.
+pub async fn snapshot(
+    tables: Arc<Tables>,
+    storage: &StorageSettings,
+    uri: &str,
+    base_manifest: &str,
+) -> Result<Taken, Status> {
+    let since = if base_manifest.is_empty() {
+        0
+    } else {
+        read_manifest(storage, base_manifest).await?.1.version
+    };
+    // Copying rows holds shard read locks: off the async workers.
+    let taken = tokio::task::spawn_blocking(move || {
+        tables
+            .iter()
+            .map(|(name, table)| {
+                let shards: Vec<ShardSnapshot> = (0..table.shard_count())
+                    .map(|shard| table.snapshot_shard(shard, since))
+                    .collect();
+                (name.to_owned(), table.dim() as u32, shards)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| Status::internal(format!("snapshot task: {e}")))?;
+    let version = taken
+        .iter()
+        .flat_map(|(_, _, shards)| shards.iter().map(|s| s.version))
+        .min()
+        .unwrap_or(0);
+    let folder_name = if since == 0 {
+        format!("full-{version}")
+    } else {
+        format!("incr-{since}-{version}")
+    };
+    let folder = open(
+        storage,
+        &format!("{}/{folder_name}", uri.trim_end_matches('/')),
+    )?;
+    let mut manifest = Manifest {
+        format: FORMAT,
+        version,
+        since,
+        base: (!base_manifest.is_empty()).then(|| base_manifest.to_owned()),
+        tables: Vec::new(),
+    };
+    let mut rows = 0;
+    for (name, dim, shards) in taken {
+        let mut entry = TableEntry {
+            name: name.clone(),
+            dim,
+            shards: Vec::new(),
+        };
+        for shard in shards {
+            let bytes = shard.encode();
+            let path = format!("{name}/shard-{}.bin", shard.shard);
+            entry.shards.push(ShardFile {
+                path: path.clone(),
+                rows: shard.keys.len() as u64,
+                bytes: bytes.len() as u64,
+                crc32: crc32fast::hash(&bytes),
+            });
+            rows += shard.keys.len() as u64;
+            folder
+                .put(&folder.path(&path), Bytes::from(bytes))
+                .await
+                .map_err(storage_status)?;
+        }
+        manifest.tables.push(entry);
+    }
+    let json = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| Status::internal(format!("encoding the manifest: {e}")))?;
+    let manifest_path = folder.path(MANIFEST);
+    // The manifest goes last: a snapshot without one was never completed.
+    folder
+        .put(&manifest_path, Bytes::from(json))
+        .await
+        .map_err(storage_status)?;
+    Ok(Taken {
+        manifest_uri: folder.url_of(&manifest_path),
+        version,
+        rows,
+    })
+}
+
+/// Replaces every table's rows with the snapshot at `manifest_uri` (and its bases).
+/// Returns (version, rows written).
+pub async fn restore(
+    tables: Arc<Tables>,
+    storage: &StorageSettings,
+    manifest_uri: &str,
+) -> Result<(u64, u64), Status> {
+    // The chain, newest first, back to the full snapshot.
+    let mut chain = vec![read_manifest(storage, manifest_uri).await?];
+    while let Some(base) = chain.last().and_then(|(_, m)| m.base.clone()) {
+        if chain.len() >= MAX_CHAIN {
+            return Err(Status::failed_precondition(format!(
+                "{manifest_uri}: more than {MAX_CHAIN} incremental snapshots back to a full one"
+            )));
+        }
+        chain.push(read_manifest(storage, &base).await?);
+    }
+    // Read and verify every file before touching a table.
+    let mut loaded = Vec::new();
+    for (folder, manifest) in chain.iter().rev() {
+        for entry in &manifest.tables {
+            let table = tables.get(&entry.name).map_err(|_| {
+                Status::failed_precondition(format!(
+                    "snapshot {}: table {:?} is not held by this PS",
+                    folder.url(),
+                    entry.name
+                ))
+            })?;
+            if table.dim() as u32 != entry.dim {
+                return Err(Status::failed_precondition(format!(
+                    "snapshot {}: table {:?} has dim {}, this PS's has {}",
+                    folder.url(),
+                    entry.name,
+                    entry.dim,
+                    table.dim()
+                )));
+            }
+            for file in &entry.shards {
+                loaded.push((entry.name.clone(), read_shard(folder, file).await?));
+            }
+        }
+    }
+    let version = chain.first().map_or(0, |(_, m)| m.version);
+    let rows = tokio::task::spawn_blocking(move || {
+        for (_, table) in tables.iter() {
+            table.clear();
+        }
+        let mut rows = 0u64;
+        for (name, shard) in &loaded {
+            rows += tables
+                .get(name)?
+                .restore_shard(shard)
+                .map_err(|e| Status::failed_precondition(format!("table {name:?}: {e}")))?
+                as u64;
+        }
+        Ok::<_, Status>(rows)
+    })
+    .await
+    .map_err(|e| Status::internal(format!("restore task: {e}")))??;
+    Ok((version, rows))
+}
+
+async fn read_shard(folder: &Location, file: &ShardFile) -> Result<ShardSnapshot, Status> {
+    let path = folder.path(&file.path);
+    let url = folder.url_of(&path);
+    let bytes = folder.get(&path).await.map_err(storage_status)?;
+    let crc = crc32fast::hash(&bytes);
+    if bytes.len() as u64 != file.bytes || crc != file.crc32 {
+        return Err(Status::data_loss(format!(
+            "{url}: {} bytes with CRC32 {crc:08x}; the manifest says {} bytes, {:08x}",
+            bytes.len(),
+            file.bytes,
+            file.crc32
+        )));
+    }
+    ShardSnapshot::decode(&bytes).map_err(|e| Status::data_loss(format!("{url}: {e}")))
+}
+
+async fn read_manifest(
+    storage: &StorageSettings,
+    manifest_uri: &str,
+) -> Result<(Location, Manifest), Status> {
+    let folder_uri = manifest_uri
+        .strip_suffix(MANIFEST)
+        .map(|f| f.trim_end_matches('/'))
+        .filter(|f| !f.is_empty())
+        .ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "manifest_uri: {manifest_uri:?} does not name a {MANIFEST}"
+            ))
+        })?;
+    let folder = open(storage, folder_uri)?;
+    let bytes = folder
+        .get(&folder.path(MANIFEST))
+        .await
+        .map_err(storage_status)?;
+    let mut input = serde_json::Deserializer::from_slice(&bytes);
+    let manifest: Manifest = serde_path_to_error::deserialize(&mut input)
+        .map_err(|e| Status::data_loss(format!("{manifest_uri}: {}: {}", e.path(), e.inner())))?;
+    if manifest.format != FORMAT {
+        return Err(Status::failed_precondition(format!(
+            "{manifest_uri}: manifest format {} (this build reads {FORMAT})",
+            manifest.format
+        )));
+    }
+    Ok((folder, manifest))
+}
+
+fn open(storage: &StorageSettings, url: &str) -> Result<Location, Status> {
+    primus_storage::open(url, storage).map_err(|e| Status::invalid_argument(format!("uri: {e}")))
+}
+
+fn storage_status(error: StorageError) -> Status {
+    match error {
+        StorageError::NotFound { .. } => Status::not_found(error.to_string()),
+        StorageError::Denied { .. } => Status::permission_denied(error.to_string()),
+        _ => Status::unavailable(error.to_string()),
+    }
+}

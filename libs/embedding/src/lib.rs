@@ -10,9 +10,12 @@
 //! - [`ShardSnapshot`]: a shard's rows copied under its lock, full or incremental (rows
 //!   changed and keys evicted since a version), in a checksummed binary format.
 //!
+//! - [`DenseStore`]: the PS's dense parameters, updated by the same optimizers.
+//!
 //! Time is passed in (`now_secs`), never read from the clock here, so behaviour is testable.
 
 mod admission;
+mod dense;
 mod hash;
 pub mod index;
 mod init;
@@ -20,5 +23,6 @@ mod optimizer;
 mod snapshot;
 mod table;
 
+pub use dense::{DenseError, DenseStore, DenseValues};
 pub use snapshot::{ShardSnapshot, SnapshotError};
 pub use table::{Delta, EmbeddingError, PushOutcome, RowMeta, Table, TableOptions, TableStats};

@@ -15,7 +15,15 @@ const HEADER: usize = 4 + 4 * 5 + 8 * 4;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SnapshotError {
-    #[error("not a shard snapshot (bad magic)")]
+    #[error(
+        "dense tensor {name:?} has {got} optimizer-state floats; this PS's optimizer keeps {want}"
+    )]
+    DenseState {
+        name: String,
+        got: usize,
+        want: usize,
+    },
+    #[error("not a snapshot of this kind (bad magic)")]
     Magic,
     #[error("snapshot format {0} is not supported (this build reads {FORMAT})")]
     Format(u32),
@@ -84,36 +92,21 @@ impl ShardSnapshot {
         for key in &self.evicted {
             out.extend_from_slice(&key.to_le_bytes());
         }
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
+        seal(out)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, SnapshotError> {
         if bytes.len() < HEADER + 4 {
             return Err(SnapshotError::Truncated(bytes.len()));
         }
-        let (body, crc) = bytes.split_at(bytes.len() - 4);
-        let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
-        let computed = crc32fast::hash(body);
-        if stored != computed {
-            return Err(SnapshotError::Checksum { stored, computed });
-        }
-        let mut reader = Reader { bytes: body, at: 0 };
-        if reader.take(4)? != MAGIC {
-            return Err(SnapshotError::Magic);
-        }
-        let format = reader.u32()?;
-        if format != FORMAT {
-            return Err(SnapshotError::Format(format));
-        }
+        let mut reader = open_checked(bytes, MAGIC)?;
         let (dim, stride, shard, shards) =
             (reader.u32()?, reader.u32()?, reader.u32()?, reader.u32()?);
         let (since, version, rows, evicted) =
             (reader.u64()?, reader.u64()?, reader.u64()?, reader.u64()?);
         let rows = usize::try_from(rows).map_err(|_| SnapshotError::Truncated(bytes.len()))?;
         let row_bytes = 24 + 4 * stride as usize;
-        if rows.saturating_mul(row_bytes) > body.len() {
+        if rows.saturating_mul(row_bytes) > bytes.len() {
             return Err(SnapshotError::Truncated(bytes.len()));
         }
         let mut snapshot = ShardSnapshot {
@@ -142,20 +135,56 @@ impl ShardSnapshot {
         for _ in 0..evicted {
             snapshot.evicted.push(reader.u64()?);
         }
-        if reader.at != body.len() {
+        if !reader.done() {
             return Err(SnapshotError::Truncated(bytes.len()));
         }
         Ok(snapshot)
     }
 }
 
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
-    at: usize,
+    pub(crate) at: usize,
+}
+
+/// Splits off and checks the trailing CRC32, then reads `magic` and the format number.
+pub(crate) fn open_checked<'a>(
+    bytes: &'a [u8],
+    magic: &[u8; 4],
+) -> Result<Reader<'a>, SnapshotError> {
+    if bytes.len() < 12 {
+        return Err(SnapshotError::Truncated(bytes.len()));
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+    let computed = crc32fast::hash(body);
+    if stored != computed {
+        return Err(SnapshotError::Checksum { stored, computed });
+    }
+    let mut reader = Reader { bytes: body, at: 0 };
+    if reader.take(4)? != magic {
+        return Err(SnapshotError::Magic);
+    }
+    let format = reader.u32()?;
+    if format != FORMAT {
+        return Err(SnapshotError::Format(format));
+    }
+    Ok(reader)
+}
+
+/// Appends the CRC32 of everything written so far.
+pub(crate) fn seal(mut out: Vec<u8>) -> Vec<u8> {
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], SnapshotError> {
+    pub(crate) fn done(&self) -> bool {
+        self.at == self.bytes.len()
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Result<&[u8], SnapshotError> {
         let end = self
             .at
             .checked_add(n)
@@ -166,17 +195,17 @@ impl Reader<'_> {
         Ok(slice)
     }
 
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], SnapshotError> {
+    pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N], SnapshotError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N)?);
         Ok(out)
     }
 
-    fn u32(&mut self) -> Result<u32, SnapshotError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, SnapshotError> {
         Ok(u32::from_le_bytes(self.array()?))
     }
 
-    fn u64(&mut self) -> Result<u64, SnapshotError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, SnapshotError> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 }

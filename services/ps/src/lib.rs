@@ -1,9 +1,10 @@
 //! `primus-ps`, training role: serves this process's embedding tables ([`primus_embedding`])
-//! over the ParameterServer gRPC API (Lookup, Push, Snapshot, Restore, ExportDelta, Stats),
+//! and its dense parameters (with a server-side optimizer) over the ParameterServer gRPC API
+//! (Lookup, Push, InitDense, PullDense, PushDense, Snapshot, Restore, ExportDelta, Stats),
 //! evicts idle rows on a timer, and ships [`client::PsClient`], which routes keys across a
 //! job's PS shards. Snapshots go to any object-store URL through primus-storage.
 //!
-//! Not built yet: dense parameters, the serving role.
+//! Not built yet: dense parameters in snapshots, the serving role.
 
 pub mod client;
 mod codec;
@@ -14,6 +15,7 @@ mod snapshots;
 use std::sync::Arc;
 use std::time::Duration;
 
+use primus_embedding::DenseStore;
 use primus_proto::v1::parameter_server_server::ParameterServerServer;
 use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
@@ -23,7 +25,7 @@ pub use settings::PsSettings;
 pub const SERVICE: &str = "primus-ps";
 pub const ABOUT: &str = concat!(
     "Primus parameter server, training role: embedding tables (from `ps.tables`) served over",
-    " gRPC Lookup, Push, Snapshot, Restore, ExportDelta and Stats."
+    " gRPC Lookup, Push, dense Init/Pull/Push, Snapshot, Restore, ExportDelta and Stats."
 );
 
 pub fn default_settings() -> PsSettings {
@@ -39,9 +41,13 @@ pub async fn run(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()>
         tables.clone(),
         Duration::from_millis(settings.ps.eviction_interval_ms.max(100)),
     ));
-    let ps = ParameterServerServer::new(service::Ps::new(tables, settings.storage.clone()))
-        .max_decoding_message_size(settings.ps.max_request_bytes)
-        .max_encoding_message_size(usize::MAX);
+    let ps = ParameterServerServer::new(service::Ps::new(
+        tables,
+        DenseStore::new(&settings.ps.dense_optimizer),
+        settings.storage.clone(),
+    ))
+    .max_decoding_message_size(settings.ps.max_request_bytes)
+    .max_encoding_message_size(usize::MAX);
     node.serve(Routes::new(ps), shutdown).await?;
     evictor.abort();
     bus.drain().await?;

@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use primus_embedding::{EmbeddingError, Table, TableOptions};
+use primus_embedding::{DenseError, DenseStore, DenseValues, EmbeddingError, Table, TableOptions};
 use primus_proto::v1::parameter_server_server::ParameterServer;
 use primus_proto::v1::{
-    ExportDeltaRequest, ExportDeltaResponse, LookupRequest, LookupResponse, PushRequest,
-    PushResponse, RestoreRequest, RestoreResponse, SnapshotRequest, SnapshotResponse, StatsRequest,
-    StatsResponse, TableDelta, TableStats,
+    DenseTensor, ExportDeltaRequest, ExportDeltaResponse, InitDenseRequest, InitDenseResponse,
+    LookupRequest, LookupResponse, PullDenseRequest, PullDenseResponse, PushDenseRequest,
+    PushDenseResponse, PushRequest, PushResponse, RestoreRequest, RestoreResponse, SnapshotRequest,
+    SnapshotResponse, StatsRequest, StatsResponse, TableDelta, TableStats,
 };
 use primus_spec::Validate;
 use tonic::{Request, Response, Status};
@@ -79,12 +80,17 @@ impl Tables {
 
 pub struct Ps {
     tables: Arc<Tables>,
+    dense: Arc<DenseStore>,
     storage: StorageSettings,
 }
 
 impl Ps {
-    pub fn new(tables: Arc<Tables>, storage: StorageSettings) -> Self {
-        Self { tables, storage }
+    pub fn new(tables: Arc<Tables>, dense: DenseStore, storage: StorageSettings) -> Self {
+        Self {
+            tables,
+            dense: Arc::new(dense),
+            storage,
+        }
     }
 }
 
@@ -124,6 +130,48 @@ impl ParameterServer for Ps {
         }))
     }
 
+    async fn init_dense(
+        &self,
+        request: Request<InitDenseRequest>,
+    ) -> Result<Response<InitDenseResponse>, Status> {
+        let tensors = decode_tensors(request.into_inner().tensors)?;
+        let created = self.dense.init(&tensors).map_err(dense_status)?;
+        let (_, version) = self.dense.pull(&[]).map_err(dense_status)?;
+        Ok(Response::new(InitDenseResponse { created, version }))
+    }
+
+    async fn pull_dense(
+        &self,
+        request: Request<PullDenseRequest>,
+    ) -> Result<Response<PullDenseResponse>, Status> {
+        let (tensors, version) = self
+            .dense
+            .pull(&request.into_inner().names)
+            .map_err(dense_status)?;
+        let tensors = tensors
+            .into_iter()
+            .map(|t| {
+                let mut values = Vec::with_capacity(t.values.len() * 4);
+                encode_f32(&t.values, &mut values);
+                DenseTensor {
+                    name: t.name,
+                    shape: t.shape,
+                    values,
+                }
+            })
+            .collect();
+        Ok(Response::new(PullDenseResponse { tensors, version }))
+    }
+
+    async fn push_dense(
+        &self,
+        request: Request<PushDenseRequest>,
+    ) -> Result<Response<PushDenseResponse>, Status> {
+        let grads = decode_tensors(request.into_inner().grads)?;
+        let version = self.dense.push(&grads).map_err(dense_status)?;
+        Ok(Response::new(PushDenseResponse { version }))
+    }
+
     async fn snapshot(
         &self,
         request: Request<SnapshotRequest>,
@@ -131,6 +179,7 @@ impl ParameterServer for Ps {
         let request = request.into_inner();
         let taken = snapshots::snapshot(
             self.tables.clone(),
+            &self.dense,
             &self.storage,
             &request.uri,
             &request.base_manifest_uri,
@@ -149,8 +198,13 @@ impl ParameterServer for Ps {
         request: Request<RestoreRequest>,
     ) -> Result<Response<RestoreResponse>, Status> {
         let manifest_uri = request.into_inner().manifest_uri;
-        let (version, rows) =
-            snapshots::restore(self.tables.clone(), &self.storage, &manifest_uri).await?;
+        let (version, rows) = snapshots::restore(
+            self.tables.clone(),
+            self.dense.clone(),
+            &self.storage,
+            &manifest_uri,
+        )
+        .await?;
         tracing::info!(manifest = %manifest_uri, version, rows, "restored");
         Ok(Response::new(RestoreResponse { version, rows }))
     }
@@ -221,6 +275,30 @@ fn dedup(keys: &[u64]) -> (Vec<u64>, Vec<usize>) {
         })
         .collect();
     (unique, positions)
+}
+
+fn decode_tensors(tensors: Vec<DenseTensor>) -> Result<Vec<DenseValues>, Status> {
+    tensors
+        .into_iter()
+        .map(|t| {
+            let values = decode_f32(&format!("dense tensor {:?} values", t.name), &t.values)?;
+            Ok(DenseValues {
+                name: t.name,
+                shape: t.shape,
+                values,
+            })
+        })
+        .collect()
+}
+
+fn dense_status(error: DenseError) -> Status {
+    match error {
+        DenseError::Unknown(_) => Status::not_found(error.to_string()),
+        DenseError::Shape { .. } => Status::failed_precondition(error.to_string()),
+        DenseError::Size { .. } | DenseError::NonFinite { .. } => {
+            Status::invalid_argument(error.to_string())
+        }
+    }
 }
 
 fn invalid(error: EmbeddingError) -> Status {

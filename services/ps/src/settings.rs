@@ -4,7 +4,7 @@ use primus_config::{
     DEFAULT_PORTS, NatsSettings, ServerSettings, StorageSettings, TelemetrySettings,
 };
 use primus_service::ServiceSettings;
-use primus_spec::job::TableSpec;
+use primus_spec::job::{OptimizerSpec, TableSpec};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -30,6 +30,8 @@ pub struct TableSettings {
     /// Seeds initializers and admission draws; every PS of a job must use the same seed so
     /// a key's initial row does not depend on which PS holds it.
     pub seed: u64,
+    /// The optimizer applied to pushed dense gradients.
+    pub dense_optimizer: OptimizerSpec,
     /// Largest request accepted, in bytes.
     pub max_request_bytes: usize,
     /// How often rows idle past their table's TTL are evicted.
@@ -42,6 +44,12 @@ impl Default for TableSettings {
             tables: Vec::new(),
             shards_per_table: 64,
             seed: 0,
+            dense_optimizer: OptimizerSpec::Adam {
+                learning_rate: 0.001,
+                beta1: 0.9,
+                beta2: 0.999,
+                epsilon: 1e-8,
+            },
             max_request_bytes: 64 << 20,
             eviction_interval_ms: 60_000,
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use primus_config::StorageSettings;
-use primus_embedding::ShardSnapshot;
+use primus_embedding::{DenseStore, ShardSnapshot};
 use primus_storage::{Location, StorageError};
 use serde::{Deserialize, Serialize};
 use tonic::Status;
@@ -14,6 +14,7 @@ use tonic::Status;
 use crate::service::Tables;
 
 const MANIFEST: &str = "manifest.json";
+const DENSE: &str = "dense.bin";
 const FORMAT: u32 = 1;
 /// Incrementals followed back to their full snapshot at most this deep.
 const MAX_CHAIN: usize = 256;
@@ -29,6 +30,8 @@ struct Manifest {
     /// The manifest this one is incremental to.
     base: Option<String>,
     tables: Vec<TableEntry>,
+    /// Every dense tensor with its optimizer state (always whole: it is small).
+    dense: ShardFile,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -58,6 +61,7 @@ pub struct Taken {
 /// Writes a full snapshot (`base_manifest` empty) or one incremental to that manifest.
 pub async fn snapshot(
     tables: Arc<Tables>,
+    dense: &DenseStore,
     storage: &StorageSettings,
     uri: &str,
     base_manifest: &str,
@@ -95,12 +99,24 @@ pub async fn snapshot(
         storage,
         &format!("{}/{folder_name}", uri.trim_end_matches('/')),
     )?;
+    let dense_bytes = dense.encode();
+    let dense_file = ShardFile {
+        path: DENSE.into(),
+        rows: 0,
+        bytes: dense_bytes.len() as u64,
+        crc32: crc32fast::hash(&dense_bytes),
+    };
+    folder
+        .put(&folder.path(DENSE), Bytes::from(dense_bytes))
+        .await
+        .map_err(storage_status)?;
     let mut manifest = Manifest {
         format: FORMAT,
         version,
         since,
         base: (!base_manifest.is_empty()).then(|| base_manifest.to_owned()),
         tables: Vec::new(),
+        dense: dense_file,
     };
     let mut rows = 0;
     for (name, dim, shards) in taken {
@@ -145,6 +161,7 @@ pub async fn snapshot(
 /// Returns (version, rows written).
 pub async fn restore(
     tables: Arc<Tables>,
+    dense: Arc<DenseStore>,
     storage: &StorageSettings,
     manifest_uri: &str,
 ) -> Result<(u64, u64), Status> {
@@ -183,8 +200,17 @@ pub async fn restore(
             }
         }
     }
+    // Dense parameters as of the newest snapshot in the chain.
+    let dense_bytes = match chain.first() {
+        Some((folder, manifest)) => read_verified(folder, &manifest.dense).await?,
+        None => return Err(Status::internal("empty snapshot chain")),
+    };
     let version = chain.first().map_or(0, |(_, m)| m.version);
     let rows = tokio::task::spawn_blocking(move || {
+        // First the part that can still refuse (an optimizer that keeps other state).
+        dense
+            .restore(&dense_bytes)
+            .map_err(|e| Status::failed_precondition(format!("{DENSE}: {e}")))?;
         for (_, table) in tables.iter() {
             table.clear();
         }
@@ -204,6 +230,13 @@ pub async fn restore(
 }
 
 async fn read_shard(folder: &Location, file: &ShardFile) -> Result<ShardSnapshot, Status> {
+    let bytes = read_verified(folder, file).await?;
+    ShardSnapshot::decode(&bytes)
+        .map_err(|e| Status::data_loss(format!("{}: {e}", folder.url_of(&folder.path(&file.path)))))
+}
+
+/// A snapshot file whose size and CRC32 match the manifest.
+async fn read_verified(folder: &Location, file: &ShardFile) -> Result<Bytes, Status> {
     let path = folder.path(&file.path);
     let url = folder.url_of(&path);
     let bytes = folder.get(&path).await.map_err(storage_status)?;
@@ -216,7 +249,7 @@ async fn read_shard(folder: &Location, file: &ShardFile) -> Result<ShardSnapshot
             file.crc32
         )));
     }
-    ShardSnapshot::decode(&bytes).map_err(|e| Status::data_loss(format!("{url}: {e}")))
+    Ok(bytes)
 }
 
 async fn read_manifest(

@@ -267,6 +267,11 @@ async fn snapshot_and_restore(nats: &NatsServer, storage: StorageSettings, uri: 
     for step in 0..5 {
         push_batch(&client, step).await;
     }
+    raw.init_dense(primus_proto::v1::InitDenseRequest {
+        tensors: vec![dense("top.w", &[4], &[0.1, 0.2, 0.3, 0.4])],
+    })
+    .await
+    .expect("init dense");
     let full = raw
         .snapshot(SnapshotRequest {
             uri: uri.into(),
@@ -279,6 +284,11 @@ async fn snapshot_and_restore(nats: &NatsServer, storage: StorageSettings, uri: 
     for step in 5..8 {
         push_batch(&client, step).await;
     }
+    raw.push_dense(primus_proto::v1::PushDenseRequest {
+        grads: vec![dense("top.w", &[4], &[1.0, -1.0, 0.5, 0.0])],
+    })
+    .await
+    .expect("push dense");
     let incremental = raw
         .snapshot(SnapshotRequest {
             uri: uri.into(),
@@ -312,6 +322,16 @@ async fn snapshot_and_restore(nats: &NatsServer, storage: StorageSettings, uri: 
     let (want, _) = client.lookup("items", &probe).await.expect("lookup");
     let (got, _) = copy_client.lookup("items", &probe).await.expect("lookup");
     assert_eq!(got, want);
+    let pull = primus_proto::v1::PullDenseRequest { names: Vec::new() };
+    assert_eq!(
+        copy_raw
+            .pull_dense(pull.clone())
+            .await
+            .expect("pull")
+            .into_inner(),
+        raw.pull_dense(pull).await.expect("pull").into_inner(),
+        "dense parameters and their version restored too"
+    );
     let rows = |stats: primus_proto::v1::StatsResponse| stats.tables[0].rows;
     assert_eq!(
         rows(
@@ -414,5 +434,105 @@ async fn a_damaged_snapshot_file_is_data_loss_and_restores_nothing() {
         after.tables[0].rows, before.tables[0].rows,
         "tables untouched"
     );
+    shard.shutdown.trigger();
+}
+
+fn dense(name: &str, shape: &[u64], values: &[f32]) -> primus_proto::v1::DenseTensor {
+    primus_proto::v1::DenseTensor {
+        name: name.into(),
+        shape: shape.to_vec(),
+        values: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dense_parameters_are_initialised_once_and_updated_by_the_server_optimizer() {
+    use primus_embedding::{DenseStore, DenseValues};
+    use primus_proto::v1::{InitDenseRequest, PullDenseRequest, PushDenseRequest};
+
+    let nats = NatsServer::start().expect("nats-server");
+    let shard = start_shard(&nats, vec![table_spec("items")]).await;
+    let mut raw = ParameterServerClient::connect(format!("http://{}", shard.addr))
+        .await
+        .expect("connect");
+    let first = raw
+        .init_dense(InitDenseRequest {
+            tensors: vec![dense("top.w", &[2, 3], &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])],
+        })
+        .await
+        .expect("init")
+        .into_inner();
+    assert_eq!(first.created, vec!["top.w".to_owned()]);
+    // A second trainer's initialisation loses: the first values stay.
+    let second = raw
+        .init_dense(InitDenseRequest {
+            tensors: vec![dense("top.w", &[2, 3], &[9.0; 6])],
+        })
+        .await
+        .expect("init")
+        .into_inner();
+    assert!(second.created.is_empty());
+
+    // The server applies its default optimizer (Adam, lr 0.001); a local store agrees.
+    let local = DenseStore::new(&PsSettings::default().ps.dense_optimizer);
+    let initial = DenseValues {
+        name: "top.w".into(),
+        shape: vec![2, 3],
+        values: vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+    };
+    local.init(&[initial]).expect("local init");
+    for step in 0..3 {
+        let grad: Vec<f32> = (0..6).map(|i| (i + step) as f32 * 0.1 - 0.2).collect();
+        raw.push_dense(PushDenseRequest {
+            grads: vec![dense("top.w", &[2, 3], &grad)],
+        })
+        .await
+        .expect("push");
+        local
+            .push(&[DenseValues {
+                name: "top.w".into(),
+                shape: vec![2, 3],
+                values: grad,
+            }])
+            .expect("local push");
+    }
+    let pulled = raw
+        .pull_dense(PullDenseRequest {
+            names: vec!["top.w".into()],
+        })
+        .await
+        .expect("pull")
+        .into_inner();
+    let values: Vec<f32> = pulled.tensors[0]
+        .values
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let (want, version) = local.pull(&[]).expect("local pull");
+    assert_eq!(values, want[0].values);
+    assert_eq!(pulled.version, version);
+
+    // Wrong size, wrong shape, unknown name: refused with codes a trainer can act on.
+    let status = raw
+        .push_dense(PushDenseRequest {
+            grads: vec![dense("top.w", &[2, 3], &[0.1; 5])],
+        })
+        .await
+        .expect_err("size");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let status = raw
+        .init_dense(InitDenseRequest {
+            tensors: vec![dense("top.w", &[3, 2], &[0.1; 6])],
+        })
+        .await
+        .expect_err("shape");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    let status = raw
+        .pull_dense(PullDenseRequest {
+            names: vec!["bottom.w".into()],
+        })
+        .await
+        .expect_err("unknown");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
     shard.shutdown.trigger();
 }

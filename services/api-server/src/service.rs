@@ -57,16 +57,21 @@ impl Api {
         }
     }
 
-    /// Publishes a change on `primus.events.<kind>.<name>` and wakes local watchers.
+    /// Stamps `state` with its new `version`, publishes the change on
+    /// `primus.events.<kind>.<name>` and wakes local watchers; returns the stamped resource.
     /// Redis is the record: a failed publish is logged, and watchers still see the change
     /// on their next poll.
-    async fn announce(&self, event: ResourceEvent) {
-        let Some(resource) = event.resource.as_ref() else {
-            return;
+    async fn announce(&self, event: EventType, state: Resource, version: u64) -> Resource {
+        let resource = Resource {
+            resource_version: version,
+            ..state
         };
-        let version = resource.resource_version;
         self.changes
             .send_modify(|latest| *latest = (*latest).max(version));
+        let event = ResourceEvent {
+            r#type: event as i32,
+            resource: Some(resource.clone()),
+        };
         let published = match self.bus.subjects().event(&resource.kind, &resource.name) {
             Ok(subject) => self.bus.publish(subject, &event).await,
             Err(e) => Err(e),
@@ -74,6 +79,7 @@ impl Api {
         if let Err(e) = published {
             tracing::warn!(error = %e, version, "change stored but not published on NATS");
         }
+        resource
     }
 
     async fn apply(&self, request: ApplyRequest) -> Result<ApplyResponse, Status> {
@@ -135,15 +141,7 @@ impl Api {
                 .await;
             match written {
                 Ok(version) => {
-                    let resource = Resource {
-                        resource_version: version,
-                        ..next
-                    };
-                    self.announce(ResourceEvent {
-                        r#type: event as i32,
-                        resource: Some(resource.clone()),
-                    })
-                    .await;
+                    let resource = self.announce(event, next, version).await;
                     return Ok(ApplyResponse {
                         resource: Some(resource),
                         created: current.is_none(),
@@ -192,15 +190,7 @@ impl Api {
                 .await;
             match written {
                 Ok(version) => {
-                    let resource = Resource {
-                        resource_version: version,
-                        ..next
-                    };
-                    self.announce(ResourceEvent {
-                        r#type: EventType::Modified as i32,
-                        resource: Some(resource.clone()),
-                    })
-                    .await;
+                    let resource = self.announce(EventType::Modified, next, version).await;
                     return Ok(UpdateStatusResponse {
                         resource: Some(resource),
                     });
@@ -230,15 +220,7 @@ impl Api {
                 .await;
             match deleted {
                 Ok(version) => {
-                    let resource = Resource {
-                        resource_version: version,
-                        ..current
-                    };
-                    self.announce(ResourceEvent {
-                        r#type: EventType::Deleted as i32,
-                        resource: Some(resource.clone()),
-                    })
-                    .await;
+                    let resource = self.announce(EventType::Deleted, current, version).await;
                     return Ok(DeleteResponse {
                         resource: Some(resource),
                     });

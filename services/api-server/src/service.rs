@@ -321,7 +321,12 @@ impl Watcher {
             }
             if !full {
                 tokio::select! {
-                    _ = self.wakeups.changed() => {},
+                    changed = self.wakeups.changed() => {
+                        // The notifier is gone (the server is stopping): poll until shutdown.
+                        if changed.is_err() {
+                            tokio::time::sleep(self.poll_interval).await;
+                        }
+                    }
                     _ = tokio::time::sleep(self.poll_interval) => {},
                     _ = self.sender.closed() => return,
                     _ = self.shutdown.wait() => {

@@ -92,9 +92,8 @@ fn read_token(path: &Path) -> Result<String, Failure> {
             path.display()
         ))
     })?;
-    text.lines()
-        .map(str::trim)
-        .find(|line| !line.is_empty() && !line.starts_with('#'))
+    primus_config::tokens_in(&text)
+        .next()
         .map(str::to_owned)
         .ok_or_else(|| {
             Failure::input(anyhow::anyhow!(

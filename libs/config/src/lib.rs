@@ -22,6 +22,14 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// The bearer tokens in a token file (`auth.token_file`, the CLI's `token_file`): one per
+/// line, surrounding whitespace ignored, blank lines and `#` comments skipped.
+pub fn tokens_in(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+}
+
 fn redact_authority(authority: &str) -> String {
     match authority.rsplit_once('@') {
         Some((_, host)) => format!("***@{host}"),
@@ -31,7 +39,13 @@ fn redact_authority(authority: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use super::{redact_url, tokens_in};
+
+    #[test]
+    fn token_files_skip_comments_and_blank_lines() {
+        let tokens: Vec<&str> = tokens_in("# ops\n\n  alpha  \nbeta\n").collect();
+        assert_eq!(tokens, ["alpha", "beta"]);
+    }
 
     #[test]
     fn credentials_never_reach_logs() {

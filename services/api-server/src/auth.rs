@@ -53,10 +53,8 @@ impl Tokens {
 }
 
 fn parse(text: &str) -> Vec<Vec<u8>> {
-    text.lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty() && !line.starts_with('#'))
-        .map(|line| line.as_bytes().to_vec())
+    primus_config::tokens_in(text)
+        .map(|token| token.as_bytes().to_vec())
         .collect()
 }
 

@@ -139,18 +139,13 @@ impl Api {
                     previous_reference: previous_reference.as_ref(),
                 })
                 .await;
-            match written {
-                Ok(version) => {
-                    let resource = self.announce(event, next, version).await;
-                    return Ok(ApplyResponse {
-                        resource: Some(resource),
-                        created: current.is_none(),
-                        changed: true,
-                    });
-                }
-                // Someone else wrote in between and the caller asked for no CAS: go again.
-                Err(StoreError::Conflict { .. }) if request.expected_version == 0 => continue,
-                Err(e) => return Err(status(e)),
+            if let Some(version) = settled(written, request.expected_version)? {
+                let resource = self.announce(event, next, version).await;
+                return Ok(ApplyResponse {
+                    resource: Some(resource),
+                    created: current.is_none(),
+                    changed: true,
+                });
             }
         }
         Err(too_contended(kind, &given.name))
@@ -188,15 +183,11 @@ impl Api {
                     previous_reference: None,
                 })
                 .await;
-            match written {
-                Ok(version) => {
-                    let resource = self.announce(EventType::Modified, next, version).await;
-                    return Ok(UpdateStatusResponse {
-                        resource: Some(resource),
-                    });
-                }
-                Err(StoreError::Conflict { .. }) if request.expected_version == 0 => continue,
-                Err(e) => return Err(status(e)),
+            if let Some(version) = settled(written, request.expected_version)? {
+                let resource = self.announce(EventType::Modified, next, version).await;
+                return Ok(UpdateStatusResponse {
+                    resource: Some(resource),
+                });
             }
         }
         Err(too_contended(kind, &request.name))
@@ -218,15 +209,11 @@ impl Api {
                 .store
                 .delete(&current, kind, current.resource_version, reference.as_ref())
                 .await;
-            match deleted {
-                Ok(version) => {
-                    let resource = self.announce(EventType::Deleted, current, version).await;
-                    return Ok(DeleteResponse {
-                        resource: Some(resource),
-                    });
-                }
-                Err(StoreError::Conflict { .. }) if request.expected_version == 0 => continue,
-                Err(e) => return Err(status(e)),
+            if let Some(version) = settled(deleted, request.expected_version)? {
+                let resource = self.announce(EventType::Deleted, current, version).await;
+                return Ok(DeleteResponse {
+                    resource: Some(resource),
+                });
             }
         }
         Err(too_contended(kind, &request.name))
@@ -502,6 +489,16 @@ fn canonical_status(status_json: &str) -> Result<String, Status> {
     let parsed: ResourceStatus = serde_path_to_error::deserialize(&mut input)
         .map_err(|e| Status::invalid_argument(format!("status.{}: {}", e.path(), e.inner())))?;
     serde_json::to_string(&parsed).map_err(|e| Status::internal(format!("encoding a status: {e}")))
+}
+
+/// The new version of a write, or `None` when it lost a race to another writer and the
+/// caller did not ask for compare-and-swap (so the read-modify-write goes again).
+fn settled(written: Result<u64, StoreError>, expected_version: u64) -> Result<Option<u64>, Status> {
+    match written {
+        Ok(version) => Ok(Some(version)),
+        Err(StoreError::Conflict { .. }) if expected_version == 0 => Ok(None),
+        Err(e) => Err(status(e)),
+    }
 }
 
 fn too_contended(kind: Kind, name: &str) -> Status {

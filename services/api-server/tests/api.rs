@@ -52,6 +52,16 @@ spec:
     )
 }
 
+/// Applies Job `name` (on Dataset `clicks`) and returns it as stored.
+async fn apply_job(client: &ApiClient, name: &str, dim: i64) -> Resource {
+    client
+        .apply(&parse_one(&job_yaml(name, "clicks", dim)), 0)
+        .await
+        .expect("apply job")
+        .resource
+        .expect("stored resource")
+}
+
 fn parse_one(yaml: &str) -> primus_spec::Resource {
     primus_spec::parse_documents("test.yaml", yaml)
         .expect("valid test resource")
@@ -186,12 +196,7 @@ async fn apply_get_list_delete_round_trip() {
     );
 
     // A spec change bumps generation and version.
-    let changed = client
-        .apply(&parse_one(&job_yaml("ctr", "clicks", 16)), 0)
-        .await
-        .expect("update")
-        .resource
-        .expect("r");
+    let changed = apply_job(&client, "ctr", 16).await;
     assert_eq!(changed.generation, 2);
     assert!(changed.resource_version > job.resource_version);
     assert_eq!(changed.created_unix_ms, job.created_unix_ms);
@@ -229,12 +234,7 @@ async fn concurrent_applies_with_one_version_exactly_one_wins() {
     let server = cluster.server().await;
     let client = server.client().await;
     client.apply(&parse_one(DATASET), 0).await.expect("dataset");
-    let base = client
-        .apply(&parse_one(&job_yaml("ctr", "clicks", 8)), 0)
-        .await
-        .expect("job")
-        .resource
-        .expect("r");
+    let base = apply_job(&client, "ctr", 8).await;
 
     for round in 0..5 {
         let current = client.get(Kind::Job, "ctr").await.expect("get");
@@ -265,12 +265,7 @@ async fn update_status_keeps_spec_and_bumps_version() {
     let server = cluster.server().await;
     let client = server.client().await;
     client.apply(&parse_one(DATASET), 0).await.expect("dataset");
-    let job = client
-        .apply(&parse_one(&job_yaml("ctr", "clicks", 8)), 0)
-        .await
-        .expect("job")
-        .resource
-        .expect("r");
+    let job = apply_job(&client, "ctr", 8).await;
 
     let status = Status {
         phase: Phase::Running,
@@ -302,12 +297,7 @@ async fn update_status_keeps_spec_and_bumps_version() {
     assert_eq!(code_, Code::Aborted);
 
     // A later spec change keeps the status.
-    let changed = client
-        .apply(&parse_one(&job_yaml("ctr", "clicks", 16)), 0)
-        .await
-        .expect("apply")
-        .resource
-        .expect("r");
+    let changed = apply_job(&client, "ctr", 16).await;
     assert_eq!(changed.status_json, updated.status_json);
     server.stop().await;
 }
@@ -421,12 +411,7 @@ async fn restart_loses_nothing_and_versions_keep_growing() {
     let server = cluster.server().await;
     let client = server.client().await;
     client.apply(&parse_one(DATASET), 0).await.expect("dataset");
-    let job = client
-        .apply(&parse_one(&job_yaml("ctr", "clicks", 8)), 0)
-        .await
-        .expect("job")
-        .resource
-        .expect("r");
+    let job = apply_job(&client, "ctr", 8).await;
     let addr = server.addr.clone();
     server.stop().await;
 
@@ -450,12 +435,7 @@ async fn restart_loses_nothing_and_versions_keep_growing() {
         .await
         .expect("watch");
     assert_eq!(next_event(&mut watch).await.resource, Some(job.clone()));
-    let next = client
-        .apply(&parse_one(&job_yaml("ctr", "clicks", 9)), 0)
-        .await
-        .expect("apply")
-        .resource
-        .expect("r");
+    let next = apply_job(&client, "ctr", 9).await;
     assert_eq!(next.resource_version, job.resource_version + 1);
     server.stop().await;
 }

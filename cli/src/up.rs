@@ -46,13 +46,20 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
         redis.url(),
         token_file.display()
     );
+    let master_settings = format!(
+        "{nats_settings}redis:\n  url: {}\napi:\n  server: http://127.0.0.1:{}\n  token_file: {}\nlocal:\n  work_dir: {}\n",
+        redis.url(),
+        primus_config::DEFAULT_PORTS.api_server,
+        token_file.display(),
+        data.join("work").display()
+    );
     let mut running = Vec::new();
     for (name, port) in services() {
-        // Only the api-server talks to Redis (and only it accepts a `redis` section).
-        let settings = if name == "primus-api-server" {
-            &api_settings
-        } else {
-            &nats_settings
+        // Only the api-server and the master talk to Redis (only they accept `redis`).
+        let settings = match name {
+            "primus-api-server" => &api_settings,
+            "primus-master" => &master_settings,
+            _ => &nats_settings,
         };
         running.push(start(&options.bin_dir, &logs, name, port, settings)?);
     }

@@ -64,6 +64,14 @@ fn command(service: &'static str, about: &'static str) -> Command {
         )
 }
 
+/// A command-line flag that sets one settings key (it wins over file and environment).
+pub struct SettingFlag {
+    pub long: &'static str,
+    /// Dotted settings key, e.g. `master.shard`.
+    pub key: &'static str,
+    pub help: &'static str,
+}
+
 /// Runs a service binary: `run` gets its settings and a [`Shutdown`] that fires on
 /// SIGTERM/SIGINT, and should return once it has drained.
 pub fn main<S, F, Fut>(
@@ -77,9 +85,44 @@ where
     F: FnOnce(S, Shutdown) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let matches = command(service, about).get_matches();
+    main_with_flags(service, about, defaults, &[], run)
+}
+
+/// [`main`] with service-specific flags that set settings keys.
+pub fn main_with_flags<S, F, Fut>(
+    service: &'static str,
+    about: &'static str,
+    defaults: S,
+    flags: &[SettingFlag],
+    run: F,
+) -> anyhow::Result<()>
+where
+    S: ServiceSettings,
+    F: FnOnce(S, Shutdown) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let command = flags.iter().fold(command(service, about), |command, flag| {
+        command.arg(
+            Arg::new(flag.long)
+                .long(flag.long)
+                .value_name("VALUE")
+                .help(format!("{} (settings key `{}`)", flag.help, flag.key)),
+        )
+    });
+    let matches = command.get_matches();
     let file = matches.get_one::<PathBuf>("config");
-    let settings: S = primus_config::load_from_process(&defaults, file.map(PathBuf::as_path))
+    // A flag is applied as the environment variable of its key, after the real ones.
+    let overrides = flags.iter().filter_map(|flag| {
+        let value = matches.get_one::<String>(flag.long)?;
+        let name = format!(
+            "{}{}",
+            primus_config::ENV_PREFIX,
+            flag.key.replace('.', "__").to_uppercase()
+        );
+        Some((name, value.clone()))
+    });
+    let environment: Vec<(String, String)> = std::env::vars().chain(overrides).collect();
+    let settings: S = primus_config::load(&defaults, file.map(PathBuf::as_path), environment)
         .with_context(|| format!("{service}: invalid settings"))?;
     if matches.get_flag("print-settings") {
         print!("{}", primus_config::to_toml(&settings)?);

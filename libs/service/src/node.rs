@@ -5,7 +5,8 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::future::BoxFuture;
 use primus_bus::Bus;
-use primus_config::{NatsSettings, NodeSettings, ServerSettings, TlsSettings};
+use primus_config::{NatsSettings, NodeSettings, RedisSettings, ServerSettings, TlsSettings};
+use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
@@ -73,6 +74,39 @@ impl Node {
             async move { connected }
         });
         Ok(bus)
+    }
+
+    /// Connects to Redis (checked with PING) and makes the connection a health dependency.
+    pub async fn connect_redis(
+        &mut self,
+        settings: &RedisSettings,
+    ) -> anyhow::Result<ConnectionManager> {
+        let context = || {
+            format!(
+                "cannot connect to Redis at {} (setting `redis.url`)",
+                primus_config::redact_url(&settings.url)
+            )
+        };
+        let client = redis::Client::open(settings.url.as_str()).with_context(context)?;
+        let mut redis = client
+            .get_connection_manager()
+            .await
+            .with_context(context)?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut redis)
+            .await
+            .with_context(context)?;
+        let probe = redis.clone();
+        self.depends_on("redis", move || {
+            let mut probe = probe.clone();
+            async move {
+                redis::cmd("PING")
+                    .query_async::<String>(&mut probe)
+                    .await
+                    .is_ok()
+            }
+        });
+        Ok(redis)
     }
 
     /// Serves `routes` plus gRPC health until `shutdown`, then drains in-flight calls for

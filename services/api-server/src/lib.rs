@@ -9,13 +9,11 @@ pub mod store;
 
 use std::time::Duration;
 
-use anyhow::Context;
 use primus_bus::Bus;
-use primus_config::{ApiServerSettings, RedisSettings};
+use primus_config::ApiServerSettings;
 use primus_proto::v1::ResourceEvent;
 use primus_proto::v1::api_service_server::ApiServiceServer;
 use primus_service::{Node, Shutdown};
-use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
@@ -41,7 +39,7 @@ pub async fn run(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Res
     let tokens = auth::Tokens::load(settings.auth.token_file.as_deref())?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let bus = node.connect_nats(&settings.nats).await?;
-    let redis = connect_redis(&settings.redis).await?;
+    let redis = node.connect_redis(&settings.redis).await?;
     let store = store::Store::new(
         redis.clone(),
         &settings.redis.key_prefix,
@@ -58,15 +56,6 @@ pub async fn run(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Res
     );
     let api = ApiServiceServer::new(api).max_decoding_message_size(MAX_REQUEST_BYTES);
     let api = InterceptedService::new(api, move |request| tokens.check(request));
-    node.depends_on("redis", move || {
-        let mut redis = redis.clone();
-        async move {
-            redis::cmd("PING")
-                .query_async::<String>(&mut redis)
-                .await
-                .is_ok()
-        }
-    });
     node.serve(Routes::new(api), shutdown).await?;
     follower.abort();
     bus.drain().await?;
@@ -90,23 +79,4 @@ async fn follow_changes(bus: Bus, changes: watch::Sender<u64>) {
             .map_or(0, |r| r.resource_version);
         changes.send_modify(|latest| *latest = (*latest).max(version));
     }
-}
-
-async fn connect_redis(settings: &RedisSettings) -> anyhow::Result<ConnectionManager> {
-    let context = || {
-        format!(
-            "cannot connect to Redis at {} (setting `redis.url`)",
-            primus_config::redact_url(&settings.url)
-        )
-    };
-    let client = redis::Client::open(settings.url.as_str()).with_context(context)?;
-    let mut connection = client
-        .get_connection_manager()
-        .await
-        .with_context(context)?;
-    redis::cmd("PING")
-        .query_async::<String>(&mut connection)
-        .await
-        .with_context(context)?;
-    Ok(connection)
 }

@@ -1,23 +1,141 @@
-//! `primus-master`. Watches Jobs and drives each one: resource controller, data task planner, task service, scaling.
+//! `primus-master`: drives the Jobs of its shard.
 //!
-//! Built so far: the service process (settings, NATS connection, gRPC health that follows
-//! the NATS connection, graceful SIGTERM). Its own RPCs arrive with later steps.
+//! - [`controller`]: follows Jobs through the API server's Watch and runs each one through
+//!   its phases, writing status conditions and folding metrics into the Metric resource.
+//! - [`backend`]: the resource controller interface; [`backend::local`] runs executors as
+//!   child processes (restarted with backoff, cleaned up on job end and master shutdown).
+//! - [`plan`]: the data task planner (DTGG); [`queue`]: the batch task queue and stream
+//!   task graph in Redis; [`driver`]: planning loop and task monitor per job.
+//! - gRPC: `TaskService` ([`tasks`]) for data executors, `TopologyService` ([`topology`]).
 
-use primus_config::{DEFAULT_PORTS, NodeSettings};
-use primus_service::Shutdown;
+pub mod backend;
+pub mod controller;
+pub mod driver;
+pub mod metrics;
+pub mod plan;
+pub mod queue;
+pub mod settings;
+pub mod tasks;
+pub mod topology;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use primus_api_client::{ApiClient, ClientSettings};
+use primus_proto::v1::task_service_server::TaskServiceServer;
+use primus_proto::v1::topology_service_server::TopologyServiceServer;
+use primus_service::{Node, SettingFlag, Shutdown};
 use tonic::service::Routes;
+
+pub use settings::MasterSettings;
 
 pub const SERVICE: &str = "primus-master";
 pub const ABOUT: &str = concat!(
-    "Primus master: the per-cluster job driver (job controller, resource controller, data driver).",
-    " This build runs the service shell only: settings, connections, gRPC health."
+    "Primus master: follows Jobs, starts their executors (local backend), plans data tasks",
+    " from their Datasets into a Redis task queue, serves the task and topology services."
 );
 
-pub fn default_settings() -> NodeSettings {
-    NodeSettings::on_port(DEFAULT_PORTS.master)
+/// `--shard i/n` sets `master.shard`.
+pub const FLAGS: &[SettingFlag] = &[SettingFlag {
+    long: "shard",
+    key: "master.shard",
+    help: "Drive only the jobs whose name hashes to i modulo n, as `i/n`",
+}];
+
+pub fn default_settings() -> MasterSettings {
+    MasterSettings::default()
 }
 
-/// Runs until `shutdown`, then drains and returns.
-pub async fn run(settings: NodeSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    primus_service::serve_nats_node(SERVICE, &settings, Routes::default(), shutdown).await
+/// Runs until `shutdown`, then stops every executor it started and returns.
+pub async fn run(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+    let shard = settings::parse_shard(&settings.master.shard).map_err(anyhow::Error::msg)?;
+    let token = read_token(&settings.api)?;
+    let mut node = Node::bind(SERVICE, &settings.server).await?;
+    let master_addr = advertised(node.local_addr()?);
+    let bus = node.connect_nats(&settings.nats).await?;
+    let redis = node.connect_redis(&settings.redis).await?;
+    let api = connect_api(&settings.api, token).await?;
+    let backend = Arc::new(backend::local::LocalBackend::new(
+        settings.local.clone(),
+        master_addr.to_string(),
+    ));
+    let leftovers = backend.kill_leftovers();
+    if leftovers > 0 {
+        tracing::warn!(leftovers, "killed executors left by a previous master");
+    }
+    let catalog = Arc::new(plan::StoreCatalog::new(settings.storage.clone()));
+    let jobs = tasks::JobRegistry::default();
+    let topologies = topology::Topologies::default();
+    let routes = Routes::new(TaskServiceServer::new(tasks::Tasks::new(
+        jobs.clone(),
+        settings.master.tasks.clone(),
+    )))
+    .add_service(TopologyServiceServer::new(topologies.clone()));
+    let context = Arc::new(controller::Context {
+        api,
+        bus: bus.clone(),
+        redis,
+        shard,
+        backend: backend.clone(),
+        cache: Arc::new(plan::ListingCache::new(catalog, LISTING_CACHE_DAYS)),
+        jobs,
+        topologies,
+        settings,
+    });
+    tracing::info!(%master_addr, shard = ?shard, "master ready");
+    let controller = tokio::spawn(controller::run(context, shutdown.clone()));
+    let served = node.serve(routes, shutdown).await;
+    let _ = controller.await;
+    backend.shutdown().await;
+    bus.drain().await?;
+    served
+}
+
+/// Connects to the API server, retrying for a while: in a cluster starting up it may come
+/// up after the master.
+async fn connect_api(api: &settings::ApiSettings, token: String) -> anyhow::Result<ApiClient> {
+    let client = ClientSettings {
+        server: api.server.clone(),
+        token,
+        ca_file: api.ca_file.clone(),
+    };
+    let mut attempt = 1;
+    loop {
+        match ApiClient::connect(&client).await {
+            Ok(api) => return Ok(api),
+            Err(e) if attempt < API_CONNECT_ATTEMPTS => {
+                tracing::warn!(attempt, error = %e, "API server not reachable yet");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                attempt += 1;
+            }
+            Err(e) => return Err(e).context("setting `api.server`"),
+        }
+    }
+}
+
+const API_CONNECT_ATTEMPTS: u32 = 40;
+
+/// Day listings kept for the planner (each source's current day, across jobs).
+const LISTING_CACHE_DAYS: usize = 256;
+
+fn read_token(api: &settings::ApiSettings) -> anyhow::Result<String> {
+    let path = api.token_file.as_ref().context(
+        "setting `api.token_file` is required: the API server only answers with a token",
+    )?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("api.token_file {}", path.display()))?;
+    primus_config::tokens_in(&text)
+        .next()
+        .map(str::to_owned)
+        .with_context(|| format!("api.token_file {}: no token in it", path.display()))
+}
+
+/// The address executors dial: the listener's, with a wildcard IP replaced by loopback.
+fn advertised(addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        SocketAddr::from(([127, 0, 0, 1], addr.port()))
+    } else {
+        addr
+    }
 }

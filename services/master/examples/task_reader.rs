@@ -1,0 +1,169 @@
+//! A minimal data executor for the master's tests: registers with the task service,
+//! acquires batch tasks, reads each task's rows (the `id` column) through primus-storage,
+//! appends every id to `rows-<executor>.txt` in its working folder, reports its offset
+//! every `REPORT_EVERY` rows (after the ids are flushed), finishes the task, and exits 0
+//! once the job's data is exhausted. `PRIMUS_TASK_READER_DELAY_MS` slows each batch down
+//! so a test can kill it mid-task. The real data executor (minibatches for trainers) is
+//! `primus-data-executor`.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::TryStreamExt;
+use primus_config::{NodeSettings, StorageSettings};
+use primus_proto::v1::task_service_client::TaskServiceClient;
+use primus_proto::v1::{
+    AcquireTaskRequest, DataTask, Endpoint, FinishTaskRequest, RegisterExecutorRequest,
+    ReportProgressRequest, Role, data_task,
+};
+use primus_service::Shutdown;
+use primus_storage::parquet::{ReadOptions, metadata, read};
+use tonic::transport::Channel;
+
+const REPORT_EVERY: u64 = 50;
+
+struct Identity {
+    job: String,
+    executor: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    primus_service::main(
+        "task-reader",
+        "Test data executor: reads its tasks' ids and records them",
+        NodeSettings::on_port(0),
+        run,
+    )
+}
+
+async fn run(settings: NodeSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+    let env = |name: &str| std::env::var(name).with_context(|| format!("{name} is not set"));
+    let identity = Identity {
+        job: env("PRIMUS_JOB")?,
+        executor: env("PRIMUS_EXECUTOR_ID")?,
+    };
+    let master = format!("http://{}", env("PRIMUS_MASTER_ADDR")?);
+    let delay = Duration::from_millis(
+        std::env::var("PRIMUS_TASK_READER_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    );
+    let grpc_addr = settings.server.grpc_addr.to_string();
+    let node = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            primus_service::serve_nats_node(
+                "task-reader",
+                &settings,
+                tonic::service::Routes::default(),
+                shutdown,
+            )
+            .await
+        })
+    };
+    let mut client = TaskServiceClient::connect(master).await?;
+    client
+        .register_executor(RegisterExecutorRequest {
+            job: identity.job.clone(),
+            endpoint: Some(Endpoint {
+                role: Role::DataExecutor as i32,
+                id: identity.executor.clone(),
+                grpc_addr,
+            }),
+        })
+        .await?;
+    let mut rows = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(format!("rows-{}.txt", identity.executor))?;
+    while !shutdown.is_triggered() {
+        let response = client
+            .acquire_task(AcquireTaskRequest {
+                job: identity.job.clone(),
+                executor_id: identity.executor.clone(),
+            })
+            .await?
+            .into_inner();
+        match response.task {
+            Some(task) => {
+                let outcome = read_task(&mut client, &identity, &task, &mut rows, delay).await;
+                client
+                    .finish_task(FinishTaskRequest {
+                        job: identity.job.clone(),
+                        executor_id: identity.executor.clone(),
+                        task_id: task.id.clone(),
+                        error: outcome.err().map(|e| format!("{e:#}")).unwrap_or_default(),
+                    })
+                    .await?;
+            }
+            None if response.exhausted => break,
+            None => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    shutdown.trigger();
+    node.await??;
+    Ok(())
+}
+
+async fn read_task(
+    client: &mut TaskServiceClient<Channel>,
+    identity: &Identity,
+    task: &DataTask,
+    rows: &mut std::fs::File,
+    delay: Duration,
+) -> anyhow::Result<()> {
+    let Some(data_task::Work::Batch(work)) = &task.work else {
+        anyhow::bail!("task {} is not a batch task", task.id);
+    };
+    let location = primus_storage::open(&work.dir, &StorageSettings::default())?;
+    let mut offset = 0u64;
+    let mut reported = task.start_offset;
+    for file in &work.files {
+        let path = location.path(&file.name);
+        let meta = metadata(&location, &path).await?;
+        let groups: Vec<usize> = (0..meta.num_row_groups())
+            .filter(|&i| {
+                let start = meta.row_group(i).column(0).byte_range().0;
+                file.split_end == 0 || (file.split_start..file.split_end).contains(&start)
+            })
+            .collect();
+        let (Some(first), Some(last)) = (groups.first(), groups.last()) else {
+            continue;
+        };
+        let options = ReadOptions {
+            columns: Some(vec!["id".into()]),
+            row_groups: Some(*first..last + 1),
+            batch_size: REPORT_EVERY as usize,
+        };
+        let mut batches = std::pin::pin!(read(&location, &path, &options).await?);
+        while let Some(batch) = batches.try_next().await? {
+            let ids = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow::array::UInt64Array>()
+                .context("column `id` is not UInt64")?;
+            for id in ids.values() {
+                offset += 1;
+                if offset > task.start_offset {
+                    writeln!(rows, "{id}")?;
+                }
+            }
+            rows.flush()?;
+            if offset > reported {
+                client
+                    .report_progress(ReportProgressRequest {
+                        job: identity.job.clone(),
+                        executor_id: identity.executor.clone(),
+                        task_id: task.id.clone(),
+                        offset,
+                    })
+                    .await?;
+                reported = offset;
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+    Ok(())
+}

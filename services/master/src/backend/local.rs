@@ -1,0 +1,369 @@
+//! The `local` backend: each executor is a child process of the master, started with a
+//! settings file written for it, restarted with backoff when it crashes, and stopped with
+//! SIGTERM (then SIGKILL) when released. PID files let the next master kill what a crashed
+//! master left behind. CPU and memory are recorded, not enforced (no cgroups here).
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+
+use super::{BackendError, BackendEvent, Executor, ExecutorSpec, ResourceBackend};
+use crate::settings::LocalBackendSettings;
+
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Identity every executor gets in its environment (settings files hold the rest).
+pub const ENV_JOB: &str = "PRIMUS_JOB";
+pub const ENV_EXECUTOR_ID: &str = "PRIMUS_EXECUTOR_ID";
+pub const ENV_MASTER_ADDR: &str = "PRIMUS_MASTER_ADDR";
+
+struct Supervised {
+    stop: watch::Sender<bool>,
+    supervisor: JoinHandle<()>,
+}
+
+pub struct LocalBackend {
+    settings: LocalBackendSettings,
+    master_addr: String,
+    processes: Mutex<HashMap<(String, String), Supervised>>,
+    events: broadcast::Sender<BackendEvent>,
+}
+
+impl LocalBackend {
+    /// `master_addr` (host:port) is given to executors so they can reach the task service.
+    pub fn new(settings: LocalBackendSettings, master_addr: String) -> Self {
+        Self {
+            settings,
+            master_addr,
+            processes: Mutex::new(HashMap::new()),
+            events: broadcast::channel(1024).0,
+        }
+    }
+
+    /// Kills processes a previous master started and did not stop (it crashed), using the
+    /// PID files under `work_dir`. Returns how many were killed.
+    pub fn kill_leftovers(&self) -> usize {
+        let Ok(jobs) = std::fs::read_dir(&self.settings.work_dir) else {
+            return 0;
+        };
+        let mut killed = 0;
+        for pid_file in jobs
+            .flatten()
+            .filter_map(|job| std::fs::read_dir(job.path()).ok())
+            .flat_map(|files| files.flatten().map(|f| f.path()))
+            .filter(|path| path.extension().is_some_and(|e| e == "pid"))
+        {
+            if let Some(pid) = leftover_pid(&pid_file) {
+                tracing::warn!(pid, file = %pid_file.display(), "killing an executor left by a previous master");
+                if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                    killed += 1;
+                }
+            }
+            let _ = std::fs::remove_file(&pid_file);
+        }
+        killed
+    }
+
+    /// Stops every process this backend started.
+    pub async fn shutdown(&self) {
+        let all: Vec<Supervised> = self.lock().drain().map(|(_, s)| s).collect();
+        stop_all(all).await;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Supervised>> {
+        self.processes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn binary(&self, spec: &ExecutorSpec) -> PathBuf {
+        if let Some(path) = self.settings.binaries.get(spec.role.as_str()) {
+            return path.clone();
+        }
+        let dir = self.settings.bin_dir.clone().or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|exe| exe.parent().map(Path::to_path_buf))
+        });
+        dir.unwrap_or_default().join(spec.role.binary())
+    }
+}
+
+/// The PID in `pid_file` if that process still runs the binary recorded next to it.
+fn leftover_pid(pid_file: &Path) -> Option<i32> {
+    let text = std::fs::read_to_string(pid_file).ok()?;
+    let (pid, binary) = text.split_once('\n')?;
+    let pid: i32 = pid.trim().parse().ok()?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    (exe == Path::new(binary.trim())).then_some(pid)
+}
+
+fn free_loopback_port() -> Result<u16, BackendError> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| BackendError::Io(format!("no free port on 127.0.0.1: {e}")))
+}
+
+impl ResourceBackend for LocalBackend {
+    async fn request(&self, spec: ExecutorSpec) -> Result<Executor, BackendError> {
+        let id = spec.id();
+        let job_dir = self.settings.work_dir.join(&spec.job);
+        let io = |what: &str, e: std::io::Error| BackendError::Io(format!("{what}: {e}"));
+        std::fs::create_dir_all(&job_dir).map_err(|e| io(&job_dir.display().to_string(), e))?;
+        let grpc_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_loopback_port()?));
+        let mut settings = spec.settings.clone();
+        let server = settings
+            .entry("server")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let toml::Value::Table(server) = server {
+            server.insert("grpc_addr".into(), grpc_addr.to_string().into());
+        }
+        let config = job_dir.join(format!("{id}.toml"));
+        std::fs::write(&config, settings.to_string())
+            .map_err(|e| io(&config.display().to_string(), e))?;
+        let launch = Launch {
+            binary: self.binary(&spec),
+            dir: job_dir.clone(),
+            config,
+            log: job_dir.join(format!("{id}.log")),
+            pid_file: job_dir.join(format!("{id}.pid")),
+            env: vec![
+                (ENV_JOB, spec.job.clone()),
+                (ENV_EXECUTOR_ID, id.clone()),
+                (ENV_MASTER_ADDR, self.master_addr.clone()),
+            ],
+        };
+        let child = launch.spawn().map_err(|message| BackendError::Start {
+            id: id.clone(),
+            binary: launch.binary.display().to_string(),
+            message,
+        })?;
+        let (stop, stopped) = watch::channel(false);
+        let supervisor = tokio::spawn(supervise(
+            launch,
+            child,
+            stopped,
+            Restarts {
+                job: spec.job.clone(),
+                id: id.clone(),
+                backoff: Duration::from_millis(self.settings.restart_backoff_ms.max(1)),
+                max: self.settings.max_restarts,
+                grace: Duration::from_millis(self.settings.stop_grace_ms),
+                events: self.events.clone(),
+            },
+        ));
+        let previous = self.lock().insert(
+            (spec.job.clone(), id.clone()),
+            Supervised { stop, supervisor },
+        );
+        if let Some(previous) = previous {
+            stop_all(vec![previous]).await;
+        }
+        tracing::info!(job = %spec.job, %id, %grpc_addr, "executor started");
+        Ok(Executor {
+            job: spec.job,
+            id,
+            role: spec.role,
+            grpc_addr,
+        })
+    }
+
+    async fn release(&self, job: &str, id: &str) -> Result<(), BackendError> {
+        let supervised = self
+            .lock()
+            .remove(&(job.to_owned(), id.to_owned()))
+            .ok_or_else(|| BackendError::Unknown {
+                job: job.into(),
+                id: id.into(),
+            })?;
+        stop_all(vec![supervised]).await;
+        Ok(())
+    }
+
+    async fn release_job(&self, job: &str) {
+        let mine: Vec<Supervised> = {
+            let mut processes = self.lock();
+            let keys: Vec<_> = processes
+                .keys()
+                .filter(|(j, _)| j == job)
+                .cloned()
+                .collect();
+            keys.iter().filter_map(|k| processes.remove(k)).collect()
+        };
+        stop_all(mine).await;
+    }
+
+    async fn resize(
+        &self,
+        job: &str,
+        id: &str,
+        cpu: f64,
+        memory_bytes: u64,
+    ) -> Result<(), BackendError> {
+        if !self.lock().contains_key(&(job.to_owned(), id.to_owned())) {
+            return Err(BackendError::Unknown {
+                job: job.into(),
+                id: id.into(),
+            });
+        }
+        let _ = self.events.send(BackendEvent::Resized {
+            job: job.into(),
+            id: id.into(),
+            cpu,
+            memory_bytes,
+        });
+        Ok(())
+    }
+
+    fn events(&self) -> broadcast::Receiver<BackendEvent> {
+        self.events.subscribe()
+    }
+}
+
+async fn stop_all(processes: Vec<Supervised>) {
+    for process in &processes {
+        let _ = process.stop.send(true);
+    }
+    for process in processes {
+        let _ = process.supervisor.await;
+    }
+}
+
+struct Launch {
+    binary: PathBuf,
+    /// The job's folder: the process's working directory.
+    dir: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    pid_file: PathBuf,
+    env: Vec<(&'static str, String)>,
+}
+
+impl Launch {
+    fn spawn(&self) -> Result<Child, String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| format!("log file {}: {e}", self.log.display()))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| format!("log file {}: {e}", self.log.display()))?;
+        let child = Command::new(&self.binary)
+            .current_dir(&self.dir)
+            .arg("--config")
+            .arg(&self.config)
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        if let Some(pid) = child.id() {
+            let record = format!("{pid}\n{}\n", self.binary.display());
+            let _ = std::fs::write(&self.pid_file, record);
+        }
+        Ok(child)
+    }
+}
+
+struct Restarts {
+    job: String,
+    id: String,
+    backoff: Duration,
+    max: u32,
+    grace: Duration,
+    events: broadcast::Sender<BackendEvent>,
+}
+
+/// Waits on the child; restarts it after a crash (with doubling backoff) until it has
+/// crashed more than `max` times; stops it when `stop` turns true.
+async fn supervise(
+    launch: Launch,
+    mut child: Child,
+    mut stop: watch::Receiver<bool>,
+    restarts: Restarts,
+) {
+    let mut crashes = 0;
+    let mut backoff = restarts.backoff;
+    loop {
+        let status = tokio::select! {
+            status = child.wait() => status,
+            _ = stopped(&mut stop) => {
+                terminate(&mut child, restarts.grace).await;
+                break;
+            }
+        };
+        let status = match status {
+            Ok(status) if status.success() => {
+                let _ = restarts.events.send(BackendEvent::Completed {
+                    job: restarts.job.clone(),
+                    id: restarts.id.clone(),
+                });
+                break;
+            }
+            Ok(status) => status.to_string(),
+            Err(e) => e.to_string(),
+        };
+        crashes += 1;
+        tracing::warn!(job = %restarts.job, id = %restarts.id, %status, crashes, "executor crashed");
+        if crashes > restarts.max {
+            let _ = restarts.events.send(BackendEvent::GaveUp {
+                job: restarts.job.clone(),
+                id: restarts.id.clone(),
+                status: format!("{status}; crashed {crashes} times"),
+            });
+            break;
+        }
+        let _ = restarts.events.send(BackendEvent::Restarting {
+            job: restarts.job.clone(),
+            id: restarts.id.clone(),
+            status,
+            restart: crashes,
+        });
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stopped(&mut stop) => break,
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+        child = match launch.spawn() {
+            Ok(child) => child,
+            Err(message) => {
+                let _ = restarts.events.send(BackendEvent::GaveUp {
+                    job: restarts.job.clone(),
+                    id: restarts.id.clone(),
+                    status: format!("restart failed: {message}"),
+                });
+                break;
+            }
+        };
+    }
+    let _ = std::fs::remove_file(&launch.pid_file);
+}
+
+/// Resolves once a stop was asked for (or the backend is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// SIGTERM, then SIGKILL if it has not exited within `grace`.
+async fn terminate(child: &mut Child, grace: Duration) {
+    if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+            return;
+        }
+    }
+    let _ = child.kill().await;
+}

@@ -1,0 +1,143 @@
+//! The unified resource controller's interface (Primus §3.1): a backend starts, stops and
+//! watches a job's executors. [`local::LocalBackend`] runs them as child processes; a
+//! Kubernetes backend implements the same trait with pods.
+
+pub mod local;
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use primus_proto::v1::Role;
+use tokio::sync::broadcast;
+
+/// The roles of a job's topology, as the backend starts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ExecutorRole {
+    Ps,
+    DataExecutor,
+    Trainer,
+}
+
+impl ExecutorRole {
+    pub const ALL: [ExecutorRole; 3] = [Self::Ps, Self::DataExecutor, Self::Trainer];
+
+    /// Name in settings (`local.binaries.<name>`), executor ids and subjects.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ps => "ps",
+            Self::DataExecutor => "data_executor",
+            Self::Trainer => "trainer",
+        }
+    }
+
+    pub fn binary(self) -> &'static str {
+        match self {
+            Self::Ps => "primus-ps",
+            Self::DataExecutor => "primus-data-executor",
+            Self::Trainer => "primus-trainer",
+        }
+    }
+
+    pub fn proto(self) -> Role {
+        match self {
+            Self::Ps => Role::Ps,
+            Self::DataExecutor => Role::DataExecutor,
+            Self::Trainer => Role::Trainer,
+        }
+    }
+}
+
+/// What to start: one process of a role, with its settings.
+#[derive(Debug, Clone)]
+pub struct ExecutorSpec {
+    pub job: String,
+    pub role: ExecutorRole,
+    pub index: u32,
+    /// The process's settings (its `server.grpc_addr` is chosen by the backend).
+    pub settings: toml::Table,
+    pub cpu: f64,
+    pub memory_bytes: u64,
+}
+
+impl ExecutorSpec {
+    /// `<role>-<index>`, unique within the job.
+    pub fn id(&self) -> String {
+        format!("{}-{}", self.role.as_str(), self.index)
+    }
+}
+
+/// A started executor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Executor {
+    pub job: String,
+    pub id: String,
+    pub role: ExecutorRole,
+    pub grpc_addr: SocketAddr,
+}
+
+/// What happened to an executor after it started.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendEvent {
+    /// It exited with status 0 and is not restarted.
+    Completed { job: String, id: String },
+    /// It crashed and is being restarted (attempt `restart` of the allowed ones).
+    Restarting {
+        job: String,
+        id: String,
+        status: String,
+        restart: u32,
+    },
+    /// It crashed more often than allowed: it stays down.
+    GaveUp {
+        job: String,
+        id: String,
+        status: String,
+    },
+    /// Its resources changed.
+    Resized {
+        job: String,
+        id: String,
+        cpu: f64,
+        memory_bytes: u64,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("cannot start {binary} for {id}: {message}")]
+    Start {
+        id: String,
+        binary: String,
+        message: String,
+    },
+    #[error("{0}")]
+    Io(String),
+    #[error("no executor {id} in job {job}")]
+    Unknown { job: String, id: String },
+}
+
+/// Starts, stops, resizes and watches executors.
+pub trait ResourceBackend: Send + Sync + 'static {
+    fn request(
+        &self,
+        spec: ExecutorSpec,
+    ) -> impl Future<Output = Result<Executor, BackendError>> + Send;
+
+    /// Stops one executor (SIGTERM, then SIGKILL after the grace period for processes).
+    fn release(&self, job: &str, id: &str)
+    -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Stops every executor of `job`.
+    fn release_job(&self, job: &str) -> impl Future<Output = ()> + Send;
+
+    /// Changes an executor's CPU and memory.
+    fn resize(
+        &self,
+        job: &str,
+        id: &str,
+        cpu: f64,
+        memory_bytes: u64,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    fn events(&self) -> broadcast::Receiver<BackendEvent>;
+}

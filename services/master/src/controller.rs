@@ -1,0 +1,649 @@
+//! The job controller: follows Jobs through the API server's Watch (listing again when the
+//! watch falls behind, resuming from its last version when the stream drops), and runs one
+//! [`drive_job`] task per Job of this master's shard. A driver moves its Job through
+//! Pending -> Starting -> Running -> Succeeded | Failed, with a condition saying why;
+//! deleting the Job stops its executors and drops its task queue.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use primus_api_client::{ApiClient, ClientError};
+use primus_bus::Bus;
+use primus_proto::v1::{Endpoint, EventType, MetricsReport, Resource};
+use primus_service::Shutdown;
+use primus_spec::Kind;
+use primus_spec::dataset::DatasetSpec;
+use primus_spec::job::JobSpec;
+use primus_spec::status::{Condition, Phase, Status};
+use redis::aio::ConnectionManager;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::backend::{BackendEvent, ExecutorRole, ExecutorSpec, ResourceBackend};
+use crate::driver::{self, now_ms};
+use crate::metrics::MetricsFold;
+use crate::plan::{Catalog, ListingCache};
+use crate::queue::TaskQueue;
+use crate::settings::{MasterSettings, owns_job};
+use crate::tasks::{JobRegistry, JobTasks};
+use crate::topology::Topologies;
+
+/// Everything the job drivers share.
+pub struct Context<B, C> {
+    pub api: ApiClient,
+    pub bus: Bus,
+    pub redis: ConnectionManager,
+    pub settings: MasterSettings,
+    pub shard: (u32, u32),
+    pub backend: Arc<B>,
+    pub cache: Arc<ListingCache<C>>,
+    pub jobs: JobRegistry,
+    pub topologies: Topologies,
+}
+
+struct Running {
+    cancel: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Follows Jobs until `shutdown`; then stops every driver (leaving Job status and queues
+/// as they are, for the next master).
+pub async fn run<B: ResourceBackend, C: Catalog>(context: Arc<Context<B, C>>, shutdown: Shutdown) {
+    let mut drivers: HashMap<String, Running> = HashMap::new();
+    let mut since = 0u64;
+    let mut listed = false;
+    while !shutdown.is_triggered() {
+        if !listed {
+            match context.api.list(Kind::Job, HashMap::new()).await {
+                Ok(list) => {
+                    let names: Vec<&str> = list.resources.iter().map(|r| r.name.as_str()).collect();
+                    drivers.retain(|name, _| names.contains(&name.as_str()));
+                    for resource in list.resources {
+                        observe(&context, &mut drivers, EventType::Added, resource).await;
+                    }
+                    since = list.resource_version;
+                    listed = true;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "listing Jobs; retrying");
+                    pause(&shutdown, Duration::from_secs(1)).await;
+                    continue;
+                }
+            }
+        }
+        let mut events = match context.api.watch(Some(Kind::Job), None, since).await {
+            Ok(events) => events,
+            Err(e) => {
+                tracing::warn!(error = %e, "watching Jobs; retrying");
+                listed = !matches!(e.code(), Some(tonic::Code::OutOfRange));
+                pause(&shutdown, Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        loop {
+            let message = tokio::select! {
+                message = events.message() => message,
+                _ = shutdown.wait() => break,
+            };
+            match message {
+                Ok(Some(event)) => {
+                    let Some(resource) = event.resource else {
+                        continue;
+                    };
+                    since = since.max(resource.resource_version);
+                    let kind = EventType::try_from(event.r#type).unwrap_or(EventType::Modified);
+                    observe(&context, &mut drivers, kind, resource).await;
+                }
+                Ok(None) => break,
+                Err(status) => {
+                    tracing::warn!(error = %status, since, "Job watch ended; resuming");
+                    listed = status.code() != tonic::Code::OutOfRange;
+                    break;
+                }
+            }
+        }
+        drivers.retain(|_, running| !running.task.is_finished());
+    }
+    for (_, running) in drivers {
+        let _ = running.cancel.send(true);
+        let _ = running.task.await;
+    }
+}
+
+async fn pause(shutdown: &Shutdown, duration: Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(duration) => {}
+        _ = shutdown.wait() => {}
+    }
+}
+
+async fn observe<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    drivers: &mut HashMap<String, Running>,
+    kind: EventType,
+    resource: Resource,
+) {
+    let name = resource.name.clone();
+    if !owns_job(context.shard, &name) {
+        return;
+    }
+    if kind == EventType::Deleted {
+        if let Some(running) = drivers.remove(&name) {
+            let _ = running.cancel.send(true);
+            let _ = running.task.await;
+        }
+        context.backend.release_job(&name).await;
+        let queue = TaskQueue::new(
+            context.redis.clone(),
+            &context.settings.redis.key_prefix,
+            &name,
+        );
+        if let Err(e) = queue.delete().await {
+            tracing::warn!(job = %name, error = %e, "dropping the task queue of a deleted Job");
+        }
+        tracing::info!(job = %name, "Job deleted: executors stopped, task queue dropped");
+        return;
+    }
+    if drivers.get(&name).is_some_and(|r| !r.task.is_finished()) {
+        return;
+    }
+    let status: Status = serde_json::from_str(&resource.status_json).unwrap_or_default();
+    if status.phase.is_terminal() {
+        return;
+    }
+    let (cancel, cancelled) = watch::channel(false);
+    let task = tokio::spawn(drive_job(context.clone(), resource, status, cancelled));
+    drivers.insert(name, Running { cancel, task });
+}
+
+/// Why a job ended, as its final condition.
+struct Outcome {
+    phase: Phase,
+    reason: &'static str,
+    message: String,
+}
+
+impl Outcome {
+    fn failed(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            phase: Phase::Failed,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// The status writer of one Job.
+struct JobStatus {
+    api: ApiClient,
+    name: String,
+    status: Status,
+}
+
+impl JobStatus {
+    fn condition(&mut self, kind: &str, holds: bool, reason: &str, message: String) {
+        let now = now_ms();
+        let conditions = &mut self.status.conditions;
+        match conditions.iter_mut().find(|c| c.kind == kind) {
+            Some(c) => {
+                if c.status != holds || c.reason != reason {
+                    c.last_transition_unix_ms = now;
+                }
+                c.status = holds;
+                c.reason = reason.into();
+                c.message = message;
+            }
+            None => conditions.push(Condition {
+                kind: kind.into(),
+                status: holds,
+                reason: reason.into(),
+                message,
+                last_transition_unix_ms: now,
+            }),
+        }
+    }
+
+    async fn set(&mut self, phase: Phase, kind: &str, reason: &str, message: String) {
+        self.status.phase = phase;
+        self.condition(kind, phase != Phase::Failed, reason, message);
+        self.write().await;
+    }
+
+    async fn write(&self) {
+        if let Err(e) = self
+            .api
+            .update_status(Kind::Job, &self.name, &self.status, 0)
+            .await
+        {
+            tracing::warn!(job = %self.name, error = %e, "writing Job status");
+        }
+    }
+}
+
+async fn drive_job<B: ResourceBackend, C: Catalog>(
+    context: Arc<Context<B, C>>,
+    resource: Resource,
+    status: Status,
+    mut cancelled: watch::Receiver<bool>,
+) {
+    let name = resource.name.clone();
+    let mut writer = JobStatus {
+        api: context.api.clone(),
+        name: name.clone(),
+        status,
+    };
+    writer.status.observed_generation = resource.generation;
+    let mut tasks = Vec::new();
+    let outcome = tokio::select! {
+        outcome = run_job(&context, &resource, &mut writer, &mut tasks) => Some(outcome),
+        _ = cancelled.wait_for(|c| *c) => None,
+    };
+    for task in tasks {
+        task.abort();
+    }
+    context.backend.release_job(&name).await;
+    context.topologies.remove_job(&name);
+    context
+        .jobs
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&name);
+    if let Some(outcome) = outcome {
+        tracing::info!(job = %name, phase = ?outcome.phase, reason = outcome.reason, message = %outcome.message, "Job ended");
+        writer
+            .set(outcome.phase, "Complete", outcome.reason, outcome.message)
+            .await;
+    }
+}
+
+/// Runs the Job until it ends; the tasks it spawns are aborted by the caller.
+async fn run_job<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    resource: &Resource,
+    writer: &mut JobStatus,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Outcome {
+    let name = resource.name.as_str();
+    let spec: JobSpec = match serde_json::from_str(&resource.spec_json) {
+        Ok(spec) => spec,
+        Err(e) => return Outcome::failed("InvalidSpec", format!("spec: {e}")),
+    };
+    let dataset = match load_dataset(&context.api, &spec.dataset).await {
+        Ok(dataset) => dataset,
+        Err(outcome) => return outcome,
+    };
+    let (reads_batch, reads_streams) = driver::reads(spec.mode);
+    if reads_batch && let Err(outcome) = check_sources(&context.cache, &dataset).await {
+        return outcome;
+    }
+    let plans = match driver::stream_plans(&dataset) {
+        Ok(plans) => plans,
+        Err(e) => return Outcome::failed("InvalidDataset", e.to_string()),
+    };
+    writer
+        .set(
+            Phase::Starting,
+            "Scheduled",
+            "ExecutorsRequested",
+            format!(
+                "{} PS, {} data executors, {} trainers",
+                spec.topology.ps.replicas,
+                spec.topology.data_executors.replicas,
+                spec.topology.trainers.replicas
+            ),
+        )
+        .await;
+
+    let queue = TaskQueue::new(
+        context.redis.clone(),
+        &context.settings.redis.key_prefix,
+        name,
+    );
+    let bounded = Arc::new(AtomicBool::new(false));
+    context
+        .jobs
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(
+            name.to_owned(),
+            JobTasks {
+                queue: queue.clone(),
+                bounded: bounded.clone(),
+            },
+        );
+    // Executors of a previous master (same ids as the ones about to start) are gone: their
+    // tasks go back to pending without using up an attempt.
+    if let Err(e) = queue.requeue_previous_executors().await {
+        return Outcome::failed("TaskQueueUnavailable", e.to_string());
+    }
+    let stream_bindings = driver::stream_tasks(name, &dataset);
+    if reads_streams
+        && spec.mode != primus_spec::job::TrainingMode::BatchThenStream
+        && let Err(e) = queue.add_stream_tasks(&stream_bindings).await
+    {
+        return Outcome::failed("TaskQueueUnavailable", e.to_string());
+    }
+    let planner = reads_batch.then(|| {
+        let job: Arc<str> = Arc::from(name);
+        let settings = context.settings.master.planner.clone();
+        let handles: Vec<_> = plans
+            .into_iter()
+            .map(|plan| {
+                tokio::spawn(driver::plan_stream(
+                    queue.clone(),
+                    context.cache.clone(),
+                    job.clone(),
+                    Arc::new(plan),
+                    settings.clone(),
+                ))
+            })
+            .collect();
+        handles
+    });
+    tasks.push(tokio::spawn(driver::monitor(
+        queue.clone(),
+        context.bus.clone(),
+        name.to_owned(),
+        context.settings.master.tasks.clone(),
+    )));
+    let mut fold = MetricsFold::default();
+    let (reports_tx, mut reports) = tokio::sync::mpsc::channel::<MetricsReport>(1024);
+    tasks.push(tokio::spawn(follow_metrics(
+        context.bus.clone(),
+        name.to_owned(),
+        reports_tx,
+    )));
+
+    let mut backend_events = context.backend.events();
+    if let Err(outcome) = start_executors(context, name, &spec).await {
+        return outcome;
+    }
+    let ready = match wait_ready(context, name).await {
+        Ok(ready) => ready,
+        Err(outcome) => return outcome,
+    };
+    writer
+        .set(
+            Phase::Running,
+            "Ready",
+            "ExecutorsReady",
+            format!("{ready} executors serving"),
+        )
+        .await;
+
+    let mut planners = planner.unwrap_or_default();
+    let mut ticks = tokio::time::interval(Duration::from_millis(
+        context.settings.master.status_interval_ms.max(50),
+    ));
+    let mut batch_done_declared = false;
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            Some(report) = reports.recv() => { fold.add(report); continue; }
+            event = backend_events.recv() => {
+                if let Ok(BackendEvent::GaveUp { job, id, status }) = event
+                    && job == name
+                {
+                    return Outcome::failed("ExecutorFailed", format!("{id} keeps crashing: {status}"));
+                }
+                continue;
+            }
+        }
+        for handle in planners.iter_mut().filter(|h| h.is_finished()) {
+            match handle.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Outcome::failed("PlanningFailed", e.to_string()),
+                Err(e) => return Outcome::failed("PlanningFailed", e.to_string()),
+            }
+        }
+        planners.retain(|h| !h.is_finished());
+        let all_planned = reads_batch && planners.is_empty();
+        let has_streams = reads_streams && !stream_bindings.is_empty();
+        bounded.store(all_planned && !has_streams, Ordering::Release);
+        let counts = match queue.counts().await {
+            Ok(counts) => counts,
+            Err(e) => {
+                tracing::warn!(job = name, error = %e, "reading the task queue");
+                continue;
+            }
+        };
+        if counts.failed > 0 {
+            let failures = queue.failures().await.unwrap_or_default();
+            let (task, error) = failures.into_iter().next().unwrap_or_default();
+            return Outcome::failed("TaskFailed", format!("task {task}: {error}"));
+        }
+        let batch_finished = all_planned && counts.pending == 0 && counts.running == 0;
+        if batch_finished && !has_streams {
+            return Outcome {
+                phase: Phase::Succeeded,
+                reason: "DataExhausted",
+                message: format!("all {} data tasks succeeded", counts.succeeded),
+            };
+        }
+        if batch_finished
+            && spec.mode == primus_spec::job::TrainingMode::BatchThenStream
+            && !batch_done_declared
+        {
+            if let Err(e) = queue.add_stream_tasks(&stream_bindings).await {
+                tracing::warn!(job = name, error = %e, "declaring stream bindings");
+                continue;
+            }
+            batch_done_declared = true;
+        }
+        let fraction = (all_planned && !has_streams && counts.total > 0)
+            .then(|| counts.succeeded as f64 / counts.total as f64);
+        let metrics_changed = fold.tick(now_ms());
+        let progress = fold.progress(fraction).or_else(|| {
+            fraction.map(|f| primus_spec::status::Progress {
+                fraction: Some(f),
+                ..Default::default()
+            })
+        });
+        if progress != writer.status.progress {
+            writer.status.progress = progress;
+            writer.write().await;
+        }
+        if metrics_changed {
+            write_metrics(&context.api, name, &fold).await;
+        }
+    }
+}
+
+async fn load_dataset(api: &ApiClient, name: &str) -> Result<DatasetSpec, Outcome> {
+    let resource = match api.get(Kind::Dataset, name).await {
+        Ok(resource) => resource,
+        Err(e @ ClientError::Status(_)) if e.code() == Some(tonic::Code::NotFound) => {
+            return Err(Outcome::failed(
+                "DatasetMissing",
+                format!("spec.dataset: Dataset {name:?} does not exist"),
+            ));
+        }
+        Err(e) => return Err(Outcome::failed("DatasetUnreadable", e.to_string())),
+    };
+    serde_json::from_str(&resource.spec_json)
+        .map_err(|e| Outcome::failed("InvalidDataset", format!("Dataset {name:?}: {e}")))
+}
+
+/// Every Parquet source's prefix must hold something.
+async fn check_sources<C: Catalog>(
+    cache: &ListingCache<C>,
+    dataset: &DatasetSpec,
+) -> Result<(), Outcome> {
+    for source in dataset.streams.iter().flat_map(|s| &s.sources) {
+        let Some(parquet) = &source.parquet else {
+            continue;
+        };
+        match cache.catalog().exists(&parquet.uri).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(Outcome::failed(
+                    "DataSourceMissing",
+                    format!(
+                        "source `{}`: nothing under prefix {}",
+                        source.name, parquet.uri
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Err(Outcome::failed(
+                    "DataSourceUnreadable",
+                    format!("source `{}`: {e}", source.name),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The settings file of one executor: the master's NATS, telemetry and storage sections,
+/// plus the PS tables for PS shards.
+fn executor_settings(settings: &MasterSettings, role: ExecutorRole, spec: &JobSpec) -> toml::Table {
+    let mut table = toml::Table::new();
+    let mut insert = |key: &str, value: Result<toml::Value, toml::ser::Error>| {
+        if let Ok(value) = value {
+            table.insert(key.into(), value);
+        }
+    };
+    insert("nats", toml::Value::try_from(&settings.nats));
+    insert("telemetry", toml::Value::try_from(&settings.telemetry));
+    if role == ExecutorRole::Ps {
+        insert("storage", toml::Value::try_from(&settings.storage));
+        let mut ps = toml::Table::new();
+        if let Ok(tables) = toml::Value::try_from(&spec.model.tables) {
+            ps.insert("tables".into(), tables);
+        }
+        table.insert("ps".into(), toml::Value::Table(ps));
+    }
+    table
+}
+
+async fn start_executors<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    job: &str,
+    spec: &JobSpec,
+) -> Result<(), Outcome> {
+    let topology = &spec.topology;
+    for role in ExecutorRole::ALL {
+        let role_spec = match role {
+            ExecutorRole::Ps => &topology.ps,
+            ExecutorRole::DataExecutor => &topology.data_executors,
+            ExecutorRole::Trainer => &topology.trainers,
+        };
+        for index in 0..role_spec.replicas {
+            let request = ExecutorSpec {
+                job: job.to_owned(),
+                role,
+                index,
+                settings: executor_settings(&context.settings, role, spec),
+                cpu: role_spec.cpu,
+                memory_bytes: primus_spec::job::parse_memory(&role_spec.memory).unwrap_or(0),
+            };
+            let executor = context
+                .backend
+                .request(request)
+                .await
+                .map_err(|e| Outcome::failed("ExecutorStartFailed", e.to_string()))?;
+            context.topologies.add(
+                job,
+                Endpoint {
+                    role: role.proto() as i32,
+                    id: executor.id,
+                    grpc_addr: executor.grpc_addr.to_string(),
+                },
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Waits until every executor's gRPC health says SERVING.
+async fn wait_ready<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    job: &str,
+) -> Result<usize, Outcome> {
+    let endpoints = context
+        .topologies
+        .get(job)
+        .map(|(_, e)| e)
+        .unwrap_or_default();
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    for endpoint in &endpoints {
+        loop {
+            if serving(&endpoint.grpc_addr).await {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(Outcome::failed(
+                    "ExecutorsNotReady",
+                    format!(
+                        "{} at {} did not report SERVING within {}s",
+                        endpoint.id,
+                        endpoint.grpc_addr,
+                        READY_TIMEOUT.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(endpoints.len())
+}
+
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn serving(addr: &str) -> bool {
+    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")) else {
+        return false;
+    };
+    let Ok(channel) = endpoint
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+    else {
+        return false;
+    };
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let request = tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    };
+    matches!(
+        health.check(request).await.map(|r| r.into_inner().status),
+        Ok(status) if status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    )
+}
+
+async fn follow_metrics(bus: Bus, job: String, reports: tokio::sync::mpsc::Sender<MetricsReport>) {
+    let subject = match bus.subjects().metrics(&job, "*", "*") {
+        Ok(subject) => subject,
+        Err(e) => return tracing::error!(%job, error = %e, "metrics subject"),
+    };
+    let mut messages = match bus.subscribe::<MetricsReport>(subject).await {
+        Ok(messages) => messages,
+        Err(e) => return tracing::error!(%job, error = %e, "metrics subscription"),
+    };
+    while let Some(message) = messages.next().await {
+        match message {
+            Ok(received) => {
+                if reports.send(received.message).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => tracing::warn!(%job, error = %e, "undecodable metrics report"),
+        }
+    }
+}
+
+async fn write_metrics(api: &ApiClient, job: &str, fold: &MetricsFold) {
+    let resource = primus_spec::Resource::Metric(Box::new(primus_spec::Object {
+        metadata: primus_spec::Metadata {
+            name: job.to_owned(),
+            labels: Default::default(),
+        },
+        spec: fold.spec(job),
+    }));
+    if let Err(e) = api.apply(&resource, 0).await {
+        tracing::warn!(%job, error = %e, "writing the Metric resource");
+    }
+}

@@ -1,0 +1,227 @@
+//! The data driver of one job (Primus §4.3.1): plans the Dataset's batch windows into the
+//! job's [`TaskQueue`] (resuming from the queue's cursors after a restart), declares its
+//! stream bindings, and runs the task monitor that re-queues the work of executors that
+//! stopped heartbeating.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use primus_bus::Bus;
+use primus_proto::v1::{DataTask, Heartbeat, StreamWork, data_task};
+use primus_spec::dataset::{DataSource, DatasetSpec, StreamOrder};
+use primus_spec::job::TrainingMode;
+
+use crate::plan::{
+    self, BatchSource, Catalog, ListingCache, PlanError, PlanOptions, StreamPlan, time,
+};
+use crate::queue::{QueueError, TaskQueue};
+use crate::settings::{PlannerSettings, TaskSettings};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("dataset: {0}")]
+    Dataset(String),
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+/// Whether the mode reads batch sources, and stream sources.
+pub fn reads(mode: TrainingMode) -> (bool, bool) {
+    match mode {
+        TrainingMode::Batch => (true, false),
+        TrainingMode::Stream => (false, true),
+        TrainingMode::BatchThenStream | TrainingMode::Mixture => (true, true),
+    }
+}
+
+/// The batch side of every stream, ready for the planner.
+pub fn stream_plans(dataset: &DatasetSpec) -> Result<Vec<StreamPlan>, DriverError> {
+    let mut plans = Vec::new();
+    let mut starts = Vec::new();
+    for stream in &dataset.streams {
+        let start = time::parse_window_time(&stream.window.start).ok_or_else(|| {
+            DriverError::Dataset(format!("stream {}: bad window.start", stream.name))
+        })?;
+        let end = match &stream.window.end {
+            Some(end) => Some(time::parse_window_time(end).ok_or_else(|| {
+                DriverError::Dataset(format!("stream {}: bad window.end", stream.name))
+            })?),
+            None => None,
+        };
+        starts.push((start, end));
+    }
+    let epoch = starts.iter().map(|(s, _)| *s).min().unwrap_or(0);
+    let total_sources = dataset
+        .streams
+        .iter()
+        .flat_map(|s| &s.sources)
+        .filter(|s| s.parquet.is_some())
+        .count() as u64;
+    let mut first_source_index = 0;
+    for (rank, (stream, (start, end))) in dataset.streams.iter().zip(starts).enumerate() {
+        let sources: Vec<BatchSource> = stream
+            .sources
+            .iter()
+            .filter_map(|s: &DataSource| {
+                Some(BatchSource {
+                    name: s.name.clone(),
+                    uri: s.parquet.as_ref()?.uri.clone(),
+                })
+            })
+            .collect();
+        let count = sources.len() as u64;
+        plans.push(StreamPlan {
+            name: stream.name.clone(),
+            rank: match dataset.order {
+                StreamOrder::Sequential => rank as u64,
+                StreamOrder::Simultaneous => 0,
+            },
+            unit: stream.window.unit,
+            start,
+            end,
+            epoch,
+            first_source_index,
+            total_sources: total_sources.max(1),
+            sources,
+        });
+        first_source_index += count;
+    }
+    Ok(plans)
+}
+
+/// The stream bindings of every JetStream source.
+pub fn stream_tasks(job: &str, dataset: &DatasetSpec) -> Vec<DataTask> {
+    dataset
+        .streams
+        .iter()
+        .flat_map(|s| &s.sources)
+        .filter_map(|source| {
+            let js = source.jetstream.as_ref()?;
+            Some(DataTask {
+                id: format!("{}/stream", source.name),
+                job: job.to_owned(),
+                source: source.name.clone(),
+                work: Some(data_task::Work::Stream(StreamWork {
+                    stream: js.stream.clone(),
+                    subject: js.subject.clone(),
+                    durable: format!("{job}-{}", source.name),
+                })),
+                ..DataTask::default()
+            })
+        })
+        .collect()
+}
+
+/// Plans every window of `stream` that has ended, resuming at the queue's cursor, until
+/// the stream's end (bounded) or forever (open-ended, checking every `poll_interval_ms`).
+pub async fn plan_stream<C: Catalog>(
+    queue: TaskQueue,
+    cache: Arc<ListingCache<C>>,
+    job: Arc<str>,
+    stream: Arc<StreamPlan>,
+    settings: PlannerSettings,
+) -> Result<(), DriverError> {
+    let options = PlanOptions {
+        target_task_bytes: settings.target_task_bytes,
+        parallelism: settings.parallelism,
+    };
+    let step = time::window_seconds(stream.unit);
+    loop {
+        let (cursor, planned_all) = queue.cursor(&stream.name).await?;
+        if planned_all {
+            return Ok(());
+        }
+        let from = cursor.unwrap_or(stream.start);
+        let ended = (now_ms() / 1000).div_euclid(step) * step;
+        let until = stream.end.map_or(ended, |end| end.min(ended));
+        if stream.sources.is_empty() {
+            if let Some(end) = stream.end {
+                queue.enqueue_window(&stream.name, end, true, &[]).await?;
+                return Ok(());
+            }
+        } else {
+            let mut windows = std::pin::pin!(plan::plan_windows(
+                cache.clone(),
+                stream.clone(),
+                job.clone(),
+                from,
+                until,
+                options,
+            ));
+            while let Some(window) = windows.next().await {
+                let window = window?;
+                let last = stream.end.is_some_and(|end| window.end >= end);
+                queue
+                    .enqueue_window(&stream.name, window.end, last, &window.tasks)
+                    .await?;
+                tracing::debug!(job = %job, stream = %stream.name, start = window.start, tasks = window.tasks.len(), "window planned");
+                if last {
+                    return Ok(());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(settings.poll_interval_ms.max(100))).await;
+    }
+}
+
+/// Re-queues the work of executors silent for longer than the heartbeat timeout, and
+/// takes heartbeats from NATS. Runs until aborted.
+pub async fn monitor(queue: TaskQueue, bus: Bus, job: String, settings: TaskSettings) {
+    let heartbeats = async {
+        let subject = match bus.subjects().heartbeat(&job, "data_executor", "*") {
+            Ok(subject) => subject,
+            Err(e) => return tracing::error!(%job, error = %e, "heartbeat subject"),
+        };
+        let mut beats = match bus.subscribe::<Heartbeat>(subject).await {
+            Ok(beats) => beats,
+            Err(e) => return tracing::error!(%job, error = %e, "heartbeat subscription"),
+        };
+        while let Some(beat) = beats.next().await {
+            let Ok(beat) = beat else { continue };
+            if let Some(endpoint) = beat.message.endpoint {
+                // Only executors the queue knows (registered, not yet declared lost).
+                if let Err(e) = queue.touch_known(&endpoint.id, now_ms()).await {
+                    tracing::warn!(%job, error = %e, "recording a heartbeat");
+                }
+            }
+        }
+    };
+    let sweeps = async {
+        let timeout = settings.heartbeat_timeout_ms as i64;
+        let mut ticks = tokio::time::interval(Duration::from_millis(
+            (settings.heartbeat_timeout_ms / 4).max(50),
+        ));
+        loop {
+            ticks.tick().await;
+            let silent = match queue.silent_executors(now_ms() - timeout).await {
+                Ok(silent) => silent,
+                Err(e) => {
+                    tracing::warn!(%job, error = %e, "task monitor");
+                    continue;
+                }
+            };
+            for executor in silent {
+                match queue
+                    .requeue_executor(&executor, settings.max_attempts)
+                    .await
+                {
+                    Ok(requeued) => {
+                        tracing::warn!(%job, %executor, requeued, "executor stopped heartbeating; its tasks are re-queued")
+                    }
+                    Err(e) => tracing::warn!(%job, %executor, error = %e, "re-queueing"),
+                }
+            }
+        }
+    };
+    tokio::join!(heartbeats, sweeps);
+}

@@ -1,0 +1,162 @@
+//! Folds a job's `MetricsReport`s (NATS) into its Metric resource series and its progress.
+
+use std::collections::{BTreeMap, HashMap};
+
+use primus_proto::v1::{MetricsReport, Role};
+use primus_spec::metric::{MetricPoint, MetricSeries, MetricSpec};
+use primus_spec::status::Progress;
+
+/// Points kept per series (older ones are dropped).
+pub const MAX_POINTS: usize = 720;
+
+#[derive(Default)]
+pub struct MetricsFold {
+    /// Latest report per executor id.
+    latest: HashMap<String, MetricsReport>,
+    fresh: bool,
+    series: BTreeMap<(String, String), Vec<MetricPoint>>,
+}
+
+fn role_name(report: &MetricsReport) -> String {
+    let role = report
+        .endpoint
+        .as_ref()
+        .and_then(|e| Role::try_from(e.role).ok())
+        .unwrap_or(Role::Unspecified);
+    role.as_str_name()
+        .trim_start_matches("ROLE_")
+        .to_ascii_lowercase()
+}
+
+impl MetricsFold {
+    pub fn add(&mut self, report: MetricsReport) {
+        let id = report
+            .endpoint
+            .as_ref()
+            .map(|e| e.id.clone())
+            .unwrap_or_default();
+        self.latest.insert(id, report);
+        self.fresh = true;
+    }
+
+    /// Appends one point per (gauge, role) from the latest reports, if any arrived since
+    /// the last tick. Returns whether anything changed.
+    pub fn tick(&mut self, unix_ms: i64) -> bool {
+        if !std::mem::take(&mut self.fresh) {
+            return false;
+        }
+        let mut values: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
+        for report in self.latest.values() {
+            let role = role_name(report);
+            for (name, value) in &report.gauges {
+                if value.is_finite() {
+                    values
+                        .entry((name.clone(), role.clone()))
+                        .or_default()
+                        .push(*value);
+                }
+            }
+        }
+        for ((name, role), v) in values {
+            let value = if name.ends_with("_per_second") {
+                v.iter().sum()
+            } else {
+                v.iter().sum::<f64>() / v.len() as f64
+            };
+            let points = self.series.entry((name, role)).or_default();
+            points.push(MetricPoint { unix_ms, value });
+            if points.len() > MAX_POINTS {
+                points.drain(..points.len() - MAX_POINTS);
+            }
+        }
+        true
+    }
+
+    pub fn spec(&self, job: &str) -> MetricSpec {
+        MetricSpec {
+            job: job.to_owned(),
+            series: self
+                .series
+                .iter()
+                .map(|((name, role), points)| MetricSeries {
+                    name: name.clone(),
+                    role: Some(role.clone()),
+                    points: points.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The trainers' totals and latest gauges as job progress (None before any report).
+    pub fn progress(&self, fraction: Option<f64>) -> Option<Progress> {
+        let trainers: Vec<&MetricsReport> = self
+            .latest
+            .values()
+            .filter(|r| {
+                r.endpoint
+                    .as_ref()
+                    .is_some_and(|e| e.role == Role::Trainer as i32)
+            })
+            .collect();
+        if trainers.is_empty() {
+            return None;
+        }
+        let aucs: Vec<f64> = trainers
+            .iter()
+            .filter_map(|r| r.gauges.get("auc").copied())
+            .collect();
+        Some(Progress {
+            samples: trainers.iter().map(|r| r.samples).sum(),
+            steps: trainers.iter().map(|r| r.steps).max().unwrap_or(0),
+            fraction,
+            samples_per_second: trainers
+                .iter()
+                .filter_map(|r| r.gauges.get("samples_per_second"))
+                .sum(),
+            auc: (!aucs.is_empty()).then(|| aucs.iter().sum::<f64>() / aucs.len() as f64),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use primus_proto::v1::Endpoint;
+
+    fn report(id: &str, sps: f64, auc: f64, samples: u64) -> MetricsReport {
+        MetricsReport {
+            job: "j".into(),
+            endpoint: Some(Endpoint {
+                role: Role::Trainer as i32,
+                id: id.into(),
+                grpc_addr: String::new(),
+            }),
+            unix_ms: 1,
+            gauges: [("samples_per_second".into(), sps), ("auc".into(), auc)].into(),
+            samples,
+            steps: samples / 10,
+        }
+    }
+
+    #[test]
+    fn rates_add_up_and_other_gauges_average() {
+        let mut fold = MetricsFold::default();
+        assert!(!fold.tick(1));
+        fold.add(report("t0", 100.0, 0.7, 1000));
+        fold.add(report("t1", 50.0, 0.8, 500));
+        assert!(fold.tick(2));
+        let spec = fold.spec("j");
+        let value = |name: &str| {
+            spec.series
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| s.points[0].value)
+        };
+        assert_eq!(value("samples_per_second"), Some(150.0));
+        assert!((value("auc").unwrap_or_default() - 0.75).abs() < 1e-12);
+        let progress = fold.progress(Some(0.5)).expect("trainers reported");
+        assert_eq!(progress.samples, 1500);
+        assert_eq!(progress.samples_per_second, 150.0);
+        assert!(!fold.tick(3), "no new report, no new point");
+    }
+}

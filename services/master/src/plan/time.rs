@@ -1,0 +1,98 @@
+//! UTC window arithmetic for partition paths, without a calendar dependency
+//! (days-from-civil and its inverse, proleptic Gregorian calendar).
+
+use primus_spec::dataset::WindowUnit;
+
+pub const HOUR: i64 = 3600;
+pub const DAY: i64 = 24 * HOUR;
+
+/// Seconds in one window of `unit`.
+pub fn window_seconds(unit: WindowUnit) -> i64 {
+    match unit {
+        WindowUnit::Hourly => HOUR,
+        WindowUnit::Daily => DAY,
+    }
+}
+
+/// Unix seconds of a validated `YYYY-MM-DD` or `YYYY-MM-DDTHH` window time.
+pub fn parse_window_time(text: &str) -> Option<i64> {
+    let (date, hour) = match text.split_once('T') {
+        Some((date, hour)) => (
+            date,
+            hour.parse::<i64>().ok().filter(|h| (0..24).contains(h))?,
+        ),
+        None => (text, 0),
+    };
+    let mut parts = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (year, month, day) = (parts.next()??, parts.next()??, parts.next()??);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return None;
+    }
+    Some(days_from_civil(year, month, day) * DAY + hour * HOUR)
+}
+
+/// `YYYY-MM-DD` of the day holding `unix_s`.
+pub fn date_of(unix_s: i64) -> String {
+    let (y, m, d) = civil_from_days(unix_s.div_euclid(DAY));
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The partition directory of the window starting at `start`, relative to a source URI:
+/// `date=YYYY-MM-DD/hour=HH` (hourly) or `date=YYYY-MM-DD` (daily).
+pub fn partition(unit: WindowUnit, start: i64) -> String {
+    match unit {
+        WindowUnit::Daily => format!("date={}", date_of(start)),
+        WindowUnit::Hourly => format!(
+            "date={}/hour={:02}",
+            date_of(start),
+            start.rem_euclid(DAY) / HOUR
+        ),
+    }
+}
+
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_times_round_trip_through_partitions() {
+        assert_eq!(parse_window_time("1970-01-01"), Some(0));
+        assert_eq!(parse_window_time("1970-01-02T01"), Some(DAY + HOUR));
+        let t = parse_window_time("2024-02-29T23").expect("leap day");
+        assert_eq!(partition(WindowUnit::Hourly, t), "date=2024-02-29/hour=23");
+        assert_eq!(
+            partition(WindowUnit::Hourly, t + HOUR),
+            "date=2024-03-01/hour=00"
+        );
+        assert_eq!(partition(WindowUnit::Daily, t), "date=2024-02-29");
+        for days in (-800_000..800_000).step_by(997) {
+            let (y, m, d) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m, d), days);
+        }
+        assert_eq!(parse_window_time("2024-13-01"), None);
+        assert_eq!(parse_window_time("2024-01-01T24"), None);
+    }
+}

@@ -1,0 +1,529 @@
+//! A job's data tasks in Redis (Primus §4.3.1): the batch task queue (pending, running,
+//! succeeded, failed, with attempt counts and reported offsets) and the stream task graph
+//! (stream bindings, assigned or unassigned). Every transition is one Lua script, so a
+//! master can die at any point and the next one resumes from exactly what Redis holds.
+//!
+//! Keys, under `<p>:job:<job>:` (`<p>` is `redis.key_prefix`):
+//! - `task` hash id -> DataTask protobuf (as planned: offset 0, attempt 0)
+//! - `order` hash id -> queue order; `pending` sorted set of ids by order
+//! - `running` hash id -> executor; `offset` hash id -> rows consumed; `attempts` hash
+//! - `succeeded` set of ids; `failed` hash id -> last error
+//! - `cursor` hash stream -> start of the next window to plan; `planned` hash stream -> 1
+//!   once a bounded stream is fully planned
+//! - `executors` hash executor -> last heartbeat (unix ms)
+//! - `stream` hash source -> executor ("" when unassigned); `stream_task` hash source ->
+//!   DataTask protobuf
+
+use primus_proto::v1::DataTask;
+use prost::Message;
+use redis::Script;
+use redis::aio::ConnectionManager;
+
+use std::sync::Arc;
+
+use crate::plan::{ORDER_WINDOW_DIVISOR, PlannedTask};
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("Redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("corrupt task {id:?} in Redis: {message}")]
+    Corrupt { id: String, message: String },
+}
+
+/// What [`TaskQueue::acquire`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Acquired {
+    Task(DataTask),
+    /// Tasks are pending, but all are further ahead of the oldest open window than
+    /// `max_lead_hours` allows.
+    Throttled,
+    Empty,
+}
+
+/// How a finish report was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    Succeeded,
+    Requeued,
+    /// Out of attempts: the task is failed for good.
+    Failed,
+    /// The task is not this executor's (anymore): nothing changed.
+    NotOwner,
+}
+
+/// Counts of a job's batch tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueCounts {
+    pub total: u64,
+    pub pending: u64,
+    pub running: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+}
+
+const ENQUEUE: &str = r#"
+-- KEYS: task order pending cursor planned; ARGV: stream next_cursor planned_all then (id order proto)*
+local added = 0
+for i = 3, #ARGV - 2, 3 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 2]) == 1 then
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+    redis.call('ZADD', KEYS[3], ARGV[i + 1], ARGV[i])
+    added = added + 1
+  end
+end
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+if ARGV[#ARGV] == '1' then redis.call('HSET', KEYS[5], ARGV[1], '1') end
+return added
+"#;
+
+const ACQUIRE: &str = r#"
+-- KEYS: pending running task offset attempts executors order stream stream_task
+-- ARGV: executor now_ms max_lead_windows window_divisor
+redis.call('HSET', KEYS[6], ARGV[1], ARGV[2])
+local bindings = redis.call('HGETALL', KEYS[8])
+for i = 1, #bindings, 2 do
+  if bindings[i + 1] == '' then
+    redis.call('HSET', KEYS[8], bindings[i], ARGV[1])
+    return {'stream', redis.call('HGET', KEYS[9], bindings[i]), '0', '1'}
+  end
+end
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #head == 0 then return {'empty'} end
+local id = head[1]
+local lead = tonumber(ARGV[3])
+if lead > 0 then
+  local divisor = tonumber(ARGV[4])
+  local head_window = math.floor(tonumber(head[2]) / divisor)
+  local oldest = head_window
+  local running = redis.call('HKEYS', KEYS[2])
+  for i = 1, #running do
+    local w = math.floor(tonumber(redis.call('HGET', KEYS[7], running[i])) / divisor)
+    if w < oldest then oldest = w end
+  end
+  if head_window - oldest >= lead then return {'throttled'} end
+end
+redis.call('ZREM', KEYS[1], id)
+redis.call('HSET', KEYS[2], id, ARGV[1])
+local attempt = redis.call('HINCRBY', KEYS[5], id, 1)
+local offset = redis.call('HGET', KEYS[4], id) or '0'
+return {'batch', redis.call('HGET', KEYS[3], id), offset, tostring(attempt)}
+"#;
+
+const PROGRESS: &str = r#"
+-- KEYS: running offset executors; ARGV: id executor offset now_ms
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+local current = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if tonumber(ARGV[3]) > current then redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) end
+return 1
+"#;
+
+const FINISH: &str = r#"
+-- KEYS: running succeeded failed pending order attempts offset executors
+-- ARGV: id executor error max_attempts now_ms
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 'not_owner' end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[8], ARGV[2], ARGV[5])
+if ARGV[3] == '' then
+  redis.call('SADD', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[7], ARGV[1])
+  return 'succeeded'
+end
+if tonumber(redis.call('HGET', KEYS[6], ARGV[1]) or '0') >= tonumber(ARGV[4]) then
+  redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+  return 'failed'
+end
+redis.call('ZADD', KEYS[4], redis.call('HGET', KEYS[5], ARGV[1]), ARGV[1])
+return 'requeued'
+"#;
+
+const REQUEUE_EXECUTOR: &str = r#"
+-- KEYS: running executors pending order attempts failed stream
+-- ARGV: executor max_attempts reason refund ('1': the attempt does not count)
+local requeued = 0
+local running = redis.call('HGETALL', KEYS[1])
+for i = 1, #running, 2 do
+  local id = running[i]
+  if running[i + 1] == ARGV[1] then
+    redis.call('HDEL', KEYS[1], id)
+    if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[5], id, -1) end
+    if tonumber(redis.call('HGET', KEYS[5], id) or '0') >= tonumber(ARGV[2]) then
+      redis.call('HSET', KEYS[6], id, ARGV[3])
+    else
+      redis.call('ZADD', KEYS[3], redis.call('HGET', KEYS[4], id), id)
+      requeued = requeued + 1
+    end
+  end
+end
+local bindings = redis.call('HGETALL', KEYS[7])
+for i = 1, #bindings, 2 do
+  if bindings[i + 1] == ARGV[1] then redis.call('HSET', KEYS[7], bindings[i], '') end
+end
+redis.call('HDEL', KEYS[2], ARGV[1])
+return requeued
+"#;
+
+const TOUCH_KNOWN: &str = r#"
+-- KEYS: executors; ARGV: executor now_ms
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+return 0
+"#;
+
+const COUNTS: &str = r#"
+-- KEYS: task pending running succeeded failed
+return {redis.call('HLEN', KEYS[1]), redis.call('ZCARD', KEYS[2]), redis.call('HLEN', KEYS[3]),
+        redis.call('SCARD', KEYS[4]), redis.call('HLEN', KEYS[5])}
+"#;
+
+/// Every key of a job's queue, for [`TaskQueue::delete`].
+const KEYS: [&str; 14] = [
+    "task",
+    "order",
+    "pending",
+    "running",
+    "offset",
+    "attempts",
+    "succeeded",
+    "failed",
+    "cursor",
+    "planned",
+    "executors",
+    "stream",
+    "stream_task",
+    "checkpoint",
+];
+
+struct Scripts {
+    enqueue: Script,
+    acquire: Script,
+    progress: Script,
+    finish: Script,
+    requeue_executor: Script,
+    counts: Script,
+    touch_known: Script,
+}
+
+/// One job's task queue.
+#[derive(Clone)]
+pub struct TaskQueue {
+    redis: ConnectionManager,
+    prefix: String,
+    scripts: Arc<Scripts>,
+}
+
+impl TaskQueue {
+    pub fn new(redis: ConnectionManager, key_prefix: &str, job: &str) -> Self {
+        Self {
+            redis,
+            prefix: format!("{key_prefix}:job:{job}:"),
+            scripts: Arc::new(Scripts {
+                enqueue: Script::new(ENQUEUE),
+                acquire: Script::new(ACQUIRE),
+                progress: Script::new(PROGRESS),
+                finish: Script::new(FINISH),
+                requeue_executor: Script::new(REQUEUE_EXECUTOR),
+                counts: Script::new(COUNTS),
+                touch_known: Script::new(TOUCH_KNOWN),
+            }),
+        }
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// An invocation of `script` with the given keys of this job.
+    fn invoke<'a>(&self, script: &'a Script, keys: &[&str]) -> redis::ScriptInvocation<'a> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(self.key(key));
+        }
+        invocation
+    }
+
+    /// Adds one planned window and moves the stream's planning cursor past it, atomically.
+    /// Tasks already known (planned before a restart) are not added twice.
+    pub async fn enqueue_window(
+        &self,
+        stream: &str,
+        next_cursor: i64,
+        planned_all: bool,
+        tasks: &[PlannedTask],
+    ) -> Result<u64, QueueError> {
+        let mut script = self.invoke(
+            &self.scripts.enqueue,
+            &["task", "order", "pending", "cursor", "planned"],
+        );
+        script.arg(stream).arg(next_cursor);
+        for planned in tasks {
+            script
+                .arg(&planned.task.id)
+                .arg(planned.order)
+                .arg(planned.task.encode_to_vec());
+        }
+        script.arg(if planned_all { "1" } else { "0" });
+        Ok(script.invoke_async(&mut self.redis.clone()).await?)
+    }
+
+    /// Where planning of `stream` resumes, and whether it is complete.
+    pub async fn cursor(&self, stream: &str) -> Result<(Option<i64>, bool), QueueError> {
+        let mut redis = self.redis.clone();
+        let cursor: Option<i64> = redis::cmd("HGET")
+            .arg(self.key("cursor"))
+            .arg(stream)
+            .query_async(&mut redis)
+            .await?;
+        let planned: Option<String> = redis::cmd("HGET")
+            .arg(self.key("planned"))
+            .arg(stream)
+            .query_async(&mut redis)
+            .await?;
+        Ok((cursor, planned.is_some()))
+    }
+
+    /// Declares stream bindings (unassigned unless already known).
+    pub async fn add_stream_tasks(&self, tasks: &[DataTask]) -> Result<(), QueueError> {
+        let mut redis = self.redis.clone();
+        for task in tasks {
+            redis::pipe()
+                .atomic()
+                .cmd("HSETNX")
+                .arg(self.key("stream"))
+                .arg(&task.source)
+                .arg("")
+                .ignore()
+                .cmd("HSET")
+                .arg(self.key("stream_task"))
+                .arg(&task.source)
+                .arg(task.encode_to_vec())
+                .ignore()
+                .query_async::<()>(&mut redis)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Hands `executor` an unassigned stream binding, else the first pending batch task
+    /// (unless throttled). Counts as a heartbeat of `executor`.
+    pub async fn acquire(
+        &self,
+        executor: &str,
+        now_ms: i64,
+        max_lead_hours: u64,
+    ) -> Result<Acquired, QueueError> {
+        let mut script = self.invoke(
+            &self.scripts.acquire,
+            &[
+                "pending",
+                "running",
+                "task",
+                "offset",
+                "attempts",
+                "executors",
+                "order",
+                "stream",
+                "stream_task",
+            ],
+        );
+        script
+            .arg(executor)
+            .arg(now_ms)
+            .arg(max_lead_hours)
+            .arg(ORDER_WINDOW_DIVISOR);
+        let reply: Vec<Vec<u8>> = script.invoke_async(&mut self.redis.clone()).await?;
+        match reply.first().map(Vec::as_slice) {
+            Some(b"batch" | b"stream") => {
+                let field = |i: usize| reply.get(i).map(Vec::as_slice).unwrap_or_default();
+                let mut task = DataTask::decode(field(1)).map_err(|e| QueueError::Corrupt {
+                    id: String::from_utf8_lossy(field(1)).into_owned(),
+                    message: e.to_string(),
+                })?;
+                task.start_offset = parse_number(field(2));
+                task.attempt = parse_number(field(3)) as u32;
+                Ok(Acquired::Task(task))
+            }
+            Some(b"throttled") => Ok(Acquired::Throttled),
+            _ => Ok(Acquired::Empty),
+        }
+    }
+
+    /// Records that `executor` consumed `offset` rows of `task_id`. False when the task is
+    /// not this executor's.
+    pub async fn report_progress(
+        &self,
+        executor: &str,
+        task_id: &str,
+        offset: u64,
+        now_ms: i64,
+    ) -> Result<bool, QueueError> {
+        let mut script = self.invoke(&self.scripts.progress, &["running", "offset", "executors"]);
+        script.arg(task_id).arg(executor).arg(offset).arg(now_ms);
+        let owned: i64 = script.invoke_async(&mut self.redis.clone()).await?;
+        Ok(owned == 1)
+    }
+
+    /// Ends an attempt: success, or a failure that re-queues the task (from its last
+    /// offset) until it has had `max_attempts`.
+    pub async fn finish(
+        &self,
+        executor: &str,
+        task_id: &str,
+        error: &str,
+        max_attempts: u32,
+        now_ms: i64,
+    ) -> Result<Finished, QueueError> {
+        let mut script = self.invoke(
+            &self.scripts.finish,
+            &[
+                "running",
+                "succeeded",
+                "failed",
+                "pending",
+                "order",
+                "attempts",
+                "offset",
+                "executors",
+            ],
+        );
+        script
+            .arg(task_id)
+            .arg(executor)
+            .arg(error)
+            .arg(max_attempts)
+            .arg(now_ms);
+        let reply: String = script.invoke_async(&mut self.redis.clone()).await?;
+        Ok(match reply.as_str() {
+            "succeeded" => Finished::Succeeded,
+            "requeued" => Finished::Requeued,
+            "failed" => Finished::Failed,
+            _ => Finished::NotOwner,
+        })
+    }
+
+    /// Records a heartbeat of an executor the queue already knows; an executor declared
+    /// lost comes back only by registering again.
+    pub async fn touch_known(&self, executor: &str, now_ms: i64) -> Result<(), QueueError> {
+        let mut script = self.invoke(&self.scripts.touch_known, &["executors"]);
+        script.arg(executor).arg(now_ms);
+        script.invoke_async::<()>(&mut self.redis.clone()).await?;
+        Ok(())
+    }
+
+    /// Records a heartbeat of `executor` (registration).
+    pub async fn touch(&self, executor: &str, now_ms: i64) -> Result<(), QueueError> {
+        redis::cmd("HSET")
+            .arg(self.key("executors"))
+            .arg(executor)
+            .arg(now_ms)
+            .query_async::<()>(&mut self.redis.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// Executors whose last heartbeat is older than `deadline_ms`.
+    pub async fn silent_executors(&self, deadline_ms: i64) -> Result<Vec<String>, QueueError> {
+        let seen: Vec<(String, i64)> = redis::cmd("HGETALL")
+            .arg(self.key("executors"))
+            .query_async(&mut self.redis.clone())
+            .await?;
+        Ok(seen
+            .into_iter()
+            .filter(|(_, at)| *at < deadline_ms)
+            .map(|(executor, _)| executor)
+            .collect())
+    }
+
+    /// Takes every task and stream binding away from a lost executor: running tasks go
+    /// back to pending (keeping their offsets) or fail if out of attempts.
+    pub async fn requeue_executor(
+        &self,
+        executor: &str,
+        max_attempts: u32,
+    ) -> Result<u64, QueueError> {
+        self.take_back(executor, max_attempts, false).await
+    }
+
+    /// Takes back the work of every executor recorded by a previous master, refunding the
+    /// interrupted attempts. Returns how many tasks went back to pending.
+    pub async fn requeue_previous_executors(&self) -> Result<u64, QueueError> {
+        let executors: Vec<String> = redis::cmd("HKEYS")
+            .arg(self.key("executors"))
+            .query_async(&mut self.redis.clone())
+            .await?;
+        let mut requeued = 0;
+        for executor in executors {
+            requeued += self.take_back(&executor, u32::MAX, true).await?;
+        }
+        Ok(requeued)
+    }
+
+    async fn take_back(
+        &self,
+        executor: &str,
+        max_attempts: u32,
+        refund: bool,
+    ) -> Result<u64, QueueError> {
+        let mut script = self.invoke(
+            &self.scripts.requeue_executor,
+            &[
+                "running",
+                "executors",
+                "pending",
+                "order",
+                "attempts",
+                "failed",
+                "stream",
+            ],
+        );
+        script
+            .arg(executor)
+            .arg(max_attempts)
+            .arg(format!(
+                "executor {executor} stopped heartbeating on its last allowed attempt ({max_attempts})"
+            ))
+            .arg(if refund { "1" } else { "0" });
+        Ok(script.invoke_async(&mut self.redis.clone()).await?)
+    }
+
+    pub async fn counts(&self) -> Result<QueueCounts, QueueError> {
+        let script = self.invoke(
+            &self.scripts.counts,
+            &["task", "pending", "running", "succeeded", "failed"],
+        );
+        let c: Vec<u64> = script.invoke_async(&mut self.redis.clone()).await?;
+        let at = |i: usize| c.get(i).copied().unwrap_or_default();
+        Ok(QueueCounts {
+            total: at(0),
+            pending: at(1),
+            running: at(2),
+            succeeded: at(3),
+            failed: at(4),
+        })
+    }
+
+    /// Failed tasks and their last errors.
+    pub async fn failures(&self) -> Result<Vec<(String, String)>, QueueError> {
+        Ok(redis::cmd("HGETALL")
+            .arg(self.key("failed"))
+            .query_async(&mut self.redis.clone())
+            .await?)
+    }
+
+    /// Removes every key of this job (after the Job is deleted).
+    pub async fn delete(&self) -> Result<(), QueueError> {
+        let keys: Vec<String> = KEYS.iter().map(|k| self.key(k)).collect();
+        redis::cmd("DEL")
+            .arg(keys)
+            .query_async::<()>(&mut self.redis.clone())
+            .await?;
+        Ok(())
+    }
+}
+
+fn parse_number(bytes: &[u8]) -> u64 {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}

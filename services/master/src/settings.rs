@@ -1,0 +1,186 @@
+//! Settings of `primus-master`: the shared sections plus `api` (where the API server is),
+//! `master` (sharding, planner, task service) and `local` (the local resource backend).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use primus_config::{
+    DEFAULT_PORTS, NatsSettings, RedisSettings, ServerSettings, StorageSettings, TelemetrySettings,
+};
+use primus_service::ServiceSettings;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct MasterSettings {
+    pub server: ServerSettings,
+    pub nats: NatsSettings,
+    pub telemetry: TelemetrySettings,
+    /// Task queues live here (with the API server's resources, under the same prefix).
+    pub redis: RedisSettings,
+    /// Credentials and endpoints for the Datasets' source URLs.
+    pub storage: StorageSettings,
+    pub api: ApiSettings,
+    pub master: ControllerSettings,
+    pub local: LocalBackendSettings,
+}
+
+/// How the master reaches the API server.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ApiSettings {
+    /// `http://host:port` or `https://host:port`.
+    pub server: String,
+    /// File holding the bearer token (first non-comment line).
+    pub token_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ControllerSettings {
+    /// `i/n`: this master drives the jobs whose name hashes to `i` modulo `n`.
+    pub shard: String,
+    /// How often each job's status and Metric resource are written.
+    pub status_interval_ms: u64,
+    pub planner: PlannerSettings,
+    pub tasks: TaskSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct PlannerSettings {
+    /// Files are grouped (and large files split) into tasks of about this many bytes.
+    pub target_task_bytes: u64,
+    /// Windows generated at once.
+    pub parallelism: usize,
+    /// How often an open-ended stream is checked for newly ended windows.
+    pub poll_interval_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct TaskSettings {
+    /// Attempts a task gets before it fails (and with it, the job).
+    pub max_attempts: u32,
+    /// Executors are told to heartbeat this often.
+    pub heartbeat_interval_ms: u64,
+    /// An executor silent for this long is lost: its tasks are re-queued from their last
+    /// reported offsets.
+    pub heartbeat_timeout_ms: u64,
+    /// Throttle: a batch task is handed out only if its window starts less than this many
+    /// hours after the oldest window still in progress (0: no limit).
+    pub max_lead_hours: u64,
+}
+
+/// The `local` backend: a job's executors are child processes of the master.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct LocalBackendSettings {
+    /// Where the service binaries are (default: next to `primus-master`).
+    pub bin_dir: Option<PathBuf>,
+    /// A different binary for a role (`data_executor`, `trainer`, `ps`, `serving`).
+    pub binaries: BTreeMap<String, PathBuf>,
+    /// Settings files, logs and PID files of the processes, one folder per job.
+    pub work_dir: PathBuf,
+    /// First restart delay of a crashed process; doubles per crash, up to 30 s.
+    pub restart_backoff_ms: u64,
+    /// Crashes after which a process is given up on (and its job fails).
+    pub max_restarts: u32,
+    /// SIGTERM, then SIGKILL after this long.
+    pub stop_grace_ms: u64,
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        Self {
+            server: format!("http://127.0.0.1:{}", DEFAULT_PORTS.api_server),
+            token_file: None,
+            ca_file: None,
+        }
+    }
+}
+
+impl Default for ControllerSettings {
+    fn default() -> Self {
+        Self {
+            shard: "0/1".into(),
+            status_interval_ms: 2_000,
+            planner: PlannerSettings::default(),
+            tasks: TaskSettings::default(),
+        }
+    }
+}
+
+impl Default for PlannerSettings {
+    fn default() -> Self {
+        Self {
+            target_task_bytes: 128 << 20,
+            parallelism: 4,
+            poll_interval_ms: 60_000,
+        }
+    }
+}
+
+impl Default for TaskSettings {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            heartbeat_interval_ms: 2_000,
+            heartbeat_timeout_ms: 10_000,
+            max_lead_hours: 0,
+        }
+    }
+}
+
+impl Default for LocalBackendSettings {
+    fn default() -> Self {
+        Self {
+            bin_dir: None,
+            binaries: BTreeMap::new(),
+            work_dir: std::env::temp_dir().join("primus-master"),
+            restart_backoff_ms: 500,
+            max_restarts: 5,
+            stop_grace_ms: 5_000,
+        }
+    }
+}
+
+impl Default for MasterSettings {
+    fn default() -> Self {
+        Self {
+            server: primus_config::NodeSettings::on_port(DEFAULT_PORTS.master).server,
+            nats: NatsSettings::default(),
+            telemetry: TelemetrySettings::default(),
+            redis: RedisSettings::default(),
+            storage: StorageSettings::default(),
+            api: ApiSettings::default(),
+            master: ControllerSettings::default(),
+            local: LocalBackendSettings::default(),
+        }
+    }
+}
+
+impl ServiceSettings for MasterSettings {
+    fn telemetry(&self) -> &TelemetrySettings {
+        &self.telemetry
+    }
+}
+
+/// This master's shard `(i, n)` of `master.shard`, or why it is not one.
+pub fn parse_shard(text: &str) -> Result<(u32, u32), String> {
+    let parsed = text
+        .split_once('/')
+        .and_then(|(i, n)| Some((i.trim().parse().ok()?, n.trim().parse().ok()?)));
+    match parsed {
+        Some((i, n)) if n > 0 && i < n => Ok((i, n)),
+        _ => Err(format!(
+            "master.shard {text:?} must be `i/n` with 0 <= i < n (e.g. 0/1, 2/4)"
+        )),
+    }
+}
+
+/// Whether a job belongs to shard `i` of `n` (CRC-32 of its name, stable across restarts).
+pub fn owns_job(shard: (u32, u32), job: &str) -> bool {
+    crc32fast::hash(job.as_bytes()) % shard.1 == shard.0
+}

@@ -1,0 +1,170 @@
+//! The task service (gRPC `TaskService`): data executors register, acquire tasks, report
+//! offsets and finish tasks. Every call is also a heartbeat of the calling executor.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use primus_proto::v1::task_service_server::TaskService;
+use primus_proto::v1::{
+    AcquireTaskRequest, AcquireTaskResponse, FinishTaskRequest, FinishTaskResponse,
+    RegisterExecutorRequest, RegisterExecutorResponse, ReportProgressRequest,
+    ReportProgressResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::driver::now_ms;
+use crate::queue::{Acquired, Finished, QueueError, TaskQueue};
+use crate::settings::TaskSettings;
+
+/// What the task service needs of one job.
+#[derive(Clone)]
+pub struct JobTasks {
+    pub queue: TaskQueue,
+    /// Set once every bounded stream is planned and no stream binding exists: then an
+    /// empty queue means the job's data is exhausted.
+    pub bounded: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The jobs this master drives, by name.
+pub type JobRegistry = Arc<RwLock<HashMap<String, JobTasks>>>;
+
+pub struct Tasks {
+    jobs: JobRegistry,
+    settings: TaskSettings,
+}
+
+impl Tasks {
+    pub fn new(jobs: JobRegistry, settings: TaskSettings) -> Self {
+        Self { jobs, settings }
+    }
+
+    fn job(&self, job: &str) -> Result<JobTasks, Status> {
+        self.jobs
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(job)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("job {job:?} is not driven by this master")))
+    }
+}
+
+fn unavailable(error: QueueError) -> Status {
+    Status::unavailable(format!("task queue: {error}"))
+}
+
+fn required<'a>(field: &str, value: &'a str) -> Result<&'a str, Status> {
+    if value.is_empty() {
+        return Err(Status::invalid_argument(format!("`{field}` is required")));
+    }
+    Ok(value)
+}
+
+#[tonic::async_trait]
+impl TaskService for Tasks {
+    async fn register_executor(
+        &self,
+        request: Request<RegisterExecutorRequest>,
+    ) -> Result<Response<RegisterExecutorResponse>, Status> {
+        let request = request.into_inner();
+        let endpoint = request
+            .endpoint
+            .ok_or_else(|| Status::invalid_argument("`endpoint` is required"))?;
+        let id = required("endpoint.id", &endpoint.id)?;
+        let job = self.job(&request.job)?;
+        // A registration is a new incarnation: whatever this id held before is lost work.
+        let requeued = job
+            .queue
+            .requeue_executor(id, self.settings.max_attempts)
+            .await
+            .map_err(unavailable)?;
+        if requeued > 0 {
+            tracing::warn!(job = %request.job, executor = id, requeued, "executor restarted; its tasks are re-queued");
+        }
+        job.queue.touch(id, now_ms()).await.map_err(unavailable)?;
+        tracing::info!(job = %request.job, executor = id, addr = %endpoint.grpc_addr, "executor registered");
+        Ok(Response::new(RegisterExecutorResponse {
+            heartbeat_interval_ms: self.settings.heartbeat_interval_ms,
+        }))
+    }
+
+    async fn acquire_task(
+        &self,
+        request: Request<AcquireTaskRequest>,
+    ) -> Result<Response<AcquireTaskResponse>, Status> {
+        let request = request.into_inner();
+        let executor = required("executor_id", &request.executor_id)?;
+        let job = self.job(&request.job)?;
+        let acquired = job
+            .queue
+            .acquire(executor, now_ms(), self.settings.max_lead_hours)
+            .await
+            .map_err(unavailable)?;
+        let (task, exhausted) = match acquired {
+            Acquired::Task(task) => (Some(task), false),
+            Acquired::Throttled => (None, false),
+            Acquired::Empty => {
+                let bounded = job.bounded.load(std::sync::atomic::Ordering::Acquire);
+                let counts = job.queue.counts().await.map_err(unavailable)?;
+                (None, bounded && counts.running == 0)
+            }
+        };
+        Ok(Response::new(AcquireTaskResponse { task, exhausted }))
+    }
+
+    async fn report_progress(
+        &self,
+        request: Request<ReportProgressRequest>,
+    ) -> Result<Response<ReportProgressResponse>, Status> {
+        let request = request.into_inner();
+        let executor = required("executor_id", &request.executor_id)?;
+        let task = required("task_id", &request.task_id)?;
+        let job = self.job(&request.job)?;
+        let owned = job
+            .queue
+            .report_progress(executor, task, request.offset, now_ms())
+            .await
+            .map_err(unavailable)?;
+        if !owned {
+            return Err(not_owner(executor, task));
+        }
+        Ok(Response::new(ReportProgressResponse {}))
+    }
+
+    async fn finish_task(
+        &self,
+        request: Request<FinishTaskRequest>,
+    ) -> Result<Response<FinishTaskResponse>, Status> {
+        let request = request.into_inner();
+        let executor = required("executor_id", &request.executor_id)?;
+        let task = required("task_id", &request.task_id)?;
+        let job = self.job(&request.job)?;
+        let finished = job
+            .queue
+            .finish(
+                executor,
+                task,
+                &request.error,
+                self.settings.max_attempts,
+                now_ms(),
+            )
+            .await
+            .map_err(unavailable)?;
+        match finished {
+            Finished::NotOwner => return Err(not_owner(executor, task)),
+            Finished::Failed => {
+                tracing::warn!(job = %request.job, task, error = %request.error, "task failed for good")
+            }
+            Finished::Requeued => {
+                tracing::info!(job = %request.job, task, error = %request.error, "task failed; re-queued")
+            }
+            Finished::Succeeded => {}
+        }
+        Ok(Response::new(FinishTaskResponse {}))
+    }
+}
+
+fn not_owner(executor: &str, task: &str) -> Status {
+    Status::failed_precondition(format!(
+        "task {task:?} is not assigned to {executor} (it was re-queued after a missed heartbeat); drop it and acquire again"
+    ))
+}

@@ -1,0 +1,56 @@
+//! The job topology service (gRPC `TopologyService`): where each job's executors listen.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use primus_proto::v1::topology_service_server::TopologyService;
+use primus_proto::v1::{Endpoint, GetTopologyRequest, GetTopologyResponse};
+use tonic::{Request, Response, Status};
+
+/// A job's endpoints and the version of that list.
+type Versioned = (u64, Vec<Endpoint>);
+
+/// Endpoints per job, with a version bumped on every change.
+#[derive(Clone, Default)]
+pub struct Topologies {
+    inner: Arc<RwLock<HashMap<String, Versioned>>>,
+}
+
+impl Topologies {
+    pub fn add(&self, job: &str, endpoint: Endpoint) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        let (version, endpoints) = inner.entry(job.to_owned()).or_default();
+        endpoints.retain(|e| e.id != endpoint.id);
+        endpoints.push(endpoint);
+        *version += 1;
+    }
+
+    pub fn remove_job(&self, job: &str) {
+        self.inner
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(job);
+    }
+
+    pub fn get(&self, job: &str) -> Option<(u64, Vec<Endpoint>)> {
+        self.inner
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(job)
+            .cloned()
+    }
+}
+
+#[tonic::async_trait]
+impl TopologyService for Topologies {
+    async fn get_topology(
+        &self,
+        request: Request<GetTopologyRequest>,
+    ) -> Result<Response<GetTopologyResponse>, Status> {
+        let job = request.into_inner().job;
+        let (version, endpoints) = self.get(&job).ok_or_else(|| {
+            Status::not_found(format!("job {job:?} has no topology on this master"))
+        })?;
+        Ok(Response::new(GetTopologyResponse { endpoints, version }))
+    }
+}

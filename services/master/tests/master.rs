@@ -1,0 +1,529 @@
+//! The master against real Redis, NATS, an API server, Parquet files on the local file
+//! system and real executor processes (the `task_reader` example as data executor, the
+//! real `primus-ps` and `primus-trainer` binaries, which `cargo test --workspace` builds).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{RecordBatch, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use primus_api_client::{ApiClient, ClientSettings};
+use primus_config::{ApiServerSettings, StorageSettings};
+use primus_master::plan::{ListingCache, StoreCatalog, time};
+use primus_master::queue::{Acquired, TaskQueue};
+use primus_master::settings::PlannerSettings;
+use primus_proto::v1::data_task;
+use primus_service::Shutdown;
+use primus_spec::Kind;
+use primus_spec::status::{Phase, Status};
+use primus_testkit::service::{ServingStatus, signal, wait_for_health};
+use primus_testkit::{NatsServer, RedisServer, free_port};
+
+const TOKEN: &str = "master-test-token";
+const ROWS_PER_FILE: u64 = 100;
+const FILES_PER_HOUR: u64 = 2;
+
+/// Writes `days` of hourly partitions under `root`, ids counting up in time order, plus a
+/// `_SUCCESS` marker per hour. Returns the number of rows.
+async fn write_partitions(root: &Path, first_day: &str, days: i64) -> u64 {
+    let location = primus_storage::open(root.to_str().expect("utf-8"), &StorageSettings::default())
+        .expect("location");
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::UInt64, false)]));
+    let start = time::parse_window_time(first_day).expect("day");
+    let mut next_id = 0;
+    for hour in 0..days * 24 {
+        let partition = time::partition(
+            primus_spec::dataset::WindowUnit::Hourly,
+            start + hour * time::HOUR,
+        );
+        for file in 0..FILES_PER_HOUR {
+            let ids: Vec<u64> = (next_id..next_id + ROWS_PER_FILE).collect();
+            next_id += ROWS_PER_FILE;
+            let batch =
+                RecordBatch::try_new(schema.clone(), vec![Arc::new(UInt64Array::from(ids))])
+                    .expect("batch");
+            let path = location.path(&format!("{partition}/part-{file}.parquet"));
+            primus_storage::parquet::write(&location, &path, schema.clone(), [batch], None)
+                .await
+                .expect("write parquet");
+        }
+        let marker = location.path(&format!("{partition}/_SUCCESS"));
+        location
+            .put(&marker, Default::default())
+            .await
+            .expect("marker");
+    }
+    next_id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_days_of_hourly_partitions_become_tasks_in_time_order_covering_each_file_once() {
+    let redis = RedisServer::start().expect("redis-server");
+    let data = tempfile::tempdir().expect("tempdir");
+    let clicks = data.path().join("clicks");
+    let views = data.path().join("views");
+    write_partitions(&clicks, "2026-11-01", 3).await;
+    write_partitions(&views, "2026-11-01", 3).await;
+    let dataset: primus_spec::dataset::DatasetSpec = serde_yaml_ng::from_str(&format!(
+        r#"
+streams:
+  - name: logs
+    window: {{unit: hourly, start: "2026-11-01T00", end: "2026-11-04T00"}}
+    sources:
+      - {{name: clicks, parquet: {{uri: "{}"}}}}
+      - {{name: views, parquet: {{uri: "{}"}}}}
+schema: {{label: label, sparse: [{{name: c1, table: t}}]}}
+"#,
+        clicks.display(),
+        views.display()
+    ))
+    .expect("dataset");
+    let client = redis::Client::open(redis.url()).expect("redis url");
+    let connection = client.get_connection_manager().await.expect("redis");
+    let queue = TaskQueue::new(connection, "primus", "plan-test");
+    let cache = Arc::new(ListingCache::new(
+        Arc::new(StoreCatalog::new(StorageSettings::default())),
+        8,
+    ));
+    let plans = primus_master::driver::stream_plans(&dataset).expect("plans");
+    let settings = PlannerSettings {
+        target_task_bytes: 1 << 20,
+        parallelism: 4,
+        poll_interval_ms: 100,
+    };
+    for plan in plans {
+        primus_master::driver::plan_stream(
+            queue.clone(),
+            cache.clone(),
+            Arc::from("plan-test"),
+            Arc::new(plan),
+            settings.clone(),
+        )
+        .await
+        .expect("planned");
+    }
+    let counts = queue.counts().await.expect("counts");
+    assert_eq!(counts.total, 3 * 24 * 2, "one task per source and hour");
+
+    let mut covered: HashMap<String, u32> = HashMap::new();
+    let mut last_window = i64::MIN;
+    let mut sources_in_window: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    while let Acquired::Task(task) = queue.acquire("reader", 0, 0).await.expect("acquire") {
+        assert!(
+            task.window_start_unix_s >= last_window,
+            "tasks come in time order"
+        );
+        last_window = task.window_start_unix_s;
+        sources_in_window
+            .entry(task.window_start_unix_s)
+            .or_default()
+            .push(task.source.clone());
+        let Some(data_task::Work::Batch(work)) = &task.work else {
+            panic!("batch task expected")
+        };
+        for file in &work.files {
+            *covered
+                .entry(format!("{}/{}", work.dir, file.name))
+                .or_default() += 1;
+        }
+    }
+    assert_eq!(
+        covered.len() as u64,
+        3 * 24 * 2 * FILES_PER_HOUR,
+        "every file, no marker"
+    );
+    assert!(covered.values().all(|n| *n == 1), "no file twice");
+    assert!(covered.keys().all(|k| k.ends_with(".parquet")));
+    assert!(
+        sources_in_window
+            .values()
+            .all(|s| s == &["clicks", "views"]),
+        "sources interleave within each window"
+    );
+
+    // Planning again (a restarted master) adds nothing: the cursor says it is done.
+    let again = primus_master::driver::stream_plans(&dataset).expect("plans");
+    for plan in again {
+        primus_master::driver::plan_stream(
+            queue.clone(),
+            cache.clone(),
+            Arc::from("plan-test"),
+            Arc::new(plan),
+            settings.clone(),
+        )
+        .await
+        .expect("planned");
+    }
+    assert_eq!(queue.counts().await.expect("counts").total, counts.total);
+}
+
+/// API server in-process; master as a real process so it can be SIGKILLed.
+struct Cluster {
+    nats: NatsServer,
+    redis: RedisServer,
+    dir: tempfile::TempDir,
+    api_addr: String,
+    master_port: u16,
+    _shutdown: Shutdown,
+}
+
+fn target_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_primus-master"))
+        .parent()
+        .expect("target folder")
+        .to_path_buf()
+}
+
+impl Cluster {
+    async fn start() -> Self {
+        let nats = NatsServer::start().expect("nats-server");
+        let redis = RedisServer::start().expect("redis-server");
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("token"), format!("{TOKEN}\n")).expect("token");
+        let mut settings = ApiServerSettings::default();
+        settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
+        settings.nats.url = nats.url();
+        settings.redis.url = redis.url();
+        settings.auth.token_file = Some(dir.path().join("token"));
+        settings.store.watch_poll_interval_ms = 200;
+        let api_addr = settings.server.grpc_addr.to_string();
+        let shutdown = Shutdown::new();
+        tokio::spawn(primus_api_server::run(settings, shutdown.clone()));
+        wait_for_health(&api_addr, ServingStatus::Serving, Duration::from_secs(20))
+            .await
+            .expect("api-server serving");
+        for binary in ["primus-ps", "primus-trainer"] {
+            assert!(
+                target_dir().join(binary).is_file(),
+                "{binary} is not built: run `cargo test --workspace`"
+            );
+        }
+        Self {
+            nats,
+            redis,
+            dir,
+            api_addr,
+            master_port: free_port().expect("port"),
+            _shutdown: shutdown,
+        }
+    }
+
+    fn work_dir(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+
+    fn start_master(&self) -> std::process::Child {
+        let config = self.dir.path().join("master.toml");
+        let reader = target_dir().join("examples").join("task_reader");
+        assert!(reader.is_file(), "{} is not built", reader.display());
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[server]
+grpc_addr = "127.0.0.1:{port}"
+drain_timeout_ms = 2000
+[nats]
+url = "{nats}"
+[redis]
+url = "{redis}"
+[api]
+server = "http://{api}"
+token_file = "{token}"
+[master]
+status_interval_ms = 200
+[master.planner]
+target_task_bytes = 1048576
+poll_interval_ms = 200
+[master.tasks]
+heartbeat_interval_ms = 200
+heartbeat_timeout_ms = 2000
+max_attempts = 5
+[local]
+work_dir = "{work}"
+restart_backoff_ms = 100
+stop_grace_ms = 3000
+[local.binaries]
+data_executor = "{reader}"
+"#,
+                port = self.master_port,
+                nats = self.nats.url(),
+                redis = self.redis.url(),
+                api = self.api_addr,
+                token = self.dir.path().join("token").display(),
+                work = self.work_dir().display(),
+                reader = reader.display(),
+            ),
+        )
+        .expect("master config");
+        let log = std::fs::File::create(self.dir.path().join("master.log")).expect("log");
+        std::process::Command::new(env!("CARGO_BIN_EXE_primus-master"))
+            .arg("--config")
+            .arg(&config)
+            .env("PRIMUS_TASK_READER_DELAY_MS", "40")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start primus-master")
+    }
+
+    async fn client(&self) -> ApiClient {
+        ApiClient::connect(&ClientSettings {
+            server: format!("http://{}", self.api_addr),
+            token: TOKEN.into(),
+            ca_file: None,
+        })
+        .await
+        .expect("connect")
+    }
+
+    async fn apply(&self, yaml: &str) {
+        let client = self.client().await;
+        for resource in primus_spec::parse_documents("test.yaml", yaml).expect("valid resources") {
+            client.apply(&resource, 0).await.expect("apply");
+        }
+    }
+
+    async fn status(&self, job: &str) -> Status {
+        let resource = self.client().await.get(Kind::Job, job).await.expect("job");
+        serde_json::from_str(&resource.status_json).unwrap_or_default()
+    }
+
+    async fn wait_for_phase(&self, job: &str, phase: Phase, timeout: Duration) -> Status {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let status = self.status(job).await;
+            if status.phase == phase {
+                return status;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "job {job} not {phase:?} within {timeout:?}: {status:?}\nmaster log:\n{}",
+                std::fs::read_to_string(self.dir.path().join("master.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// PIDs from the backend's PID files of `job`.
+    fn pids(&self, job: &str) -> HashMap<String, u32> {
+        let Ok(files) = std::fs::read_dir(self.work_dir().join(job)) else {
+            return HashMap::new();
+        };
+        files
+            .flatten()
+            .filter(|f| f.path().extension().is_some_and(|e| e == "pid"))
+            .filter_map(|f| {
+                let text = std::fs::read_to_string(f.path()).ok()?;
+                let pid = text.lines().next()?.parse().ok()?;
+                let id = f.path().file_stem()?.to_str()?.to_owned();
+                Some((id, pid))
+            })
+            .collect()
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+fn job_yaml(job: &str, uri: &str, start: &str, end: &str, executors: u32) -> String {
+    format!(
+        r#"
+kind: Dataset
+metadata: {{name: {job}-data}}
+spec:
+  streams:
+    - name: logs
+      window: {{unit: hourly, start: "{start}", end: "{end}"}}
+      sources:
+        - {{name: clicks, parquet: {{uri: "{uri}"}}}}
+  schema: {{label: label, sparse: [{{name: c1, table: t}}]}}
+---
+kind: Job
+metadata: {{name: {job}}}
+spec:
+  dataset: {job}-data
+  mode: batch
+  model:
+    kind: wide_deep
+    tables: [{{name: t, dim: 4, optimizer: {{kind: sgd, learning_rate: 0.1}}}}]
+    dense: {{top: [8, 1]}}
+  topology:
+    data_executors: {{replicas: {executors}}}
+    trainers: {{replicas: 1}}
+    ps: {{replicas: 1}}
+"#
+    )
+}
+
+/// Ids read by all executors of `job`, with how often each was read.
+fn rows_read(work: &Path) -> HashMap<u64, u32> {
+    let mut counts = HashMap::new();
+    for file in std::fs::read_dir(work).expect("job folder").flatten() {
+        let name = file.file_name();
+        if !name.to_string_lossy().starts_with("rows-") {
+            continue;
+        }
+        for line in std::fs::read_to_string(file.path()).expect("rows").lines() {
+            *counts.entry(line.parse::<u64>().expect("id")).or_default() += 1;
+        }
+    }
+    counts
+}
+
+async fn wait_until_rows(work: &Path, executor: &str) {
+    let path = work.join(format!("rows-{executor}.txt"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while std::fs::metadata(&path).map_or(0, |m| m.len()) < 20 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{executor} read nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_reads_every_row_through_executor_and_master_kills() {
+    let cluster = Cluster::start().await;
+    let data = cluster.dir.path().join("data");
+    let rows = write_partitions(&data, "2026-11-01", 1).await;
+    cluster
+        .apply(&job_yaml(
+            "rows",
+            data.to_str().expect("utf-8"),
+            "2026-11-01T00",
+            "2026-11-02T00",
+            2,
+        ))
+        .await;
+    let mut master = cluster.start_master();
+    cluster
+        .wait_for_phase("rows", Phase::Running, Duration::from_secs(60))
+        .await;
+    let work = cluster.work_dir().join("rows");
+
+    // SIGKILL one data executor mid-task: the backend restarts it, its task is re-queued
+    // from the last reported offset.
+    wait_until_rows(&work, "data_executor-0").await;
+    let pid = cluster.pids("rows")["data_executor-0"];
+    signal(pid, "KILL").expect("kill executor");
+
+    // SIGKILL the master too: the next one kills its orphans and resumes the queue.
+    wait_until_rows(&work, "data_executor-1").await;
+    master.kill().expect("kill master");
+    master.wait().expect("reap master");
+    let mut master = cluster.start_master();
+
+    let status = cluster
+        .wait_for_phase("rows", Phase::Succeeded, Duration::from_secs(120))
+        .await;
+    let complete = status
+        .conditions
+        .iter()
+        .find(|c| c.kind == "Complete")
+        .expect("condition");
+    assert_eq!(complete.reason, "DataExhausted", "{complete:?}");
+    let read = rows_read(&work);
+    let missing: Vec<u64> = (0..rows).filter(|id| !read.contains_key(id)).collect();
+    assert!(
+        missing.is_empty(),
+        "rows never read: {} (first {:?})",
+        missing.len(),
+        missing.first()
+    );
+    assert_eq!(read.len() as u64, rows, "no row outside the data");
+    // Rows past an interrupted attempt's last report may be read again, nothing else:
+    // at most one report interval (50 rows) per interruption (1 executor + 2 at master kill).
+    let repeats: u32 = read.values().map(|n| n - 1).sum();
+    assert!(repeats <= 3 * 50, "{repeats} rows read twice");
+    assert!(
+        cluster.pids("rows").values().all(|pid| !alive(*pid)),
+        "executors stopped at job end"
+    );
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_prefix_fails_the_job_and_deleting_a_running_job_stops_its_processes() {
+    let cluster = Cluster::start().await;
+    let missing = cluster.dir.path().join("no-such-data");
+    cluster
+        .apply(&job_yaml(
+            "lost",
+            missing.to_str().expect("utf-8"),
+            "2026-11-01T00",
+            "2026-11-02T00",
+            1,
+        ))
+        .await;
+    let data = cluster.dir.path().join("data");
+    write_partitions(&data, "2026-11-01", 1).await;
+    cluster
+        .apply(&job_yaml(
+            "doomed",
+            data.to_str().expect("utf-8"),
+            "2026-11-01T00",
+            "2026-11-02T00",
+            1,
+        ))
+        .await;
+    let mut master = cluster.start_master();
+
+    let status = cluster
+        .wait_for_phase("lost", Phase::Failed, Duration::from_secs(60))
+        .await;
+    let complete = status
+        .conditions
+        .iter()
+        .find(|c| c.kind == "Complete")
+        .expect("condition");
+    assert_eq!(complete.reason, "DataSourceMissing");
+    assert!(
+        complete.message.contains(missing.to_str().expect("utf-8")),
+        "names the prefix: {complete:?}"
+    );
+
+    cluster
+        .wait_for_phase("doomed", Phase::Running, Duration::from_secs(60))
+        .await;
+    let pids = cluster.pids("doomed");
+    assert_eq!(pids.len(), 3, "ps, trainer, data executor: {pids:?}");
+    assert!(pids.values().all(|pid| alive(*pid)));
+    cluster
+        .client()
+        .await
+        .delete(Kind::Job, "doomed", 0)
+        .await
+        .expect("delete");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while pids.values().any(|pid| alive(*pid)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "processes left behind: {pids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let leftover: HashSet<String> = HashSet::new();
+    assert_eq!(
+        cluster
+            .pids("doomed")
+            .keys()
+            .cloned()
+            .collect::<HashSet<_>>(),
+        leftover
+    );
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+}

@@ -4,7 +4,7 @@
 //! evicts idle rows on a timer, and ships [`client::PsClient`], which routes keys across a
 //! job's PS shards. Snapshots go to any object-store URL through primus-storage.
 //!
-//! Not built yet: dense parameters in snapshots, the serving role.
+//! Not built yet: the serving role.
 
 pub mod client;
 mod codec;

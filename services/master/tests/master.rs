@@ -87,23 +87,25 @@ schema: {{label: label, sparse: [{{name: c1, table: t}}]}}
         Arc::new(StoreCatalog::new(StorageSettings::default())),
         8,
     ));
-    let plans = primus_master::driver::stream_plans(&dataset).expect("plans");
-    let settings = PlannerSettings {
-        target_task_bytes: 1 << 20,
-        parallelism: 4,
-        poll_interval_ms: 100,
+    let plan_all = || async {
+        let settings = PlannerSettings {
+            target_task_bytes: 1 << 20,
+            parallelism: 4,
+            poll_interval_ms: 100,
+        };
+        for plan in primus_master::driver::stream_plans(&dataset).expect("plans") {
+            primus_master::driver::plan_stream(
+                queue.clone(),
+                cache.clone(),
+                Arc::from("plan-test"),
+                Arc::new(plan),
+                settings.clone(),
+            )
+            .await
+            .expect("planned");
+        }
     };
-    for plan in plans {
-        primus_master::driver::plan_stream(
-            queue.clone(),
-            cache.clone(),
-            Arc::from("plan-test"),
-            Arc::new(plan),
-            settings.clone(),
-        )
-        .await
-        .expect("planned");
-    }
+    plan_all().await;
     let counts = queue.counts().await.expect("counts");
     assert_eq!(counts.total, 3 * 24 * 2, "one task per source and hour");
 
@@ -144,18 +146,7 @@ schema: {{label: label, sparse: [{{name: c1, table: t}}]}}
     );
 
     // Planning again (a restarted master) adds nothing: the cursor says it is done.
-    let again = primus_master::driver::stream_plans(&dataset).expect("plans");
-    for plan in again {
-        primus_master::driver::plan_stream(
-            queue.clone(),
-            cache.clone(),
-            Arc::from("plan-test"),
-            Arc::new(plan),
-            settings.clone(),
-        )
-        .await
-        .expect("planned");
-    }
+    plan_all().await;
     assert_eq!(queue.counts().await.expect("counts").total, counts.total);
 }
 

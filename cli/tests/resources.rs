@@ -19,9 +19,10 @@ fn primus_bin() -> &'static Path {
 }
 
 fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples")
-        .join(name)
+    // The run-time value, as a shared target folder may hold a build from another checkout.
+    let crate_dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    Path::new(&crate_dir).join("../examples").join(name)
 }
 
 struct Cluster {

@@ -29,9 +29,13 @@ fn error_text(text: &str) -> String {
 
 #[test]
 fn every_example_parses_and_validates() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+    // Cargo sets the variable at run time too; the compile-time value goes stale when a
+    // shared target folder serves a checkout at another path.
+    let crate_dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let dir = format!("{crate_dir}/../../examples");
     let mut checked = 0;
-    for entry in std::fs::read_dir(dir).expect("examples/") {
+    for entry in std::fs::read_dir(&dir).expect("examples/") {
         let path = entry.expect("entry").path();
         if path
             .extension()

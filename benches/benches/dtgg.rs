@@ -12,10 +12,10 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use primus_master::plan::{
-    BatchSource, Catalog, FileEntry, ListingCache, PlanError, PlanOptions, StreamPlan,
-    plan_windows, time,
+    BatchSource, Catalog, FileEntry, ListingCache, PlanError, PlanOptions, StreamPlan, plan_windows,
 };
 use primus_spec::dataset::WindowUnit;
+use primus_spec::time;
 
 const SOURCES: u64 = 2;
 const TARGET_TASK_BYTES: u64 = 128 << 20;

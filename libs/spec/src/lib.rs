@@ -11,6 +11,7 @@ mod document;
 pub mod job;
 pub mod metric;
 pub mod status;
+pub mod time;
 mod validate;
 
 pub use document::{

@@ -57,6 +57,14 @@ impl Location {
             .map_err(|e| StorageError::from_store(self.url_of(path), e))
     }
 
+    /// One object's size and modification time.
+    pub async fn head(&self, path: &Path) -> Result<ObjectMeta, StorageError> {
+        self.store
+            .head(path)
+            .await
+            .map_err(|e| StorageError::from_store(self.url_of(path), e))
+    }
+
     /// Reads one object whole.
     pub async fn get(&self, path: &Path) -> Result<Bytes, StorageError> {
         let url = || self.url_of(path);

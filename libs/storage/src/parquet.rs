@@ -6,7 +6,6 @@ use std::ops::Range;
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use futures::{Stream, TryStreamExt};
-use object_store::ObjectStoreExt;
 use object_store::buffered::BufWriter;
 use object_store::path::Path;
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
@@ -64,11 +63,7 @@ fn parquet_error(url: &str) -> impl Fn(parquet::errors::ParquetError) -> Storage
 }
 
 async fn reader(location: &Location, path: &Path) -> Result<ObjectReader, StorageError> {
-    let meta = location
-        .store()
-        .head(path)
-        .await
-        .map_err(|e| StorageError::from_store(location.url_of(path), e))?;
+    let meta = location.head(path).await?;
     Ok(ObjectReader {
         store: location.store().clone(),
         path: path.clone(),

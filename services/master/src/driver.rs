@@ -12,11 +12,10 @@ use primus_proto::v1::{DataTask, Heartbeat, StreamWork, data_task};
 use primus_spec::dataset::{DataSource, DatasetSpec, StreamOrder};
 use primus_spec::job::TrainingMode;
 
-use crate::plan::{
-    self, BatchSource, Catalog, ListingCache, PlanError, PlanOptions, StreamPlan, time,
-};
+use crate::plan::{self, BatchSource, Catalog, ListingCache, PlanError, PlanOptions, StreamPlan};
 use crate::queue::{QueueError, TaskQueue};
 use crate::settings::{PlannerSettings, TaskSettings};
+use primus_spec::time;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {

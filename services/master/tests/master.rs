@@ -11,13 +11,14 @@ use arrow::array::{RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use primus_api_client::{ApiClient, ClientSettings};
 use primus_config::{ApiServerSettings, StorageSettings};
-use primus_master::plan::{ListingCache, StoreCatalog, time};
+use primus_master::plan::{ListingCache, StoreCatalog};
 use primus_master::queue::{Acquired, TaskQueue};
 use primus_master::settings::PlannerSettings;
 use primus_proto::v1::data_task;
 use primus_service::Shutdown;
 use primus_spec::Kind;
 use primus_spec::status::{Phase, Status};
+use primus_spec::time;
 use primus_testkit::service::{ServingStatus, signal, wait_for_health};
 use primus_testkit::{NatsServer, RedisServer, free_port};
 

@@ -11,7 +11,7 @@
 //! `target_task_bytes`, or one byte split of a larger file.
 
 mod catalog;
-pub mod time;
+use primus_spec::time;
 
 use std::sync::Arc;
 

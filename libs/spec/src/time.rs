@@ -1,7 +1,7 @@
-//! UTC window arithmetic for partition paths, without a calendar dependency
-//! (days-from-civil and its inverse, proleptic Gregorian calendar).
+//! UTC window arithmetic and the partition layout of Parquet sources (`date=YYYY-MM-DD/hour=HH`),
+//! computed without a calendar dependency (days-from-civil and its inverse, proleptic Gregorian).
 
-use primus_spec::dataset::WindowUnit;
+use crate::dataset::WindowUnit;
 
 pub const HOUR: i64 = 3600;
 pub const DAY: i64 = 24 * HOUR;

@@ -1,0 +1,110 @@
+//! A minibatch: labels, a dense matrix and sparse features, jagged or grouped.
+
+use std::ops::Range;
+
+use crate::BatchError;
+use crate::ikjt::{DedupGroups, Ikjt};
+use crate::kjt::Kjt;
+
+/// Dense features, row-major: row `i` is `values[i * names.len()..(i + 1) * names.len()]`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DenseMatrix {
+    pub names: Vec<String>,
+    pub values: Vec<f32>,
+}
+
+impl DenseMatrix {
+    pub fn cols(&self) -> usize {
+        self.names.len()
+    }
+
+    fn slice(&self, range: Range<usize>) -> Self {
+        let cols = self.cols();
+        Self {
+            names: self.names.clone(),
+            values: self.values[range.start * cols..range.end * cols].to_vec(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sparse {
+    Jagged(Kjt),
+    Grouped(Ikjt),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Minibatch {
+    pub labels: Vec<f32>,
+    pub dense: DenseMatrix,
+    pub sparse: Sparse,
+}
+
+impl Minibatch {
+    pub fn rows(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Sparse features as a KJT, expanding groups.
+    pub fn to_kjt(&self) -> Result<Kjt, BatchError> {
+        match &self.sparse {
+            Sparse::Jagged(kjt) => Ok(kjt.clone()),
+            Sparse::Grouped(ikjt) => ikjt.to_kjt(),
+        }
+    }
+
+    /// The same rows with `groups` deduplicated (RecD); a grouped batch is regrouped.
+    pub fn grouped(&self, groups: &DedupGroups) -> Result<Self, BatchError> {
+        let ikjt = Ikjt::from_kjt(&self.to_kjt()?, groups)?;
+        Ok(Self {
+            labels: self.labels.clone(),
+            dense: self.dense.clone(),
+            sparse: Sparse::Grouped(ikjt),
+        })
+    }
+
+    /// Rows `range` of a jagged batch.
+    pub fn slice(&self, range: Range<usize>) -> Result<Self, BatchError> {
+        Ok(Self {
+            labels: self.labels[range.clone()].to_vec(),
+            dense: self.dense.slice(range.clone()),
+            sparse: Sparse::Jagged(self.to_kjt()?.slice(range)),
+        })
+    }
+
+    /// The rows of `parts`, in order, as one jagged batch. Parts must share their features.
+    pub fn concat(parts: &[Self]) -> Result<Self, BatchError> {
+        let Some(first) = parts.first() else {
+            return Err(BatchError::Encoding("no minibatch to concatenate".into()));
+        };
+        let mut labels = Vec::new();
+        let mut dense = DenseMatrix {
+            names: first.dense.names.clone(),
+            values: Vec::new(),
+        };
+        let mut kjt = Kjt::default();
+        for part in parts {
+            let part_kjt = part.to_kjt()?;
+            let same_features = part.dense.names == dense.names
+                && (kjt.features.is_empty()
+                    || kjt
+                        .features
+                        .iter()
+                        .map(|f| &f.name)
+                        .eq(part_kjt.features.iter().map(|f| &f.name)));
+            if !same_features {
+                return Err(BatchError::Encoding(
+                    "minibatches with different features cannot be concatenated".into(),
+                ));
+            }
+            labels.extend_from_slice(&part.labels);
+            dense.values.extend_from_slice(&part.dense.values);
+            kjt.extend(&part_kjt);
+        }
+        Ok(Self {
+            labels,
+            dense,
+            sparse: Sparse::Jagged(kjt),
+        })
+    }
+}

@@ -1,0 +1,187 @@
+//! Criteo-like click data: `label`, dense `i1`..`i13` (non-negative counts, ~10% null),
+//! categorical `c1`..`c26` (Zipf-distributed ids). Labels are Bernoulli draws from a hidden
+//! logistic model over the ids and log1p of the counts; the model's probabilities are
+//! returned with the rows so the data's best achievable AUC can be computed.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int64Array, Int64Builder, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Normal, Zipf};
+
+use crate::hidden::{normal, sigmoid};
+use crate::{DatagenError, invalid};
+
+pub const DENSE: usize = 13;
+pub const CATEGORICAL: usize = 26;
+
+/// Distinct values per categorical column in the Criteo Kaggle display-ads data.
+pub const CRITEO_CARDINALITIES: [u64; CATEGORICAL] = [
+    1460, 583, 10_131_227, 2_202_608, 305, 24, 12_517, 633, 3, 93_145, 5683, 8_351_593, 3194, 27,
+    14_992, 5_461_306, 10, 5652, 2173, 4, 7_046_547, 18, 15, 286_181, 105, 142_572,
+];
+
+/// Mean of log(count + 1) per dense column; the counts are log-normal around these.
+const DENSE_LOG_MEANS: [f64; DENSE] = [
+    0.8, 2.0, 1.5, 1.2, 6.0, 2.5, 1.0, 2.2, 3.0, 0.3, 0.7, 0.2, 1.4,
+];
+const DENSE_MISSING: f64 = 0.1;
+const BIAS: f64 = -1.4;
+/// Hidden weight scale per categorical column: 26 of them give the logit a spread
+/// (standard deviation ~1.4) like a well-trained CTR model's.
+const CATEGORICAL_SCALE: f64 = 0.27;
+const DENSE_SCALE: f64 = 0.2;
+
+#[derive(Debug, Clone)]
+pub struct CriteoOptions {
+    pub seed: u64,
+    /// Multiplies every cardinality (at least 2 values per column remain).
+    pub cardinality_scale: f64,
+    /// Zipf exponent of the id distribution.
+    pub zipf_exponent: f64,
+    /// Angle the hidden weights rotate by per day (0: no drift).
+    pub drift_radians_per_day: f64,
+    /// Unix seconds where the drift angle is 0.
+    pub epoch_unix_s: i64,
+}
+
+impl Default for CriteoOptions {
+    fn default() -> Self {
+        Self {
+            seed: 1,
+            cardinality_scale: 1.0,
+            zipf_exponent: 1.1,
+            drift_radians_per_day: 0.0,
+            epoch_unix_s: 0,
+        }
+    }
+}
+
+/// Rows plus what generated their labels.
+pub struct Generated {
+    pub batch: RecordBatch,
+    /// The hidden model's click probability per row.
+    pub probabilities: Vec<f64>,
+    pub labels: Vec<bool>,
+}
+
+pub struct Criteo {
+    options: CriteoOptions,
+    ids: Vec<Zipf<f64>>,
+    counts: Vec<Normal<f64>>,
+    rng: StdRng,
+}
+
+impl Criteo {
+    pub fn new(options: CriteoOptions) -> Result<Self, DatagenError> {
+        if !(options.cardinality_scale > 0.0 && options.cardinality_scale.is_finite()) {
+            return Err(invalid("cardinality_scale", "must be a positive number"));
+        }
+        if !(options.zipf_exponent > 0.0 && options.zipf_exponent.is_finite()) {
+            return Err(invalid("zipf_exponent", "must be a positive number"));
+        }
+        if !options.drift_radians_per_day.is_finite() {
+            return Err(invalid("drift_radians_per_day", "must be a finite number"));
+        }
+        let ids = cardinalities(options.cardinality_scale)
+            .iter()
+            .map(|&n| Zipf::new(n as f64, options.zipf_exponent))
+            .collect::<Result<_, _>>()
+            .map_err(|e| invalid("zipf_exponent", e.to_string()))?;
+        let counts = DENSE_LOG_MEANS
+            .iter()
+            .map(|&mean| Normal::new(mean, 1.2))
+            .collect::<Result<_, _>>()
+            .map_err(|e| invalid("dense", e.to_string()))?;
+        let rng = StdRng::seed_from_u64(options.seed);
+        Ok(Self {
+            options,
+            ids,
+            counts,
+            rng,
+        })
+    }
+
+    pub fn schema() -> SchemaRef {
+        let mut fields = vec![Field::new("label", DataType::Int64, false)];
+        fields.extend((1..=DENSE).map(|i| Field::new(format!("i{i}"), DataType::Int64, true)));
+        fields
+            .extend((1..=CATEGORICAL).map(|i| Field::new(format!("c{i}"), DataType::Int64, false)));
+        Arc::new(Schema::new(fields))
+    }
+
+    /// The hidden weight of `id` in categorical column `column` at `unix_s`.
+    fn weight(&self, column: usize, id: u64, angle: f64) -> f64 {
+        let seed = self.options.seed;
+        let now = normal(seed, column as u64, id);
+        if angle == 0.0 {
+            return CATEGORICAL_SCALE * now;
+        }
+        let later = normal(seed ^ 0xd1f7, column as u64, id);
+        CATEGORICAL_SCALE * (angle.cos() * now + angle.sin() * later)
+    }
+
+    fn dense_weight(&self, column: usize) -> f64 {
+        DENSE_SCALE * normal(self.options.seed, 1000 + column as u64, 0)
+    }
+
+    /// `rows` rows stamped at `unix_s` (drift is evaluated at that time).
+    pub fn generate(&mut self, rows: usize, unix_s: i64) -> Result<Generated, DatagenError> {
+        let days = (unix_s - self.options.epoch_unix_s) as f64 / 86_400.0;
+        let angle = self.options.drift_radians_per_day * days;
+        let mut logits = vec![BIAS; rows];
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(1 + DENSE + CATEGORICAL);
+        let mut dense_columns = Vec::with_capacity(DENSE);
+        for (j, log_mean) in DENSE_LOG_MEANS.iter().enumerate() {
+            let mut column = Int64Builder::with_capacity(rows);
+            let w = self.dense_weight(j);
+            for logit in logits.iter_mut() {
+                if self.rng.random::<f64>() < DENSE_MISSING {
+                    column.append_null();
+                    continue;
+                }
+                let log_count = self.counts[j].sample(&mut self.rng).max(0.0);
+                let count = log_count.exp_m1().floor();
+                // Centred so a missing value (read as 0) is an ordinary input.
+                *logit += w * (count.ln_1p() - log_mean);
+                column.append_value(count as i64);
+            }
+            dense_columns.push(Arc::new(column.finish()) as ArrayRef);
+        }
+        let mut categorical = Vec::with_capacity(CATEGORICAL);
+        for c in 0..CATEGORICAL {
+            let mut values = Vec::with_capacity(rows);
+            for logit in logits.iter_mut() {
+                let id = self.ids[c].sample(&mut self.rng) as u64;
+                *logit += self.weight(c, id, angle);
+                values.push(id as i64);
+            }
+            categorical.push(Arc::new(Int64Array::from(values)) as ArrayRef);
+        }
+        let probabilities: Vec<f64> = logits.iter().map(|&l| sigmoid(l)).collect();
+        let labels: Vec<bool> = probabilities
+            .iter()
+            .map(|&p| self.rng.random::<f64>() < p)
+            .collect();
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            labels.iter().map(|&l| i64::from(l)),
+        )));
+        columns.extend(dense_columns);
+        columns.extend(categorical);
+        Ok(Generated {
+            batch: RecordBatch::try_new(Self::schema(), columns)?,
+            probabilities,
+            labels,
+        })
+    }
+}
+
+/// Criteo's cardinalities times `scale`, at least 2 each.
+pub fn cardinalities(scale: f64) -> Vec<u64> {
+    CRITEO_CARDINALITIES
+        .iter()
+        .map(|&n| ((n as f64 * scale).round() as u64).max(2))
+        .collect()
+}

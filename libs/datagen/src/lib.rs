@@ -1,0 +1,39 @@
+//! Synthetic recommendation data, written as time-partitioned Parquet (zstd) to any
+//! object store URL. Behind `primus datagen`, and used by tests and benchmarks.
+//!
+//! - [`criteo`]: 13 count-like dense and 26 categorical columns, Zipf-distributed ids with
+//!   Criteo's cardinalities (scalable), labels drawn from a hidden logistic model whose
+//!   probabilities are kept, so the best achievable AUC of the data is known exactly.
+//!   With `drift_radians_per_day > 0` the hidden weights rotate over time (drift data).
+//! - [`sessions`]: RecD-style sessions (mean ~16.5 samples, heavy tail): user features
+//!   that change between a session's samples with a set probability, item features
+//!   redrawn per sample; rows ordered by time or clustered by session.
+//! - [`write`]: lays batches out as `date=YYYY-MM-DD/hour=HH/part-NNNNN.parquet`.
+//! - [`auc`]: exact ROC AUC (ties counted half).
+
+pub mod auc;
+pub mod criteo;
+mod hidden;
+pub mod sessions;
+pub mod write;
+
+/// Generator options that cannot produce data.
+#[derive(Debug, thiserror::Error)]
+pub enum DatagenError {
+    #[error("{field}: {message}")]
+    Option {
+        field: &'static str,
+        message: String,
+    },
+    #[error(transparent)]
+    Storage(#[from] primus_storage::StorageError),
+    #[error("building record batch: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+}
+
+pub(crate) fn invalid(field: &'static str, message: impl Into<String>) -> DatagenError {
+    DatagenError::Option {
+        field,
+        message: message.into(),
+    }
+}

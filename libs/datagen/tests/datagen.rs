@@ -1,0 +1,244 @@
+//! Generated data sets: written through primus-storage, read back through the feature
+//! pipeline; their statistics match what they promise (best AUC, drift, RecD's session
+//! model, clustering).
+
+use futures::TryStreamExt;
+use primus_batch::{FeaturePipeline, Minibatch, Sparse};
+use primus_datagen::auc::auc;
+use primus_datagen::criteo::{Criteo, CriteoOptions};
+use primus_datagen::sessions::{RowOrder, SessionLength, SessionOptions, Sessions};
+use primus_datagen::write::{Layout, criteo, sessions, write_file};
+use primus_spec::dataset::{
+    DenseFeature, DenseTransform, FeatureSchema, SparseFeature, WindowUnit,
+};
+use primus_storage::parquet::{ReadOptions, read};
+
+fn criteo_schema() -> FeatureSchema {
+    FeatureSchema {
+        label: "label".into(),
+        dense: (1..=13)
+            .map(|i| DenseFeature {
+                name: format!("i{i}"),
+                transform: DenseTransform::Log1p,
+                missing: 0.0,
+            })
+            .collect(),
+        sparse: (1..=26)
+            .map(|i| SparseFeature {
+                name: format!("c{i}"),
+                table: "categorical".into(),
+                multi_hot: false,
+                dedup_group: None,
+            })
+            .collect(),
+    }
+}
+
+fn session_schema() -> FeatureSchema {
+    let sparse = |name: &str, group: Option<&str>, multi_hot| SparseFeature {
+        name: name.into(),
+        table: "ids".into(),
+        multi_hot,
+        dedup_group: group.map(str::to_owned),
+    };
+    FeatureSchema {
+        label: "label".into(),
+        dense: vec![DenseFeature {
+            name: "item_price".into(),
+            transform: DenseTransform::Log1p,
+            missing: 0.0,
+        }],
+        sparse: vec![
+            sparse("user_id", Some("user"), false),
+            sparse("user_segment", Some("user"), false),
+            sparse("user_history", Some("user"), true),
+            sparse("item_id", None, false),
+            sparse("item_category", None, false),
+        ],
+    }
+}
+
+async fn read_all(url: &str, schema: &FeatureSchema) -> Vec<Minibatch> {
+    let location = primus_storage::open(url, &Default::default()).expect("test step");
+    let pipeline = FeaturePipeline::new(schema);
+    let mut batches = Vec::new();
+    for file in location.list("").await.expect("test step") {
+        let options = ReadOptions {
+            columns: Some(pipeline.columns()),
+            ..Default::default()
+        };
+        let stream = read(&location, &file.location, &options).await.expect("test step");
+        let records: Vec<_> = stream.try_collect().await.expect("test step");
+        for record in records {
+            batches.push(pipeline.minibatch(&record).expect("test step"));
+        }
+    }
+    batches
+}
+
+#[tokio::test]
+async fn criteo_like_data_reads_back_with_its_best_auc() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = dir.path().to_str().expect("UTF-8 temp path").to_owned();
+    let location = primus_storage::open(&url, &Default::default()).expect("test step");
+    let layout = Layout {
+        unit: WindowUnit::Hourly,
+        start_unix_s: primus_spec::time::parse_window_time("2026-11-20T00").expect("test step"),
+        windows: 2,
+        files_per_window: 2,
+        row_group_rows: 1000,
+    };
+    let options = CriteoOptions {
+        cardinality_scale: 0.001,
+        ..Default::default()
+    };
+    let summary = criteo(&location, &layout, 5001, options).await.expect("test step");
+    assert_eq!((summary.rows, summary.files), (10_002, 4));
+    let best = summary.best_auc.expect("test step");
+    assert!((0.70..0.92).contains(&best), "best AUC {best}");
+    let names: Vec<String> = location
+        .list("")
+        .await
+        .expect("test step")
+        .iter()
+        .map(|m| m.location.to_string())
+        .collect();
+    assert!(
+        names[0].ends_with("date=2026-11-20/hour=00/part-00000.parquet"),
+        "{names:?}"
+    );
+    assert!(
+        names[3].ends_with("date=2026-11-20/hour=01/part-00001.parquet"),
+        "{names:?}"
+    );
+
+    let batches = read_all(&url, &criteo_schema()).await;
+    let rows: usize = batches.iter().map(Minibatch::rows).sum();
+    assert_eq!(rows, 10_002);
+    let positives: f32 = batches.iter().flat_map(|b| b.labels.iter()).sum();
+    let ctr = positives / rows as f32;
+    assert!((0.1..0.45).contains(&ctr), "click rate {ctr}");
+    let Sparse::Jagged(kjt) = &batches[0].sparse else {
+        panic!("pipeline output is jagged");
+    };
+    assert_eq!(kjt.features.len(), 26);
+    assert!(
+        kjt.features.iter().all(|f| f.values.len() == kjt.rows),
+        "one id per row"
+    );
+}
+
+#[test]
+fn drift_moves_the_hidden_model() {
+    let start = 1_700_000_000;
+    let options = CriteoOptions {
+        cardinality_scale: 0.0005,
+        drift_radians_per_day: 0.6,
+        epoch_unix_s: start,
+        ..Default::default()
+    };
+    let mut early = Criteo::new(options.clone()).expect("test step");
+    let mut late = Criteo::new(options).expect("test step");
+    let day0 = early.generate(20_000, start).expect("test step");
+    let day4 = late.generate(20_000, start + 4 * 86_400).expect("test step");
+    // Same seed, so the same rows; only the hidden model differs.
+    assert_eq!(day0.batch.columns()[1..], day4.batch.columns()[1..]);
+    let best_late = auc(&day4.probabilities, &day4.labels).expect("test step");
+    let stale = auc(&day0.probabilities, &day4.labels).expect("test step");
+    assert!(
+        best_late - stale > 0.03,
+        "day-0 model on day-4 data {stale} vs {best_late}"
+    );
+    assert!(
+        Criteo::new(CriteoOptions {
+            cardinality_scale: -1.0,
+            ..Default::default()
+        })
+        .is_err()
+    );
+}
+
+fn grouped_factor(batches: &[Minibatch], schema: &FeatureSchema) -> f64 {
+    let pipeline = FeaturePipeline::new(schema);
+    let all = Minibatch::concat(batches).expect("test step");
+    let grouped = all.grouped(pipeline.groups()).expect("test step");
+    let Sparse::Grouped(ikjt) = &grouped.sparse else {
+        panic!("not grouped");
+    };
+    assert_eq!(grouped.to_kjt().expect("test step"), all.to_kjt().expect("test step"));
+    ikjt.groups[0].dedupe_factor()
+}
+
+#[tokio::test]
+async fn session_dedupe_factor_follows_recd_model() {
+    let schema = session_schema();
+    for (samples, change) in [(10u32, 0.3), (16, 0.6), (4, 0.0)] {
+        let mut generator = Sessions::new(SessionOptions {
+            length: SessionLength::Fixed(samples),
+            change_probability: change,
+            order: RowOrder::Clustered,
+            seed: u64::from(samples),
+            ..Default::default()
+        })
+        .expect("test step");
+        let batch = generator.generate(4000, 0, 3600).expect("test step");
+        let minibatch = FeaturePipeline::new(&schema).minibatch(&batch).expect("test step");
+        let measured = grouped_factor(&[minibatch], &schema);
+        let s = f64::from(samples);
+        let model = 1.0 / (1.0 - (s - 1.0) / s * (1.0 - change));
+        let error = (measured - model).abs() / model;
+        assert!(
+            error < 0.02,
+            "S={samples} p={change}: measured {measured}, model {model}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sessions_are_heavy_tailed_and_cluster_smaller() {
+    let options = SessionOptions::default();
+    let mut generator = Sessions::new(options.clone()).expect("test step");
+    let batch = generator.generate(20_000, 0, 3600).expect("test step");
+    let mean = batch.num_rows() as f64 / 20_000.0;
+    assert!((15.5..17.5).contains(&mean), "mean session length {mean}");
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let location = primus_storage::open(dir.path().to_str().expect("UTF-8 temp path"), &Default::default()).expect("test step");
+    let mut sizes = Vec::new();
+    for order in [RowOrder::Time, RowOrder::Clustered] {
+        let mut generator = Sessions::new(SessionOptions {
+            order,
+            ..options.clone()
+        })
+        .expect("test step");
+        let batch = generator.generate(3000, 0, 3600).expect("test step");
+        sizes.push(
+            write_file(&location, &format!("{order:?}.parquet"), batch, 1 << 20)
+                .await
+                .expect("test step"),
+        );
+    }
+    assert!(
+        sizes[1] < sizes[0],
+        "clustered {} bytes vs time-ordered {}",
+        sizes[1],
+        sizes[0]
+    );
+
+    let layout = Layout {
+        unit: WindowUnit::Daily,
+        start_unix_s: 0,
+        windows: 1,
+        files_per_window: 3,
+        row_group_rows: 4096,
+    };
+    let summary = sessions(&location, &layout, 100, options).await.expect("test step");
+    assert_eq!((summary.sessions, summary.files), (100, 3));
+    assert!(
+        Sessions::new(SessionOptions {
+            change_probability: 1.5,
+            ..Default::default()
+        })
+        .is_err()
+    );
+}

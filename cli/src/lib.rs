@@ -6,6 +6,7 @@
 //! FAILED_PRECONDITION).
 
 pub mod connection;
+pub mod datagen;
 pub mod output;
 pub mod resources;
 pub mod up;

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use primus_api_client::ApiClient;
 use primus_cli::connection::{ConnectionArgs, resolve};
+use primus_cli::datagen::{DatagenCommand, datagen};
 use primus_cli::output::Format;
 use primus_cli::resources::{self, parse_kind, parse_selector, read_resources};
 use primus_cli::up::{UpOptions, up};
@@ -87,6 +88,11 @@ enum Commands {
         /// Stop again as soon as every service is healthy (exit 0 only if all stop cleanly).
         #[arg(long)]
         check: bool,
+    },
+    /// Write a synthetic data set as time-partitioned Parquet (zstd).
+    Datagen {
+        #[command(subcommand)]
+        command: DatagenCommand,
     },
     /// gRPC health of services (default: the six services on their default local ports).
     Health {
@@ -182,6 +188,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             .await
             .map_err(Failure::server)?;
         }
+        Commands::Datagen { command } => datagen(command).await?,
         Commands::Health { addrs } => {
             let targets: Vec<(String, String)> = if addrs.is_empty() {
                 services()

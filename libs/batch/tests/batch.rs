@@ -282,7 +282,9 @@ fn pipeline_transforms_rows() {
 fn pipeline_names_the_bad_column() {
     let pipeline = FeaturePipeline::new(&schema());
     let without_item = rows().project(&[0, 1, 2, 3, 4, 5]).expect("test step");
-    let error = pipeline.minibatch(&without_item).expect_err("must be refused");
+    let error = pipeline
+        .minibatch(&without_item)
+        .expect_err("must be refused");
     assert!(
         matches!(&error, BatchError::MissingColumn { column, .. } if column == "item"),
         "{error}"
@@ -297,7 +299,9 @@ fn pipeline_names_the_bad_column() {
         .collect();
     columns[6].1 = Arc::new(Float64Array::from(vec![1.0, 2.0, 3.0]));
     let wrong_type = RecordBatch::try_from_iter(columns.clone()).expect("test step");
-    let error = pipeline.minibatch(&wrong_type).expect_err("must be refused");
+    let error = pipeline
+        .minibatch(&wrong_type)
+        .expect_err("must be refused");
     assert!(
         matches!(&error, BatchError::ColumnType { column, .. } if column == "item"),
         "{error}"
@@ -305,7 +309,9 @@ fn pipeline_names_the_bad_column() {
 
     columns[0].1 = Arc::new(Float64Array::from(vec![Some(1.0), None, Some(0.0)]));
     let null_label = RecordBatch::try_from_iter(columns).expect("test step");
-    let error = pipeline.minibatch(&null_label).expect_err("must be refused");
+    let error = pipeline
+        .minibatch(&null_label)
+        .expect_err("must be refused");
     assert!(
         matches!(&error, BatchError::BadValue { column, row: 1, .. } if column == "label"),
         "{error}"
@@ -316,8 +322,8 @@ fn pipeline_names_the_bad_column() {
         DataType::Utf8,
         false,
     )]));
-    let scalar_history =
-        RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(vec!["a"]))]).expect("test step");
+    let scalar_history = RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(vec!["a"]))])
+        .expect("test step");
     let multi_hot = FeaturePipeline::new(&FeatureSchema {
         label: "history".into(),
         dense: vec![],

@@ -67,7 +67,9 @@ async fn read_all(url: &str, schema: &FeatureSchema) -> Vec<Minibatch> {
             columns: Some(pipeline.columns()),
             ..Default::default()
         };
-        let stream = read(&location, &file.location, &options).await.expect("test step");
+        let stream = read(&location, &file.location, &options)
+            .await
+            .expect("test step");
         let records: Vec<_> = stream.try_collect().await.expect("test step");
         for record in records {
             batches.push(pipeline.minibatch(&record).expect("test step"));
@@ -92,7 +94,9 @@ async fn criteo_like_data_reads_back_with_its_best_auc() {
         cardinality_scale: 0.001,
         ..Default::default()
     };
-    let summary = criteo(&location, &layout, 5001, options).await.expect("test step");
+    let summary = criteo(&location, &layout, 5001, options)
+        .await
+        .expect("test step");
     assert_eq!((summary.rows, summary.files), (10_002, 4));
     let best = summary.best_auc.expect("test step");
     assert!((0.70..0.92).contains(&best), "best AUC {best}");
@@ -140,7 +144,9 @@ fn drift_moves_the_hidden_model() {
     let mut early = Criteo::new(options.clone()).expect("test step");
     let mut late = Criteo::new(options).expect("test step");
     let day0 = early.generate(20_000, start).expect("test step");
-    let day4 = late.generate(20_000, start + 4 * 86_400).expect("test step");
+    let day4 = late
+        .generate(20_000, start + 4 * 86_400)
+        .expect("test step");
     // Same seed, so the same rows; only the hidden model differs.
     assert_eq!(day0.batch.columns()[1..], day4.batch.columns()[1..]);
     let best_late = auc(&day4.probabilities, &day4.labels).expect("test step");
@@ -165,7 +171,10 @@ fn grouped_factor(batches: &[Minibatch], schema: &FeatureSchema) -> f64 {
     let Sparse::Grouped(ikjt) = &grouped.sparse else {
         panic!("not grouped");
     };
-    assert_eq!(grouped.to_kjt().expect("test step"), all.to_kjt().expect("test step"));
+    assert_eq!(
+        grouped.to_kjt().expect("test step"),
+        all.to_kjt().expect("test step")
+    );
     ikjt.groups[0].dedupe_factor()
 }
 
@@ -182,7 +191,9 @@ async fn session_dedupe_factor_follows_recd_model() {
         })
         .expect("test step");
         let batch = generator.generate(4000, 0, 3600).expect("test step");
-        let minibatch = FeaturePipeline::new(&schema).minibatch(&batch).expect("test step");
+        let minibatch = FeaturePipeline::new(&schema)
+            .minibatch(&batch)
+            .expect("test step");
         let measured = grouped_factor(&[minibatch], &schema);
         let s = f64::from(samples);
         let model = 1.0 / (1.0 - (s - 1.0) / s * (1.0 - change));
@@ -203,7 +214,11 @@ async fn sessions_are_heavy_tailed_and_cluster_smaller() {
     assert!((15.5..17.5).contains(&mean), "mean session length {mean}");
 
     let dir = tempfile::tempdir().expect("temp dir");
-    let location = primus_storage::open(dir.path().to_str().expect("UTF-8 temp path"), &Default::default()).expect("test step");
+    let location = primus_storage::open(
+        dir.path().to_str().expect("UTF-8 temp path"),
+        &Default::default(),
+    )
+    .expect("test step");
     let mut sizes = Vec::new();
     for order in [RowOrder::Time, RowOrder::Clustered] {
         let mut generator = Sessions::new(SessionOptions {
@@ -232,7 +247,9 @@ async fn sessions_are_heavy_tailed_and_cluster_smaller() {
         files_per_window: 3,
         row_group_rows: 4096,
     };
-    let summary = sessions(&location, &layout, 100, options).await.expect("test step");
+    let summary = sessions(&location, &layout, 100, options)
+        .await
+        .expect("test step");
     assert_eq!((summary.sessions, summary.files), (100, 3));
     assert!(
         Sessions::new(SessionOptions {

@@ -8,6 +8,7 @@
 
 mod node;
 mod shutdown;
+pub mod usage;
 
 pub use node::{Node, serve_nats_node};
 pub use shutdown::Shutdown;

@@ -1,23 +1,100 @@
-//! `primus-data-executor`. Runs data tasks (Parquet and stream sources), turns rows into minibatches and serves them to trainers.
+//! `primus-data-executor` (Primus §4.3.2, §5.2): registers with the job's master, runs
+//! several data tasks at once (Parquet row groups of the task's files, only the schema's
+//! columns, from the task's offset), turns rows into minibatches with the Dataset's
+//! feature pipeline, holds them in bounded per-source serving buffers, and serves them to
+//! trainers over `DatasetService.StreamMinibatches`, choosing the source by Algorithm 2.
+//! A task's offset as reported to the master counts rows *served*, so a crash loses no
+//! buffered row. Heartbeats (CPU, memory) and metrics (buffer fill, rows served) go to NATS.
+//! [`reader`] is the trainer's side: every executor's stream, merged and decoded.
 //!
-//! Built so far: the service process (settings, NATS connection, gRPC health that follows
-//! the NATS connection, graceful SIGTERM). Its own RPCs arrive with later steps.
+//! Not built yet: stream (JetStream) tasks; such a task fails with a message saying so.
 
-use primus_config::{DEFAULT_PORTS, NodeSettings};
-use primus_service::Shutdown;
+mod buffer;
+mod executor;
+mod ledger;
+pub mod reader;
+mod runner;
+mod server;
+pub mod settings;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use primus_proto::v1::dataset_service_server::DatasetServiceServer;
+use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
+
+pub use buffer::priority;
+pub use executor::Identity;
+pub use settings::DataExecutorSettings;
 
 pub const SERVICE: &str = "primus-data-executor";
 pub const ABOUT: &str = concat!(
-    "Primus data executor: reads data tasks and serves minibatches to trainers.",
-    " This build runs the service shell only: settings, connections, gRPC health."
+    "Primus data executor: runs a job's data tasks (Parquet) and serves minibatches to",
+    " trainers. Identity from data.job/executor_id/master_addr or else PRIMUS_JOB,",
+    " PRIMUS_EXECUTOR_ID and PRIMUS_MASTER_ADDR (set by the master); the Dataset from",
+    " `data.dataset` (written by the master)."
 );
 
-pub fn default_settings() -> NodeSettings {
-    NodeSettings::on_port(DEFAULT_PORTS.data_executor)
+pub fn default_settings() -> DataExecutorSettings {
+    DataExecutorSettings::default()
 }
 
-/// Runs until `shutdown`, then drains and returns.
-pub async fn run(settings: NodeSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    primus_service::serve_nats_node(SERVICE, &settings, Routes::default(), shutdown).await
+impl Identity {
+    /// From the settings, or else from the environment the master starts executors with.
+    pub fn resolve(data: &settings::DataSettings) -> anyhow::Result<Self> {
+        let pick = |set: &str, key: &str, var: &str| -> anyhow::Result<String> {
+            if !set.is_empty() {
+                return Ok(set.to_owned());
+            }
+            std::env::var(var).with_context(|| format!("neither data.{key} nor {var} is set"))
+        };
+        Ok(Self {
+            job: pick(&data.job, "job", "PRIMUS_JOB")?,
+            executor_id: pick(&data.executor_id, "executor_id", "PRIMUS_EXECUTOR_ID")?,
+            master_addr: pick(&data.master_addr, "master_addr", "PRIMUS_MASTER_ADDR")?,
+        })
+    }
+}
+
+/// Runs until `shutdown` (or until the work loop fails), then drains and returns.
+pub async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+    let identity = Identity::resolve(&settings.data)?;
+    let dataset = settings
+        .data
+        .dataset
+        .clone()
+        .context("data.dataset is not set: the master writes the Job's Dataset there")?;
+    let mut node = Node::bind(SERVICE, &settings.server).await?;
+    let grpc_addr = node.local_addr()?.to_string();
+    let bus = node.connect_nats(&settings.nats).await?;
+    let executor = Arc::new(executor::Executor::new(
+        identity,
+        &dataset,
+        settings.storage.clone(),
+        settings.data.clone(),
+        shutdown.clone(),
+    ));
+    let worker = {
+        let (executor, bus, shutdown) = (executor.clone(), bus.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let result = executor.work(grpc_addr, bus).await;
+            if result.is_err() {
+                shutdown.trigger();
+            }
+            result
+        })
+    };
+    let routes = Routes::new(DatasetServiceServer::new(server::DatasetServer {
+        executor,
+    }));
+    node.serve(routes, shutdown).await?;
+    bus.drain().await?;
+    if worker.is_finished() {
+        // A failed work loop is the process's failure; a finished one is not.
+        worker.await??;
+    } else {
+        worker.abort();
+    }
+    Ok(())
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::TryStreamExt;
 use primus_config::{NodeSettings, StorageSettings};
+use primus_data_executor::DataExecutorSettings;
 use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::{
     AcquireTaskRequest, DataTask, Endpoint, FinishTaskRequest, RegisterExecutorRequest,
@@ -32,12 +33,13 @@ fn main() -> anyhow::Result<()> {
     primus_service::main(
         "task-reader",
         "Test data executor: reads its tasks' ids and records them",
-        NodeSettings::on_port(0),
+        DataExecutorSettings::default(),
         run,
     )
 }
 
-async fn run(settings: NodeSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+/// Takes the real data executor's settings (the master writes those), uses the node part.
+async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     let env = |name: &str| std::env::var(name).with_context(|| format!("{name} is not set"));
     let identity = Identity {
         job: env("PRIMUS_JOB")?,
@@ -51,6 +53,11 @@ async fn run(settings: NodeSettings, shutdown: Shutdown) -> anyhow::Result<()> {
             .unwrap_or(0),
     );
     let grpc_addr = settings.server.grpc_addr.to_string();
+    let settings = NodeSettings {
+        server: settings.server,
+        nats: settings.nats,
+        telemetry: settings.telemetry,
+    };
     let node = {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {

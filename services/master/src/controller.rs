@@ -357,7 +357,7 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
     )));
 
     let mut backend_events = context.backend.events();
-    if let Err(outcome) = start_executors(context, name, &spec).await {
+    if let Err(outcome) = start_executors(context, name, &spec, &dataset).await {
         return outcome;
     }
     let ready = match wait_ready(context, name).await {
@@ -497,9 +497,15 @@ async fn check_sources<C: Catalog>(
     Ok(())
 }
 
-/// The settings file of one executor: the master's NATS, telemetry and storage sections,
-/// plus the PS tables for PS shards.
-fn executor_settings(settings: &MasterSettings, role: ExecutorRole, spec: &JobSpec) -> toml::Table {
+/// The settings file of one executor: the master's NATS and telemetry sections, plus the
+/// storage section and the PS tables for PS shards, the storage section and the Dataset for
+/// data executors.
+fn executor_settings(
+    settings: &MasterSettings,
+    role: ExecutorRole,
+    spec: &JobSpec,
+    dataset: &DatasetSpec,
+) -> toml::Table {
     let mut table = toml::Table::new();
     let mut insert = |key: &str, value: Result<toml::Value, toml::ser::Error>| {
         if let Ok(value) = value {
@@ -514,7 +520,18 @@ fn executor_settings(settings: &MasterSettings, role: ExecutorRole, spec: &JobSp
         if let Ok(tables) = toml::Value::try_from(&spec.model.tables) {
             ps.insert("tables".into(), tables);
         }
-        table.insert("ps".into(), toml::Value::Table(ps));
+        insert("ps", Ok(toml::Value::Table(ps)));
+    }
+    if role == ExecutorRole::DataExecutor {
+        insert("storage", toml::Value::try_from(&settings.storage));
+        let mut data = toml::Table::new();
+        match toml::Value::try_from(dataset) {
+            Ok(dataset) => {
+                data.insert("dataset".into(), dataset);
+            }
+            Err(e) => tracing::error!(error = %e, "the Dataset cannot be written as TOML"),
+        }
+        insert("data", Ok(toml::Value::Table(data)));
     }
     table
 }
@@ -523,6 +540,7 @@ async fn start_executors<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
     job: &str,
     spec: &JobSpec,
+    dataset: &DatasetSpec,
 ) -> Result<(), Outcome> {
     let topology = &spec.topology;
     for role in ExecutorRole::ALL {
@@ -536,7 +554,7 @@ async fn start_executors<B: ResourceBackend, C: Catalog>(
                 job: job.to_owned(),
                 role,
                 index,
-                settings: executor_settings(&context.settings, role, spec),
+                settings: executor_settings(&context.settings, role, spec, dataset),
                 cpu: role_spec.cpu,
                 memory_bytes: primus_spec::job::parse_memory(&role_spec.memory).unwrap_or(0),
             };

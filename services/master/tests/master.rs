@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{RecordBatch, UInt64Array};
+use arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use primus_api_client::{ApiClient, ClientSettings};
 use primus_config::{ApiServerSettings, StorageSettings};
@@ -26,12 +26,17 @@ const TOKEN: &str = "master-test-token";
 const ROWS_PER_FILE: u64 = 100;
 const FILES_PER_HOUR: u64 = 2;
 
-/// Writes `days` of hourly partitions under `root`, ids counting up in time order, plus a
-/// `_SUCCESS` marker per hour. Returns the number of rows.
+/// Writes `days` of hourly partitions under `root`, ids counting up in time order (columns
+/// `id`, `label` = id mod 2, `c1` = id), plus a `_SUCCESS` marker per hour. Returns the
+/// number of rows.
 async fn write_partitions(root: &Path, first_day: &str, days: i64) -> u64 {
     let location = primus_storage::open(root.to_str().expect("utf-8"), &StorageSettings::default())
         .expect("location");
-    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::UInt64, false)]));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::UInt64, false),
+        Field::new("label", DataType::UInt64, false),
+        Field::new("c1", DataType::UInt64, false),
+    ]));
     let start = time::parse_window_time(first_day).expect("day");
     let mut next_id = 0;
     for hour in 0..days * 24 {
@@ -42,9 +47,13 @@ async fn write_partitions(root: &Path, first_day: &str, days: i64) -> u64 {
         for file in 0..FILES_PER_HOUR {
             let ids: Vec<u64> = (next_id..next_id + ROWS_PER_FILE).collect();
             next_id += ROWS_PER_FILE;
-            let batch =
-                RecordBatch::try_new(schema.clone(), vec![Arc::new(UInt64Array::from(ids))])
-                    .expect("batch");
+            let labels: Vec<u64> = ids.iter().map(|id| id % 2).collect();
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(UInt64Array::from(ids.clone())),
+                Arc::new(UInt64Array::from(labels)),
+                Arc::new(UInt64Array::from(ids)),
+            ];
+            let batch = RecordBatch::try_new(schema.clone(), columns).expect("batch");
             let path = location.path(&format!("{partition}/part-{file}.parquet"));
             primus_storage::parquet::write(&location, &path, schema.clone(), [batch], None)
                 .await
@@ -206,9 +215,14 @@ impl Cluster {
         self.dir.path().join("work")
     }
 
+    /// A master whose data executors are the `task_reader` example.
     fn start_master(&self) -> std::process::Child {
+        self.start_master_with(&target_dir().join("examples").join("task_reader"))
+    }
+
+    fn start_master_with(&self, data_executor: &Path) -> std::process::Child {
         let config = self.dir.path().join("master.toml");
-        let reader = target_dir().join("examples").join("task_reader");
+        let reader = data_executor;
         assert!(reader.is_file(), "{} is not built", reader.display());
         std::fs::write(
             &config,
@@ -515,6 +529,91 @@ async fn a_missing_prefix_fails_the_job_and_deleting_a_running_job_stops_its_pro
             .cloned()
             .collect::<HashSet<_>>(),
         leftover
+    );
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_reader_receives_every_row_of_a_three_task_job_exactly_once() {
+    use futures::TryStreamExt;
+    use primus_data_executor::reader::{ReaderOptions, data_executors, read};
+
+    let cluster = Cluster::start().await;
+    let data = cluster.dir.path().join("data");
+    write_partitions(&data, "2026-11-01", 1).await;
+    // Three hourly windows of one source: three tasks of 2 files (200 rows) each.
+    let rows = 3 * FILES_PER_HOUR * ROWS_PER_FILE;
+    cluster
+        .apply(&job_yaml(
+            "served",
+            data.to_str().expect("utf-8"),
+            "2026-11-01T00",
+            "2026-11-01T03",
+            2,
+        ))
+        .await;
+    let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
+    cluster
+        .wait_for_phase("served", Phase::Running, Duration::from_secs(60))
+        .await;
+    let master_addr = format!("127.0.0.1:{}", cluster.master_port);
+    let executors = data_executors(&master_addr, "served")
+        .await
+        .expect("topology");
+    assert_eq!(executors.len(), 2);
+    let options = ReaderOptions {
+        job: "served".into(),
+        trainer_id: "trainer-0".into(),
+        batch_size: 64,
+        grouped: false,
+    };
+    let batches: Vec<_> = read(&executors, &options)
+        .await
+        .expect("open streams")
+        .try_collect()
+        .await
+        .unwrap_or_else(|e| {
+            let logs = std::fs::read_dir(cluster.work_dir().join("served"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|f| f.path().extension().is_some_and(|e| e == "log"))
+                .map(|f| std::fs::read_to_string(f.path()).unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("\n");
+            panic!("reading minibatches: {e}\nexecutor logs:\n{logs}")
+        });
+
+    let seed = primus_batch::hash::feature_seed("c1");
+    let expected: HashMap<u64, u64> = (0..rows)
+        .map(|id| (primus_batch::hash::int_key(seed, id), id))
+        .collect();
+    let mut seen: HashMap<u64, u32> = HashMap::new();
+    for received in &batches {
+        assert_eq!(received.source, "clicks");
+        assert_eq!(received.kind, primus_proto::v1::SourceKind::Batch);
+        assert!(received.batch.rows() <= 64);
+        let kjt = received.batch.to_kjt().expect("jagged");
+        let keys = &kjt.feature("c1").expect("c1").values;
+        for (key, label) in keys.iter().zip(&received.batch.labels) {
+            let id = expected.get(key).expect("a key of the data");
+            assert_eq!(*label, (id % 2) as f32, "label travels with its row");
+            *seen.entry(*key).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len() as u64, rows, "every row arrived");
+    assert!(seen.values().all(|n| *n == 1), "no row twice");
+
+    let status = cluster
+        .wait_for_phase("served", Phase::Succeeded, Duration::from_secs(60))
+        .await;
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.reason == "DataExhausted"),
+        "{status:?}"
     );
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");

@@ -1,0 +1,321 @@
+//! Per-source serving buffers (Primus §5.2): bounded in rows (readers wait when full), and
+//! served by Algorithm 2: the next minibatch comes from the non-empty buffer with the
+//! highest `w_i * sigmoid(q_i)`, where `q_i` is its queued data in minibatches.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use primus_batch::Minibatch;
+use primus_proto::v1::SourceKind;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::ledger::TaskLedger;
+
+/// Rows read by one task, in task order.
+pub struct Chunk {
+    pub batch: Minibatch,
+    pub task: Arc<TaskLedger>,
+    /// The task offset of the chunk's first row.
+    pub first_offset: u64,
+}
+
+/// What the dataset server hands to a trainer.
+pub struct Served {
+    pub source: String,
+    pub kind: SourceKind,
+    pub batch: Minibatch,
+}
+
+struct Queue {
+    name: String,
+    kind: SourceKind,
+    weight: f64,
+    chunks: VecDeque<Chunk>,
+    rows: usize,
+    /// Runners currently reading into this buffer: while any is, a short buffer waits for
+    /// more rows instead of serving a small minibatch.
+    writers: usize,
+    space: Arc<Semaphore>,
+}
+
+pub struct Buffers {
+    queues: Mutex<Vec<Queue>>,
+    capacity_rows: usize,
+    arrived: Notify,
+}
+
+/// A source's place in [`Buffers`].
+pub type SourceIndex = usize;
+
+/// Counts a runner as writing into a source until dropped.
+pub struct WriterGuard<'a> {
+    buffers: &'a Buffers,
+    source: SourceIndex,
+}
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        self.buffers.with_queue(self.source, |q| q.writers -= 1);
+        self.buffers.arrived.notify_waiters();
+    }
+}
+
+/// Algorithm 2's priority of a buffer holding `queued` minibatches.
+pub fn priority(weight: f64, queued: f64) -> f64 {
+    weight / (1.0 + (-queued).exp())
+}
+
+impl Buffers {
+    /// One buffer per `(name, kind, weight)`, each holding up to `capacity_rows` rows.
+    pub fn new(sources: Vec<(String, SourceKind, f64)>, capacity_rows: usize) -> Self {
+        let capacity_rows = capacity_rows.max(1);
+        let queues = sources
+            .into_iter()
+            .map(|(name, kind, weight)| Queue {
+                name,
+                kind,
+                weight,
+                chunks: VecDeque::new(),
+                rows: 0,
+                writers: 0,
+                space: Arc::new(Semaphore::new(capacity_rows)),
+            })
+            .collect();
+        Self {
+            queues: Mutex::new(queues),
+            capacity_rows,
+            arrived: Notify::new(),
+        }
+    }
+
+    pub fn capacity_rows(&self) -> usize {
+        self.capacity_rows
+    }
+
+    fn with_queue<T>(&self, source: SourceIndex, f: impl FnOnce(&mut Queue) -> T) -> T {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut queues[source])
+    }
+
+    pub fn source_index(&self, name: &str) -> Option<SourceIndex> {
+        let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        queues.iter().position(|q| q.name == name)
+    }
+
+    pub fn writer(&self, source: SourceIndex) -> WriterGuard<'_> {
+        self.with_queue(source, |q| q.writers += 1);
+        WriterGuard {
+            buffers: self,
+            source,
+        }
+    }
+
+    /// Adds a chunk (at most `capacity_rows` rows), waiting while the buffer is full.
+    pub async fn push(&self, source: SourceIndex, chunk: Chunk) {
+        let rows = chunk.batch.rows().min(self.capacity_rows);
+        let space = self.with_queue(source, |q| q.space.clone());
+        if let Ok(permits) = space.acquire_many(rows as u32).await {
+            // Given back by `pop` as the rows leave.
+            permits.forget();
+        }
+        self.with_queue(source, |q| {
+            q.rows += chunk.batch.rows();
+            q.chunks.push_back(chunk);
+        });
+        self.arrived.notify_waiters();
+    }
+
+    /// Rows queued per source, by name.
+    pub fn fill(&self) -> Vec<(String, usize)> {
+        let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        queues.iter().map(|q| (q.name.clone(), q.rows)).collect()
+    }
+
+    /// Drops the queued rows of a task that is no longer this executor's.
+    pub fn discard_task(&self, task_id: &str) {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        for queue in queues.iter_mut() {
+            let before = queue.rows;
+            queue.chunks.retain(|c| c.task.id != task_id);
+            queue.rows = queue.chunks.iter().map(|c| c.batch.rows()).sum();
+            queue.space.add_permits(before - queue.rows);
+        }
+    }
+
+    /// Takes up to `rows` rows for a minibatch, or `None` when nothing can be served now.
+    /// A buffer with fewer rows than asked serves only when nobody is writing into it.
+    pub fn try_pop(&self, rows: usize) -> Option<Served> {
+        let rows = rows.clamp(1, self.capacity_rows);
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let chosen = queues
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.rows >= rows || (q.rows > 0 && q.writers == 0))
+            .map(|(i, q)| (i, priority(q.weight, q.rows as f64 / rows as f64)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i)?;
+        let queue = &mut queues[chosen];
+        let mut parts = Vec::new();
+        let mut taken = 0;
+        while taken < rows {
+            let Some(mut chunk) = queue.chunks.pop_front() else {
+                break;
+            };
+            let want = rows - taken;
+            let part = if chunk.batch.rows() > want {
+                let head = chunk.batch.slice(0..want).ok()?;
+                let tail = chunk.batch.slice(want..chunk.batch.rows()).ok()?;
+                chunk.batch = tail;
+                let first = chunk.first_offset;
+                chunk.first_offset += want as u64;
+                chunk.task.served_through(first + want as u64);
+                queue.chunks.push_front(chunk);
+                head
+            } else {
+                chunk
+                    .task
+                    .served_through(chunk.first_offset + chunk.batch.rows() as u64);
+                chunk.batch
+            };
+            taken += part.rows();
+            parts.push(part);
+        }
+        queue.rows -= taken;
+        queue.space.add_permits(taken.min(self.capacity_rows));
+        let batch = match parts.len() {
+            1 => parts.pop()?,
+            _ => Minibatch::concat(&parts).ok()?,
+        };
+        Some(Served {
+            source: queue.name.clone(),
+            kind: queue.kind,
+            batch,
+        })
+    }
+
+    /// Wakes servers waiting for rows (the data ended, so short buffers may now serve).
+    pub fn wake(&self) {
+        self.arrived.notify_waiters();
+    }
+
+    /// Waits until something may be servable (or a short while, as a safety net).
+    pub async fn wait_for_rows(&self) {
+        tokio::select! {
+            _ = self.arrived.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        queues.iter().all(|q| q.rows == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use primus_batch::{DenseMatrix, Kjt, Sparse};
+
+    use super::*;
+
+    fn rows(n: usize, label: f32) -> Minibatch {
+        Minibatch {
+            labels: vec![label; n],
+            dense: DenseMatrix::default(),
+            sparse: Sparse::Jagged(Kjt {
+                rows: n,
+                features: vec![],
+            }),
+        }
+    }
+
+    fn chunk(n: usize, label: f32, task: &Arc<TaskLedger>, first_offset: u64) -> Chunk {
+        Chunk {
+            batch: rows(n, label),
+            task: task.clone(),
+            first_offset,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_heavier_source_serves_first_and_a_backlog_drains() {
+        let buffers = Buffers::new(
+            vec![
+                ("batch".into(), SourceKind::Batch, 1.0),
+                ("stream".into(), SourceKind::Stream, 4.0),
+            ],
+            1000,
+        );
+        let batch_task = Arc::new(TaskLedger::new("b".into(), 0));
+        let stream_task = Arc::new(TaskLedger::new("s".into(), 0));
+        // A backlog of 500 batch rows, 100 stream rows.
+        for i in 0..5 {
+            buffers.push(0, chunk(100, 0.0, &batch_task, i * 100)).await;
+        }
+        buffers.push(1, chunk(100, 1.0, &stream_task, 0)).await;
+        let order: Vec<String> = std::iter::from_fn(|| buffers.try_pop(50))
+            .map(|s| s.source)
+            .collect();
+        assert_eq!(
+            order[..2],
+            ["stream", "stream"],
+            "weight 4 beats a 10x backlog of weight 1"
+        );
+        assert_eq!(
+            order.len(),
+            2 + 10,
+            "the backlog drains once the stream is empty"
+        );
+        assert!(order[2..].iter().all(|s| s == "batch"));
+        assert!(buffers.is_empty());
+        assert_eq!(batch_task.progress_to_report(), Some(500));
+    }
+
+    #[tokio::test]
+    async fn a_short_buffer_waits_for_its_writer_and_a_full_one_blocks_it() {
+        let buffers = Arc::new(Buffers::new(
+            vec![("a".into(), SourceKind::Batch, 1.0)],
+            100,
+        ));
+        let task = Arc::new(TaskLedger::new("t".into(), 0));
+        let writer = buffers.writer(0);
+        buffers.push(0, chunk(30, 0.0, &task, 0)).await;
+        assert!(
+            buffers.try_pop(50).is_none(),
+            "30 of 50 rows while a writer is active"
+        );
+        buffers.push(0, chunk(70, 0.0, &task, 30)).await;
+        // Full: a third push waits until rows are served.
+        let pusher = {
+            let (buffers, task) = (buffers.clone(), task.clone());
+            tokio::spawn(async move { buffers.push(0, chunk(40, 0.0, &task, 100)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!pusher.is_finished(), "the buffer is full");
+        let served = buffers.try_pop(50).expect("a full minibatch");
+        assert_eq!(served.batch.rows(), 50);
+        pusher.await.expect("push after space was freed");
+        drop(writer);
+        let sizes: Vec<usize> = std::iter::from_fn(|| buffers.try_pop(50))
+            .map(|s| s.batch.rows())
+            .collect();
+        assert_eq!(sizes, [50, 40], "with no writer the short rest is served");
+        assert_eq!(task.progress_to_report(), Some(140));
+    }
+
+    #[tokio::test]
+    async fn rows_of_a_task_taken_back_are_dropped() {
+        let buffers = Buffers::new(vec![("a".into(), SourceKind::Batch, 1.0)], 100);
+        let (kept, lost) = (
+            Arc::new(TaskLedger::new("kept".into(), 0)),
+            Arc::new(TaskLedger::new("lost".into(), 0)),
+        );
+        buffers.push(0, chunk(60, 0.0, &lost, 0)).await;
+        buffers.push(0, chunk(40, 1.0, &kept, 0)).await;
+        buffers.discard_task("lost");
+        assert_eq!(buffers.fill(), [("a".to_owned(), 40)]);
+        let served = buffers.try_pop(100).expect("the kept rows");
+        assert_eq!(served.batch.labels, vec![1.0; 40]);
+    }
+}

@@ -1,0 +1,364 @@
+//! The executor's work loop: register with the master's task service, acquire tasks while
+//! a runner slot is free, report served offsets and finish tasks once their rows are
+//! served, and publish heartbeats and metrics on NATS.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use primus_batch::FeaturePipeline;
+use primus_bus::Bus;
+use primus_config::StorageSettings;
+use primus_proto::v1::task_service_client::TaskServiceClient;
+use primus_proto::v1::{
+    AcquireTaskRequest, DataTask, Endpoint, FinishTaskRequest, Heartbeat, MetricsReport,
+    RegisterExecutorRequest, ReportProgressRequest, Role, SourceKind, data_task,
+};
+use primus_service::Shutdown;
+use primus_service::usage::{UsageSampler, resident_bytes};
+use primus_spec::dataset::DatasetSpec;
+use tokio::sync::Semaphore;
+use tonic::transport::Channel;
+
+use crate::buffer::Buffers;
+use crate::ledger::{ReadEnd, TaskLedger};
+use crate::runner::BatchRunner;
+use crate::settings::DataSettings;
+
+/// Who this executor is: the job it serves and the master that hands out its tasks.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub job: String,
+    pub executor_id: String,
+    pub master_addr: String,
+}
+
+/// State shared by the work loop, the runners and the dataset server.
+pub struct Executor {
+    pub identity: Identity,
+    pub buffers: Buffers,
+    pub pipeline: FeaturePipeline,
+    storage: StorageSettings,
+    settings: DataSettings,
+    ledgers: Mutex<HashMap<String, Arc<TaskLedger>>>,
+    running: AtomicU64,
+    /// The master said every bounded task is done and no runner is left.
+    exhausted: AtomicBool,
+    pub rows_served: AtomicU64,
+    pub shutdown: Shutdown,
+}
+
+fn sources(dataset: &DatasetSpec) -> Vec<(String, SourceKind, f64)> {
+    dataset
+        .streams
+        .iter()
+        .flat_map(|s| &s.sources)
+        .map(|source| {
+            let kind = if source.jetstream.is_some() {
+                SourceKind::Stream
+            } else {
+                SourceKind::Batch
+            };
+            (source.name.clone(), kind, source.weight)
+        })
+        .collect()
+}
+
+impl Executor {
+    pub fn new(
+        identity: Identity,
+        dataset: &DatasetSpec,
+        storage: StorageSettings,
+        settings: DataSettings,
+        shutdown: Shutdown,
+    ) -> Self {
+        Self {
+            identity,
+            buffers: Buffers::new(sources(dataset), settings.buffer_rows),
+            pipeline: FeaturePipeline::new(&dataset.schema),
+            storage,
+            settings,
+            ledgers: Mutex::new(HashMap::new()),
+            running: AtomicU64::new(0),
+            exhausted: AtomicBool::new(false),
+            rows_served: AtomicU64::new(0),
+            shutdown,
+        }
+    }
+
+    /// Nothing of this executor is waiting to be served: no buffered row, no open task.
+    pub fn idle(&self) -> bool {
+        self.buffers.is_empty() && self.ledgers().is_empty()
+    }
+
+    /// No more rows will arrive: the data is exhausted and the buffers are drained.
+    pub fn drained(&self) -> bool {
+        self.exhausted.load(Ordering::Acquire) && self.buffers.is_empty()
+    }
+
+    fn ledgers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<TaskLedger>>> {
+        self.ledgers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers, then runs tasks until the data is exhausted or `shutdown`.
+    pub async fn work(self: Arc<Self>, grpc_addr: String, bus: Bus) -> anyhow::Result<()> {
+        let shutdown = self.shutdown.clone();
+        let mut client = connect(&self.identity.master_addr, &shutdown).await?;
+        let registered = client
+            .register_executor(RegisterExecutorRequest {
+                job: self.identity.job.clone(),
+                endpoint: Some(Endpoint {
+                    role: Role::DataExecutor as i32,
+                    id: self.identity.executor_id.clone(),
+                    grpc_addr,
+                }),
+            })
+            .await
+            .context("registering with the master")?
+            .into_inner();
+        let heartbeat = Duration::from_millis(registered.heartbeat_interval_ms.max(100));
+        let beats = tokio::spawn(self.clone().heartbeats(bus, heartbeat));
+        let reporter = tokio::spawn(self.clone().report_progress(client.clone()));
+        let result = self.acquire_tasks(&mut client, &shutdown).await;
+        if result.is_ok() {
+            // Keep reporting until the last served rows close their tasks.
+            while !self.ledgers().is_empty() && !shutdown.is_triggered() {
+                tokio::time::sleep(Duration::from_millis(self.settings.progress_interval_ms)).await;
+            }
+        }
+        reporter.abort();
+        beats.abort();
+        result
+    }
+
+    async fn acquire_tasks(
+        self: &Arc<Self>,
+        client: &mut TaskServiceClient<Channel>,
+        shutdown: &Shutdown,
+    ) -> anyhow::Result<()> {
+        let slots = Arc::new(Semaphore::new(self.settings.runners.max(1)));
+        let idle = Duration::from_millis(self.settings.idle_poll_ms.max(10));
+        while !shutdown.is_triggered() {
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                break;
+            };
+            let request = AcquireTaskRequest {
+                job: self.identity.job.clone(),
+                executor_id: self.identity.executor_id.clone(),
+            };
+            let response = match client.acquire_task(request).await {
+                Ok(response) => response.into_inner(),
+                Err(status) => {
+                    tracing::warn!(%status, "acquiring a task");
+                    drop(slot);
+                    tokio::time::sleep(idle).await;
+                    continue;
+                }
+            };
+            match response.task {
+                Some(task) => {
+                    let executor = self.clone();
+                    self.running.fetch_add(1, Ordering::AcqRel);
+                    tokio::spawn(async move {
+                        executor.run_task(task).await;
+                        executor.running.fetch_sub(1, Ordering::AcqRel);
+                        drop(slot);
+                    });
+                }
+                None if response.exhausted && self.running.load(Ordering::Acquire) == 0 => {
+                    self.exhausted.store(true, Ordering::Release);
+                    self.buffers.wake();
+                    tracing::info!("the job's data is exhausted");
+                    return Ok(());
+                }
+                None => {
+                    drop(slot);
+                    tokio::time::sleep(idle).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn run_task(&self, task: DataTask) {
+        let ledger = Arc::new(TaskLedger::new(task.id.clone(), task.start_offset));
+        self.ledgers().insert(task.id.clone(), ledger.clone());
+        let source = self.buffers.source_index(&task.source);
+        tracing::info!(task = %task.id, source = %task.source, offset = task.start_offset, "task started");
+        match (&task.work, source) {
+            (Some(data_task::Work::Batch(work)), Some(source)) => {
+                let runner = BatchRunner {
+                    buffers: &self.buffers,
+                    pipeline: &self.pipeline,
+                    storage: &self.storage,
+                    read_batch_rows: self
+                        .settings
+                        .read_batch_rows
+                        .clamp(1, self.buffers.capacity_rows()),
+                };
+                runner.run(source, work, task.start_offset, &ledger).await;
+            }
+            (_, None) => ledger.finish_reading(ReadEnd::Failed {
+                rows: task.start_offset,
+                error: format!(
+                    "source {:?} is not in the Dataset this executor was given",
+                    task.source
+                ),
+            }),
+            (Some(data_task::Work::Stream(_)), Some(_)) | (None, Some(_)) => {
+                ledger.finish_reading(ReadEnd::Failed {
+                    rows: task.start_offset,
+                    error: format!(
+                        "task {}: only batch (Parquet) tasks are read by this data executor",
+                        task.id
+                    ),
+                })
+            }
+        }
+    }
+
+    /// Reports served offsets and closes tasks whose rows are all served.
+    async fn report_progress(self: Arc<Self>, mut client: TaskServiceClient<Channel>) {
+        let mut ticks = tokio::time::interval(Duration::from_millis(
+            self.settings.progress_interval_ms.max(10),
+        ));
+        loop {
+            ticks.tick().await;
+            let ledgers: Vec<Arc<TaskLedger>> = self.ledgers().values().cloned().collect();
+            for ledger in ledgers {
+                if let Err(status) = self.report_one(&mut client, &ledger).await {
+                    if status.code() == tonic::Code::FailedPrecondition {
+                        // The master gave the task to someone else: our rows of it are stale.
+                        tracing::warn!(task = %ledger.id, %status, "task taken back; dropping its buffered rows");
+                        self.buffers.discard_task(&ledger.id);
+                        self.ledgers().remove(&ledger.id);
+                    } else {
+                        tracing::warn!(task = %ledger.id, %status, "reporting task progress");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn report_one(
+        &self,
+        client: &mut TaskServiceClient<Channel>,
+        ledger: &TaskLedger,
+    ) -> Result<(), tonic::Status> {
+        // Read before reporting, so a finish never precedes the offset it covers.
+        let finished = ledger.finished();
+        if let Some(offset) = ledger.progress_to_report() {
+            client
+                .report_progress(ReportProgressRequest {
+                    job: self.identity.job.clone(),
+                    executor_id: self.identity.executor_id.clone(),
+                    task_id: ledger.id.clone(),
+                    offset,
+                })
+                .await?;
+        }
+        if let Some(error) = finished {
+            if error.is_empty() {
+                tracing::info!(task = %ledger.id, "task done");
+            } else {
+                tracing::warn!(task = %ledger.id, %error, "task failed");
+            }
+            client
+                .finish_task(FinishTaskRequest {
+                    job: self.identity.job.clone(),
+                    executor_id: self.identity.executor_id.clone(),
+                    task_id: ledger.id.clone(),
+                    error,
+                })
+                .await?;
+            self.ledgers().remove(&ledger.id);
+        }
+        Ok(())
+    }
+
+    async fn heartbeats(self: Arc<Self>, bus: Bus, interval: Duration) {
+        let id = &self.identity;
+        let subjects = (
+            bus.subjects()
+                .heartbeat(&id.job, "data_executor", &id.executor_id),
+            bus.subjects()
+                .metrics(&id.job, "data_executor", &id.executor_id),
+        );
+        let (Ok(heartbeat_subject), Ok(metrics_subject)) = subjects else {
+            return tracing::error!(job = %id.job, "job or executor id is not a valid subject token");
+        };
+        let endpoint = Endpoint {
+            role: Role::DataExecutor as i32,
+            id: id.executor_id.clone(),
+            grpc_addr: String::new(),
+        };
+        let mut usage = UsageSampler::new();
+        let mut ticks = tokio::time::interval(interval);
+        let mut last_served = (std::time::Instant::now(), 0u64);
+        loop {
+            ticks.tick().await;
+            let now_ms = unix_ms();
+            let beat = Heartbeat {
+                job: id.job.clone(),
+                endpoint: Some(endpoint.clone()),
+                unix_ms: now_ms,
+                cpu_cores: usage.cpu_cores(),
+                memory_bytes: resident_bytes(),
+            };
+            if let Err(e) = bus.publish(heartbeat_subject.clone(), &beat).await {
+                tracing::warn!(error = %e, "publishing a heartbeat");
+            }
+            let served = self.rows_served.load(Ordering::Acquire);
+            let elapsed = last_served.0.elapsed().as_secs_f64().max(1e-3);
+            let mut gauges: HashMap<String, f64> = self
+                .buffers
+                .fill()
+                .into_iter()
+                .map(|(source, rows)| (format!("buffer_rows.{source}"), rows as f64))
+                .collect();
+            gauges.insert(
+                "rows_served_per_second".into(),
+                (served - last_served.1) as f64 / elapsed,
+            );
+            last_served = (std::time::Instant::now(), served);
+            let report = MetricsReport {
+                job: id.job.clone(),
+                endpoint: Some(endpoint.clone()),
+                unix_ms: now_ms,
+                gauges,
+                samples: served,
+                steps: 0,
+            };
+            if let Err(e) = bus.publish(metrics_subject.clone(), &report).await {
+                tracing::warn!(error = %e, "publishing metrics");
+            }
+        }
+    }
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The master may still be starting: retry for a while.
+async fn connect(addr: &str, shutdown: &Shutdown) -> anyhow::Result<TaskServiceClient<Channel>> {
+    let url = format!("http://{addr}");
+    let mut last = None;
+    for _ in 0..40 {
+        if shutdown.is_triggered() {
+            break;
+        }
+        match TaskServiceClient::connect(url.clone()).await {
+            Ok(client) => return Ok(client),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(anyhow::anyhow!(
+        "cannot reach the master at {url}: {last:?}"
+    ))
+}

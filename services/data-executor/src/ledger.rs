@@ -1,0 +1,67 @@
+//! Per-task bookkeeping: how far a task's rows were read and served. A task's offset as
+//! the master sees it is what has been *served* to trainers, so rows buffered by an
+//! executor that dies are read again by the next attempt, never lost.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How a task's reading ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadEnd {
+    /// Every row was read; `rows` is the task offset after the last one.
+    Complete { rows: u64 },
+    /// Reading failed after `rows`; the message names the file and column.
+    Failed { rows: u64, error: String },
+}
+
+impl ReadEnd {
+    fn rows(&self) -> u64 {
+        match self {
+            Self::Complete { rows } | Self::Failed { rows, .. } => *rows,
+        }
+    }
+}
+
+pub struct TaskLedger {
+    pub id: String,
+    served: AtomicU64,
+    reported: AtomicU64,
+    end: Mutex<Option<ReadEnd>>,
+}
+
+impl TaskLedger {
+    pub fn new(id: String, start_offset: u64) -> Self {
+        Self {
+            id,
+            served: AtomicU64::new(start_offset),
+            reported: AtomicU64::new(start_offset),
+            end: Mutex::new(None),
+        }
+    }
+
+    /// Rows before `offset` have been handed to trainers.
+    pub fn served_through(&self, offset: u64) {
+        self.served.fetch_max(offset, Ordering::AcqRel);
+    }
+
+    pub fn finish_reading(&self, end: ReadEnd) {
+        *self.end.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
+    }
+
+    /// The served offset when it moved since the last call.
+    pub fn progress_to_report(&self) -> Option<u64> {
+        let served = self.served.load(Ordering::Acquire);
+        let before = self.reported.swap(served, Ordering::AcqRel);
+        (served > before).then_some(served)
+    }
+
+    /// Once reading ended and every read row was served: the task's error ("" on success).
+    pub fn finished(&self) -> Option<String> {
+        let end = self.end.lock().unwrap_or_else(|p| p.into_inner());
+        let end = end.as_ref()?;
+        (self.served.load(Ordering::Acquire) >= end.rows()).then(|| match end {
+            ReadEnd::Complete { .. } => String::new(),
+            ReadEnd::Failed { error, .. } => error.clone(),
+        })
+    }
+}

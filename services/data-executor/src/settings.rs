@@ -1,0 +1,78 @@
+//! Settings of `primus-data-executor`: the shared sections plus how tasks are run and
+//! buffered. The master writes `data.dataset` from the Job's Dataset.
+
+use primus_config::{
+    DEFAULT_PORTS, NatsSettings, NodeSettings, ServerSettings, StorageSettings, TelemetrySettings,
+};
+use primus_service::ServiceSettings;
+use primus_spec::dataset::DatasetSpec;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct DataExecutorSettings {
+    pub server: ServerSettings,
+    pub nats: NatsSettings,
+    pub telemetry: TelemetrySettings,
+    /// Credentials and endpoints for the sources' object stores.
+    pub storage: StorageSettings,
+    pub data: DataSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct DataSettings {
+    /// The job served; empty: `PRIMUS_JOB` (set by the master that starts the executor).
+    pub job: String,
+    /// This executor's id; empty: `PRIMUS_EXECUTOR_ID`.
+    pub executor_id: String,
+    /// The master's task service, host:port; empty: `PRIMUS_MASTER_ADDR`.
+    pub master_addr: String,
+    /// The Job's Dataset (sources, weights, feature schema). Required to run tasks.
+    pub dataset: Option<DatasetSpec>,
+    /// Tasks read in parallel.
+    pub runners: usize,
+    /// Rows each source's serving buffer holds before readers wait (backpressure).
+    pub buffer_rows: usize,
+    /// Rows per Parquet read (and per buffered chunk); at most `buffer_rows`.
+    pub read_batch_rows: usize,
+    /// How often served offsets are reported to the master and finished tasks closed.
+    pub progress_interval_ms: u64,
+    /// How long to wait before asking again when the master has no task.
+    pub idle_poll_ms: u64,
+}
+
+impl Default for DataSettings {
+    fn default() -> Self {
+        Self {
+            job: String::new(),
+            executor_id: String::new(),
+            master_addr: String::new(),
+            dataset: None,
+            runners: 2,
+            buffer_rows: 65_536,
+            read_batch_rows: 8192,
+            progress_interval_ms: 200,
+            idle_poll_ms: 200,
+        }
+    }
+}
+
+impl Default for DataExecutorSettings {
+    fn default() -> Self {
+        let node = NodeSettings::on_port(DEFAULT_PORTS.data_executor);
+        Self {
+            server: node.server,
+            nats: node.nats,
+            telemetry: node.telemetry,
+            storage: StorageSettings::default(),
+            data: DataSettings::default(),
+        }
+    }
+}
+
+impl ServiceSettings for DataExecutorSettings {
+    fn telemetry(&self) -> &TelemetrySettings {
+        &self.telemetry
+    }
+}

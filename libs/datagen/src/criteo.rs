@@ -11,6 +11,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal, Zipf};
 
+use primus_spec::dataset::{DenseFeature, DenseTransform, FeatureSchema, SparseFeature};
+
 use crate::hidden::{normal, sigmoid};
 use crate::{DatagenError, invalid};
 
@@ -175,6 +177,29 @@ impl Criteo {
             probabilities,
             labels,
         })
+    }
+}
+
+/// The Dataset feature schema for these columns: log1p counts (null -> 0), every
+/// categorical column looked up in `table`.
+pub fn feature_schema(table: &str) -> FeatureSchema {
+    FeatureSchema {
+        label: "label".into(),
+        dense: (1..=DENSE)
+            .map(|i| DenseFeature {
+                name: format!("i{i}"),
+                transform: DenseTransform::Log1p,
+                missing: 0.0,
+            })
+            .collect(),
+        sparse: (1..=CATEGORICAL)
+            .map(|i| SparseFeature {
+                name: format!("c{i}"),
+                table: table.into(),
+                multi_hot: false,
+                dedup_group: None,
+            })
+            .collect(),
     }
 }
 

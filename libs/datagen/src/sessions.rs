@@ -19,6 +19,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, LogNormal, Zipf};
 
+use primus_spec::dataset::{DenseFeature, DenseTransform, FeatureSchema, SparseFeature};
+
 use crate::hidden::{normal, sigmoid};
 use crate::{DatagenError, invalid};
 
@@ -206,6 +208,32 @@ impl Sessions {
                 RecordBatch::try_new(batch.schema(), columns)?
             }
         })
+    }
+}
+
+/// The Dataset feature schema for these columns: user features in dedup group `user`,
+/// every id looked up in `table`, the price log1p-transformed.
+pub fn feature_schema(table: &str) -> FeatureSchema {
+    let sparse = |name: &str, group: Option<&str>, multi_hot| SparseFeature {
+        name: name.into(),
+        table: table.into(),
+        multi_hot,
+        dedup_group: group.map(str::to_owned),
+    };
+    FeatureSchema {
+        label: "label".into(),
+        dense: vec![DenseFeature {
+            name: "item_price".into(),
+            transform: DenseTransform::Log1p,
+            missing: 0.0,
+        }],
+        sparse: vec![
+            sparse("user_id", Some("user"), false),
+            sparse("user_segment", Some("user"), false),
+            sparse("user_history", Some("user"), true),
+            sparse("item_id", None, false),
+            sparse("item_category", None, false),
+        ],
     }
 }
 

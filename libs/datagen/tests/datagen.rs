@@ -8,55 +8,8 @@ use primus_datagen::auc::auc;
 use primus_datagen::criteo::{Criteo, CriteoOptions};
 use primus_datagen::sessions::{RowOrder, SessionLength, SessionOptions, Sessions};
 use primus_datagen::write::{Layout, criteo, sessions, write_file};
-use primus_spec::dataset::{
-    DenseFeature, DenseTransform, FeatureSchema, SparseFeature, WindowUnit,
-};
+use primus_spec::dataset::{FeatureSchema, WindowUnit};
 use primus_storage::parquet::{ReadOptions, read};
-
-fn criteo_schema() -> FeatureSchema {
-    FeatureSchema {
-        label: "label".into(),
-        dense: (1..=13)
-            .map(|i| DenseFeature {
-                name: format!("i{i}"),
-                transform: DenseTransform::Log1p,
-                missing: 0.0,
-            })
-            .collect(),
-        sparse: (1..=26)
-            .map(|i| SparseFeature {
-                name: format!("c{i}"),
-                table: "categorical".into(),
-                multi_hot: false,
-                dedup_group: None,
-            })
-            .collect(),
-    }
-}
-
-fn session_schema() -> FeatureSchema {
-    let sparse = |name: &str, group: Option<&str>, multi_hot| SparseFeature {
-        name: name.into(),
-        table: "ids".into(),
-        multi_hot,
-        dedup_group: group.map(str::to_owned),
-    };
-    FeatureSchema {
-        label: "label".into(),
-        dense: vec![DenseFeature {
-            name: "item_price".into(),
-            transform: DenseTransform::Log1p,
-            missing: 0.0,
-        }],
-        sparse: vec![
-            sparse("user_id", Some("user"), false),
-            sparse("user_segment", Some("user"), false),
-            sparse("user_history", Some("user"), true),
-            sparse("item_id", None, false),
-            sparse("item_category", None, false),
-        ],
-    }
-}
 
 async fn read_all(url: &str, schema: &FeatureSchema) -> Vec<Minibatch> {
     let location = primus_storage::open(url, &Default::default()).expect("test step");
@@ -116,7 +69,7 @@ async fn criteo_like_data_reads_back_with_its_best_auc() {
         "{names:?}"
     );
 
-    let batches = read_all(&url, &criteo_schema()).await;
+    let batches = read_all(&url, &primus_datagen::criteo::feature_schema("categorical")).await;
     let rows: usize = batches.iter().map(Minibatch::rows).sum();
     assert_eq!(rows, 10_002);
     let positives: f32 = batches.iter().flat_map(|b| b.labels.iter()).sum();
@@ -180,7 +133,7 @@ fn grouped_factor(batches: &[Minibatch], schema: &FeatureSchema) -> f64 {
 
 #[tokio::test]
 async fn session_dedupe_factor_follows_recd_model() {
-    let schema = session_schema();
+    let schema = primus_datagen::sessions::feature_schema("ids");
     for (samples, change) in [(10u32, 0.3), (16, 0.6), (4, 0.0)] {
         let mut generator = Sessions::new(SessionOptions {
             length: SessionLength::Fixed(samples),

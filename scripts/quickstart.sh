@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # From a fresh machine to a running local Primus cluster: installs what is missing, builds,
-# starts NATS, Redis and the six services (`primus up`), applies the example resources through
+# starts NATS, Redis and the standalone services (`primus up`), applies the example resources through
 # the API server, shows them, and stops the cluster again.
 #
 # Training is not built yet (see ARCHITECTURE.md): the example Jobs are stored and shown as

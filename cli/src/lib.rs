@@ -17,12 +17,12 @@ use std::time::Duration;
 use primus_config::DEFAULT_PORTS;
 use primus_testkit::service::{ServingStatus, health_status};
 
-/// The six service binaries and their default ports, in start order.
-pub fn services() -> [(&'static str, u16); 6] {
+/// The service binaries that run on their own, with their default ports, in start order.
+/// Data executors are not among them: each serves one job, so the master starts them.
+pub fn services() -> [(&'static str, u16); 5] {
     [
         ("primus-api-server", DEFAULT_PORTS.api_server),
         ("primus-master", DEFAULT_PORTS.master),
-        ("primus-data-executor", DEFAULT_PORTS.data_executor),
         ("primus-trainer", DEFAULT_PORTS.trainer),
         ("primus-ps", DEFAULT_PORTS.ps),
         ("primus-serving-sync", DEFAULT_PORTS.serving_sync),

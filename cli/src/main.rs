@@ -94,7 +94,7 @@ enum Commands {
         #[command(subcommand)]
         command: DatagenCommand,
     },
-    /// gRPC health of services (default: the six services on their default local ports).
+    /// gRPC health of services (default: the standalone services on their default local ports).
     Health {
         /// host:port addresses to check.
         addrs: Vec<String>,

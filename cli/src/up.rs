@@ -1,4 +1,5 @@
-//! `primus up`: NATS, Redis and the six services as local processes, like a cluster.
+//! `primus up`: NATS, Redis and the standalone services as local processes, like a cluster
+//! (the master starts each job's data executors, PS shards and trainers itself).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

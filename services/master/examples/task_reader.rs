@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::TryStreamExt;
 use primus_config::{NodeSettings, StorageSettings};
-use primus_data_executor::DataExecutorSettings;
+use primus_data_executor::{DataExecutorSettings, Identity};
 use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::{
     AcquireTaskRequest, DataTask, Endpoint, FinishTaskRequest, RegisterExecutorRequest,
@@ -23,11 +23,6 @@ use primus_storage::parquet::{ReadOptions, metadata, read};
 use tonic::transport::Channel;
 
 const REPORT_EVERY: u64 = 50;
-
-struct Identity {
-    job: String,
-    executor: String,
-}
 
 fn main() -> anyhow::Result<()> {
     primus_service::main(
@@ -40,12 +35,8 @@ fn main() -> anyhow::Result<()> {
 
 /// Takes the real data executor's settings (the master writes those), uses the node part.
 async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    let env = |name: &str| std::env::var(name).with_context(|| format!("{name} is not set"));
-    let identity = Identity {
-        job: env("PRIMUS_JOB")?,
-        executor: env("PRIMUS_EXECUTOR_ID")?,
-    };
-    let master = format!("http://{}", env("PRIMUS_MASTER_ADDR")?);
+    let identity = Identity::resolve(&settings.data)?;
+    let master = format!("http://{}", identity.master_addr);
     let delay = Duration::from_millis(
         std::env::var("PRIMUS_TASK_READER_DELAY_MS")
             .ok()
@@ -76,7 +67,7 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
             job: identity.job.clone(),
             endpoint: Some(Endpoint {
                 role: Role::DataExecutor as i32,
-                id: identity.executor.clone(),
+                id: identity.executor_id.clone(),
                 grpc_addr,
             }),
         })
@@ -84,12 +75,12 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
     let mut rows = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(format!("rows-{}.txt", identity.executor))?;
+        .open(format!("rows-{}.txt", identity.executor_id))?;
     while !shutdown.is_triggered() {
         let response = client
             .acquire_task(AcquireTaskRequest {
                 job: identity.job.clone(),
-                executor_id: identity.executor.clone(),
+                executor_id: identity.executor_id.clone(),
             })
             .await?
             .into_inner();
@@ -99,7 +90,7 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
                 client
                     .finish_task(FinishTaskRequest {
                         job: identity.job.clone(),
-                        executor_id: identity.executor.clone(),
+                        executor_id: identity.executor_id.clone(),
                         task_id: task.id.clone(),
                         error: outcome.err().map(|e| format!("{e:#}")).unwrap_or_default(),
                     })
@@ -162,7 +153,7 @@ async fn read_task(
                 client
                     .report_progress(ReportProgressRequest {
                         job: identity.job.clone(),
-                        executor_id: identity.executor.clone(),
+                        executor_id: identity.executor_id.clone(),
                         task_id: task.id.clone(),
                         offset,
                     })

@@ -33,14 +33,20 @@ pub fn parse_selector(pairs: &[String]) -> Result<HashMap<String, String>, Failu
 }
 
 /// Reads and validates every file before anything is sent, so one bad document applies
-/// nothing. `-` reads standard input.
+/// nothing. `-` reads standard input. Relative local paths in the resources are made
+/// absolute against the current directory.
 pub fn read_resources(files: &[PathBuf]) -> Result<Vec<primus_spec::Resource>, Failure> {
+    let here = std::env::current_dir()
+        .map_err(|e| Failure::input(anyhow::anyhow!("the current directory: {e}")))?;
     let mut resources = Vec::new();
     for file in files {
         let (name, text) = read_file(file)?;
         let parsed =
             primus_spec::parse_documents(&name, &text).map_err(|e| Failure::input(e.into()))?;
-        resources.extend(parsed);
+        resources.extend(parsed.into_iter().map(|mut resource| {
+            resource.resolve_local_paths(&here);
+            resource
+        }));
     }
     // Datasets before the Jobs that reference them; otherwise file order.
     resources.sort_by_key(|r| match r.kind() {

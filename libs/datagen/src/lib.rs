@@ -9,9 +9,7 @@
 //!   that change between a session's samples with a set probability, item features
 //!   redrawn per sample; rows ordered by time or clustered by session.
 //! - [`write`]: lays batches out as `date=YYYY-MM-DD/hour=HH/part-NNNNN.parquet`.
-//! - [`auc`]: exact ROC AUC (ties counted half).
 
-pub mod auc;
 pub mod criteo;
 mod hidden;
 pub mod sessions;

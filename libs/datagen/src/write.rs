@@ -4,13 +4,14 @@
 use arrow::array::RecordBatch;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use primus_metrics::auc;
 use primus_spec::dataset::WindowUnit;
 use primus_spec::time::{partition, window_seconds};
 use primus_storage::Location;
 
 use crate::criteo::{Criteo, CriteoOptions};
 use crate::sessions::{SessionOptions, Sessions};
-use crate::{DatagenError, auc::auc, invalid};
+use crate::{DatagenError, invalid};
 
 /// Which windows to fill and how to cut them into files.
 #[derive(Debug, Clone)]

@@ -4,10 +4,10 @@
 
 use futures::TryStreamExt;
 use primus_batch::{FeaturePipeline, Minibatch, Sparse};
-use primus_datagen::auc::auc;
 use primus_datagen::criteo::{Criteo, CriteoOptions};
 use primus_datagen::sessions::{RowOrder, SessionLength, SessionOptions, Sessions};
 use primus_datagen::write::{Layout, criteo, sessions, write_file};
+use primus_metrics::auc;
 use primus_spec::dataset::{FeatureSchema, WindowUnit};
 use primus_storage::parquet::{ReadOptions, read};
 

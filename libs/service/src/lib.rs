@@ -6,10 +6,12 @@
 //! [`Node`] is the service's gRPC listener: it always serves `grpc.health.v1.Health`, which
 //! reports NOT_SERVING while a dependency (NATS, Redis) is unreachable or once draining began.
 
+mod identity;
 mod node;
 mod shutdown;
 pub mod usage;
 
+pub use identity::ExecutorIdentity;
 pub use node::{Node, serve_nats_node};
 pub use shutdown::Shutdown;
 

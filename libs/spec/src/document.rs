@@ -243,6 +243,38 @@ impl Resource {
         &self.metadata().name
     }
 
+    /// Makes local paths absolute against `base` (where the file was applied from):
+    /// `file://./x`, `file://../x` and scheme-less relative paths in Parquet source URIs
+    /// and the checkpoint URI. Executors run in folders of their own, so a relative path
+    /// would mean something else to each of them.
+    pub fn resolve_local_paths(&mut self, base: &std::path::Path) {
+        let resolve = |uri: &mut String| {
+            let relative = match uri.strip_prefix("file://") {
+                Some(rest) if rest.starts_with("./") || rest.starts_with("../") => rest,
+                Some(_) => return,
+                None if uri.contains("://") || uri.starts_with('/') || uri.is_empty() => return,
+                None => uri.as_str(),
+            };
+            let absolute = base.join(relative.trim_start_matches("./"));
+            *uri = format!("file://{}", absolute.display());
+        };
+        match self {
+            Resource::Dataset(dataset) => {
+                for source in dataset.spec.streams.iter_mut().flat_map(|s| &mut s.sources) {
+                    if let Some(parquet) = &mut source.parquet {
+                        resolve(&mut parquet.uri);
+                    }
+                }
+            }
+            Resource::Job(job) => {
+                if let Some(checkpoint) = &mut job.spec.checkpoint {
+                    resolve(&mut checkpoint.uri);
+                }
+            }
+            Resource::Metric(_) => {}
+        }
+    }
+
     /// The spec as JSON (what travels in the API's `Resource.spec_json`).
     pub fn spec_json(&self) -> Result<String, serde_json::Error> {
         match self {

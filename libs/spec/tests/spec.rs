@@ -221,3 +221,40 @@ fn memory_quantities() {
     assert!(parse_memory("0").is_err());
     assert!(parse_memory("99999999999Ti").is_err());
 }
+
+#[test]
+fn relative_local_paths_resolve_against_the_applying_directory() {
+    let text = r#"
+kind: Dataset
+metadata: {name: d}
+spec:
+  streams:
+    - name: s
+      window: {unit: daily, start: "2026-01-01"}
+      sources:
+        - {name: a, parquet: {uri: "file://./data/a"}}
+        - {name: b, parquet: {uri: "data/b"}}
+        - {name: c, parquet: {uri: "s3://bucket/c"}}
+        - {name: d, parquet: {uri: "/abs/d"}}
+  schema: {label: y, sparse: [{name: f, table: t}]}
+"#;
+    let mut resources = parse_documents("d.yaml", text).expect("valid");
+    resources[0].resolve_local_paths(std::path::Path::new("/work/here"));
+    let Resource::Dataset(dataset) = &resources[0] else {
+        panic!("a Dataset")
+    };
+    let uris: Vec<&str> = dataset.spec.streams[0]
+        .sources
+        .iter()
+        .filter_map(|s| s.parquet.as_ref().map(|p| p.uri.as_str()))
+        .collect();
+    assert_eq!(
+        uris,
+        [
+            "file:///work/here/data/a",
+            "file:///work/here/data/b",
+            "s3://bucket/c",
+            "/abs/d"
+        ]
+    );
+}

@@ -16,8 +16,8 @@ use primus_proto::v1::{
     AcquireTaskRequest, DataTask, Endpoint, FinishTaskRequest, Heartbeat, MetricsReport,
     RegisterExecutorRequest, ReportProgressRequest, Role, SourceKind, data_task,
 };
-use primus_service::Shutdown;
 use primus_service::usage::{UsageSampler, resident_bytes};
+use primus_service::{ExecutorIdentity, Shutdown};
 use primus_spec::dataset::DatasetSpec;
 use tokio::sync::Semaphore;
 use tonic::transport::Channel;
@@ -27,17 +27,9 @@ use crate::ledger::{ReadEnd, TaskLedger};
 use crate::runner::BatchRunner;
 use crate::settings::DataSettings;
 
-/// Who this executor is: the job it serves and the master that hands out its tasks.
-#[derive(Debug, Clone)]
-pub struct Identity {
-    pub job: String,
-    pub executor_id: String,
-    pub master_addr: String,
-}
-
 /// State shared by the work loop, the runners and the dataset server.
 pub struct Executor {
-    pub identity: Identity,
+    pub identity: ExecutorIdentity,
     pub buffers: Buffers,
     pub pipeline: FeaturePipeline,
     storage: StorageSettings,
@@ -68,7 +60,7 @@ fn sources(dataset: &DatasetSpec) -> Vec<(String, SourceKind, f64)> {
 
 impl Executor {
     pub fn new(
-        identity: Identity,
+        identity: ExecutorIdentity,
         dataset: &DatasetSpec,
         storage: StorageSettings,
         settings: DataSettings,

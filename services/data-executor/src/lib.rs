@@ -21,11 +21,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use primus_proto::v1::dataset_service_server::DatasetServiceServer;
-use primus_service::{Node, Shutdown};
+use primus_service::{ExecutorIdentity, Node, Shutdown};
 use tonic::service::Routes;
 
 pub use buffer::priority;
-pub use executor::Identity;
 pub use settings::DataExecutorSettings;
 
 pub const SERVICE: &str = "primus-data-executor";
@@ -40,26 +39,11 @@ pub fn default_settings() -> DataExecutorSettings {
     DataExecutorSettings::default()
 }
 
-impl Identity {
-    /// From the settings, or else from the environment the master starts executors with.
-    pub fn resolve(data: &settings::DataSettings) -> anyhow::Result<Self> {
-        let pick = |set: &str, key: &str, var: &str| -> anyhow::Result<String> {
-            if !set.is_empty() {
-                return Ok(set.to_owned());
-            }
-            std::env::var(var).with_context(|| format!("neither data.{key} nor {var} is set"))
-        };
-        Ok(Self {
-            job: pick(&data.job, "job", "PRIMUS_JOB")?,
-            executor_id: pick(&data.executor_id, "executor_id", "PRIMUS_EXECUTOR_ID")?,
-            master_addr: pick(&data.master_addr, "master_addr", "PRIMUS_MASTER_ADDR")?,
-        })
-    }
-}
-
 /// Runs until `shutdown` (or until the work loop fails), then drains and returns.
 pub async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    let identity = Identity::resolve(&settings.data)?;
+    let data = &settings.data;
+    let identity =
+        ExecutorIdentity::resolve("data", &data.job, &data.executor_id, &data.master_addr)?;
     let dataset = settings
         .data
         .dataset

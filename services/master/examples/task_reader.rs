@@ -2,7 +2,8 @@
 //! acquires batch tasks, reads each task's rows (the `id` column) through primus-storage,
 //! appends every id to `rows-<executor>.txt` in its working folder, reports its offset
 //! every `REPORT_EVERY` rows (after the ids are flushed), finishes the task, and exits 0
-//! once the job's data is exhausted. `PRIMUS_TASK_READER_DELAY_MS` slows each batch down
+//! once the job's data is exhausted. It serves no minibatches: a trainer's stream stays
+//! open, empty, until then and ends cleanly at exit. `PRIMUS_TASK_READER_DELAY_MS` slows each batch down
 //! so a test can kill it mid-task. The real data executor (minibatches for trainers) is
 //! `primus-data-executor`.
 
@@ -10,19 +11,42 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
-use futures::TryStreamExt;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use primus_config::{NodeSettings, StorageSettings};
-use primus_data_executor::{DataExecutorSettings, Identity};
+use primus_data_executor::DataExecutorSettings;
+use primus_proto::v1::dataset_service_server::{DatasetService, DatasetServiceServer};
 use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::{
-    AcquireTaskRequest, DataTask, Endpoint, FinishTaskRequest, RegisterExecutorRequest,
-    ReportProgressRequest, Role, data_task,
+    AcquireTaskRequest, DataTask, Endpoint, FinishTaskRequest, Minibatch, MinibatchRequest,
+    RegisterExecutorRequest, ReportProgressRequest, Role, data_task,
 };
+use primus_service::ExecutorIdentity;
 use primus_service::Shutdown;
 use primus_storage::parquet::{ReadOptions, metadata, read};
 use tonic::transport::Channel;
 
 const REPORT_EVERY: u64 = 50;
+
+/// Streams nothing and ends each stream when the reader shuts down.
+struct NoMinibatches {
+    shutdown: Shutdown,
+}
+
+#[tonic::async_trait]
+impl DatasetService for NoMinibatches {
+    type StreamMinibatchesStream = BoxStream<'static, Result<Minibatch, tonic::Status>>;
+
+    async fn stream_minibatches(
+        &self,
+        _request: tonic::Request<MinibatchRequest>,
+    ) -> Result<tonic::Response<Self::StreamMinibatchesStream>, tonic::Status> {
+        let shutdown = self.shutdown.clone();
+        let ended = futures::stream::once(async move { shutdown.wait().await })
+            .filter_map(|()| async { None });
+        Ok(tonic::Response::new(ended.boxed()))
+    }
+}
 
 fn main() -> anyhow::Result<()> {
     primus_service::main(
@@ -35,7 +59,9 @@ fn main() -> anyhow::Result<()> {
 
 /// Takes the real data executor's settings (the master writes those), uses the node part.
 async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    let identity = Identity::resolve(&settings.data)?;
+    let data = &settings.data;
+    let identity =
+        ExecutorIdentity::resolve("data", &data.job, &data.executor_id, &data.master_addr)?;
     let master = format!("http://{}", identity.master_addr);
     let delay = Duration::from_millis(
         std::env::var("PRIMUS_TASK_READER_DELAY_MS")
@@ -55,7 +81,9 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
             primus_service::serve_nats_node(
                 "task-reader",
                 &settings,
-                tonic::service::Routes::default(),
+                tonic::service::Routes::new(DatasetServiceServer::new(NoMinibatches {
+                    shutdown: shutdown.clone(),
+                })),
                 shutdown,
             )
             .await
@@ -107,7 +135,7 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
 
 async fn read_task(
     client: &mut TaskServiceClient<Channel>,
-    identity: &Identity,
+    identity: &ExecutorIdentity,
     task: &DataTask,
     rows: &mut std::fs::File,
     delay: Duration,

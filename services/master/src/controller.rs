@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use primus_api_client::{ApiClient, ClientError};
 use primus_bus::Bus;
-use primus_proto::v1::{Endpoint, EventType, MetricsReport, Resource};
+use primus_model::ModelLayout;
+use primus_proto::v1::parameter_server_client::ParameterServerClient;
+use primus_proto::v1::{Endpoint, EventType, MetricsReport, Resource, SnapshotRequest};
 use primus_service::Shutdown;
 use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
@@ -274,6 +276,10 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
         Ok(dataset) => dataset,
         Err(outcome) => return outcome,
     };
+    let layout = match ModelLayout::new(&spec.model, &dataset.schema) {
+        Ok(layout) => layout,
+        Err(e) => return Outcome::failed("ModelMismatch", e.to_string()),
+    };
     let (reads_batch, reads_streams) = driver::reads(spec.mode);
     if reads_batch && let Err(outcome) = check_sources(&context.cache, &dataset).await {
         return outcome;
@@ -357,7 +363,7 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
     )));
 
     let mut backend_events = context.backend.events();
-    if let Err(outcome) = start_executors(context, name, &spec, &dataset).await {
+    if let Err(outcome) = start_executors(context, name, &spec, &dataset, &layout).await {
         return outcome;
     }
     let ready = match wait_ready(context, name).await {
@@ -378,15 +384,21 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
         context.settings.master.status_interval_ms.max(50),
     ));
     let mut batch_done_declared = false;
+    let mut trainers_done = std::collections::HashSet::new();
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
             Some(report) = reports.recv() => { fold.add(report); continue; }
             event = backend_events.recv() => {
-                if let Ok(BackendEvent::GaveUp { job, id, status }) = event
-                    && job == name
-                {
-                    return Outcome::failed("ExecutorFailed", format!("{id} keeps crashing: {status}"));
+                match event {
+                    Ok(BackendEvent::GaveUp { job, id, status }) if job == name => {
+                        return Outcome::failed("ExecutorFailed", format!("{id} keeps crashing: {status}"));
+                    }
+                    Ok(BackendEvent::Completed { job, id }) if job == name
+                        && id.starts_with(ExecutorRole::Trainer.as_str()) => {
+                        trainers_done.insert(id);
+                    }
+                    _ => {}
                 }
                 continue;
             }
@@ -415,11 +427,27 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
             return Outcome::failed("TaskFailed", format!("task {task}: {error}"));
         }
         let batch_finished = all_planned && counts.pending == 0 && counts.running == 0;
-        if batch_finished && !has_streams {
+        // A batch job ends when its data is read and every trainer has trained on all it
+        // was served (a trainer exits 0 when its minibatch streams end).
+        let trainers = spec.topology.trainers.replicas as usize;
+        if batch_finished && !has_streams && trainers_done.len() >= trainers {
+            write_final_metrics(context, name, &mut fold, &mut reports, writer).await;
+            let mut message = format!(
+                "all {} data tasks succeeded; {trainers} trainers finished",
+                counts.succeeded
+            );
+            if let Some(checkpoint) = &spec.checkpoint {
+                match final_checkpoint(context, name, &checkpoint.uri).await {
+                    Ok(manifests) => {
+                        message.push_str(&format!("; checkpoint: {}", manifests.join(", ")))
+                    }
+                    Err(e) => return Outcome::failed("CheckpointFailed", e),
+                }
+            }
             return Outcome {
                 phase: Phase::Succeeded,
                 reason: "DataExhausted",
-                message: format!("all {} data tasks succeeded", counts.succeeded),
+                message,
             };
         }
         if batch_finished
@@ -497,43 +525,61 @@ async fn check_sources<C: Catalog>(
     Ok(())
 }
 
+/// A settings value as TOML; a value TOML cannot hold is logged and left out.
+fn to_toml<T: serde::Serialize>(key: &str, value: &T) -> Option<toml::Value> {
+    toml::Value::try_from(value)
+        .inspect_err(|e| tracing::error!(key, error = %e, "a setting cannot be written as TOML"))
+        .ok()
+}
+
+/// A settings table of the keys that have a value.
+fn table_of(entries: Vec<(&str, Option<toml::Value>)>) -> toml::Table {
+    entries
+        .into_iter()
+        .filter_map(|(key, value)| Some((key.to_owned(), value?)))
+        .collect()
+}
+
+fn section(entries: Vec<(&str, Option<toml::Value>)>) -> Option<toml::Value> {
+    Some(toml::Value::Table(table_of(entries)))
+}
+
 /// The settings file of one executor: the master's NATS and telemetry sections, plus the
-/// storage section and the PS tables for PS shards, the storage section and the Dataset for
-/// data executors.
+/// storage section and the PS tables (the model's and their companions) for PS shards, the
+/// storage section and the Dataset for data executors, the model and the Dataset's schema
+/// for trainers.
 fn executor_settings(
     settings: &MasterSettings,
     role: ExecutorRole,
     spec: &JobSpec,
     dataset: &DatasetSpec,
+    layout: &ModelLayout,
 ) -> toml::Table {
-    let mut table = toml::Table::new();
-    let mut insert = |key: &str, value: Result<toml::Value, toml::ser::Error>| {
-        if let Ok(value) = value {
-            table.insert(key.into(), value);
+    let mut entries = vec![
+        ("nats", to_toml("nats", &settings.nats)),
+        ("telemetry", to_toml("telemetry", &settings.telemetry)),
+    ];
+    match role {
+        ExecutorRole::Ps => {
+            entries.push(("storage", to_toml("storage", &settings.storage)));
+            let tables = to_toml("ps.tables", &layout.ps_tables());
+            entries.push(("ps", section(vec![("tables", tables)])));
         }
-    };
-    insert("nats", toml::Value::try_from(&settings.nats));
-    insert("telemetry", toml::Value::try_from(&settings.telemetry));
-    if role == ExecutorRole::Ps {
-        insert("storage", toml::Value::try_from(&settings.storage));
-        let mut ps = toml::Table::new();
-        if let Ok(tables) = toml::Value::try_from(&spec.model.tables) {
-            ps.insert("tables".into(), tables);
+        ExecutorRole::DataExecutor => {
+            entries.push(("storage", to_toml("storage", &settings.storage)));
+            let dataset = to_toml("data.dataset", dataset);
+            entries.push(("data", section(vec![("dataset", dataset)])));
         }
-        insert("ps", Ok(toml::Value::Table(ps)));
+        ExecutorRole::Trainer => {
+            let model = to_toml("trainer.model", &spec.model);
+            let schema = to_toml("trainer.schema", &dataset.schema);
+            entries.push((
+                "trainer",
+                section(vec![("model", model), ("schema", schema)]),
+            ));
+        }
     }
-    if role == ExecutorRole::DataExecutor {
-        insert("storage", toml::Value::try_from(&settings.storage));
-        let mut data = toml::Table::new();
-        match toml::Value::try_from(dataset) {
-            Ok(dataset) => {
-                data.insert("dataset".into(), dataset);
-            }
-            Err(e) => tracing::error!(error = %e, "the Dataset cannot be written as TOML"),
-        }
-        insert("data", Ok(toml::Value::Table(data)));
-    }
-    table
+    table_of(entries)
 }
 
 async fn start_executors<B: ResourceBackend, C: Catalog>(
@@ -541,6 +587,7 @@ async fn start_executors<B: ResourceBackend, C: Catalog>(
     job: &str,
     spec: &JobSpec,
     dataset: &DatasetSpec,
+    layout: &ModelLayout,
 ) -> Result<(), Outcome> {
     let topology = &spec.topology;
     for role in ExecutorRole::ALL {
@@ -554,7 +601,7 @@ async fn start_executors<B: ResourceBackend, C: Catalog>(
                 job: job.to_owned(),
                 role,
                 index,
-                settings: executor_settings(&context.settings, role, spec, dataset),
+                settings: executor_settings(&context.settings, role, spec, dataset, layout),
                 cpu: role_spec.cpu,
                 memory_bytes: primus_spec::job::parse_memory(&role_spec.memory).unwrap_or(0),
             };
@@ -651,6 +698,54 @@ async fn follow_metrics(bus: Bus, job: String, reports: tokio::sync::mpsc::Sende
             Err(e) => tracing::warn!(%job, error = %e, "undecodable metrics report"),
         }
     }
+}
+
+/// Snapshots every PS shard of the finished job under `uri/final/<shard id>`; returns
+/// the manifest URIs. (Periodic checkpoints aligned with data offsets are not built yet.)
+async fn final_checkpoint<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    job: &str,
+    uri: &str,
+) -> Result<Vec<String>, String> {
+    let (_, endpoints) = context.topologies.get(job).unwrap_or_default();
+    let shards = endpoints
+        .iter()
+        .filter(|e| e.role == primus_proto::v1::Role::Ps as i32);
+    let mut manifests = Vec::new();
+    for shard in shards {
+        let target = format!("{}/final/{}", uri.trim_end_matches('/'), shard.id);
+        let mut client = ParameterServerClient::connect(format!("http://{}", shard.grpc_addr))
+            .await
+            .map_err(|e| format!("{}: {e}", shard.id))?;
+        let response = client
+            .snapshot(SnapshotRequest {
+                uri: target,
+                base_manifest_uri: String::new(),
+            })
+            .await
+            .map_err(|status| format!("{}: {}", shard.id, status.message()))?;
+        manifests.push(response.into_inner().manifest_uri);
+    }
+    Ok(manifests)
+}
+
+/// Folds the reports still in flight (a trainer's last one is sent just before it exits)
+/// into the Job's final progress and its Metric resource.
+async fn write_final_metrics<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    job: &str,
+    fold: &mut MetricsFold,
+    reports: &mut tokio::sync::mpsc::Receiver<MetricsReport>,
+    writer: &mut JobStatus,
+) {
+    while let Ok(Some(report)) =
+        tokio::time::timeout(Duration::from_millis(300), reports.recv()).await
+    {
+        fold.add(report);
+    }
+    fold.tick(now_ms());
+    writer.status.progress = fold.progress(Some(1.0)).or(writer.status.progress.take());
+    write_metrics(&context.api, job, fold).await;
 }
 
 async fn write_metrics(api: &ApiClient, job: &str, fold: &MetricsFold) {

@@ -4,8 +4,11 @@
 use std::collections::HashMap;
 
 use futures::future::try_join_all;
+pub use primus_embedding::DenseValues;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
-use primus_proto::v1::{LookupRequest, PushRequest};
+use primus_proto::v1::{
+    DenseTensor, InitDenseRequest, LookupRequest, PullDenseRequest, PushDenseRequest, PushRequest,
+};
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 
@@ -34,6 +37,28 @@ pub enum PsClientError {
     Call { shard: usize, status: Status },
     #[error("{got} gradient floats for {keys} keys is not a whole row per key")]
     GradientWidth { got: usize, keys: usize },
+    #[error("PS shard {shard} did not return dense tensor {name:?}")]
+    MissingDense { shard: usize, name: String },
+}
+
+fn dense_to_proto(tensor: &DenseValues) -> DenseTensor {
+    let mut values = Vec::with_capacity(tensor.values.len() * 4);
+    encode_f32(&tensor.values, &mut values);
+    DenseTensor {
+        name: tensor.name.clone(),
+        shape: tensor.shape.clone(),
+        values,
+    }
+}
+
+fn dense_from_proto(shard: usize, tensor: DenseTensor) -> Result<DenseValues, PsClientError> {
+    let values = decode_f32(&format!("dense tensor {:?}", tensor.name), &tensor.values)
+        .map_err(|status| PsClientError::Call { shard, status })?;
+    Ok(DenseValues {
+        name: tensor.name,
+        shape: tensor.shape,
+        values,
+    })
 }
 
 #[derive(Clone)]
@@ -187,6 +212,105 @@ impl PsClient {
         Ok(outcomes
             .into_iter()
             .fold((0, 0), |(a, d), (x, y)| (a + x, d + y)))
+    }
+
+    /// The shard holding dense tensor `name` (spread by a hash of the name).
+    fn dense_shard(&self, name: &str) -> usize {
+        let key = primus_batch::hash::hash_bytes(name.as_bytes());
+        jump_consistent_hash(key, self.shards.len() as u32) as usize
+    }
+
+    /// Groups `items` by the shard of their dense tensor name.
+    fn by_dense_shard<T>(&self, items: impl IntoIterator<Item = (String, T)>) -> Vec<Vec<T>> {
+        let mut groups: Vec<Vec<T>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
+        for (name, item) in items {
+            groups[self.dense_shard(&name)].push(item);
+        }
+        groups
+    }
+
+    /// Offers initial values; tensors that exist keep theirs (the first trainer wins).
+    /// Returns the names this call created.
+    pub async fn init_dense(&self, tensors: &[DenseValues]) -> Result<Vec<String>, PsClientError> {
+        let groups =
+            self.by_dense_shard(tensors.iter().map(|t| (t.name.clone(), dense_to_proto(t))));
+        let calls = groups
+            .into_iter()
+            .enumerate()
+            .filter(|(_, g)| !g.is_empty())
+            .map(|(shard, tensors)| {
+                let mut client = self.shards[shard].clone();
+                async move {
+                    let response = client
+                        .init_dense(InitDenseRequest { tensors })
+                        .await
+                        .map_err(|status| PsClientError::Call { shard, status })?;
+                    Ok::<_, PsClientError>(response.into_inner().created)
+                }
+            });
+        Ok(try_join_all(calls).await?.into_iter().flatten().collect())
+    }
+
+    /// Current values of `names`, in that order.
+    pub async fn pull_dense(&self, names: &[String]) -> Result<Vec<DenseValues>, PsClientError> {
+        let groups = self.by_dense_shard(names.iter().map(|n| (n.clone(), n.clone())));
+        let calls = groups
+            .into_iter()
+            .enumerate()
+            .filter(|(_, g)| !g.is_empty())
+            .map(|(shard, names)| {
+                let mut client = self.shards[shard].clone();
+                async move {
+                    let response = client
+                        .pull_dense(PullDenseRequest { names })
+                        .await
+                        .map_err(|status| PsClientError::Call { shard, status })?;
+                    response
+                        .into_inner()
+                        .tensors
+                        .into_iter()
+                        .map(|t| dense_from_proto(shard, t))
+                        .collect::<Result<Vec<_>, _>>()
+                }
+            });
+        let mut pulled: HashMap<String, DenseValues> = try_join_all(calls)
+            .await?
+            .into_iter()
+            .flatten()
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        names
+            .iter()
+            .map(|name| {
+                pulled
+                    .remove(name)
+                    .ok_or_else(|| PsClientError::MissingDense {
+                        shard: self.dense_shard(name),
+                        name: name.clone(),
+                    })
+            })
+            .collect()
+    }
+
+    /// Applies gradients with each shard's dense optimizer.
+    pub async fn push_dense(&self, grads: &[DenseValues]) -> Result<(), PsClientError> {
+        let groups = self.by_dense_shard(grads.iter().map(|g| (g.name.clone(), dense_to_proto(g))));
+        let calls = groups
+            .into_iter()
+            .enumerate()
+            .filter(|(_, g)| !g.is_empty())
+            .map(|(shard, grads)| {
+                let mut client = self.shards[shard].clone();
+                async move {
+                    client
+                        .push_dense(PushDenseRequest { grads })
+                        .await
+                        .map_err(|status| PsClientError::Call { shard, status })?;
+                    Ok::<_, PsClientError>(())
+                }
+            });
+        try_join_all(calls).await?;
+        Ok(())
     }
 }
 

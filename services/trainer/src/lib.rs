@@ -1,23 +1,265 @@
-//! `primus-trainer`. Pulls minibatches, looks up embeddings on the PS shards, trains the dense network, pushes gradients.
+//! `primus-trainer` (Primus §5.1, Monolith §2.2): trains a job's model. It finds the job's
+//! PS shards and data executors in the master's topology, offers its initial dense
+//! parameters to the PS (the first trainer's win), then for every minibatch looks up the
+//! unique keys of each table, pools them, runs the dense network forward and backward
+//! (burn, CPU) and pushes sparse gradients of unique keys and dense gradients to the PS,
+//! whose optimizers apply them. Dense parameters are pulled every `dense_pull_every`
+//! steps. Progressive-validation metrics (AUC, logloss, calibration over the last
+//! `eval_window` samples, each scored before it was trained on), samples/s and the time
+//! shares of lookup/compute/push go to NATS. The process exits 0 when the data ends.
 //!
-//! Built so far: the service process (settings, NATS connection, gRPC health that follows
-//! the NATS connection, graceful SIGTERM). Its own RPCs arrive with later steps.
+//! Not built yet: the checkpoint barrier (a trainer does not pause for PS snapshots).
 
-use primus_config::{DEFAULT_PORTS, NodeSettings};
-use primus_service::Shutdown;
+pub mod settings;
+pub mod store;
+pub mod train;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use primus_bus::Bus;
+use primus_data_executor::reader::{self, ReaderOptions};
+use primus_model::{Model, ModelLayout};
+use primus_proto::v1::topology_service_client::TopologyServiceClient;
+use primus_proto::v1::{Endpoint, GetTopologyRequest, MetricsReport, Role};
+use primus_ps::client::PsClient;
+use primus_service::{ExecutorIdentity, Node, Shutdown};
 use tonic::service::Routes;
+
+pub use settings::TrainerSettings;
+use store::RemoteStore;
+use train::{Report, Reporter, Trainer};
 
 pub const SERVICE: &str = "primus-trainer";
 pub const ABOUT: &str = concat!(
-    "Primus trainer: trains the dense network on minibatches, embeddings on the PS.",
-    " This build runs the service shell only: settings, connections, gRPC health."
+    "Primus trainer: trains a job's dense network on minibatches from its data executors,",
+    " embeddings and dense parameters on its PS shards. Identity from",
+    " trainer.job/executor_id/master_addr or else PRIMUS_JOB, PRIMUS_EXECUTOR_ID and",
+    " PRIMUS_MASTER_ADDR; model and schema from trainer.model/trainer.schema (written by",
+    " the master)."
 );
 
-pub fn default_settings() -> NodeSettings {
-    NodeSettings::on_port(DEFAULT_PORTS.trainer)
+pub fn default_settings() -> TrainerSettings {
+    TrainerSettings::default()
 }
 
-/// Runs until `shutdown`, then drains and returns.
-pub async fn run(settings: NodeSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    primus_service::serve_nats_node(SERVICE, &settings, Routes::default(), shutdown).await
+/// Runs until the job's data ends (then exits cleanly) or `shutdown`.
+pub async fn run(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+    let train = &settings.trainer;
+    let identity = ExecutorIdentity::resolve(
+        "trainer",
+        &train.job,
+        &train.executor_id,
+        &train.master_addr,
+    )?;
+    let model = train
+        .model
+        .as_ref()
+        .context("trainer.model is not set: the master writes the Job's model there")?;
+    let schema = train
+        .schema
+        .as_ref()
+        .context("trainer.schema is not set: the master writes the Dataset's schema there")?;
+    let layout = ModelLayout::new(model, schema)?;
+    let mut node = Node::bind(SERVICE, &settings.server).await?;
+    let grpc_addr = node.local_addr()?.to_string();
+    let bus = node.connect_nats(&settings.nats).await?;
+    let worker = {
+        let (bus, shutdown, settings) = (bus.clone(), shutdown.clone(), settings.clone());
+        tokio::spawn(async move {
+            let result = tokio::select! {
+                result = work(&identity, layout, &settings, &bus, grpc_addr) => result,
+                _ = shutdown.wait() => Ok(()),
+            };
+            // Done or failed, the process ends: the master sees its exit status.
+            shutdown.trigger();
+            result
+        })
+    };
+    node.serve(Routes::default(), shutdown).await?;
+    bus.drain().await?;
+    worker.await.context("the training task")?
+}
+
+/// The job's PS shards (in shard order) and data executors, once the master lists them.
+async fn topology(identity: &ExecutorIdentity) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let url = format!("http://{}", identity.master_addr);
+    let mut last_error = None;
+    for _ in 0..120 {
+        match TopologyServiceClient::connect(url.clone()).await {
+            Ok(mut client) => {
+                let request = GetTopologyRequest {
+                    job: identity.job.clone(),
+                };
+                match client.get_topology(request).await {
+                    Ok(response) => {
+                        let endpoints = response.into_inner().endpoints;
+                        let ps = role_addrs(&endpoints, Role::Ps);
+                        let data = role_addrs(&endpoints, Role::DataExecutor);
+                        if !ps.is_empty() && !data.is_empty() {
+                            return Ok((ps, data));
+                        }
+                        last_error = Some(anyhow::anyhow!(
+                            "the topology lists no PS or no data executor yet"
+                        ));
+                    }
+                    Err(status) => last_error = Some(status.into()),
+                }
+            }
+            Err(e) => last_error = Some(e.into()),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no topology"))).with_context(|| {
+        format!(
+            "asking the master at {} for the job's topology",
+            identity.master_addr
+        )
+    })
+}
+
+/// Addresses of one role, ordered by executor index (`ps-2` before `ps-10`).
+fn role_addrs(endpoints: &[Endpoint], role: Role) -> Vec<String> {
+    let mut matching: Vec<&Endpoint> = endpoints.iter().filter(|e| e.role == role as i32).collect();
+    matching.sort_by_key(|e| {
+        e.id.rsplit('-')
+            .next()
+            .and_then(|i| i.parse::<u64>().ok())
+            .unwrap_or(u64::MAX)
+    });
+    matching.into_iter().map(|e| e.grpc_addr.clone()).collect()
+}
+
+/// Executors start together; retry until each answers.
+async fn retry<T, F, Fut>(what: &str, mut attempt: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    let mut last = None;
+    for _ in 0..120 {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("gave up"))).with_context(|| what.to_owned())
+}
+
+async fn work(
+    identity: &ExecutorIdentity,
+    layout: ModelLayout,
+    settings: &TrainerSettings,
+    bus: &Bus,
+    grpc_addr: String,
+) -> anyhow::Result<()> {
+    let train = &settings.trainer;
+    let (ps_addrs, data_addrs) = topology(identity).await?;
+    let client = retry("connecting to the PS shards", || async {
+        Ok(PsClient::connect(&ps_addrs).await?)
+    })
+    .await?;
+    let store = Arc::new(RemoteStore::new(client));
+    let mut trainer = Trainer::start(
+        Model::new(layout),
+        store,
+        train.seed,
+        train.dense_pull_every,
+        train.eval_window,
+    )
+    .await?;
+    let options = ReaderOptions {
+        job: identity.job.clone(),
+        trainer_id: identity.executor_id.clone(),
+        batch_size: train.batch_size,
+        grouped: false,
+    };
+    let batches = retry("opening the data executors' minibatch streams", || async {
+        Ok(reader::read(&data_addrs, &options).await?)
+    })
+    .await?
+    .map(|item| {
+        item.map(|received| (received.batch, received.kind))
+            .map_err(anyhow::Error::from)
+    });
+    let endpoint = Endpoint {
+        role: Role::Trainer as i32,
+        id: identity.executor_id.clone(),
+        grpc_addr,
+    };
+    let publisher = Publisher::new(bus, identity, endpoint)?;
+    tracing::info!(ps = ?ps_addrs, data_executors = ?data_addrs, "training");
+    let interval = Duration::from_millis(train.metrics_interval_ms.max(100));
+    let result = trainer.train(batches, interval, &publisher).await;
+    let report = trainer.meter.report();
+    publisher.report(&report).await;
+    tracing::info!(
+        samples = report.samples,
+        steps = report.steps,
+        auc = ?report.evaluation.auc,
+        logloss = ?report.evaluation.logloss,
+        calibration = ?report.evaluation.calibration,
+        "training ended"
+    );
+    result
+}
+
+/// Publishes a trainer's reports as `MetricsReport`s on its job's metrics subject.
+pub struct Publisher {
+    bus: Bus,
+    subject: String,
+    job: String,
+    endpoint: Endpoint,
+}
+
+impl Publisher {
+    fn new(bus: &Bus, identity: &ExecutorIdentity, endpoint: Endpoint) -> anyhow::Result<Self> {
+        let subject = bus
+            .subjects()
+            .metrics(&identity.job, "trainer", &identity.executor_id)?;
+        Ok(Self {
+            bus: bus.clone(),
+            subject,
+            job: identity.job.clone(),
+            endpoint,
+        })
+    }
+}
+
+impl Reporter for Publisher {
+    async fn report(&self, report: &Report) {
+        let mut gauges = std::collections::HashMap::new();
+        gauges.insert("samples_per_second".to_owned(), report.samples_per_second);
+        let evaluation = &report.evaluation;
+        for (name, value) in [
+            ("loss", report.loss),
+            ("auc", evaluation.auc),
+            ("logloss", evaluation.logloss),
+            ("calibration", evaluation.calibration),
+            ("lookup_share", Some(report.lookup_share)),
+            ("compute_share", Some(report.compute_share)),
+            ("push_share", Some(report.push_share)),
+        ] {
+            if let Some(value) = value {
+                gauges.insert(name.to_owned(), value);
+            }
+        }
+        let message = MetricsReport {
+            job: self.job.clone(),
+            endpoint: Some(self.endpoint.clone()),
+            unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
+            gauges,
+            samples: report.samples,
+            steps: report.steps,
+        };
+        if let Err(e) = self.bus.publish(self.subject.clone(), &message).await {
+            tracing::warn!(error = %e, "publishing metrics");
+        }
+    }
 }

@@ -1,0 +1,76 @@
+//! Progressive validation: every prediction is scored before the model trains on its sample,
+//! over a sliding window of the most recent samples (Monolith and Primus report online AUC
+//! this way; it needs no held-out split for a stream).
+
+use std::collections::VecDeque;
+
+/// The most recent `capacity` (probability, label) pairs.
+#[derive(Debug, Clone)]
+pub struct EvalWindow {
+    capacity: usize,
+    pairs: VecDeque<(f64, bool)>,
+}
+
+/// Metrics over the window's samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Evaluation {
+    pub samples: usize,
+    pub auc: Option<f64>,
+    pub logloss: Option<f64>,
+    pub calibration: Option<f64>,
+}
+
+impl EvalWindow {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            pairs: VecDeque::with_capacity(capacity.max(1)),
+        }
+    }
+
+    pub fn add(&mut self, probabilities: &[f32], labels: &[f32]) {
+        for (p, y) in probabilities.iter().zip(labels) {
+            if self.pairs.len() == self.capacity {
+                self.pairs.pop_front();
+            }
+            self.pairs.push_back((f64::from(*p), *y >= 0.5));
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    pub fn evaluate(&self) -> Evaluation {
+        let (probabilities, labels): (Vec<f64>, Vec<bool>) = self.pairs.iter().copied().unzip();
+        Evaluation {
+            samples: probabilities.len(),
+            auc: crate::auc(&probabilities, &labels),
+            logloss: crate::logloss(&probabilities, &labels),
+            calibration: crate::calibration(&probabilities, &labels),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_only_the_newest_samples() {
+        let mut window = EvalWindow::new(4);
+        // Four inverted pairs, then four perfectly ranked ones push them out.
+        window.add(&[0.9, 0.8, 0.1, 0.2], &[0.0, 0.0, 1.0, 1.0]);
+        assert_eq!(window.evaluate().auc, Some(0.0));
+        window.add(&[0.1, 0.2, 0.8, 0.9], &[0.0, 0.0, 1.0, 1.0]);
+        let evaluation = window.evaluate();
+        assert_eq!(evaluation.samples, 4);
+        assert_eq!(evaluation.auc, Some(1.0));
+        let calibration = evaluation.calibration.expect("positives");
+        assert!((calibration - 1.0).abs() < 1e-6, "{calibration}");
+    }
+}

@@ -1,0 +1,190 @@
+//! What a Job's model and its Dataset's schema imply together: which table each sparse
+//! feature reads, where its pooled embedding sits in a sample's embedding row, the tables
+//! the PS must hold, and the checks that the two fit.
+
+use primus_spec::dataset::FeatureSchema;
+use primus_spec::job::{DenseSpec, Initializer, ModelKind, ModelSpec, TableSpec};
+
+use crate::ModelError;
+
+/// Suffix of the one-wide companion table holding first-order (wide) weights of a table's
+/// keys, for Wide&Deep and DeepFM.
+pub const WIDE_SUFFIX: &str = "_wide";
+
+/// A sparse feature of the schema as the model sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeatureSlot {
+    pub name: String,
+    /// Index into [`ModelLayout::tables`].
+    pub table: usize,
+    pub dim: usize,
+    /// First column of this feature's pooled embedding in a sample's embedding row.
+    pub offset: usize,
+}
+
+/// An embedding table the trainer looks keys up in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableSlot {
+    pub name: String,
+    pub dim: usize,
+    /// Name of the companion table of first-order weights, when the model has a wide part.
+    pub wide: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelLayout {
+    pub kind: ModelKind,
+    pub dense_spec: DenseSpec,
+    /// Dense features per sample, in schema order.
+    pub dense_inputs: usize,
+    pub dense_names: Vec<String>,
+    /// Tables the schema's sparse features read, in first-use order.
+    pub tables: Vec<TableSlot>,
+    /// Sparse features in schema order.
+    pub features: Vec<FeatureSlot>,
+    /// Width of a sample's embedding row (sum of the features' dims).
+    pub embedding_width: usize,
+    table_specs: Vec<TableSpec>,
+}
+
+impl ModelLayout {
+    pub fn new(model: &ModelSpec, schema: &FeatureSchema) -> Result<Self, ModelError> {
+        check_output_layer(model)?;
+        let wide = matches!(model.kind, ModelKind::WideDeep | ModelKind::Deepfm);
+        let mut tables: Vec<TableSlot> = Vec::new();
+        let mut features = Vec::with_capacity(schema.sparse.len());
+        let mut offset = 0;
+        for feature in &schema.sparse {
+            let spec = model
+                .tables
+                .iter()
+                .find(|t| t.name == feature.table)
+                .ok_or_else(|| ModelError::Mismatch {
+                    feature: feature.name.clone(),
+                    message: format!(
+                        "reads table {:?}, which is not in spec.model.tables ({})",
+                        feature.table,
+                        names(&model.tables)
+                    ),
+                })?;
+            let table = match tables.iter().position(|t| t.name == spec.name) {
+                Some(index) => index,
+                None => {
+                    tables.push(TableSlot {
+                        name: spec.name.clone(),
+                        dim: spec.dim as usize,
+                        wide: wide.then(|| format!("{}{WIDE_SUFFIX}", spec.name)),
+                    });
+                    tables.len() - 1
+                }
+            };
+            let dim = spec.dim as usize;
+            features.push(FeatureSlot {
+                name: feature.name.clone(),
+                table,
+                dim,
+                offset,
+            });
+            offset += dim;
+        }
+        if features.is_empty() {
+            return Err(ModelError::Spec {
+                field: "schema.sparse".into(),
+                message: "the model needs at least one sparse feature".into(),
+            });
+        }
+        let layout = Self {
+            kind: model.kind,
+            dense_spec: model.dense.clone(),
+            dense_inputs: schema.dense.len(),
+            dense_names: schema.dense.iter().map(|d| d.name.clone()).collect(),
+            tables,
+            features,
+            embedding_width: offset,
+            table_specs: model.tables.clone(),
+        };
+        layout.check_dims()?;
+        Ok(layout)
+    }
+
+    /// DLRM and MTRM dot or concatenate embeddings with the bottom MLP's output; DeepFM's
+    /// factorisation machine needs one dim for all features.
+    fn check_dims(&self) -> Result<(), ModelError> {
+        let first = &self.features[0];
+        let needed = match self.kind {
+            ModelKind::Dlrm => {
+                if self.dense_inputs == 0 {
+                    return Err(ModelError::Spec {
+                        field: "schema.dense".into(),
+                        message: "dlrm's bottom MLP needs at least one dense feature".into(),
+                    });
+                }
+                let width = self.dense_spec.bottom.last().copied().unwrap_or(0) as usize;
+                Some((width, "the width of dlrm's last bottom layer"))
+            }
+            ModelKind::Deepfm => Some((first.dim, "the dim of every other feature (deepfm)")),
+            ModelKind::WideDeep | ModelKind::Mtrm => None,
+        };
+        if let Some((width, what)) = needed
+            && let Some(feature) = self.features.iter().find(|f| f.dim != width)
+        {
+            return Err(ModelError::Mismatch {
+                feature: feature.name.clone(),
+                message: format!(
+                    "its table {:?} has dim {}, but it must equal {what}, {width}",
+                    self.tables[feature.table].name, feature.dim
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Every table the PS shards must hold: the model's tables plus one-wide companions
+    /// for first-order weights (zero-initialised, same optimizer, admission and TTL).
+    pub fn ps_tables(&self) -> Vec<TableSpec> {
+        let mut specs = self.table_specs.clone();
+        for slot in &self.tables {
+            let (Some(wide), Some(base)) = (
+                &slot.wide,
+                self.table_specs.iter().find(|t| t.name == slot.name),
+            ) else {
+                continue;
+            };
+            specs.push(TableSpec {
+                name: wide.clone(),
+                dim: 1,
+                initializer: Initializer::Zeros,
+                ..base.clone()
+            });
+        }
+        specs
+    }
+
+    pub fn has_wide(&self) -> bool {
+        self.tables.iter().any(|t| t.wide.is_some())
+    }
+}
+
+fn names(tables: &[TableSpec]) -> String {
+    if tables.is_empty() {
+        return "none".into();
+    }
+    tables
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn check_output_layer(model: &ModelSpec) -> Result<(), ModelError> {
+    match model.dense.top.last() {
+        Some(1) => Ok(()),
+        last => Err(ModelError::Spec {
+            field: "spec.model.dense.top".into(),
+            message: format!(
+                "the last layer is the logit and must have width 1, got {}",
+                last.map_or("no layer".to_string(), |w| w.to_string())
+            ),
+        }),
+    }
+}

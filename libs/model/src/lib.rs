@@ -1,0 +1,189 @@
+//! `primus-model`: the dense part of recommendation models and what connects it to the
+//! embedding tables.
+//!
+//! - [`layout`]: what a Job's model and a Dataset's schema imply together (tables per
+//!   feature, embedding row layout, the PS's tables) and the checks that they fit.
+//! - [`params`]: dense parameters as named flat tensors (held by the PS between steps).
+//! - [`net`]: DLRM (dot interaction), DeepFM, Wide&Deep and MTRM (Primus Alg. 1) written as
+//!   functions of those tensors on burn; [`Model`] trains and predicts with them.
+//! - [`pooling`]: unique keys per table of a minibatch, sum pooling of looked-up rows into
+//!   embedding rows, and the backward scatter of pooled gradients onto unique keys.
+//!
+//! The embedding tables themselves live on the PS (`primus-embedding`); this crate sees
+//! only the rows a minibatch needs.
+
+pub mod layout;
+pub mod net;
+pub mod params;
+pub mod pooling;
+
+use burn::tensor::{Device, Tensor};
+use primus_batch::Minibatch;
+
+pub use layout::{FeatureSlot, ModelLayout, TableSlot};
+pub use net::{Inputs, Tower};
+pub use params::{ParamSet, ParamTensor};
+
+use net::{Graph, bce_with_logits, matrix};
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ModelError {
+    /// The schema and the model do not fit; names the feature.
+    #[error("feature {feature:?}: {message}")]
+    Mismatch { feature: String, message: String },
+    #[error("{field}: {message}")]
+    Spec { field: String, message: String },
+    #[error("dense parameters: {0}")]
+    Params(String),
+    #[error("minibatch: {0}")]
+    Inputs(String),
+}
+
+/// The result of one training step.
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    /// Mean binary cross-entropy of the minibatch before the update.
+    pub loss: f32,
+    /// Predicted probabilities of the minibatch before the update (progressive validation).
+    pub probabilities: Vec<f32>,
+    /// Gradient of every dense parameter the step trained, by name; a tower that did not
+    /// take part has none.
+    pub dense_grads: Vec<ParamTensor>,
+    /// `rows x embedding_width`: gradient of each sample's pooled embeddings.
+    pub embedded_grad: Vec<f32>,
+    /// `rows x features`: gradient of each pooled first-order weight (wide models).
+    pub wide_grad: Vec<f32>,
+}
+
+/// A model of one layout, computing on the CPU (burn's Flex backend).
+#[derive(Clone)]
+pub struct Model {
+    layout: ModelLayout,
+    train_device: Device,
+    predict_device: Device,
+}
+
+impl Model {
+    pub fn new(layout: ModelLayout) -> Self {
+        let device = Device::flex();
+        Self {
+            layout,
+            train_device: device.clone().autodiff(),
+            predict_device: device,
+        }
+    }
+
+    pub fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    fn check(&self, inputs: &Inputs<'_>, labels: Option<&[f32]>) -> Result<(), ModelError> {
+        let rows = inputs.rows;
+        let wide = if self.layout.has_wide() {
+            self.layout.features.len()
+        } else {
+            0
+        };
+        let checks = [
+            ("dense", inputs.dense.len(), rows * self.layout.dense_inputs),
+            (
+                "embedded",
+                inputs.embedded.len(),
+                rows * self.layout.embedding_width,
+            ),
+            ("wide", inputs.wide.len(), rows * wide),
+            ("labels", labels.map_or(rows, <[f32]>::len), rows),
+        ];
+        for (what, got, want) in checks {
+            if got != want {
+                return Err(ModelError::Inputs(format!(
+                    "{what} holds {got} values, {rows} rows need {want}"
+                )));
+            }
+        }
+        if rows == 0 {
+            return Err(ModelError::Inputs("no rows".into()));
+        }
+        Ok(())
+    }
+
+    /// Forward and backward on one minibatch; the parameters are not changed (the PS
+    /// applies the gradients).
+    pub fn train_step(
+        &self,
+        params: &ParamSet,
+        inputs: &Inputs<'_>,
+        labels: &[f32],
+        tower: Tower,
+    ) -> Result<StepOutput, ModelError> {
+        self.check(inputs, Some(labels))?;
+        let device = &self.train_device;
+        let graph = Graph::new(&self.layout, params, inputs, device, true);
+        let logits = graph.logits(&self.layout, tower);
+        let probabilities = burn::tensor::activation::sigmoid(logits.clone().detach());
+        let loss = bce_with_logits(logits, matrix(labels, inputs.rows, 1, device));
+        let grads = loss.backward();
+        let dense_grads = graph
+            .params
+            .iter()
+            .filter_map(|(name, tensor)| {
+                let grad = tensor.grad(&grads)?;
+                Some(ParamTensor {
+                    name: name.clone(),
+                    shape: grad.dims().to_vec(),
+                    values: to_vec(grad),
+                })
+            })
+            .collect();
+        let zeros = |len: usize| vec![0.0; len];
+        let embedded_grad = graph
+            .embedded
+            .grad(&grads)
+            .map_or_else(|| zeros(graph.embedded.shape().num_elements()), to_vec);
+        let wide_grad = match &graph.wide {
+            Some(wide) => wide
+                .grad(&grads)
+                .map_or_else(|| zeros(wide.shape().num_elements()), to_vec),
+            None => Vec::new(),
+        };
+        Ok(StepOutput {
+            loss: to_vec(loss.reshape([1]))
+                .first()
+                .copied()
+                .unwrap_or(f32::NAN),
+            probabilities: to_vec(probabilities),
+            dense_grads,
+            embedded_grad,
+            wide_grad,
+        })
+    }
+
+    /// Probabilities of the minibatch, with the tower that serves it.
+    pub fn predict(
+        &self,
+        params: &ParamSet,
+        inputs: &Inputs<'_>,
+        tower: Tower,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.check(inputs, None)?;
+        let graph = Graph::new(&self.layout, params, inputs, &self.predict_device, false);
+        Ok(to_vec(burn::tensor::activation::sigmoid(
+            graph.logits(&self.layout, tower),
+        )))
+    }
+
+    /// The minibatch's dense features, checked against the layout's names.
+    pub fn dense_inputs<'a>(&self, batch: &'a Minibatch) -> Result<&'a [f32], ModelError> {
+        if batch.dense.names != self.layout.dense_names {
+            return Err(ModelError::Inputs(format!(
+                "dense features {:?}, the model expects {:?}",
+                batch.dense.names, self.layout.dense_names
+            )));
+        }
+        Ok(&batch.dense.values)
+    }
+}
+
+fn to_vec<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
+    tensor.into_data().try_to_vec::<f32>().unwrap_or_default()
+}

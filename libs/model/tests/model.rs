@@ -1,0 +1,491 @@
+//! The models' gradients against finite differences, the layout's checks, pooling's
+//! backward, and that each model learns a planted signal.
+
+use primus_batch::{JaggedFeature, Kjt};
+use primus_model::pooling::BatchKeys;
+use primus_model::{Inputs, Model, ModelError, ModelLayout, ParamSet, Tower};
+use primus_spec::dataset::{DenseFeature, FeatureSchema, SparseFeature};
+use primus_spec::job::{
+    AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
+};
+
+fn schema(dense: usize, sparse: &[(&str, &str)]) -> FeatureSchema {
+    FeatureSchema {
+        label: "label".into(),
+        dense: (0..dense)
+            .map(|i| DenseFeature {
+                name: format!("i{i}"),
+                transform: Default::default(),
+                missing: 0.0,
+            })
+            .collect(),
+        sparse: sparse
+            .iter()
+            .map(|(name, table)| SparseFeature {
+                name: (*name).into(),
+                table: (*table).into(),
+                multi_hot: false,
+                dedup_group: None,
+            })
+            .collect(),
+    }
+}
+
+fn table(name: &str, dim: u32) -> TableSpec {
+    TableSpec {
+        name: name.into(),
+        dim,
+        optimizer: OptimizerSpec::Sgd { learning_rate: 0.1 },
+        initializer: Initializer::default(),
+        admission: AdmissionSpec::default(),
+        ttl_seconds: None,
+    }
+}
+
+fn model(kind: ModelKind, tables: Vec<TableSpec>, bottom: &[u32], top: &[u32]) -> ModelSpec {
+    ModelSpec {
+        kind,
+        tables,
+        dense: DenseSpec {
+            bottom: bottom.to_vec(),
+            top: top.to_vec(),
+        },
+    }
+}
+
+fn small(kind: ModelKind) -> ModelLayout {
+    let spec = model(kind, vec![table("t", 4)], &[6, 4], &[8, 1]);
+    ModelLayout::new(&spec, &schema(3, &[("a", "t"), ("b", "t")])).expect("layout")
+}
+
+/// A deterministic pseudo-random sequence in [-1, 1).
+fn noise(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn loss(
+    model: &Model,
+    params: &ParamSet,
+    inputs: &Inputs<'_>,
+    labels: &[f32],
+    tower: Tower,
+) -> f64 {
+    f64::from(
+        model
+            .train_step(params, inputs, labels, tower)
+            .expect("step")
+            .loss,
+    )
+}
+
+#[test]
+fn gradients_match_finite_differences_for_every_model() {
+    for kind in [
+        ModelKind::Dlrm,
+        ModelKind::Deepfm,
+        ModelKind::WideDeep,
+        ModelKind::Mtrm,
+    ] {
+        let layout = small(kind);
+        let model = Model::new(layout.clone());
+        let rows = 5;
+        let dense = noise(1, rows * layout.dense_inputs);
+        let mut embedded = noise(2, rows * layout.embedding_width);
+        let wide_len = if layout.has_wide() {
+            rows * layout.features.len()
+        } else {
+            0
+        };
+        let wide = noise(3, wide_len);
+        let labels: Vec<f32> = (0..rows).map(|i| (i % 2) as f32).collect();
+        // Zero biases put a sample with all-dead inputs exactly on a ReLU's kink, where
+        // the central difference averages two one-sided slopes; nonzero biases avoid it.
+        let mut params = ParamSet::init(&layout, 7);
+        let shifted: Vec<_> = params
+            .tensors()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let mut t = t.clone();
+                let offsets = noise(50 + i as u64, t.values.len());
+                for (v, n) in t.values.iter_mut().zip(offsets) {
+                    *v += 0.05 * n;
+                }
+                t
+            })
+            .collect();
+        params.assign(shifted).expect("assign");
+        let towers: &[Tower] = if kind == ModelKind::Mtrm {
+            &[Tower::Memory, Tower::Adapt]
+        } else {
+            &[Tower::Memory]
+        };
+        for &tower in towers {
+            let inputs = Inputs {
+                rows,
+                dense: &dense,
+                embedded: &embedded,
+                wide: &wide,
+            };
+            let step = model
+                .train_step(&params, &inputs, &labels, tower)
+                .expect("step");
+            // Small enough that no ReLU flips between the two probes.
+            let eps = 1e-3f32;
+            // A few entries of every dense gradient.
+            for grad in &step.dense_grads {
+                for index in [0, grad.values.len() / 2, grad.values.len() - 1] {
+                    let original = params.get(&grad.name).expect("param").values[index];
+                    let mut shifted = |delta: f32| {
+                        let mut tensors: Vec<_> = params.tensors().to_vec();
+                        let t = tensors.iter_mut().find(|t| t.name == grad.name).expect("t");
+                        t.values[index] = original + delta;
+                        params.assign(tensors).expect("assign");
+                        let inputs = Inputs {
+                            rows,
+                            dense: &dense,
+                            embedded: &embedded,
+                            wide: &wide,
+                        };
+                        loss(&model, &params, &inputs, &labels, tower)
+                    };
+                    let numeric = (shifted(eps) - shifted(-eps)) / (2.0 * f64::from(eps));
+                    shifted(0.0);
+                    let analytic = f64::from(grad.values[index]);
+                    assert!(
+                        (numeric - analytic).abs() < 2e-3 + 2e-2 * analytic.abs(),
+                        "{kind:?} {tower:?} {}[{index}]: numeric {numeric} analytic {analytic}",
+                        grad.name
+                    );
+                }
+            }
+            // And of the pooled embeddings; the adapt tower reads them through the memory
+            // tower too, deliberately without gradient (stop-gradient is not a derivative).
+            if tower == Tower::Adapt {
+                continue;
+            }
+            for index in [0, embedded.len() / 3, embedded.len() - 1] {
+                let original = embedded[index];
+                let mut at = |delta: f32| {
+                    embedded[index] = original + delta;
+                    let inputs = Inputs {
+                        rows,
+                        dense: &dense,
+                        embedded: &embedded,
+                        wide: &wide,
+                    };
+                    loss(&model, &params, &inputs, &labels, tower)
+                };
+                let numeric = (at(eps) - at(-eps)) / (2.0 * f64::from(eps));
+                at(0.0);
+                let analytic = f64::from(step.embedded_grad[index]);
+                assert!(
+                    (numeric - analytic).abs() < 2e-3 + 2e-2 * analytic.abs(),
+                    "{kind:?} {tower:?} embedded[{index}]: numeric {numeric} analytic {analytic}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn mtrm_trains_each_tower_only_on_its_own_data() {
+    let layout = small(ModelKind::Mtrm);
+    let model = Model::new(layout.clone());
+    let params = ParamSet::init(&layout, 1);
+    let rows = 4;
+    let dense = noise(1, rows * 3);
+    let embedded = noise(2, rows * layout.embedding_width);
+    let inputs = Inputs {
+        rows,
+        dense: &dense,
+        embedded: &embedded,
+        wide: &[],
+    };
+    let labels = [0.0, 1.0, 1.0, 0.0];
+    let names = |tower| -> Vec<String> {
+        let step = model
+            .train_step(&params, &inputs, &labels, tower)
+            .expect("step");
+        step.dense_grads.into_iter().map(|g| g.name).collect()
+    };
+    let memory = names(Tower::Memory);
+    let adapt = names(Tower::Adapt);
+    assert!(
+        memory
+            .iter()
+            .all(|n| n.starts_with("memory.") || n.starts_with("bottom."))
+    );
+    assert!(memory.iter().any(|n| n.starts_with("bottom.")));
+    // The adapt tower reads the memory tower but never trains it.
+    assert!(adapt.iter().all(|n| n.starts_with("adapt.")), "{adapt:?}");
+}
+
+#[test]
+fn layout_names_the_feature_that_does_not_fit() {
+    let sparse = [("user", "users"), ("item", "items")];
+    let missing = ModelLayout::new(
+        &model(ModelKind::Dlrm, vec![table("users", 4)], &[4], &[1]),
+        &schema(2, &sparse),
+    );
+    assert!(
+        matches!(&missing, Err(ModelError::Mismatch { feature, message })
+            if feature == "item" && message.contains("\"items\"")),
+        "{missing:?}"
+    );
+    let dims = ModelLayout::new(
+        &model(
+            ModelKind::Dlrm,
+            vec![table("users", 4), table("items", 8)],
+            &[4],
+            &[1],
+        ),
+        &schema(2, &sparse),
+    );
+    assert!(
+        matches!(&dims, Err(ModelError::Mismatch { feature, message })
+            if feature == "item" && message.contains("dim 8")),
+        "{dims:?}"
+    );
+    let output = ModelLayout::new(
+        &model(
+            ModelKind::WideDeep,
+            vec![table("users", 4), table("items", 8)],
+            &[],
+            &[16],
+        ),
+        &schema(2, &sparse),
+    );
+    assert!(
+        matches!(&output, Err(ModelError::Spec { field, .. }) if field == "spec.model.dense.top"),
+        "{output:?}"
+    );
+    let wide = ModelLayout::new(
+        &model(
+            ModelKind::WideDeep,
+            vec![table("users", 4), table("items", 8)],
+            &[],
+            &[16, 1],
+        ),
+        &schema(2, &sparse),
+    )
+    .expect("wide & deep takes any dims");
+    let tables: Vec<(String, u32)> = wide
+        .ps_tables()
+        .into_iter()
+        .map(|t| (t.name, t.dim))
+        .collect();
+    assert_eq!(
+        tables,
+        [
+            ("users", 4),
+            ("items", 8),
+            ("users_wide", 1),
+            ("items_wide", 1)
+        ]
+        .map(|(n, d)| (n.to_string(), d))
+    );
+}
+
+#[test]
+fn wrong_input_sizes_are_errors_not_panics() {
+    let layout = small(ModelKind::Dlrm);
+    let model = Model::new(layout.clone());
+    let params = ParamSet::init(&layout, 1);
+    let inputs = Inputs {
+        rows: 2,
+        dense: &[0.0; 5],
+        embedded: &[0.0; 16],
+        wide: &[],
+    };
+    let error = model.train_step(&params, &inputs, &[0.0, 1.0], Tower::Memory);
+    assert!(
+        matches!(&error, Err(ModelError::Inputs(m)) if m.contains("dense")),
+        "{error:?}"
+    );
+    let mut bad = params.clone();
+    let mut tensors = params.tensors().to_vec();
+    tensors[0].values.pop();
+    assert!(bad.assign(tensors).is_err());
+    assert_eq!(bad, params, "a rejected assign changes nothing");
+}
+
+#[test]
+fn pooling_sums_rows_and_scatter_adds_back_to_unique_keys() {
+    let layout = small(ModelKind::Dlrm);
+    let mut a = JaggedFeature::new("a");
+    a.push_row(&[10, 11]);
+    a.push_row(&[10]);
+    let mut b = JaggedFeature::new("b");
+    b.push_row(&[]);
+    b.push_row(&[11, 11]);
+    let kjt = Kjt {
+        rows: 2,
+        features: vec![a, b],
+    };
+    let keys = BatchKeys::collect(&layout, &kjt).expect("keys");
+    assert_eq!(keys.tables, vec![vec![10, 11]]);
+    let rows = vec![vec![1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]];
+    let pooled = keys.pool(&layout, &rows);
+    assert_eq!(
+        pooled,
+        [[3.0; 4], [0.0; 4], [1.0; 4], [4.0; 4]].concat(),
+        "row 0: a=10+11, b empty; row 1: a=10, b=11+11"
+    );
+    let grad: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let scattered = keys.scatter(&layout, &grad);
+    // Key 10: row 0 feature a (0..4) + row 1 feature a (8..12).
+    // Key 11: row 0 feature a (0..4) + twice row 1 feature b (12..16).
+    assert_eq!(
+        scattered[0],
+        vec![8.0, 10.0, 12.0, 14.0, 24.0, 27.0, 30.0, 33.0]
+    );
+    let missing = Kjt {
+        rows: 2,
+        features: vec![kjt.features[0].clone()],
+    };
+    assert!(matches!(
+        BatchKeys::collect(&layout, &missing),
+        Err(ModelError::Mismatch { feature, .. }) if feature == "b"
+    ));
+}
+
+/// Labels from a planted logistic model of one dense feature and per-key weights; a few
+/// hundred SGD steps (dense and sparse, applied here) must rank well above chance.
+#[test]
+fn every_model_learns_a_planted_signal() {
+    for kind in [
+        ModelKind::Dlrm,
+        ModelKind::Deepfm,
+        ModelKind::WideDeep,
+        ModelKind::Mtrm,
+    ] {
+        let layout = small(kind);
+        let model = Model::new(layout.clone());
+        let mut params = ParamSet::init(&layout, 3);
+        let mut table: std::collections::HashMap<u64, Vec<f32>> = Default::default();
+        let mut wide: std::collections::HashMap<u64, f32> = Default::default();
+        let key_weight = |k: u64| if k.is_multiple_of(2) { 1.5 } else { -1.5 };
+        let mut window = primus_metrics::EvalWindow::new(2_000);
+        let rows = 64;
+        for step in 0..300u64 {
+            let x = noise(step + 100, rows * 3);
+            let ks = noise(step + 5_000, rows * 2);
+            let mut kjt = Kjt {
+                rows,
+                features: vec![JaggedFeature::new("a"), JaggedFeature::new("b")],
+            };
+            let mut labels = Vec::with_capacity(rows);
+            for r in 0..rows {
+                let ka = ((ks[2 * r] + 1.0) * 20.0) as u64;
+                let kb = ((ks[2 * r + 1] + 1.0) * 20.0) as u64 + 100;
+                kjt.features[0].push_row(&[ka]);
+                kjt.features[1].push_row(&[kb]);
+                let z = 2.0 * x[3 * r] + key_weight(ka) + key_weight(kb);
+                let p = 1.0 / (1.0 + (-z).exp());
+                labels.push(if noise(step * 1_000 + r as u64, 1)[0] * 0.5 + 0.5 < p {
+                    1.0
+                } else {
+                    0.0
+                });
+            }
+            let keys = BatchKeys::collect(&layout, &kjt).expect("keys");
+            let rows_t: Vec<f32> = keys.tables[0]
+                .iter()
+                .flat_map(|k| {
+                    table
+                        .entry(*k)
+                        .or_insert_with(|| noise(*k, 4).iter().map(|v| v * 0.1).collect())
+                        .clone()
+                })
+                .collect();
+            let wide_t: Vec<f32> = keys.tables[0]
+                .iter()
+                .map(|k| *wide.entry(*k).or_default())
+                .collect();
+            let embedded = keys.pool(&layout, &[rows_t]);
+            let pooled_wide = if layout.has_wide() {
+                keys.pool_wide(&layout, &[wide_t])
+            } else {
+                Vec::new()
+            };
+            let inputs = Inputs {
+                rows,
+                dense: &x,
+                embedded: &embedded,
+                wide: &pooled_wide,
+            };
+            let out = model
+                .train_step(&params, &inputs, &labels, Tower::Memory)
+                .expect("step");
+            window.add(&out.probabilities, &labels);
+            let lr = 0.5f32;
+            let mut tensors = params.tensors().to_vec();
+            for g in &out.dense_grads {
+                let t = tensors.iter_mut().find(|t| t.name == g.name).expect("t");
+                for (w, d) in t.values.iter_mut().zip(&g.values) {
+                    *w -= lr * d;
+                }
+            }
+            params.assign(tensors).expect("assign");
+            let grads = keys.scatter(&layout, &out.embedded_grad);
+            for (i, k) in keys.tables[0].iter().enumerate() {
+                let row = table.get_mut(k).expect("row");
+                for (w, d) in row.iter_mut().zip(&grads[0][i * 4..(i + 1) * 4]) {
+                    *w -= lr * 20.0 * d;
+                }
+            }
+            if layout.has_wide() {
+                let grads = keys.scatter_wide(&layout, &out.wide_grad);
+                for (i, k) in keys.tables[0].iter().enumerate() {
+                    *wide.get_mut(k).expect("w") -= lr * 20.0 * grads[0][i];
+                }
+            }
+        }
+        let auc = window.evaluate().auc.expect("both classes");
+        assert!(auc > 0.8, "{kind:?}: progressive AUC {auc}");
+    }
+}
+
+#[test]
+fn every_example_job_fits_its_dataset() {
+    let crate_dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let dir = format!("{crate_dir}/../../examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).expect("examples/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        let resources =
+            primus_spec::parse_documents(&path.display().to_string(), &text).expect("valid");
+        for resource in &resources {
+            let primus_spec::Resource::Job(job) = resource else {
+                continue;
+            };
+            let dataset = resources
+                .iter()
+                .find_map(|r| match r {
+                    primus_spec::Resource::Dataset(d) if d.metadata.name == job.spec.dataset => {
+                        Some(d)
+                    }
+                    _ => None,
+                })
+                .expect("the example holds the job's dataset");
+            ModelLayout::new(&job.spec.model, &dataset.spec.schema)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "{checked}");
+}

@@ -1,0 +1,78 @@
+//! Settings of `primus-trainer`: the shared sections plus how it trains. The master writes
+//! `trainer.model` and `trainer.schema` from the Job and its Dataset.
+
+use primus_config::{DEFAULT_PORTS, NatsSettings, NodeSettings, ServerSettings, TelemetrySettings};
+use primus_service::ServiceSettings;
+use primus_spec::dataset::FeatureSchema;
+use primus_spec::job::ModelSpec;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct TrainerSettings {
+    pub server: ServerSettings,
+    pub nats: NatsSettings,
+    pub telemetry: TelemetrySettings,
+    pub trainer: TrainSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct TrainSettings {
+    /// The job trained; empty: `PRIMUS_JOB` (set by the master that starts the trainer).
+    pub job: String,
+    /// This trainer's id; empty: `PRIMUS_EXECUTOR_ID`.
+    pub executor_id: String,
+    /// The master (topology service), host:port; empty: `PRIMUS_MASTER_ADDR`.
+    pub master_addr: String,
+    /// The Job's model. Required.
+    pub model: Option<ModelSpec>,
+    /// The Dataset's feature schema. Required.
+    pub schema: Option<FeatureSchema>,
+    /// Samples per minibatch asked of the data executors.
+    pub batch_size: u32,
+    /// Pull the dense parameters from the PS every this many steps (1: every step; more
+    /// trades staleness for fewer pulls).
+    pub dense_pull_every: u32,
+    /// Samples the progressive-validation metrics (AUC, logloss, calibration) cover.
+    pub eval_window: usize,
+    /// How often metrics go to NATS.
+    pub metrics_interval_ms: u64,
+    /// Seeds the initial dense parameters (the first trainer's values win on the PS).
+    pub seed: u64,
+}
+
+impl Default for TrainSettings {
+    fn default() -> Self {
+        Self {
+            job: String::new(),
+            executor_id: String::new(),
+            master_addr: String::new(),
+            model: None,
+            schema: None,
+            batch_size: 2048,
+            dense_pull_every: 1,
+            eval_window: 100_000,
+            metrics_interval_ms: 2000,
+            seed: 0,
+        }
+    }
+}
+
+impl Default for TrainerSettings {
+    fn default() -> Self {
+        let node = NodeSettings::on_port(DEFAULT_PORTS.trainer);
+        Self {
+            server: node.server,
+            nats: node.nats,
+            telemetry: node.telemetry,
+            trainer: TrainSettings::default(),
+        }
+    }
+}
+
+impl ServiceSettings for TrainerSettings {
+    fn telemetry(&self) -> &TelemetrySettings {
+        &self.telemetry
+    }
+}

@@ -1,0 +1,173 @@
+//! Where a trainer's parameters live: the job's PS shards over gRPC ([`RemoteStore`]), or
+//! tables and a dense store in this process ([`LocalStore`], for single-process training
+//! and for measuring what distribution costs). Both apply the same optimizers.
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use anyhow::Context;
+use primus_embedding::DenseValues;
+use primus_embedding::{DenseStore, Table, TableOptions};
+use primus_model::ParamTensor;
+use primus_ps::client::PsClient;
+use primus_spec::job::{OptimizerSpec, TableSpec};
+
+/// Embedding rows and dense parameters, with server-side optimizers.
+pub trait ParameterStore: Send + Sync + 'static {
+    /// Rows of `keys` (`dim` floats each, request order).
+    fn lookup(
+        &self,
+        table: &str,
+        keys: &[u64],
+    ) -> impl Future<Output = anyhow::Result<Vec<f32>>> + Send;
+
+    /// Applies gradients of unique `keys` with the table's optimizer.
+    fn push(
+        &self,
+        table: &str,
+        keys: &[u64],
+        grads: &[f32],
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Offers initial dense values; existing tensors keep theirs.
+    fn init_dense(
+        &self,
+        tensors: &[ParamTensor],
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    fn pull_dense(
+        &self,
+        names: &[String],
+    ) -> impl Future<Output = anyhow::Result<Vec<ParamTensor>>> + Send;
+
+    fn push_dense(&self, grads: &[ParamTensor]) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+fn to_wire(tensor: &ParamTensor) -> DenseValues {
+    DenseValues {
+        name: tensor.name.clone(),
+        shape: tensor.shape.iter().map(|d| *d as u64).collect(),
+        values: tensor.values.clone(),
+    }
+}
+
+fn from_wire(tensor: DenseValues) -> ParamTensor {
+    ParamTensor {
+        name: tensor.name,
+        shape: tensor.shape.iter().map(|d| *d as usize).collect(),
+        values: tensor.values,
+    }
+}
+
+/// The job's PS shards.
+pub struct RemoteStore {
+    client: PsClient,
+}
+
+impl RemoteStore {
+    pub fn new(client: PsClient) -> Self {
+        Self { client }
+    }
+}
+
+impl ParameterStore for RemoteStore {
+    async fn lookup(&self, table: &str, keys: &[u64]) -> anyhow::Result<Vec<f32>> {
+        Ok(self.client.lookup(table, keys).await?.0)
+    }
+
+    async fn push(&self, table: &str, keys: &[u64], grads: &[f32]) -> anyhow::Result<()> {
+        self.client.push(table, keys, grads).await?;
+        Ok(())
+    }
+
+    async fn init_dense(&self, tensors: &[ParamTensor]) -> anyhow::Result<()> {
+        let wire: Vec<DenseValues> = tensors.iter().map(to_wire).collect();
+        self.client.init_dense(&wire).await?;
+        Ok(())
+    }
+
+    async fn pull_dense(&self, names: &[String]) -> anyhow::Result<Vec<ParamTensor>> {
+        let pulled = self.client.pull_dense(names).await?;
+        Ok(pulled.into_iter().map(from_wire).collect())
+    }
+
+    async fn push_dense(&self, grads: &[ParamTensor]) -> anyhow::Result<()> {
+        let wire: Vec<DenseValues> = grads.iter().map(to_wire).collect();
+        self.client.push_dense(&wire).await?;
+        Ok(())
+    }
+}
+
+/// Tables and dense parameters in this process.
+pub struct LocalStore {
+    tables: HashMap<String, Table>,
+    dense: DenseStore,
+}
+
+impl LocalStore {
+    pub fn new(
+        tables: &[TableSpec],
+        dense_optimizer: &OptimizerSpec,
+        seed: u64,
+    ) -> anyhow::Result<Self> {
+        let options = TableOptions {
+            seed,
+            ..TableOptions::default()
+        };
+        let tables = tables
+            .iter()
+            .map(|spec| {
+                let table =
+                    Table::new(spec, options).with_context(|| format!("table {:?}", spec.name))?;
+                Ok((spec.name.clone(), table))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self {
+            tables,
+            dense: DenseStore::new(dense_optimizer),
+        })
+    }
+
+    fn table(&self, name: &str) -> anyhow::Result<&Table> {
+        self.tables
+            .get(name)
+            .with_context(|| format!("no table {name:?}"))
+    }
+}
+
+fn now_secs() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as u32)
+}
+
+impl ParameterStore for LocalStore {
+    async fn lookup(&self, table: &str, keys: &[u64]) -> anyhow::Result<Vec<f32>> {
+        let table = self.table(table)?;
+        let mut rows = vec![0.0; keys.len() * table.dim()];
+        table.lookup(keys, &mut rows)?;
+        Ok(rows)
+    }
+
+    async fn push(&self, table: &str, keys: &[u64], grads: &[f32]) -> anyhow::Result<()> {
+        self.table(table)?.push(keys, grads, now_secs())?;
+        Ok(())
+    }
+
+    async fn init_dense(&self, tensors: &[ParamTensor]) -> anyhow::Result<()> {
+        let values: Vec<DenseValues> = tensors.iter().map(to_wire).collect();
+        self.dense.init(&values)?;
+        Ok(())
+    }
+
+    async fn pull_dense(&self, names: &[String]) -> anyhow::Result<Vec<ParamTensor>> {
+        let (pulled, _) = self.dense.pull(names)?;
+        Ok(pulled.into_iter().map(from_wire).collect())
+    }
+
+    async fn push_dense(&self, grads: &[ParamTensor]) -> anyhow::Result<()> {
+        let values: Vec<DenseValues> = grads.iter().map(to_wire).collect();
+        self.dense.push(&values)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,363 @@
+//! One trainer's loop (Primus §5.1, Monolith §2.2): for each minibatch, the unique keys of
+//! each table are looked up (the next minibatch's lookups run while this one computes),
+//! pooled, the dense network runs forward and backward, and the sparse gradients of unique
+//! keys and the dense gradients go to the parameter store, whose optimizers apply them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::future::try_join_all;
+use futures::{Stream, StreamExt};
+use primus_batch::Minibatch;
+use primus_metrics::{EvalWindow, Evaluation};
+use primus_model::pooling::BatchKeys;
+use primus_model::{Inputs, Model, ParamSet, StepOutput, Tower};
+use primus_proto::v1::SourceKind;
+use tokio::sync::mpsc;
+
+use crate::store::ParameterStore;
+
+/// A minibatch with its rows looked up, ready to compute.
+pub struct Prepared {
+    pub batch: Minibatch,
+    pub tower: Tower,
+    keys: BatchKeys,
+    rows: Vec<Vec<f32>>,
+    wide: Vec<Vec<f32>>,
+    lookup_time: Duration,
+}
+
+/// Counters since the trainer started and since the last report.
+#[derive(Debug, Clone)]
+pub struct Meter {
+    pub samples: u64,
+    pub steps: u64,
+    window: EvalWindow,
+    since: Instant,
+    interval_samples: u64,
+    interval_loss: f64,
+    interval_steps: u64,
+    lookup: Duration,
+    compute: Duration,
+    push: Duration,
+}
+
+/// What one report says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub samples: u64,
+    pub steps: u64,
+    pub samples_per_second: f64,
+    /// Mean training loss of the interval's steps.
+    pub loss: Option<f64>,
+    pub evaluation: Evaluation,
+    /// Shares of the interval's wall time spent looking up, computing and pushing.
+    pub lookup_share: f64,
+    pub compute_share: f64,
+    pub push_share: f64,
+}
+
+impl Meter {
+    pub fn new(eval_window: usize) -> Self {
+        Self {
+            samples: 0,
+            steps: 0,
+            window: EvalWindow::new(eval_window),
+            since: Instant::now(),
+            interval_samples: 0,
+            interval_loss: 0.0,
+            interval_steps: 0,
+            lookup: Duration::ZERO,
+            compute: Duration::ZERO,
+            push: Duration::ZERO,
+        }
+    }
+
+    /// The interval's figures; starts a new interval.
+    pub fn report(&mut self) -> Report {
+        let elapsed = self.since.elapsed().as_secs_f64().max(1e-9);
+        let share = |d: Duration| d.as_secs_f64() / elapsed;
+        let report = Report {
+            samples: self.samples,
+            steps: self.steps,
+            samples_per_second: self.interval_samples as f64 / elapsed,
+            loss: (self.interval_steps > 0)
+                .then(|| self.interval_loss / self.interval_steps as f64),
+            evaluation: self.window.evaluate(),
+            lookup_share: share(self.lookup),
+            compute_share: share(self.compute),
+            push_share: share(self.push),
+        };
+        self.since = Instant::now();
+        self.interval_samples = 0;
+        self.interval_loss = 0.0;
+        self.interval_steps = 0;
+        self.lookup = Duration::ZERO;
+        self.compute = Duration::ZERO;
+        self.push = Duration::ZERO;
+        report
+    }
+}
+
+/// Where a trainer's periodic reports go (NATS in the service, a table in benchmarks).
+pub trait Reporter: Sync {
+    fn report(&self, report: &Report) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// Trains one model against one parameter store.
+pub struct Trainer<S> {
+    model: Arc<Model>,
+    store: Arc<S>,
+    params: Arc<ParamSet>,
+    dense_pull_every: u64,
+    pub meter: Meter,
+}
+
+fn tower(kind: SourceKind) -> Tower {
+    match kind {
+        SourceKind::Stream => Tower::Adapt,
+        _ => Tower::Memory,
+    }
+}
+
+impl<S: ParameterStore> Trainer<S> {
+    /// Offers this trainer's initial dense parameters (the PS keeps the first offered)
+    /// and starts from what the store holds.
+    pub async fn start(
+        model: Model,
+        store: Arc<S>,
+        seed: u64,
+        dense_pull_every: u32,
+        eval_window: usize,
+    ) -> anyhow::Result<Self> {
+        let params = ParamSet::init(model.layout(), seed);
+        store
+            .init_dense(params.tensors())
+            .await
+            .context("offering the initial dense parameters")?;
+        let mut trainer = Self {
+            model: Arc::new(model),
+            store,
+            params: Arc::new(params),
+            dense_pull_every: u64::from(dense_pull_every.max(1)),
+            meter: Meter::new(eval_window),
+        };
+        trainer.pull_dense().await?;
+        Ok(trainer)
+    }
+
+    pub fn params(&self) -> &ParamSet {
+        &self.params
+    }
+
+    async fn pull_dense(&mut self) -> anyhow::Result<()> {
+        let names: Vec<String> = self
+            .params
+            .tensors()
+            .iter()
+            .map(|t| t.name.clone())
+            .collect();
+        let pulled = self.store.pull_dense(&names).await?;
+        let mut params = (*self.params).clone();
+        params.assign(pulled)?;
+        self.params = Arc::new(params);
+        Ok(())
+    }
+
+    /// Trains on every minibatch of `batches`, looking the next one up while the current
+    /// one computes, and hands `reporter` the meter's figures every `interval`. Returns
+    /// when the stream ends.
+    pub async fn train<B, R>(
+        &mut self,
+        batches: B,
+        interval: Duration,
+        reporter: &R,
+    ) -> anyhow::Result<()>
+    where
+        B: Stream<Item = anyhow::Result<(Minibatch, SourceKind)>> + Send + 'static,
+        R: Reporter,
+    {
+        let mut last_report = Instant::now();
+        let (prepared_tx, mut prepared) = mpsc::channel::<anyhow::Result<Prepared>>(1);
+        let prefetcher = tokio::spawn(prefetch(
+            batches,
+            self.store.clone(),
+            self.model.clone(),
+            prepared_tx,
+        ));
+        while let Some(next) = prepared.recv().await {
+            self.step(next?).await?;
+            if last_report.elapsed() >= interval {
+                reporter.report(&self.meter.report()).await;
+                last_report = Instant::now();
+            }
+        }
+        prefetcher.await.context("the prefetch task")?;
+        Ok(())
+    }
+
+    /// Computes and pushes one looked-up minibatch.
+    pub async fn step(&mut self, prepared: Prepared) -> anyhow::Result<StepOutput> {
+        if self.meter.steps.is_multiple_of(self.dense_pull_every) && self.meter.steps > 0 {
+            self.pull_dense().await?;
+        }
+        let started = Instant::now();
+        let (model, params) = (self.model.clone(), self.params.clone());
+        let (prepared, output, grads, wide_grads) =
+            tokio::task::spawn_blocking(move || compute(&model, &params, prepared))
+                .await
+                .context("the compute task")??;
+        let computed = Instant::now();
+        self.push(&prepared.keys, &grads, &wide_grads, &output)
+            .await?;
+        let meter = &mut self.meter;
+        meter.compute += computed - started;
+        meter.push += computed.elapsed();
+        meter.lookup += prepared.lookup_time;
+        let rows = prepared.batch.rows() as u64;
+        meter.samples += rows;
+        meter.steps += 1;
+        meter.interval_samples += rows;
+        meter.interval_steps += 1;
+        meter.interval_loss += f64::from(output.loss);
+        meter
+            .window
+            .add(&output.probabilities, &prepared.batch.labels);
+        Ok(output)
+    }
+
+    async fn push(
+        &self,
+        keys: &BatchKeys,
+        grads: &[Vec<f32>],
+        wide_grads: &[Vec<f32>],
+        output: &StepOutput,
+    ) -> anyhow::Result<()> {
+        let layout = self.model.layout();
+        let mut pushes = Vec::new();
+        for (t, table) in layout.tables.iter().enumerate() {
+            pushes.push((table.name.as_str(), &keys.tables[t], &grads[t]));
+            if let (Some(wide), Some(g)) = (&table.wide, wide_grads.get(t)) {
+                pushes.push((wide.as_str(), &keys.tables[t], g));
+            }
+        }
+        let sparse = try_join_all(pushes.into_iter().filter(|(_, k, _)| !k.is_empty()).map(
+            |(table, keys, grads)| {
+                let store = &self.store;
+                async move {
+                    store
+                        .push(table, keys, grads)
+                        .await
+                        .with_context(|| format!("pushing table {table:?}"))
+                }
+            },
+        ));
+        let dense = async {
+            self.store
+                .push_dense(&output.dense_grads)
+                .await
+                .context("pushing dense gradients")
+        };
+        futures::try_join!(sparse, dense)?;
+        Ok(())
+    }
+}
+
+type Computed = (Prepared, StepOutput, Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+/// Pooling, forward/backward and the pooling backward: the CPU-bound part of a step.
+fn compute(model: &Model, params: &ParamSet, prepared: Prepared) -> anyhow::Result<Computed> {
+    let layout = model.layout();
+    let keys = &prepared.keys;
+    let embedded = keys.pool(layout, &prepared.rows);
+    let wide = if layout.has_wide() {
+        keys.pool_wide(layout, &prepared.wide)
+    } else {
+        Vec::new()
+    };
+    let batch = &prepared.batch;
+    let inputs = Inputs {
+        rows: batch.rows(),
+        dense: model.dense_inputs(batch)?,
+        embedded: &embedded,
+        wide: &wide,
+    };
+    let output = model.train_step(params, &inputs, &batch.labels, prepared.tower)?;
+    let grads = keys.scatter(layout, &output.embedded_grad);
+    let wide_grads = if layout.has_wide() {
+        keys.scatter_wide(layout, &output.wide_grad)
+    } else {
+        Vec::new()
+    };
+    Ok((prepared, output, grads, wide_grads))
+}
+
+/// Looks up one minibatch's unique keys in every table (and wide companion) at once.
+pub async fn prepare<S: ParameterStore>(
+    store: &S,
+    model: &Model,
+    batch: Minibatch,
+    kind: SourceKind,
+) -> anyhow::Result<Prepared> {
+    let started = Instant::now();
+    let layout = model.layout();
+    let kjt = batch.to_kjt()?;
+    let keys = BatchKeys::collect(layout, &kjt)?;
+    let lookup = |table: String, keys: &Vec<u64>| {
+        let keys = keys.clone();
+        async move {
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            store
+                .lookup(&table, &keys)
+                .await
+                .with_context(|| format!("looking up table {table:?}"))
+        }
+    };
+    let rows = try_join_all(
+        layout
+            .tables
+            .iter()
+            .zip(&keys.tables)
+            .map(|(t, k)| lookup(t.name.clone(), k)),
+    );
+    let wide = try_join_all(
+        layout
+            .tables
+            .iter()
+            .zip(&keys.tables)
+            .filter_map(|(t, k)| t.wide.clone().map(|w| lookup(w, k))),
+    );
+    let (rows, wide) = futures::try_join!(rows, wide)?;
+    Ok(Prepared {
+        batch,
+        tower: tower(kind),
+        keys,
+        rows,
+        wide,
+        lookup_time: started.elapsed(),
+    })
+}
+
+async fn prefetch<S: ParameterStore, B>(
+    batches: B,
+    store: Arc<S>,
+    model: Arc<Model>,
+    out: mpsc::Sender<anyhow::Result<Prepared>>,
+) where
+    B: Stream<Item = anyhow::Result<(Minibatch, SourceKind)>> + Send + 'static,
+{
+    let mut batches = std::pin::pin!(batches);
+    while let Some(next) = batches.next().await {
+        let prepared = match next {
+            Ok((batch, kind)) => prepare(&*store, &model, batch, kind).await,
+            Err(e) => Err(e),
+        };
+        let failed = prepared.is_err();
+        if out.send(prepared).await.is_err() || failed {
+            return;
+        }
+    }
+}

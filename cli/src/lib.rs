@@ -18,12 +18,12 @@ use primus_config::DEFAULT_PORTS;
 use primus_testkit::service::{ServingStatus, health_status};
 
 /// The service binaries that run on their own, with their default ports, in start order.
-/// Data executors are not among them: each serves one job, so the master starts them.
-pub fn services() -> [(&'static str, u16); 5] {
+/// Data executors and trainers are not among them: each serves one job, so the master
+/// starts them.
+pub fn services() -> [(&'static str, u16); 4] {
     [
         ("primus-api-server", DEFAULT_PORTS.api_server),
         ("primus-master", DEFAULT_PORTS.master),
-        ("primus-trainer", DEFAULT_PORTS.trainer),
         ("primus-ps", DEFAULT_PORTS.ps),
         ("primus-serving-sync", DEFAULT_PORTS.serving_sync),
     ]

@@ -20,10 +20,11 @@ BIN="$CARGO_TARGET_DIR/debug"
 DATA="$ROOT/.primus"
 API_PORT=7070
 
+# A fresh cluster each run: Redis and NATS state of an earlier run would resume its jobs.
+rm -rf "$DATA"
 mkdir -p "$DATA"
 ROWS_PER_HOUR="${PRIMUS_QUICKSTART_ROWS_PER_HOUR:-10000}"
 echo "[quickstart] generating a Criteo-like data set: 24 hours x $ROWS_PER_HOUR rows"
-rm -rf "$DATA/data/criteo-like" "$DATA/checkpoints/ctr-demo"
 "$BIN/primus" datagen criteo --out "file://$DATA/data/criteo-like" --start 2026-11-20T00 \
   --unit hourly --windows 24 --rows-per-window "$ROWS_PER_HOUR" --cardinality-scale 0.001 \
   | tee "$DATA/datagen.txt"

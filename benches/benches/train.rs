@@ -50,7 +50,7 @@ fn model_spec(size: &str) -> ModelSpec {
             admission: AdmissionSpec::default(),
             ttl_seconds: None,
         }],
-        dense: DenseSpec { bottom, top },
+        dense: DenseSpec::new(bottom, top),
     }
 }
 
@@ -104,19 +104,8 @@ async fn main() {
     let model = Model::new(layout.clone());
     let baseline = dense_only(&model, &layout, &batches[..batches.len().min(20)]);
 
-    let store = Arc::new(
-        LocalStore::new(
-            &layout.ps_tables(),
-            &OptimizerSpec::Adam {
-                learning_rate: 0.001,
-                beta1: 0.9,
-                beta2: 0.999,
-                epsilon: 1e-8,
-            },
-            0,
-        )
-        .expect("store"),
-    );
+    let store =
+        Arc::new(LocalStore::new(&layout.ps_tables(), &spec.dense.optimizer, 0).expect("store"));
     let mut trainer = Trainer::start(model, store, 0, 1, 100_000)
         .await
         .expect("trainer");

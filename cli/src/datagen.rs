@@ -104,9 +104,10 @@ impl LayoutArgs {
     }
 }
 
-fn input(error: primus_datagen::DatagenError) -> Failure {
+pub(crate) fn input(error: primus_datagen::DatagenError) -> Failure {
     match error {
-        primus_datagen::DatagenError::Option { .. } => Failure::input(error.into()),
+        primus_datagen::DatagenError::Option { .. }
+        | primus_datagen::DatagenError::Source { .. } => Failure::input(error.into()),
         other => Failure::server(other.into()),
     }
 }
@@ -165,7 +166,7 @@ pub async fn datagen(command: DatagenCommand) -> Result<(), Failure> {
     Ok(())
 }
 
-fn open(url: &str) -> Result<primus_storage::Location, Failure> {
+pub(crate) fn open(url: &str) -> Result<primus_storage::Location, Failure> {
     primus_storage::open(url, &StorageSettings::default())
         .with_context(|| format!("--out {url}"))
         .map_err(Failure::input)

@@ -1,5 +1,5 @@
 //! The `primus` command: resources (`apply`, `get`, `describe`, `delete`, `watch`) against
-//! the API server, `up` (a local playground cluster) and `health`.
+//! the API server, `up` (a local playground cluster), `health`, `datagen` and `import`.
 //!
 //! Exit codes: 0 ok; 1 the server or the connection failed (or a watched Job failed);
 //! 2 bad input, found locally (a file, a flag, a kind) or by the server (INVALID_ARGUMENT,
@@ -7,6 +7,7 @@
 
 pub mod connection;
 pub mod datagen;
+pub mod import;
 pub mod output;
 pub mod resources;
 pub mod up;

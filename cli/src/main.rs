@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use primus_api_client::ApiClient;
 use primus_cli::connection::{ConnectionArgs, resolve};
 use primus_cli::datagen::{DatagenCommand, datagen};
+use primus_cli::import::{ImportCommand, import};
 use primus_cli::output::Format;
 use primus_cli::resources::{self, parse_kind, parse_selector, read_resources};
 use primus_cli::up::{UpOptions, up};
@@ -93,6 +94,11 @@ enum Commands {
     Datagen {
         #[command(subcommand)]
         command: DatagenCommand,
+    },
+    /// Import a public data set (fetched by scripts/import-data.sh) as time-partitioned Parquet.
+    Import {
+        #[command(subcommand)]
+        command: ImportCommand,
     },
     /// gRPC health of services (default: the standalone services on their default local ports).
     Health {
@@ -189,6 +195,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             .map_err(Failure::server)?;
         }
         Commands::Datagen { command } => datagen(command).await?,
+        Commands::Import { command } => import(command).await?,
         Commands::Health { addrs } => {
             let targets: Vec<(String, String)> = if addrs.is_empty() {
                 services()

@@ -9,9 +9,11 @@
 //!   that change between a session's samples with a set probability, item features
 //!   redrawn per sample; rows ordered by time or clustered by session.
 //! - [`write`]: lays batches out as `date=YYYY-MM-DD/hour=HH/part-NNNNN.parquet`.
+//! - [`import`]: public data sets (Adult) into daily partitions with a held-out last day.
 
 pub mod criteo;
 mod hidden;
+pub mod import;
 pub mod sessions;
 pub mod write;
 
@@ -23,6 +25,8 @@ pub enum DatagenError {
         field: &'static str,
         message: String,
     },
+    #[error("{file}: {message}")]
+    Source { file: String, message: String },
     #[error(transparent)]
     Storage(#[from] primus_storage::StorageError),
     #[error("building record batch: {0}")]

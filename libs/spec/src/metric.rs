@@ -32,13 +32,34 @@ pub struct MetricPoint {
     pub value: f64,
 }
 
+/// Metric names may be dotted (`buffer_rows.clicks`: a gauge per data source), unlike
+/// resource names.
+fn check_metric_name(errors: &mut Vec<FieldError>, path: String, name: &str) {
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-.".contains(c);
+    let ok = (1..=MAX_METRIC_NAME).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.chars().all(allowed);
+    if !ok {
+        fail(
+            errors,
+            path,
+            format!(
+                "{name:?} is not a valid metric name (1-{MAX_METRIC_NAME} of a-z, 0-9, '_', '-', '.'; starts with a letter)"
+            ),
+        );
+    }
+}
+
+/// Room for a prefix, a dot and a resource name of up to 63 characters.
+const MAX_METRIC_NAME: usize = 127;
+
 impl Validate for MetricSpec {
     fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
         check_name(errors, field(path, "job"), &self.job, false);
         let series = field(path, "series");
         for (i, s) in self.series.iter().enumerate() {
             let at = index(&series, i);
-            check_name(errors, field(&at, "name"), &s.name, true);
+            check_metric_name(errors, field(&at, "name"), &s.name);
             let points = field(&at, "points");
             for (j, pair) in s.points.windows(2).enumerate() {
                 if pair[1].unix_ms < pair[0].unix_ms {

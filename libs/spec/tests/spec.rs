@@ -278,3 +278,18 @@ spec:
         ]
     );
 }
+
+#[test]
+fn metric_series_names_may_be_dotted_but_not_arbitrary() {
+    let metric = |name: &str| {
+        format!(
+            "kind: Metric\nmetadata: {{name: ctr}}\nspec:\n  job: ctr\n  series:\n    - {{name: \"{name}\", points: [{{unix_ms: 1, value: 2.0}}]}}\n"
+        )
+    };
+    parse_documents("m.yaml", &metric("buffer_rows.criteo-like")).expect("dotted gauge name");
+    let error = error_text(&metric("Buffer rows"));
+    assert!(
+        error.contains("spec.series[0].name") && error.contains("not a valid metric name"),
+        "{error}"
+    );
+}

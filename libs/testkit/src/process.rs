@@ -34,10 +34,22 @@ impl Error {
     }
 }
 
-/// The repository root (two levels above this crate); `.tools` under it holds what
-/// scripts/install-deps.sh installed.
+/// The repository root (the workspace folder, which holds Cargo.lock); `.tools` under it
+/// holds what scripts/install-deps.sh installed. Found at run time from the running
+/// package's folder (Cargo sets it for tests): this crate's compile-time path goes stale
+/// when a shared target folder serves a checkout at another path.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let compiled = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let start = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::current_dir().ok());
+    start
+        .and_then(|dir| {
+            dir.ancestors()
+                .find(|d| d.join("Cargo.lock").is_file())
+                .map(Path::to_path_buf)
+        })
+        .unwrap_or(compiled)
 }
 
 /// Finds `binary` on PATH or under `.tools/*/bin` of the repository.

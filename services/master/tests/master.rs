@@ -316,12 +316,32 @@ data_executor = "{reader}"
                 return status;
             }
             assert!(
-                tokio::time::Instant::now() < deadline,
-                "job {job} not {phase:?} within {timeout:?}: {status:?}\nmaster log:\n{}",
-                std::fs::read_to_string(self.dir.path().join("master.log")).unwrap_or_default()
+                !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+                "job {job} not {phase:?} (within {timeout:?}): {status:?}\n{}",
+                self.logs(job)
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// The master's log and the end of each of `job`'s executor logs, for a failure message.
+    fn logs(&self, job: &str) -> String {
+        let mut text = format!(
+            "master log:\n{}",
+            std::fs::read_to_string(self.dir.path().join("master.log")).unwrap_or_default()
+        );
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(self.work_dir().join(job))
+            .map(|files| files.flatten().map(|f| f.path()).collect())
+            .unwrap_or_default();
+        logs.retain(|path| path.extension().is_some_and(|e| e == "log"));
+        logs.sort();
+        for log in logs {
+            let content = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = content.lines().collect();
+            let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+            text.push_str(&format!("\n--- {} (last 30 lines):\n{tail}", log.display()));
+        }
+        text
     }
 
     /// PIDs from the backend's PID files of `job`.

@@ -36,6 +36,7 @@ pub struct LocalBackend {
     master_addr: String,
     processes: Mutex<HashMap<(String, String), Supervised>>,
     events: broadcast::Sender<BackendEvent>,
+    ports: PortPicker,
 }
 
 impl LocalBackend {
@@ -46,6 +47,7 @@ impl LocalBackend {
             master_addr,
             processes: Mutex::new(HashMap::new()),
             events: broadcast::channel(1024).0,
+            ports: PortPicker::new(),
         }
     }
 
@@ -107,11 +109,59 @@ fn leftover_pid(pid_file: &Path) -> Option<i32> {
     (exe == Path::new(binary.trim())).then_some(pid)
 }
 
-fn free_loopback_port() -> Result<u16, BackendError> {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| BackendError::Io(format!("no free port on 127.0.0.1: {e}")))
+/// Hands out loopback ports for executors' gRPC servers from just below the kernel's
+/// ephemeral range. A port taken from the ephemeral range (bind to port 0) is free only
+/// until the child binds it: meanwhile the kernel may give it to anyone's outgoing
+/// connection or port-0 bind, and the executor would crash on every restart. Ports below
+/// the range are never handed out by the kernel, so only an explicit bind can take one.
+struct PortPicker {
+    range: std::ops::Range<u16>,
+    next: Mutex<u16>,
+}
+
+/// How many ports below the ephemeral range the picker uses.
+const PICKED_PORTS: u16 = 10_000;
+
+impl PortPicker {
+    fn new() -> Self {
+        let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32_768);
+        let range = ephemeral_low.saturating_sub(PICKED_PORTS).max(1_024)..ephemeral_low;
+        // Masters started side by side (tests) begin at different places.
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+            ^ std::process::id().wrapping_mul(2_654_435_761);
+        let span = u32::from(range.end - range.start).max(1);
+        let start = range.start + (seed % span) as u16;
+        Self {
+            range,
+            next: Mutex::new(start),
+        }
+    }
+
+    /// The next port in the range that nothing listens on now.
+    fn pick(&self) -> Result<u16, BackendError> {
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        for _ in 0..self.range.len() {
+            let port = *next;
+            *next = if port + 1 >= self.range.end {
+                self.range.start
+            } else {
+                port + 1
+            };
+            if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+                return Ok(port);
+            }
+        }
+        // No free port below the ephemeral range (or no such range): let the kernel choose.
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| BackendError::Io(format!("no free port on 127.0.0.1: {e}")))
+    }
 }
 
 impl ResourceBackend for LocalBackend {
@@ -120,7 +170,7 @@ impl ResourceBackend for LocalBackend {
         let job_dir = self.settings.work_dir.join(&spec.job);
         let io = |what: &str, e: std::io::Error| BackendError::Io(format!("{what}: {e}"));
         std::fs::create_dir_all(&job_dir).map_err(|e| io(&job_dir.display().to_string(), e))?;
-        let grpc_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_loopback_port()?));
+        let grpc_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.ports.pick()?));
         let mut settings = spec.settings.clone();
         let server = settings
             .entry("server")
@@ -143,7 +193,7 @@ impl ResourceBackend for LocalBackend {
                 (ENV_MASTER_ADDR, self.master_addr.clone()),
             ],
         };
-        let child = launch.spawn().map_err(|message| BackendError::Start {
+        let (child, log_start) = launch.spawn().map_err(|message| BackendError::Start {
             id: id.clone(),
             binary: launch.binary.display().to_string(),
             message,
@@ -152,6 +202,7 @@ impl ResourceBackend for LocalBackend {
         let supervisor = tokio::spawn(supervise(
             launch,
             child,
+            log_start,
             stopped,
             Restarts {
                 job: spec.job.clone(),
@@ -250,12 +301,14 @@ struct Launch {
 }
 
 impl Launch {
-    fn spawn(&self) -> Result<Child, String> {
+    /// Starts the process; returns it and where its output starts in the (appended) log.
+    fn spawn(&self) -> Result<(Child, u64), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log)
             .map_err(|e| format!("log file {}: {e}", self.log.display()))?;
+        let log_start = log.metadata().map_or(0, |m| m.len());
         let log_err = log
             .try_clone()
             .map_err(|e| format!("log file {}: {e}", self.log.display()))?;
@@ -274,8 +327,50 @@ impl Launch {
             let record = format!("{pid}\n{}\n", self.binary.display());
             let _ = std::fs::write(&self.pid_file, record);
         }
-        Ok(child)
+        Ok((child, log_start))
     }
+
+    /// The last lines one run of the process wrote (from `start` in its log), so a crash
+    /// report says why without anyone opening the log file.
+    fn log_tail(&self, start: u64) -> String {
+        let Ok(bytes) = std::fs::read(&self.log) else {
+            return String::new();
+        };
+        let run = bytes.get(start as usize..).unwrap_or_default();
+        let text = strip_ansi(&String::from_utf8_lossy(run));
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        let tail = lines[lines.len().saturating_sub(CRASH_LOG_LINES)..].join(" | ");
+        match tail.char_indices().nth_back(CRASH_LOG_CHARS) {
+            Some((cut, _)) => format!("...{}", &tail[cut..]),
+            None => tail,
+        }
+    }
+}
+
+/// How much of a crashed run's log goes into its crash report.
+const CRASH_LOG_LINES: usize = 4;
+const CRASH_LOG_CHARS: usize = 800;
+
+/// Removes terminal colour sequences (`ESC [ ... letter`) from log text.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 struct Restarts {
@@ -292,6 +387,7 @@ struct Restarts {
 async fn supervise(
     launch: Launch,
     mut child: Child,
+    mut log_start: u64,
     mut stop: watch::Receiver<bool>,
     restarts: Restarts,
 ) {
@@ -316,6 +412,10 @@ async fn supervise(
             Ok(status) => status.to_string(),
             Err(e) => e.to_string(),
         };
+        let status = match launch.log_tail(log_start) {
+            tail if tail.is_empty() => status,
+            tail => format!("{status}; log: {tail}"),
+        };
         crashes += 1;
         tracing::warn!(job = %restarts.job, id = %restarts.id, %status, crashes, "executor crashed");
         if crashes > restarts.max {
@@ -337,8 +437,8 @@ async fn supervise(
             _ = stopped(&mut stop) => break,
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
-        child = match launch.spawn() {
-            Ok(child) => child,
+        (child, log_start) = match launch.spawn() {
+            Ok(started) => started,
             Err(message) => {
                 let _ = restarts.events.send(BackendEvent::GaveUp {
                     job: restarts.job.clone(),
@@ -366,4 +466,97 @@ async fn terminate(child: &mut Child, grace: Duration) {
         }
     }
     let _ = child.kill().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+    use crate::backend::ExecutorRole;
+
+    #[test]
+    fn picked_ports_are_below_the_ephemeral_range_and_skip_taken_ones() {
+        let picker = PortPicker::new();
+        let first = picker.pick().expect("a port");
+        assert!(
+            picker.range.contains(&first),
+            "{first} in {:?}",
+            picker.range
+        );
+        let next = *picker.next.lock().expect("lock");
+        let taken = TcpListener::bind((Ipv4Addr::LOCALHOST, next));
+        let second = picker.pick().expect("a port");
+        if taken.is_ok() {
+            assert_ne!(second, next, "a port something listens on is skipped");
+        }
+        assert!(picker.range.contains(&second));
+    }
+
+    #[test]
+    fn strip_ansi_keeps_the_text_of_a_coloured_line() {
+        assert_eq!(
+            strip_ansi("\u{1b}[2m2026\u{1b}[0m \u{1b}[31mERROR\u{1b}[0m boom"),
+            "2026 ERROR boom"
+        );
+    }
+
+    /// An executor that keeps failing: the give-up report carries the end of its output.
+    #[tokio::test]
+    async fn a_crash_report_quotes_the_last_lines_the_process_wrote() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = dir.path().join("crashing-trainer");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\necho 'starting'\nprintf '\\033[31mError:\\033[0m cannot reach ps-1\\n' >&2\nexit 3\n",
+        )
+        .expect("script");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let settings = LocalBackendSettings {
+            binaries: [("trainer".to_owned(), script)].into(),
+            work_dir: dir.path().join("work"),
+            restart_backoff_ms: 1,
+            max_restarts: 1,
+            ..LocalBackendSettings::default()
+        };
+        let backend = LocalBackend::new(settings, "127.0.0.1:1".into());
+        let mut events = backend.events();
+        backend
+            .request(ExecutorSpec {
+                job: "j".into(),
+                role: ExecutorRole::Trainer,
+                index: 0,
+                settings: toml::Table::new(),
+                cpu: 1.0,
+                memory_bytes: 1 << 20,
+            })
+            .await
+            .expect("started");
+        let mut reports = Vec::new();
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(20), events.recv())
+                .await
+                .expect("an event within 20 s")
+                .expect("event");
+            match event {
+                BackendEvent::Restarting { status, .. } => reports.push(status),
+                BackendEvent::GaveUp { status, .. } => {
+                    reports.push(status);
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(reports.len(), 2, "{reports:?}");
+        for report in &reports {
+            // Each run's own lines only, though the log file holds both runs.
+            assert!(
+                report.ends_with("log: starting | Error: cannot reach ps-1")
+                    || report
+                        .ends_with("log: starting | Error: cannot reach ps-1; crashed 2 times"),
+                "{report}"
+            );
+            assert!(report.starts_with("exit status: 3"), "{report}");
+        }
+    }
 }

@@ -152,6 +152,26 @@ fn json_list(schema: &Schema, key: &str) -> Result<Vec<String>, BatchError> {
     serde_json::from_str(text).map_err(|e| BatchError::Encoding(format!("`{key}`: {e}")))
 }
 
+/// Encodes raw rows (any columns) as Arrow IPC stream bytes: the payload of a stream
+/// source's `SampleRows` message.
+pub fn encode_rows(rows: &RecordBatch) -> Result<Vec<u8>, BatchError> {
+    let mut bytes = Vec::new();
+    let mut writer = StreamWriter::try_new(&mut bytes, &rows.schema())?;
+    writer.write(rows)?;
+    writer.finish()?;
+    drop(writer);
+    Ok(bytes)
+}
+
+/// Decodes bytes written by [`encode_rows`] (or any Arrow IPC stream of one schema) into
+/// one batch of rows.
+pub fn decode_rows(bytes: &[u8]) -> Result<RecordBatch, BatchError> {
+    let reader = StreamReader::try_new(bytes, None)?;
+    let schema = reader.schema();
+    let batches = reader.collect::<Result<Vec<_>, _>>()?;
+    Ok(arrow::compute::concat_batches(&schema, &batches)?)
+}
+
 /// Decodes bytes written by [`encode`].
 pub fn decode(bytes: &[u8]) -> Result<Minibatch, BatchError> {
     let mut reader = StreamReader::try_new(bytes, None)?;

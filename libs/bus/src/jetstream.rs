@@ -104,6 +104,15 @@ pub struct Consumer<M> {
     _message: PhantomData<M>,
 }
 
+/// Where a consumer stands on its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backlog {
+    /// Messages not yet delivered.
+    pub pending: u64,
+    /// Delivered, not yet acknowledged (redelivered after `ack_wait`).
+    pub ack_pending: u64,
+}
+
 /// What one fetch brought: decoded deliveries, and messages that did not decode (those
 /// were terminated so they are not redelivered forever).
 pub struct Fetched<M> {
@@ -112,6 +121,19 @@ pub struct Fetched<M> {
 }
 
 impl<M: Message + Default> Consumer<M> {
+    /// The consumer's backlog as the server sees it now.
+    pub async fn backlog(&self) -> Result<Backlog, BusError> {
+        let info = self
+            .inner
+            .get_info()
+            .await
+            .map_err(|e| js_error("consumer info")(e.to_string()))?;
+        Ok(Backlog {
+            pending: info.num_pending,
+            ack_pending: info.num_ack_pending as u64,
+        })
+    }
+
     /// Up to `max` messages, waiting at most `wait` for them to arrive.
     ///
     /// The wait is capped at half the consumer's `ack_wait`: a longer fetch would see the
@@ -165,5 +187,21 @@ impl<M> Delivery<M> {
             .double_ack()
             .await
             .map_err(|e| js_error("ack")(e.to_string()))
+    }
+
+    /// Still being handled: restarts the server's ack-wait clock for this message.
+    pub async fn in_progress(&self) -> Result<(), BusError> {
+        self.raw
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|e| js_error("in-progress ack")(e.to_string()))
+    }
+
+    /// Never deliver this message again (it cannot be handled by anyone).
+    pub async fn reject(&self) -> Result<(), BusError> {
+        self.raw
+            .ack_with(AckKind::Term)
+            .await
+            .map_err(|e| js_error("terminate")(e.to_string()))
     }
 }

@@ -207,3 +207,64 @@ async fn jetstream_terminates_undecodable_messages() {
         "not redelivered"
     );
 }
+
+#[tokio::test]
+async fn jetstream_in_progress_holds_a_message_rejected_ones_stay_gone_and_backlog_counts() {
+    let nats = NatsServer::start().expect("nats-server");
+    let bus = Bus::connect(&settings(nats.url())).await.expect("connect");
+    let js = bus.jetstream();
+    js.ensure_stream("HOLD", vec!["hold.>".into()])
+        .await
+        .expect("stream");
+    for i in 0..3 {
+        js.publish("hold.a".into(), &heartbeat("h", i))
+            .await
+            .expect("publish");
+    }
+    let ack_wait = Duration::from_secs(1);
+    let consumer = js
+        .durable_consumer::<Heartbeat>("HOLD", "holder", None, ack_wait)
+        .await
+        .expect("consumer");
+    let first = consumer
+        .fetch(2, Duration::from_secs(1))
+        .await
+        .expect("fetch");
+    assert_eq!(first.deliveries.len(), 2);
+    assert_eq!(
+        consumer.backlog().await.expect("backlog"),
+        primus_bus::jetstream::Backlog {
+            pending: 1,
+            ack_pending: 2
+        }
+    );
+    first.deliveries[1].reject().await.expect("reject");
+    // Held for twice the ack wait, with in-progress acks: never redelivered meanwhile.
+    for _ in 0..4 {
+        tokio::time::sleep(ack_wait / 2).await;
+        first.deliveries[0].in_progress().await.expect("progress");
+    }
+    let rest = consumer
+        .fetch(10, Duration::from_millis(400))
+        .await
+        .expect("fetch");
+    let got: Vec<i64> = rest
+        .deliveries
+        .iter()
+        .map(|d| d.received.message.unix_ms)
+        .collect();
+    assert_eq!(
+        got,
+        vec![2],
+        "only the undelivered one; the held one stayed held"
+    );
+    first.deliveries[0].ack().await.expect("ack");
+    rest.deliveries[0].ack().await.expect("ack");
+    assert_eq!(
+        consumer.backlog().await.expect("backlog"),
+        primus_bus::jetstream::Backlog {
+            pending: 0,
+            ack_pending: 0
+        }
+    );
+}

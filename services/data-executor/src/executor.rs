@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use primus_batch::FeaturePipeline;
 use primus_bus::Bus;
+use primus_bus::jetstream::JetStream;
 use primus_config::StorageSettings;
 use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::{
@@ -26,6 +27,7 @@ use crate::buffer::Buffers;
 use crate::ledger::{ReadEnd, TaskLedger};
 use crate::runner::BatchRunner;
 use crate::settings::DataSettings;
+use crate::stream::StreamRunner;
 
 /// State shared by the work loop, the runners and the dataset server.
 pub struct Executor {
@@ -39,6 +41,8 @@ pub struct Executor {
     /// The master said every bounded task is done and no runner is left.
     exhausted: AtomicBool,
     pub rows_served: AtomicU64,
+    /// Stream messages terminated because they did not decode or fit the schema.
+    rejected_messages: AtomicU64,
     pub shutdown: Shutdown,
 }
 
@@ -76,6 +80,7 @@ impl Executor {
             running: AtomicU64::new(0),
             exhausted: AtomicBool::new(false),
             rows_served: AtomicU64::new(0),
+            rejected_messages: AtomicU64::new(0),
             shutdown,
         }
     }
@@ -111,9 +116,10 @@ impl Executor {
             .context("registering with the master")?
             .into_inner();
         let heartbeat = Duration::from_millis(registered.heartbeat_interval_ms.max(100));
-        let beats = tokio::spawn(self.clone().heartbeats(bus, heartbeat));
+        let beats = tokio::spawn(self.clone().heartbeats(bus.clone(), heartbeat));
         let reporter = tokio::spawn(self.clone().report_progress(client.clone()));
-        let result = self.acquire_tasks(&mut client, &shutdown).await;
+        let jetstream = bus.jetstream();
+        let result = self.acquire_tasks(&mut client, &shutdown, &jetstream).await;
         if result.is_ok() {
             // Keep reporting until the last served rows close their tasks.
             while !self.ledgers().is_empty() && !shutdown.is_triggered() {
@@ -129,6 +135,7 @@ impl Executor {
         self: &Arc<Self>,
         client: &mut TaskServiceClient<Channel>,
         shutdown: &Shutdown,
+        jetstream: &JetStream,
     ) -> anyhow::Result<()> {
         let slots = Arc::new(Semaphore::new(self.settings.runners.max(1)));
         let idle = Duration::from_millis(self.settings.idle_poll_ms.max(10));
@@ -151,10 +158,10 @@ impl Executor {
             };
             match response.task {
                 Some(task) => {
-                    let executor = self.clone();
+                    let (executor, jetstream) = (self.clone(), jetstream.clone());
                     self.running.fetch_add(1, Ordering::AcqRel);
                     tokio::spawn(async move {
-                        executor.run_task(task).await;
+                        executor.run_task(task, &jetstream).await;
                         executor.running.fetch_sub(1, Ordering::AcqRel);
                         drop(slot);
                     });
@@ -174,7 +181,7 @@ impl Executor {
         Ok(())
     }
 
-    async fn run_task(&self, task: DataTask) {
+    async fn run_task(&self, task: DataTask, jetstream: &JetStream) {
         let ledger = Arc::new(TaskLedger::new(task.id.clone(), task.start_offset));
         self.ledgers().insert(task.id.clone(), ledger.clone());
         let source = self.buffers.source_index(&task.source);
@@ -199,15 +206,25 @@ impl Executor {
                     task.source
                 ),
             }),
-            (Some(data_task::Work::Stream(_)), Some(_)) | (None, Some(_)) => {
-                ledger.finish_reading(ReadEnd::Failed {
-                    rows: task.start_offset,
-                    error: format!(
-                        "task {}: only batch (Parquet) tasks are read by this data executor",
-                        task.id
-                    ),
-                })
+            (Some(data_task::Work::Stream(work)), Some(source)) => {
+                let runner = StreamRunner {
+                    buffers: &self.buffers,
+                    pipeline: &self.pipeline,
+                    jetstream,
+                    fetch_messages: self.settings.stream_fetch_messages.max(1),
+                    fetch_wait: Duration::from_millis(self.settings.stream_fetch_wait_ms.max(10)),
+                    ack_wait: Duration::from_millis(self.settings.stream_ack_wait_ms.max(1000)),
+                    rejected: &self.rejected_messages,
+                };
+                tokio::select! {
+                    _ = runner.run(source, work, task.start_offset, &ledger) => {}
+                    _ = self.shutdown.wait() => {}
+                }
             }
+            (None, Some(_)) => ledger.finish_reading(ReadEnd::Failed {
+                rows: task.start_offset,
+                error: format!("task {}: no work in it (neither batch nor stream)", task.id),
+            }),
         }
     }
 
@@ -224,6 +241,7 @@ impl Executor {
                     if status.code() == tonic::Code::FailedPrecondition {
                         // The master gave the task to someone else: our rows of it are stale.
                         tracing::warn!(task = %ledger.id, %status, "task taken back; dropping its buffered rows");
+                        ledger.take_back();
                         self.buffers.discard_task(&ledger.id);
                         self.ledgers().remove(&ledger.id);
                     } else {
@@ -310,6 +328,10 @@ impl Executor {
                 .into_iter()
                 .map(|(source, rows)| (format!("buffer_rows.{source}"), rows as f64))
                 .collect();
+            gauges.insert(
+                "stream_rejected_messages".into(),
+                self.rejected_messages.load(Ordering::Relaxed) as f64,
+            );
             gauges.insert(
                 "rows_served_per_second".into(),
                 (served - last_served.1) as f64 / elapsed,

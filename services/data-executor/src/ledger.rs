@@ -3,7 +3,7 @@
 //! executor that dies are read again by the next attempt, never lost.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// How a task's reading ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +27,8 @@ pub struct TaskLedger {
     served: AtomicU64,
     reported: AtomicU64,
     end: Mutex<Option<ReadEnd>>,
+    /// The master gave the task to another executor: its runner stops reading.
+    taken_back: AtomicBool,
 }
 
 impl TaskLedger {
@@ -36,7 +38,16 @@ impl TaskLedger {
             served: AtomicU64::new(start_offset),
             reported: AtomicU64::new(start_offset),
             end: Mutex::new(None),
+            taken_back: AtomicBool::new(false),
         }
+    }
+
+    pub fn take_back(&self) {
+        self.taken_back.store(true, Ordering::Release);
+    }
+
+    pub fn is_taken_back(&self) -> bool {
+        self.taken_back.load(Ordering::Acquire)
     }
 
     /// Rows before `offset` have been handed to trainers.

@@ -1,13 +1,13 @@
 //! `primus-data-executor` (Primus §4.3.2, §5.2): registers with the job's master, runs
 //! several data tasks at once (Parquet row groups of the task's files, only the schema's
-//! columns, from the task's offset), turns rows into minibatches with the Dataset's
+//! columns, from the task's offset; or a stream source's JetStream subject through a
+//! durable consumer, acking each message once its rows are buffered, so an executor that
+//! dies loses nothing unbuffered), turns rows into minibatches with the Dataset's
 //! feature pipeline, holds them in bounded per-source serving buffers, and serves them to
 //! trainers over `DatasetService.StreamMinibatches`, choosing the source by Algorithm 2.
 //! A task's offset as reported to the master counts rows *served*, so a crash loses no
 //! buffered row. Heartbeats (CPU, memory) and metrics (buffer fill, rows served) go to NATS.
 //! [`reader`] is the trainer's side: every executor's stream, merged and decoded.
-//!
-//! Not built yet: stream (JetStream) tasks; such a task fails with a message saying so.
 
 mod buffer;
 mod executor;
@@ -16,6 +16,7 @@ pub mod reader;
 mod runner;
 mod server;
 pub mod settings;
+mod stream;
 
 use std::sync::Arc;
 
@@ -29,7 +30,8 @@ pub use settings::DataExecutorSettings;
 
 pub const SERVICE: &str = "primus-data-executor";
 pub const ABOUT: &str = concat!(
-    "Primus data executor: runs a job's data tasks (Parquet) and serves minibatches to",
+    "Primus data executor: runs a job's data tasks (Parquet files, JetStream subjects) and",
+    " serves minibatches to",
     " trainers. Identity from data.job/executor_id/master_addr or else PRIMUS_JOB,",
     " PRIMUS_EXECUTOR_ID and PRIMUS_MASTER_ADDR (set by the master); the Dataset from",
     " `data.dataset` (written by the master)."

@@ -40,6 +40,14 @@ pub struct DataSettings {
     pub progress_interval_ms: u64,
     /// How long to wait before asking again when the master has no task.
     pub idle_poll_ms: u64,
+    /// Stream sources: JetStream messages asked for per fetch.
+    pub stream_fetch_messages: usize,
+    /// Stream sources: how long one fetch waits for messages.
+    pub stream_fetch_wait_ms: u64,
+    /// Stream sources: a delivered message not acked (buffered) within this long is
+    /// delivered again, to this or another executor. While a full buffer holds a fetch
+    /// back, its messages are kept alive with in-progress acks.
+    pub stream_ack_wait_ms: u64,
 }
 
 impl Default for DataSettings {
@@ -54,6 +62,9 @@ impl Default for DataSettings {
             read_batch_rows: 8192,
             progress_interval_ms: 200,
             idle_poll_ms: 200,
+            stream_fetch_messages: 64,
+            stream_fetch_wait_ms: 500,
+            stream_ack_wait_ms: 30_000,
         }
     }
 }

@@ -111,8 +111,11 @@ return {'batch', redis.call('HGET', KEYS[3], id), offset, tostring(attempt)}
 "#;
 
 const PROGRESS: &str = r#"
--- KEYS: running offset executors; ARGV: id executor offset now_ms
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+-- KEYS: running offset executors stream; ARGV: id executor offset now_ms
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
+  local source = string.match(ARGV[1], '^(.*)/stream$')
+  if not source or redis.call('HGET', KEYS[4], source) ~= ARGV[2] then return 0 end
+end
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
 local current = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if tonumber(ARGV[3]) > current then redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) end
@@ -120,9 +123,21 @@ return 1
 "#;
 
 const FINISH: &str = r#"
--- KEYS: running succeeded failed pending order attempts offset executors
+-- KEYS: running succeeded failed pending order attempts offset executors stream
 -- ARGV: id executor error max_attempts now_ms
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 'not_owner' end
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
+  -- A stream binding ends only by failing (a stream has no end): it fails the job.
+  local source = string.match(ARGV[1], '^(.*)/stream$')
+  if not source or redis.call('HGET', KEYS[9], source) ~= ARGV[2] then return 'not_owner' end
+  redis.call('HSET', KEYS[8], ARGV[2], ARGV[5])
+  if ARGV[3] == '' then
+    redis.call('HSET', KEYS[9], source, '')
+    return 'requeued'
+  end
+  redis.call('HDEL', KEYS[9], source)
+  redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+  return 'failed'
+end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[8], ARGV[2], ARGV[5])
 if ARGV[3] == '' then
@@ -357,7 +372,10 @@ impl TaskQueue {
         offset: u64,
         now_ms: i64,
     ) -> Result<bool, QueueError> {
-        let mut script = self.invoke(&self.scripts.progress, &["running", "offset", "executors"]);
+        let mut script = self.invoke(
+            &self.scripts.progress,
+            &["running", "offset", "executors", "stream"],
+        );
         script.arg(task_id).arg(executor).arg(offset).arg(now_ms);
         let owned: i64 = script.invoke_async(&mut self.redis.clone()).await?;
         Ok(owned == 1)
@@ -384,6 +402,7 @@ impl TaskQueue {
                 "attempts",
                 "offset",
                 "executors",
+                "stream",
             ],
         );
         script

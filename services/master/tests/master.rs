@@ -12,7 +12,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use primus_api_client::{ApiClient, ClientSettings};
 use primus_config::{ApiServerSettings, StorageSettings};
 use primus_master::plan::{ListingCache, StoreCatalog};
-use primus_master::queue::{Acquired, TaskQueue};
+use primus_master::queue::{Acquired, Finished, TaskQueue};
 use primus_master::settings::PlannerSettings;
 use primus_proto::v1::data_task;
 use primus_service::Shutdown;
@@ -158,6 +158,87 @@ schema: {{label: label, sparse: [{{name: c1, table: t}}]}}
     // Planning again (a restarted master) adds nothing: the cursor says it is done.
     plan_all().await;
     assert_eq!(queue.counts().await.expect("counts").total, counts.total);
+}
+
+/// A stream binding belongs to one executor at a time: its progress is taken from that
+/// executor only, a lost executor's binding goes to the next one, and a binding that
+/// fails is recorded as a failed task (which fails the job).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() {
+    let redis = RedisServer::start().expect("redis-server");
+    let dataset: primus_spec::dataset::DatasetSpec = serde_yaml_ng::from_str(
+        r#"
+streams:
+  - name: live
+    window: {unit: hourly, start: "2026-11-01T00"}
+    sources:
+      - {name: clicks, jetstream: {stream: CLICKS, subject: "clicks.>"}}
+schema: {label: label, sparse: [{name: c1, table: t}]}
+"#,
+    )
+    .expect("dataset");
+    let client = redis::Client::open(redis.url()).expect("redis url");
+    let connection = client.get_connection_manager().await.expect("redis");
+    let queue = TaskQueue::new(connection, "primus", "stream-test");
+    let bindings = primus_master::driver::stream_tasks("stream-test", &dataset);
+    queue.add_stream_tasks(&bindings).await.expect("bindings");
+    let Acquired::Task(task) = queue.acquire("de-0", 0, 0).await.expect("acquire") else {
+        panic!("the binding is handed out first")
+    };
+    assert_eq!(task.id, "clicks/stream");
+    let Some(data_task::Work::Stream(work)) = &task.work else {
+        panic!("stream work expected")
+    };
+    assert_eq!(
+        (work.stream.as_str(), work.durable.as_str()),
+        ("CLICKS", "stream-test-clicks")
+    );
+    assert!(matches!(
+        queue.acquire("de-1", 0, 0).await.expect("acquire"),
+        Acquired::Empty
+    ));
+    assert!(
+        queue
+            .report_progress("de-0", &task.id, 10, 1)
+            .await
+            .expect("progress")
+    );
+    assert!(
+        !queue
+            .report_progress("de-1", &task.id, 10, 1)
+            .await
+            .expect("progress")
+    );
+
+    queue.requeue_executor("de-0", 3).await.expect("requeue");
+    let Acquired::Task(moved) = queue.acquire("de-1", 0, 0).await.expect("acquire") else {
+        panic!("the lost executor's binding goes to the next")
+    };
+    assert_eq!(moved.id, task.id);
+    assert!(
+        !queue
+            .report_progress("de-0", &task.id, 20, 2)
+            .await
+            .expect("progress")
+    );
+    assert_eq!(
+        queue
+            .finish("de-0", &task.id, "late", 3, 3)
+            .await
+            .expect("finish"),
+        Finished::NotOwner
+    );
+    assert_eq!(
+        queue
+            .finish("de-1", &task.id, "stream \"CLICKS\": not found", 3, 3)
+            .await
+            .expect("finish"),
+        Finished::Failed
+    );
+    assert_eq!(
+        queue.failures().await.expect("failures"),
+        vec![(task.id.clone(), "stream \"CLICKS\": not found".to_owned())]
+    );
 }
 
 /// API server in-process; master as a real process so it can be SIGKILLed.
@@ -600,6 +681,120 @@ async fn a_job_trains_on_every_row_once_through_real_data_executors_and_trainer(
         "every row trained once: {progress:?}"
     );
     assert!(progress.steps >= 1);
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+}
+
+/// Publishes rows with c1 ids `ids` (label: odd ids) on `subject` as `SampleRows`.
+async fn publish_rows(
+    js: &primus_bus::jetstream::JetStream,
+    subject: &str,
+    ids: std::ops::Range<u64>,
+) {
+    let labels: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids.clone().map(|i| i % 2)));
+    let values: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids));
+    let rows = RecordBatch::try_from_iter([("label", labels), ("c1", values)]).expect("rows");
+    let message = primus_proto::v1::SampleRows {
+        arrow_ipc: primus_batch::ipc::encode_rows(&rows).expect("encode"),
+    };
+    js.publish(subject.into(), &message).await.expect("publish");
+}
+
+/// Waits until the job's trainers report `samples` (the master folds their reports).
+async fn wait_for_samples(cluster: &Cluster, job: &str, samples: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let status = cluster.status(job).await;
+        let trained = status.progress.as_ref().map_or(0, |p| p.samples);
+        if trained == samples {
+            return;
+        }
+        assert!(
+            trained < samples
+                && !status.phase.is_terminal()
+                && tokio::time::Instant::now() < deadline,
+            "{job}: waiting for {samples} samples: {status:?}\n{}",
+            cluster.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// An online job: a real data executor consumes the JetStream subject (rows published
+/// before and while the job runs) and the real trainer trains on every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_online_job_trains_on_every_row_published_to_its_jetstream_subject() {
+    let cluster = Cluster::start().await;
+    let bus = primus_bus::Bus::connect(&primus_config::NatsSettings {
+        url: cluster.nats.url(),
+        ..Default::default()
+    })
+    .await
+    .expect("nats");
+    let js = bus.jetstream();
+    js.ensure_stream("CLICKS", vec!["clicks.>".into()])
+        .await
+        .expect("stream");
+    for i in 0..10 {
+        publish_rows(&js, "clicks.live", i * 50..(i + 1) * 50).await;
+    }
+    cluster
+        .apply(
+            r#"
+kind: Dataset
+metadata: {name: live-data}
+spec:
+  streams:
+    - name: live
+      window: {unit: hourly, start: "2026-11-01T00"}
+      sources:
+        - {name: clicks, jetstream: {stream: CLICKS, subject: "clicks.>"}}
+  schema: {label: label, sparse: [{name: c1, table: t}]}
+---
+kind: Job
+metadata: {name: online}
+spec:
+  dataset: live-data
+  mode: stream
+  model:
+    kind: wide_deep
+    tables: [{name: t, dim: 4, optimizer: {kind: sgd, learning_rate: 0.1}}]
+    dense: {top: [8, 1]}
+  training: {batch_size: 64}
+  topology:
+    data_executors: {replicas: 1}
+    trainers: {replicas: 1}
+    ps: {replicas: 1}
+"#,
+        )
+        .await;
+    let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
+    wait_for_samples(&cluster, "online", 500).await;
+    for i in 10..16 {
+        publish_rows(&js, "clicks.live", i * 50..(i + 1) * 50).await;
+    }
+    wait_for_samples(&cluster, "online", 800).await;
+    assert_eq!(
+        cluster.status("online").await.phase,
+        Phase::Running,
+        "a stream job runs on"
+    );
+
+    let pids = cluster.pids("online");
+    cluster
+        .client()
+        .await
+        .delete(Kind::Job, "online", 0)
+        .await
+        .expect("delete");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while pids.values().any(|pid| alive(*pid)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "processes left behind: {pids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");
 }

@@ -178,7 +178,6 @@ impl<S: ParameterStore> Trainer<S> {
         B: Stream<Item = anyhow::Result<(Minibatch, SourceKind)>> + Send + 'static,
         R: Reporter,
     {
-        let mut last_report = Instant::now();
         let (prepared_tx, mut prepared) = mpsc::channel::<anyhow::Result<Prepared>>(1);
         let prefetcher = tokio::spawn(prefetch(
             batches,
@@ -186,11 +185,20 @@ impl<S: ParameterStore> Trainer<S> {
             self.model.clone(),
             prepared_tx,
         ));
-        while let Some(next) = prepared.recv().await {
-            self.step(next?).await?;
-            if last_report.elapsed() >= interval {
-                reporter.report(&self.meter.report()).await;
-                last_report = Instant::now();
+        // Reports on a clock, not per step: an online trainer waiting on a quiet stream
+        // still says how far it got.
+        let mut reports = tokio::time::interval(interval);
+        reports.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        reports.tick().await;
+        loop {
+            tokio::select! {
+                next = prepared.recv() => match next {
+                    Some(next) => {
+                        self.step(next?).await?;
+                    }
+                    None => break,
+                },
+                _ = reports.tick() => reporter.report(&self.meter.report()).await,
             }
         }
         prefetcher.await.context("the prefetch task")?;

@@ -1,0 +1,356 @@
+//! Stream task runner: consumes a stream source's JetStream subject through the durable
+//! consumer the master named for it (whichever executor holds the binding uses the same
+//! one), turns each `SampleRows` message into a chunk of the source's serving buffer, and
+//! acks a message only once all its rows are buffered. What was delivered but not acked
+//! (this executor died, or the binding moved) is delivered again by JetStream after the
+//! ack wait. A message that cannot be decoded or does not fit the schema is terminated
+//! (never redelivered) and counted, and the stream goes on.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use primus_batch::{FeaturePipeline, Minibatch, ipc};
+use primus_bus::jetstream::{Delivery, JetStream};
+use primus_proto::v1::{SampleRows, StreamWork};
+
+use crate::buffer::{Buffers, Chunk, SourceIndex};
+use crate::ledger::{ReadEnd, TaskLedger};
+
+pub struct StreamRunner<'a> {
+    pub buffers: &'a Buffers,
+    pub pipeline: &'a FeaturePipeline,
+    pub jetstream: &'a JetStream,
+    pub fetch_messages: usize,
+    pub fetch_wait: Duration,
+    pub ack_wait: Duration,
+    /// Messages terminated because they did not decode or fit the schema.
+    pub rejected: &'a AtomicU64,
+}
+
+impl StreamRunner<'_> {
+    /// Consumes until the binding is taken back or the future is dropped (the executor
+    /// stops). A stream has no end; a consumer that cannot be opened fails the task.
+    pub async fn run(
+        &self,
+        source: SourceIndex,
+        work: &StreamWork,
+        start_offset: u64,
+        ledger: &Arc<TaskLedger>,
+    ) {
+        let consumer = match self
+            .jetstream
+            .durable_consumer::<SampleRows>(
+                &work.stream,
+                &work.durable,
+                Some(work.subject.clone()),
+                self.ack_wait,
+            )
+            .await
+        {
+            Ok(consumer) => consumer,
+            Err(e) => {
+                return ledger.finish_reading(ReadEnd::Failed {
+                    rows: start_offset,
+                    error: format!(
+                        "JetStream stream {:?}, subject {:?}: {e}",
+                        work.stream, work.subject
+                    ),
+                });
+            }
+        };
+        tracing::info!(stream = %work.stream, subject = %work.subject, durable = %work.durable, "consuming");
+        let mut offset = start_offset;
+        while !ledger.is_taken_back() {
+            let fetched = match consumer.fetch(self.fetch_messages, self.fetch_wait).await {
+                Ok(fetched) => fetched,
+                Err(e) => {
+                    // NATS reconnects on its own; what was delivered and not acked comes back.
+                    tracing::warn!(stream = %work.stream, error = %e, "fetching from the stream");
+                    tokio::time::sleep(self.fetch_wait).await;
+                    continue;
+                }
+            };
+            for error in &fetched.rejected {
+                tracing::warn!(stream = %work.stream, %error, "message terminated: not SampleRows");
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+            if fetched.deliveries.is_empty() {
+                continue;
+            }
+            tracing::debug!(stream = %work.stream, messages = fetched.deliveries.len(), "fetched");
+            // Writing only while messages are in hand: an idle stream's short buffer serves.
+            let _writing = self.buffers.writer(source);
+            for (i, delivery) in fetched.deliveries.iter().enumerate() {
+                let batch = match self.rows(delivery) {
+                    Ok(batch) => batch,
+                    Err(error) => {
+                        self.reject(work, delivery, &error).await;
+                        continue;
+                    }
+                };
+                let rows = batch.rows() as u64;
+                let chunk = Chunk {
+                    batch,
+                    task: ledger.clone(),
+                    first_offset: offset,
+                };
+                self.buffer(source, chunk, &fetched.deliveries[i..]).await;
+                offset += rows;
+                if let Err(e) = delivery.ack().await {
+                    // Buffered but unacked: it will be delivered again (at most a duplicate).
+                    tracing::warn!(stream = %work.stream, error = %e, "acking a buffered message");
+                }
+            }
+        }
+    }
+
+    fn rows(&self, delivery: &Delivery<SampleRows>) -> Result<Minibatch, String> {
+        let rows = ipc::decode_rows(&delivery.received.message.arrow_ipc)
+            .map_err(|e| format!("not Arrow IPC rows: {e}"))?;
+        self.pipeline.minibatch(&rows).map_err(|e| e.to_string())
+    }
+
+    async fn reject(&self, work: &StreamWork, delivery: &Delivery<SampleRows>, error: &str) {
+        let sequence = delivery.sequence().unwrap_or_default();
+        tracing::warn!(
+            stream = %work.stream,
+            subject = %delivery.received.subject,
+            sequence,
+            %error,
+            "message terminated: its rows do not fit the Dataset's schema"
+        );
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = delivery.reject().await {
+            tracing::warn!(stream = %work.stream, error = %e, "terminating a message");
+        }
+    }
+
+    /// Pushes `chunk`, keeping the fetch's unacked messages alive while a full buffer
+    /// makes it wait: otherwise they would be redelivered and trained twice.
+    async fn buffer(&self, source: SourceIndex, chunk: Chunk, unacked: &[Delivery<SampleRows>]) {
+        let push = self.buffers.push(source, chunk);
+        let mut push = std::pin::pin!(push);
+        let mut ticks = tokio::time::interval(self.ack_wait / 3);
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                _ = &mut push => return,
+                _ = ticks.tick() => {
+                    for delivery in unacked {
+                        // A lost keep-alive only risks a redelivery, which the ack wait allows.
+                        let _ = delivery.in_progress().await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use arrow::array::{ArrayRef, RecordBatch, UInt64Array};
+    use primus_bus::Bus;
+    use primus_config::NatsSettings;
+    use primus_proto::v1::SourceKind;
+    use primus_spec::dataset::{FeatureSchema, SparseFeature};
+    use primus_testkit::NatsServer;
+
+    use super::*;
+
+    const STREAM: &str = "CLICKS";
+
+    fn pipeline() -> FeaturePipeline {
+        FeaturePipeline::new(&FeatureSchema {
+            label: "label".into(),
+            dense: vec![],
+            sparse: vec![SparseFeature {
+                name: "c1".into(),
+                table: "t".into(),
+                multi_hot: false,
+                dedup_group: None,
+            }],
+        })
+    }
+
+    fn work() -> StreamWork {
+        StreamWork {
+            stream: STREAM.into(),
+            subject: "clicks.>".into(),
+            durable: "job-clicks".into(),
+        }
+    }
+
+    /// Rows with ids `ids` in column c1 (or `column`), as a `SampleRows` message.
+    fn sample_rows(column: &str, ids: std::ops::Range<u64>) -> SampleRows {
+        let labels: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids.clone().map(|i| i % 2)));
+        let values: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids));
+        let rows = RecordBatch::try_from_iter([("label", labels), (column, values)]).expect("rows");
+        SampleRows {
+            arrow_ipc: ipc::encode_rows(&rows).expect("encode"),
+        }
+    }
+
+    /// The key the pipeline makes of c1 = `id`, mapped back to the id.
+    fn ids_by_key(ids: std::ops::Range<u64>) -> BTreeMap<u64, u64> {
+        let seed = primus_batch::hash::feature_seed("c1");
+        ids.map(|id| (primus_batch::hash::int_key(seed, id), id))
+            .collect()
+    }
+
+    async fn jetstream(nats: &NatsServer) -> JetStream {
+        let settings = NatsSettings {
+            url: nats.url(),
+            ..Default::default()
+        };
+        let js = Bus::connect(&settings).await.expect("connect").jetstream();
+        js.ensure_stream(STREAM, vec!["clicks.>".into()])
+            .await
+            .expect("stream");
+        js
+    }
+
+    fn runner<'a>(
+        buffers: &'a Buffers,
+        pipeline: &'a FeaturePipeline,
+        jetstream: &'a JetStream,
+        rejected: &'a AtomicU64,
+    ) -> StreamRunner<'a> {
+        StreamRunner {
+            buffers,
+            pipeline,
+            jetstream,
+            fetch_messages: 16,
+            fetch_wait: Duration::from_millis(200),
+            ack_wait: Duration::from_secs(1),
+            rejected,
+        }
+    }
+
+    /// Pops served rows' ids until `n` arrived (or 20 s passed).
+    async fn collect(buffers: &Buffers, n: usize) -> Vec<u64> {
+        let by_key = ids_by_key(0..1000);
+        let mut ids = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while ids.len() < n && tokio::time::Instant::now() < deadline {
+            match buffers.try_pop(1000) {
+                Some(served) => {
+                    let kjt = served.batch.to_kjt().expect("kjt");
+                    ids.extend(kjt.features[0].values.iter().map(|k| by_key[k]));
+                }
+                None => buffers.wait_for_rows().await,
+            }
+        }
+        ids
+    }
+
+    fn buffers(capacity_rows: usize) -> Buffers {
+        Buffers::new(
+            vec![("clicks".into(), SourceKind::Stream, 1.0)],
+            capacity_rows,
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_row_is_buffered_once_and_bad_messages_are_terminated() {
+        let nats = NatsServer::start().expect("nats-server");
+        let js = jetstream(&nats).await;
+        let mut next = 0;
+        for rows in 1..=8 {
+            js.publish("clicks.a".into(), &sample_rows("c1", next..next + rows))
+                .await
+                .expect("publish");
+            next += rows;
+        }
+        let bad = [
+            SampleRows {
+                arrow_ipc: b"not arrow".to_vec(),
+            },
+            sample_rows("c2", 500..503),
+        ];
+        for message in &bad {
+            js.publish("clicks.b".into(), message)
+                .await
+                .expect("publish");
+        }
+        let (buffers, pipeline, rejected) = (buffers(10_000), pipeline(), AtomicU64::new(0));
+        let work = work();
+        let ledger = Arc::new(TaskLedger::new("clicks/stream".into(), 0));
+        let runner = runner(&buffers, &pipeline, &js, &rejected);
+        let mut ids = tokio::select! {
+            _ = runner.run(0, &work, 0, &ledger) => panic!("a stream does not end"),
+            ids = collect(&buffers, next as usize) => ids,
+        };
+        ids.sort_unstable();
+        assert_eq!(ids, (0..next).collect::<Vec<_>>(), "every row once");
+        assert_eq!(rejected.load(Ordering::Relaxed), 2);
+        assert_eq!(ledger.finished(), None, "a stream task stays open");
+
+        let consumer = js
+            .durable_consumer::<SampleRows>(
+                STREAM,
+                "job-clicks",
+                Some("clicks.>".into()),
+                Duration::from_secs(1),
+            )
+            .await
+            .expect("same durable");
+        assert_eq!(
+            consumer.backlog().await.expect("backlog"),
+            primus_bus::jetstream::Backlog {
+                pending: 0,
+                ack_pending: 0
+            },
+            "every message acked or terminated"
+        );
+    }
+
+    /// An executor whose full buffer holds a fetch back keeps its messages (a peer on the
+    /// same durable gets none of them); once it dies, the peer gets what it had not
+    /// buffered, and nothing it had.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unbuffered_messages_of_a_dead_executor_go_to_its_peer_and_buffered_ones_do_not() {
+        let nats = NatsServer::start().expect("nats-server");
+        let js = jetstream(&nats).await;
+        for i in 0..6 {
+            js.publish("clicks.a".into(), &sample_rows("c1", 2 * i..2 * i + 2))
+                .await
+                .expect("publish");
+        }
+        let (pipeline, work) = (pipeline(), work());
+        let (first, first_rejected) = (buffers(4), AtomicU64::new(0));
+        let (peer, peer_rejected) = (buffers(100), AtomicU64::new(0));
+        let first_ledger = Arc::new(TaskLedger::new("clicks/stream".into(), 0));
+        let peer_ledger = Arc::new(TaskLedger::new("clicks/stream".into(), 0));
+        let first_runner = runner(&first, &pipeline, &js, &first_rejected);
+        let peer_runner = runner(&peer, &pipeline, &js, &peer_rejected);
+
+        // The first executor fetches all six messages, buffers two (4 rows, its capacity)
+        // and holds the other four for 2.5 ack waits while the peer consumes too.
+        let peer_joins_later = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::select! {
+                _ = peer_runner.run(0, &work, 0, &peer_ledger) => panic!("a stream does not end"),
+                _ = tokio::time::sleep(Duration::from_millis(2500)) => {}
+            }
+        };
+        tokio::select! {
+            _ = first_runner.run(0, &work, 0, &first_ledger) => panic!("a stream does not end"),
+            _ = peer_joins_later => {}
+        }
+        let mut buffered = collect(&first, 4).await;
+        assert_eq!(buffered.len(), 4);
+        assert!(peer.is_empty(), "held messages were not redelivered");
+
+        // The first executor is gone: the peer gets the four it never buffered.
+        let mut redelivered = tokio::select! {
+            _ = peer_runner.run(0, &work, 0, &peer_ledger) => panic!("a stream does not end"),
+            ids = collect(&peer, 8) => ids,
+        };
+        buffered.append(&mut redelivered);
+        buffered.sort_unstable();
+        assert_eq!(buffered, (0..12).collect::<Vec<_>>(), "every row once");
+    }
+}

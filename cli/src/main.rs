@@ -95,7 +95,7 @@ enum Commands {
         #[command(subcommand)]
         command: DatagenCommand,
     },
-    /// Import a public data set (fetched by scripts/import-data.sh) as time-partitioned Parquet.
+    /// Import a public data set (fetched by scripts/install-deps.sh) as time-partitioned Parquet.
     Import {
         #[command(subcommand)]
         command: ImportCommand,

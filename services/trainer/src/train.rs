@@ -185,20 +185,31 @@ impl<S: ParameterStore> Trainer<S> {
             self.model.clone(),
             prepared_tx,
         ));
-        // Reports on a clock, not per step: an online trainer waiting on a quiet stream
-        // still says how far it got.
-        let mut reports = tokio::time::interval(interval);
-        reports.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        reports.tick().await;
+        // A report after each step once `interval` has passed (every step for a zero
+        // interval), and also when no minibatch came for `interval`: an online trainer
+        // waiting on a quiet stream still says how far it got.
+        let mut last_report = Instant::now();
         loop {
-            tokio::select! {
-                next = prepared.recv() => match next {
-                    Some(next) => {
-                        self.step(next?).await?;
-                    }
-                    None => break,
-                },
-                _ = reports.tick() => reporter.report(&self.meter.report()).await,
+            let quiet = async {
+                match interval.checked_sub(last_report.elapsed()) {
+                    _ if interval.is_zero() => std::future::pending().await,
+                    Some(left) => tokio::time::sleep(left).await,
+                    None => {}
+                }
+            };
+            let next = tokio::select! {
+                next = prepared.recv() => next,
+                _ = quiet => {
+                    reporter.report(&self.meter.report()).await;
+                    last_report = Instant::now();
+                    continue;
+                }
+            };
+            let Some(next) = next else { break };
+            self.step(next?).await?;
+            if last_report.elapsed() >= interval {
+                reporter.report(&self.meter.report()).await;
+                last_report = Instant::now();
             }
         }
         prefetcher.await.context("the prefetch task")?;

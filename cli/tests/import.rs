@@ -30,13 +30,16 @@ fn import_movielens_prints_what_it_wrote_and_names_a_missing_file() {
         std::fs::write(source.join(name), text).expect("write");
     }
     let out = dir.path().join("out");
-    let run = Command::new(primus())
-        .args(["import", "movielens", "--from"])
-        .arg(&source)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run primus");
+    let import = || {
+        Command::new(primus())
+            .args(["import", "movielens", "--from"])
+            .arg(&source)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .expect("run primus")
+    };
+    let run = import();
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success(), "{run:?}");
     assert!(
@@ -46,13 +49,7 @@ fn import_movielens_prints_what_it_wrote_and_names_a_missing_file() {
     assert!(out.join("date=1997-09-21/part-00000.parquet").is_file());
 
     std::fs::remove_file(source.join("ml-100k.user")).expect("remove");
-    let run = Command::new(primus())
-        .args(["import", "movielens", "--from"])
-        .arg(&source)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run primus");
+    let run = import();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("ml-100k.user"), "{stderr}");

@@ -139,7 +139,7 @@ impl BatchRunner<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use arrow::array::{ArrayRef, Float64Array, RecordBatch, UInt64Array};
@@ -148,7 +148,8 @@ mod tests {
 
     use super::*;
 
-    fn schema() -> FeatureSchema {
+    /// Label `label`, one sparse feature `c1` in table `t` (shared by the runners' tests).
+    pub(crate) fn schema() -> FeatureSchema {
         FeatureSchema {
             label: "label".into(),
             dense: vec![],

@@ -155,7 +155,6 @@ mod tests {
     use primus_bus::Bus;
     use primus_config::NatsSettings;
     use primus_proto::v1::SourceKind;
-    use primus_spec::dataset::{FeatureSchema, SparseFeature};
     use primus_testkit::NatsServer;
 
     use super::*;
@@ -163,16 +162,7 @@ mod tests {
     const STREAM: &str = "CLICKS";
 
     fn pipeline() -> FeaturePipeline {
-        FeaturePipeline::new(&FeatureSchema {
-            label: "label".into(),
-            dense: vec![],
-            sparse: vec![SparseFeature {
-                name: "c1".into(),
-                table: "t".into(),
-                multi_hot: false,
-                dedup_group: None,
-            }],
-        })
+        FeaturePipeline::new(&crate::runner::tests::schema())
     }
 
     fn work() -> StreamWork {

@@ -968,6 +968,21 @@ async fn a_small_dlrm_job_learns_criteo_like_data_with_one_or_two_trainers_and_c
     master.wait().expect("master exits");
 }
 
+/// Runs the applied `job` to the end under a master that starts a window's tasks only
+/// after the previous window's (so the last window is trained last), checks that it
+/// trained `samples` samples, and returns its reported AUC.
+async fn train_in_window_order(cluster: &Cluster, job: &str, samples: u64) -> f64 {
+    let mut master = cluster.start_master_throttled(&target_dir().join("primus-data-executor"), 1);
+    let status = cluster
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let progress = status.progress.expect("trainer progress");
+    assert_eq!(progress.samples, samples, "{progress:?}");
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+    progress.auc.expect("an AUC")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wide_deep_on_adult_reaches_auc_090_on_the_held_out_day() {
     use primus_datagen::import::{AdultOptions, adult};
@@ -1046,21 +1061,9 @@ spec:
             holdout = imported.holdout_rows,
         ))
         .await;
-    let mut master = cluster.start_master_throttled(&target_dir().join("primus-data-executor"), 1);
-    let status = cluster
-        .wait_for_phase(
-            "adult-wide-deep",
-            Phase::Succeeded,
-            Duration::from_secs(600),
-        )
-        .await;
-    let progress = status.progress.expect("trainer progress");
-    assert_eq!(progress.samples, 48_842, "{progress:?}");
-    let auc = progress.auc.expect("an AUC");
+    let auc = train_in_window_order(&cluster, "adult-wide-deep", 48_842).await;
     eprintln!("Wide&Deep on Adult: held-out AUC {auc:.4}");
     assert!(auc >= 0.90, "held-out AUC {auc:.4} < 0.90");
-    signal(master.id(), "TERM").expect("stop master");
-    master.wait().expect("master exits");
 }
 
 /// The shipped MovieLens example, run as written on the imported ratings: DeepFM over
@@ -1093,19 +1096,7 @@ async fn deepfm_on_movielens_learns_the_later_ratings_from_the_earlier_ones() {
             data.to_str().expect("utf-8"),
         ))
         .await;
-    let mut master = cluster.start_master_throttled(&target_dir().join("primus-data-executor"), 1);
-    let status = cluster
-        .wait_for_phase(
-            "movielens-deepfm",
-            Phase::Succeeded,
-            Duration::from_secs(600),
-        )
-        .await;
-    let progress = status.progress.expect("trainer progress");
-    assert_eq!(progress.samples, 100_000, "{progress:?}");
-    let auc = progress.auc.expect("an AUC");
+    let auc = train_in_window_order(&cluster, "movielens-deepfm", 100_000).await;
     eprintln!("DeepFM on MovieLens-100k: AUC over the last 20000 ratings {auc:.4}");
     assert!(auc >= 0.68, "AUC {auc:.4} < 0.68");
-    signal(master.id(), "TERM").expect("stop master");
-    master.wait().expect("master exits");
 }

@@ -333,11 +333,18 @@ impl Launch {
     /// The last lines one run of the process wrote (from `start` in its log), so a crash
     /// report says why without anyone opening the log file.
     fn log_tail(&self, start: u64) -> String {
-        let Ok(bytes) = std::fs::read(&self.log) else {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(&self.log) else {
             return String::new();
         };
-        let run = bytes.get(start as usize..).unwrap_or_default();
-        let text = strip_ansi(&String::from_utf8_lossy(run));
+        let end = file.metadata().map_or(0, |m| m.len());
+        // Only the end of a long run's output is read.
+        let from = start.max(end.saturating_sub(CRASH_LOG_READ_BYTES));
+        let mut run = Vec::new();
+        if file.seek(SeekFrom::Start(from)).is_err() || file.read_to_end(&mut run).is_err() {
+            return String::new();
+        }
+        let text = strip_ansi(&String::from_utf8_lossy(&run));
         let lines: Vec<&str> = text
             .lines()
             .map(str::trim)
@@ -354,6 +361,7 @@ impl Launch {
 /// How much of a crashed run's log goes into its crash report.
 const CRASH_LOG_LINES: usize = 4;
 const CRASH_LOG_CHARS: usize = 800;
+const CRASH_LOG_READ_BYTES: u64 = 64 << 10;
 
 /// Removes terminal colour sequences (`ESC [ ... letter`) from log text.
 fn strip_ansi(text: &str) -> String {

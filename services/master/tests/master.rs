@@ -902,7 +902,7 @@ spec:
       bottom: [64, 16]
       top: [64, 1]
       optimizer: {{kind: adam, learning_rate: 0.003}}
-  training: {{eval_window: 20000}}
+  training: {{eval_window: {eval_window}}}
   topology:
     data_executors: {{replicas: 1}}
     trainers: {{replicas: {trainers}}}
@@ -910,6 +910,8 @@ spec:
   checkpoint: {{uri: "{checkpoint}", interval_seconds: 3600}}
 "#,
             checkpoint = cluster.dir.path().join("checkpoints").join(job).display(),
+            // Each trainer scores its own samples: together they cover the newest 20,000.
+            eval_window = 20_000 / trainers,
         ))
         .await;
     let status = cluster
@@ -947,8 +949,9 @@ async fn a_small_dlrm_job_learns_criteo_like_data_with_one_or_two_trainers_and_c
     );
 
     // Data parallel: two trainers share the PS and split the rows between them. Each one's
-    // evaluation window holds its newest 20000 samples, so both jobs are judged on the
-    // last stretch of the same data.
+    // evaluation window is half as long, so together they score the same newest 20,000
+    // samples as the single trainer (equal windows of 20,000 each made two trainers look
+    // 0.05 worse only because they covered twice as much, earlier, data).
     let two = train_dlrm(&cluster, "dlrm-two", 2).await;
     let scheduled = two
         .conditions
@@ -957,10 +960,11 @@ async fn a_small_dlrm_job_learns_criteo_like_data_with_one_or_two_trainers_and_c
         .expect("condition");
     assert!(scheduled.message.contains("2 trainers"), "{scheduled:?}");
     let auc_two = two.progress.as_ref().and_then(|p| p.auc).expect("an AUC");
-    // Both learn. Two trainers measured ~0.05 below one on this data (cause not yet found),
-    // so the issue's "same AUC band" is not asserted.
+    // Measured 0.026-0.036 below one trainer over three runs; likely the asynchronous
+    // updates (each trainer computes on parameters up to a step behind the other's
+    // pushes), not verified.
     assert!(
-        auc_two > 0.65,
+        auc_two > auc_one - 0.06,
         "two trainers reached AUC {auc_two:.4}, one trainer {auc_one:.4} (best {best:.4})"
     );
     eprintln!("best achievable {best:.4}; one trainer {auc_one:.4}; two trainers {auc_two:.4}");

@@ -9,6 +9,7 @@ pub mod connection;
 pub mod datagen;
 pub mod import;
 pub mod output;
+pub mod replay;
 pub mod resources;
 pub mod up;
 pub mod watch;

@@ -7,6 +7,7 @@ use primus_cli::connection::{ConnectionArgs, resolve};
 use primus_cli::datagen::{DatagenCommand, datagen};
 use primus_cli::import::{ImportCommand, import};
 use primus_cli::output::Format;
+use primus_cli::replay::{ReplayArgs, replay};
 use primus_cli::resources::{self, parse_kind, parse_selector, read_resources};
 use primus_cli::up::{UpOptions, up};
 use primus_cli::{Failure, print_table, probe, services, watch};
@@ -95,6 +96,8 @@ enum Commands {
         #[command(subcommand)]
         command: DatagenCommand,
     },
+    /// Publish a Parquet data set onto a JetStream subject, in time order, at a given rate.
+    Replay(ReplayArgs),
     /// Import a public data set (fetched by scripts/install-deps.sh) as time-partitioned Parquet.
     Import {
         #[command(subcommand)]
@@ -196,6 +199,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Commands::Datagen { command } => datagen(command).await?,
         Commands::Import { command } => import(command).await?,
+        Commands::Replay(args) => replay(args).await?,
         Commands::Health { addrs } => {
             let targets: Vec<(String, String)> = if addrs.is_empty() {
                 services()

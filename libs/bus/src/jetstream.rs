@@ -182,6 +182,14 @@ impl<M> Delivery<M> {
             .map_err(|e| js_error("message info")(e.to_string()))
     }
 
+    /// When the stream stored this message (unix ms): the event time of a live stream.
+    pub fn stored_unix_ms(&self) -> Result<i64, BusError> {
+        self.raw
+            .info()
+            .map(|info| (info.published.unix_timestamp_nanos() / 1_000_000) as i64)
+            .map_err(|e| js_error("message info")(e.to_string()))
+    }
+
     pub async fn ack(&self) -> Result<(), BusError> {
         self.raw
             .double_ack()

@@ -165,6 +165,15 @@ async fn jetstream_durable_consumer_redelivers_what_was_not_acked() {
         .collect();
     assert_eq!(got, vec![2]);
     assert_eq!(redelivered.deliveries[0].sequence().expect("info"), 3);
+    let stored = redelivered.deliveries[0].stored_unix_ms().expect("info");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    assert!(
+        (0..60_000).contains(&(now - stored)),
+        "stored {stored}, now {now}"
+    );
     redelivered.deliveries[0].ack().await.expect("ack");
     let rest = again
         .fetch(10, Duration::from_millis(500))

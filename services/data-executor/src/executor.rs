@@ -27,7 +27,7 @@ use crate::buffer::Buffers;
 use crate::ledger::{ReadEnd, TaskLedger};
 use crate::runner::BatchRunner;
 use crate::settings::DataSettings;
-use crate::stream::StreamRunner;
+use crate::stream::{StreamGauges, StreamRunner};
 
 /// State shared by the work loop, the runners and the dataset server.
 pub struct Executor {
@@ -43,6 +43,8 @@ pub struct Executor {
     pub rows_served: AtomicU64,
     /// Stream messages terminated because they did not decode or fit the schema.
     rejected_messages: AtomicU64,
+    /// Backlog and lag of each stream source this executor consumes, by source name.
+    streams: Mutex<HashMap<String, Arc<StreamGauges>>>,
     pub shutdown: Shutdown,
 }
 
@@ -81,6 +83,7 @@ impl Executor {
             exhausted: AtomicBool::new(false),
             rows_served: AtomicU64::new(0),
             rejected_messages: AtomicU64::new(0),
+            streams: Mutex::new(HashMap::new()),
             shutdown,
         }
     }
@@ -93,6 +96,11 @@ impl Executor {
     /// No more rows will arrive: the data is exhausted and the buffers are drained.
     pub fn drained(&self) -> bool {
         self.exhausted.load(Ordering::Acquire) && self.buffers.is_empty()
+    }
+
+    fn stream_gauges(&self, source: &str) -> Arc<StreamGauges> {
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        streams.entry(source.to_owned()).or_default().clone()
     }
 
     fn ledgers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<TaskLedger>>> {
@@ -215,6 +223,7 @@ impl Executor {
                     fetch_wait: Duration::from_millis(self.settings.stream_fetch_wait_ms.max(10)),
                     ack_wait: Duration::from_millis(self.settings.stream_ack_wait_ms.max(1000)),
                     rejected: &self.rejected_messages,
+                    gauges: &self.stream_gauges(&task.source),
                 };
                 tokio::select! {
                     _ = runner.run(source, work, task.start_offset, &ledger) => {}
@@ -328,6 +337,21 @@ impl Executor {
                 .into_iter()
                 .map(|(source, rows)| (format!("buffer_rows.{source}"), rows as f64))
                 .collect();
+            for (source, stream) in self
+                .streams
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+            {
+                gauges.insert(
+                    format!("stream_pending_messages.{source}"),
+                    stream.pending() as f64,
+                );
+                gauges.insert(
+                    format!("stream_lag_seconds.{source}"),
+                    stream.lag_seconds(now_ms),
+                );
+            }
             gauges.insert(
                 "stream_rejected_messages".into(),
                 self.rejected_messages.load(Ordering::Relaxed) as f64,

@@ -7,15 +7,43 @@
 //! (never redelivered) and counted, and the stream goes on.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use primus_batch::{FeaturePipeline, Minibatch, ipc};
-use primus_bus::jetstream::{Delivery, JetStream};
+use primus_bus::jetstream::{Consumer, Delivery, JetStream};
 use primus_proto::v1::{SampleRows, StreamWork};
 
 use crate::buffer::{Buffers, Chunk, SourceIndex};
 use crate::ledger::{ReadEnd, TaskLedger};
+
+/// How far a stream source is behind its stream, for the executor's metrics.
+#[derive(Default)]
+pub struct StreamGauges {
+    /// Messages not yet delivered plus delivered and not yet acked, at the last check.
+    pending: AtomicU64,
+    /// When the stream stored the newest buffered message (unix ms; 0: none yet).
+    newest_buffered_ms: AtomicI64,
+}
+
+impl StreamGauges {
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Seconds between now and the newest buffered message's arrival in the stream while
+    /// messages are pending; 0 when caught up (a quiet stream is not a lagging one).
+    pub fn lag_seconds(&self, now_ms: i64) -> f64 {
+        let newest = self.newest_buffered_ms.load(Ordering::Relaxed);
+        if self.pending() == 0 || newest == 0 {
+            return 0.0;
+        }
+        (now_ms - newest).max(0) as f64 / 1000.0
+    }
+}
+
+/// How often the consumer's backlog is asked for.
+const BACKLOG_INTERVAL: Duration = Duration::from_secs(1);
 
 pub struct StreamRunner<'a> {
     pub buffers: &'a Buffers,
@@ -26,6 +54,7 @@ pub struct StreamRunner<'a> {
     pub ack_wait: Duration,
     /// Messages terminated because they did not decode or fit the schema.
     pub rejected: &'a AtomicU64,
+    pub gauges: &'a StreamGauges,
 }
 
 impl StreamRunner<'_> {
@@ -61,7 +90,12 @@ impl StreamRunner<'_> {
         };
         tracing::info!(stream = %work.stream, subject = %work.subject, durable = %work.durable, "consuming");
         let mut offset = start_offset;
+        let mut backlog_checked: Option<Instant> = None;
         while !ledger.is_taken_back() {
+            if backlog_checked.is_none_or(|at| at.elapsed() >= BACKLOG_INTERVAL) {
+                self.check_backlog(&consumer).await;
+                backlog_checked = Some(Instant::now());
+            }
             let fetched = match consumer.fetch(self.fetch_messages, self.fetch_wait).await {
                 Ok(fetched) => fetched,
                 Err(e) => {
@@ -95,13 +129,27 @@ impl StreamRunner<'_> {
                     task: ledger.clone(),
                     first_offset: offset,
                 };
-                self.buffer(source, chunk, &fetched.deliveries[i..]).await;
+                self.buffer(source, chunk, &consumer, &fetched.deliveries[i..])
+                    .await;
                 offset += rows;
+                if let Ok(stored) = delivery.stored_unix_ms() {
+                    self.gauges
+                        .newest_buffered_ms
+                        .fetch_max(stored, Ordering::Relaxed);
+                }
                 if let Err(e) = delivery.ack().await {
                     // Buffered but unacked: it will be delivered again (at most a duplicate).
                     tracing::warn!(stream = %work.stream, error = %e, "acking a buffered message");
                 }
             }
+        }
+    }
+
+    async fn check_backlog(&self, consumer: &Consumer<SampleRows>) {
+        if let Ok(backlog) = consumer.backlog().await {
+            self.gauges
+                .pending
+                .store(backlog.pending + backlog.ack_pending, Ordering::Relaxed);
         }
     }
 
@@ -128,7 +176,13 @@ impl StreamRunner<'_> {
 
     /// Pushes `chunk`, keeping the fetch's unacked messages alive while a full buffer
     /// makes it wait: otherwise they would be redelivered and trained twice.
-    async fn buffer(&self, source: SourceIndex, chunk: Chunk, unacked: &[Delivery<SampleRows>]) {
+    async fn buffer(
+        &self,
+        source: SourceIndex,
+        chunk: Chunk,
+        consumer: &Consumer<SampleRows>,
+        unacked: &[Delivery<SampleRows>],
+    ) {
         let push = self.buffers.push(source, chunk);
         let mut push = std::pin::pin!(push);
         let mut ticks = tokio::time::interval(self.ack_wait / 3);
@@ -141,6 +195,7 @@ impl StreamRunner<'_> {
                         // A lost keep-alive only risks a redelivery, which the ack wait allows.
                         let _ = delivery.in_progress().await;
                     }
+                    self.check_backlog(consumer).await;
                 }
             }
         }
@@ -202,11 +257,17 @@ mod tests {
         js
     }
 
+    #[derive(Default)]
+    struct Counters {
+        rejected: AtomicU64,
+        gauges: StreamGauges,
+    }
+
     fn runner<'a>(
         buffers: &'a Buffers,
         pipeline: &'a FeaturePipeline,
         jetstream: &'a JetStream,
-        rejected: &'a AtomicU64,
+        counters: &'a Counters,
     ) -> StreamRunner<'a> {
         StreamRunner {
             buffers,
@@ -215,7 +276,8 @@ mod tests {
             fetch_messages: 16,
             fetch_wait: Duration::from_millis(200),
             ack_wait: Duration::from_secs(1),
-            rejected,
+            rejected: &counters.rejected,
+            gauges: &counters.gauges,
         }
     }
 
@@ -265,17 +327,17 @@ mod tests {
                 .await
                 .expect("publish");
         }
-        let (buffers, pipeline, rejected) = (buffers(10_000), pipeline(), AtomicU64::new(0));
+        let (buffers, pipeline, counters) = (buffers(10_000), pipeline(), Counters::default());
         let work = work();
         let ledger = Arc::new(TaskLedger::new("clicks/stream".into(), 0));
-        let runner = runner(&buffers, &pipeline, &js, &rejected);
+        let runner = runner(&buffers, &pipeline, &js, &counters);
         let mut ids = tokio::select! {
             _ = runner.run(0, &work, 0, &ledger) => panic!("a stream does not end"),
             ids = collect(&buffers, next as usize) => ids,
         };
         ids.sort_unstable();
         assert_eq!(ids, (0..next).collect::<Vec<_>>(), "every row once");
-        assert_eq!(rejected.load(Ordering::Relaxed), 2);
+        assert_eq!(counters.rejected.load(Ordering::Relaxed), 2);
         assert_eq!(ledger.finished(), None, "a stream task stays open");
 
         let consumer = js
@@ -310,12 +372,12 @@ mod tests {
                 .expect("publish");
         }
         let (pipeline, work) = (pipeline(), work());
-        let (first, first_rejected) = (buffers(4), AtomicU64::new(0));
-        let (peer, peer_rejected) = (buffers(100), AtomicU64::new(0));
+        let (first, first_counters) = (buffers(4), Counters::default());
+        let (peer, peer_counters) = (buffers(100), Counters::default());
         let first_ledger = Arc::new(TaskLedger::new("clicks/stream".into(), 0));
         let peer_ledger = Arc::new(TaskLedger::new("clicks/stream".into(), 0));
-        let first_runner = runner(&first, &pipeline, &js, &first_rejected);
-        let peer_runner = runner(&peer, &pipeline, &js, &peer_rejected);
+        let first_runner = runner(&first, &pipeline, &js, &first_counters);
+        let peer_runner = runner(&peer, &pipeline, &js, &peer_counters);
 
         // The first executor fetches all six messages, buffers two (4 rows, its capacity)
         // and holds the other four for 2.5 ack waits while the peer consumes too.
@@ -330,6 +392,14 @@ mod tests {
             _ = first_runner.run(0, &work, 0, &first_ledger) => panic!("a stream does not end"),
             _ = peer_joins_later => {}
         }
+        // Four messages were still pending, the newest buffered one ~2.5 s old.
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64;
+        assert_eq!(first_counters.gauges.pending(), 4);
+        let lag = first_counters.gauges.lag_seconds(now_ms);
+        assert!((2.0..10.0).contains(&lag), "lag {lag} s");
         let mut buffered = collect(&first, 4).await;
         assert_eq!(buffered.len(), 4);
         assert!(peer.is_empty(), "held messages were not redelivered");

@@ -779,6 +779,29 @@ spec:
         Phase::Running,
         "a stream job runs on"
     );
+    // The Metric resource shows the stream caught up: nothing pending, no lag.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let metric = cluster.client().await.get(Kind::Metric, "online").await;
+        let latest = |name: &str| {
+            let spec: primus_spec::metric::MetricSpec =
+                serde_json::from_str(&metric.as_ref().ok()?.spec_json).ok()?;
+            let series = spec.series.into_iter().find(|s| s.name == name)?;
+            series.points.last().map(|p| p.value)
+        };
+        let caught_up = (
+            latest("stream_pending_messages.clicks"),
+            latest("stream_lag_seconds.clicks"),
+        ) == (Some(0.0), Some(0.0));
+        if caught_up {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "stream gauges: {metric:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     let pids = cluster.pids("online");
     cluster

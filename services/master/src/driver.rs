@@ -43,7 +43,7 @@ pub fn reads(mode: TrainingMode) -> (bool, bool) {
     }
 }
 
-/// The batch side of every stream, ready for the planner.
+/// The batch side of every stream that has Parquet sources, ready for the planner.
 pub fn stream_plans(dataset: &DatasetSpec) -> Result<Vec<StreamPlan>, DriverError> {
     let mut plans = Vec::new();
     let mut starts = Vec::new();
@@ -95,6 +95,9 @@ pub fn stream_plans(dataset: &DatasetSpec) -> Result<Vec<StreamPlan>, DriverErro
         });
         first_source_index += count;
     }
+    // A stream of JetStream sources only has no batch side: planning it would never end,
+    // and a batch-then-stream Job would wait for it forever.
+    plans.retain(|plan| !plan.sources.is_empty());
     Ok(plans)
 }
 
@@ -143,30 +146,23 @@ pub async fn plan_stream<C: Catalog>(
         let from = cursor.unwrap_or(stream.start);
         let ended = (now_ms() / 1000).div_euclid(step) * step;
         let until = stream.end.map_or(ended, |end| end.min(ended));
-        if stream.sources.is_empty() {
-            if let Some(end) = stream.end {
-                queue.enqueue_window(&stream.name, end, true, &[]).await?;
+        let mut windows = std::pin::pin!(plan::plan_windows(
+            cache.clone(),
+            stream.clone(),
+            job.clone(),
+            from,
+            until,
+            options,
+        ));
+        while let Some(window) = windows.next().await {
+            let window = window?;
+            let last = stream.end.is_some_and(|end| window.end >= end);
+            queue
+                .enqueue_window(&stream.name, window.end, last, &window.tasks)
+                .await?;
+            tracing::debug!(job = %job, stream = %stream.name, start = window.start, tasks = window.tasks.len(), "window planned");
+            if last {
                 return Ok(());
-            }
-        } else {
-            let mut windows = std::pin::pin!(plan::plan_windows(
-                cache.clone(),
-                stream.clone(),
-                job.clone(),
-                from,
-                until,
-                options,
-            ));
-            while let Some(window) = windows.next().await {
-                let window = window?;
-                let last = stream.end.is_some_and(|end| window.end >= end);
-                queue
-                    .enqueue_window(&stream.name, window.end, last, &window.tasks)
-                    .await?;
-                tracing::debug!(job = %job, stream = %stream.name, start = window.start, tasks = window.tasks.len(), "window planned");
-                if last {
-                    return Ok(());
-                }
             }
         }
         tokio::time::sleep(Duration::from_millis(settings.poll_interval_ms.max(100))).await;

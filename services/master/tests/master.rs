@@ -822,6 +822,78 @@ spec:
     master.wait().expect("master exits");
 }
 
+/// `batch-then-stream` and `mixture` Jobs over one Parquet source and one JetStream
+/// source: every batch row and every stream row is trained once, and the Job keeps
+/// following the stream after the batch data is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_then_stream_and_mixture_jobs_train_every_batch_and_stream_row() {
+    let cluster = Cluster::start().await;
+    let data = cluster.dir.path().join("data");
+    write_partitions(&data, "2026-11-01", 1).await;
+    let batch_rows = 2 * FILES_PER_HOUR * ROWS_PER_FILE;
+    let bus = primus_bus::Bus::connect(&primus_config::NatsSettings {
+        url: cluster.nats.url(),
+        ..Default::default()
+    })
+    .await
+    .expect("nats");
+    let js = bus.jetstream();
+    let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
+    for mode in ["batch-then-stream", "mixture"] {
+        let stream = mode.replace('-', "_").to_uppercase();
+        js.ensure_stream(&stream, vec![format!("{mode}.>")])
+            .await
+            .expect("stream");
+        publish_rows(&js, &format!("{mode}.live"), 10_000..10_300).await;
+        cluster
+            .apply(&format!(
+                r#"
+kind: Dataset
+metadata: {{name: {mode}-data}}
+spec:
+  order: simultaneous
+  streams:
+    - name: history
+      window: {{unit: hourly, start: "2026-11-01T00", end: "2026-11-01T02"}}
+      sources: [{{name: clicks, parquet: {{uri: "{uri}"}}}}]
+    - name: live
+      window: {{unit: hourly, start: "2026-11-01T02"}}
+      sources: [{{name: live-clicks, jetstream: {{stream: {stream}, subject: "{mode}.>"}}}}]
+  schema: {{label: label, sparse: [{{name: c1, table: t}}]}}
+---
+kind: Job
+metadata: {{name: {mode}}}
+spec:
+  dataset: {mode}-data
+  mode: {mode}
+  model:
+    kind: wide_deep
+    tables: [{{name: t, dim: 4, optimizer: {{kind: sgd, learning_rate: 0.1}}}}]
+    dense: {{top: [8, 1]}}
+  training: {{batch_size: 64}}
+  topology:
+    data_executors: {{replicas: 1}}
+    trainers: {{replicas: 1}}
+    ps: {{replicas: 1}}
+"#,
+                uri = data.display(),
+            ))
+            .await;
+        wait_for_samples(&cluster, mode, batch_rows + 300).await;
+        publish_rows(&js, &format!("{mode}.live"), 10_300..10_400).await;
+        wait_for_samples(&cluster, mode, batch_rows + 400).await;
+        assert_eq!(cluster.status(mode).await.phase, Phase::Running, "{mode}");
+        cluster
+            .client()
+            .await
+            .delete(Kind::Job, mode, 0)
+            .await
+            .expect("delete");
+    }
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_does_not_fit_the_schema_fails_the_job_naming_the_feature() {
     let cluster = Cluster::start().await;

@@ -4,12 +4,14 @@
 //! acks a message only once all its rows are buffered. What was delivered but not acked
 //! (this executor died, or the binding moved) is delivered again by JetStream after the
 //! ack wait. A message that cannot be decoded or does not fit the schema is terminated
-//! (never redelivered) and counted, and the stream goes on.
+//! (never redelivered) and counted, and the stream goes on. A missing stream is created over
+//! the source's subject, so a Job may start before anything was published.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::TryFutureExt;
 use primus_batch::{FeaturePipeline, Minibatch, ipc};
 use primus_bus::jetstream::{Consumer, Delivery, JetStream};
 use primus_proto::v1::{SampleRows, StreamWork};
@@ -67,14 +69,18 @@ impl StreamRunner<'_> {
         start_offset: u64,
         ledger: &Arc<TaskLedger>,
     ) {
+        // The stream is created when missing, so a Job may start before its producer.
         let consumer = match self
             .jetstream
-            .durable_consumer::<SampleRows>(
-                &work.stream,
-                &work.durable,
-                Some(work.subject.clone()),
-                self.ack_wait,
-            )
+            .ensure_stream(&work.stream, vec![work.subject.clone()])
+            .and_then(|_| {
+                self.jetstream.durable_consumer::<SampleRows>(
+                    &work.stream,
+                    &work.durable,
+                    Some(work.subject.clone()),
+                    self.ack_wait,
+                )
+            })
             .await
         {
             Ok(consumer) => consumer,
@@ -245,12 +251,16 @@ mod tests {
             .collect()
     }
 
-    async fn jetstream(nats: &NatsServer) -> JetStream {
+    async fn connect(nats: &NatsServer) -> JetStream {
         let settings = NatsSettings {
             url: nats.url(),
             ..Default::default()
         };
-        let js = Bus::connect(&settings).await.expect("connect").jetstream();
+        Bus::connect(&settings).await.expect("connect").jetstream()
+    }
+
+    async fn jetstream(nats: &NatsServer) -> JetStream {
+        let js = connect(nats).await;
         js.ensure_stream(STREAM, vec!["clicks.>".into()])
             .await
             .expect("stream");
@@ -412,5 +422,31 @@ mod tests {
         buffered.append(&mut redelivered);
         buffered.sort_unstable();
         assert_eq!(buffered, (0..12).collect::<Vec<_>>(), "every row once");
+    }
+
+    /// A Job may start before its producer: the runner creates the stream, and what is
+    /// published afterwards arrives.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_missing_stream_is_created_and_later_rows_arrive() {
+        let nats = NatsServer::start().expect("nats-server");
+        let js = connect(&nats).await;
+        let (buffers, pipeline, counters) = (buffers(100), pipeline(), Counters::default());
+        let (work, ledger) = (work(), Arc::new(TaskLedger::new("clicks/stream".into(), 0)));
+        let runner = runner(&buffers, &pipeline, &js, &counters);
+        let publish_once_the_stream_exists = async {
+            while js
+                .publish("clicks.a".into(), &sample_rows("c1", 0..5))
+                .await
+                .is_err()
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            collect(&buffers, 5).await
+        };
+        let ids = tokio::select! {
+            _ = runner.run(0, &work, 0, &ledger) => panic!("the stream could not be consumed: {:?}", ledger.finished()),
+            ids = publish_once_the_stream_exists => ids,
+        };
+        assert_eq!(ids, vec![0, 1, 2, 3, 4]);
     }
 }

@@ -281,6 +281,9 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
         Err(e) => return Outcome::failed("ModelMismatch", e.to_string()),
     };
     let (reads_batch, reads_streams) = driver::reads(spec.mode);
+    if let Err(message) = driver::check_mode(spec.mode, &dataset) {
+        return Outcome::failed("ModeMismatch", message);
+    }
     if reads_batch && let Err(outcome) = check_sources(&context.cache, &dataset).await {
         return outcome;
     }

@@ -43,6 +43,31 @@ pub fn reads(mode: TrainingMode) -> (bool, bool) {
     }
 }
 
+/// Refuses a mode that finds nothing to read in the Dataset: `batch` without a Parquet
+/// source would end at once, `stream` without a JetStream source would wait forever.
+pub fn check_mode(mode: TrainingMode, dataset: &DatasetSpec) -> Result<(), String> {
+    let sources = || dataset.streams.iter().flat_map(|s| &s.sources);
+    let has_parquet = sources().any(|s| s.parquet.is_some());
+    let has_jetstream = sources().any(|s| s.jetstream.is_some());
+    let needs = match mode {
+        TrainingMode::Batch => (!has_parquet).then_some("a Parquet source"),
+        TrainingMode::Stream => (!has_jetstream).then_some("a JetStream source"),
+        TrainingMode::BatchThenStream | TrainingMode::Mixture => {
+            (!(has_parquet && has_jetstream)).then_some("both a Parquet and a JetStream source")
+        }
+    };
+    match needs {
+        None => Ok(()),
+        Some(needs) => {
+            let name = serde_json::to_value(mode).unwrap_or_default();
+            Err(format!(
+                "spec.mode {}: needs {needs} in the Dataset",
+                name.as_str().unwrap_or_default()
+            ))
+        }
+    }
+}
+
 /// The batch side of every stream that has Parquet sources, ready for the planner.
 pub fn stream_plans(dataset: &DatasetSpec) -> Result<Vec<StreamPlan>, DriverError> {
     let mut plans = Vec::new();
@@ -219,4 +244,46 @@ pub async fn monitor(queue: TaskQueue, bus: Bus, job: String, settings: TaskSett
         }
     };
     tokio::join!(heartbeats, sweeps);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dataset(sources: &str) -> DatasetSpec {
+        serde_yaml_ng::from_str(&format!(
+            "streams: [{{name: s, window: {{unit: hourly, start: \"2026-11-01T00\"}}, sources: [{sources}]}}]\nschema: {{label: label, sparse: [{{name: c1, table: t}}]}}"
+        ))
+        .expect("dataset")
+    }
+
+    #[test]
+    fn a_mode_needs_the_sources_it_reads() {
+        let parquet = dataset("{name: p, parquet: {uri: /data}}");
+        let jetstream = dataset("{name: j, jetstream: {stream: S, subject: s.x}}");
+        let both = dataset(
+            "{name: p, parquet: {uri: /data}}, {name: j, jetstream: {stream: S, subject: s.x}}",
+        );
+        use TrainingMode::*;
+        for mode in [Batch, Stream, BatchThenStream, Mixture] {
+            assert_eq!(check_mode(mode, &both), Ok(()), "{mode:?}");
+        }
+        assert_eq!(check_mode(Batch, &parquet), Ok(()));
+        assert_eq!(check_mode(Stream, &jetstream), Ok(()));
+        assert_eq!(
+            check_mode(Batch, &jetstream),
+            Err("spec.mode batch: needs a Parquet source in the Dataset".into())
+        );
+        assert_eq!(
+            check_mode(Stream, &parquet),
+            Err("spec.mode stream: needs a JetStream source in the Dataset".into())
+        );
+        assert_eq!(
+            check_mode(Mixture, &parquet),
+            Err(
+                "spec.mode mixture: needs both a Parquet and a JetStream source in the Dataset"
+                    .into()
+            )
+        );
+    }
 }

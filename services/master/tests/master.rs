@@ -425,6 +425,24 @@ data_executor = "{reader}"
         text
     }
 
+    /// Deletes `job` and waits (20 s at most) until every process it had is gone.
+    async fn delete_job(&self, job: &str) {
+        let pids = self.pids(job);
+        self.client()
+            .await
+            .delete(Kind::Job, job, 0)
+            .await
+            .expect("delete");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while pids.values().any(|pid| alive(*pid)) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{job}: processes left behind: {pids:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// PIDs from the backend's PID files of `job`.
     fn pids(&self, job: &str) -> HashMap<String, u32> {
         let Ok(files) = std::fs::read_dir(self.work_dir().join(job)) else {
@@ -619,20 +637,7 @@ async fn a_missing_prefix_fails_the_job_and_deleting_a_running_job_stops_its_pro
     let pids = cluster.pids("doomed");
     assert_eq!(pids.len(), 3, "ps, trainer, data executor: {pids:?}");
     assert!(pids.values().all(|pid| alive(*pid)));
-    cluster
-        .client()
-        .await
-        .delete(Kind::Job, "doomed", 0)
-        .await
-        .expect("delete");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while pids.values().any(|pid| alive(*pid)) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "processes left behind: {pids:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    cluster.delete_job("doomed").await;
     let leftover: HashSet<String> = HashSet::new();
     assert_eq!(
         cluster
@@ -803,21 +808,7 @@ spec:
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    let pids = cluster.pids("online");
-    cluster
-        .client()
-        .await
-        .delete(Kind::Job, "online", 0)
-        .await
-        .expect("delete");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while pids.values().any(|pid| alive(*pid)) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "processes left behind: {pids:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    cluster.delete_job("online").await;
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");
 }
@@ -883,12 +874,7 @@ spec:
         publish_rows(&js, &format!("{mode}.live"), 10_300..10_400).await;
         wait_for_samples(&cluster, mode, batch_rows + 400).await;
         assert_eq!(cluster.status(mode).await.phase, Phase::Running, "{mode}");
-        cluster
-            .client()
-            .await
-            .delete(Kind::Job, mode, 0)
-            .await
-            .expect("delete");
+        cluster.delete_job(mode).await;
     }
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");

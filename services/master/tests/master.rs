@@ -425,6 +425,18 @@ data_executor = "{reader}"
         text
     }
 
+    /// A JetStream context on the cluster's NATS server (for publishing stream rows).
+    async fn jetstream(&self) -> primus_bus::jetstream::JetStream {
+        let settings = primus_config::NatsSettings {
+            url: self.nats.url(),
+            ..Default::default()
+        };
+        primus_bus::Bus::connect(&settings)
+            .await
+            .expect("nats")
+            .jetstream()
+    }
+
     /// Deletes `job` and waits (20 s at most) until every process it had is gone.
     async fn delete_job(&self, job: &str) {
         let pids = self.pids(job);
@@ -730,13 +742,7 @@ async fn wait_for_samples(cluster: &Cluster, job: &str, samples: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_online_job_trains_on_every_row_published_to_its_jetstream_subject() {
     let cluster = Cluster::start().await;
-    let bus = primus_bus::Bus::connect(&primus_config::NatsSettings {
-        url: cluster.nats.url(),
-        ..Default::default()
-    })
-    .await
-    .expect("nats");
-    let js = bus.jetstream();
+    let js = cluster.jetstream().await;
     js.ensure_stream("CLICKS", vec!["clicks.>".into()])
         .await
         .expect("stream");
@@ -822,13 +828,7 @@ async fn batch_then_stream_and_mixture_jobs_train_every_batch_and_stream_row() {
     let data = cluster.dir.path().join("data");
     write_partitions(&data, "2026-11-01", 1).await;
     let batch_rows = 2 * FILES_PER_HOUR * ROWS_PER_FILE;
-    let bus = primus_bus::Bus::connect(&primus_config::NatsSettings {
-        url: cluster.nats.url(),
-        ..Default::default()
-    })
-    .await
-    .expect("nats");
-    let js = bus.jetstream();
+    let js = cluster.jetstream().await;
     let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
     for mode in ["batch-then-stream", "mixture"] {
         let stream = mode.replace('-', "_").to_uppercase();

@@ -1,4 +1,4 @@
-//! Compiles proto/primus/v1/*.proto with protox (pure Rust; no protoc on the machine).
+//! Compiles proto/primus/v1/*.proto and proto/onnx/onnx.proto with protox (pure Rust; no protoc on the machine).
 use std::path::PathBuf;
 
 const FILES: &[&str] = &[
@@ -8,6 +8,7 @@ const FILES: &[&str] = &[
     "primus/v1/data.proto",
     "primus/v1/ps.proto",
     "primus/v1/serving.proto",
+    "onnx/onnx.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -11,6 +11,8 @@
 //!   changed and keys evicted since a version), in a checksummed binary format.
 //!
 //! - [`DenseStore`]: the PS's dense parameters, updated by the same optimizers.
+//! - [`ReplicaTable`]: the serving role's copy of a table: weights only, versioned per key,
+//!   so deltas applied twice or out of order end in the same rows.
 //!
 //! Time is passed in (`now_secs`), never read from the clock here, so behaviour is testable.
 
@@ -20,9 +22,11 @@ mod hash;
 pub mod index;
 mod init;
 mod optimizer;
+mod replica;
 mod snapshot;
 mod table;
 
 pub use dense::{DenseError, DenseStore, DenseValues};
+pub use replica::{ApplyOutcome, DeltaRows, ReplicaTable};
 pub use snapshot::{ShardSnapshot, SnapshotError};
 pub use table::{Delta, EmbeddingError, PushOutcome, RowMeta, Table, TableOptions, TableStats};

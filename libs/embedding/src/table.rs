@@ -93,7 +93,11 @@ pub struct Delta {
     pub keys: Vec<u64>,
     /// Weights of `keys`, `dim` floats each.
     pub weights: Vec<f32>,
+    /// Version of each key's last update (a replica keeps the newest of two copies).
+    pub versions: Vec<u64>,
     pub evicted: Vec<u64>,
+    /// Version of each eviction.
+    pub evicted_versions: Vec<u64>,
 }
 
 pub struct Table {
@@ -421,20 +425,19 @@ impl Table {
         for shard in 0..self.shards.len() {
             let guard = self.read(shard);
             for (key, row) in guard.index.iter() {
-                if guard.meta[row as usize].version > since {
+                let version = guard.meta[row as usize].version;
+                if version > since {
                     delta.keys.push(key);
+                    delta.versions.push(version);
                     delta
                         .weights
                         .extend_from_slice(guard.weights(row, self.stride, self.dim));
                 }
             }
-            delta.evicted.extend(
-                guard
-                    .eviction_log
-                    .iter()
-                    .filter(|(version, _)| *version > since)
-                    .map(|(_, key)| *key),
-            );
+            for (version, key) in guard.eviction_log.iter().filter(|(v, _)| *v > since) {
+                delta.evicted.push(*key);
+                delta.evicted_versions.push(*version);
+            }
         }
         delta
     }

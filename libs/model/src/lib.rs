@@ -6,6 +6,7 @@
 //! - [`params`]: dense parameters as named flat tensors (held by the PS between steps).
 //! - [`net`]: DLRM (dot interaction), DeepFM, Wide&Deep and MTRM (Primus Alg. 1) written as
 //!   functions of those tensors on burn; [`Model`] trains and predicts with them.
+//! - [`onnx`]: the dense network with its parameters as an ONNX model (for serving).
 //! - [`pooling`]: unique keys per table of a minibatch, sum pooling of looked-up rows into
 //!   embedding rows, and the backward scatter of pooled gradients onto unique keys.
 //!
@@ -14,6 +15,7 @@
 
 pub mod layout;
 pub mod net;
+pub mod onnx;
 pub mod params;
 pub mod pooling;
 

@@ -486,3 +486,38 @@ fn every_example_job_fits_its_dataset() {
     }
     assert!(checked >= 3, "{checked}");
 }
+
+#[test]
+fn the_onnx_export_has_the_documented_inputs_and_every_parameter_once() {
+    use primus_model::onnx::{DENSE_INPUT, EMBEDDED_INPUT, OUTPUT, WIDE_INPUT, export};
+    use primus_proto::onnx::ModelProto;
+    use prost::Message;
+    for kind in [
+        ModelKind::Dlrm,
+        ModelKind::Deepfm,
+        ModelKind::WideDeep,
+        ModelKind::Mtrm,
+    ] {
+        let layout = small(kind);
+        let params = ParamSet::init(&layout, 1);
+        let bytes = export(&layout, &params, Tower::Adapt, 7).expect("export");
+        let model = ModelProto::decode(bytes.as_slice()).expect("decodes");
+        let graph = model.graph.expect("graph");
+        let inputs: Vec<_> = graph.input.iter().filter_map(|i| i.name.clone()).collect();
+        let mut want = vec![DENSE_INPUT, EMBEDDED_INPUT];
+        if layout.has_wide() {
+            want.push(WIDE_INPUT);
+        }
+        assert_eq!(inputs, want, "{kind:?}");
+        assert_eq!(graph.output[0].name.as_deref(), Some(OUTPUT));
+        for tensor in params.tensors() {
+            let copies = graph
+                .initializer
+                .iter()
+                .filter(|t| t.name.as_deref() == Some(tensor.name.as_str()))
+                .count();
+            assert_eq!(copies, 1, "{kind:?}: {}", tensor.name);
+        }
+        assert_eq!(model.model_version, Some(7));
+    }
+}

@@ -4,11 +4,13 @@
 //! evicts idle rows on a timer, and ships [`client::PsClient`], which routes keys across a
 //! job's PS shards. Snapshots go to any object-store URL through primus-storage.
 //!
-//! Not built yet: the serving role.
+//! With `ps.role = "serving"` the same binary is a serving replica ([`serving`]): table
+//! replicas fed by serving-sync's deltas, the dense network in ONNX Runtime, Predict.
 
 pub mod client;
 mod codec;
 mod service;
+pub mod serving;
 pub mod settings;
 mod snapshots;
 
@@ -20,20 +22,29 @@ use primus_proto::v1::parameter_server_server::ParameterServerServer;
 use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
 
-pub use settings::PsSettings;
+pub use settings::{PsRole, PsSettings};
 
 pub const SERVICE: &str = "primus-ps";
 pub const ABOUT: &str = concat!(
-    "Primus parameter server, training role: embedding tables (from `ps.tables`) served over",
-    " gRPC Lookup, Push, dense Init/Pull/Push, Snapshot, Restore, ExportDelta and Stats."
+    "Primus parameter server. Training role (default): embedding tables (from `ps.tables`)",
+    " served over gRPC Lookup, Push, dense Init/Pull/Push, Snapshot, Restore, ExportDelta and",
+    " Stats. Serving role (`ps.role = \"serving\"`): table replicas fed by ApplyDelta, the dense",
+    " network as ONNX (LoadDense), Predict."
 );
 
 pub fn default_settings() -> PsSettings {
     PsSettings::default()
 }
 
-/// Runs until `shutdown`, then drains and returns.
+/// Runs the role of `ps.role` until `shutdown`, then drains and returns.
 pub async fn run(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+    match settings.ps.role {
+        PsRole::Training => run_training(settings, shutdown).await,
+        PsRole::Serving => serving::run(settings, shutdown).await,
+    }
+}
+
+async fn run_training(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     let tables = Arc::new(service::Tables::new(&settings.ps)?);
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let bus = node.connect_nats(&settings.nats).await?;

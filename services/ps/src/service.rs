@@ -30,7 +30,10 @@ pub struct Tables {
 impl Tables {
     /// Builds every table; a bad table spec fails start naming `ps.tables[i]...`.
     pub fn new(settings: &TableSettings) -> anyhow::Result<Self> {
-        let versions = Arc::new(AtomicU64::new(0));
+        // Versions start at the start time in microseconds, so a restarted PS (which makes
+        // far fewer than a million changes a second) never reuses a version its previous
+        // life handed out: serving replicas compare versions across restarts.
+        let versions = Arc::new(AtomicU64::new(now_micros()));
         let mut tables = HashMap::new();
         for (i, spec) in settings.tables.iter().enumerate() {
             let path = format!("ps.tables[{i}]");
@@ -231,6 +234,8 @@ impl ParameterServer for Ps {
                 keys: encode_keys(&delta.keys),
                 rows,
                 evicted_keys: encode_keys(&delta.evicted),
+                versions: encode_keys(&delta.versions),
+                evicted_versions: encode_keys(&delta.evicted_versions),
             });
         }
         Ok(Response::new(response))
@@ -303,6 +308,12 @@ fn dense_status(error: DenseError) -> Status {
 
 fn invalid(error: EmbeddingError) -> Status {
     Status::invalid_argument(error.to_string())
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 fn now_secs() -> u32 {

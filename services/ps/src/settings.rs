@@ -4,7 +4,10 @@ use primus_config::{
     DEFAULT_PORTS, NatsSettings, ServerSettings, StorageSettings, TelemetrySettings,
 };
 use primus_service::ServiceSettings;
-use primus_spec::job::{OptimizerSpec, TableSpec};
+use std::path::PathBuf;
+
+use primus_spec::dataset::FeatureSchema;
+use primus_spec::job::{ModelSpec, OptimizerSpec, TableSpec};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -16,12 +19,61 @@ pub struct PsSettings {
     /// Credentials and endpoints for snapshot URLs.
     pub storage: StorageSettings,
     pub ps: TableSettings,
+    /// The serving role's model, schema and Predict limits (`ps.role = "serving"`).
+    pub serving: ServingSettings,
+}
+
+/// Which half of Monolith's PS this process is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PsRole {
+    /// Tables with optimizer state, trained by Push (the ParameterServer API).
+    #[default]
+    Training,
+    /// Read-only replicas fed by serving-sync, answering Predict (the ServingService API).
+    Serving,
+}
+
+/// What a serving replica needs besides its tables (the master writes these from the Job).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ServingSettings {
+    /// The Job this replica serves (Predict requests naming another job are refused).
+    pub job: String,
+    /// The Job's model (`spec.model`) and its Dataset's schema: Predict runs the training
+    /// feature transforms on raw features.
+    pub model: Option<ModelSpec>,
+    pub schema: Option<FeatureSchema>,
+    /// Negatives were sampled at this rate in training: probabilities get the log-odds
+    /// correction (Monolith 2.2.2). Unset: no correction.
+    pub negative_sample_rate: Option<f64>,
+    /// libonnxruntime.so; unset: the ORT_DYLIB_PATH environment variable.
+    pub onnxruntime_library: Option<PathBuf>,
+    /// ONNX Runtime sessions per model (concurrent Predicts computing at once).
+    pub sessions: usize,
+    /// Largest number of samples in one Predict.
+    pub max_samples: usize,
+}
+
+impl Default for ServingSettings {
+    fn default() -> Self {
+        Self {
+            job: String::new(),
+            model: None,
+            schema: None,
+            negative_sample_rate: None,
+            onnxruntime_library: None,
+            sessions: 2,
+            max_samples: 4096,
+        }
+    }
 }
 
 /// The embedding tables of this PS (the master writes them from the Job's model).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct TableSettings {
+    pub role: PsRole,
     /// Tables as in a Job spec (`spec.model.tables`): name, dim, optimizer, initializer,
     /// admission, ttl_seconds.
     pub tables: Vec<TableSpec>,
@@ -41,6 +93,7 @@ pub struct TableSettings {
 impl Default for TableSettings {
     fn default() -> Self {
         Self {
+            role: PsRole::Training,
             tables: Vec::new(),
             shards_per_table: 64,
             seed: 0,
@@ -64,6 +117,7 @@ impl Default for PsSettings {
             telemetry: TelemetrySettings::default(),
             storage: StorageSettings::default(),
             ps: TableSettings::default(),
+            serving: ServingSettings::default(),
         }
     }
 }

@@ -1,0 +1,325 @@
+//! ONNX export of a model's dense network with its current parameters, for the serving role
+//! (ONNX Runtime runs it there). The graph is built node by node from the same layout and
+//! parameter names the burn code in [`crate::net`] reads, so the two compute the same function.
+//!
+//! Inputs (f32, `N` rows): `dense` `[N, dense_inputs]`, `embedded` `[N, embedding_width]`
+//! (each feature's pooled embedding), and for wide models `wide` `[N, features]` (each
+//! feature's pooled first-order weight). Output: `probability` `[N, 1]`.
+
+use primus_proto::onnx::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
+    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto, attribute_proto::AttributeType,
+    tensor_proto::DataType, tensor_shape_proto, type_proto,
+};
+use primus_spec::job::ModelKind;
+use prost::Message;
+
+use crate::ModelError;
+use crate::layout::ModelLayout;
+use crate::net::Tower;
+use crate::params::ParamSet;
+
+/// ONNX IR version 8 with the default operator set 17: read by every ONNX Runtime since 1.13.
+const IR_VERSION: i64 = 8;
+const OPSET: i64 = 17;
+
+pub const DENSE_INPUT: &str = "dense";
+pub const EMBEDDED_INPUT: &str = "embedded";
+pub const WIDE_INPUT: &str = "wide";
+pub const OUTPUT: &str = "probability";
+
+/// The serialized ONNX model of `layout`'s dense network with `params`, predicting with
+/// `tower` (MTRM; other models have one). `version` is recorded as the model version.
+pub fn export(
+    layout: &ModelLayout,
+    params: &ParamSet,
+    tower: Tower,
+    version: u64,
+) -> Result<Vec<u8>, ModelError> {
+    let mut graph = Builder::new(params);
+    let mut inputs = vec![
+        input(DENSE_INPUT, layout.dense_inputs),
+        input(EMBEDDED_INPUT, layout.embedding_width),
+    ];
+    if layout.has_wide() {
+        inputs.push(input(WIDE_INPUT, layout.features.len()));
+    }
+    let logit = graph.logits(layout, tower)?;
+    let probability = graph.node("Sigmoid", &[&logit], vec![]);
+    graph.node_named("Identity", &[&probability], OUTPUT, vec![]);
+    let model = ModelProto {
+        ir_version: Some(IR_VERSION),
+        producer_name: Some("primus-rs".into()),
+        producer_version: Some(env!("CARGO_PKG_VERSION").into()),
+        model_version: Some(i64::try_from(version).unwrap_or(i64::MAX)),
+        doc_string: Some(format!("{:?} dense network", layout.kind)),
+        graph: Some(GraphProto {
+            node: graph.nodes,
+            name: Some("dense".into()),
+            initializer: graph.initializers,
+            input: inputs,
+            output: vec![input(OUTPUT, 1)],
+        }),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(OPSET),
+        }],
+        metadata_props: vec![StringStringEntryProto {
+            key: Some("tower".into()),
+            value: Some(format!("{tower:?}")),
+        }],
+    };
+    Ok(model.encode_to_vec())
+}
+
+/// A float input or output `[N, width]` with a symbolic batch dimension.
+fn input(name: &str, width: usize) -> ValueInfoProto {
+    let dim = |value| tensor_shape_proto::Dimension { value: Some(value) };
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(DataType::Float as i32),
+                shape: Some(TensorShapeProto {
+                    dim: vec![
+                        dim(tensor_shape_proto::dimension::Value::DimParam("N".into())),
+                        dim(tensor_shape_proto::dimension::Value::DimValue(width as i64)),
+                    ],
+                }),
+            })),
+        }),
+    }
+}
+
+fn ints(name: &str, values: Vec<i64>) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Ints as i32),
+        ints: values,
+        ..AttributeProto::default()
+    }
+}
+
+fn int(name: &str, value: i64) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(value),
+        ..AttributeProto::default()
+    }
+}
+
+struct Builder<'p> {
+    params: &'p ParamSet,
+    nodes: Vec<NodeProto>,
+    initializers: Vec<TensorProto>,
+    next: usize,
+}
+
+impl<'p> Builder<'p> {
+    fn new(params: &'p ParamSet) -> Self {
+        Self {
+            params,
+            nodes: Vec::new(),
+            initializers: Vec::new(),
+            next: 0,
+        }
+    }
+
+    fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("t{}", self.next)
+    }
+
+    fn node(&mut self, op: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> String {
+        let output = self.fresh();
+        self.node_named(op, inputs, &output, attributes);
+        output
+    }
+
+    fn node_named(
+        &mut self,
+        op: &str,
+        inputs: &[&str],
+        output: &str,
+        attributes: Vec<AttributeProto>,
+    ) {
+        self.nodes.push(NodeProto {
+            input: inputs.iter().map(|s| (*s).to_owned()).collect(),
+            output: vec![output.to_owned()],
+            name: Some(format!("{op}_{output}")),
+            op_type: Some(op.into()),
+            attribute: attributes,
+            domain: None,
+        });
+    }
+
+    /// A parameter tensor as an initializer named after it (each is added once).
+    fn param(&mut self, name: &str) -> Result<String, ModelError> {
+        if self
+            .initializers
+            .iter()
+            .any(|t| t.name.as_deref() == Some(name))
+        {
+            return Ok(name.to_owned());
+        }
+        let tensor = self
+            .params
+            .get(name)
+            .ok_or_else(|| ModelError::Params(format!("the parameter set has no {name:?}")))?;
+        let raw: Vec<u8> = tensor.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.initializers.push(TensorProto {
+            dims: tensor.shape.iter().map(|d| *d as i64).collect(),
+            data_type: Some(DataType::Float as i32),
+            name: Some(name.to_owned()),
+            raw_data: Some(raw),
+        });
+        Ok(name.to_owned())
+    }
+
+    fn constant_f32(&mut self, values: &[f32], dims: Vec<i64>) -> String {
+        let name = self.fresh();
+        self.initializers.push(TensorProto {
+            dims,
+            data_type: Some(DataType::Float as i32),
+            name: Some(name.clone()),
+            raw_data: Some(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        });
+        name
+    }
+
+    fn constant_i64(&mut self, values: &[i64]) -> String {
+        let name = self.fresh();
+        self.initializers.push(TensorProto {
+            dims: vec![values.len() as i64],
+            data_type: Some(DataType::Int64 as i32),
+            name: Some(name.clone()),
+            raw_data: Some(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        });
+        name
+    }
+
+    fn linear(&mut self, x: &str, layer: &str) -> Result<String, ModelError> {
+        let weight = self.param(&format!("{layer}.weight"))?;
+        let bias = self.param(&format!("{layer}.bias"))?;
+        let product = self.node("MatMul", &[x, &weight], vec![]);
+        Ok(self.node("Add", &[&product, &bias], vec![]))
+    }
+
+    fn mlp(
+        &mut self,
+        x: &str,
+        prefix: &str,
+        layers: usize,
+        relu_last: bool,
+    ) -> Result<String, ModelError> {
+        let mut x = x.to_owned();
+        for i in 0..layers {
+            x = self.linear(&x, &format!("{prefix}.{i}"))?;
+            if i + 1 < layers || relu_last {
+                x = self.node("Relu", &[&x], vec![]);
+            }
+        }
+        Ok(x)
+    }
+
+    fn concat(&mut self, parts: &[&str]) -> String {
+        self.node("Concat", parts, vec![int("axis", 1)])
+    }
+
+    fn reshape(&mut self, x: &str, shape: &[i64]) -> String {
+        let shape = self.constant_i64(shape);
+        self.node("Reshape", &[x, &shape], vec![])
+    }
+
+    fn reduce_sum(&mut self, x: &str, axis: i64, keep: bool) -> String {
+        let axes = self.constant_i64(&[axis]);
+        self.node(
+            "ReduceSum",
+            &[x, &axes],
+            vec![int("keepdims", i64::from(keep))],
+        )
+    }
+
+    fn logits(&mut self, layout: &ModelLayout, tower: Tower) -> Result<String, ModelError> {
+        let spec = &layout.dense_spec;
+        match layout.kind {
+            ModelKind::Dlrm => {
+                let bottom = self.mlp(DENSE_INPUT, "bottom", spec.bottom.len(), true)?;
+                let interactions = self.dot_interactions(&bottom, layout);
+                let top_in = self.concat(&[&bottom, &interactions]);
+                self.mlp(&top_in, "top", spec.top.len(), false)
+            }
+            ModelKind::WideDeep => {
+                let deep_in = self.concat(&[DENSE_INPUT, EMBEDDED_INPUT]);
+                let deep = self.mlp(&deep_in, "deep", spec.top.len(), false)?;
+                let first = self.first_order(layout)?;
+                Ok(self.node("Add", &[&deep, &first], vec![]))
+            }
+            ModelKind::Deepfm => {
+                let deep_in = self.concat(&[DENSE_INPUT, EMBEDDED_INPUT]);
+                let deep = self.mlp(&deep_in, "deep", spec.top.len(), false)?;
+                let first = self.first_order(layout)?;
+                let fm = self.factorisation_machine(layout);
+                let sum = self.node("Add", &[&deep, &first], vec![]);
+                Ok(self.node("Add", &[&sum, &fm], vec![]))
+            }
+            ModelKind::Mtrm => self.mtrm(layout, tower),
+        }
+    }
+
+    fn first_order(&mut self, layout: &ModelLayout) -> Result<String, ModelError> {
+        let sparse = self.reduce_sum(WIDE_INPUT, 1, true);
+        if layout.dense_inputs == 0 {
+            return Ok(sparse);
+        }
+        let dense = self.linear(DENSE_INPUT, "wide_dense.0")?;
+        Ok(self.node("Add", &[&sparse, &dense], vec![]))
+    }
+
+    fn factorisation_machine(&mut self, layout: &ModelLayout) -> String {
+        let features = layout.features.len() as i64;
+        let dim = layout.features[0].dim as i64;
+        let e = self.reshape(EMBEDDED_INPUT, &[-1, features, dim]);
+        let sum = self.reduce_sum(&e, 1, false);
+        let square_of_sum = self.node("Mul", &[&sum, &sum], vec![]);
+        let squares = self.node("Mul", &[&e, &e], vec![]);
+        let sum_of_squares = self.reduce_sum(&squares, 1, false);
+        let difference = self.node("Sub", &[&square_of_sum, &sum_of_squares], vec![]);
+        let total = self.reduce_sum(&difference, 1, true);
+        let half = self.constant_f32(&[0.5], vec![]);
+        self.node("Mul", &[&total, &half], vec![])
+    }
+
+    fn dot_interactions(&mut self, bottom: &str, layout: &ModelLayout) -> String {
+        let vectors = layout.features.len() + 1;
+        let dim = layout.dense_spec.bottom.last().copied().unwrap_or(0) as i64;
+        let joined = self.concat(&[bottom, EMBEDDED_INPUT]);
+        let stacked = self.reshape(&joined, &[-1, vectors as i64, dim]);
+        let transposed = self.node("Transpose", &[&stacked], vec![ints("perm", vec![0, 2, 1])]);
+        let products = self.node("MatMul", &[&stacked, &transposed], vec![]);
+        let flat = self.reshape(&products, &[-1, (vectors * vectors) as i64]);
+        let upper: Vec<i64> = (0..vectors)
+            .flat_map(|i| ((i + 1)..vectors).map(move |j| (i * vectors + j) as i64))
+            .collect();
+        let indices = self.constant_i64(&upper);
+        self.node("Gather", &[&flat, &indices], vec![int("axis", 1)])
+    }
+
+    fn mtrm(&mut self, layout: &ModelLayout, tower: Tower) -> Result<String, ModelError> {
+        let spec = &layout.dense_spec;
+        let bottom = self.mlp(DENSE_INPUT, "bottom", spec.bottom.len(), true)?;
+        let memory_in = self.concat(&[&bottom, EMBEDDED_INPUT]);
+        let hidden_layers = spec.top.len() - 1;
+        let hidden = self.mlp(&memory_in, "memory", hidden_layers, true)?;
+        let memory = self.linear(&hidden, &format!("memory.{hidden_layers}"))?;
+        match tower {
+            Tower::Memory => Ok(memory),
+            Tower::Adapt => {
+                let adapt_in = self.concat(&[DENSE_INPUT, EMBEDDED_INPUT, &hidden]);
+                let adapt = self.mlp(&adapt_in, "adapt", spec.top.len(), false)?;
+                Ok(self.node("Add", &[&memory, &adapt], vec![]))
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Predict's raw samples to the Arrow columns the training pipeline reads, so serving runs
+//! exactly the training feature transforms (`primus_batch::FeaturePipeline`).
+
+use std::sync::Arc;
+
+use arrow::array::Int64Builder;
+use arrow::array::{
+    ArrayRef, Float32Array, Float64Array, Int64Array, ListBuilder, RecordBatch, StringArray,
+    StringBuilder,
+};
+use arrow::datatypes::{DataType, Field, Schema};
+use primus_proto::v1::feature_value::Value;
+use primus_proto::v1::{FeatureValue, Sample};
+use primus_spec::dataset::{FeatureSchema, SparseFeature};
+
+/// A sample that does not fit the schema; names the sample and the feature.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SampleError {
+    #[error("samples[{sample}]: feature {feature:?} is missing")]
+    Missing { sample: usize, feature: String },
+    #[error("samples[{sample}]: feature {feature:?} is not in the Dataset schema")]
+    Unknown { sample: usize, feature: String },
+    #[error("samples[{sample}]: feature {feature:?}: {message}")]
+    Type {
+        sample: usize,
+        feature: String,
+        message: String,
+    },
+    #[error("{0}")]
+    Columns(String),
+}
+
+/// The samples as a record batch of the schema's columns (the label column zero).
+pub fn record_batch(
+    schema: &FeatureSchema,
+    samples: &[Sample],
+) -> Result<RecordBatch, SampleError> {
+    for (i, sample) in samples.iter().enumerate() {
+        if let Some(unknown) = sample.features.keys().find(|name| !in_schema(schema, name)) {
+            return Err(SampleError::Unknown {
+                sample: i,
+                feature: unknown.clone(),
+            });
+        }
+    }
+    let mut fields = vec![Field::new(&schema.label, DataType::Float32, false)];
+    let mut columns: Vec<ArrayRef> = vec![Arc::new(Float32Array::from(vec![0.0; samples.len()]))];
+    for feature in &schema.dense {
+        let values = samples
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match value(s, i, &feature.name)? {
+                Value::Number(x) => Ok(*x),
+                _ => Err(type_error(
+                    i,
+                    &feature.name,
+                    "a dense feature takes a number",
+                )),
+            })
+            .collect::<Result<Vec<f64>, _>>()?;
+        fields.push(Field::new(&feature.name, DataType::Float64, false));
+        columns.push(Arc::new(Float64Array::from(values)));
+    }
+    for feature in &schema.sparse {
+        let column = sparse_column(feature, samples)?;
+        fields.push(Field::new(
+            &feature.name,
+            column.data_type().clone(),
+            column.is_nullable(),
+        ));
+        columns.push(column);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(|e| SampleError::Columns(e.to_string()))
+}
+
+fn in_schema(schema: &FeatureSchema, name: &str) -> bool {
+    schema.dense.iter().any(|d| d.name == name) || schema.sparse.iter().any(|s| s.name == name)
+}
+
+fn value<'a>(sample: &'a Sample, index: usize, feature: &str) -> Result<&'a Value, SampleError> {
+    sample
+        .features
+        .get(feature)
+        .and_then(|v: &FeatureValue| v.value.as_ref())
+        .ok_or_else(|| SampleError::Missing {
+            sample: index,
+            feature: feature.to_owned(),
+        })
+}
+
+fn type_error(sample: usize, feature: &str, message: &str) -> SampleError {
+    SampleError::Type {
+        sample,
+        feature: feature.to_owned(),
+        message: message.to_owned(),
+    }
+}
+
+/// An id column: integers (numbers must be whole) or strings, one kind per request, as
+/// they hash differently; lists for multi-hot features.
+fn sparse_column(feature: &SparseFeature, samples: &[Sample]) -> Result<ArrayRef, SampleError> {
+    let name = &feature.name;
+    let first = samples.first().map(|s| value(s, 0, name)).transpose()?;
+    let texts = matches!(first, Some(Value::Text(_) | Value::Texts(_)));
+    let same_kind = |i: usize, v: &Value| {
+        let is_text = matches!(v, Value::Text(_) | Value::Texts(_));
+        if is_text == texts {
+            Ok(())
+        } else {
+            Err(type_error(
+                i,
+                name,
+                "ids of one feature must all be integers or all be strings",
+            ))
+        }
+    };
+    if feature.multi_hot {
+        let mut ints = ListBuilder::new(Int64Builder::new());
+        let mut strings = ListBuilder::new(StringBuilder::new());
+        for (i, sample) in samples.iter().enumerate() {
+            let v = value(sample, i, name)?;
+            same_kind(i, v)?;
+            match v {
+                Value::Integers(list) => {
+                    ints.values().append_slice(&list.values);
+                    ints.append(true);
+                }
+                Value::Texts(list) => {
+                    for s in &list.values {
+                        strings.values().append_value(s);
+                    }
+                    strings.append(true);
+                }
+                _ => {
+                    return Err(type_error(
+                        i,
+                        name,
+                        "a multi-hot feature takes a list (integers or texts)",
+                    ));
+                }
+            }
+        }
+        return Ok(if texts {
+            Arc::new(strings.finish())
+        } else {
+            Arc::new(ints.finish())
+        });
+    }
+    if texts {
+        let values = samples
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match value(s, i, name)? {
+                Value::Text(t) => Ok(t.as_str()),
+                v => {
+                    same_kind(i, v)?;
+                    Err(type_error(i, name, "takes one id, not a list"))
+                }
+            })
+            .collect::<Result<Vec<&str>, _>>()?;
+        return Ok(Arc::new(StringArray::from(values)));
+    }
+    let values = samples
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match value(s, i, name)? {
+            Value::Number(x) if x.fract() == 0.0 && x.abs() < 9.007e15 => Ok(*x as i64),
+            Value::Number(x) => Err(type_error(
+                i,
+                name,
+                &format!("{x} is not a whole number (ids are integers or strings)"),
+            )),
+            v => {
+                same_kind(i, v)?;
+                Err(type_error(i, name, "takes one id, not a list"))
+            }
+        })
+        .collect::<Result<Vec<i64>, _>>()?;
+    Ok(Arc::new(Int64Array::from(values)))
+}

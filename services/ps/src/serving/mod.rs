@@ -1,0 +1,439 @@
+//! The serving role (Monolith §2.2.3): replicas of the job's tables without optimizer state,
+//! fed by serving-sync's deltas (ApplyDelta), and the dense network as an ONNX model
+//! (LoadDense). Predict turns raw features into keys and dense values with the training
+//! feature pipeline, pools the rows and runs the model.
+
+mod dense;
+mod features;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use primus_batch::FeaturePipeline;
+use primus_embedding::{DeltaRows, ReplicaTable};
+use primus_model::ModelLayout;
+use primus_model::pooling::BatchKeys;
+use primus_proto::v1::serving_service_server::{ServingService, ServingServiceServer};
+use primus_proto::v1::{
+    ApplyDeltaRequest, ApplyDeltaResponse, DumpRowsRequest, DumpRowsResponse, LoadDenseRequest,
+    LoadDenseResponse, PredictRequest, PredictResponse, ReplicaStateRequest, ReplicaStateResponse,
+    SourceVersion, TableDelta,
+};
+use primus_service::{Node, Shutdown};
+use tonic::service::Routes;
+use tonic::{Request, Response, Status};
+
+use crate::codec::{decode_f32, decode_keys, encode_f32, encode_keys};
+use crate::settings::{PsSettings, ServingSettings};
+pub use dense::{DenseError, DenseInputs, DenseModel};
+pub use features::{SampleError, record_batch};
+
+/// Runs the serving role until `shutdown`.
+pub async fn run(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+    let replica = Replica::new(&settings)?;
+    let mut node = Node::bind(crate::SERVICE, &settings.server).await?;
+    let bus = node.connect_nats(&settings.nats).await?;
+    let server = ServingServiceServer::new(ServingApi::new(replica))
+        .max_decoding_message_size(settings.ps.max_request_bytes)
+        .max_encoding_message_size(usize::MAX);
+    node.serve(Routes::new(server), shutdown).await?;
+    bus.drain().await?;
+    Ok(())
+}
+
+/// What one serving replica holds.
+pub struct Replica {
+    job: String,
+    tables: HashMap<String, ReplicaTable>,
+    layout: ModelLayout,
+    pipeline: FeaturePipeline,
+    serving: ServingSettings,
+    library: PathBuf,
+    dense: Arc<dense::DenseSlot>,
+    /// Per training shard: every change up to this version is applied.
+    applied: Mutex<HashMap<String, u64>>,
+    newest_row: AtomicU64,
+}
+
+impl Replica {
+    pub fn new(settings: &PsSettings) -> anyhow::Result<Self> {
+        let serving = &settings.serving;
+        let (Some(model), Some(schema)) = (&serving.model, &serving.schema) else {
+            anyhow::bail!("serving.model and serving.schema: the serving role needs both");
+        };
+        let layout =
+            ModelLayout::new(model, schema).map_err(|e| anyhow::anyhow!("serving: {e}"))?;
+        if let Some(rate) = serving.negative_sample_rate
+            && !(rate > 0.0 && rate <= 1.0)
+        {
+            anyhow::bail!("serving.negative_sample_rate: {rate} is not in (0, 1]");
+        }
+        let library = match &serving.onnxruntime_library {
+            Some(path) => path.clone(),
+            None => std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "serving.onnxruntime_library: not set, and ORT_DYLIB_PATH is not set either \
+                     (scripts/install-deps.sh puts libonnxruntime.so under .tools/ort)"
+                )
+            })?,
+        };
+        if !library.is_file() {
+            anyhow::bail!(
+                "serving.onnxruntime_library: {} is not a file",
+                library.display()
+            );
+        }
+        let tables = layout
+            .ps_tables()
+            .iter()
+            .map(|spec| {
+                let table = ReplicaTable::new(spec, settings.ps.seed, settings.ps.shards_per_table);
+                (spec.name.clone(), table)
+            })
+            .collect();
+        Ok(Self {
+            job: serving.job.clone(),
+            tables,
+            pipeline: FeaturePipeline::new(schema),
+            layout,
+            serving: serving.clone(),
+            library,
+            dense: Arc::default(),
+            applied: Mutex::default(),
+            newest_row: AtomicU64::new(0),
+        })
+    }
+
+    fn table(&self, name: &str) -> Result<&ReplicaTable, Status> {
+        self.tables.get(name).ok_or_else(|| {
+            let mut known: Vec<&str> = self.tables.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            Status::invalid_argument(format!(
+                "tables: {name:?} is not held by this replica (tables: {})",
+                known.join(", ")
+            ))
+        })
+    }
+
+    /// Checks every table of a delta before any is applied (a bad delta changes nothing).
+    fn decode_delta(&self, tables: &[TableDelta]) -> Result<Vec<DecodedDelta<'_>>, Status> {
+        tables
+            .iter()
+            .map(|t| {
+                let table = self.table(&t.table)?;
+                let what = |field: &str| format!("tables[{:?}].{field}", t.table);
+                if t.dim as usize != table.dim() {
+                    return Err(Status::invalid_argument(format!(
+                        "{}: {} given, the table's dim is {}",
+                        what("dim"),
+                        t.dim,
+                        table.dim()
+                    )));
+                }
+                let delta = DecodedDelta {
+                    table,
+                    keys: decode_keys(&t.keys)?,
+                    versions: decode_keys(&t.versions)?,
+                    weights: decode_f32(&what("rows"), &t.rows)?,
+                    evicted: decode_keys(&t.evicted_keys)?,
+                    evicted_versions: decode_keys(&t.evicted_versions)?,
+                };
+                let rows_fit = delta.weights.len() == delta.keys.len() * table.dim();
+                let versions_fit = delta.versions.len() == delta.keys.len()
+                    && delta.evicted_versions.len() == delta.evicted.len();
+                if !rows_fit || !versions_fit {
+                    return Err(Status::invalid_argument(format!(
+                        "tables[{:?}]: {} keys, {} versions, {} floats of rows (dim {}), \
+                         {} evicted keys with {} versions do not fit together",
+                        t.table,
+                        delta.keys.len(),
+                        delta.versions.len(),
+                        delta.weights.len(),
+                        table.dim(),
+                        delta.evicted.len(),
+                        delta.evicted_versions.len()
+                    )));
+                }
+                if let Some(bad) = delta.weights.iter().position(|w| !w.is_finite()) {
+                    return Err(Status::invalid_argument(format!(
+                        "{}: row of key {} holds a non-finite value",
+                        what("rows"),
+                        delta.keys[bad / table.dim()]
+                    )));
+                }
+                Ok(delta)
+            })
+            .collect()
+    }
+
+    /// Keys, pooling and the dense model for `samples` (blocking).
+    fn predict(&self, samples: &[primus_proto::v1::Sample]) -> Result<Vec<f32>, Status> {
+        let invalid = |e: &dyn std::fmt::Display| Status::invalid_argument(e.to_string());
+        let batch = record_batch(self.pipeline_schema(), samples).map_err(|e| invalid(&e))?;
+        let minibatch = self.pipeline.minibatch(&batch).map_err(|e| invalid(&e))?;
+        let kjt = minibatch.to_kjt().map_err(|e| invalid(&e))?;
+        let keys = BatchKeys::collect(&self.layout, &kjt).map_err(|e| invalid(&e))?;
+        let mut rows = Vec::with_capacity(self.layout.tables.len());
+        let mut wide = Vec::new();
+        for (slot, unique) in self.layout.tables.iter().zip(&keys.tables) {
+            rows.push(self.lookup(&slot.name, unique)?);
+            if let Some(name) = &slot.wide {
+                wide.push(self.lookup(name, unique)?);
+            }
+        }
+        let wide_width = if self.layout.has_wide() {
+            self.layout.features.len()
+        } else {
+            0
+        };
+        let inputs = DenseInputs {
+            rows: samples.len(),
+            dense: minibatch.dense.values,
+            dense_width: self.layout.dense_inputs,
+            embedded: keys.pool(&self.layout, &rows),
+            embedded_width: self.layout.embedding_width,
+            wide: if wide_width > 0 {
+                keys.pool_wide(&self.layout, &wide)
+            } else {
+                Vec::new()
+            },
+            wide_width,
+        };
+        let model = self
+            .dense
+            .get()
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let mut probabilities = model
+            .predict(inputs)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        if let Some(rate) = self.serving.negative_sample_rate {
+            for p in &mut probabilities {
+                *p = corrected(*p, rate as f32);
+            }
+        }
+        Ok(probabilities)
+    }
+
+    fn pipeline_schema(&self) -> &primus_spec::dataset::FeatureSchema {
+        // Checked in `new`: the serving role does not start without a schema.
+        self.serving
+            .schema
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("Replica::new requires serving.schema"))
+    }
+
+    fn lookup(&self, table: &str, keys: &[u64]) -> Result<Vec<f32>, Status> {
+        let table = self.table(table)?;
+        let mut out = vec![0.0; keys.len() * table.dim()];
+        table
+            .lookup(keys, &mut out)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(out)
+    }
+}
+
+/// Log-odds correction for negatives sampled at `rate` (Monolith §2.2.2): the model saw
+/// 1/rate fewer negatives, so its odds are too high by 1/rate.
+fn corrected(p: f32, rate: f32) -> f32 {
+    p / (p + (1.0 - p) / rate)
+}
+
+struct DecodedDelta<'a> {
+    table: &'a ReplicaTable,
+    keys: Vec<u64>,
+    versions: Vec<u64>,
+    weights: Vec<f32>,
+    evicted: Vec<u64>,
+    evicted_versions: Vec<u64>,
+}
+
+/// The ServingService RPCs over one [`Replica`].
+pub struct ServingApi {
+    replica: Arc<Replica>,
+}
+
+impl ServingApi {
+    pub fn new(replica: Replica) -> Self {
+        Self {
+            replica: Arc::new(replica),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl ServingService for ServingApi {
+    async fn apply_delta(
+        &self,
+        request: Request<ApplyDeltaRequest>,
+    ) -> Result<Response<ApplyDeltaResponse>, Status> {
+        let request = request.into_inner();
+        if request.source_shard.is_empty() {
+            return Err(Status::invalid_argument("source_shard: must not be empty"));
+        }
+        let deltas = self.replica.decode_delta(&request.tables)?;
+        let mut response = ApplyDeltaResponse::default();
+        for delta in &deltas {
+            let outcome = delta
+                .table
+                .apply(DeltaRows {
+                    keys: &delta.keys,
+                    versions: &delta.versions,
+                    weights: &delta.weights,
+                    evicted: &delta.evicted,
+                    evicted_versions: &delta.evicted_versions,
+                })
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            response.written += outcome.written;
+            response.stale += outcome.stale;
+            if let Some(newest) = delta.versions.iter().max() {
+                self.replica.newest_row.fetch_max(*newest, Ordering::AcqRel);
+            }
+        }
+        let mut applied = self
+            .replica
+            .applied
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let held = applied.entry(request.source_shard).or_insert(0);
+        // Only a delta that starts within what is held closes the gap up to its version.
+        if request.since_version <= *held {
+            *held = (*held).max(request.version);
+        }
+        response.applied_version = *held;
+        Ok(Response::new(response))
+    }
+
+    async fn load_dense(
+        &self,
+        request: Request<LoadDenseRequest>,
+    ) -> Result<Response<LoadDenseResponse>, Status> {
+        let request = request.into_inner();
+        if request.version == 0 {
+            return Err(Status::invalid_argument("version: must be > 0"));
+        }
+        if request.version <= self.replica.dense.version() {
+            return Ok(Response::new(LoadDenseResponse {
+                version: self.replica.dense.version(),
+            }));
+        }
+        let replica = self.replica.clone();
+        let model = tokio::task::spawn_blocking(move || {
+            DenseModel::load(
+                &replica.library,
+                request.version,
+                &request.onnx_model,
+                replica.serving.sessions,
+            )
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| match e {
+            DenseError::Library { .. } => Status::failed_precondition(e.to_string()),
+            _ => Status::invalid_argument(format!("onnx_model: {e}")),
+        })?;
+        let version = self.replica.dense.install(model);
+        tracing::info!(version, "dense model loaded");
+        Ok(Response::new(LoadDenseResponse { version }))
+    }
+
+    async fn predict(
+        &self,
+        request: Request<PredictRequest>,
+    ) -> Result<Response<PredictResponse>, Status> {
+        let request = request.into_inner();
+        if !request.job.is_empty() && request.job != self.replica.job {
+            return Err(Status::not_found(format!(
+                "job: this replica serves {:?}, not {:?}",
+                self.replica.job, request.job
+            )));
+        }
+        if request.samples.is_empty() {
+            return Err(Status::invalid_argument("samples: at least one is needed"));
+        }
+        if request.samples.len() > self.replica.serving.max_samples {
+            return Err(Status::invalid_argument(format!(
+                "samples: {} is over the limit of {} per request (serving.max_samples)",
+                request.samples.len(),
+                self.replica.serving.max_samples
+            )));
+        }
+        let sparse_version = self.replica.newest_row.load(Ordering::Acquire);
+        let dense_version = self.replica.dense.version();
+        let replica = self.replica.clone();
+        let probabilities = tokio::task::spawn_blocking(move || replica.predict(&request.samples))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
+        Ok(Response::new(PredictResponse {
+            probabilities,
+            sparse_version,
+            dense_version,
+        }))
+    }
+
+    async fn replica_state(
+        &self,
+        _request: Request<ReplicaStateRequest>,
+    ) -> Result<Response<ReplicaStateResponse>, Status> {
+        let applied = self
+            .replica
+            .applied
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut sources: Vec<SourceVersion> = applied
+            .iter()
+            .map(|(source, version)| SourceVersion {
+                source_shard: source.clone(),
+                applied_version: *version,
+            })
+            .collect();
+        sources.sort_by(|a, b| a.source_shard.cmp(&b.source_shard));
+        Ok(Response::new(ReplicaStateResponse {
+            job: self.replica.job.clone(),
+            sources,
+            dense_version: self.replica.dense.version(),
+            rows: self.replica.tables.values().map(|t| t.len() as u64).sum(),
+        }))
+    }
+
+    async fn dump_rows(
+        &self,
+        _request: Request<DumpRowsRequest>,
+    ) -> Result<Response<DumpRowsResponse>, Status> {
+        let mut names: Vec<&String> = self.replica.tables.keys().collect();
+        names.sort_unstable();
+        let tables = names
+            .into_iter()
+            .map(|name| {
+                let table = &self.replica.tables[name];
+                let (keys, versions, weights) = table.rows();
+                let mut rows = Vec::with_capacity(weights.len() * 4);
+                encode_f32(&weights, &mut rows);
+                TableDelta {
+                    table: name.clone(),
+                    dim: table.dim() as u32,
+                    keys: encode_keys(&keys),
+                    rows,
+                    evicted_keys: Vec::new(),
+                    versions: encode_keys(&versions),
+                    evicted_versions: Vec::new(),
+                }
+            })
+            .collect();
+        Ok(Response::new(DumpRowsResponse { tables }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::corrected;
+
+    #[test]
+    fn log_odds_correction_divides_the_odds_by_the_sampling_rate() {
+        let p = corrected(0.5, 0.1);
+        // odds 1 -> 0.1, p = 0.1 / 1.1
+        assert!((p - 0.1 / 1.1).abs() < 1e-6, "{p}");
+        assert_eq!(corrected(0.3, 1.0), 0.3);
+    }
+}

@@ -1,0 +1,129 @@
+//! The ONNX export of every example model, run in ONNX Runtime (the serving role's
+//! `DenseModel`), against the burn forward pass on random inputs. Needs libonnxruntime.so
+//! (ORT_DYLIB_PATH, set by scripts/env.sh after scripts/install-deps.sh); fails without it.
+
+use std::path::PathBuf;
+
+use primus_model::{Inputs, Model, ModelLayout, ParamSet, Tower};
+use primus_ps::serving::{DenseInputs, DenseModel};
+
+fn library() -> PathBuf {
+    let path = std::env::var_os("ORT_DYLIB_PATH")
+        .map(PathBuf::from)
+        .expect("ORT_DYLIB_PATH is not set: run scripts/install-deps.sh and source scripts/env.sh");
+    assert!(
+        path.is_file(),
+        "ORT_DYLIB_PATH={} is not a file",
+        path.display()
+    );
+    path
+}
+
+/// Every Job of examples/ with the layout it implies.
+fn example_layouts() -> Vec<(String, ModelLayout)> {
+    let dir = primus_testkit::repo_root().join("examples");
+    let mut layouts = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("examples/") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("read");
+        let resources =
+            primus_spec::parse_documents(&path.display().to_string(), &text).expect("valid");
+        let datasets: Vec<_> = resources
+            .iter()
+            .filter_map(|r| match r {
+                primus_spec::Resource::Dataset(d) => Some(d),
+                _ => None,
+            })
+            .collect();
+        for resource in &resources {
+            if let primus_spec::Resource::Job(job) = resource {
+                let dataset = datasets
+                    .iter()
+                    .find(|d| d.metadata.name == job.spec.dataset)
+                    .expect("the example holds its dataset");
+                let layout =
+                    ModelLayout::new(&job.spec.model, &dataset.spec.schema).expect("layout");
+                layouts.push((job.metadata.name.clone(), layout));
+            }
+        }
+    }
+    layouts
+}
+
+/// Values in [-2, 2) from a fixed xorshift sequence.
+fn noise(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 22) as f32 - 2.0
+        })
+        .collect()
+}
+
+#[test]
+fn onnx_runtime_computes_what_burn_computes_for_every_example_model() {
+    let library = library();
+    let layouts = example_layouts();
+    let kinds: std::collections::BTreeSet<String> = layouts
+        .iter()
+        .map(|(_, l)| format!("{:?}", l.kind))
+        .collect();
+    assert_eq!(kinds.len(), 4, "examples cover every model kind: {kinds:?}");
+    let rows = 33;
+    for (seed, (job, layout)) in layouts.iter().enumerate() {
+        let params = ParamSet::init(layout, seed as u64 + 1);
+        let wide_width = if layout.has_wide() {
+            layout.features.len()
+        } else {
+            0
+        };
+        let dense = noise(3 * seed as u64 + 1, rows * layout.dense_inputs);
+        let embedded = noise(3 * seed as u64 + 2, rows * layout.embedding_width);
+        let wide = noise(3 * seed as u64 + 3, rows * wide_width);
+        for tower in [Tower::Memory, Tower::Adapt] {
+            let burn = Model::new(layout.clone())
+                .predict(
+                    &params,
+                    &Inputs {
+                        rows,
+                        dense: &dense,
+                        embedded: &embedded,
+                        wide: &wide,
+                    },
+                    tower,
+                )
+                .expect("burn predict");
+            let onnx = primus_model::onnx::export(layout, &params, tower, 1).expect("export");
+            let model = DenseModel::load(&library, 1, &onnx, 1).expect("ONNX Runtime loads it");
+            let ort = model
+                .predict(DenseInputs {
+                    rows,
+                    dense: dense.clone(),
+                    dense_width: layout.dense_inputs,
+                    embedded: embedded.clone(),
+                    embedded_width: layout.embedding_width,
+                    wide: wide.clone(),
+                    wide_width,
+                })
+                .expect("ONNX Runtime predict");
+            assert_eq!(ort.len(), rows);
+            let worst = burn
+                .iter()
+                .zip(&ort)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= 1e-5,
+                "{job} {tower:?}: max |burn - onnx| = {worst}"
+            );
+            let spread = burn.iter().fold(0.0f32, |m, p| m.max((p - burn[0]).abs()));
+            assert!(
+                spread > 1e-3,
+                "{job}: the inputs must move the output ({spread})"
+            );
+        }
+    }
+}

@@ -42,6 +42,8 @@ pub enum ClientError {
     Status(#[from] Status),
     #[error("the server sent a response without its resource")]
     MissingResource,
+    #[error("api.token_file: {0}")]
+    TokenFile(String),
 }
 
 fn describe(status: &Status) -> String {
@@ -59,6 +61,26 @@ impl ClientError {
 }
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl ClientSettings {
+    /// The client settings of a service's `api` section: the token is the first one in
+    /// `api.token_file` (required: the API server only answers with a token).
+    pub fn from_settings(api: &primus_config::ApiSettings) -> Result<Self, ClientError> {
+        let path = api.token_file.as_ref().ok_or_else(|| {
+            ClientError::TokenFile("required: the API server only answers with a token".into())
+        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ClientError::TokenFile(format!("{}: {e}", path.display())))?;
+        let token = primus_config::tokens_in(&text)
+            .next()
+            .ok_or_else(|| ClientError::TokenFile(format!("{}: no token in it", path.display())))?;
+        Ok(Self {
+            server: api.server.clone(),
+            token: token.to_owned(),
+            ca_file: api.ca_file.clone(),
+        })
+    }
+}
 
 /// Adds `authorization: Bearer <token>` and the trace context to every call.
 #[derive(Clone)]
@@ -83,6 +105,26 @@ pub struct ApiClient {
 }
 
 impl ApiClient {
+    /// Connects, retrying every 500 ms up to `attempts` times: in a cluster starting up
+    /// the API server may come up after its clients.
+    pub async fn connect_patiently(
+        settings: &ClientSettings,
+        attempts: u32,
+    ) -> Result<Self, ClientError> {
+        let mut attempt = 1;
+        loop {
+            match Self::connect(settings).await {
+                Ok(api) => return Ok(api),
+                Err(e) if attempt < attempts => {
+                    tracing::warn!(attempt, error = %e, "API server not reachable yet");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     pub async fn connect(settings: &ClientSettings) -> Result<Self, ClientError> {
         let address_error = |message: String| ClientError::Address {
             server: settings.server.clone(),

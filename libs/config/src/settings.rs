@@ -204,6 +204,27 @@ impl Default for ApiServerSettings {
     }
 }
 
+/// How a service reaches the API server (the master and serving-sync read resources).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct ApiSettings {
+    /// `http://host:port` or `https://host:port`.
+    pub server: String,
+    /// File holding the bearer token (first non-comment line).
+    pub token_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        Self {
+            server: format!("http://127.0.0.1:{}", DEFAULT_PORTS.api_server),
+            token_file: None,
+            ca_file: None,
+        }
+    }
+}
+
 /// Settings of a service that needs only its listener, NATS and telemetry (today: master,
 /// data-executor, trainer, ps, serving-sync; each gets its own type once it needs more).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

@@ -1,8 +1,9 @@
 //! Generated code for the Primus wire protocol (`proto/primus/v1`) and for the subset of the
 //! ONNX model format the model export writes (`proto/onnx`).
 //!
-//! Owns nothing but the generated messages, clients and servers; the `.proto` files at the
-//! repository root are the source of truth.
+//! Owns the generated messages, clients and servers (the `.proto` files at the repository
+//! root are the source of truth) and [`role_endpoints`], the one ordering of a topology's
+//! endpoints every client of a job's shards relies on.
 
 /// `primus.v1`: every service's messages, clients (`*_client`) and servers (`*_server`).
 pub mod v1 {
@@ -14,4 +15,29 @@ pub mod v1 {
 pub mod onnx {
     #![allow(clippy::all, clippy::unwrap_used, missing_docs)]
     include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
+}
+
+/// `role`'s endpoints ordered by executor index (`ps-2` before `ps-10`): the shard order a
+/// job's PS clients route keys by.
+pub fn role_endpoints(endpoints: &[v1::Endpoint], role: v1::Role) -> Vec<v1::Endpoint> {
+    let mut matching: Vec<v1::Endpoint> = endpoints
+        .iter()
+        .filter(|e| e.role == role as i32)
+        .cloned()
+        .collect();
+    matching.sort_by_key(|e| {
+        e.id.rsplit('-')
+            .next()
+            .and_then(|i| i.parse::<u64>().ok())
+            .unwrap_or(u64::MAX)
+    });
+    matching
+}
+
+/// gRPC addresses of [`role_endpoints`], in that order.
+pub fn role_addrs(endpoints: &[v1::Endpoint], role: v1::Role) -> Vec<String> {
+    role_endpoints(endpoints, role)
+        .into_iter()
+        .map(|e| e.grpc_addr)
+        .collect()
 }

@@ -50,12 +50,14 @@ pub fn default_settings() -> MasterSettings {
 /// Runs until `shutdown`, then stops every executor it started and returns.
 pub async fn run(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     let shard = settings::parse_shard(&settings.master.shard).map_err(anyhow::Error::msg)?;
-    let token = read_token(&settings.api)?;
+    let client = ClientSettings::from_settings(&settings.api)?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let master_addr = advertised(node.local_addr()?);
     let bus = node.connect_nats(&settings.nats).await?;
     let redis = node.connect_redis(&settings.redis).await?;
-    let api = connect_api(&settings.api, token).await?;
+    let api = ApiClient::connect_patiently(&client, API_CONNECT_ATTEMPTS)
+        .await
+        .context("setting `api.server`")?;
     let backend = Arc::new(backend::local::LocalBackend::new(
         settings.local.clone(),
         master_addr.to_string(),
@@ -92,44 +94,11 @@ pub async fn run(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result
     served
 }
 
-/// Connects to the API server, retrying for a while: in a cluster starting up it may come
-/// up after the master.
-async fn connect_api(api: &settings::ApiSettings, token: String) -> anyhow::Result<ApiClient> {
-    let client = ClientSettings {
-        server: api.server.clone(),
-        token,
-        ca_file: api.ca_file.clone(),
-    };
-    let mut attempt = 1;
-    loop {
-        match ApiClient::connect(&client).await {
-            Ok(api) => return Ok(api),
-            Err(e) if attempt < API_CONNECT_ATTEMPTS => {
-                tracing::warn!(attempt, error = %e, "API server not reachable yet");
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                attempt += 1;
-            }
-            Err(e) => return Err(e).context("setting `api.server`"),
-        }
-    }
-}
-
+/// 20 s of retries: the API server may start after the master.
 const API_CONNECT_ATTEMPTS: u32 = 40;
 
 /// Day listings kept for the planner (each source's current day, across jobs).
 const LISTING_CACHE_DAYS: usize = 256;
-
-fn read_token(api: &settings::ApiSettings) -> anyhow::Result<String> {
-    let path = api.token_file.as_ref().context(
-        "setting `api.token_file` is required: the API server only answers with a token",
-    )?;
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("api.token_file {}", path.display()))?;
-    primus_config::tokens_in(&text)
-        .next()
-        .map(str::to_owned)
-        .with_context(|| format!("api.token_file {}: no token in it", path.display()))
-}
 
 /// The address executors dial: the listener's, with a wildcard IP replaced by loopback.
 fn advertised(addr: SocketAddr) -> SocketAddr {

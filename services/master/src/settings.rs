@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use primus_config::{
-    DEFAULT_PORTS, NatsSettings, RedisSettings, ServerSettings, StorageSettings, TelemetrySettings,
+    ApiSettings, DEFAULT_PORTS, NatsSettings, RedisSettings, ServerSettings, StorageSettings,
+    TelemetrySettings,
 };
 use primus_service::ServiceSettings;
 use serde::{Deserialize, Serialize};
@@ -23,17 +24,6 @@ pub struct MasterSettings {
     pub api: ApiSettings,
     pub master: ControllerSettings,
     pub local: LocalBackendSettings,
-}
-
-/// How the master reaches the API server.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(default)]
-pub struct ApiSettings {
-    /// `http://host:port` or `https://host:port`.
-    pub server: String,
-    /// File holding the bearer token (first non-comment line).
-    pub token_file: Option<PathBuf>,
-    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -89,16 +79,6 @@ pub struct LocalBackendSettings {
     pub max_restarts: u32,
     /// SIGTERM, then SIGKILL after this long.
     pub stop_grace_ms: u64,
-}
-
-impl Default for ApiSettings {
-    fn default() -> Self {
-        Self {
-            server: format!("http://127.0.0.1:{}", DEFAULT_PORTS.api_server),
-            token_file: None,
-            ca_file: None,
-        }
-    }
 }
 
 impl Default for ControllerSettings {

@@ -48,6 +48,15 @@ async fn run_training(settings: PsSettings, shutdown: Shutdown) -> anyhow::Resul
     let tables = Arc::new(service::Tables::new(&settings.ps)?);
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let bus = node.connect_nats(&settings.nats).await?;
+    let notifier = delta_identity(&settings.ps).map(|(job, shard)| {
+        tokio::spawn(announce_deltas(
+            bus.clone(),
+            tables.clone(),
+            job,
+            shard,
+            Duration::from_millis(settings.ps.delta_notice_interval_ms.max(10)),
+        ))
+    });
     let evictor = tokio::spawn(evict_periodically(
         tables.clone(),
         Duration::from_millis(settings.ps.eviction_interval_ms.max(100)),
@@ -61,6 +70,9 @@ async fn run_training(settings: PsSettings, shutdown: Shutdown) -> anyhow::Resul
     .max_encoding_message_size(usize::MAX);
     node.serve(Routes::new(ps), shutdown).await?;
     evictor.abort();
+    if let Some(notifier) = notifier {
+        notifier.abort();
+    }
     bus.drain().await?;
     Ok(())
 }
@@ -72,6 +84,59 @@ async fn evict_periodically(tables: Arc<service::Tables>, interval: Duration) {
         let evicted = tables.evict_expired();
         if evicted > 0 {
             tracing::info!(evicted, "evicted rows idle past their TTL");
+        }
+    }
+}
+
+/// The job and shard this PS announces deltas as, from settings or the master's environment.
+fn delta_identity(settings: &settings::TableSettings) -> Option<(String, String)> {
+    let pick = |set: &str, var: &str| {
+        Some(set.to_owned())
+            .filter(|s| !s.is_empty())
+            .or_else(|| std::env::var(var).ok())
+    };
+    let job = pick(&settings.job, "PRIMUS_JOB");
+    let shard = pick(&settings.shard_id, "PRIMUS_EXECUTOR_ID");
+    match (job, shard) {
+        (Some(job), Some(shard)) => Some((job, shard)),
+        _ => {
+            tracing::info!(
+                "no ps.job / ps.shard_id (nor PRIMUS_JOB / PRIMUS_EXECUTOR_ID): no delta notices"
+            );
+            None
+        }
+    }
+}
+
+/// Publishes a DeltaNotice whenever the tables changed since the last one, at most once per
+/// `interval`.
+async fn announce_deltas(
+    bus: primus_bus::Bus,
+    tables: Arc<service::Tables>,
+    job: String,
+    shard: String,
+    interval: Duration,
+) {
+    let subject = match bus.subjects().delta(&job, &shard) {
+        Ok(subject) => subject,
+        Err(e) => return tracing::error!(error = %e, "delta notice subject"),
+    };
+    let mut announced = tables.version();
+    let mut ticks = tokio::time::interval(interval);
+    loop {
+        ticks.tick().await;
+        let version = tables.version();
+        if version == announced {
+            continue;
+        }
+        let notice = primus_proto::v1::DeltaNotice {
+            job: job.clone(),
+            shard: shard.clone(),
+            version,
+        };
+        match bus.publish(subject.clone(), &notice).await {
+            Ok(()) => announced = version,
+            Err(e) => tracing::warn!(error = %e, "publishing a delta notice"),
         }
     }
 }

@@ -75,6 +75,11 @@ impl Tables {
         })
     }
 
+    /// The latest change version (the tables share one sequence).
+    pub fn version(&self) -> u64 {
+        self.tables.values().map(Table::version).max().unwrap_or(0)
+    }
+
     pub fn evict_expired(&self) -> usize {
         let now = now_secs();
         self.tables.values().map(|t| t.evict_expired(now)).sum()

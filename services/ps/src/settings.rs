@@ -88,6 +88,12 @@ pub struct TableSettings {
     pub max_request_bytes: usize,
     /// How often rows idle past their table's TTL are evicted.
     pub eviction_interval_ms: u64,
+    /// The job and shard id this PS announces deltas as; empty: the PRIMUS_JOB and
+    /// PRIMUS_EXECUTOR_ID the master starts executors with (neither: no notices).
+    pub job: String,
+    pub shard_id: String,
+    /// Least time between two delta notices on NATS.
+    pub delta_notice_interval_ms: u64,
 }
 
 impl Default for TableSettings {
@@ -105,6 +111,9 @@ impl Default for TableSettings {
             },
             max_request_bytes: 64 << 20,
             eviction_interval_ms: 60_000,
+            job: String::new(),
+            shard_id: String::new(),
+            delta_notice_interval_ms: 100,
         }
     }
 }

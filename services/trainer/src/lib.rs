@@ -97,8 +97,8 @@ async fn topology(identity: &ExecutorIdentity) -> anyhow::Result<(Vec<String>, V
                 match client.get_topology(request).await {
                     Ok(response) => {
                         let endpoints = response.into_inner().endpoints;
-                        let ps = role_addrs(&endpoints, Role::Ps);
-                        let data = role_addrs(&endpoints, Role::DataExecutor);
+                        let ps = primus_proto::role_addrs(&endpoints, Role::Ps);
+                        let data = primus_proto::role_addrs(&endpoints, Role::DataExecutor);
                         if !ps.is_empty() && !data.is_empty() {
                             return Ok((ps, data));
                         }
@@ -119,18 +119,6 @@ async fn topology(identity: &ExecutorIdentity) -> anyhow::Result<(Vec<String>, V
             identity.master_addr
         )
     })
-}
-
-/// Addresses of one role, ordered by executor index (`ps-2` before `ps-10`).
-fn role_addrs(endpoints: &[Endpoint], role: Role) -> Vec<String> {
-    let mut matching: Vec<&Endpoint> = endpoints.iter().filter(|e| e.role == role as i32).collect();
-    matching.sort_by_key(|e| {
-        e.id.rsplit('-')
-            .next()
-            .and_then(|i| i.parse::<u64>().ok())
-            .unwrap_or(u64::MAX)
-    });
-    matching.into_iter().map(|e| e.grpc_addr.clone()).collect()
 }
 
 /// Executors start together; retry until each answers.

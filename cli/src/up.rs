@@ -54,12 +54,20 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
         token_file.display(),
         data.join("work").display()
     );
+    let sync_settings = format!(
+        "{nats_settings}api:\n  server: http://127.0.0.1:{}\n  token_file: {}\nsync:\n  master_addrs: [\"127.0.0.1:{}\"]\n",
+        primus_config::DEFAULT_PORTS.api_server,
+        token_file.display(),
+        primus_config::DEFAULT_PORTS.master,
+    );
     let mut running = Vec::new();
     for (name, port) in services() {
-        // Only the api-server and the master talk to Redis (only they accept `redis`).
+        // Only the api-server and the master talk to Redis (only they accept `redis`);
+        // the master and serving-sync read resources from the API server.
         let settings = match name {
             "primus-api-server" => &api_settings,
             "primus-master" => &master_settings,
+            "primus-serving-sync" => &sync_settings,
             _ => &nats_settings,
         };
         running.push(start(&options.bin_dir, &logs, name, port, settings)?);

@@ -295,6 +295,10 @@ pub struct ServingSyncSpec {
     pub sparse_interval_ms: u64,
     #[serde(default = "defaults::dense_interval_seconds")]
     pub dense_interval_seconds: u64,
+    /// Training kept this share of negatives: serving corrects probabilities by the log
+    /// odds (Monolith 2.2.2). Unset: no correction.
+    #[serde(default)]
+    pub negative_sample_rate: Option<f64>,
 }
 
 impl Default for ServingSyncSpec {
@@ -303,6 +307,7 @@ impl Default for ServingSyncSpec {
             enabled: false,
             sparse_interval_ms: defaults::sparse_interval_ms(),
             dense_interval_seconds: defaults::dense_interval_seconds(),
+            negative_sample_rate: None,
         }
     }
 }
@@ -330,6 +335,15 @@ impl Validate for JobSpec {
         }
         if sync.dense_interval_seconds == 0 {
             fail(errors, field(&at, "dense_interval_seconds"), "must be > 0");
+        }
+        if let Some(rate) = sync.negative_sample_rate
+            && !(rate > 0.0 && rate <= 1.0)
+        {
+            fail(
+                errors,
+                field(&at, "negative_sample_rate"),
+                "must be in (0, 1]",
+            );
         }
         if sync.enabled
             && self

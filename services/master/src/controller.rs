@@ -550,10 +550,12 @@ fn section(entries: Vec<(&str, Option<toml::Value>)>) -> Option<toml::Value> {
 /// The settings file of one executor: the master's NATS and telemetry sections, plus the
 /// storage section, the PS tables (the model's and their companions) and the dense optimizer
 /// for PS shards, the storage section and the Dataset for data executors, the model, the
-/// Dataset's schema and the Job's training settings for trainers.
+/// Dataset's schema and the Job's training settings for trainers, the tables, model and
+/// schema for serving replicas.
 fn executor_settings(
     settings: &MasterSettings,
     role: ExecutorRole,
+    job: &str,
     spec: &JobSpec,
     dataset: &DatasetSpec,
     layout: &ModelLayout,
@@ -572,6 +574,29 @@ fn executor_settings(
                 section(vec![
                     ("tables", tables),
                     ("dense_optimizer", dense_optimizer),
+                ]),
+            ));
+        }
+        ExecutorRole::Serving => {
+            let string = |s: &str| Some(toml::Value::String(s.to_owned()));
+            entries.push((
+                "ps",
+                section(vec![
+                    ("role", string("serving")),
+                    ("tables", to_toml("ps.tables", &layout.ps_tables())),
+                ]),
+            ));
+            let rate = spec
+                .serving_sync
+                .negative_sample_rate
+                .map(toml::Value::Float);
+            entries.push((
+                "serving",
+                section(vec![
+                    ("job", string(job)),
+                    ("model", to_toml("serving.model", &spec.model)),
+                    ("schema", to_toml("serving.schema", &dataset.schema)),
+                    ("negative_sample_rate", rate),
                 ]),
             ));
         }
@@ -613,13 +638,17 @@ async fn start_executors<B: ResourceBackend, C: Catalog>(
             ExecutorRole::Ps => &topology.ps,
             ExecutorRole::DataExecutor => &topology.data_executors,
             ExecutorRole::Trainer => &topology.trainers,
+            ExecutorRole::Serving => match &topology.serving {
+                Some(serving) => serving,
+                None => continue,
+            },
         };
         for index in 0..role_spec.replicas {
             let request = ExecutorSpec {
                 job: job.to_owned(),
                 role,
                 index,
-                settings: executor_settings(&context.settings, role, spec, dataset, layout),
+                settings: executor_settings(&context.settings, role, job, spec, dataset, layout),
                 cpu: role_spec.cpu,
                 memory_bytes: primus_spec::job::parse_memory(&role_spec.memory).unwrap_or(0),
             };

@@ -16,10 +16,12 @@ pub enum ExecutorRole {
     Ps,
     DataExecutor,
     Trainer,
+    /// A serving replica: `primus-ps` with `ps.role = "serving"`.
+    Serving,
 }
 
 impl ExecutorRole {
-    pub const ALL: [ExecutorRole; 3] = [Self::Ps, Self::DataExecutor, Self::Trainer];
+    pub const ALL: [ExecutorRole; 4] = [Self::Ps, Self::DataExecutor, Self::Trainer, Self::Serving];
 
     /// Name in settings (`local.binaries.<name>`), executor ids and subjects.
     pub fn as_str(self) -> &'static str {
@@ -27,6 +29,7 @@ impl ExecutorRole {
             Self::Ps => "ps",
             Self::DataExecutor => "data_executor",
             Self::Trainer => "trainer",
+            Self::Serving => "serving",
         }
     }
 
@@ -35,6 +38,7 @@ impl ExecutorRole {
             Self::Ps => "primus-ps",
             Self::DataExecutor => "primus-data-executor",
             Self::Trainer => "primus-trainer",
+            Self::Serving => "primus-ps",
         }
     }
 
@@ -43,6 +47,7 @@ impl ExecutorRole {
             Self::Ps => Role::Ps,
             Self::DataExecutor => Role::DataExecutor,
             Self::Trainer => Role::Trainer,
+            Self::Serving => Role::Serving,
         }
     }
 }

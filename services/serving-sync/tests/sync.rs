@@ -1,7 +1,8 @@
 //! Serving-sync against real training PS shards and serving replicas (the primus-ps server
 //! code on loopback gRPC, NATS from primus-testkit): Predict follows training, a restarted
-//! replica converges to the training rows exactly, Predicts never fail during syncs, and
-//! Predict names bad features. Needs libonnxruntime.so (ORT_DYLIB_PATH).
+//! replica converges to the training rows exactly, a training shard restarted empty does not
+//! take serving backwards, Predicts never fail during syncs, and Predict names bad features.
+//! Needs libonnxruntime.so (ORT_DYLIB_PATH).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -134,6 +135,27 @@ fn ps_settings(nats: &str, job: &JobSpec, layout: &ModelLayout, port: u16) -> Ps
     settings
 }
 
+fn shard_settings(
+    nats: &str,
+    job: &JobSpec,
+    layout: &ModelLayout,
+    index: usize,
+    port: u16,
+) -> PsSettings {
+    let mut settings = ps_settings(nats, job, layout, port);
+    settings.ps.job = JOB.into();
+    settings.ps.shard_id = format!("ps-{index}");
+    settings.ps.delta_notice_interval_ms = 50;
+    settings
+}
+
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port")
+}
+
 impl Cluster {
     async fn start() -> Self {
         let nats = NatsServer::start().expect("nats-server");
@@ -141,10 +163,8 @@ impl Cluster {
         let layout = ModelLayout::new(&job.model, &schema).expect("layout");
         let mut shards = Vec::new();
         for i in 0..2 {
-            let mut settings = ps_settings(&nats.url(), &job, &layout, free_port().expect("port"));
-            settings.ps.job = JOB.into();
-            settings.ps.shard_id = format!("ps-{i}");
-            settings.ps.delta_notice_interval_ms = 50;
+            let port = free_port().expect("port");
+            let settings = shard_settings(&nats.url(), &job, &layout, i, port);
             shards.push(Process::start(settings).await);
         }
         let addrs: Vec<String> = shards.iter().map(|s| s.addr.clone()).collect();
@@ -175,6 +195,15 @@ impl Cluster {
             cluster.replicas.push(replica);
         }
         cluster
+    }
+
+    /// Stops training shard `index` and starts it again, empty, on the same address.
+    async fn restart_shard_empty(&mut self, index: usize) {
+        let down = self.shards.remove(index);
+        let port = port_of(&down.addr);
+        down.stop().await;
+        let settings = shard_settings(&self.nats_url, &self.job, &self.layout, index, port);
+        self.shards.insert(index, Process::start(settings).await);
     }
 
     async fn start_replica(&self, port: u16) -> Process {
@@ -355,19 +384,25 @@ fn rows_of(tables: &[TableDelta], into: &mut Rows) {
     }
 }
 
+async fn training_rows_of(shard: &str) -> Rows {
+    let mut client = ParameterServerClient::connect(format!("http://{shard}"))
+        .await
+        .expect("connect shard")
+        .max_decoding_message_size(usize::MAX);
+    let delta = client
+        .export_delta(ExportDeltaRequest { since_version: 0 })
+        .await
+        .expect("export")
+        .into_inner();
+    let mut rows = Rows::new();
+    rows_of(&delta.tables, &mut rows);
+    rows
+}
+
 async fn training_rows(cluster: &Cluster) -> Rows {
     let mut rows = Rows::new();
     for shard in &cluster.shards {
-        let mut client = ParameterServerClient::connect(format!("http://{}", shard.addr))
-            .await
-            .expect("connect shard")
-            .max_decoding_message_size(usize::MAX);
-        let delta = client
-            .export_delta(ExportDeltaRequest { since_version: 0 })
-            .await
-            .expect("export")
-            .into_inner();
-        rows_of(&delta.tables, &mut rows);
+        rows.extend(training_rows_of(&shard.addr).await);
     }
     rows
 }
@@ -433,12 +468,7 @@ async fn a_restarted_replica_converges_to_the_training_rows_exactly() {
     }
     sync.sync_sparse().await;
     let down = cluster.replicas.remove(0);
-    let port: u16 = down
-        .addr
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
+    let port = port_of(&down.addr);
     down.stop().await;
     // Training goes on while the replica is down; the other replica keeps up.
     for item in 150..400 {
@@ -470,6 +500,43 @@ async fn a_restarted_replica_converges_to_the_training_rows_exactly() {
     .await;
     let b = predict(&mut serving_client(&cluster.replicas[1].addr).await, probe).await;
     assert_eq!(a, b);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_training_shard_restarted_empty_does_not_take_serving_backwards() {
+    let mut cluster = Cluster::start().await;
+    let mut sync = cluster.synced().await;
+    for item in 0..100 {
+        cluster.train_on(&sample(item), 0.1).await;
+    }
+    sync.sync_sparse().await;
+    let before = replica_rows(&cluster.replicas[0].addr).await;
+    let shard0 = training_rows_of(&cluster.shards[0].addr).await;
+    assert!(!shard0.is_empty(), "shard 0 holds none of the trained rows");
+
+    cluster.restart_shard_empty(0).await;
+    sync.sync_sparse().await;
+    sync.sync_sparse().await;
+    for replica in &cluster.replicas {
+        let held = replica_rows(&replica.addr).await;
+        for (key, row) in &before {
+            assert_eq!(held.get(key), Some(row), "{key:?} on {}", replica.addr);
+        }
+    }
+
+    // Training goes on against the restarted shard; its new rows reach serving.
+    for item in 1_000..1_100 {
+        cluster.train_on(&sample(item), 0.3).await;
+    }
+    sync.sync_sparse().await;
+    let fresh = training_rows_of(&cluster.shards[0].addr).await;
+    assert!(!fresh.is_empty(), "the restarted shard trained nothing");
+    for replica in &cluster.replicas {
+        let held = replica_rows(&replica.addr).await;
+        for (key, row) in &fresh {
+            assert_eq!(held.get(key), Some(row), "{key:?} on {}", replica.addr);
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

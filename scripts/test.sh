@@ -11,6 +11,8 @@ cd "$ROOT"
 . scripts/env.sh
 echo "[test] CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
 
+./scripts/check-deploy.sh
+
 echo "[test] cargo fmt --check"
 cargo fmt --all --check
 # --all-features: the optional `hdfs` support of primus-storage is built, linted and tested too.

@@ -8,7 +8,7 @@
 mod load;
 mod settings;
 
-pub use load::{ConfigError, ENV_PREFIX, load, load_from_process, to_toml};
+pub use load::{ConfigError, ENV_PREFIX, is_settings_variable, load, load_from_process, to_toml};
 pub use settings::*;
 
 /// A URL fit for logs and errors: credentials (`user:password@`) replaced by `***@`.

@@ -25,6 +25,12 @@ pub enum ConfigError {
     Other(String),
 }
 
+/// Whether an environment variable is a setting (`PRIMUS_<SECTION>__<KEY>`).
+pub fn is_settings_variable(name: &str) -> bool {
+    name.strip_prefix(ENV_PREFIX)
+        .is_some_and(|rest| rest.contains(ENV_SECTION_SEPARATOR))
+}
+
 /// Renders settings as TOML (what `--print-settings` shows; loadable as a `--config` file).
 pub fn to_toml<T: Serialize>(settings: &T) -> Result<String, ConfigError> {
     toml::to_string(settings).map_err(|e| ConfigError::Other(e.to_string()))
@@ -53,10 +59,7 @@ pub fn load<T: DeserializeOwned + Serialize>(
     // must not be read as an unknown setting `token`.
     let settings_env: HashMap<String, String> = env
         .into_iter()
-        .filter(|(name, _)| {
-            name.strip_prefix(ENV_PREFIX)
-                .is_some_and(|rest| rest.contains(ENV_SECTION_SEPARATOR))
-        })
+        .filter(|(name, _)| is_settings_variable(name))
         .collect();
     builder = builder.add_source(
         Environment::with_prefix(ENV_PREFIX.trim_end_matches('_'))

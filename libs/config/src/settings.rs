@@ -116,7 +116,8 @@ pub struct S3Settings {
     pub region: Option<String>,
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<String>,
-    /// Allow plain http endpoints (loopback servers, MinIO in compose).
+    /// Allow plain http endpoints (loopback servers, MinIO in compose); when false,
+    /// `AWS_ALLOW_HTTP` decides.
     pub allow_http: bool,
 }
 

@@ -196,9 +196,11 @@ fn s3_store(
     settings: &StorageSettings,
 ) -> Result<Arc<dyn ObjectStore>, StorageError> {
     let s3 = &settings.s3;
-    let mut builder = AmazonS3Builder::from_env()
-        .with_bucket_name(bucket)
-        .with_allow_http(s3.allow_http);
+    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    // `false` leaves the choice to AWS_ALLOW_HTTP (the CLI has no settings file).
+    if s3.allow_http {
+        builder = builder.with_allow_http(true);
+    }
     if let Some(endpoint) = &s3.endpoint {
         builder = builder.with_endpoint(endpoint);
     }

@@ -2,6 +2,7 @@
 //! `master` (sharding, planner, task service) and `local` (the local resource backend).
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 use primus_config::{
@@ -79,6 +80,10 @@ pub struct LocalBackendSettings {
     pub max_restarts: u32,
     /// SIGTERM, then SIGKILL after this long.
     pub stop_grace_ms: u64,
+    /// The IP executors listen on and are reached at (the topology gives `ip:port`). The
+    /// default, loopback, keeps them private to this host; on Kubernetes the pod IP lets
+    /// serving-sync in another pod reach the PS shards and serving replicas.
+    pub executor_ip: IpAddr,
 }
 
 impl Default for ControllerSettings {
@@ -122,6 +127,7 @@ impl Default for LocalBackendSettings {
             restart_backoff_ms: 500,
             max_restarts: 5,
             stop_grace_ms: 5_000,
+            executor_ip: IpAddr::from([127, 0, 0, 1]),
         }
     }
 }

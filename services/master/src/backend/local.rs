@@ -4,7 +4,7 @@
 //! master left behind. CPU and memory are recorded, not enforced (no cgroups here).
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Mutex;
@@ -43,11 +43,11 @@ impl LocalBackend {
     /// `master_addr` (host:port) is given to executors so they can reach the task service.
     pub fn new(settings: LocalBackendSettings, master_addr: String) -> Self {
         Self {
+            ports: PortPicker::new(settings.executor_ip),
             settings,
             master_addr,
             processes: Mutex::new(HashMap::new()),
             events: broadcast::channel(1024).0,
-            ports: PortPicker::new(),
         }
     }
 
@@ -109,12 +109,13 @@ fn leftover_pid(pid_file: &Path) -> Option<i32> {
     (exe == Path::new(binary.trim())).then_some(pid)
 }
 
-/// Hands out loopback ports for executors' gRPC servers from just below the kernel's
+/// Hands out ports on the executors' IP for their gRPC servers from just below the kernel's
 /// ephemeral range. A port taken from the ephemeral range (bind to port 0) is free only
 /// until the child binds it: meanwhile the kernel may give it to anyone's outgoing
 /// connection or port-0 bind, and the executor would crash on every restart. Ports below
 /// the range are never handed out by the kernel, so only an explicit bind can take one.
 struct PortPicker {
+    ip: IpAddr,
     range: std::ops::Range<u16>,
     next: Mutex<u16>,
 }
@@ -123,7 +124,7 @@ struct PortPicker {
 const PICKED_PORTS: u16 = 10_000;
 
 impl PortPicker {
-    fn new() -> Self {
+    fn new(ip: IpAddr) -> Self {
         let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
             .ok()
             .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
@@ -137,6 +138,7 @@ impl PortPicker {
         let span = u32::from(range.end - range.start).max(1);
         let start = range.start + (seed % span) as u16;
         Self {
+            ip,
             range,
             next: Mutex::new(start),
         }
@@ -152,15 +154,15 @@ impl PortPicker {
             } else {
                 port + 1
             };
-            if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            if TcpListener::bind((self.ip, port)).is_ok() {
                 return Ok(port);
             }
         }
         // No free port below the ephemeral range (or no such range): let the kernel choose.
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        TcpListener::bind((self.ip, 0))
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
-            .map_err(|e| BackendError::Io(format!("no free port on 127.0.0.1: {e}")))
+            .map_err(|e| BackendError::Io(format!("no free port on {}: {e}", self.ip)))
     }
 }
 
@@ -170,7 +172,7 @@ impl ResourceBackend for LocalBackend {
         let job_dir = self.settings.work_dir.join(&spec.job);
         let io = |what: &str, e: std::io::Error| BackendError::Io(format!("{what}: {e}"));
         std::fs::create_dir_all(&job_dir).map_err(|e| io(&job_dir.display().to_string(), e))?;
-        let grpc_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.ports.pick()?));
+        let grpc_addr = SocketAddr::from((self.settings.executor_ip, self.ports.pick()?));
         let mut settings = spec.settings.clone();
         let server = settings
             .entry("server")
@@ -312,7 +314,19 @@ impl Launch {
         let log_err = log
             .try_clone()
             .map_err(|e| format!("log file {}: {e}", self.log.display()))?;
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        // The master's own PRIMUS_<SECTION>__<KEY> settings are not the executor's: its
+        // settings file holds everything it needs, and an inherited `local.*` or `api.*`
+        // would be an unknown setting that stops it from starting.
+        for (name, _) in std::env::vars_os() {
+            if name
+                .to_str()
+                .is_some_and(primus_config::is_settings_variable)
+            {
+                command.env_remove(&name);
+            }
+        }
+        let child = command
             .current_dir(&self.dir)
             .arg("--config")
             .arg(&self.config)
@@ -478,6 +492,7 @@ async fn terminate(child: &mut Child, grace: Duration) {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
@@ -485,7 +500,7 @@ mod tests {
 
     #[test]
     fn picked_ports_are_below_the_ephemeral_range_and_skip_taken_ones() {
-        let picker = PortPicker::new();
+        let picker = PortPicker::new(Ipv4Addr::LOCALHOST.into());
         let first = picker.pick().expect("a port");
         assert!(
             picker.range.contains(&first),

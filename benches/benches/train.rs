@@ -21,7 +21,7 @@ use primus_spec::job::{
     AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
 };
 use primus_trainer::store::LocalStore;
-use primus_trainer::train::{Report, Reporter, Trainer};
+use primus_trainer::train::{Incoming, Report, Reporter, Trainer};
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -109,7 +109,14 @@ async fn main() {
     let mut trainer = Trainer::start(model, store, 0, 1, 100_000)
         .await
         .expect("trainer");
-    let stream = futures::stream::iter(batches.into_iter().map(|b| Ok((b, SourceKind::Batch))));
+    let stream = futures::stream::iter(batches.into_iter().map(|b| {
+        Ok(Incoming::new(
+            b,
+            SourceKind::Batch,
+            "generated",
+            &Default::default(),
+        ))
+    }));
     let started = Instant::now();
     trainer
         .train(stream.boxed(), Duration::from_secs(5), &Printer)

@@ -2,7 +2,10 @@
 //!
 //! Senders call [`inject_grpc`] / [`inject_nats`] (or use [`TraceInterceptor`] on a tonic
 //! client); receivers make their span a child of the sender's with [`grpc_server_span`]
-//! (for `tonic::transport::Server::trace_fn`) or [`nats_span`].
+//! (for `tonic::transport::Server::trace_fn`) or [`nats_span`]. Data that outlives a call
+//! (a minibatch read by a data task and trained on later) carries a [`TraceCarrier`].
+
+use std::collections::HashMap;
 
 use opentelemetry::Context;
 use opentelemetry::propagation::{Extractor, Injector};
@@ -72,6 +75,28 @@ pub fn inject_nats(headers: &mut async_nats::HeaderMap) {
     opentelemetry::global::get_text_map_propagator(|p| {
         p.inject_context(&cx, &mut NatsInjector(headers))
     });
+}
+
+/// W3C trace context as plain strings (`traceparent`, `tracestate`), for messages that
+/// carry it in their own fields. Empty when the span it was taken from is not exported.
+pub type TraceCarrier = HashMap<String, String>;
+
+/// The current span's trace context as a [`TraceCarrier`].
+pub fn current_carrier() -> TraceCarrier {
+    let cx = current_context();
+    let mut carrier = TraceCarrier::new();
+    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut carrier));
+    carrier
+}
+
+/// Makes `span` a child of the span a [`TraceCarrier`] was taken from (if any).
+pub fn set_parent_from_carrier(span: &tracing::Span, carrier: &TraceCarrier) {
+    if !carrier.is_empty() {
+        set_parent(
+            span,
+            opentelemetry::global::get_text_map_propagator(|p| p.extract(carrier)),
+        );
+    }
 }
 
 /// The sender's context from incoming NATS headers (empty when there are none).

@@ -1,51 +1,20 @@
 //! A span opened before a gRPC call and a NATS publish is the parent of the spans the
 //! receiving side records, as seen by a real OTLP/gRPC receiver running in this test.
 //! (One test in this binary: the tracing subscriber is process-global.)
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opentelemetry::trace::TraceContextExt;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
-use opentelemetry_proto::tonic::trace::v1::Span;
 use primus_bus::Bus;
 use primus_config::{NatsSettings, TelemetrySettings};
 use primus_proto::v1::Heartbeat;
 use primus_telemetry::propagation::{TraceInterceptor, grpc_server_span};
-use primus_testkit::NatsServer;
+use primus_testkit::{NatsServer, OtlpReceiver};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-
-#[derive(Clone, Default)]
-struct Receiver {
-    spans: Arc<Mutex<Vec<Span>>>,
-}
-
-#[tonic::async_trait]
-impl TraceService for Receiver {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.spans.lock().expect("lock");
-        for resource in request.into_inner().resource_spans {
-            for scope in resource.scope_spans {
-                spans.extend(scope.spans);
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
 
 async fn listener() -> (TcpListener, String) {
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -55,17 +24,11 @@ async fn listener() -> (TcpListener, String) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn remote_spans_are_children_of_the_sender_span() {
-    let receiver = Receiver::default();
-    let (otlp_listener, otlp_addr) = listener().await;
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(receiver.clone()))
-            .serve_with_incoming(TcpListenerStream::new(otlp_listener)),
-    );
+    let receiver = OtlpReceiver::start().await.expect("otlp receiver");
     let telemetry = primus_telemetry::init(
         "telemetry-test",
         &TelemetrySettings {
-            otlp_endpoint: Some(format!("http://{otlp_addr}")),
+            otlp_endpoint: Some(receiver.endpoint().to_owned()),
             ..Default::default()
         },
     )
@@ -138,12 +101,10 @@ async fn remote_spans_are_children_of_the_sender_span() {
     for _ in 0..50 {
         telemetry.flush();
         found = receiver
-            .spans
-            .lock()
-            .expect("lock")
-            .iter()
+            .spans()
+            .into_iter()
+            .map(|r| r.span)
             .filter(|s| wanted.contains(&s.name))
-            .cloned()
             .collect();
         if found.len() == wanted.len() {
             break;

@@ -1,15 +1,19 @@
 //! Real servers for tests and for the local playground (`primus up`): NATS, Redis and
 //! SeaweedFS (an S3-compatible store), each started on free loopback ports in its own
-//! temporary directory, waited on until it answers, and killed (by PID) when dropped.
+//! temporary directory, waited on until it answers, and killed (by PID) when dropped;
+//! and an OTLP/gRPC trace receiver ([`OtlpReceiver`]) for tests that follow a trace
+//! across processes.
 //!
 //! Binaries are looked up on `PATH`, then in the repository's `.tools/` (where
 //! `scripts/install-deps.sh` puts them). When one is missing, [`Error::MissingBinary`] says
 //! how to install it; tests call `.expect(..)` on it, so under CI a missing server is a
 //! failure, never a silent skip.
 
+mod otlp;
 mod process;
 mod servers;
 pub mod service;
 
+pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use process::{Error, find_binary, free_port, repo_root, wait_until};
 pub use servers::{NatsServer, RedisServer, S3Bucket, SeaweedS3};

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use primus_batch::Minibatch;
 use primus_proto::v1::SourceKind;
+use primus_telemetry::propagation::TraceCarrier;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::ledger::TaskLedger;
@@ -25,6 +26,8 @@ pub struct Served {
     pub source: String,
     pub kind: SourceKind,
     pub batch: Minibatch,
+    /// The trace of the task that read the first rows.
+    pub trace: TraceCarrier,
 }
 
 struct Queue {
@@ -158,6 +161,7 @@ impl Buffers {
         let queue = &mut queues[chosen];
         let mut parts = Vec::new();
         let mut taken = 0;
+        let trace = queue.chunks.front().map(|c| c.task.trace.clone())?;
         while taken < rows {
             let Some(mut chunk) = queue.chunks.pop_front() else {
                 break;
@@ -191,6 +195,7 @@ impl Buffers {
             source: queue.name.clone(),
             kind: queue.kind,
             batch,
+            trace,
         })
     }
 

@@ -22,6 +22,7 @@ use primus_service::{ExecutorIdentity, Shutdown};
 use primus_spec::dataset::DatasetSpec;
 use tokio::sync::Semaphore;
 use tonic::transport::Channel;
+use tracing::Instrument;
 
 use crate::buffer::Buffers;
 use crate::ledger::{ReadEnd, TaskLedger};
@@ -189,7 +190,34 @@ impl Executor {
         Ok(())
     }
 
+    /// Runs one task in its own `data.task` span (the root of the task's trace: the
+    /// trainer steps on its rows and their PS calls continue it).
     async fn run_task(&self, task: DataTask, jetstream: &JetStream) {
+        let kind = match &task.work {
+            Some(data_task::Work::Batch(_)) => "batch",
+            Some(data_task::Work::Stream(_)) => "stream",
+            None => "none",
+        };
+        let files = match &task.work {
+            Some(data_task::Work::Batch(work)) => work.files.len(),
+            _ => 0,
+        };
+        let span = tracing::info_span!(
+            parent: None,
+            "data.task",
+            otel.name = %format!("data task {}", task.source),
+            primus.job = %self.identity.job,
+            primus.executor = %self.identity.executor_id,
+            primus.task = %task.id,
+            primus.source = %task.source,
+            primus.task_kind = kind,
+            primus.files = files,
+            primus.start_offset = task.start_offset,
+        );
+        self.read_task(task, jetstream).instrument(span).await
+    }
+
+    async fn read_task(&self, task: DataTask, jetstream: &JetStream) {
         let ledger = Arc::new(TaskLedger::new(task.id.clone(), task.start_offset));
         self.ledgers().insert(task.id.clone(), ledger.clone());
         let source = self.buffers.source_index(&task.source);

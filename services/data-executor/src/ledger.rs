@@ -5,6 +5,8 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use primus_telemetry::propagation::{TraceCarrier, current_carrier};
+
 /// How a task's reading ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadEnd {
@@ -29,6 +31,9 @@ pub struct TaskLedger {
     end: Mutex<Option<ReadEnd>>,
     /// The master gave the task to another executor: its runner stops reading.
     taken_back: AtomicBool,
+    /// The trace of the span current when the task started (its `data.task` span): the
+    /// minibatches served from its rows continue it in the trainer.
+    pub trace: TraceCarrier,
 }
 
 impl TaskLedger {
@@ -39,6 +44,7 @@ impl TaskLedger {
             reported: AtomicU64::new(start_offset),
             end: Mutex::new(None),
             taken_back: AtomicBool::new(false),
+            trace: current_carrier(),
         }
     }
 

@@ -7,6 +7,7 @@ use primus_batch::Minibatch;
 use primus_proto::v1::dataset_service_client::DatasetServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
 use primus_proto::v1::{GetTopologyRequest, MinibatchRequest, Role, SourceKind};
+use primus_telemetry::propagation::TraceCarrier;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReaderError {
@@ -27,6 +28,8 @@ pub struct ReceivedBatch {
     pub source: String,
     pub kind: SourceKind,
     pub batch: Minibatch,
+    /// The trace of the data task that read it (see `Minibatch.trace_context`).
+    pub trace: TraceCarrier,
 }
 
 /// What a trainer asks every data executor for.
@@ -107,6 +110,7 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Batches, Reade
                 kind: SourceKind::try_from(message.source_kind).unwrap_or(SourceKind::Unspecified),
                 source: message.source,
                 batch,
+                trace: message.trace_context,
             })
         })
         .boxed())

@@ -64,6 +64,7 @@ fn encode(executor: &Executor, served: Served, grouped: bool) -> Result<Minibatc
         source: served.source,
         rows: rows as u32,
         arrow_ipc,
+        trace_context: served.trace,
     })
 }
 

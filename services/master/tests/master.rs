@@ -21,7 +21,7 @@ use primus_spec::Kind;
 use primus_spec::status::{Phase, Status};
 use primus_spec::time;
 use primus_testkit::service::{ServingStatus, signal, wait_for_health};
-use primus_testkit::{NatsServer, RedisServer, free_port};
+use primus_testkit::{NatsServer, OtlpReceiver, ReceivedSpan, RedisServer, free_port};
 
 const TOKEN: &str = "master-test-token";
 const ROWS_PER_FILE: u64 = 100;
@@ -313,6 +313,16 @@ impl Cluster {
         data_executor: &Path,
         max_lead_hours: u64,
     ) -> std::process::Child {
+        self.start_master_configured(data_executor, max_lead_hours, "")
+    }
+
+    /// A master with `extra` appended to its settings file.
+    fn start_master_configured(
+        &self,
+        data_executor: &Path,
+        max_lead_hours: u64,
+        extra: &str,
+    ) -> std::process::Child {
         let config = self.dir.path().join("master.toml");
         let reader = data_executor;
         assert!(reader.is_file(), "{} is not built", reader.display());
@@ -346,6 +356,7 @@ restart_backoff_ms = 100
 stop_grace_ms = 3000
 [local.binaries]
 data_executor = "{reader}"
+{extra}
 "#,
                 port = self.master_port,
                 nats = self.nats.url(),
@@ -701,6 +712,93 @@ async fn a_job_trains_on_every_row_once_through_real_data_executors_and_trainer(
     assert!(progress.steps >= 1);
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");
+}
+
+/// The spans received so far that are called `name` (span names; server spans are
+/// named by their gRPC path).
+fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
+    spans.iter().filter(|s| s.span.name == name).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_trace_links_a_data_task_the_trainer_step_on_its_rows_and_the_ps_push() {
+    let receiver = OtlpReceiver::start().await.expect("otlp receiver");
+    let cluster = Cluster::start().await;
+    let data = cluster.dir.path().join("data");
+    write_partitions(&data, "2026-11-01", 1).await;
+    cluster
+        .apply(&job_yaml(
+            "traced",
+            data.to_str().expect("utf-8"),
+            "2026-11-01T00",
+            "2026-11-01T01",
+            1,
+        ))
+        .await;
+    // The master hands its telemetry section to every executor it starts.
+    let mut master = cluster.start_master_configured(
+        &target_dir().join("primus-data-executor"),
+        0,
+        &format!("[telemetry]\notlp_endpoint = \"{}\"\n", receiver.endpoint()),
+    );
+    cluster
+        .wait_for_phase("traced", Phase::Succeeded, Duration::from_secs(120))
+        .await;
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+
+    // Executors flush their spans as they stop; the PS push of a step is the last link.
+    let mut spans = Vec::new();
+    for _ in 0..100 {
+        spans = receiver.spans();
+        if !named(&spans, "ps.push").is_empty() && !named(&spans, "trainer.step").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let tasks = named(&spans, "data task clicks");
+    assert!(!tasks.is_empty(), "a data.task span: {:?}", names(&spans));
+    let child_of = |parent: &ReceivedSpan, name: &str| -> Vec<ReceivedSpan> {
+        named(&spans, name)
+            .into_iter()
+            .filter(|s| {
+                s.span.trace_id == parent.span.trace_id
+                    && s.span.parent_span_id == parent.span.span_id
+            })
+            .cloned()
+            .collect()
+    };
+    // Some task's rows were trained in a step whose push reached the PS, all one trace.
+    let linked = tasks.iter().find_map(|task| {
+        let step = child_of(task, "trainer.step").into_iter().next()?;
+        let push = child_of(&step, "trainer.push").into_iter().next()?;
+        let server = child_of(&push, "/primus.v1.ParameterServer/Push")
+            .into_iter()
+            .next()?;
+        let ps_push = child_of(&server, "ps.push").into_iter().next()?;
+        Some((task, step, server, ps_push))
+    });
+    let Some((task, step, server, ps_push)) = linked else {
+        panic!(
+            "no data task -> trainer.step -> trainer.push -> PS Push -> ps.push chain in {:?}",
+            names(&spans)
+        );
+    };
+    assert_eq!(task.service, "primus-data-executor");
+    assert_eq!(step.service, "primus-trainer");
+    assert_eq!(server.service, "primus-ps");
+    assert_eq!(ps_push.service, "primus-ps");
+    assert!(
+        !child_of(&step, "trainer.lookup").is_empty(),
+        "the step's lookups are in the same trace"
+    );
+}
+
+fn names(spans: &[ReceivedSpan]) -> Vec<(String, String)> {
+    spans
+        .iter()
+        .map(|s| (s.service.clone(), s.span.name.clone()))
+        .collect()
 }
 
 /// Publishes rows with c1 ids `ids` (label: odd ids) on `subject` as `SampleRows`.

@@ -9,7 +9,9 @@ use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{
     DenseTensor, InitDenseRequest, LookupRequest, PullDenseRequest, PushDenseRequest, PushRequest,
 };
+use primus_telemetry::propagation::TraceInterceptor;
 use tonic::Status;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::codec::{decode_f32, encode_f32, encode_keys};
@@ -63,7 +65,8 @@ fn dense_from_proto(shard: usize, tensor: DenseTensor) -> Result<DenseValues, Ps
 
 #[derive(Clone)]
 pub struct PsClient {
-    shards: Vec<ParameterServerClient<Channel>>,
+    /// Every call carries the caller's trace context (the PS request span continues it).
+    shards: Vec<ParameterServerClient<InterceptedService<Channel, TraceInterceptor>>>,
 }
 
 /// The keys one shard gets: unique keys and where each came from in the request.
@@ -91,7 +94,7 @@ impl PsClient {
                 .await
                 .map_err(|e| failed(e.to_string()))?;
             shards.push(
-                ParameterServerClient::new(channel)
+                ParameterServerClient::with_interceptor(channel, TraceInterceptor)
                     .max_decoding_message_size(256 << 20)
                     .max_encoding_message_size(256 << 20),
             );

@@ -111,6 +111,12 @@ impl ParameterServer for Ps {
         let request = request.into_inner();
         let table = self.tables.get(&request.table)?;
         let keys = decode_keys(&request.keys)?;
+        let _span = tracing::info_span!(
+            "ps.lookup",
+            primus.table = %request.table,
+            primus.keys = keys.len(),
+        )
+        .entered();
         // Duplicates are looked up once, then copied to every position that asked.
         let (unique, positions) = dedup(&keys);
         let dim = table.dim();
@@ -131,7 +137,18 @@ impl ParameterServer for Ps {
         let table = self.tables.get(&request.table)?;
         let keys = decode_keys(&request.keys)?;
         let grads = decode_f32("grads", &request.grads)?;
-        let outcome = table.push(&keys, &grads, now_secs()).map_err(invalid)?;
+        let span = tracing::info_span!(
+            "ps.push",
+            primus.table = %request.table,
+            primus.keys = keys.len(),
+            primus.applied = tracing::field::Empty,
+            primus.dropped = tracing::field::Empty,
+        );
+        let outcome = span
+            .in_scope(|| table.push(&keys, &grads, now_secs()))
+            .map_err(invalid)?;
+        span.record("primus.applied", outcome.applied);
+        span.record("primus.dropped", outcome.dropped);
         Ok(Response::new(PushResponse {
             applied: outcome.applied,
             dropped: outcome.dropped,

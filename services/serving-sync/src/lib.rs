@@ -29,6 +29,7 @@ use primus_spec::job::{JobSpec, TrainingMode};
 use primus_spec::status::{Phase, Status};
 use tokio::sync::{mpsc, watch};
 use tonic::service::Routes;
+use tracing::Instrument;
 
 pub use settings::ServingSyncSettings;
 use sync::{JobSync, SyncReport, SyncTarget, Topology};
@@ -294,9 +295,11 @@ pub async fn follow(
             Some(notice) = notices.recv() => sync.note(&notice),
             _ = sparse.tick() => {}
         }
-        sync.sync_sparse().await;
+        let cycle = tracing::info_span!(parent: None, "serving_sync.sparse", primus.job = %job);
+        sync.sync_sparse().instrument(cycle).await;
         if sync.dense_due() {
-            match sync.sync_dense().await {
+            let cycle = tracing::info_span!(parent: None, "serving_sync.dense", primus.job = %job);
+            match sync.sync_dense().instrument(cycle).await {
                 Ok(version) => {
                     dense_synced = true;
                     tracing::debug!(%job, version, "dense model exported");

@@ -19,6 +19,8 @@ use primus_proto::v1::{
     ReplicaStateRequest,
 };
 use primus_ps::client::PsClient;
+use primus_telemetry::propagation::TraceInterceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 /// What to keep in sync, from the Job and its Dataset.
@@ -58,7 +60,7 @@ pub struct SyncReport {
 struct ReplicaLink {
     id: String,
     addr: String,
-    client: ServingServiceClient<Channel>,
+    client: ServingServiceClient<Traced>,
     /// Per training shard id: every change up to this version is held (the replica's own
     /// answer at the start of this cycle). `None`: it did not answer; skipped this cycle.
     applied: Option<HashMap<String, u64>>,
@@ -68,8 +70,12 @@ struct ReplicaLink {
 struct ShardLink {
     id: String,
     addr: String,
-    client: ParameterServerClient<Channel>,
+    client: ParameterServerClient<Traced>,
 }
+
+/// A channel whose calls carry the current span's trace context: the ExportDelta and
+/// ApplyDelta request spans on the PS side are children of the sync cycle's span.
+type Traced = InterceptedService<Channel, TraceInterceptor>;
 
 pub struct JobSync {
     target: SyncTarget,
@@ -125,8 +131,11 @@ impl JobSync {
                     Ok(ShardLink {
                         id: id.clone(),
                         addr: addr.clone(),
-                        client: ParameterServerClient::new(lazy_channel(addr)?)
-                            .max_decoding_message_size(usize::MAX),
+                        client: ParameterServerClient::with_interceptor(
+                            lazy_channel(addr)?,
+                            TraceInterceptor,
+                        )
+                        .max_decoding_message_size(usize::MAX),
                     })
                 })
                 .collect::<anyhow::Result<_>>()?;
@@ -143,8 +152,11 @@ impl JobSync {
                 None => ReplicaLink {
                     id: id.clone(),
                     addr: addr.clone(),
-                    client: ServingServiceClient::new(lazy_channel(addr)?)
-                        .max_encoding_message_size(usize::MAX),
+                    client: ServingServiceClient::with_interceptor(
+                        lazy_channel(addr)?,
+                        TraceInterceptor,
+                    )
+                    .max_encoding_message_size(usize::MAX),
                     applied: None,
                     dense_version: 0,
                 },

@@ -31,7 +31,7 @@ use tonic::service::Routes;
 
 pub use settings::TrainerSettings;
 use store::RemoteStore;
-use train::{Report, Reporter, Trainer};
+use train::{Incoming, Report, Reporter, Trainer};
 
 pub const SERVICE: &str = "primus-trainer";
 pub const ABOUT: &str = concat!(
@@ -171,8 +171,15 @@ async fn work(
     })
     .await?
     .map(|item| {
-        item.map(|received| (received.batch, received.kind))
-            .map_err(anyhow::Error::from)
+        item.map(|received| {
+            Incoming::new(
+                received.batch,
+                received.kind,
+                &received.source,
+                &received.trace,
+            )
+        })
+        .map_err(anyhow::Error::from)
     });
     let endpoint = Endpoint {
         role: Role::Trainer as i32,

@@ -14,14 +14,40 @@ use primus_metrics::{EvalWindow, Evaluation};
 use primus_model::pooling::BatchKeys;
 use primus_model::{Inputs, Model, ParamSet, StepOutput, Tower};
 use primus_proto::v1::SourceKind;
+use primus_telemetry::propagation::{TraceCarrier, set_parent_from_carrier};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::store::ParameterStore;
+
+/// A minibatch to train on and the `trainer.step` span its lookups, compute and pushes
+/// run in.
+pub struct Incoming {
+    pub batch: Minibatch,
+    pub kind: SourceKind,
+    pub span: tracing::Span,
+}
+
+impl Incoming {
+    /// A minibatch whose step continues the trace in `trace` (the data task that read it;
+    /// an empty carrier starts a new trace).
+    pub fn new(batch: Minibatch, kind: SourceKind, source: &str, trace: &TraceCarrier) -> Self {
+        let span = tracing::info_span!(
+            parent: None,
+            "trainer.step",
+            primus.source = %source,
+            primus.rows = batch.rows(),
+        );
+        set_parent_from_carrier(&span, trace);
+        Self { batch, kind, span }
+    }
+}
 
 /// A minibatch with its rows looked up, ready to compute.
 pub struct Prepared {
     pub batch: Minibatch,
     pub tower: Tower,
+    span: tracing::Span,
     keys: BatchKeys,
     rows: Vec<Vec<f32>>,
     wide: Vec<Vec<f32>>,
@@ -175,7 +201,7 @@ impl<S: ParameterStore> Trainer<S> {
         reporter: &R,
     ) -> anyhow::Result<()>
     where
-        B: Stream<Item = anyhow::Result<(Minibatch, SourceKind)>> + Send + 'static,
+        B: Stream<Item = anyhow::Result<Incoming>> + Send + 'static,
         R: Reporter,
     {
         let (prepared_tx, mut prepared) = mpsc::channel::<anyhow::Result<Prepared>>(1);
@@ -223,12 +249,16 @@ impl<S: ParameterStore> Trainer<S> {
         }
         let started = Instant::now();
         let (model, params) = (self.model.clone(), self.params.clone());
-        let (prepared, output, grads, wide_grads) =
-            tokio::task::spawn_blocking(move || compute(&model, &params, prepared))
-                .await
-                .context("the compute task")??;
+        let compute_span = tracing::info_span!(parent: &prepared.span, "trainer.compute");
+        let (prepared, output, grads, wide_grads) = tokio::task::spawn_blocking(move || {
+            compute_span.in_scope(|| compute(&model, &params, prepared))
+        })
+        .await
+        .context("the compute task")??;
         let computed = Instant::now();
+        let push_span = tracing::info_span!(parent: &prepared.span, "trainer.push");
         self.push(&prepared.keys, &grads, &wide_grads, &output)
+            .instrument(push_span)
             .await?;
         let meter = &mut self.meter;
         meter.compute += computed - started;
@@ -316,9 +346,10 @@ fn compute(model: &Model, params: &ParamSet, prepared: Prepared) -> anyhow::Resu
 pub async fn prepare<S: ParameterStore>(
     store: &S,
     model: &Model,
-    batch: Minibatch,
-    kind: SourceKind,
+    incoming: Incoming,
 ) -> anyhow::Result<Prepared> {
+    let Incoming { batch, kind, span } = incoming;
+    let lookup_span = tracing::info_span!(parent: &span, "trainer.lookup");
     let started = Instant::now();
     let layout = model.layout();
     let kjt = batch.to_kjt()?;
@@ -349,10 +380,13 @@ pub async fn prepare<S: ParameterStore>(
             .zip(&keys.tables)
             .filter_map(|(t, k)| t.wide.clone().map(|w| lookup(w, k))),
     );
-    let (rows, wide) = futures::try_join!(rows, wide)?;
+    let (rows, wide) = async { futures::try_join!(rows, wide) }
+        .instrument(lookup_span)
+        .await?;
     Ok(Prepared {
         batch,
         tower: tower(kind),
+        span,
         keys,
         rows,
         wide,
@@ -366,12 +400,12 @@ async fn prefetch<S: ParameterStore, B>(
     model: Arc<Model>,
     out: mpsc::Sender<anyhow::Result<Prepared>>,
 ) where
-    B: Stream<Item = anyhow::Result<(Minibatch, SourceKind)>> + Send + 'static,
+    B: Stream<Item = anyhow::Result<Incoming>> + Send + 'static,
 {
     let mut batches = std::pin::pin!(batches);
     while let Some(next) = batches.next().await {
         let prepared = match next {
-            Ok((batch, kind)) => prepare(&*store, &model, batch, kind).await,
+            Ok(incoming) => prepare(&*store, &model, incoming).await,
             Err(e) => Err(e),
         };
         let failed = prepared.is_err();

@@ -14,7 +14,7 @@ use primus_spec::job::{
     AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
 };
 use primus_trainer::store::{LocalStore, ParameterStore};
-use primus_trainer::train::{Report, Reporter, Trainer};
+use primus_trainer::train::{Incoming, Report, Reporter, Trainer};
 
 struct Collect(std::sync::Mutex<Vec<Report>>);
 
@@ -76,7 +76,14 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
         .expect("start");
     let initial = trainer.params().clone();
     let reports = Collect(Default::default());
-    let stream = futures::stream::iter(batches.into_iter().map(|b| Ok((b, SourceKind::Batch))));
+    let stream = futures::stream::iter(batches.into_iter().map(|b| {
+        Ok(Incoming::new(
+            b,
+            SourceKind::Batch,
+            "generated",
+            &Default::default(),
+        ))
+    }));
     trainer
         .train(stream.boxed(), Duration::ZERO, &reports)
         .await

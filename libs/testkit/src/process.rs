@@ -87,6 +87,30 @@ pub fn free_port() -> Result<u16, Error> {
     Ok(addr.port())
 }
 
+/// A free port on 127.0.0.1 below the kernel's ephemeral range, for a server a test stops
+/// and starts again on the same address: a port from the ephemeral range (port 0) may be
+/// taken meanwhile by any outgoing connection, one below it only by an explicit bind.
+pub fn restartable_port() -> Result<u16, Error> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let range = low.saturating_sub(8_000).max(1_024)..low;
+    let span = u32::from(range.end - range.start).max(1);
+    // Test binaries run side by side: each starts somewhere else in the range.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+        ^ std::process::id().wrapping_mul(2_654_435_761);
+    for step in 0..span {
+        let port = range.start + ((seed.wrapping_add(step)) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    free_port()
+}
+
 /// Polls `probe` every 50 ms until it returns Ok, or fails with its last error.
 pub fn wait_until<T>(
     what: &str,

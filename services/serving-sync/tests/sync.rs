@@ -27,7 +27,7 @@ use primus_serving_sync::sync::{JobSync, SyncTarget, Topology};
 use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::JobSpec;
 use primus_testkit::service::{ServingStatus, wait_for_health};
-use primus_testkit::{NatsServer, free_port};
+use primus_testkit::{NatsServer, restartable_port};
 use tokio::sync::{mpsc, watch};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -96,10 +96,13 @@ impl Process {
     async fn start(settings: PsSettings) -> Self {
         let addr = settings.server.grpc_addr.to_string();
         let shutdown = Shutdown::new();
-        let task = tokio::spawn(primus_ps::run(settings, shutdown.clone()));
-        wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(20))
-            .await
-            .expect("serving");
+        let mut task = tokio::spawn(primus_ps::run(settings, shutdown.clone()));
+        tokio::select! {
+            health = wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(20)) => {
+                health.expect("serving");
+            }
+            ended = &mut task => panic!("the PS on {addr} stopped while starting: {ended:?}"),
+        }
         Self {
             addr,
             shutdown,
@@ -163,7 +166,7 @@ impl Cluster {
         let layout = ModelLayout::new(&job.model, &schema).expect("layout");
         let mut shards = Vec::new();
         for i in 0..2 {
-            let port = free_port().expect("port");
+            let port = restartable_port().expect("port");
             let settings = shard_settings(&nats.url(), &job, &layout, i, port);
             shards.push(Process::start(settings).await);
         }
@@ -191,7 +194,9 @@ impl Cluster {
             training,
         };
         for _ in 0..2 {
-            let replica = cluster.start_replica(free_port().expect("port")).await;
+            let replica = cluster
+                .start_replica(restartable_port().expect("port"))
+                .await;
             cluster.replicas.push(replica);
         }
         cluster

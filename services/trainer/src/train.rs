@@ -245,7 +245,8 @@ impl<S: ParameterStore> Trainer<S> {
     /// Computes and pushes one looked-up minibatch.
     pub async fn step(&mut self, prepared: Prepared) -> anyhow::Result<StepOutput> {
         if self.meter.steps.is_multiple_of(self.dense_pull_every) && self.meter.steps > 0 {
-            self.pull_dense().await?;
+            let pull_span = tracing::info_span!(parent: &prepared.span, "trainer.pull_dense");
+            self.pull_dense().instrument(pull_span).await?;
         }
         let started = Instant::now();
         let (model, params) = (self.model.clone(), self.params.clone());

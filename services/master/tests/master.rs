@@ -836,11 +836,14 @@ async fn wait_for_samples(cluster: &Cluster, job: &str, samples: u64) {
     }
 }
 
-/// An online job: a real data executor consumes the JetStream subject (rows published
-/// before and while the job runs) and the real trainer trains on every row once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_online_job_trains_on_every_row_published_to_its_jetstream_subject() {
-    let cluster = Cluster::start().await;
+/// Publishes rows 0..500 on `clicks.live` (stream CLICKS) and applies a stream-mode
+/// Wide&Deep Job `job` over them, one of each executor; `extra` is appended to the Job's spec
+/// (indented under `spec:`). Returns the JetStream context for later rows.
+async fn apply_online_job(
+    cluster: &Cluster,
+    job: &str,
+    extra: &str,
+) -> primus_bus::jetstream::JetStream {
     let js = cluster.jetstream().await;
     js.ensure_stream("CLICKS", vec!["clicks.>".into()])
         .await
@@ -849,35 +852,44 @@ async fn an_online_job_trains_on_every_row_published_to_its_jetstream_subject() 
         publish_rows(&js, "clicks.live", i * 50..(i + 1) * 50).await;
     }
     cluster
-        .apply(
+        .apply(&format!(
             r#"
 kind: Dataset
-metadata: {name: live-data}
+metadata: {{name: live-data}}
 spec:
   streams:
     - name: live
-      window: {unit: hourly, start: "2026-11-01T00"}
+      window: {{unit: hourly, start: "2026-11-01T00"}}
       sources:
-        - {name: clicks, jetstream: {stream: CLICKS, subject: "clicks.>"}}
-  schema: {label: label, sparse: [{name: c1, table: t}]}
+        - {{name: clicks, jetstream: {{stream: CLICKS, subject: "clicks.>"}}}}
+  schema: {{label: label, sparse: [{{name: c1, table: t}}]}}
 ---
 kind: Job
-metadata: {name: online}
+metadata: {{name: {job}}}
 spec:
   dataset: live-data
   mode: stream
   model:
     kind: wide_deep
-    tables: [{name: t, dim: 4, optimizer: {kind: sgd, learning_rate: 0.1}}]
-    dense: {top: [8, 1]}
-  training: {batch_size: 64}
+    tables: [{{name: t, dim: 4, optimizer: {{kind: sgd, learning_rate: 0.1}}}}]
+    dense: {{top: [8, 1]}}
+  training: {{batch_size: 64}}
   topology:
-    data_executors: {replicas: 1}
-    trainers: {replicas: 1}
-    ps: {replicas: 1}
-"#,
-        )
+    data_executors: {{replicas: 1}}
+    trainers: {{replicas: 1}}
+    ps: {{replicas: 1}}
+{extra}"#
+        ))
         .await;
+    js
+}
+
+/// An online job: a real data executor consumes the JetStream subject (rows published
+/// before and while the job runs) and the real trainer trains on every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_online_job_trains_on_every_row_published_to_its_jetstream_subject() {
+    let cluster = Cluster::start().await;
+    let js = apply_online_job(&cluster, "online", "").await;
     let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
     wait_for_samples(&cluster, "online", 500).await;
     for i in 10..16 {
@@ -1324,45 +1336,12 @@ async fn an_online_job_with_serving_predicts_from_the_rows_it_trains() {
     };
 
     let cluster = Cluster::start().await;
-    let js = cluster.jetstream().await;
-    js.ensure_stream("CLICKS", vec!["clicks.>".into()])
-        .await
-        .expect("stream");
-    for i in 0..10 {
-        publish_rows(&js, "clicks.live", i * 50..(i + 1) * 50).await;
-    }
-    cluster
-        .apply(
-            r#"
-kind: Dataset
-metadata: {name: live-data}
-spec:
-  streams:
-    - name: live
-      window: {unit: hourly, start: "2026-11-01T00"}
-      sources:
-        - {name: clicks, jetstream: {stream: CLICKS, subject: "clicks.>"}}
-  schema: {label: label, sparse: [{name: c1, table: t}]}
----
-kind: Job
-metadata: {name: served}
-spec:
-  dataset: live-data
-  mode: stream
-  model:
-    kind: wide_deep
-    tables: [{name: t, dim: 4, optimizer: {kind: sgd, learning_rate: 0.1}}]
-    dense: {top: [8, 1]}
-  training: {batch_size: 64}
-  topology:
-    data_executors: {replicas: 1}
-    trainers: {replicas: 1}
-    ps: {replicas: 1}
-    serving: {replicas: 1}
-  serving_sync: {enabled: true, sparse_interval_ms: 200, dense_interval_seconds: 1}
-"#,
-        )
-        .await;
+    let js = apply_online_job(
+        &cluster,
+        "served",
+        "    serving: {replicas: 1}\n  serving_sync: {enabled: true, sparse_interval_ms: 200, dense_interval_seconds: 1}\n",
+    )
+    .await;
     let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
     let mut settings = primus_serving_sync::default_settings();
     settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();

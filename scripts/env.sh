@@ -6,6 +6,11 @@ export PATH="$_primus_root/.tools/nats/bin:$_primus_root/.tools/weed/bin:$_primu
 export PYTHONPATH="$_primus_root/.tools/kv${PYTHONPATH:+:$PYTHONPATH}"
 ORT_DYLIB_PATH="$(ls "$_primus_root"/.tools/ort/onnxruntime/capi/libonnxruntime.so.* 2>/dev/null | head -1 || true)"
 export ORT_DYLIB_PATH
+# NVRTC for primus-gpu (cudarc loads it by name). A CUDA toolkit's own lib64 already on
+# LD_LIBRARY_PATH comes first, so a GPU machine uses the NVRTC that matches its driver.
+if [ -d "$_primus_root/.tools/nvrtc/nvidia/cuda_nvrtc/lib" ]; then
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$_primus_root/.tools/nvrtc/nvidia/cuda_nvrtc/lib"
+fi
 unset _primus_root
 # Builds live outside the clone so a fresh clone (CI) reuses what an earlier one compiled.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/primus-rs/target}"

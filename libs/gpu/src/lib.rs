@@ -1,0 +1,51 @@
+//! primus-gpu: embedding work on NVIDIA GPUs, and its CPU references.
+//!
+//! Owns the CUDA C kernels (kernels.cu), their compilation by NVRTC at first use (PTX
+//! cached per architecture, modules per device), and the host side that validates input
+//! and launches them: table-batched gather + sum/mean pooling over jagged and inverse
+//! jagged (RecD IKJT) bags, the pooling backward into unique-row gradients (atomic, or
+//! deterministic), and fused sparse Adagrad and Adam updates of device-resident rows laid
+//! out as the CPU arena lays them out (weights, then optimizer state).
+//!
+//! CUDA is loaded dynamically (cudarc `dynamic-loading`): this crate builds and runs on
+//! machines without a GPU. [`cuda_status`] says whether a device can be used; the NVRTC
+//! library alone (PyPI `nvidia-cuda-nvrtc-cu12`) is enough for [`compile_ptx`].
+
+mod compile;
+// Kernel launches are `unsafe` in cudarc; this is the only module that launches.
+#[allow(unsafe_code)]
+mod device;
+pub mod layout;
+pub mod reference;
+
+pub use compile::{KERNEL_NAMES, KERNEL_SOURCE, compile_ptx, nvrtc_available};
+pub use device::{
+    CudaKernels, CudaStatus, DeviceIds, DevicePooling, DeviceTable, DeviceTables, cuda_status,
+};
+pub use layout::{Accumulation, FeatureBags, Pooling, PoolingInput, RowOptimizer, TableShape};
+pub use reference::{CpuKernels, EmbeddingKernels, update_row};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("invalid {field}: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error(
+        "the NVRTC library (libnvrtc.so) was not found: run scripts/install-deps.sh and source scripts/env.sh, or put a CUDA toolkit's lib64 on LD_LIBRARY_PATH"
+    )]
+    NoNvrtc,
+    #[error("no usable CUDA device: {0}")]
+    NoDevice(String),
+    #[error("NVRTC could not compile the kernels for {arch}: {log}")]
+    Compile { arch: String, log: String },
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+}
+
+impl GpuError {
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! Runs every kernel on the GPU and compares it with its CPU reference on random input
+//! (repeated ids, empty bags, ids at the end of a 1M-row table, shared tables, IKJT bags).
+//! Without a CUDA device it prints that each check was SKIPPED, and why, and passes.
+//! Not a libtest harness, so that the skip lines are always printed.
+
+mod common;
+
+use common::{distinct_ids, random_case, random_floats, random_optimizer_table};
+use primus_gpu::{
+    Accumulation, CpuKernels, CudaKernels, CudaStatus, EmbeddingKernels, GpuError, Pooling,
+    RowOptimizer, cuda_status,
+};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+type Check = fn(&CudaKernels, &mut StdRng) -> Result<(), String>;
+
+const CHECKS: [(&str, Check); 6] = [
+    (
+        "gather_pool: every output written, bitwise equal to the reference",
+        gather_pool_matches,
+    ),
+    (
+        "pool_backward deterministic: bitwise equal to the reference, twice",
+        backward_sorted_matches,
+    ),
+    (
+        "pool_backward atomic: within 1e-5 (relative norm) of the reference",
+        backward_atomic_close,
+    ),
+    (
+        "adagrad_update: 3 steps bitwise equal to the reference",
+        |k, r| updates_match(k, r, ADAGRAD),
+    ),
+    (
+        "adam_update: 3 steps bitwise equal to the reference",
+        |k, r| updates_match(k, r, ADAM),
+    ),
+    (
+        "device input checks: duplicate and out-of-range ids refused",
+        device_input_checks,
+    ),
+];
+
+const ADAGRAD: RowOptimizer = RowOptimizer::Adagrad {
+    lr: 0.05,
+    epsilon: 1e-8,
+};
+const ADAM: RowOptimizer = RowOptimizer::Adam {
+    lr: 0.01,
+    beta1: 0.9,
+    beta2: 0.999,
+    epsilon: 1e-8,
+};
+
+/// (dims, rows, samples, max bag, ikjt): vec4 and scalar paths, jagged and inverse bags.
+const SHAPES: [(&[u32], u32, usize, usize, bool); 5] = [
+    (&[16, 64], 1000, 300, 4, false),
+    (&[16, 64], 1000, 300, 4, true),
+    (&[10, 3, 33], 500, 257, 6, false),
+    (&[8], 1 << 20, 4096, 1, false),
+    (&[12, 5], 64, 100, 20, true),
+];
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn first_difference(gpu: &[f32], cpu: &[f32]) -> String {
+    match gpu
+        .iter()
+        .zip(cpu)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        Some(i) => format!("element {i}: gpu {} cpu {}", gpu[i], cpu[i]),
+        None => format!("lengths {} vs {}", gpu.len(), cpu.len()),
+    }
+}
+
+fn gather_pool_matches(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    for (dims, rows, samples, max_bag, ikjt) in SHAPES {
+        let case = random_case(rng, dims, rows, samples, max_bag, ikjt);
+        for pooling in [Pooling::Sum, Pooling::Mean] {
+            let weights = case.weight_slices();
+            let cpu = CpuKernels
+                .gather_pool(&case.tables, &weights, &case.input, pooling)
+                .map_err(|e| e.to_string())?;
+            let tables = kernels
+                .upload_tables(&case.tables, &weights)
+                .map_err(|e| e.to_string())?;
+            let batch = kernels
+                .upload_pooling(&tables, &case.input)
+                .map_err(|e| e.to_string())?;
+            let mut out = kernels
+                .upload(&vec![f32::NAN; cpu.len()])
+                .map_err(|e| e.to_string())?;
+            kernels
+                .gather_pool_on_device(&tables, &batch, pooling, &mut out)
+                .map_err(|e| e.to_string())?;
+            let gpu = kernels
+                .download(&out, cpu.len())
+                .map_err(|e| e.to_string())?;
+            if gpu.iter().any(|x| x.is_nan()) {
+                return Err(format!(
+                    "dims {dims:?} {pooling:?}: an output element was not written"
+                ));
+            }
+            if bits(&gpu) != bits(&cpu) {
+                return Err(format!(
+                    "dims {dims:?} ikjt {ikjt} {pooling:?}: {}",
+                    first_difference(&gpu, &cpu)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn backward_sorted_matches(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    for (dims, rows, samples, max_bag, ikjt) in SHAPES {
+        let case = random_case(rng, dims, rows, samples, max_bag, ikjt);
+        let g = random_floats(rng, samples * case.input.out_width(&case.tables));
+        for pooling in [Pooling::Sum, Pooling::Mean] {
+            let run = |k: &dyn EmbeddingKernels| {
+                k.pool_backward(
+                    &case.tables,
+                    &case.input,
+                    pooling,
+                    &g,
+                    Accumulation::Deterministic,
+                )
+                .map(|grads| grads.concat())
+                .map_err(|e| e.to_string())
+            };
+            let cpu = run(&CpuKernels)?;
+            let (first, second) = (run(kernels)?, run(kernels)?);
+            if bits(&first) != bits(&cpu) {
+                return Err(format!(
+                    "dims {dims:?} ikjt {ikjt} {pooling:?}: {}",
+                    first_difference(&first, &cpu)
+                ));
+            }
+            if bits(&first) != bits(&second) {
+                return Err(format!(
+                    "dims {dims:?}: two runs differ: {}",
+                    first_difference(&second, &first)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn backward_atomic_close(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    for (dims, rows, samples, max_bag, ikjt) in SHAPES {
+        let case = random_case(rng, dims, rows, samples, max_bag, ikjt);
+        let g = random_floats(rng, samples * case.input.out_width(&case.tables));
+        let run = |k: &dyn EmbeddingKernels, accumulation| {
+            k.pool_backward(&case.tables, &case.input, Pooling::Mean, &g, accumulation)
+                .map(|grads| grads.concat())
+                .map_err(|e| e.to_string())
+        };
+        let cpu = run(&CpuKernels, Accumulation::Deterministic)?;
+        let gpu = run(kernels, Accumulation::Atomic)?;
+        let (mut diff, mut norm) = (0.0f64, 0.0f64);
+        for (a, b) in gpu.iter().zip(&cpu) {
+            diff += (f64::from(*a) - f64::from(*b)).powi(2);
+            norm += f64::from(*b).powi(2);
+        }
+        let relative = (diff / norm.max(f64::MIN_POSITIVE)).sqrt();
+        if gpu.len() != cpu.len() || relative.is_nan() || relative > 1e-5 {
+            return Err(format!(
+                "dims {dims:?} ikjt {ikjt}: relative error {relative:e}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn updates_match(
+    kernels: &CudaKernels,
+    rng: &mut StdRng,
+    optimizer: RowOptimizer,
+) -> Result<(), String> {
+    for (rows, dim, n) in [
+        (1000u32, 16u32, 300usize),
+        (300, 7, 300),
+        (1 << 20, 64, 5000),
+    ] {
+        let (shape, start) = random_optimizer_table(rng, rows, dim, optimizer);
+        let mut cpu = start.clone();
+        let mut device = kernels
+            .upload_table(shape, &start)
+            .map_err(|e| e.to_string())?;
+        for _ in 0..3 {
+            let ids = distinct_ids(rng, rows, n);
+            let grads = random_floats(rng, ids.len() * dim as usize);
+            CpuKernels
+                .update_rows(shape, optimizer, &mut cpu, &ids, &grads)
+                .map_err(|e| e.to_string())?;
+            let device_ids = kernels.upload_ids(shape, &ids).map_err(|e| e.to_string())?;
+            let device_grads = kernels.upload(&grads).map_err(|e| e.to_string())?;
+            kernels
+                .update_rows_on_device(&mut device, optimizer, &device_ids, &device_grads)
+                .map_err(|e| e.to_string())?;
+        }
+        let gpu = kernels.download_table(&device).map_err(|e| e.to_string())?;
+        if bits(&gpu) != bits(&cpu) {
+            return Err(format!(
+                "rows {rows} dim {dim}: {}",
+                first_difference(&gpu, &cpu)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn device_input_checks(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    let (shape, _) = random_optimizer_table(rng, 10, 4, ADAGRAD);
+    for (ids, field) in [(vec![1, 2, 1], "ids[2]"), (vec![10], "ids[0]")] {
+        match kernels.upload_ids(shape, &ids) {
+            Err(GpuError::Invalid { field: got, .. }) if got == field => {}
+            other => {
+                return Err(format!(
+                    "{ids:?}: expected invalid {field}, got {:?}",
+                    other.err()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let kernels = match cuda_status() {
+        CudaStatus::Ready { .. } => match CudaKernels::new(0) {
+            Ok(kernels) => kernels,
+            Err(e) => {
+                eprintln!("FAILED: a CUDA device is present but the kernels did not load: {e}");
+                std::process::exit(1);
+            }
+        },
+        status => {
+            let why = match status {
+                CudaStatus::NoDriver => "no NVIDIA driver (libcuda.so) on this machine".to_string(),
+                CudaStatus::NoDevice(why) => why,
+                CudaStatus::Ready { .. } => unreachable!(),
+            };
+            for (name, _) in CHECKS {
+                println!("SKIPPED (no CUDA device: {why}): {name}");
+            }
+            return;
+        }
+    };
+    println!(
+        "running {} GPU kernel checks on {}",
+        CHECKS.len(),
+        kernels.device_name().unwrap_or_default()
+    );
+    let mut failed = 0;
+    for (i, (name, check)) in CHECKS.iter().enumerate() {
+        let mut rng = StdRng::seed_from_u64(1000 + i as u64);
+        match check(&kernels, &mut rng) {
+            Ok(()) => println!("ok      {name}"),
+            Err(why) => {
+                failed += 1;
+                println!("FAILED  {name}: {why}");
+            }
+        }
+    }
+    if failed > 0 {
+        eprintln!("{failed} GPU kernel check(s) failed");
+        std::process::exit(1);
+    }
+}

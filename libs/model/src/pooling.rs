@@ -1,13 +1,17 @@
 //! Between the minibatch and the dense network: the unique keys a minibatch needs from
 //! each table (each looked up and pushed once), sum pooling of a feature's looked-up rows
 //! into its slot of the sample's embedding row, and the backward pass of pooling, which
-//! adds each pooled gradient onto the unique key it came from.
+//! adds each pooled gradient onto the unique key it came from. Pooling and its backward are
+//! primus-gpu's CPU references (the kernels' definition), over the batch's unique rows.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use primus_batch::Kjt;
 use primus_batch::hash::mix64;
+use primus_gpu::{
+    Accumulation, CpuKernels, EmbeddingKernels, FeatureBags, Pooling, PoolingInput, TableShape,
+};
 
 use crate::ModelError;
 use crate::layout::ModelLayout;
@@ -34,20 +38,13 @@ impl Hasher for KeyHasher {
 
 type KeyMap = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
 
-/// One feature of the minibatch, its keys replaced by positions among its table's unique keys.
-#[derive(Debug, Clone)]
-struct FeatureKeys {
-    offsets: Vec<u32>,
-    slots: Vec<u32>,
-}
-
 /// A minibatch's sparse features, resolved to unique keys per table.
 #[derive(Debug, Clone)]
 pub struct BatchKeys {
-    rows: usize,
     /// Per layout table: its unique keys, in first-seen order.
     pub tables: Vec<Vec<u64>>,
-    features: Vec<FeatureKeys>,
+    /// Per layout feature: its bags, keys replaced by positions among the table's unique keys.
+    input: PoolingInput,
 }
 
 impl BatchKeys {
@@ -70,7 +67,7 @@ impl BatchKeys {
                 });
             }
             let (map, keys) = (&mut maps[slot.table], &mut tables[slot.table]);
-            let slots = feature
+            let rows = feature
                 .values
                 .iter()
                 .map(|key| {
@@ -80,103 +77,98 @@ impl BatchKeys {
                     })
                 })
                 .collect();
-            features.push(FeatureKeys {
+            features.push(FeatureBags {
+                table: slot.table,
                 offsets: feature.offsets.clone(),
-                slots,
+                rows,
+                inverse: None,
             });
         }
         Ok(Self {
-            rows: kjt.rows,
             tables,
-            features,
+            input: PoolingInput {
+                samples: kjt.rows,
+                features,
+            },
         })
     }
 
     pub fn rows(&self) -> usize {
-        self.rows
+        self.input.samples
+    }
+
+    /// The batch's unique rows of each table as the kernels see them: `dim` wide.
+    fn shapes(&self, dims: impl Iterator<Item = usize>) -> Vec<TableShape> {
+        self.tables
+            .iter()
+            .zip(dims)
+            .map(|(keys, dim)| TableShape::dense(keys.len() as u32, dim as u32))
+            .collect()
+    }
+
+    fn embedding_shapes(&self, layout: &ModelLayout) -> Vec<TableShape> {
+        self.shapes(layout.tables.iter().map(|t| t.dim))
+    }
+
+    fn wide_shapes(&self) -> Vec<TableShape> {
+        self.shapes(std::iter::repeat(1))
     }
 
     /// Each sample's embedding row (`rows x layout.embedding_width`): per feature, the sum
     /// of its keys' rows. `rows_per_table[t]` holds `tables[t].len() x dim` floats.
-    pub fn pool(&self, layout: &ModelLayout, rows_per_table: &[Vec<f32>]) -> Vec<f32> {
-        let width = layout.embedding_width;
-        let mut out = vec![0.0f32; self.rows * width];
-        for (slot, keys) in layout.features.iter().zip(&self.features) {
-            let table = &rows_per_table[slot.table];
-            let dim = slot.dim;
-            for row in 0..self.rows {
-                let target = &mut out[row * width + slot.offset..][..dim];
-                for &key in &keys.slots[keys.offsets[row] as usize..keys.offsets[row + 1] as usize]
-                {
-                    let source = &table[key as usize * dim..][..dim];
-                    for (t, s) in target.iter_mut().zip(source) {
-                        *t += s;
-                    }
-                }
-            }
-        }
-        out
+    pub fn pool(
+        &self,
+        layout: &ModelLayout,
+        rows_per_table: &[Vec<f32>],
+    ) -> Result<Vec<f32>, ModelError> {
+        let weights: Vec<&[f32]> = rows_per_table.iter().map(Vec::as_slice).collect();
+        CpuKernels
+            .gather_pool(
+                &self.embedding_shapes(layout),
+                &weights,
+                &self.input,
+                Pooling::Sum,
+            )
+            .map_err(|e| ModelError::Inputs(format!("embedding rows: {e}")))
     }
 
     /// Each sample's pooled first-order weight per feature (`rows x features`), from the
     /// one-wide companion rows of each table.
-    pub fn pool_wide(&self, layout: &ModelLayout, wide_per_table: &[Vec<f32>]) -> Vec<f32> {
-        let features = layout.features.len();
-        let mut out = vec![0.0f32; self.rows * features];
-        for (f, (slot, keys)) in layout.features.iter().zip(&self.features).enumerate() {
-            let table = &wide_per_table[slot.table];
-            for row in 0..self.rows {
-                out[row * features + f] = keys.slots
-                    [keys.offsets[row] as usize..keys.offsets[row + 1] as usize]
-                    .iter()
-                    .map(|&key| table[key as usize])
-                    .sum();
-            }
-        }
-        out
+    pub fn pool_wide(&self, wide_per_table: &[Vec<f32>]) -> Result<Vec<f32>, ModelError> {
+        let weights: Vec<&[f32]> = wide_per_table.iter().map(Vec::as_slice).collect();
+        CpuKernels
+            .gather_pool(&self.wide_shapes(), &weights, &self.input, Pooling::Sum)
+            .map_err(|e| ModelError::Inputs(format!("wide rows: {e}")))
     }
 
     /// Backward of [`pool`](Self::pool): the gradient of each table's unique keys
     /// (`tables[t].len() x dim`), summing every place a key was pooled.
-    pub fn scatter(&self, layout: &ModelLayout, embedded_grad: &[f32]) -> Vec<Vec<f32>> {
-        let width = layout.embedding_width;
-        let mut grads: Vec<Vec<f32>> = layout
-            .tables
-            .iter()
-            .zip(&self.tables)
-            .map(|(table, keys)| vec![0.0; keys.len() * table.dim])
-            .collect();
-        for (slot, keys) in layout.features.iter().zip(&self.features) {
-            let dim = slot.dim;
-            let table = &mut grads[slot.table];
-            for row in 0..self.rows {
-                let source = &embedded_grad[row * width + slot.offset..][..dim];
-                for &key in &keys.slots[keys.offsets[row] as usize..keys.offsets[row + 1] as usize]
-                {
-                    let target = &mut table[key as usize * dim..][..dim];
-                    for (t, s) in target.iter_mut().zip(source) {
-                        *t += s;
-                    }
-                }
-            }
-        }
-        grads
+    pub fn scatter(
+        &self,
+        layout: &ModelLayout,
+        embedded_grad: &[f32],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        CpuKernels
+            .pool_backward(
+                &self.embedding_shapes(layout),
+                &self.input,
+                Pooling::Sum,
+                embedded_grad,
+                Accumulation::Deterministic,
+            )
+            .map_err(|e| ModelError::Inputs(format!("embedding gradient: {e}")))
     }
 
     /// Backward of [`pool_wide`](Self::pool_wide).
-    pub fn scatter_wide(&self, layout: &ModelLayout, wide_grad: &[f32]) -> Vec<Vec<f32>> {
-        let features = layout.features.len();
-        let mut grads: Vec<Vec<f32>> = self.tables.iter().map(|k| vec![0.0; k.len()]).collect();
-        for (f, (slot, keys)) in layout.features.iter().zip(&self.features).enumerate() {
-            let table = &mut grads[slot.table];
-            for row in 0..self.rows {
-                let g = wide_grad[row * features + f];
-                for &key in &keys.slots[keys.offsets[row] as usize..keys.offsets[row + 1] as usize]
-                {
-                    table[key as usize] += g;
-                }
-            }
-        }
-        grads
+    pub fn scatter_wide(&self, wide_grad: &[f32]) -> Result<Vec<Vec<f32>>, ModelError> {
+        CpuKernels
+            .pool_backward(
+                &self.wide_shapes(),
+                &self.input,
+                Pooling::Sum,
+                wide_grad,
+                Accumulation::Deterministic,
+            )
+            .map_err(|e| ModelError::Inputs(format!("wide gradient: {e}")))
     }
 }

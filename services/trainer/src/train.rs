@@ -320,9 +320,9 @@ type Computed = (Prepared, StepOutput, Vec<Vec<f32>>, Vec<Vec<f32>>);
 fn compute(model: &Model, params: &ParamSet, prepared: Prepared) -> anyhow::Result<Computed> {
     let layout = model.layout();
     let keys = &prepared.keys;
-    let embedded = keys.pool(layout, &prepared.rows);
+    let embedded = keys.pool(layout, &prepared.rows)?;
     let wide = if layout.has_wide() {
-        keys.pool_wide(layout, &prepared.wide)
+        keys.pool_wide(&prepared.wide)?
     } else {
         Vec::new()
     };
@@ -334,9 +334,9 @@ fn compute(model: &Model, params: &ParamSet, prepared: Prepared) -> anyhow::Resu
         wide: &wide,
     };
     let output = model.train_step(params, &inputs, &batch.labels, prepared.tower)?;
-    let grads = keys.scatter(layout, &output.embedded_grad);
+    let grads = keys.scatter(layout, &output.embedded_grad)?;
     let wide_grads = if layout.has_wide() {
-        keys.scatter_wide(layout, &output.wide_grad)
+        keys.scatter_wide(&output.wide_grad)?
     } else {
         Vec::new()
     };

@@ -188,14 +188,16 @@ impl Replica {
         } else {
             0
         };
+        // The rows were looked up here for these keys: a pooling error is ours, not the caller's.
+        let internal = |e: primus_model::ModelError| Status::internal(e.to_string());
         let inputs = DenseInputs {
             rows: samples.len(),
             dense: minibatch.dense.values,
             dense_width: self.layout.dense_inputs,
-            embedded: keys.pool(&self.layout, &rows),
+            embedded: keys.pool(&self.layout, &rows).map_err(internal)?,
             embedded_width: self.layout.embedding_width,
             wide: if wide_width > 0 {
-                keys.pool_wide(&self.layout, &wide)
+                keys.pool_wide(&wide).map_err(internal)?
             } else {
                 Vec::new()
             },

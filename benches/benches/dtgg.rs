@@ -1,7 +1,7 @@
 //! Data task generation (DTGG) for a synthetic catalog shaped like Primus's evaluation:
 //! 20 days of hourly partitions of 2 sources, ~56M files, ~4M tasks. Listings come from an
-//! in-memory catalog that builds each day's listing (names and sizes) when asked, so the
-//! planner pays for every listed entry as it would for a real LIST. Printed: tasks/s and
+//! in-memory catalog that builds each partition's listing (names and sizes) when asked, so
+//! the planner pays for every listed entry as it would for a real LIST. Printed: tasks/s and
 //! seconds with 1 window at a time (the baseline) and with parallel windows, and peak RSS.
 //!
 //! `cargo bench -p primus-benches --bench dtgg` (PRIMUS_BENCH_FILES, PRIMUS_BENCH_DAYS,
@@ -17,6 +17,10 @@ use primus_master::plan::{
 use primus_spec::dataset::WindowUnit;
 use primus_spec::time;
 
+// The allocator of the master binary, where the planner runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SOURCES: u64 = 2;
 const TARGET_TASK_BYTES: u64 = 128 << 20;
 
@@ -25,21 +29,20 @@ struct SyntheticCatalog {
 }
 
 impl Catalog for SyntheticCatalog {
+    /// An hour partition (`date=D/hour=H`): its files and a `_SUCCESS` marker.
     async fn list(&self, uri: &str, _partition: &str) -> Result<Vec<FileEntry>, PlanError> {
         let seed = uri.len() as u64;
-        let mut files = Vec::with_capacity(24 * (self.files_per_hour as usize + 1));
-        for hour in 0..24 {
-            for i in 0..self.files_per_hour {
-                let mixed = (i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
-                files.push(FileEntry {
-                    name: format!("hour={hour:02}/part-{i:06}.zstd.parquet"),
-                    // 1..16 MiB: ~15 files per 128 MiB task.
-                    size: (1 << 20) + mixed % (15 << 20),
-                });
-            }
+        let mut files = Vec::with_capacity(self.files_per_hour as usize + 1);
+        files.push(FileEntry {
+            name: "_SUCCESS".into(),
+            size: 0,
+        });
+        for i in 0..self.files_per_hour {
+            let mixed = (i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
             files.push(FileEntry {
-                name: format!("hour={hour:02}/_SUCCESS"),
-                size: 0,
+                name: format!("part-{i:06}.zstd.parquet"),
+                // 1..16 MiB: ~15 files per 128 MiB task.
+                size: (1 << 20) + mixed % (15 << 20),
             });
         }
         Ok(files)
@@ -74,7 +77,7 @@ struct Run {
 
 async fn generate(files_per_hour: u64, days: i64, parallelism: usize) -> Run {
     let catalog = Arc::new(SyntheticCatalog { files_per_hour });
-    let cache = Arc::new(ListingCache::new(catalog, 2 * SOURCES as usize));
+    let cache = Arc::new(ListingCache::new(catalog, parallelism * SOURCES as usize));
     let start = time::parse_window_time("2026-10-01T00").unwrap_or(0);
     let end = start + days * time::DAY;
     let sources = (0..SOURCES)

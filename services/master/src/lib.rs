@@ -80,7 +80,7 @@ pub async fn run(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result
         redis,
         shard,
         backend: backend.clone(),
-        cache: Arc::new(plan::ListingCache::new(catalog, LISTING_CACHE_DAYS)),
+        cache: Arc::new(plan::ListingCache::new(catalog, LISTING_CACHE_PARTITIONS)),
         jobs,
         topologies,
         settings,
@@ -97,8 +97,8 @@ pub async fn run(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result
 /// 20 s of retries: the API server may start after the master.
 const API_CONNECT_ATTEMPTS: u32 = 40;
 
-/// Day listings kept for the planner (each source's current day, across jobs).
-const LISTING_CACHE_DAYS: usize = 256;
+/// Partition listings kept for the planner (the windows in flight of each source, across jobs).
+const LISTING_CACHE_PARTITIONS: usize = 256;
 
 /// The address executors dial: the listener's, with a wildcard IP replaced by loopback.
 fn advertised(addr: SocketAddr) -> SocketAddr {

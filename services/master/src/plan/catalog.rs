@@ -1,6 +1,6 @@
 //! Where source ops get their file listings: a [`Catalog`], and the cache that fuses the
-//! listings of one source (every window of a day, and every stream naming the same URI,
-//! share one LIST of the day's partition).
+//! listings of one source (every stream naming the same URI shares one LIST of a window's
+//! partition).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -88,18 +88,18 @@ impl Catalog for StoreCatalog {
 
 type Listing = Arc<Vec<FileEntry>>;
 type Slot = Arc<OnceCell<Listing>>;
-/// (source URI, day partition).
-type DayKey = (String, String);
+/// (source URI, partition).
+type PartitionKey = (String, String);
 
-/// Slots by day, and the order they were added in (oldest evicted first).
+/// Slots by partition, and the order they were added in (oldest evicted first).
 #[derive(Default)]
 struct Slots {
-    by_day: HashMap<DayKey, Slot>,
-    order: VecDeque<DayKey>,
+    by_partition: HashMap<PartitionKey, Slot>,
+    order: VecDeque<PartitionKey>,
 }
 
-/// Day listings by (source URI, date partition), at most `capacity` kept. Concurrent
-/// requests for the same day wait on one LIST.
+/// Partition listings by (source URI, partition), at most `capacity` kept. Concurrent
+/// requests for the same partition wait on one LIST.
 pub struct ListingCache<C> {
     catalog: Arc<C>,
     capacity: usize,
@@ -119,11 +119,11 @@ impl<C: Catalog> ListingCache<C> {
         &self.catalog
     }
 
-    /// Every object under `<uri>/<day partition>/`, sorted by name.
-    pub async fn day(&self, uri: &str, day_partition: &str) -> Result<Listing, PlanError> {
-        let slot = self.slot(uri, day_partition);
+    /// Every object under `<uri>/<partition>/`, sorted by name.
+    pub async fn partition(&self, uri: &str, partition: &str) -> Result<Listing, PlanError> {
+        let slot = self.slot(uri, partition);
         slot.get_or_try_init(|| async {
-            let mut files = self.catalog.list(uri, day_partition).await?;
+            let mut files = self.catalog.list(uri, partition).await?;
             // Object stores list in key order already; checking is linear, sorting is not.
             if !files.is_sorted_by(|a, b| a.name <= b.name) {
                 files.sort_unstable_by(|a, b| a.name.cmp(&b.name));
@@ -140,7 +140,7 @@ impl<C: Catalog> ListingCache<C> {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let Slots {
-            by_day: slots,
+            by_partition: slots,
             order,
         } = &mut *guard;
         let key = (uri.to_owned(), partition.to_owned());

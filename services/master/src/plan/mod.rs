@@ -2,10 +2,12 @@
 //!
 //! For each data stream, *timer ops* are its windows (up to a bound, which moves forward
 //! for open-ended streams); each window runs one *source op* per batch source (the files of
-//! the window, from a day listing shared by every window of that day: fused source ops and
-//! cached listings); a *joiner* interleaves the sources' tasks of the window; the *sink* is
-//! the ordered stream [`plan_windows`] returns: windows are generated in parallel (one
-//! tokio task each, `parallelism` at a time) but released strictly in time order.
+//! the window's own partition, `date=D` or `date=D/hour=H`, from a listing cache that every
+//! stream naming the source shares: fused source ops and cached listings); a *joiner*
+//! interleaves the sources' tasks of the window; the *sink* is the ordered stream
+//! [`plan_windows`] returns: windows are generated in parallel (one tokio task each,
+//! `parallelism` at a time) but released strictly in time order. A window lists only its
+//! own partition, so windows never wait on each other's listings.
 //!
 //! A batch task is one source in one window: a run of consecutive files totalling about
 //! `target_task_bytes`, or one byte split of a larger file.
@@ -134,14 +136,6 @@ async fn plan_window<C: Catalog>(
 ) -> Result<WindowTasks, PlanError> {
     let end = start + time::window_seconds(stream.unit);
     let partition = time::partition(stream.unit, start);
-    let day = time::partition(WindowUnit::Daily, start);
-    let hour_prefix = match stream.unit {
-        WindowUnit::Hourly => Some(format!(
-            "hour={:02}/",
-            start.rem_euclid(time::DAY) / time::HOUR
-        )),
-        WindowUnit::Daily => None,
-    };
     let hours = u64::try_from((start - stream.epoch) / time::HOUR).unwrap_or(0);
     let window_key = (stream.rank << HOUR_BITS | hours) << POSITION_BITS;
     let mut window = WindowTasks {
@@ -153,10 +147,9 @@ async fn plan_window<C: Catalog>(
         bytes: 0,
     };
     for (i, source) in stream.sources.iter().enumerate() {
-        let listing = cache.day(&source.uri, &day).await?;
-        let files = window_files(&listing, hour_prefix.as_deref());
+        let listing = cache.partition(&source.uri, &partition).await?;
         let dir = format!("{}/{partition}", source.uri.trim_end_matches('/'));
-        let groups = group_files(files, hour_prefix.as_deref(), options.target_task_bytes);
+        let groups = group_files(&listing, options.target_task_bytes);
         let per_source = groups.len();
         if per_source * stream.total_sources as usize > MAX_TASKS_PER_WINDOW {
             return Err(PlanError::TooManyTasks {
@@ -195,20 +188,7 @@ async fn plan_window<C: Catalog>(
     Ok(window)
 }
 
-/// The data files of one window in a day listing: all of them (daily windows) or those
-/// under `hour=HH/`. Hidden files and markers (`_SUCCESS`, `.crc`) are not data.
-fn window_files<'a>(listing: &'a [FileEntry], hour_prefix: Option<&str>) -> &'a [FileEntry] {
-    let (first, last) = match hour_prefix {
-        None => (0, listing.len()),
-        Some(prefix) => {
-            let first = listing.partition_point(|f| f.name.as_str() < prefix);
-            let len = listing[first..].partition_point(|f| f.name.starts_with(prefix));
-            (first, first + len)
-        }
-    };
-    &listing[first..last]
-}
-
+/// Hidden files and markers (`_SUCCESS`, `.crc`) are not data.
 fn is_data_file(name: &str) -> bool {
     let base = name.rsplit('/').next().unwrap_or(name);
     !(base.is_empty() || base.starts_with('_') || base.starts_with('.'))
@@ -223,19 +203,14 @@ fn task_file_bytes(file: &TaskFile) -> u64 {
 }
 
 /// Consecutive files up to `target` bytes per task; a file larger than `target` is cut into
-/// byte splits of its own. Names become relative to the window's partition directory.
-fn group_files(files: &[FileEntry], hour_prefix: Option<&str>, target: u64) -> Vec<Vec<TaskFile>> {
+/// byte splits of its own. Names are relative to the window's partition directory.
+fn group_files(files: &[FileEntry], target: u64) -> Vec<Vec<TaskFile>> {
     let target = target.max(1);
-    let strip = hour_prefix.unwrap_or("");
     let mut groups = Vec::new();
     let mut current: Vec<TaskFile> = Vec::new();
     let mut current_bytes = 0u64;
     for file in files.iter().filter(|f| is_data_file(&f.name)) {
-        let name = file
-            .name
-            .strip_prefix(strip)
-            .unwrap_or(&file.name)
-            .to_owned();
+        let name = file.name.clone();
         if file.size > target {
             let mut split_start = 0;
             while split_start < file.size {
@@ -282,13 +257,14 @@ mod tests {
     #[test]
     fn small_files_group_and_large_files_split() {
         let files = [
-            entry("hour=01/a.parquet", 40),
-            entry("hour=01/b.parquet", 70),
-            entry("hour=01/_SUCCESS", 0),
-            entry("hour=01/c.parquet", 250),
-            entry("hour=01/d.parquet", 10),
+            entry("a.parquet", 40),
+            entry("b.parquet", 70),
+            entry("_SUCCESS", 0),
+            entry("c.parquet", 250),
+            entry("sub/.d.crc", 1),
+            entry("d.parquet", 10),
         ];
-        let groups = group_files(&files, Some("hour=01/"), 100);
+        let groups = group_files(&files, 100);
         let shape: Vec<Vec<(&str, u64, u64)>> = groups
             .iter()
             .map(|g| {
@@ -307,19 +283,5 @@ mod tests {
                 vec![("d.parquet", 0, 0)],
             ]
         );
-    }
-
-    #[test]
-    fn an_hour_is_cut_out_of_a_day_listing() {
-        let listing = [
-            entry("hour=00/a", 1),
-            entry("hour=01/a", 1),
-            entry("hour=01/b", 1),
-            entry("hour=010/x", 1),
-            entry("hour=02/a", 1),
-        ];
-        let hour = window_files(&listing, Some("hour=01/"));
-        assert_eq!(hour.len(), 2);
-        assert_eq!(window_files(&listing, None).len(), 5);
     }
 }

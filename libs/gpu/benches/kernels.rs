@@ -12,8 +12,8 @@ use criterion::{Criterion, Throughput};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use primus_gpu::{
-    CpuKernels, CudaKernels, CudaStatus, EmbeddingKernels, FeatureBags, GpuError, Pooling,
-    PoolingInput, RowOptimizer, TableShape, cuda_status,
+    Accumulation, CpuKernels, CudaKernels, CudaStatus, EmbeddingKernels, FeatureBags, GpuError,
+    Pooling, PoolingInput, RowOptimizer, TableShape, cuda_status,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -247,7 +247,7 @@ fn gpu_benches(
         for (features, samples, bag) in [(26usize, 1usize << 18, 1usize), (8, 1 << 16, 16)] {
             for keys in [Keys::Uniform, Keys::Zipf] {
                 let input = pooling_input(&mut rng, rows, features, samples, bag, keys);
-                let batch = kernels.upload_pooling(&tables, &input)?;
+                let batch = kernels.upload_pooling(&tables, &input, Accumulation::Atomic)?;
                 let mut out = kernels.zeros::<f32>(batch.out_floats())?;
                 let nnz = features * samples * bag;
                 let bytes = (nnz * dim as usize * 4

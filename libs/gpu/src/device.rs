@@ -15,7 +15,8 @@ use cudarc::nvrtc::Ptx;
 use crate::GpuError;
 use crate::compile::{compile_ptx, nvrtc_available};
 use crate::layout::{
-    Accumulation, Pooling, PoolingInput, RowOptimizer, TableShape, table_bases, validate_update,
+    Accumulation, Pooling, PoolingInput, RowOptimizer, TableShape, table_bases, validate_ids,
+    validate_update,
 };
 use crate::reference::{EmbeddingKernels, validate_grad_out, validate_weights};
 
@@ -163,7 +164,8 @@ pub struct DevicePooling {
     offsets: CudaSlice<u32>,
     rows: CudaSlice<u32>,
     sample_bag: Option<CudaSlice<u32>>,
-    sorted: SortedRows,
+    /// Built only for a batch whose backward is deterministic.
+    sorted: Option<SortedRows>,
 }
 
 /// Per gradient row touched: where it goes, a feature that reads it (for its dim), and its
@@ -300,24 +302,7 @@ impl CudaKernels {
 
     /// Checks that `ids` are distinct rows of `shape` and copies them to the device.
     pub fn upload_ids(&self, shape: TableShape, ids: &[u32]) -> Result<DeviceIds, GpuError> {
-        let mut seen = vec![false; shape.rows as usize];
-        for (at, &id) in ids.iter().enumerate() {
-            match seen.get_mut(id as usize) {
-                Some(slot) if !*slot => *slot = true,
-                Some(_) => {
-                    return Err(GpuError::invalid(
-                        format!("ids[{at}]"),
-                        format!("row {id} appears twice"),
-                    ));
-                }
-                None => {
-                    return Err(GpuError::invalid(
-                        format!("ids[{at}]"),
-                        format!("row {id} of {}", shape.rows),
-                    ));
-                }
-            }
-        }
+        validate_ids(shape.rows, ids)?;
         Ok(DeviceIds {
             rows: shape.rows,
             len: ids.len(),
@@ -326,10 +311,14 @@ impl CudaKernels {
     }
 
     /// Validates `input` against the tables of `weights` and copies it to the device.
+    /// `backward` is the accumulation its backward will use: the deterministic one needs
+    /// each gradient row's contributions sorted on the host, which the forward pass and the
+    /// atomic backward do not pay for.
     pub fn upload_pooling(
         &self,
         weights: &DeviceTables,
         input: &PoolingInput,
+        backward: Accumulation,
     ) -> Result<DevicePooling, GpuError> {
         let tables = &weights.tables;
         input.validate(tables)?;
@@ -376,7 +365,10 @@ impl CudaKernels {
                         && t.stride.is_multiple_of(4)
                         && column.is_multiple_of(4)
                 });
-        let sorted = self.sorted_rows(input, tables, &grad_bases)?;
+        let sorted = match backward {
+            Accumulation::Deterministic => Some(self.sorted_rows(input, tables, &grad_bases)?),
+            Accumulation::Atomic => None,
+        };
         Ok(DevicePooling {
             tables: tables.clone(),
             features: input.features.len() as u32,
@@ -528,7 +520,12 @@ impl CudaKernels {
                 unsafe { launch.launch(launch_config(items, lanes)?) }?;
             }
             Accumulation::Deterministic => {
-                let sorted = &batch.sorted;
+                let sorted = batch.sorted.as_ref().ok_or_else(|| {
+                    GpuError::invalid(
+                        "batch",
+                        "uploaded for the atomic backward, not the deterministic one",
+                    )
+                })?;
                 let mut launch = self
                     .stream
                     .launch_builder(&self.functions.pool_backward_sorted);
@@ -660,7 +657,7 @@ impl EmbeddingKernels for CudaKernels {
         pooling: Pooling,
     ) -> Result<Vec<f32>, GpuError> {
         let device_tables = self.upload_tables(tables, weights)?;
-        let batch = self.upload_pooling(&device_tables, input)?;
+        let batch = self.upload_pooling(&device_tables, input, Accumulation::Atomic)?;
         let mut out = self.zeros::<f32>(batch.out_floats())?;
         self.gather_pool_on_device(&device_tables, &batch, pooling, &mut out)?;
         self.download(&out, batch.out_floats())
@@ -674,15 +671,15 @@ impl EmbeddingKernels for CudaKernels {
         grad_out: &[f32],
         accumulation: Accumulation,
     ) -> Result<Vec<Vec<f32>>, GpuError> {
-        input.validate(tables)?;
-        validate_grad_out(tables, input, grad_out)?;
         // The backward reads no weights; an empty stand-in carries the table shapes.
         let shapes = DeviceTables {
             tables: tables.to_vec(),
             bases: vec![0; tables.len()],
             data: self.zeros::<f32>(1)?,
         };
-        let batch = self.upload_pooling(&shapes, input)?;
+        // Validates the input, which validate_grad_out's widths rely on.
+        let batch = self.upload_pooling(&shapes, input, accumulation)?;
+        validate_grad_out(tables, input, grad_out)?;
         let grad_out = self.upload(grad_out)?;
         let mut grads = self.zeros::<f32>(batch.grad_floats)?;
         self.pool_backward_on_device(&batch, pooling, &grad_out, accumulation, &mut grads)?;

@@ -251,25 +251,33 @@ pub fn validate_update(
             ),
         ));
     }
-    let mut seen = vec![false; shape.rows as usize];
-    for (at, &id) in ids.iter().enumerate() {
-        match seen.get_mut(id as usize) {
-            None => {
-                return Err(GpuError::invalid(
-                    format!("ids[{at}]"),
-                    format!("row {id} of {}", shape.rows),
-                ));
-            }
-            Some(true) => {
-                return Err(GpuError::invalid(
-                    format!("ids[{at}]"),
-                    format!("row {id} appears twice (sum its gradients first)"),
-                ));
-            }
-            Some(slot) => *slot = true,
-        }
+    validate_ids(shape.rows, ids)
+}
+
+/// Row ids of an update: each below `rows`, none twice. Costs O(n log n) in the ids, never
+/// O(rows): a push of a few thousand ids into a table of millions stays cheap.
+pub fn validate_ids(rows: u32, ids: &[u32]) -> Result<(), GpuError> {
+    if let Some(at) = ids.iter().position(|&id| id >= rows) {
+        return Err(GpuError::invalid(
+            format!("ids[{at}]"),
+            format!("row {} of {rows}", ids[at]),
+        ));
     }
-    Ok(())
+    let mut by_id: Vec<(u32, usize)> = ids.iter().copied().zip(0..).collect();
+    by_id.sort_unstable();
+    // The earliest position at which an id repeats one seen before it.
+    let repeat = by_id
+        .windows(2)
+        .filter(|pair| pair[0].0 == pair[1].0)
+        .map(|pair| pair[1].1)
+        .min();
+    match repeat {
+        Some(at) => Err(GpuError::invalid(
+            format!("ids[{at}]"),
+            format!("row {} appears twice (sum its gradients first)", ids[at]),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Offsets of each table's row 0 when tables are laid end to end, each start rounded up

@@ -89,7 +89,7 @@ fn gather_pool_matches(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), St
                 .upload_tables(&case.tables, &weights)
                 .map_err(|e| e.to_string())?;
             let batch = kernels
-                .upload_pooling(&tables, &case.input)
+                .upload_pooling(&tables, &case.input, Accumulation::Atomic)
                 .map_err(|e| e.to_string())?;
             let mut out = kernels
                 .upload(&vec![f32::NAN; cpu.len()])

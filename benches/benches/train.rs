@@ -21,7 +21,7 @@ use primus_spec::job::{
     AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
 };
 use primus_trainer::store::LocalStore;
-use primus_trainer::train::{Incoming, Report, Reporter, Trainer};
+use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -69,6 +69,10 @@ impl Reporter for Printer {
                 .map_or("-".into(), |a| format!("{a:.4}"))
         );
     }
+
+    async fn aligned(&self, checkpoint_id: u64, steps: u64, samples: u64) {
+        println!("  checkpoint {checkpoint_id} aligned at step {steps}, {samples} samples");
+    }
 }
 
 #[tokio::main]
@@ -110,12 +114,12 @@ async fn main() {
         .await
         .expect("trainer");
     let stream = futures::stream::iter(batches.into_iter().map(|b| {
-        Ok(Incoming::new(
+        Ok(Feed::Batch(Incoming::new(
             b,
             SourceKind::Batch,
             "generated",
             &Default::default(),
-        ))
+        )))
     }));
     let started = Instant::now();
     trainer

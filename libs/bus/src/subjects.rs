@@ -6,7 +6,7 @@
 //! | `<p>.events.<kind>.<name>` | resource changes from the api-server |
 //! | `<p>.job.<job>.heartbeat.<role>.<id>` | executor heartbeats |
 //! | `<p>.job.<job>.metrics.<role>.<id>` | executor metrics |
-//! | `<p>.job.<job>.control` | checkpoint barrier, stop, scale |
+//! | `<p>.job.<job>.control` | stop and scale signals (checkpoint barriers are gRPC calls) |
 //! | `<p>.job.<job>.delta.<shard>` | "new delta available" notices from training PS shards |
 
 use crate::BusError;

@@ -24,6 +24,7 @@ use tokio::sync::Semaphore;
 use tonic::transport::Channel;
 use tracing::Instrument;
 
+use crate::barrier::Barrier;
 use crate::buffer::Buffers;
 use crate::ledger::{ReadEnd, TaskLedger};
 use crate::runner::BatchRunner;
@@ -46,6 +47,8 @@ pub struct Executor {
     rejected_messages: AtomicU64,
     /// Backlog and lag of each stream source this executor consumes, by source name.
     streams: Mutex<HashMap<String, Arc<StreamGauges>>>,
+    /// The master's checkpoint pause.
+    pub barrier: Barrier,
     pub shutdown: Shutdown,
 }
 
@@ -85,8 +88,28 @@ impl Executor {
             rows_served: AtomicU64::new(0),
             rejected_messages: AtomicU64::new(0),
             streams: Mutex::new(HashMap::new()),
+            barrier: Barrier::default(),
             shutdown,
         }
+    }
+
+    /// NOT_FOUND unless `job` is the job this executor serves.
+    pub fn check_job(&self, job: &str) -> Result<(), tonic::Status> {
+        if job == self.identity.job {
+            return Ok(());
+        }
+        Err(tonic::Status::not_found(format!(
+            "job {job:?}: this data executor serves job {:?}",
+            self.identity.job
+        )))
+    }
+
+    /// Rows served so far of every task this executor holds.
+    pub fn served_offsets(&self) -> HashMap<String, u64> {
+        self.ledgers()
+            .iter()
+            .map(|(id, ledger)| (id.clone(), ledger.served()))
+            .collect()
     }
 
     /// Nothing of this executor is waiting to be served: no buffered row, no open task.

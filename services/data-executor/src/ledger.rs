@@ -61,6 +61,11 @@ impl TaskLedger {
         self.served.fetch_max(offset, Ordering::AcqRel);
     }
 
+    /// Rows of the task handed to trainers so far (counted from the task's start).
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::Acquire)
+    }
+
     pub fn finish_reading(&self, end: ReadEnd) {
         *self.end.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
     }

@@ -9,6 +9,7 @@
 //! buffered row. Heartbeats (CPU, memory) and metrics (buffer fill, rows served) go to NATS.
 //! [`reader`] is the trainer's side: every executor's stream, merged and decoded.
 
+mod barrier;
 mod buffer;
 mod executor;
 mod ledger;

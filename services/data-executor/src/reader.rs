@@ -1,7 +1,11 @@
 //! The trainer's side of the dataset server: one minibatch stream per data executor of the
-//! job, merged, each minibatch decoded from Arrow IPC.
+//! job, merged, each minibatch decoded from Arrow IPC, and checkpoint barriers aligned: a
+//! barrier is passed on once every stream still open has sent its marker, so everything
+//! served before the executors paused comes before it.
 
-use futures::stream::{BoxStream, SelectAll};
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::stream::{self, BoxStream, SelectAll};
 use futures::{Stream, StreamExt};
 use primus_batch::Minibatch;
 use primus_proto::v1::dataset_service_client::DatasetServiceClient;
@@ -30,6 +34,14 @@ pub struct ReceivedBatch {
     pub batch: Minibatch,
     /// The trace of the data task that read it (see `Minibatch.trace_context`).
     pub trace: TraceCarrier,
+}
+
+/// What the merged streams yield.
+pub enum Received {
+    Batch(Box<ReceivedBatch>),
+    /// Every minibatch served before the data executors paused for this checkpoint has
+    /// been yielded; nothing more comes until they resume.
+    Barrier(u64),
 }
 
 /// What a trainer asks every data executor for.
@@ -69,9 +81,20 @@ pub async fn data_executors(master_addr: &str, job: &str) -> Result<Vec<String>,
         .collect())
 }
 
-type Batches = BoxStream<'static, Result<ReceivedBatch, ReaderError>>;
+/// One executor stream's items, tagged with the stream's index; `Ended` follows its last.
+enum Tagged {
+    Item(usize, Box<Result<Item, ReaderError>>),
+    Ended(usize),
+}
 
-async fn open_one(addr: String, options: ReaderOptions) -> Result<Batches, ReaderError> {
+enum Item {
+    Batch(Box<ReceivedBatch>),
+    Marker(u64),
+}
+
+type Items = BoxStream<'static, Result<Item, ReaderError>>;
+
+async fn open_one(addr: String, options: ReaderOptions) -> Result<Items, ReaderError> {
     let mut client = DatasetServiceClient::connect(format!("http://{addr}"))
         .await
         .map_err(|e| ReaderError::Connect {
@@ -99,31 +122,124 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Batches, Reade
                 addr: addr.clone(),
                 status,
             })?;
+            if message.barrier != 0 {
+                return Ok(Item::Marker(message.barrier));
+            }
             let batch = primus_batch::ipc::decode(&message.arrow_ipc).map_err(|source| {
                 ReaderError::Decode {
                     addr: addr.clone(),
                     source,
                 }
             })?;
-            Ok(ReceivedBatch {
+            Ok(Item::Batch(Box::new(ReceivedBatch {
                 executor: addr.clone(),
                 kind: SourceKind::try_from(message.source_kind).unwrap_or(SourceKind::Unspecified),
                 source: message.source,
                 batch,
                 trace: message.trace_context,
-            })
+            })))
         })
         .boxed())
 }
 
-/// Minibatches from every executor in `addrs`, in arrival order; ends when all streams end.
+/// Which streams have sent which checkpoint's marker, and which have ended.
+struct Alignment {
+    streams: usize,
+    ended: BTreeSet<usize>,
+    marked: BTreeMap<u64, BTreeSet<usize>>,
+}
+
+impl Alignment {
+    /// The checkpoints whose marker every open stream has now sent.
+    fn complete(&mut self) -> Vec<u64> {
+        let ended = &self.ended;
+        let open = self.streams - ended.len();
+        let done: Vec<u64> = self
+            .marked
+            .iter()
+            .filter(|(_, streams)| streams.iter().filter(|i| !ended.contains(i)).count() >= open)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &done {
+            self.marked.remove(id);
+        }
+        done
+    }
+
+    fn take(&mut self, tagged: Tagged) -> Vec<Result<Received, ReaderError>> {
+        let tagged = match tagged {
+            Tagged::Item(stream, item) => Ok((stream, *item)),
+            Tagged::Ended(stream) => Err(stream),
+        };
+        match tagged {
+            Ok((_, Ok(Item::Batch(batch)))) => vec![Ok(Received::Batch(batch))],
+            Ok((_, Err(e))) => vec![Err(e)],
+            Ok((stream, Ok(Item::Marker(id)))) => {
+                self.marked.entry(id).or_default().insert(stream);
+                self.complete()
+                    .into_iter()
+                    .map(|id| Ok(Received::Barrier(id)))
+                    .collect()
+            }
+            Err(stream) => {
+                self.ended.insert(stream);
+                self.complete()
+                    .into_iter()
+                    .map(|id| Ok(Received::Barrier(id)))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Minibatches from every executor in `addrs`, in arrival order, and the checkpoint
+/// barriers once aligned; ends when all streams end.
 pub async fn read(
     addrs: &[String],
     options: &ReaderOptions,
-) -> Result<impl Stream<Item = Result<ReceivedBatch, ReaderError>> + use<>, ReaderError> {
-    let mut merged: SelectAll<Batches> = SelectAll::new();
-    for addr in addrs {
-        merged.push(open_one(addr.clone(), options.clone()).await?);
+) -> Result<impl Stream<Item = Result<Received, ReaderError>> + use<>, ReaderError> {
+    let mut merged: SelectAll<BoxStream<'static, Tagged>> = SelectAll::new();
+    for (index, addr) in addrs.iter().enumerate() {
+        let items = open_one(addr.clone(), options.clone()).await?;
+        let tagged = items
+            .map(move |item| Tagged::Item(index, Box::new(item)))
+            .chain(stream::once(async move { Tagged::Ended(index) }));
+        merged.push(tagged.boxed());
     }
-    Ok(merged)
+    let mut alignment = Alignment {
+        streams: addrs.len(),
+        ended: BTreeSet::new(),
+        marked: BTreeMap::new(),
+    };
+    Ok(merged.flat_map(move |tagged| stream::iter(alignment.take(tagged))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn barriers(out: Vec<Result<Received, ReaderError>>) -> Vec<u64> {
+        out.into_iter()
+            .map(|r| match r {
+                Ok(Received::Barrier(id)) => id,
+                _ => panic!("only barriers expected"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_barrier_passes_once_every_open_stream_sent_its_marker() {
+        let mut alignment = Alignment {
+            streams: 3,
+            ended: BTreeSet::new(),
+            marked: BTreeMap::new(),
+        };
+        let marker = |stream, id| Tagged::Item(stream, Box::new(Ok(Item::Marker(id))));
+        assert!(barriers(alignment.take(marker(0, 5))).is_empty());
+        assert!(barriers(alignment.take(marker(1, 5))).is_empty());
+        // The last stream ends instead of pausing (its data ran out): no longer awaited.
+        assert_eq!(barriers(alignment.take(Tagged::Ended(2))), vec![5]);
+        assert!(barriers(alignment.take(marker(0, 6))).is_empty());
+        assert_eq!(barriers(alignment.take(marker(1, 6))), vec![6]);
+    }
 }

@@ -1,16 +1,21 @@
 //! The dataset server (Primus §5.2): streams minibatches to trainers, each from the serving
-//! buffer Algorithm 2 picks, encoded as Arrow IPC (jagged, or IKJT when asked).
+//! buffer Algorithm 2 picks, encoded as Arrow IPC (jagged, or IKJT when asked), and pauses
+//! for the master's checkpoint barrier (a marker on every stream, then nothing until resumed).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use primus_batch::ipc;
 use primus_proto::v1::dataset_service_server::DatasetService;
-use primus_proto::v1::{Minibatch, MinibatchRequest};
+use primus_proto::v1::{
+    Minibatch, MinibatchRequest, PauseRequest, PauseResponse, ResumeRequest, ResumeResponse,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::barrier::BarrierError;
 use crate::buffer::Served;
 use crate::executor::Executor;
 
@@ -21,27 +26,51 @@ pub struct DatasetServer {
 /// Minibatches encoded ahead of the trainer's reads, per stream.
 const PREFETCH: usize = 2;
 
+/// What a stream sends next.
+enum Next {
+    Batch(Box<Served>),
+    /// The marker of the checkpoint the executor paused for.
+    Barrier(u64),
+    /// No more data from here: the stream ends cleanly.
+    End,
+}
+
 impl DatasetServer {
-    /// The next minibatch; `Ok(None)` ends the stream cleanly (no more data from here).
-    async fn next(executor: &Executor, rows: usize) -> Result<Option<Served>, Status> {
+    /// The next minibatch or barrier marker. `marked` is the last checkpoint whose marker
+    /// this stream sent: a paused stream sends it once and then waits for the resume.
+    async fn next(executor: &Executor, rows: usize, marked: &mut u64) -> Result<Next, Status> {
+        let mut changes = executor.barrier.subscribe();
         loop {
-            if let Some(served) = executor.buffers.try_pop(rows) {
-                return Ok(Some(served));
+            let popped = executor
+                .barrier
+                .unless_paused(|| executor.buffers.try_pop(rows));
+            match popped {
+                Ok(Some(served)) => return Ok(Next::Batch(Box::new(served))),
+                Err(id) if *marked != id => {
+                    *marked = id;
+                    return Ok(Next::Barrier(id));
+                }
+                _ => {}
             }
-            if executor.drained() {
-                return Ok(None);
+            let paused = popped.is_err();
+            if !paused && executor.drained() {
+                return Ok(Next::End);
             }
             if executor.shutdown.is_triggered() {
                 // Stopping with nothing of ours unserved is a clean end; otherwise the
                 // trainer must know that rows remain (their tasks go to another executor).
                 return match executor.idle() {
-                    true => Ok(None),
+                    true => Ok(Next::End),
                     false => Err(Status::unavailable(
                         "data executor stopping; its unserved rows will be served by another",
                     )),
                 };
             }
-            executor.buffers.wait_for_rows().await;
+            tokio::select! {
+                _ = executor.buffers.wait_for_rows(), if !paused => {}
+                _ = changes.changed() => {}
+                _ = executor.shutdown.wait() => {}
+            }
         }
     }
 }
@@ -65,7 +94,19 @@ fn encode(executor: &Executor, served: Served, grouped: bool) -> Result<Minibatc
         rows: rows as u32,
         arrow_ipc,
         trace_context: served.trace,
+        barrier: 0,
     })
+}
+
+fn barrier_marker(id: u64) -> Minibatch {
+    Minibatch {
+        barrier: id,
+        ..Minibatch::default()
+    }
+}
+
+fn barrier_status(e: BarrierError) -> Status {
+    Status::failed_precondition(e.to_string())
 }
 
 #[tonic::async_trait]
@@ -78,29 +119,30 @@ impl DatasetService for DatasetServer {
     ) -> Result<Response<Self::StreamMinibatchesStream>, Status> {
         let request = request.into_inner();
         let executor = self.executor.clone();
-        if request.job != executor.identity.job {
-            return Err(Status::not_found(format!(
-                "job {:?}: this data executor serves job {:?}",
-                request.job, executor.identity.job
-            )));
-        }
+        executor.check_job(&request.job)?;
         if request.batch_size == 0 {
             return Err(Status::invalid_argument("batch_size: must be at least 1"));
         }
         let (tx, rx) = mpsc::channel(PREFETCH);
         tokio::spawn(async move {
             // Reserve the slot first: rows leave the buffer only when they can be sent.
+            let mut marked = 0;
             while let Ok(permit) = tx.reserve().await {
-                let served = match Self::next(&executor, request.batch_size as usize).await {
-                    Ok(Some(served)) => served,
-                    Ok(None) => break,
+                let rows = request.batch_size as usize;
+                let served = match Self::next(&executor, rows, &mut marked).await {
+                    Ok(Next::Batch(served)) => served,
+                    Ok(Next::Barrier(id)) => {
+                        permit.send(Ok(barrier_marker(id)));
+                        continue;
+                    }
+                    Ok(Next::End) => break,
                     Err(status) => {
                         permit.send(Err(status));
                         break;
                     }
                 };
                 let rows = served.batch.rows() as u64;
-                let message = encode(&executor, served, request.grouped);
+                let message = encode(&executor, *served, request.grouped);
                 let failed = message.is_err();
                 permit.send(message);
                 executor.rows_served.fetch_add(rows, Ordering::AcqRel);
@@ -111,5 +153,50 @@ impl DatasetService for DatasetServer {
             tracing::info!(trainer = %request.trainer_id, "minibatch stream ended");
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn pause(
+        &self,
+        request: Request<PauseRequest>,
+    ) -> Result<Response<PauseResponse>, Status> {
+        let request = request.into_inner();
+        let executor = &self.executor;
+        executor.check_job(&request.job)?;
+        if request.checkpoint_id == 0 {
+            return Err(Status::invalid_argument(
+                "checkpoint_id: must be at least 1",
+            ));
+        }
+        let generation = executor
+            .barrier
+            .pause(request.checkpoint_id)
+            .map_err(barrier_status)?;
+        let timeout = Duration::from_millis(request.timeout_ms.max(1000));
+        let expiring = executor.clone();
+        tokio::spawn(async move { expiring.barrier.expire(generation, timeout).await });
+        tracing::info!(
+            checkpoint = request.checkpoint_id,
+            "paused for a checkpoint"
+        );
+        Ok(Response::new(PauseResponse {
+            served_offsets: executor.served_offsets(),
+        }))
+    }
+
+    async fn resume(
+        &self,
+        request: Request<ResumeRequest>,
+    ) -> Result<Response<ResumeResponse>, Status> {
+        let request = request.into_inner();
+        self.executor.check_job(&request.job)?;
+        self.executor
+            .barrier
+            .resume(request.checkpoint_id)
+            .map_err(barrier_status)?;
+        tracing::info!(
+            checkpoint = request.checkpoint_id,
+            "resumed after a checkpoint"
+        );
+        Ok(Response::new(ResumeResponse {}))
     }
 }

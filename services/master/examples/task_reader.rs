@@ -19,7 +19,8 @@ use primus_proto::v1::dataset_service_server::{DatasetService, DatasetServiceSer
 use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::{
     AcquireTaskRequest, DataTask, Endpoint, FinishTaskRequest, Minibatch, MinibatchRequest,
-    RegisterExecutorRequest, ReportProgressRequest, Role, data_task,
+    PauseRequest, PauseResponse, RegisterExecutorRequest, ReportProgressRequest, ResumeRequest,
+    ResumeResponse, Role, data_task,
 };
 use primus_service::ExecutorIdentity;
 use primus_service::Shutdown;
@@ -46,6 +47,27 @@ impl DatasetService for NoMinibatches {
             .filter_map(|()| async { None });
         Ok(tonic::Response::new(ended.boxed()))
     }
+
+    async fn pause(
+        &self,
+        _request: tonic::Request<PauseRequest>,
+    ) -> Result<tonic::Response<PauseResponse>, tonic::Status> {
+        Err(no_barrier())
+    }
+
+    async fn resume(
+        &self,
+        _request: tonic::Request<ResumeRequest>,
+    ) -> Result<tonic::Response<ResumeResponse>, tonic::Status> {
+        Err(no_barrier())
+    }
+}
+
+/// Serving nothing, this executor has nothing to pause: its jobs take no checkpoints.
+fn no_barrier() -> tonic::Status {
+    tonic::Status::unimplemented(
+        "the test task reader serves no minibatches: no checkpoint barrier",
+    )
 }
 
 fn main() -> anyhow::Result<()> {

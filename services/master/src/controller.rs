@@ -4,7 +4,7 @@
 //! Pending -> Starting -> Running -> Succeeded | Failed, with a condition saying why;
 //! deleting the Job stops its executors and drops its task queue.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -13,7 +13,7 @@ use primus_api_client::{ApiClient, ClientError};
 use primus_bus::Bus;
 use primus_model::ModelLayout;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
-use primus_proto::v1::{Endpoint, EventType, MetricsReport, Resource, SnapshotRequest};
+use primus_proto::v1::{Endpoint, EventType, MetricsReport, Resource, Role, SnapshotRequest};
 use primus_service::Shutdown;
 use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::{BackendEvent, ExecutorRole, ExecutorSpec, ResourceBackend};
+use crate::checkpoint::{self, Alignments, CheckpointError, CheckpointRecord};
 use crate::driver::{self, now_ms};
 use crate::metrics::MetricsFold;
 use crate::plan::{Catalog, ListingCache};
@@ -311,6 +312,7 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
         name,
     );
     let bounded = Arc::new(AtomicBool::new(false));
+    let alignments = Arc::new(Alignments::default());
     context
         .jobs
         .write()
@@ -320,6 +322,7 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
             JobTasks {
                 queue: queue.clone(),
                 bounded: bounded.clone(),
+                alignments: alignments.clone(),
             },
         );
     // Executors of a previous master (same ids as the ones about to start) are gone: their
@@ -327,6 +330,14 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
     if let Err(e) = queue.requeue_previous_executors().await {
         return Outcome::failed("TaskQueueUnavailable", e.to_string());
     }
+    // The model restarts from the latest checkpoint, so the data does too.
+    let restored = match &spec.checkpoint {
+        Some(_) => match rollback_queue(name, &queue).await {
+            Ok(restored) => restored,
+            Err(e) => return Outcome::failed("CheckpointRestoreFailed", e.to_string()),
+        },
+        None => None,
+    };
     let stream_bindings = driver::stream_tasks(name, &dataset);
     if reads_streams
         && spec.mode != primus_spec::job::TrainingMode::BatchThenStream
@@ -366,7 +377,51 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
     )));
 
     let mut backend_events = context.backend.events();
-    if let Err(outcome) = start_executors(context, name, &spec, &dataset, &layout).await {
+    // PS shards (and serving replicas) first: a restored checkpoint must be in them before
+    // any trainer offers its initial parameters or reads a row.
+    let job = JobParts {
+        name,
+        spec: &spec,
+        dataset: &dataset,
+        layout: &layout,
+        restored: restored.as_ref(),
+    };
+    if let Err(outcome) =
+        start_executors(context, &job, &[ExecutorRole::Ps, ExecutorRole::Serving]).await
+    {
+        return outcome;
+    }
+    if let Err(outcome) = wait_ready(context, name).await {
+        return outcome;
+    }
+    if let Some(record) = &restored {
+        let endpoints = context
+            .topologies
+            .get(name)
+            .map(|(_, e)| e)
+            .unwrap_or_default();
+        let shards: Vec<&Endpoint> = with_role(&endpoints, Role::Ps);
+        if let Err(e) = checkpoint::restore_ps(record, &shards).await {
+            return Outcome::failed("CheckpointRestoreFailed", e.to_string());
+        }
+        let message = format!(
+            "from checkpoint {} ({}): {} samples trained, {} tasks done, {} in progress",
+            record.id,
+            record.uri,
+            record.samples(),
+            record.succeeded_tasks,
+            record.offsets.len()
+        );
+        tracing::info!(job = name, %message, "restored");
+        writer.condition("Restored", true, "FromCheckpoint", message);
+    }
+    if let Err(outcome) = start_executors(
+        context,
+        &job,
+        &[ExecutorRole::DataExecutor, ExecutorRole::Trainer],
+    )
+    .await
+    {
         return outcome;
     }
     let ready = match wait_ready(context, name).await {
@@ -387,10 +442,42 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
         context.settings.master.status_interval_ms.max(50),
     ));
     let mut batch_done_declared = false;
-    let mut trainers_done = std::collections::HashSet::new();
+    let mut trainers_done = BTreeSet::new();
+    let checkpoint_every = spec
+        .checkpoint
+        .as_ref()
+        .map(|c| Duration::from_secs(c.interval_seconds));
+    let mut checkpoint_ticks = tokio::time::interval_at(
+        tokio::time::Instant::now() + checkpoint_every.unwrap_or(Duration::MAX / 4),
+        checkpoint_every.unwrap_or(Duration::MAX / 4),
+    );
+    checkpoint_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_checkpoint = restored.as_ref().map_or(1, |r| r.id + 1);
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
+            _ = checkpoint_ticks.tick(), if checkpoint_every.is_some() => {
+                let Some(target) = &spec.checkpoint else { continue };
+                let finishing = match queue.counts().await {
+                    Ok(c) => reads_batch && planners.is_empty() && c.pending == 0 && c.running == 0,
+                    Err(_) => false,
+                };
+                // Once every task is done the trainers are finishing: the final snapshot
+                // follows, and a trainer whose streams ended would never align.
+                if !finishing {
+                    let coordinator = checkpoint::Coordinator {
+                        job: name,
+                        queue: &queue,
+                        alignments: &alignments,
+                        storage: &context.settings.storage,
+                        uri: &target.uri,
+                        timeouts: checkpoint_timeouts(&context.settings),
+                    };
+                    take_checkpoint(context, &coordinator, next_checkpoint, &trainers_done, writer).await;
+                    next_checkpoint += 1;
+                }
+                continue;
+            }
             Some(report) = reports.recv() => { fold.add(report); continue; }
             event = backend_events.recv() => {
                 match event {
@@ -482,6 +569,84 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
     }
 }
 
+/// Puts the queue back to the latest committed checkpoint (to the start when there is
+/// none) and returns that checkpoint.
+async fn rollback_queue(
+    job: &str,
+    queue: &TaskQueue,
+) -> Result<Option<CheckpointRecord>, CheckpointError> {
+    let restored = checkpoint::latest(queue).await?;
+    let reopened = queue.rollback(restored.as_ref().map(|r| r.id)).await?;
+    if reopened > 0 || restored.is_some() {
+        let checkpoint = restored.as_ref().map(|r| r.id);
+        tracing::info!(job, ?checkpoint, reopened, "task queue rolled back");
+    }
+    Ok(restored)
+}
+
+fn checkpoint_timeouts(settings: &MasterSettings) -> checkpoint::Timeouts {
+    let settings = &settings.master.checkpoint;
+    checkpoint::Timeouts {
+        align: Duration::from_millis(settings.align_timeout_ms),
+        pause: Duration::from_millis(settings.pause_timeout_ms),
+    }
+}
+
+fn with_role(endpoints: &[Endpoint], role: Role) -> Vec<&Endpoint> {
+    endpoints.iter().filter(|e| e.role == role as i32).collect()
+}
+
+/// Takes one periodic checkpoint and says how it went in the Job's `Checkpoint` condition
+/// (a failed one is reported and training goes on).
+async fn take_checkpoint<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    coordinator: &checkpoint::Coordinator<'_>,
+    id: u64,
+    trainers_done: &BTreeSet<String>,
+    writer: &mut JobStatus,
+) {
+    let job = coordinator.job;
+    let endpoints = context
+        .topologies
+        .get(job)
+        .map(|(_, e)| e)
+        .unwrap_or_default();
+    let participants = checkpoint::Participants {
+        data_executors: with_role(&endpoints, Role::DataExecutor),
+        ps: with_role(&endpoints, Role::Ps),
+        trainers: with_role(&endpoints, Role::Trainer)
+            .into_iter()
+            .map(|e| e.id.clone())
+            .filter(|id| !trainers_done.contains(id))
+            .collect(),
+    };
+    match coordinator.take(id, &participants).await {
+        Ok(taken) => {
+            let record = &taken.record;
+            let message = format!(
+                "checkpoint {id} at {}: {} samples trained, {} tasks done, {} in progress; paused {} ms",
+                record.uri,
+                record.samples(),
+                record.succeeded_tasks,
+                record.offsets.len(),
+                taken.paused.as_millis()
+            );
+            tracing::info!(job, %message, "checkpoint committed");
+            writer.condition("Checkpoint", true, "Checkpointed", message);
+        }
+        Err(e) => {
+            tracing::warn!(job, checkpoint = id, error = %e, "checkpoint abandoned");
+            writer.condition(
+                "Checkpoint",
+                false,
+                "CheckpointFailed",
+                format!("checkpoint {id}: {e}"),
+            );
+        }
+    }
+    writer.write().await;
+}
+
 async fn load_dataset(api: &ApiClient, name: &str) -> Result<DatasetSpec, Outcome> {
     let resource = match api.get(Kind::Dataset, name).await {
         Ok(resource) => resource,
@@ -554,12 +719,11 @@ fn section(entries: Vec<(&str, Option<toml::Value>)>) -> Option<toml::Value> {
 /// schema for serving replicas.
 fn executor_settings(
     settings: &MasterSettings,
-    role: ExecutorRole,
-    job: &str,
-    spec: &JobSpec,
-    dataset: &DatasetSpec,
-    layout: &ModelLayout,
+    executor: &ExecutorSpec,
+    job: &JobParts,
 ) -> toml::Table {
+    let (role, spec, dataset, layout) = (executor.role, job.spec, job.dataset, job.layout);
+    let (restored, job) = (job.restored, job.name);
     let mut entries = vec![
         ("nats", to_toml("nats", &settings.nats)),
         ("telemetry", to_toml("telemetry", &settings.telemetry)),
@@ -610,6 +774,8 @@ fn executor_settings(
             let schema = to_toml("trainer.schema", &dataset.schema);
             let training = &spec.training;
             let number = |n: u32| Some(toml::Value::Integer(n.into()));
+            let resume = restored_totals(restored, &executor.id());
+            let total = |n: u64| Some(toml::Value::Integer(i64::try_from(n).unwrap_or(i64::MAX)));
             entries.push((
                 "trainer",
                 section(vec![
@@ -618,6 +784,8 @@ fn executor_settings(
                     ("batch_size", number(training.batch_size)),
                     ("dense_pull_every", number(training.dense_pull_every)),
                     ("eval_window", number(training.eval_window)),
+                    ("resume_steps", total(resume.steps)),
+                    ("resume_samples", total(resume.samples)),
                 ]),
             ));
         }
@@ -625,15 +793,30 @@ fn executor_settings(
     table_of(entries)
 }
 
+/// A Job as its executors are configured from it.
+struct JobParts<'a> {
+    name: &'a str,
+    spec: &'a JobSpec,
+    dataset: &'a DatasetSpec,
+    layout: &'a ModelLayout,
+    /// The checkpoint the Job restarts from.
+    restored: Option<&'a CheckpointRecord>,
+}
+
+/// A trainer's totals in the checkpoint a Job restarts from (zero for a fresh start).
+fn restored_totals(restored: Option<&CheckpointRecord>, id: &str) -> checkpoint::TrainerTotals {
+    restored
+        .and_then(|r| r.trainers.get(id).copied())
+        .unwrap_or_default()
+}
+
 async fn start_executors<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
-    job: &str,
-    spec: &JobSpec,
-    dataset: &DatasetSpec,
-    layout: &ModelLayout,
+    job: &JobParts<'_>,
+    roles: &[ExecutorRole],
 ) -> Result<(), Outcome> {
-    let topology = &spec.topology;
-    for role in ExecutorRole::ALL {
+    let topology = &job.spec.topology;
+    for &role in roles {
         let role_spec = match role {
             ExecutorRole::Ps => &topology.ps,
             ExecutorRole::DataExecutor => &topology.data_executors,
@@ -644,21 +827,22 @@ async fn start_executors<B: ResourceBackend, C: Catalog>(
             },
         };
         for index in 0..role_spec.replicas {
-            let request = ExecutorSpec {
-                job: job.to_owned(),
+            let mut request = ExecutorSpec {
+                job: job.name.to_owned(),
                 role,
                 index,
-                settings: executor_settings(&context.settings, role, job, spec, dataset, layout),
+                settings: toml::Table::new(),
                 cpu: role_spec.cpu,
                 memory_bytes: primus_spec::job::parse_memory(&role_spec.memory).unwrap_or(0),
             };
+            request.settings = executor_settings(&context.settings, &request, job);
             let executor = context
                 .backend
                 .request(request)
                 .await
                 .map_err(|e| Outcome::failed("ExecutorStartFailed", e.to_string()))?;
             context.topologies.add(
-                job,
+                job.name,
                 Endpoint {
                     role: role.proto() as i32,
                     id: executor.id,

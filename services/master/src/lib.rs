@@ -6,9 +6,13 @@
 //!   child processes (restarted with backoff, cleaned up on job end and master shutdown).
 //! - [`plan`]: the data task planner (DTGG); [`queue`]: the batch task queue and stream
 //!   task graph in Redis; [`driver`]: planning loop and task monitor per job.
-//! - gRPC: `TaskService` ([`tasks`]) for data executors, `TopologyService` ([`topology`]).
+//! - [`checkpoint`]: the checkpoint coordinator (barrier, PS snapshots and task offsets
+//!   committed together) and the restore of both when a Job starts again.
+//! - gRPC: `TaskService` ([`tasks`]) for data executors, `CheckpointService` for trainers,
+//!   `TopologyService` ([`topology`]).
 
 pub mod backend;
+pub mod checkpoint;
 pub mod controller;
 pub mod driver;
 pub mod metrics;
@@ -23,6 +27,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use primus_api_client::{ApiClient, ClientSettings};
+use primus_proto::v1::checkpoint_service_server::CheckpointServiceServer;
 use primus_proto::v1::task_service_server::TaskServiceServer;
 use primus_proto::v1::topology_service_server::TopologyServiceServer;
 use primus_service::{Node, SettingFlag, Shutdown};
@@ -69,11 +74,13 @@ pub async fn run(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result
     let catalog = Arc::new(plan::StoreCatalog::new(settings.storage.clone()));
     let jobs = tasks::JobRegistry::default();
     let topologies = topology::Topologies::default();
-    let routes = Routes::new(TaskServiceServer::new(tasks::Tasks::new(
+    let tasks = Arc::new(tasks::Tasks::new(
         jobs.clone(),
         settings.master.tasks.clone(),
-    )))
-    .add_service(TopologyServiceServer::new(topologies.clone()));
+    ));
+    let routes = Routes::new(TaskServiceServer::from_arc(tasks.clone()))
+        .add_service(CheckpointServiceServer::from_arc(tasks))
+        .add_service(TopologyServiceServer::new(topologies.clone()));
     let context = Arc::new(controller::Context {
         api,
         bus: bus.clone(),

@@ -13,12 +13,16 @@
 //! - `executors` hash executor -> last heartbeat (unix ms)
 //! - `stream` hash source -> executor ("" when unassigned); `stream_task` hash source ->
 //!   DataTask protobuf
+//! - `checkpoint` hash: `latest` -> id of the newest checkpoint, `<id>` -> its record
+//!   (JSON); `checkpoint:<id>:offset` and `checkpoint:<id>:succeeded`: copies of `offset`
+//!   and `succeeded` taken with the record, for [`TaskQueue::rollback`]
 
 use primus_proto::v1::DataTask;
 use prost::Message;
 use redis::Script;
 use redis::aio::ConnectionManager;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::plan::{ORDER_WINDOW_DIVISOR, PlannedTask};
@@ -29,6 +33,8 @@ pub enum QueueError {
     Redis(#[from] redis::RedisError),
     #[error("corrupt task {id:?} in Redis: {message}")]
     Corrupt { id: String, message: String },
+    #[error("executors still hold tasks: the queue cannot be rolled back under them")]
+    Busy,
 }
 
 /// What [`TaskQueue::acquire`] found.
@@ -191,6 +197,47 @@ return {redis.call('HLEN', KEYS[1]), redis.call('ZCARD', KEYS[2]), redis.call('H
         redis.call('SCARD', KEYS[4]), redis.call('HLEN', KEYS[5])}
 "#;
 
+const RECORD_CHECKPOINT: &str = r#"
+-- KEYS: offset succeeded checkpoint; ARGV: prefix id record
+-- Copies the queue's offsets and succeeded set under the new id, makes it the latest
+-- checkpoint and drops the previous one's copies: one atomic commit.
+local function copy(from, to)
+  redis.call('DEL', to)
+  if redis.call('EXISTS', from) == 1 then redis.call('COPY', from, to) end
+end
+local previous = redis.call('HGET', KEYS[3], 'latest')
+copy(KEYS[1], ARGV[1] .. 'checkpoint:' .. ARGV[2] .. ':offset')
+copy(KEYS[2], ARGV[1] .. 'checkpoint:' .. ARGV[2] .. ':succeeded')
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[3], 'latest', ARGV[2])
+if previous and previous ~= ARGV[2] then
+  redis.call('HDEL', KEYS[3], previous)
+  redis.call('DEL', ARGV[1] .. 'checkpoint:' .. previous .. ':offset',
+             ARGV[1] .. 'checkpoint:' .. previous .. ':succeeded')
+end
+return 1
+"#;
+
+const ROLLBACK: &str = r#"
+-- KEYS: offset succeeded pending order running; ARGV: prefix id ('0': no checkpoint)
+-- Back to the checkpoint: its offsets, and every task that succeeded after it pending
+-- again. Runs when no executor holds a task (after the previous ones' work was taken back).
+if redis.call('HLEN', KEYS[5]) > 0 then return -1 end
+local saved_offset = ARGV[1] .. 'checkpoint:' .. ARGV[2] .. ':offset'
+local saved_succeeded = ARGV[1] .. 'checkpoint:' .. ARGV[2] .. ':succeeded'
+redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', saved_offset) == 1 then redis.call('COPY', saved_offset, KEYS[1]) end
+local reopened = 0
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if redis.call('SISMEMBER', saved_succeeded, id) == 0 then
+    redis.call('SREM', KEYS[2], id)
+    redis.call('ZADD', KEYS[3], redis.call('HGET', KEYS[4], id), id)
+    reopened = reopened + 1
+  end
+end
+return reopened
+"#;
+
 /// Every key of a job's queue, for [`TaskQueue::delete`].
 const KEYS: [&str; 14] = [
     "task",
@@ -210,6 +257,8 @@ const KEYS: [&str; 14] = [
 ];
 
 struct Scripts {
+    record_checkpoint: Script,
+    rollback: Script,
     enqueue: Script,
     acquire: Script,
     progress: Script,
@@ -233,6 +282,8 @@ impl TaskQueue {
             redis,
             prefix: format!("{key_prefix}:job:{job}:"),
             scripts: Arc::new(Scripts {
+                record_checkpoint: Script::new(RECORD_CHECKPOINT),
+                rollback: Script::new(ROLLBACK),
                 enqueue: Script::new(ENQUEUE),
                 acquire: Script::new(ACQUIRE),
                 progress: Script::new(PROGRESS),
@@ -529,9 +580,69 @@ impl TaskQueue {
             .await?)
     }
 
+    /// Reported offsets of the tasks not finished (task id -> rows consumed).
+    pub async fn offsets(&self) -> Result<HashMap<String, u64>, QueueError> {
+        Ok(redis::cmd("HGETALL")
+            .arg(self.key("offset"))
+            .query_async(&mut self.redis.clone())
+            .await?)
+    }
+
+    /// Commits checkpoint `id`: `record` becomes the latest, together with a copy of the
+    /// queue's offsets and succeeded set as they are now.
+    pub async fn record_checkpoint(&self, id: u64, record: &str) -> Result<(), QueueError> {
+        let mut script = self.invoke(
+            &self.scripts.record_checkpoint,
+            &["offset", "succeeded", "checkpoint"],
+        );
+        script.arg(&self.prefix).arg(id).arg(record);
+        script.invoke_async::<()>(&mut self.redis.clone()).await?;
+        Ok(())
+    }
+
+    /// The latest checkpoint's record, if one was committed.
+    pub async fn latest_checkpoint(&self) -> Result<Option<String>, QueueError> {
+        let mut redis = self.redis.clone();
+        let latest: Option<String> = redis::cmd("HGET")
+            .arg(self.key("checkpoint"))
+            .arg("latest")
+            .query_async(&mut redis)
+            .await?;
+        let Some(latest) = latest else {
+            return Ok(None);
+        };
+        Ok(redis::cmd("HGET")
+            .arg(self.key("checkpoint"))
+            .arg(latest)
+            .query_async(&mut redis)
+            .await?)
+    }
+
+    /// Puts the queue back to checkpoint `id` (`None`: to before any data was read): the
+    /// offsets it recorded, and every task that succeeded since pending again. Returns
+    /// how many tasks were reopened. Refused while an executor holds a task.
+    pub async fn rollback(&self, id: Option<u64>) -> Result<u64, QueueError> {
+        let mut script = self.invoke(
+            &self.scripts.rollback,
+            &["offset", "succeeded", "pending", "order", "running"],
+        );
+        script.arg(&self.prefix).arg(id.unwrap_or(0));
+        let reopened: i64 = script.invoke_async(&mut self.redis.clone()).await?;
+        u64::try_from(reopened).map_err(|_| QueueError::Busy)
+    }
+
     /// Removes every key of this job (after the Job is deleted).
     pub async fn delete(&self) -> Result<(), QueueError> {
-        let keys: Vec<String> = KEYS.iter().map(|k| self.key(k)).collect();
+        let latest: Option<String> = redis::cmd("HGET")
+            .arg(self.key("checkpoint"))
+            .arg("latest")
+            .query_async(&mut self.redis.clone())
+            .await?;
+        let mut keys: Vec<String> = KEYS.iter().map(|k| self.key(k)).collect();
+        if let Some(latest) = latest {
+            keys.push(self.key(&format!("checkpoint:{latest}:offset")));
+            keys.push(self.key(&format!("checkpoint:{latest}:succeeded")));
+        }
         redis::cmd("DEL")
             .arg(keys)
             .query_async::<()>(&mut self.redis.clone())

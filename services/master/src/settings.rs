@@ -36,6 +36,28 @@ pub struct ControllerSettings {
     pub status_interval_ms: u64,
     pub planner: PlannerSettings,
     pub tasks: TaskSettings,
+    pub checkpoint: CheckpointSettings,
+}
+
+/// The checkpoint coordinator (a Job's `spec.checkpoint` says where and how often).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct CheckpointSettings {
+    /// Trainers have this long to finish what was served before a barrier; otherwise
+    /// the checkpoint is abandoned (training goes on; the next one is tried on time).
+    pub align_timeout_ms: u64,
+    /// A paused data executor resumes by itself after this long without the master's
+    /// resume (a master that died mid-checkpoint).
+    pub pause_timeout_ms: u64,
+}
+
+impl Default for CheckpointSettings {
+    fn default() -> Self {
+        Self {
+            align_timeout_ms: 60_000,
+            pause_timeout_ms: 300_000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -93,6 +115,7 @@ impl Default for ControllerSettings {
             status_interval_ms: 2_000,
             planner: PlannerSettings::default(),
             tasks: TaskSettings::default(),
+            checkpoint: CheckpointSettings::default(),
         }
     }
 }

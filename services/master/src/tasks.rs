@@ -1,17 +1,20 @@
 //! The task service (gRPC `TaskService`): data executors register, acquire tasks, report
-//! offsets and finish tasks. Every call is also a heartbeat of the calling executor.
+//! offsets and finish tasks. Every call is also a heartbeat of the calling executor. The
+//! same jobs' `CheckpointService` takes trainers' barrier alignments.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use primus_proto::v1::checkpoint_service_server::CheckpointService;
 use primus_proto::v1::task_service_server::TaskService;
 use primus_proto::v1::{
     AcquireTaskRequest, AcquireTaskResponse, FinishTaskRequest, FinishTaskResponse,
     RegisterExecutorRequest, RegisterExecutorResponse, ReportProgressRequest,
-    ReportProgressResponse,
+    ReportProgressResponse, TrainerAlignedRequest, TrainerAlignedResponse,
 };
 use tonic::{Request, Response, Status};
 
+use crate::checkpoint::{Alignments, TrainerTotals};
 use crate::driver::now_ms;
 use crate::queue::{Acquired, Finished, QueueError, TaskQueue};
 use crate::settings::TaskSettings;
@@ -23,6 +26,8 @@ pub struct JobTasks {
     /// Set once every bounded stream is planned and no stream binding exists: then an
     /// empty queue means the job's data is exhausted.
     pub bounded: Arc<std::sync::atomic::AtomicBool>,
+    /// The checkpoint barrier in progress, if any.
+    pub alignments: Arc<Alignments>,
 }
 
 /// The jobs this master drives, by name.
@@ -160,6 +165,29 @@ impl TaskService for Tasks {
             Finished::Succeeded => {}
         }
         Ok(Response::new(FinishTaskResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl CheckpointService for Tasks {
+    async fn trainer_aligned(
+        &self,
+        request: Request<TrainerAlignedRequest>,
+    ) -> Result<Response<TrainerAlignedResponse>, Status> {
+        let request = request.into_inner();
+        let trainer = required("trainer_id", &request.trainer_id)?;
+        let job = self.job(&request.job)?;
+        let totals = TrainerTotals {
+            steps: request.steps,
+            samples: request.samples,
+        };
+        if !job.alignments.ack(request.checkpoint_id, trainer, totals) {
+            return Err(Status::failed_precondition(format!(
+                "checkpoint {} of job {:?} is not in progress (it finished or timed out)",
+                request.checkpoint_id, request.job
+            )));
+        }
+        Ok(Response::new(TrainerAlignedResponse {}))
     }
 }
 

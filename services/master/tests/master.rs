@@ -12,6 +12,7 @@ use arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use primus_api_client::{ApiClient, ClientSettings};
 use primus_config::{ApiServerSettings, StorageSettings};
+use primus_master::checkpoint;
 use primus_master::plan::{ListingCache, StoreCatalog};
 use primus_master::queue::{Acquired, Finished, TaskQueue};
 use primus_master::settings::PlannerSettings;
@@ -1072,12 +1073,11 @@ spec:
     summary.best_auc.expect("both classes")
 }
 
-/// Applies a small DLRM Job on Dataset `criteo` with `trainers` trainers and waits for it
-/// to succeed: every row trained on once.
-async fn train_dlrm(cluster: &Cluster, job: &str, trainers: u32) -> Status {
-    cluster
-        .apply(&format!(
-            r#"
+/// A small DLRM Job on Dataset `criteo` with `trainers` trainers, checkpointed every
+/// `checkpoint_seconds` under the cluster's `checkpoints/<job>`.
+fn dlrm_job(cluster: &Cluster, job: &str, trainers: u32, checkpoint_seconds: u64) -> String {
+    format!(
+        r#"
 kind: Job
 metadata: {{name: {job}}}
 spec:
@@ -1099,13 +1099,18 @@ spec:
     data_executors: {{replicas: 1}}
     trainers: {{replicas: {trainers}}}
     ps: {{replicas: 2}}
-  checkpoint: {{uri: "{checkpoint}", interval_seconds: 3600}}
+  checkpoint: {{uri: "{checkpoint}", interval_seconds: {checkpoint_seconds}}}
 "#,
-            checkpoint = cluster.dir.path().join("checkpoints").join(job).display(),
-            // Each trainer scores its own samples: together they cover the newest 20,000.
-            eval_window = 20_000 / trainers,
-        ))
-        .await;
+        checkpoint = cluster.dir.path().join("checkpoints").join(job).display(),
+        // Each trainer scores its own samples: together they cover the newest 20,000.
+        eval_window = 20_000 / trainers,
+    )
+}
+
+/// Applies a small DLRM Job on Dataset `criteo` with `trainers` trainers and waits for it
+/// to succeed: every row trained on once.
+async fn train_dlrm(cluster: &Cluster, job: &str, trainers: u32) -> Status {
+    cluster.apply(&dlrm_job(cluster, job, trainers, 3600)).await;
     let status = cluster
         .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
         .await;
@@ -1462,4 +1467,208 @@ async fn an_online_job_with_serving_predicts_from_the_rows_it_trains() {
     cluster.delete_job("served").await;
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");
+}
+
+/// Checkpoint and restore through the real services: the job is stopped with its master
+/// after a checkpoint was committed, and the next master restores the PS shards, rolls the
+/// task queue back to the checkpoint's offsets and starts the trainer from its totals. The
+/// sample count ends at exactly the data set's rows: the rows trained before the barrier
+/// are the ones the offsets skip, no more and no fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_over() {
+    let cluster = Cluster::start().await;
+    let best = apply_criteo_dataset(&cluster).await;
+    let data_executor = target_dir().join("primus-data-executor");
+    let mut master = cluster.start_master_with(&data_executor);
+    let job = "dlrm-restart";
+    cluster.apply(&dlrm_job(&cluster, job, 1, 1)).await;
+    let client = redis::Client::open(cluster.redis.url()).expect("redis url");
+    let queue = TaskQueue::new(
+        client.get_connection_manager().await.expect("redis"),
+        "primus",
+        job,
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    let record = loop {
+        if let Some(record) = checkpoint::latest(&queue).await.expect("record") {
+            break record;
+        }
+        let status = cluster.status(job).await;
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "no checkpoint committed: {status:?}\n{}",
+            cluster.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+    let total = (DLRM_HOURS * DLRM_ROWS_PER_HOUR) as u64;
+    let status = cluster.status(job).await;
+    assert_eq!(status.phase, Phase::Running, "stopped mid-job: {status:?}");
+    assert_eq!(record.ps.len(), 2, "{record:?}");
+    let trained = record.samples();
+    assert!(trained > 0 && trained < total, "{record:?}");
+    let written = std::fs::read_to_string(Path::new(&record.uri).join("checkpoint.json"))
+        .expect("checkpoint.json beside the snapshots");
+    assert_eq!(
+        serde_json::from_str::<checkpoint::CheckpointRecord>(&written).expect("record"),
+        record
+    );
+    for manifest in record.ps.values() {
+        let file = manifest.strip_prefix("file://").unwrap_or(manifest);
+        assert!(Path::new(file).is_file(), "{manifest}");
+    }
+
+    let mut master = cluster.start_master_with(&data_executor);
+    let status = cluster
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let restored = status
+        .conditions
+        .iter()
+        .find(|c| c.kind == "Restored")
+        .expect("a Restored condition");
+    assert!(
+        restored
+            .message
+            .starts_with(&format!("from checkpoint {} ", record.id)),
+        "{restored:?}"
+    );
+    let progress = status.progress.clone().expect("progress");
+    assert_eq!(
+        progress.samples, total,
+        "the restored trainer continues from {trained} samples and the data from the same rows: {progress:?}"
+    );
+    let steps = record.trainers.values().map(|t| t.steps).sum::<u64>();
+    assert!(progress.steps > steps, "{progress:?} vs {record:?}");
+    let auc = progress.auc.expect("an AUC");
+    assert!(
+        auc > 0.7,
+        "AUC {auc:.4} after the restart (best achievable {best:.4})"
+    );
+    eprintln!(
+        "checkpoint {}: {trained} samples, {steps} steps; after the restart {} samples, {} steps, AUC {auc:.4} (best {best:.4})",
+        record.id, progress.samples, progress.steps
+    );
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+}
+
+/// The queue goes back to a checkpoint exactly: tasks finished after it are pending again,
+/// tasks in progress restart from the offsets it recorded, and without a checkpoint from
+/// the beginning; a rollback under a running task is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
+    let redis = RedisServer::start().expect("redis-server");
+    let data = tempfile::tempdir().expect("tempdir");
+    let clicks = data.path().join("clicks");
+    write_partitions(&clicks, "2026-11-01", 1).await;
+    let dataset: primus_spec::dataset::DatasetSpec = serde_yaml_ng::from_str(&format!(
+        r#"
+streams:
+  - name: logs
+    window: {{unit: hourly, start: "2026-11-01T00", end: "2026-11-02T00"}}
+    sources: [{{name: clicks, parquet: {{uri: "{}"}}}}]
+schema: {{label: label, sparse: [{{name: c1, table: t}}]}}
+"#,
+        clicks.display()
+    ))
+    .expect("dataset");
+    let client = redis::Client::open(redis.url()).expect("redis url");
+    let queue = TaskQueue::new(
+        client.get_connection_manager().await.expect("redis"),
+        "primus",
+        "rollback",
+    );
+    let cache = Arc::new(ListingCache::new(
+        Arc::new(StoreCatalog::new(StorageSettings::default())),
+        8,
+    ));
+    let settings = PlannerSettings {
+        target_task_bytes: 1 << 20,
+        parallelism: 2,
+        poll_interval_ms: 100,
+    };
+    for plan in primus_master::driver::stream_plans(&dataset).expect("plans") {
+        primus_master::driver::plan_stream(
+            queue.clone(),
+            cache.clone(),
+            Arc::from("rollback"),
+            Arc::new(plan),
+            settings.clone(),
+        )
+        .await
+        .expect("planned");
+    }
+    let acquire = || async {
+        match queue.acquire("r", 0, 0).await.expect("acquire") {
+            Acquired::Task(task) => task,
+            other => panic!("a task expected, got {other:?}"),
+        }
+    };
+    let (a, b, c) = (acquire().await, acquire().await, acquire().await);
+    let finish = |id: String| {
+        let queue = queue.clone();
+        async move {
+            let finished = queue.finish("r", &id, "", 3, 0).await.expect("finish");
+            assert_eq!(finished, Finished::Succeeded);
+        }
+    };
+    finish(a.id.clone()).await;
+    assert!(
+        queue
+            .report_progress("r", &b.id, 40, 0)
+            .await
+            .expect("progress")
+    );
+    queue.record_checkpoint(1, "{}").await.expect("checkpoint");
+
+    finish(b.id.clone()).await;
+    finish(c.id.clone()).await;
+    let d = acquire().await;
+    assert!(
+        queue
+            .report_progress("r", &d.id, 70, 0)
+            .await
+            .expect("progress")
+    );
+    assert!(
+        queue.rollback(Some(1)).await.is_err(),
+        "refused while a task is held"
+    );
+    queue.requeue_previous_executors().await.expect("requeue");
+    assert_eq!(queue.rollback(Some(1)).await.expect("rollback"), 2);
+    let counts = queue.counts().await.expect("counts");
+    assert_eq!((counts.succeeded, counts.running), (1, 0), "{counts:?}");
+    let mut offsets = HashMap::new();
+    while let Acquired::Task(task) = queue.acquire("r", 0, 0).await.expect("acquire") {
+        offsets.insert(task.id.clone(), task.start_offset);
+    }
+    assert_eq!(
+        offsets.len() as u64,
+        counts.total - 1,
+        "all but the task done before"
+    );
+    assert!(!offsets.contains_key(&a.id));
+    assert_eq!(offsets[&b.id], 40, "from the checkpoint's offset");
+    assert_eq!(offsets[&c.id], 0);
+    assert_eq!(
+        offsets[&d.id], 0,
+        "progress after the checkpoint is forgotten"
+    );
+
+    queue.requeue_previous_executors().await.expect("requeue");
+    queue
+        .record_checkpoint(2, "{\"id\": 2}")
+        .await
+        .expect("checkpoint");
+    assert_eq!(
+        queue.latest_checkpoint().await.expect("latest").as_deref(),
+        Some("{\"id\": 2}")
+    );
+    assert_eq!(queue.rollback(None).await.expect("rollback"), 1);
+    assert_eq!(queue.counts().await.expect("counts").succeeded, 0);
+    queue.delete().await.expect("delete");
+    assert_eq!(queue.latest_checkpoint().await.expect("latest"), None);
 }

@@ -8,7 +8,11 @@
 //! `eval_window` samples, each scored before it was trained on), samples/s and the time
 //! shares of lookup/compute/push go to NATS. The process exits 0 when the data ends.
 //!
-//! Not built yet: the checkpoint barrier (a trainer does not pause for PS snapshots).
+//! Checkpoint barrier: once every data executor's stream has delivered checkpoint N's
+//! marker and every minibatch before it is trained and pushed, the trainer tells the
+//! master (`CheckpointService.TrainerAligned`) its step and sample totals, so the PS
+//! snapshot the master then takes and the recorded data offsets describe the same moment.
+//! A trainer of a restored job continues those totals (`trainer.resume_*`).
 
 pub mod settings;
 pub mod store;
@@ -21,17 +25,19 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::StreamExt;
 use primus_bus::Bus;
-use primus_data_executor::reader::{self, ReaderOptions};
+use primus_data_executor::reader::{self, ReaderOptions, Received};
 use primus_model::{Model, ModelLayout};
+use primus_proto::v1::checkpoint_service_client::CheckpointServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
-use primus_proto::v1::{Endpoint, GetTopologyRequest, MetricsReport, Role};
+use primus_proto::v1::{Endpoint, GetTopologyRequest, MetricsReport, Role, TrainerAlignedRequest};
 use primus_ps::client::PsClient;
 use primus_service::{ExecutorIdentity, Node, Shutdown};
 use tonic::service::Routes;
+use tonic::transport::Channel;
 
 pub use settings::TrainerSettings;
 use store::RemoteStore;
-use train::{Incoming, Report, Reporter, Trainer};
+use train::{Feed, Incoming, Report, Reporter, Trainer};
 
 pub const SERVICE: &str = "primus-trainer";
 pub const ABOUT: &str = concat!(
@@ -160,6 +166,7 @@ async fn work(
         train.eval_window,
     )
     .await?;
+    trainer.resume_from(train.resume_steps, train.resume_samples);
     let options = ReaderOptions {
         job: identity.job.clone(),
         trainer_id: identity.executor_id.clone(),
@@ -171,13 +178,14 @@ async fn work(
     })
     .await?
     .map(|item| {
-        item.map(|received| {
-            Incoming::new(
+        item.map(|received| match received {
+            Received::Batch(received) => Feed::Batch(Incoming::new(
                 received.batch,
                 received.kind,
                 &received.source,
                 &received.trace,
-            )
+            )),
+            Received::Barrier(id) => Feed::Barrier(id),
         })
         .map_err(anyhow::Error::from)
     });
@@ -186,7 +194,7 @@ async fn work(
         id: identity.executor_id.clone(),
         grpc_addr,
     };
-    let publisher = Publisher::new(bus, identity, endpoint)?;
+    let publisher = Publisher::new(bus, identity, endpoint).await?;
     tracing::info!(ps = ?ps_addrs, data_executors = ?data_addrs, "training");
     let interval = Duration::from_millis(train.metrics_interval_ms.max(100));
     let result = trainer.train(batches, interval, &publisher).await;
@@ -203,24 +211,35 @@ async fn work(
     result
 }
 
-/// Publishes a trainer's reports as `MetricsReport`s on its job's metrics subject.
+/// Publishes a trainer's reports as `MetricsReport`s on its job's metrics subject and
+/// tells the master when a checkpoint barrier is aligned.
 pub struct Publisher {
     bus: Bus,
     subject: String,
     job: String,
     endpoint: Endpoint,
+    master: CheckpointServiceClient<Channel>,
 }
 
 impl Publisher {
-    fn new(bus: &Bus, identity: &ExecutorIdentity, endpoint: Endpoint) -> anyhow::Result<Self> {
+    async fn new(
+        bus: &Bus,
+        identity: &ExecutorIdentity,
+        endpoint: Endpoint,
+    ) -> anyhow::Result<Self> {
         let subject = bus
             .subjects()
             .metrics(&identity.job, "trainer", &identity.executor_id)?;
+        let master = format!("http://{}", identity.master_addr);
+        let master = tonic::transport::Endpoint::from_shared(master.clone())
+            .with_context(|| format!("master address {master:?}"))?
+            .connect_lazy();
         Ok(Self {
             bus: bus.clone(),
             subject,
             job: identity.job.clone(),
             endpoint,
+            master: CheckpointServiceClient::new(master),
         })
     }
 }
@@ -255,6 +274,27 @@ impl Reporter for Publisher {
         };
         if let Err(e) = self.bus.publish(self.subject.clone(), &message).await {
             tracing::warn!(error = %e, "publishing metrics");
+        }
+    }
+
+    async fn aligned(&self, checkpoint_id: u64, steps: u64, samples: u64) {
+        let request = TrainerAlignedRequest {
+            job: self.job.clone(),
+            trainer_id: self.endpoint.id.clone(),
+            checkpoint_id,
+            steps,
+            samples,
+        };
+        match self.master.clone().trainer_aligned(request).await {
+            Ok(_) => tracing::info!(
+                checkpoint = checkpoint_id,
+                steps,
+                samples,
+                "checkpoint barrier aligned"
+            ),
+            Err(status) => {
+                tracing::warn!(checkpoint = checkpoint_id, %status, "reporting an aligned checkpoint barrier")
+            }
         }
     }
 }

@@ -43,6 +43,19 @@ impl Incoming {
     }
 }
 
+/// What a trainer is fed: minibatches, and checkpoint barriers between them.
+pub enum Feed {
+    Batch(Incoming),
+    /// Every minibatch served before checkpoint `id`'s barrier came before this.
+    Barrier(u64),
+}
+
+/// What the prefetcher hands the step loop, in the order it was fed.
+enum Ready {
+    Step(Box<Prepared>),
+    Barrier(u64),
+}
+
 /// A minibatch with its rows looked up, ready to compute.
 pub struct Prepared {
     pub batch: Minibatch,
@@ -126,9 +139,20 @@ impl Meter {
     }
 }
 
-/// Where a trainer's periodic reports go (NATS in the service, a table in benchmarks).
+/// Where a trainer's periodic reports go (NATS and the master in the service, a table in
+/// benchmarks).
 pub trait Reporter: Sync {
     fn report(&self, report: &Report) -> impl std::future::Future<Output = ()> + Send;
+
+    /// Every minibatch before checkpoint `checkpoint_id`'s barrier is trained and pushed;
+    /// `steps` and `samples` are the trainer's totals at that moment. A failure is the
+    /// checkpoint's (it is logged), never the training's.
+    fn aligned(
+        &self,
+        checkpoint_id: u64,
+        steps: u64,
+        samples: u64,
+    ) -> impl std::future::Future<Output = ()> + Send;
 }
 
 /// Trains one model against one parameter store.
@@ -173,6 +197,12 @@ impl<S: ParameterStore> Trainer<S> {
         Ok(trainer)
     }
 
+    /// Continues the step and sample counts of a restored checkpoint.
+    pub fn resume_from(&mut self, steps: u64, samples: u64) {
+        self.meter.steps = steps;
+        self.meter.samples = samples;
+    }
+
     pub fn params(&self) -> &ParamSet {
         &self.params
     }
@@ -192,8 +222,9 @@ impl<S: ParameterStore> Trainer<S> {
     }
 
     /// Trains on every minibatch of `batches`, looking the next one up while the current
-    /// one computes, and hands `reporter` the meter's figures every `interval`. Returns
-    /// when the stream ends.
+    /// one computes, and hands `reporter` the meter's figures every `interval`. A barrier
+    /// is reported aligned once every minibatch fed before it is trained and pushed.
+    /// Returns when the stream ends.
     pub async fn train<B, R>(
         &mut self,
         batches: B,
@@ -201,10 +232,10 @@ impl<S: ParameterStore> Trainer<S> {
         reporter: &R,
     ) -> anyhow::Result<()>
     where
-        B: Stream<Item = anyhow::Result<Incoming>> + Send + 'static,
+        B: Stream<Item = anyhow::Result<Feed>> + Send + 'static,
         R: Reporter,
     {
-        let (prepared_tx, mut prepared) = mpsc::channel::<anyhow::Result<Prepared>>(1);
+        let (prepared_tx, mut prepared) = mpsc::channel::<anyhow::Result<Ready>>(1);
         let prefetcher = tokio::spawn(prefetch(
             batches,
             self.store.clone(),
@@ -232,10 +263,18 @@ impl<S: ParameterStore> Trainer<S> {
                 }
             };
             let Some(next) = next else { break };
-            self.step(next?).await?;
-            if last_report.elapsed() >= interval {
-                reporter.report(&self.meter.report()).await;
-                last_report = Instant::now();
+            match next? {
+                Ready::Step(prepared) => {
+                    self.step(*prepared).await?;
+                    if last_report.elapsed() >= interval {
+                        reporter.report(&self.meter.report()).await;
+                        last_report = Instant::now();
+                    }
+                }
+                Ready::Barrier(id) => {
+                    let meter = &self.meter;
+                    reporter.aligned(id, meter.steps, meter.samples).await;
+                }
             }
         }
         prefetcher.await.context("the prefetch task")?;
@@ -399,18 +438,21 @@ async fn prefetch<S: ParameterStore, B>(
     batches: B,
     store: Arc<S>,
     model: Arc<Model>,
-    out: mpsc::Sender<anyhow::Result<Prepared>>,
+    out: mpsc::Sender<anyhow::Result<Ready>>,
 ) where
-    B: Stream<Item = anyhow::Result<Incoming>> + Send + 'static,
+    B: Stream<Item = anyhow::Result<Feed>> + Send + 'static,
 {
     let mut batches = std::pin::pin!(batches);
     while let Some(next) = batches.next().await {
-        let prepared = match next {
-            Ok(incoming) => prepare(&*store, &model, incoming).await,
+        let ready = match next {
+            Ok(Feed::Batch(incoming)) => prepare(&*store, &model, incoming)
+                .await
+                .map(|prepared| Ready::Step(Box::new(prepared))),
+            Ok(Feed::Barrier(id)) => Ok(Ready::Barrier(id)),
             Err(e) => Err(e),
         };
-        let failed = prepared.is_err();
-        if out.send(prepared).await.is_err() || failed {
+        let failed = ready.is_err();
+        if out.send(ready).await.is_err() || failed {
             return;
         }
     }

@@ -14,13 +14,23 @@ use primus_spec::job::{
     AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
 };
 use primus_trainer::store::{LocalStore, ParameterStore};
-use primus_trainer::train::{Incoming, Report, Reporter, Trainer};
+use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
 
-struct Collect(std::sync::Mutex<Vec<Report>>);
+#[derive(Default)]
+struct Collect {
+    reports: std::sync::Mutex<Vec<Report>>,
+    /// (checkpoint, steps, samples) of every aligned barrier.
+    aligned: std::sync::Mutex<Vec<(u64, u64, u64)>>,
+}
 
 impl Reporter for Collect {
     async fn report(&self, report: &Report) {
-        self.0.lock().expect("reports").push(report.clone());
+        self.reports.lock().expect("reports").push(report.clone());
+    }
+
+    async fn aligned(&self, checkpoint_id: u64, steps: u64, samples: u64) {
+        let mut aligned = self.aligned.lock().expect("aligned");
+        aligned.push((checkpoint_id, steps, samples));
     }
 }
 
@@ -75,20 +85,29 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
         .await
         .expect("start");
     let initial = trainer.params().clone();
-    let reports = Collect(Default::default());
-    let stream = futures::stream::iter(batches.into_iter().map(|b| {
-        Ok(Incoming::new(
-            b,
-            SourceKind::Batch,
-            "generated",
-            &Default::default(),
-        ))
-    }));
+    let reports = Collect::default();
+    // A checkpoint barrier after the 30th minibatch: it is aligned only once those 30 are
+    // trained and pushed, so the counts it reports are exactly theirs.
+    let mut feed: Vec<Feed> = batches
+        .into_iter()
+        .map(|b| {
+            Feed::Batch(Incoming::new(
+                b,
+                SourceKind::Batch,
+                "generated",
+                &Default::default(),
+            ))
+        })
+        .collect();
+    feed.insert(30, Feed::Barrier(4));
+    let stream = futures::stream::iter(feed.into_iter().map(Ok));
     trainer
         .train(stream.boxed(), Duration::ZERO, &reports)
         .await
         .expect("train");
-    let reports = reports.0.into_inner().expect("reports");
+    let aligned = reports.aligned.into_inner().expect("aligned");
+    assert_eq!(aligned, vec![(4, 30, 30 * 1024)]);
+    let reports = reports.reports.into_inner().expect("reports");
     assert_eq!(
         reports.len(),
         60,

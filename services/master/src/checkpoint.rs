@@ -1,0 +1,449 @@
+//! The checkpoint coordinator: a model snapshot and the data offsets it was trained to,
+//! taken at one moment and restored together.
+//!
+//! Checkpoint `id` (every `spec.checkpoint.interval_seconds`):
+//! 1. every data executor pauses (`DatasetService.Pause`): nothing more leaves its serving
+//!    buffers, each open minibatch stream sends the barrier marker, and the executor answers
+//!    with the rows served of each task it holds, which go into the task queue;
+//! 2. every running trainer trains what came before the markers of all its streams and says
+//!    so (`CheckpointService.TrainerAligned`, with its step and sample totals);
+//! 3. every PS shard snapshots to `<uri>/ckpt-<id>/<shard>`;
+//! 4. `<uri>/ckpt-<id>/checkpoint.json` is written, then the record is committed in Redis
+//!    with a copy of the queue's offsets and succeeded set (the commit point);
+//! 5. the data executors resume (also when any step failed; a pause also expires by itself).
+//!
+//! A Job started again (a new master, the same master after a restart) with a committed
+//! checkpoint restores every PS shard from it, rolls the queue back to its offsets and
+//! starts each trainer from its totals, before any data executor or trainer runs; with
+//! checkpointing configured but none committed yet, the queue goes back to the start.
+//! Stream sources are not rolled back: their rows buffered but not served when a job
+//! stopped were acknowledged to JetStream and are not read again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use primus_config::StorageSettings;
+use primus_proto::v1::dataset_service_client::DatasetServiceClient;
+use primus_proto::v1::parameter_server_client::ParameterServerClient;
+use primus_proto::v1::{Endpoint, PauseRequest, RestoreRequest, ResumeRequest, SnapshotRequest};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::driver::now_ms;
+use crate::queue::{QueueError, TaskQueue};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("data executor {id} at {addr}: {message}")]
+    DataExecutor {
+        id: String,
+        addr: String,
+        message: String,
+    },
+    #[error("trainers {missing:?} did not align on checkpoint {id} within {timeout:?}")]
+    NotAligned {
+        id: u64,
+        missing: Vec<String>,
+        timeout: Duration,
+    },
+    #[error("PS shard {id} at {addr}: {message}")]
+    Ps {
+        id: String,
+        addr: String,
+        message: String,
+    },
+    #[error("checkpoint {id} names PS shards {recorded:?}, the job has {running:?}")]
+    ShardsChanged {
+        id: u64,
+        recorded: Vec<String>,
+        running: Vec<String>,
+    },
+    #[error("{url}: {message}")]
+    Storage { url: String, message: String },
+    #[error("checkpoint record in Redis: {0}")]
+    Record(String),
+    #[error("task queue: {0}")]
+    Queue(#[from] QueueError),
+}
+
+/// A trainer's totals at a checkpoint's barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TrainerTotals {
+    pub steps: u64,
+    pub samples: u64,
+}
+
+/// What a checkpoint holds. The queue state it pairs with is copied in Redis under the
+/// same id ([`TaskQueue::record_checkpoint`]); `offsets` repeats the unfinished tasks'
+/// offsets here so the object-store copy describes the data position on its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    pub id: u64,
+    pub unix_ms: i64,
+    /// `<spec.checkpoint.uri>/ckpt-<id>`.
+    pub uri: String,
+    /// PS shard id -> its snapshot's manifest URI.
+    pub ps: BTreeMap<String, String>,
+    pub trainers: BTreeMap<String, TrainerTotals>,
+    /// Task id -> rows consumed, for every task begun and not finished at the barrier.
+    pub offsets: BTreeMap<String, u64>,
+    pub succeeded_tasks: u64,
+}
+
+impl CheckpointRecord {
+    pub fn samples(&self) -> u64 {
+        self.trainers.values().map(|t| t.samples).sum()
+    }
+}
+
+/// The barrier round in progress for one job: which trainers have aligned.
+#[derive(Default)]
+pub struct Alignments {
+    round: Mutex<Option<(u64, BTreeMap<String, TrainerTotals>)>>,
+    arrived: Notify,
+}
+
+impl Alignments {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(u64, BTreeMap<String, TrainerTotals>)>> {
+        self.round.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn open(&self, id: u64) {
+        *self.lock() = Some((id, BTreeMap::new()));
+    }
+
+    fn close(&self) {
+        *self.lock() = None;
+    }
+
+    /// Records that `trainer` aligned on checkpoint `id`; false when that checkpoint is
+    /// not in progress.
+    pub fn ack(&self, id: u64, trainer: &str, totals: TrainerTotals) -> bool {
+        let mut round = self.lock();
+        match round.as_mut() {
+            Some((current, acks)) if *current == id => {
+                acks.insert(trainer.to_owned(), totals);
+                self.arrived.notify_waiters();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The totals of every trainer in `expected` once all have aligned.
+    async fn wait(
+        &self,
+        id: u64,
+        expected: &BTreeSet<String>,
+        timeout: Duration,
+    ) -> Result<BTreeMap<String, TrainerTotals>, CheckpointError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let arrived = self.arrived.notified();
+            let missing: Vec<String> = {
+                let round = self.lock();
+                let acks = round.as_ref().map(|(_, acks)| acks);
+                expected
+                    .iter()
+                    .filter(|t| !acks.is_some_and(|a| a.contains_key(*t)))
+                    .cloned()
+                    .collect()
+            };
+            if missing.is_empty() {
+                let round = self.lock();
+                let acks = round.as_ref().map(|(_, acks)| acks.clone());
+                return Ok(acks.unwrap_or_default());
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return Err(CheckpointError::NotAligned {
+                    id,
+                    missing,
+                    timeout,
+                });
+            }
+        }
+    }
+}
+
+/// How long the phases of a checkpoint may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// Trainers have this long to align after the data executors paused.
+    pub align: Duration,
+    /// A data executor resumes by itself after this long without a Resume.
+    pub pause: Duration,
+}
+
+/// A job's executors as the coordinator sees them.
+pub struct Participants<'a> {
+    pub data_executors: Vec<&'a Endpoint>,
+    pub ps: Vec<&'a Endpoint>,
+    /// Trainer ids still training (not exited).
+    pub trainers: BTreeSet<String>,
+}
+
+/// One job's coordinator.
+pub struct Coordinator<'a> {
+    pub job: &'a str,
+    pub queue: &'a TaskQueue,
+    pub alignments: &'a Alignments,
+    pub storage: &'a StorageSettings,
+    /// `spec.checkpoint.uri`.
+    pub uri: &'a str,
+    pub timeouts: Timeouts,
+}
+
+/// A committed checkpoint and how long training was paused for it.
+pub struct Taken {
+    pub record: CheckpointRecord,
+    pub paused: Duration,
+}
+
+impl Coordinator<'_> {
+    /// Takes checkpoint `id`; the data executors are resumed whatever happens.
+    pub async fn take(
+        &self,
+        id: u64,
+        participants: &Participants<'_>,
+    ) -> Result<Taken, CheckpointError> {
+        let started = Instant::now();
+        self.alignments.open(id);
+        let result = self.paused(id, participants).await;
+        self.alignments.close();
+        self.resume(id, &participants.data_executors).await;
+        let record = result?;
+        Ok(Taken {
+            record,
+            paused: started.elapsed(),
+        })
+    }
+
+    async fn paused(
+        &self,
+        id: u64,
+        participants: &Participants<'_>,
+    ) -> Result<CheckpointRecord, CheckpointError> {
+        self.pause(id, &participants.data_executors).await?;
+        let trainers = self
+            .alignments
+            .wait(id, &participants.trainers, self.timeouts.align)
+            .await?;
+        let uri = format!("{}/ckpt-{id}", self.uri.trim_end_matches('/'));
+        let ps = snapshot(&uri, &participants.ps).await?;
+        let offsets: BTreeMap<String, u64> = self.queue.offsets().await?.into_iter().collect();
+        let record = CheckpointRecord {
+            id,
+            unix_ms: now_ms(),
+            uri: uri.clone(),
+            ps,
+            trainers,
+            offsets,
+            succeeded_tasks: self.queue.counts().await?.succeeded,
+        };
+        let json = serde_json::to_string_pretty(&record)
+            .map_err(|e| CheckpointError::Record(e.to_string()))?;
+        self.write_record(&uri, &json).await?;
+        self.queue.record_checkpoint(id, &json).await?;
+        Ok(record)
+    }
+
+    /// Pauses every data executor and records the offsets they served up to the pause.
+    async fn pause(&self, id: u64, executors: &[&Endpoint]) -> Result<(), CheckpointError> {
+        let request = || PauseRequest {
+            job: self.job.to_owned(),
+            checkpoint_id: id,
+            timeout_ms: self.timeouts.pause.as_millis() as u64,
+        };
+        let paused = join_all(executors.iter().map(|executor| async move {
+            let mut client = DatasetServiceClient::new(channel(&executor.grpc_addr)?);
+            let response = client.pause(request()).await;
+            response
+                .map(|r| (executor, r.into_inner().served_offsets))
+                .map_err(|status| status.message().to_owned())
+        }))
+        .await;
+        for (executor, result) in executors.iter().zip(paused) {
+            let offsets = result.map_err(|message| CheckpointError::DataExecutor {
+                id: executor.id.clone(),
+                addr: executor.grpc_addr.clone(),
+                message,
+            })?;
+            self.record_offsets(&executor.id, offsets.1).await?;
+        }
+        Ok(())
+    }
+
+    async fn record_offsets(
+        &self,
+        executor: &str,
+        offsets: HashMap<String, u64>,
+    ) -> Result<(), CheckpointError> {
+        for (task, offset) in offsets {
+            // A task taken back from this executor is not its to report: skipped.
+            self.queue
+                .report_progress(executor, &task, offset, now_ms())
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn resume(&self, id: u64, executors: &[&Endpoint]) {
+        let resumed = join_all(executors.iter().map(|executor| async move {
+            let mut client = DatasetServiceClient::new(channel(&executor.grpc_addr)?);
+            let request = ResumeRequest {
+                job: self.job.to_owned(),
+                checkpoint_id: id,
+            };
+            client
+                .resume(request)
+                .await
+                .map(|_| ())
+                .map_err(|status| status.message().to_owned())
+        }))
+        .await;
+        for (executor, result) in executors.iter().zip(resumed) {
+            if let Err(message) = result {
+                tracing::warn!(job = self.job, executor = %executor.id, %message, "resuming after checkpoint {id}; its pause expires by itself");
+            }
+        }
+    }
+
+    async fn write_record(&self, uri: &str, json: &str) -> Result<(), CheckpointError> {
+        let storage_error =
+            |url: String, e: primus_storage::StorageError| CheckpointError::Storage {
+                url,
+                message: e.to_string(),
+            };
+        let location =
+            primus_storage::open(uri, self.storage).map_err(|e| storage_error(uri.into(), e))?;
+        let path = location.path("checkpoint.json");
+        location
+            .put(&path, bytes::Bytes::from(json.to_owned()))
+            .await
+            .map_err(|e| storage_error(location.url_of(&path), e))
+    }
+}
+
+/// A lazily connected channel to a job executor.
+fn channel(addr: &str) -> Result<tonic::transport::Channel, String> {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map(|endpoint| endpoint.connect_lazy())
+        .map_err(|e| format!("address {addr:?}: {e}"))
+}
+
+/// Snapshots every shard under `<uri>/<shard id>`; shard id -> manifest URI.
+async fn snapshot(
+    uri: &str,
+    shards: &[&Endpoint],
+) -> Result<BTreeMap<String, String>, CheckpointError> {
+    let taken = join_all(shards.iter().map(|shard| async move {
+        let mut client = ParameterServerClient::new(channel(&shard.grpc_addr)?);
+        let request = SnapshotRequest {
+            uri: format!("{uri}/{}", shard.id),
+            base_manifest_uri: String::new(),
+        };
+        client
+            .snapshot(request)
+            .await
+            .map(|r| r.into_inner().manifest_uri)
+            .map_err(|status| status.message().to_owned())
+    }))
+    .await;
+    shards
+        .iter()
+        .zip(taken)
+        .map(|(shard, result)| {
+            let manifest = result.map_err(|message| CheckpointError::Ps {
+                id: shard.id.clone(),
+                addr: shard.grpc_addr.clone(),
+                message,
+            })?;
+            Ok((shard.id.clone(), manifest))
+        })
+        .collect()
+}
+
+/// Restores every PS shard from `record`; the job's shards must be the recorded ones
+/// (keys are placed by shard count, so a different count would misplace them).
+pub async fn restore_ps(
+    record: &CheckpointRecord,
+    shards: &[&Endpoint],
+) -> Result<(), CheckpointError> {
+    let running: Vec<String> = shards.iter().map(|s| s.id.clone()).collect();
+    let recorded: Vec<String> = record.ps.keys().cloned().collect();
+    let mut sorted = running.clone();
+    sorted.sort();
+    if sorted != recorded {
+        return Err(CheckpointError::ShardsChanged {
+            id: record.id,
+            recorded,
+            running,
+        });
+    }
+    let restored = join_all(shards.iter().map(|shard| async move {
+        let mut client = ParameterServerClient::new(channel(&shard.grpc_addr)?);
+        let manifest_uri = record.ps.get(&shard.id).cloned().unwrap_or_default();
+        client
+            .restore(RestoreRequest { manifest_uri })
+            .await
+            .map(|_| ())
+            .map_err(|status| status.message().to_owned())
+    }))
+    .await;
+    for (shard, result) in shards.iter().zip(restored) {
+        result.map_err(|message| CheckpointError::Ps {
+            id: shard.id.clone(),
+            addr: shard.grpc_addr.clone(),
+            message,
+        })?;
+    }
+    Ok(())
+}
+
+/// The latest committed checkpoint of a job's queue.
+pub async fn latest(queue: &TaskQueue) -> Result<Option<CheckpointRecord>, CheckpointError> {
+    let Some(json) = queue.latest_checkpoint().await? else {
+        return Ok(None);
+    };
+    serde_json::from_str(&json)
+        .map(Some)
+        .map_err(|e| CheckpointError::Record(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn alignment_waits_for_every_expected_trainer_of_the_open_checkpoint() {
+        let alignments = Alignments::default();
+        let totals = TrainerTotals {
+            steps: 3,
+            samples: 300,
+        };
+        assert!(!alignments.ack(1, "trainer-0", totals), "no round open");
+        alignments.open(2);
+        assert!(
+            !alignments.ack(1, "trainer-0", totals),
+            "another checkpoint"
+        );
+        assert!(alignments.ack(2, "trainer-0", totals));
+        let expected: BTreeSet<String> = ["trainer-0", "trainer-1"].map(String::from).into();
+        let timeout = Duration::from_millis(50);
+        match alignments.wait(2, &expected, timeout).await {
+            Err(CheckpointError::NotAligned { missing, .. }) => {
+                assert_eq!(missing, vec!["trainer-1".to_owned()])
+            }
+            other => panic!("expected trainer-1 missing, got {:?}", other.map(|_| ())),
+        }
+        assert!(alignments.ack(2, "trainer-1", TrainerTotals::default()));
+        let acks = alignments
+            .wait(2, &expected, timeout)
+            .await
+            .expect("aligned");
+        assert_eq!(acks.get("trainer-0"), Some(&totals));
+        assert_eq!(acks.len(), 2);
+    }
+}

@@ -92,6 +92,18 @@ impl Location {
         }
     }
 
+    /// Deletes every object under `relative` (recursively); returns how many there were.
+    pub async fn delete_all(&self, relative: &str) -> Result<usize, StorageError> {
+        let objects = self.list(relative).await?;
+        for object in &objects {
+            self.store
+                .delete(&object.location)
+                .await
+                .map_err(|e| StorageError::from_store(self.url_of(&object.location), e))?;
+        }
+        Ok(objects.len())
+    }
+
     /// object_store reports a refused LIST as a generic error (the HTTP status is not
     /// reachable through its public types), while HEAD maps 401/403 properly. So a failed
     /// list asks HEAD once and reports "denied" only if HEAD says so.

@@ -10,7 +10,8 @@
 //! 3. every PS shard snapshots to `<uri>/ckpt-<id>/<shard>`;
 //! 4. `<uri>/ckpt-<id>/checkpoint.json` is written, then the record is committed in Redis
 //!    with a copy of the queue's offsets and succeeded set (the commit point);
-//! 5. the data executors resume (also when any step failed; a pause also expires by itself).
+//! 5. the data executors resume (also when any step failed; a pause also expires by itself);
+//! 6. the files of checkpoints `keep` ids or more before it are deleted.
 //!
 //! A Job started again (a new master, the same master after a restart) with a committed
 //! checkpoint restores every PS shard from it, rolls the queue back to its offsets and
@@ -167,9 +168,11 @@ impl Alignments {
     }
 }
 
-/// How long the phases of a checkpoint may take.
+/// How long the phases of a checkpoint may take, and how many checkpoints are kept.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
+    /// Checkpoints kept in the object store (at least 1).
+    pub keep: u64,
     /// Trainers have this long to align after the data executors paused.
     pub align: Duration,
     /// A data executor resumes by itself after this long without a Resume.
@@ -202,10 +205,13 @@ pub struct Taken {
 }
 
 impl Coordinator<'_> {
-    /// Takes checkpoint `id`; the data executors are resumed whatever happens.
+    /// Takes checkpoint `id`; the data executors are resumed whatever happens. Once it is
+    /// committed, the files of checkpoints after `previous` (the last committed one) that
+    /// fall out of the `keep` newest are deleted.
     pub async fn take(
         &self,
         id: u64,
+        previous: u64,
         participants: &Participants<'_>,
     ) -> Result<Taken, CheckpointError> {
         let started = Instant::now();
@@ -214,10 +220,32 @@ impl Coordinator<'_> {
         self.alignments.close();
         self.resume(id, &participants.data_executors).await;
         let record = result?;
-        Ok(Taken {
-            record,
-            paused: started.elapsed(),
-        })
+        let paused = started.elapsed();
+        let keep = self.timeouts.keep.max(1);
+        for old in (previous + 1).saturating_sub(keep).max(1)..=id.saturating_sub(keep) {
+            self.delete(old).await;
+        }
+        Ok(Taken { record, paused })
+    }
+
+    /// Deletes checkpoint `id`'s files; a failure is logged (they are only disk space).
+    async fn delete(&self, id: u64) {
+        let uri = self.uri.trim_end_matches('/');
+        let deleted = match primus_storage::open(uri, self.storage) {
+            Ok(location) => location.delete_all(&format!("ckpt-{id}")).await,
+            Err(e) => Err(e),
+        };
+        match deleted {
+            Ok(files) => tracing::info!(
+                job = self.job,
+                checkpoint = id,
+                files,
+                "old checkpoint deleted"
+            ),
+            Err(e) => {
+                tracing::warn!(job = self.job, checkpoint = id, error = %e, "deleting an old checkpoint")
+            }
+        }
     }
 
     async fn paused(

@@ -452,7 +452,8 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
         checkpoint_every.unwrap_or(Duration::MAX / 4),
     );
     checkpoint_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut next_checkpoint = restored.as_ref().map_or(1, |r| r.id + 1);
+    let mut committed = restored.as_ref().map_or(0, |r| r.id);
+    let mut next_checkpoint = committed + 1;
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
@@ -473,7 +474,9 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
                         uri: &target.uri,
                         timeouts: checkpoint_timeouts(&context.settings),
                     };
-                    take_checkpoint(context, &coordinator, next_checkpoint, &trainers_done, writer).await;
+                    if take_checkpoint(context, &coordinator, (next_checkpoint, committed), &trainers_done, writer).await {
+                        committed = next_checkpoint;
+                    }
                     next_checkpoint += 1;
                 }
                 continue;
@@ -587,6 +590,7 @@ async fn rollback_queue(
 fn checkpoint_timeouts(settings: &MasterSettings) -> checkpoint::Timeouts {
     let settings = &settings.master.checkpoint;
     checkpoint::Timeouts {
+        keep: settings.keep,
         align: Duration::from_millis(settings.align_timeout_ms),
         pause: Duration::from_millis(settings.pause_timeout_ms),
     }
@@ -596,15 +600,16 @@ fn with_role(endpoints: &[Endpoint], role: Role) -> Vec<&Endpoint> {
     endpoints.iter().filter(|e| e.role == role as i32).collect()
 }
 
-/// Takes one periodic checkpoint and says how it went in the Job's `Checkpoint` condition
-/// (a failed one is reported and training goes on).
+/// Takes checkpoint `id` (the last committed one being `previous`) and says how it went
+/// in the Job's `Checkpoint` condition (a failed one is reported and training goes on).
+/// True once committed.
 async fn take_checkpoint<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
     coordinator: &checkpoint::Coordinator<'_>,
-    id: u64,
+    (id, previous): (u64, u64),
     trainers_done: &BTreeSet<String>,
     writer: &mut JobStatus,
-) {
+) -> bool {
     let job = coordinator.job;
     let endpoints = context
         .topologies
@@ -620,7 +625,7 @@ async fn take_checkpoint<B: ResourceBackend, C: Catalog>(
             .filter(|id| !trainers_done.contains(id))
             .collect(),
     };
-    match coordinator.take(id, &participants).await {
+    let committed = match coordinator.take(id, previous, &participants).await {
         Ok(taken) => {
             let record = &taken.record;
             let message = format!(
@@ -633,6 +638,7 @@ async fn take_checkpoint<B: ResourceBackend, C: Catalog>(
             );
             tracing::info!(job, %message, "checkpoint committed");
             writer.condition("Checkpoint", true, "Checkpointed", message);
+            true
         }
         Err(e) => {
             tracing::warn!(job, checkpoint = id, error = %e, "checkpoint abandoned");
@@ -642,9 +648,11 @@ async fn take_checkpoint<B: ResourceBackend, C: Catalog>(
                 "CheckpointFailed",
                 format!("checkpoint {id}: {e}"),
             );
+            false
         }
-    }
+    };
     writer.write().await;
+    committed
 }
 
 async fn load_dataset(api: &ApiClient, name: &str) -> Result<DatasetSpec, Outcome> {

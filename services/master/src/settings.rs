@@ -49,6 +49,9 @@ pub struct CheckpointSettings {
     /// A paused data executor resumes by itself after this long without the master's
     /// resume (a master that died mid-checkpoint).
     pub pause_timeout_ms: u64,
+    /// Checkpoints kept in the object store: committing one deletes the files of those
+    /// this many ids before it (and of abandoned attempts in between). At least 1.
+    pub keep: u64,
 }
 
 impl Default for CheckpointSettings {
@@ -56,6 +59,7 @@ impl Default for CheckpointSettings {
         Self {
             align_timeout_ms: 60_000,
             pause_timeout_ms: 300_000,
+            keep: 3,
         }
     }
 }

@@ -1547,12 +1547,45 @@ async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_
         auc > 0.7,
         "AUC {auc:.4} after the restart (best achievable {best:.4})"
     );
+    // Only the newest 3 checkpoints (the default `master.checkpoint.keep`) keep files.
+    let latest = checkpoint::latest(&queue)
+        .await
+        .expect("record")
+        .expect("a checkpoint");
+    let root = cluster.dir.path().join("checkpoints").join(job);
+    let mut kept = Vec::new();
+    for entry in std::fs::read_dir(&root).expect("checkpoints").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(id) = name
+            .strip_prefix("ckpt-")
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if has_files(&entry.path()) {
+            kept.push(id);
+        }
+    }
+    kept.sort();
+    assert!(
+        kept.iter().all(|id| id + 3 > latest.id) && kept.contains(&latest.id),
+        "checkpoints with files: {kept:?}, latest {}",
+        latest.id
+    );
     eprintln!(
-        "checkpoint {}: {trained} samples, {steps} steps; after the restart {} samples, {} steps, AUC {auc:.4} (best {best:.4})",
-        record.id, progress.samples, progress.steps
+        "checkpoint {}: {trained} samples, {steps} steps; after the restart {} samples, {} steps, AUC {auc:.4} (best {best:.4}); {} checkpoints, files kept of {kept:?}",
+        record.id, progress.samples, progress.steps, latest.id
     );
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");
+}
+
+fn has_files(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.path().is_file() || has_files(&e.path()))
+    })
 }
 
 /// The queue goes back to a checkpoint exactly: tasks finished after it are pending again,

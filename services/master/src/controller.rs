@@ -447,10 +447,10 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
         .checkpoint
         .as_ref()
         .map(|c| Duration::from_secs(c.interval_seconds));
-    let mut checkpoint_ticks = tokio::time::interval_at(
-        tokio::time::Instant::now() + checkpoint_every.unwrap_or(Duration::MAX / 4),
-        checkpoint_every.unwrap_or(Duration::MAX / 4),
-    );
+    // Without `spec.checkpoint` the branch below is disabled and the period never matters.
+    let period = checkpoint_every.unwrap_or(Duration::from_secs(3600));
+    let mut checkpoint_ticks =
+        tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     checkpoint_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut committed = restored.as_ref().map_or(0, |r| r.id);
     let mut next_checkpoint = committed + 1;

@@ -70,6 +70,30 @@ async fn write_partitions(root: &Path, first_day: &str, days: i64) -> u64 {
     next_id
 }
 
+/// Plans every window of `dataset` into `queue` as tasks of about 1 MiB.
+async fn plan_dataset(queue: &TaskQueue, dataset: &primus_spec::dataset::DatasetSpec, job: &str) {
+    let cache = Arc::new(ListingCache::new(
+        Arc::new(StoreCatalog::new(StorageSettings::default())),
+        8,
+    ));
+    let settings = PlannerSettings {
+        target_task_bytes: 1 << 20,
+        parallelism: 4,
+        poll_interval_ms: 100,
+    };
+    for plan in primus_master::driver::stream_plans(dataset).expect("plans") {
+        primus_master::driver::plan_stream(
+            queue.clone(),
+            cache.clone(),
+            Arc::from(job),
+            Arc::new(plan),
+            settings.clone(),
+        )
+        .await
+        .expect("planned");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_days_of_hourly_partitions_become_tasks_in_time_order_covering_each_file_once() {
     let redis = RedisServer::start().expect("redis-server");
@@ -95,29 +119,7 @@ schema: {{label: label, sparse: [{{name: c1, table: t}}]}}
     let client = redis::Client::open(redis.url()).expect("redis url");
     let connection = client.get_connection_manager().await.expect("redis");
     let queue = TaskQueue::new(connection, "primus", "plan-test");
-    let cache = Arc::new(ListingCache::new(
-        Arc::new(StoreCatalog::new(StorageSettings::default())),
-        8,
-    ));
-    let plan_all = || async {
-        let settings = PlannerSettings {
-            target_task_bytes: 1 << 20,
-            parallelism: 4,
-            poll_interval_ms: 100,
-        };
-        for plan in primus_master::driver::stream_plans(&dataset).expect("plans") {
-            primus_master::driver::plan_stream(
-                queue.clone(),
-                cache.clone(),
-                Arc::from("plan-test"),
-                Arc::new(plan),
-                settings.clone(),
-            )
-            .await
-            .expect("planned");
-        }
-    };
-    plan_all().await;
+    plan_dataset(&queue, &dataset, "plan-test").await;
     let counts = queue.counts().await.expect("counts");
     assert_eq!(counts.total, 3 * 24 * 2, "one task per source and hour");
 
@@ -158,7 +160,7 @@ schema: {{label: label, sparse: [{{name: c1, table: t}}]}}
     );
 
     // Planning again (a restarted master) adds nothing: the cursor says it is done.
-    plan_all().await;
+    plan_dataset(&queue, &dataset, "plan-test").await;
     assert_eq!(queue.counts().await.expect("counts").total, counts.total);
 }
 
@@ -1614,26 +1616,7 @@ schema: {{label: label, sparse: [{{name: c1, table: t}}]}}
         "primus",
         "rollback",
     );
-    let cache = Arc::new(ListingCache::new(
-        Arc::new(StoreCatalog::new(StorageSettings::default())),
-        8,
-    ));
-    let settings = PlannerSettings {
-        target_task_bytes: 1 << 20,
-        parallelism: 2,
-        poll_interval_ms: 100,
-    };
-    for plan in primus_master::driver::stream_plans(&dataset).expect("plans") {
-        primus_master::driver::plan_stream(
-            queue.clone(),
-            cache.clone(),
-            Arc::from("rollback"),
-            Arc::new(plan),
-            settings.clone(),
-        )
-        .await
-        .expect("planned");
-    }
+    plan_dataset(&queue, &dataset, "rollback").await;
     let acquire = || async {
         match queue.acquire("r", 0, 0).await.expect("acquire") {
             Acquired::Task(task) => task,

@@ -170,7 +170,7 @@ impl Alignments {
 
 /// How long the phases of a checkpoint may take, and how many checkpoints are kept.
 #[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
+pub struct Limits {
     /// Checkpoints kept in the object store (at least 1).
     pub keep: u64,
     /// Trainers have this long to align after the data executors paused.
@@ -195,7 +195,7 @@ pub struct Coordinator<'a> {
     pub storage: &'a StorageSettings,
     /// `spec.checkpoint.uri`.
     pub uri: &'a str,
-    pub timeouts: Timeouts,
+    pub limits: Limits,
 }
 
 /// A committed checkpoint and how long training was paused for it.
@@ -221,7 +221,7 @@ impl Coordinator<'_> {
         self.resume(id, &participants.data_executors).await;
         let record = result?;
         let paused = started.elapsed();
-        let keep = self.timeouts.keep.max(1);
+        let keep = self.limits.keep.max(1);
         for old in (previous + 1).saturating_sub(keep).max(1)..=id.saturating_sub(keep) {
             self.delete(old).await;
         }
@@ -256,7 +256,7 @@ impl Coordinator<'_> {
         self.pause(id, &participants.data_executors).await?;
         let trainers = self
             .alignments
-            .wait(id, &participants.trainers, self.timeouts.align)
+            .wait(id, &participants.trainers, self.limits.align)
             .await?;
         let uri = format!("{}/ckpt-{id}", self.uri.trim_end_matches('/'));
         let ps = snapshot(&uri, &participants.ps).await?;
@@ -282,7 +282,7 @@ impl Coordinator<'_> {
         let request = || PauseRequest {
             job: self.job.to_owned(),
             checkpoint_id: id,
-            timeout_ms: self.timeouts.pause.as_millis() as u64,
+            timeout_ms: self.limits.pause.as_millis() as u64,
         };
         let paused = join_all(executors.iter().map(|executor| async move {
             let mut client = DatasetServiceClient::new(channel(&executor.grpc_addr)?);

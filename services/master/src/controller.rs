@@ -472,7 +472,7 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
                         alignments: &alignments,
                         storage: &context.settings.storage,
                         uri: &target.uri,
-                        timeouts: checkpoint_timeouts(&context.settings),
+                        limits: checkpoint_limits(&context.settings),
                     };
                     if take_checkpoint(context, &coordinator, (next_checkpoint, committed), &trainers_done, writer).await {
                         committed = next_checkpoint;
@@ -587,9 +587,9 @@ async fn rollback_queue(
     Ok(restored)
 }
 
-fn checkpoint_timeouts(settings: &MasterSettings) -> checkpoint::Timeouts {
+fn checkpoint_limits(settings: &MasterSettings) -> checkpoint::Limits {
     let settings = &settings.master.checkpoint;
-    checkpoint::Timeouts {
+    checkpoint::Limits {
         keep: settings.keep,
         align: Duration::from_millis(settings.align_timeout_ms),
         pause: Duration::from_millis(settings.pause_timeout_ms),

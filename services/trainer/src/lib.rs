@@ -194,7 +194,7 @@ async fn work(
         id: identity.executor_id.clone(),
         grpc_addr,
     };
-    let publisher = Publisher::new(bus, identity, endpoint).await?;
+    let publisher = Publisher::new(bus, identity, endpoint)?;
     tracing::info!(ps = ?ps_addrs, data_executors = ?data_addrs, "training");
     let interval = Duration::from_millis(train.metrics_interval_ms.max(100));
     let result = trainer.train(batches, interval, &publisher).await;
@@ -222,11 +222,7 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    async fn new(
-        bus: &Bus,
-        identity: &ExecutorIdentity,
-        endpoint: Endpoint,
-    ) -> anyhow::Result<Self> {
+    fn new(bus: &Bus, identity: &ExecutorIdentity, endpoint: Endpoint) -> anyhow::Result<Self> {
         let subject = bus
             .subjects()
             .metrics(&identity.job, "trainer", &identity.executor_id)?;

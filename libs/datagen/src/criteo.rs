@@ -146,7 +146,7 @@ impl Criteo {
                 }
                 let log_count = self.counts[j].sample(&mut self.rng).max(0.0);
                 let count = log_count.exp_m1().floor();
-                // Centred so a missing value (read as 0) is an ordinary input.
+                // Centred, so a missing count (which adds nothing) reads as a typical one.
                 *logit += w * (count.ln_1p() - log_mean);
                 column.append_value(count as i64);
             }
@@ -180,16 +180,20 @@ impl Criteo {
     }
 }
 
-/// The Dataset feature schema for these columns: log1p counts (null -> 0), every
-/// categorical column looked up in `table`.
+/// The Dataset feature schema for these columns: log1p counts (null -> the column's typical
+/// count), every categorical column looked up in `table`.
 pub fn feature_schema(table: &str) -> FeatureSchema {
     FeatureSchema {
         label: "label".into(),
-        dense: (1..=DENSE)
-            .map(|i| DenseFeature {
-                name: format!("i{i}"),
+        dense: DENSE_LOG_MEANS
+            .iter()
+            .enumerate()
+            .map(|(j, log_mean)| DenseFeature {
+                name: format!("i{}", j + 1),
                 transform: DenseTransform::Log1p,
-                missing: 0.0,
+                // The column's typical count: a missing count adds nothing to the hidden
+                // logit, like a count whose log1p is the column's mean.
+                missing: log_mean.exp_m1(),
             })
             .collect(),
         sparse: (1..=CATEGORICAL)

@@ -1028,10 +1028,10 @@ async fn a_model_that_does_not_fit_the_schema_fails_the_job_naming_the_feature()
 }
 
 /// The first whole job: Criteo-like data, a small DLRM trained by the real services (two PS
-/// shards); it learns, and its PS shards are snapshotted at the end. (The bar,
-/// within 0.02 of the best achievable AUC, needs more data and tuning than this test has.)
+/// shards); it comes within 0.02 of the data's best achievable AUC, and its PS shards are
+/// snapshotted at the end.
 const DLRM_HOURS: usize = 4;
-const DLRM_ROWS_PER_HOUR: usize = 30_000;
+const DLRM_ROWS_PER_HOUR: usize = 100_000;
 
 /// Writes the Criteo-like data of the DLRM tests and applies its Dataset `criteo`. Returns
 /// the data's best achievable AUC.
@@ -1050,7 +1050,9 @@ async fn apply_criteo_dataset(cluster: &Cluster) -> f64 {
         row_group_rows: 16_384,
     };
     let options = CriteoOptions {
-        cardinality_scale: 0.0002,
+        // At most ~500 ids per column: one pass over 400,000 rows sees the tail ids often
+        // enough to learn them.
+        cardinality_scale: 0.00005,
         ..CriteoOptions::default()
     };
     let summary = criteo(&location, &layout, DLRM_ROWS_PER_HOUR, options)
@@ -1090,13 +1092,13 @@ spec:
     tables:
       - name: categorical
         dim: 16
-        optimizer: {{kind: adagrad, learning_rate: 0.1}}
+        optimizer: {{kind: adagrad, learning_rate: 0.3}}
         initializer: {{kind: uniform, scale: 0.1}}
     dense:
       bottom: [64, 16]
       top: [64, 1]
       optimizer: {{kind: adam, learning_rate: 0.003}}
-  training: {{eval_window: {eval_window}}}
+  training: {{batch_size: 256, eval_window: {eval_window}}}
   topology:
     data_executors: {{replicas: 1}}
     trainers: {{replicas: {trainers}}}
@@ -1134,8 +1136,8 @@ async fn a_small_dlrm_job_learns_criteo_like_data_with_one_or_two_trainers_and_c
     let one = train_dlrm(&cluster, "dlrm-one", 1).await;
     let auc_one = one.progress.as_ref().and_then(|p| p.auc).expect("an AUC");
     assert!(
-        auc_one > 0.7,
-        "progressive AUC {auc_one:.4} (best achievable {best:.4}): the model did not learn"
+        auc_one > best - 0.02,
+        "progressive AUC {auc_one:.4} is not within 0.02 of the best achievable {best:.4}"
     );
     let complete = one
         .conditions
@@ -1159,11 +1161,10 @@ async fn a_small_dlrm_job_learns_criteo_like_data_with_one_or_two_trainers_and_c
         .expect("condition");
     assert!(scheduled.message.contains("2 trainers"), "{scheduled:?}");
     let auc_two = two.progress.as_ref().and_then(|p| p.auc).expect("an AUC");
-    // Measured 0.026-0.036 below one trainer over three runs; likely the asynchronous
-    // updates (each trainer computes on parameters up to a step behind the other's
-    // pushes), not verified.
+    // The same band as one trainer. Measured 0.004 below it: each trainer computes on
+    // parameters up to a step behind the other's pushes.
     assert!(
-        auc_two > auc_one - 0.06,
+        auc_two > best - 0.02,
         "two trainers reached AUC {auc_two:.4}, one trainer {auc_one:.4} (best {best:.4})"
     );
     eprintln!("best achievable {best:.4}; one trainer {auc_one:.4}; two trainers {auc_two:.4}");
@@ -1546,8 +1547,8 @@ async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_
     assert!(progress.steps > steps, "{progress:?} vs {record:?}");
     let auc = progress.auc.expect("an AUC");
     assert!(
-        auc > 0.7,
-        "AUC {auc:.4} after the restart (best achievable {best:.4})"
+        auc > best - 0.02,
+        "AUC {auc:.4} after the restart is not within 0.02 of the best achievable {best:.4}"
     );
     // Only the newest 3 checkpoints (the default `master.checkpoint.keep`) keep files.
     let latest = checkpoint::latest(&queue)

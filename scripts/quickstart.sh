@@ -5,10 +5,27 @@
 # it ends, prints its AUC next to the data's best achievable AUC, samples/s and where the
 # checkpoint went, and stops the cluster again.
 #
+# Usage: ./scripts/quickstart.sh [URL]
+# URL (default file://<repo>/.primus) is where the data set and the checkpoints go. An
+# s3://bucket/prefix URL uses the S3 endpoint and credentials of the AWS_* environment
+# (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, and for MinIO/SeaweedFS AWS_ENDPOINT_URL and
+# AWS_ALLOW_HTTP=true), which the services inherit.
 # PRIMUS_QUICKSTART_ROWS_PER_HOUR sets the data size (24 hourly windows).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+
+STORE="${1:-file://$ROOT/.primus}"
+STORE="${STORE%/}"
+case "$STORE" in
+  file://*) ;;
+  s3://*)
+    if [[ -z "${AWS_ACCESS_KEY_ID:-}" || -z "${AWS_SECRET_ACCESS_KEY:-}" ]]; then
+      echo "[quickstart] $STORE: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for MinIO or SeaweedFS)" >&2
+      exit 2
+    fi ;;
+  *) echo "[quickstart] $STORE: give a file:// or s3:// URL" >&2; exit 2 ;;
+esac
 
 ./scripts/install-deps.sh
 # shellcheck source=scripts/env.sh
@@ -25,7 +42,7 @@ rm -rf "$DATA"
 mkdir -p "$DATA"
 ROWS_PER_HOUR="${PRIMUS_QUICKSTART_ROWS_PER_HOUR:-10000}"
 echo "[quickstart] generating a Criteo-like data set: 24 hours x $ROWS_PER_HOUR rows"
-"$BIN/primus" datagen criteo --out "file://$DATA/data/criteo-like" --start 2026-11-20T00 \
+"$BIN/primus" datagen criteo --out "$STORE/data/criteo-like" --start 2026-11-20T00 \
   --unit hourly --windows 24 --rows-per-window "$ROWS_PER_HOUR" --cardinality-scale 0.001 \
   | tee "$DATA/datagen.txt"
 BEST_AUC="$(sed -n 's/^best achievable AUC[^:]*: //p' "$DATA/datagen.txt")"
@@ -51,10 +68,13 @@ done
 grep -q "cluster up" "$DATA/up.log" || { cat "$DATA/up.log"; echo "[quickstart] cluster not up in 60 s"; exit 1; }
 cat "$DATA/up.log"
 
+# The example with its data and checkpoint URLs under $STORE.
+sed -e "s|file://./.primus/data/|$STORE/data/|" -e "s|file://./.primus/checkpoints/|$STORE/checkpoints/|" \
+  examples/criteo-like.yaml >"$DATA/criteo-like.yaml"
 export PRIMUS_SERVER="http://127.0.0.1:$API_PORT" PRIMUS_TOKEN_FILE="$DATA/token"
 primus() { "$BIN/primus" "$@"; }
 set -x
-primus apply -f examples/criteo-like.yaml
+primus apply -f "$DATA/criteo-like.yaml"
 primus get jobs
 set +x
 echo "[quickstart] training (progress until the Job ends)"

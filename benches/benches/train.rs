@@ -1,27 +1,54 @@
-//! Training figures (issue 7), in-process: the trainer's own step loop (lookup, pooling,
-//! burn forward/backward, push) against tables and a dense store in the same process, on
-//! Criteo-like rows from `primus datagen`'s generator. Prints samples/s, the time share per
-//! stage and the progressive AUC next to the data's best achievable AUC; the baseline is
-//! the dense network's forward/backward alone on the same minibatches (no lookups, no
-//! pooling, no pushes), measured in the same run.
+//! Training figures (issue 7): the issue's DLRM (13 dense + 26 sparse features, dim 16,
+//! bottom 512-256-64-16, top 512-256-1, batch 2048) on the same Criteo-like rows, three
+//! ways in one run, each with samples/s, the share of time per stage and the progressive
+//! AUC next to the data's best achievable AUC:
 //!
-//! `cargo bench -p primus-benches --bench train` (PRIMUS_BENCH_ROWS, PRIMUS_BENCH_BATCH,
-//! PRIMUS_BENCH_MODEL=small|issue change the run).
+//! 1. baseline: the dense network's forward/backward alone (no lookups, pooling, pushes);
+//! 2. in-process: the trainer's own step loop against tables and a dense store in this
+//!    process (lookup, pooling, burn forward/backward, push);
+//! 3. through the services: NATS and Redis (testkit), the API server and the master in
+//!    this process; the master starts the data executor, two PS shards and the trainer as
+//!    processes from the release binaries, which read the rows as hourly Parquet files.
+//!    Its ratio to (2) is the overhead of distribution. Everything shares this machine's
+//!    cores.
+//!
+//! `cargo build --release --bins && cargo bench -p primus-benches --bench train`
+//! (PRIMUS_BENCH_ROWS, default 204,800; PRIMUS_BENCH_MODEL=small for a quick run;
+//! PRIMUS_BENCH_SERVICES=0 skips (3) and needs no binaries).
 
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arrow::array::RecordBatch;
 use futures::StreamExt;
+use primus_api_client::{ApiClient, ClientSettings};
 use primus_batch::{FeaturePipeline, Minibatch};
+use primus_bus::{Bus, Subscription};
+use primus_config::{ApiServerSettings, StorageSettings};
 use primus_datagen::criteo::{Criteo, CriteoOptions};
-use primus_metrics::auc;
+use primus_datagen::write::Layout;
+use primus_master::settings::MasterSettings;
 use primus_model::{Inputs, Model, ModelLayout, ParamSet, Tower};
-use primus_proto::v1::SourceKind;
+use primus_proto::v1::{MetricsReport, SourceKind};
+use primus_service::Shutdown;
+use primus_spec::Kind;
+use primus_spec::dataset::WindowUnit;
 use primus_spec::job::{
     AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
 };
+use primus_spec::status::{Phase, Status};
+use primus_testkit::service::{ServingStatus, wait_for_health};
+use primus_testkit::{NatsServer, RedisServer, free_port};
 use primus_trainer::store::LocalStore;
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
+
+const JOB: &str = "train-bench";
+const TOKEN: &str = "train-bench-token";
+const HOURS: usize = 4;
+const EVAL_WINDOW: u32 = 100_000;
+const CARDINALITY_SCALE: f64 = 0.001;
+const START: &str = "2026-11-01T00";
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -30,7 +57,7 @@ fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// The issue's DLRM (dim 16, 512-256-64 / 512-256-1) or a small one for quick runs.
+/// The issue's DLRM or a small one for quick runs.
 fn model_spec(size: &str) -> ModelSpec {
     let (bottom, top) = match size {
         "issue" => (vec![512, 256, 64, 16], vec![512, 256, 1]),
@@ -54,63 +81,178 @@ fn model_spec(size: &str) -> ModelSpec {
     }
 }
 
-struct Printer;
+/// Time-weighted shares of the trainer's stages over its reports.
+#[derive(Debug, Default)]
+struct Stages {
+    samples: u64,
+    seconds: f64,
+    lookup: f64,
+    compute: f64,
+    push: f64,
+    auc: Option<f64>,
+}
 
-impl Reporter for Printer {
+impl Stages {
+    /// One report: `samples` trained in total, the interval's rate and shares.
+    fn add(&mut self, samples: u64, rate: f64, shares: [f64; 3], auc: Option<f64>) {
+        let interval = samples.saturating_sub(self.samples);
+        self.samples = self.samples.max(samples);
+        self.auc = auc.or(self.auc);
+        if interval == 0 || rate <= 0.0 {
+            return;
+        }
+        let seconds = interval as f64 / rate;
+        self.seconds += seconds;
+        self.lookup += shares[0] * seconds;
+        self.compute += shares[1] * seconds;
+        self.push += shares[2] * seconds;
+    }
+
+    fn rate(&self) -> f64 {
+        self.samples as f64 / self.seconds.max(1e-9)
+    }
+
+    /// Compute and push run one after the other in the step loop; the lookups of the next
+    /// minibatch run beside them (prefetched), so their share overlaps the others.
+    fn shares(&self) -> String {
+        let of = |s: f64| 100.0 * s / self.seconds.max(1e-9);
+        let (compute, push) = (of(self.compute), of(self.push));
+        format!(
+            "step loop: compute {compute:.0}%, push {push:.0}%, rest {:.0}% (dense pulls, waiting for the next looked-up minibatch); lookups {:.0}% (prefetched beside compute)",
+            (100.0 - compute - push).max(0.0),
+            of(self.lookup),
+        )
+    }
+}
+
+#[derive(Default)]
+struct Collect(Mutex<Stages>);
+
+impl Reporter for Collect {
     async fn report(&self, report: &Report) {
-        println!(
-            "  {:>9} samples  {:>8.0} samples/s  loss {:.4}  auc {}",
+        let shares = [report.lookup_share, report.compute_share, report.push_share];
+        let mut stages = self.0.lock().expect("stages");
+        stages.add(
             report.samples,
             report.samples_per_second,
-            report.loss.unwrap_or(f64::NAN),
-            report
-                .evaluation
-                .auc
-                .map_or("-".into(), |a| format!("{a:.4}"))
+            shares,
+            report.evaluation.auc,
         );
     }
 
-    async fn aligned(&self, checkpoint_id: u64, steps: u64, samples: u64) {
-        println!("  checkpoint {checkpoint_id} aligned at step {steps}, {samples} samples");
+    async fn aligned(&self, _checkpoint_id: u64, _steps: u64, _samples: u64) {}
+}
+
+fn layout(rows_per_hour: usize) -> Layout {
+    Layout {
+        unit: WindowUnit::Hourly,
+        start_unix_s: primus_spec::time::parse_window_time(START).expect("start"),
+        windows: HOURS,
+        files_per_window: 1,
+        row_group_rows: rows_per_hour.clamp(1, 16_384),
+    }
+}
+
+/// The rows `primus_datagen::write::criteo` writes for `layout`, in the same order, cut
+/// into minibatches of `batch`.
+fn minibatches(layout: &Layout, rows_per_hour: usize, batch: usize) -> Vec<Minibatch> {
+    let schema = primus_datagen::criteo::feature_schema("categorical");
+    let pipeline = FeaturePipeline::new(&schema);
+    let mut generator = Criteo::new(options()).expect("generator");
+    let mut batches = Vec::new();
+    for hour in 0..layout.windows {
+        let start = layout.start_unix_s + 3600 * hour as i64;
+        let rows: RecordBatch = generator
+            .generate(rows_per_hour, start)
+            .expect("rows")
+            .batch;
+        for offset in (0..rows.num_rows()).step_by(batch) {
+            let slice = rows.slice(offset, batch.min(rows.num_rows() - offset));
+            batches.push(pipeline.minibatch(&slice).expect("minibatch"));
+        }
+    }
+    batches
+}
+
+fn options() -> CriteoOptions {
+    CriteoOptions {
+        cardinality_scale: CARDINALITY_SCALE,
+        ..CriteoOptions::default()
     }
 }
 
 #[tokio::main]
 async fn main() {
-    let rows = env_or("PRIMUS_BENCH_ROWS", 400_000);
+    let rows = env_or("PRIMUS_BENCH_ROWS", 204_800);
     let batch = env_or("PRIMUS_BENCH_BATCH", 2048);
     let size = std::env::var("PRIMUS_BENCH_MODEL").unwrap_or_else(|_| "issue".into());
-    let schema = primus_datagen::criteo::feature_schema("categorical");
-    let spec = model_spec(&size);
-    let layout = ModelLayout::new(&spec, &schema).expect("layout");
-    let pipeline = FeaturePipeline::new(&schema);
-    let mut generator = Criteo::new(CriteoOptions {
-        cardinality_scale: 0.001,
-        ..CriteoOptions::default()
-    })
-    .expect("generator");
-    let (mut probabilities, mut labels) = (Vec::new(), Vec::new());
-    let mut batches: Vec<Minibatch> = Vec::new();
-    while batches.len() * batch < rows {
-        let generated = generator.generate(batch, 0).expect("rows");
-        probabilities.extend(generated.probabilities);
-        labels.extend(generated.labels);
-        batches.push(pipeline.minibatch(&generated.batch).expect("minibatch"));
+    let services = std::env::var("PRIMUS_BENCH_SERVICES").map_or(true, |v| v != "0");
+    let bin_dir = release_bin_dir();
+    if services {
+        check_binaries(&bin_dir);
     }
-    let best = auc(&probabilities, &labels).expect("both classes");
+    let rows_per_hour = rows.div_ceil(HOURS);
+    let spec = model_spec(&size);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("criteo");
+    let layout = layout(rows_per_hour);
+    let best = write_data(&data, &layout, rows_per_hour).await;
     println!(
-        "DLRM ({size}: bottom {:?}, top {:?}, dim 16), {} rows in minibatches of {batch}, best achievable AUC {best:.4}",
+        "DLRM ({size}: bottom {:?}, top {:?}, dim 16), {} Criteo-like rows (cardinality scale {CARDINALITY_SCALE}) in minibatches of {batch}, best achievable AUC {best:.4}; AUC is progressive over the last {EVAL_WINDOW} samples",
         spec.dense.bottom,
         spec.dense.top,
-        batches.len() * batch
+        rows_per_hour * HOURS
     );
 
-    let model = Model::new(layout.clone());
-    let baseline = dense_only(&model, &layout, &batches[..batches.len().min(20)]);
+    let batches = minibatches(&layout, rows_per_hour, batch);
+    let schema = primus_datagen::criteo::feature_schema("categorical");
+    let model_layout = ModelLayout::new(&spec, &schema).expect("layout");
+    let baseline = dense_only(&model_layout, &batches[..batches.len().min(20)]);
+    println!("baseline, dense forward/backward alone: {baseline:.0} samples/s");
+    let in_process = train_in_process(&spec, &model_layout, batches).await;
+    println!(
+        "in-process trainer: {:.0} samples/s ({:.2}x of the dense network alone), AUC {:.4} vs best {best:.4}; {}",
+        in_process.rate(),
+        in_process.rate() / baseline,
+        in_process.auc.unwrap_or(f64::NAN),
+        in_process.shares()
+    );
+    if !services {
+        return;
+    }
+    let (through, wall) = train_through_services(&bin_dir, dir.path(), &data, &spec, batch).await;
+    println!(
+        "through the services (1 data executor, 2 PS shards, 1 trainer): {:.0} samples/s while training ({:.0} over the Job's {:.1} s from apply to Succeeded), AUC {:.4} vs best {best:.4}; {}",
+        through.rate(),
+        through.samples as f64 / wall,
+        wall,
+        through.auc.unwrap_or(f64::NAN),
+        through.shares()
+    );
+    println!(
+        "overhead of distribution: the services train at {:.2}x the in-process rate",
+        through.rate() / in_process.rate()
+    );
+}
 
+async fn write_data(data: &Path, layout: &Layout, rows_per_hour: usize) -> f64 {
+    let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
+        .expect("location");
+    let summary = primus_datagen::write::criteo(&location, layout, rows_per_hour, options())
+        .await
+        .expect("generate");
+    summary.best_auc.expect("both classes")
+}
+
+async fn train_in_process(
+    spec: &ModelSpec,
+    layout: &ModelLayout,
+    batches: Vec<Minibatch>,
+) -> Stages {
     let store =
         Arc::new(LocalStore::new(&layout.ps_tables(), &spec.dense.optimizer, 0).expect("store"));
-    let mut trainer = Trainer::start(model, store, 0, 1, 100_000)
+    let model = Model::new(layout.clone());
+    let mut trainer = Trainer::start(model, store, 0, 1, EVAL_WINDOW as usize)
         .await
         .expect("trainer");
     let stream = futures::stream::iter(batches.into_iter().map(|b| {
@@ -121,28 +263,18 @@ async fn main() {
             &Default::default(),
         )))
     }));
-    let started = Instant::now();
+    let collect = Collect::default();
     trainer
-        .train(stream.boxed(), Duration::from_secs(5), &Printer)
+        .train(stream.boxed(), Duration::from_secs(2), &collect)
         .await
         .expect("train");
-    let elapsed = started.elapsed().as_secs_f64();
-    let report = trainer.meter.report();
-    let samples = trainer.meter.samples as f64;
-    println!(
-        "in-process trainer: {:.0} samples/s over {:.1} s; progressive AUC (last 100k) {:.4} vs best {best:.4}",
-        samples / elapsed,
-        elapsed,
-        report.evaluation.auc.unwrap_or(f64::NAN)
-    );
-    println!(
-        "baseline, dense forward/backward alone: {baseline:.0} samples/s ({:.2}x of the trainer's rate)",
-        baseline / (samples / elapsed)
-    );
+    collect.report(&trainer.meter.report()).await;
+    collect.0.into_inner().expect("stages")
 }
 
-/// Samples/s of the dense network's forward/backward alone on pooled zeros.
-fn dense_only(model: &Model, layout: &ModelLayout, batches: &[Minibatch]) -> f64 {
+/// Samples/s of the dense network's forward/backward alone on pooled constants.
+fn dense_only(layout: &ModelLayout, batches: &[Minibatch]) -> f64 {
+    let model = Model::new(layout.clone());
     let params = ParamSet::init(layout, 0);
     let started = Instant::now();
     let mut samples = 0;
@@ -160,4 +292,200 @@ fn dense_only(model: &Model, layout: &ModelLayout, batches: &[Minibatch]) -> f64
         samples += batch.rows();
     }
     samples as f64 / started.elapsed().as_secs_f64()
+}
+
+/// `target/release`: the bench runs from `target/release/deps`.
+fn release_bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/release")
+        .to_path_buf()
+}
+
+fn check_binaries(bin_dir: &Path) {
+    for binary in ["primus-data-executor", "primus-ps", "primus-trainer"] {
+        if !bin_dir.join(binary).is_file() {
+            eprintln!(
+                "{} is missing: run `cargo build --release --bins` first (or PRIMUS_BENCH_SERVICES=0)",
+                bin_dir.join(binary).display()
+            );
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Runs the Job through the services; returns the trainer's reports folded into stages
+/// (AUC from the Job's status) and the seconds from apply to Succeeded.
+async fn train_through_services(
+    bin_dir: &Path,
+    dir: &Path,
+    data: &Path,
+    spec: &ModelSpec,
+    batch: usize,
+) -> (Stages, f64) {
+    let nats = NatsServer::start().expect("nats-server");
+    let redis = RedisServer::start().expect("redis-server");
+    let token = dir.join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
+    let shutdown = Shutdown::new();
+    let api_addr = start_api_server(&nats, &redis, &token, &shutdown).await;
+    let master = start_master(bin_dir, dir, &nats, &redis, &api_addr, &token, &shutdown);
+    let client = ApiClient::connect(&ClientSettings {
+        server: format!("http://{api_addr}"),
+        token: TOKEN.into(),
+        ca_file: None,
+    })
+    .await
+    .expect("api client");
+
+    let bus = Bus::connect(&primus_config::NatsSettings {
+        url: nats.url(),
+        ..Default::default()
+    })
+    .await
+    .expect("nats");
+    let subject = bus
+        .subjects()
+        .metrics(JOB, "trainer", primus_bus::subjects::ANY)
+        .expect("subject");
+    let reports = bus
+        .subscribe::<MetricsReport>(subject)
+        .await
+        .expect("subscribe");
+    let stages = Arc::new(Mutex::new(Stages::default()));
+    let folding = tokio::spawn(fold_reports(stages.clone(), reports));
+
+    let started = Instant::now();
+    for resource in primus_spec::parse_documents("train-bench.yaml", &resources(data, spec, batch))
+        .expect("valid resources")
+    {
+        client.apply(&resource, 0).await.expect("apply");
+    }
+    let status = wait_for_end(&client).await;
+    let wall = started.elapsed().as_secs_f64();
+    let progress = status.progress.expect("trainer progress");
+    // The trainer's last report may still be on its way.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stages.lock().expect("stages").samples < progress.samples && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    folding.abort();
+    shutdown.trigger();
+    master
+        .await
+        .expect("master task")
+        .expect("master stops cleanly");
+    let mut stages = std::mem::take(&mut *stages.lock().expect("stages"));
+    assert_eq!(
+        stages.samples, progress.samples,
+        "every trainer report arrived"
+    );
+    stages.auc = progress.auc;
+    (stages, wall)
+}
+
+async fn fold_reports(stages: Arc<Mutex<Stages>>, mut reports: Subscription<MetricsReport>) {
+    while let Some(Ok(received)) = reports.next().await {
+        let report = received.message;
+        let gauge = |name: &str| report.gauges.get(name).copied();
+        let shares =
+            ["lookup_share", "compute_share", "push_share"].map(|n| gauge(n).unwrap_or(0.0));
+        let rate = gauge("samples_per_second").unwrap_or(0.0);
+        let mut stages = stages.lock().expect("stages");
+        stages.add(report.samples, rate, shares, gauge("auc"));
+    }
+}
+
+async fn start_api_server(
+    nats: &NatsServer,
+    redis: &RedisServer,
+    token: &Path,
+    shutdown: &Shutdown,
+) -> String {
+    let mut settings = ApiServerSettings::default();
+    settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
+    settings.nats.url = nats.url();
+    settings.redis.url = redis.url();
+    settings.auth.token_file = Some(token.to_path_buf());
+    settings.store.watch_poll_interval_ms = 200;
+    let addr = settings.server.grpc_addr.to_string();
+    tokio::spawn(primus_api_server::run(settings, shutdown.clone()));
+    wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(20))
+        .await
+        .expect("api-server serving");
+    addr
+}
+
+/// The master in this process; its executors are processes of the release binaries.
+fn start_master(
+    bin_dir: &Path,
+    dir: &Path,
+    nats: &NatsServer,
+    redis: &RedisServer,
+    api_addr: &str,
+    token: &Path,
+    shutdown: &Shutdown,
+) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    let mut settings = MasterSettings::default();
+    settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
+    settings.nats.url = nats.url();
+    settings.redis.url = redis.url();
+    settings.api.server = format!("http://{api_addr}");
+    settings.api.token_file = Some(token.to_path_buf());
+    settings.master.status_interval_ms = 200;
+    settings.master.planner.poll_interval_ms = 200;
+    settings.local.bin_dir = Some(bin_dir.to_path_buf());
+    settings.local.work_dir = dir.join("work");
+    tokio::spawn(primus_master::run(settings, shutdown.clone()))
+}
+
+/// The Dataset over the hourly Parquet files and the Job training `spec` on it.
+fn resources(data: &Path, spec: &ModelSpec, batch: usize) -> String {
+    let schema = primus_datagen::criteo::feature_schema("categorical");
+    let table = &spec.tables[0];
+    let end = format!("2026-11-01T{HOURS:02}");
+    format!(
+        r#"
+kind: Dataset
+metadata: {{name: criteo}}
+spec:
+  streams:
+    - name: clicks
+      window: {{unit: hourly, start: "{START}", end: "{end}"}}
+      sources: [{{name: criteo, parquet: {{uri: "{uri}"}}}}]
+  schema: {schema}
+---
+kind: Job
+metadata: {{name: {JOB}}}
+spec:
+  dataset: criteo
+  mode: batch
+  model:
+    kind: dlrm
+    tables: [{table}]
+    dense: {dense}
+  training: {{batch_size: {batch}, eval_window: {EVAL_WINDOW}}}
+  topology:
+    data_executors: {{replicas: 1}}
+    trainers: {{replicas: 1}}
+    ps: {{replicas: 2}}
+"#,
+        uri = data.display(),
+        schema = serde_json::to_string(&schema).expect("schema"),
+        table = serde_json::to_string(table).expect("table"),
+        dense = serde_json::to_string(&spec.dense).expect("dense"),
+    )
+}
+
+async fn wait_for_end(client: &ApiClient) -> Status {
+    loop {
+        let resource = client.get(Kind::Job, JOB).await.expect("job");
+        let status: Status = serde_json::from_str(&resource.status_json).unwrap_or_default();
+        if status.phase == Phase::Succeeded {
+            return status;
+        }
+        assert!(!status.phase.is_terminal(), "the Job ended {status:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

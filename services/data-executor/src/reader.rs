@@ -1,9 +1,13 @@
 //! The trainer's side of the dataset server: one minibatch stream per data executor of the
 //! job, merged, each minibatch decoded from Arrow IPC, and checkpoint barriers aligned: a
 //! barrier is passed on once every stream still open has sent its marker, so everything
-//! served before the executors paused comes before it.
+//! served before the executors paused comes before it. A stream that breaks because its
+//! executor died is opened again at the same address (where the backend restarts it) for
+//! up to [`RECONNECT_FOR`]; what the dead executor had buffered is lost, as its ack rules
+//! intend, and nothing it served is served again.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use futures::stream::{self, BoxStream, SelectAll};
 use futures::{Stream, StreamExt};
@@ -142,6 +146,73 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Items, ReaderE
         .boxed())
 }
 
+/// How long a broken executor stream is retried before the reader gives up.
+pub const RECONNECT_FOR: Duration = Duration::from_secs(60);
+const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+
+/// Whether `status` means the connection broke (the executor died), not that it refused.
+fn connection_lost(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled
+    )
+}
+
+struct Reconnecting {
+    addr: String,
+    options: ReaderOptions,
+    items: Option<Items>,
+    failed: bool,
+}
+
+/// `items` of the executor at `addr`, opened again whenever its connection is lost.
+fn reconnecting(addr: String, options: ReaderOptions, items: Items) -> Items {
+    let state = Reconnecting {
+        addr,
+        options,
+        items: Some(items),
+        failed: false,
+    };
+    stream::unfold(state, |mut state| async move {
+        loop {
+            if state.failed {
+                return None;
+            }
+            if let Some(items) = state.items.as_mut() {
+                match items.next().await {
+                    Some(Err(ReaderError::Status { status, .. })) if connection_lost(&status) => {
+                        tracing::warn!(addr = %state.addr, %status, "data executor stream lost; reconnecting");
+                        state.items = None;
+                    }
+                    Some(item) => return Some((item, state)),
+                    None => return None,
+                }
+            }
+            match reopen(&state.addr, &state.options).await {
+                Ok(items) => state.items = Some(items),
+                Err(e) => {
+                    state.failed = true;
+                    return Some((Err(e), state));
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+/// Opens the stream of `addr` again, retrying for [`RECONNECT_FOR`].
+async fn reopen(addr: &str, options: &ReaderOptions) -> Result<Items, ReaderError> {
+    let deadline = tokio::time::Instant::now() + RECONNECT_FOR;
+    loop {
+        match open_one(addr.to_owned(), options.clone()).await {
+            Ok(items) => return Ok(items),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(RECONNECT_PAUSE).await,
+        }
+    }
+}
+
 /// Which streams have sent which checkpoint's marker, and which have ended.
 struct Alignment {
     streams: usize,
@@ -201,6 +272,7 @@ pub async fn read(
     let mut merged: SelectAll<BoxStream<'static, Tagged>> = SelectAll::new();
     for (index, addr) in addrs.iter().enumerate() {
         let items = open_one(addr.clone(), options.clone()).await?;
+        let items = reconnecting(addr.clone(), options.clone(), items);
         let tagged = items
             .map(move |item| Tagged::Item(index, Box::new(item)))
             .chain(stream::once(async move { Tagged::Ended(index) }));

@@ -3,8 +3,9 @@
 //! barrier is passed on once every stream still open has sent its marker, so everything
 //! served before the executors paused comes before it. A stream that breaks because its
 //! executor died is opened again at the same address (where the backend restarts it) for
-//! up to [`RECONNECT_FOR`]; what the dead executor had buffered is lost, as its ack rules
-//! intend, and nothing it served is served again.
+//! up to [`RECONNECT_FOR`]. What becomes of the dead executor's rows is the task queue's
+//! and the stream's business: a file task resumes from its last reported offset, a stream's
+//! buffered rows are lost (acked once buffered) and its unacked messages redelivered.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -21,12 +21,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use primus_api_client::{ApiClient, ClientSettings};
 use primus_batch::{FeaturePipeline, Minibatch};
 use primus_bus::{Bus, Subscription};
 use primus_config::{ApiServerSettings, StorageSettings};
-use primus_datagen::criteo::{Criteo, CriteoOptions};
+use primus_datagen::criteo::CriteoOptions;
 use primus_datagen::write::Layout;
 use primus_master::settings::MasterSettings;
 use primus_model::{Inputs, Model, ModelLayout, ParamSet, Tower};
@@ -38,6 +38,8 @@ use primus_spec::job::{
     AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
 };
 use primus_spec::status::{Phase, Status};
+use primus_storage::Location;
+use primus_storage::parquet::ReadOptions;
 use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, RedisServer, free_port};
 use primus_trainer::store::LocalStore;
@@ -153,22 +155,28 @@ fn layout(rows_per_hour: usize) -> Layout {
     }
 }
 
-/// The rows `primus_datagen::write::criteo` writes for `layout`, in the same order, cut
-/// into minibatches of `batch`.
-fn minibatches(layout: &Layout, rows_per_hour: usize, batch: usize) -> Vec<Minibatch> {
-    let schema = primus_datagen::criteo::feature_schema("categorical");
-    let pipeline = FeaturePipeline::new(&schema);
-    let mut generator = Criteo::new(options()).expect("generator");
+/// The Parquet files under `location` (the rows the services read), in partition order,
+/// as minibatches of `batch` (each file's last one may be shorter).
+async fn minibatches(location: &Location, batch: usize) -> Vec<Minibatch> {
+    let pipeline = FeaturePipeline::new(&primus_datagen::criteo::feature_schema("categorical"));
+    let options = ReadOptions {
+        columns: Some(pipeline.columns()),
+        batch_size: batch,
+        ..Default::default()
+    };
+    let mut files = location.list("").await.expect("list the data");
+    files.sort_by(|a, b| a.location.cmp(&b.location));
     let mut batches = Vec::new();
-    for hour in 0..layout.windows {
-        let start = layout.start_unix_s + 3600 * hour as i64;
-        let rows: RecordBatch = generator
-            .generate(rows_per_hour, start)
-            .expect("rows")
-            .batch;
-        for offset in (0..rows.num_rows()).step_by(batch) {
-            let slice = rows.slice(offset, batch.min(rows.num_rows() - offset));
-            batches.push(pipeline.minibatch(&slice).expect("minibatch"));
+    for file in files {
+        let records: Vec<RecordBatch> =
+            primus_storage::parquet::read(location, &file.location, &options)
+                .await
+                .expect("open a data file")
+                .try_collect()
+                .await
+                .expect("read a data file");
+        for record in &records {
+            batches.push(pipeline.minibatch(record).expect("minibatch"));
         }
     }
     batches
@@ -195,8 +203,13 @@ async fn main() {
     let spec = model_spec(&size);
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("criteo");
-    let layout = layout(rows_per_hour);
-    let best = write_data(&data, &layout, rows_per_hour).await;
+    let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
+        .expect("location");
+    let summary =
+        primus_datagen::write::criteo(&location, &layout(rows_per_hour), rows_per_hour, options())
+            .await
+            .expect("generate");
+    let best = summary.best_auc.expect("both classes");
     println!(
         "DLRM ({size}: bottom {:?}, top {:?}, dim 16), {} Criteo-like rows (cardinality scale {CARDINALITY_SCALE}) in minibatches of {batch}, best achievable AUC {best:.4}; AUC is progressive over the last {EVAL_WINDOW} samples",
         spec.dense.bottom,
@@ -204,7 +217,7 @@ async fn main() {
         rows_per_hour * HOURS
     );
 
-    let batches = minibatches(&layout, rows_per_hour, batch);
+    let batches = minibatches(&location, batch).await;
     let schema = primus_datagen::criteo::feature_schema("categorical");
     let model_layout = ModelLayout::new(&spec, &schema).expect("layout");
     let baseline = dense_only(&model_layout, &batches[..batches.len().min(20)]);
@@ -233,15 +246,6 @@ async fn main() {
         "overhead of distribution: the services train at {:.2}x the in-process rate",
         through.rate() / in_process.rate()
     );
-}
-
-async fn write_data(data: &Path, layout: &Layout, rows_per_hour: usize) -> f64 {
-    let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
-        .expect("location");
-    let summary = primus_datagen::write::criteo(&location, layout, rows_per_hour, options())
-        .await
-        .expect("generate");
-    summary.best_auc.expect("both classes")
 }
 
 async fn train_in_process(

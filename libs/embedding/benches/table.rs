@@ -1,5 +1,6 @@
-//! Lookup, Adagrad push and insert against two baselines measured in the same run: a raw
-//! gather of rows by precomputed position (the memory-bandwidth limit) and a
+//! Lookup, Adagrad push and insert against baselines measured in the same run: a raw
+//! gather of rows by precomputed position (the memory-bandwidth limit), once from a heap
+//! `Vec` and once from huge-page-backed memory as the table's arena uses, and a
 //! `HashMap<u64, Vec<f32>>`. Keys are uniform or Zipf(1.05) over the table.
 //!
 //! `PRIMUS_BENCH_KEYS=1000000,10000000 PRIMUS_BENCH_DIMS=16,64 cargo bench -p primus-embedding`
@@ -9,7 +10,7 @@ use std::collections::HashMap;
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use primus_embedding::{Table, TableOptions};
+use primus_embedding::{Region, Table, TableOptions};
 use primus_spec::job::{AdmissionSpec, Initializer, OptimizerSpec, TableSpec};
 
 const BATCH: usize = 4096;
@@ -101,6 +102,12 @@ fn run(c: &mut Criterion, n: usize, dim: usize) {
             .expect("fill");
     }
     let arena: Vec<f32> = (0..n * dim).map(|i| i as f32).collect();
+    let mut huge_arena = Region::zeroed((n * dim).div_ceil(2));
+    let huge_floats: &mut [f32] = bytemuck::cast_slice_mut(huge_arena.words_mut());
+    for (i, x) in huge_floats.iter_mut().enumerate() {
+        *x = i as f32;
+    }
+    let huge_floats: &[f32] = bytemuck::cast_slice(huge_arena.words());
     let map: HashMap<u64, Vec<f32>> = keys.iter().map(|k| (*k, vec![0.5; dim])).collect();
     let mut rng = Rng(7);
     let stats = table.stats();
@@ -130,6 +137,17 @@ fn run(c: &mut Criterion, n: usize, dim: usize) {
                 for (slot, p) in batch.iter().enumerate() {
                     out[slot * dim..(slot + 1) * dim]
                         .copy_from_slice(&arena[p * dim..(p + 1) * dim]);
+                }
+                black_box(&out);
+            })
+        });
+        group.bench_function("raw_gather_huge_pages", |b| {
+            b.iter(|| {
+                let batch = &batches[i % BATCHES];
+                i += 1;
+                for (slot, p) in batch.iter().enumerate() {
+                    out[slot * dim..(slot + 1) * dim]
+                        .copy_from_slice(&huge_floats[p * dim..(p + 1) * dim]);
                 }
                 black_box(&out);
             })

@@ -10,6 +10,7 @@
 //! - [`ShardSnapshot`]: a shard's rows copied under its lock, full or incremental (rows
 //!   changed and keys evicted since a version), in a checksummed binary format.
 //!
+//! - [`Region`]: zeroed, aligned memory for buckets and rows; huge pages from 2 MiB up.
 //! - [`DenseStore`]: the PS's dense parameters, updated by the same optimizers.
 //! - [`ReplicaTable`]: the serving role's copy of a table: weights only, versioned per key,
 //!   so deltas applied twice or out of order end in the same rows.
@@ -26,11 +27,13 @@ pub mod hot_set;
 pub mod index;
 mod init;
 mod optimizer;
+mod region;
 mod replica;
 mod snapshot;
 mod table;
 
 pub use dense::{DenseError, DenseStore, DenseValues};
+pub use region::Region;
 pub use replica::{ApplyOutcome, DeltaRows, ReplicaTable};
 pub use snapshot::{ShardSnapshot, SnapshotError};
 pub use table::{Delta, EmbeddingError, PushOutcome, RowMeta, Table, TableOptions, TableStats};

@@ -1,7 +1,12 @@
 //! The table: shards by key hash, each behind its own lock, each with a cuckoo index over a
 //! chunked arena of rows. Lookups take read locks shard by shard (never one global lock);
 //! a push takes each shard's write lock once per call.
+//!
+//! A shard's arena is a list of chunks that double in size (1,024 rows, 1,024, 2,048, ...),
+//! so a small shard stays small, a big one is a few huge-page-backed regions, and a row's
+//! chunk is the bit length of its id. Chunks never move.
 
+use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -12,10 +17,15 @@ use crate::hash::seeded;
 use crate::index::CuckooIndex;
 use crate::init::Init;
 use crate::optimizer::Optimizer;
+use crate::region::Region;
 use crate::snapshot::{ShardSnapshot, SnapshotError};
 
-/// Rows per arena chunk; a chunk never moves once allocated.
-const CHUNK_ROWS: usize = 4096;
+/// log2 of the rows in a shard's first arena chunk (chunk k > 0 holds 1024 << (k - 1)).
+const FIRST_CHUNK_ROWS_LOG2: u32 = 10;
+/// Rows whose lines are loaded together before they are read or updated (see `touch_rows`).
+const ROW_PIPELINE: usize = 64;
+/// f32s in a cache line.
+const LINE_FLOATS: usize = 16;
 /// Salt of the shard hash, so shard choice and bucket choice are independent.
 const SHARD_SALT: u64 = 0x5348_4152_4453_414c;
 /// Evictions remembered for deltas (per shard); older ones are dropped.
@@ -74,7 +84,9 @@ pub struct RowMeta {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TableStats {
     pub rows: u64,
-    /// Memory held: arena, row metadata, index, admission sketches.
+    /// Memory held: arena rows handed out, row metadata, index, admission sketches. Arena
+    /// space reserved ahead of the rows is not counted: it is committed only as rows are
+    /// written (a 2 MiB huge page at a time in large chunks).
     pub bytes: u64,
     /// Keys given a row.
     pub admitted: u64,
@@ -118,7 +130,8 @@ pub struct Table {
 
 struct Shard {
     index: CuckooIndex,
-    chunks: Vec<Box<[f32]>>,
+    /// Chunk k holds the rows whose id has bit length k (past the first 1024).
+    chunks: Vec<Region>,
     meta: Vec<RowMeta>,
     /// Row ids of evicted rows, reused before the arena grows.
     free: Vec<u32>,
@@ -280,26 +293,31 @@ impl Table {
         self.check_width("lookup output", keys.len(), out.len())?;
         let dim = self.dim;
         let (order, starts) = self.group_by_shard(keys);
+        let grouped_keys: Vec<u64> = order.iter().map(|p| keys[*p as usize]).collect();
         let mut missing = 0u64;
         let mut rows = Vec::new();
         for shard in 0..self.shards.len() {
-            let positions = &order[starts[shard]..starts[shard + 1]];
-            if positions.is_empty() {
+            let span = starts[shard]..starts[shard + 1];
+            if span.is_empty() {
                 continue;
             }
             let guard = self.read(shard);
-            // Resolve every row first, then copy: both loops issue independent loads.
-            guard
-                .index
-                .get_many(positions.iter().map(|p| keys[*p as usize]), &mut rows);
-            for (&position, row) in positions.iter().zip(&rows) {
-                let position = position as usize;
-                let target = &mut out[position * dim..(position + 1) * dim];
-                match row {
-                    Some(row) => target.copy_from_slice(guard.weights(*row, self.stride, dim)),
-                    None => {
-                        missing += 1;
-                        self.init.fill(keys[position], self.seed, target);
+            // Resolve every row first, then copy: both passes overlap their cache misses.
+            guard.index.get_many(&grouped_keys[span.clone()], &mut rows);
+            for (positions, rows) in order[span]
+                .chunks(ROW_PIPELINE)
+                .zip(rows.chunks(ROW_PIPELINE))
+            {
+                guard.touch_rows(rows, self.stride, dim);
+                for (&position, row) in positions.iter().zip(rows) {
+                    let position = position as usize;
+                    let target = &mut out[position * dim..(position + 1) * dim];
+                    match row {
+                        Some(row) => target.copy_from_slice(guard.weights(*row, self.stride, dim)),
+                        None => {
+                            missing += 1;
+                            self.init.fill(keys[position], self.seed, target);
+                        }
                     }
                 }
             }
@@ -329,44 +347,50 @@ impl Table {
         }
         let dim = self.dim;
         let (order, starts) = self.group_by_shard(keys);
+        let grouped_keys: Vec<u64> = order.iter().map(|p| keys[*p as usize]).collect();
         let mut rows = Vec::new();
         let mut outcome = PushOutcome::default();
         for shard in 0..self.shards.len() {
-            let positions = &order[starts[shard]..starts[shard + 1]];
-            if positions.is_empty() {
+            let span = starts[shard]..starts[shard + 1];
+            if span.is_empty() {
                 continue;
             }
             let mut guard = self.write(shard);
             // Taken under the shard's lock: an export that reads this version afterwards
             // is guaranteed to see the rows (see `export_delta`).
             let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
-            guard
-                .index
-                .get_many(positions.iter().map(|p| keys[*p as usize]), &mut rows);
-            for (&position, known) in positions.iter().zip(&rows) {
-                let position = position as usize;
-                let key = keys[position];
-                let grad = &grads[position * dim..(position + 1) * dim];
-                // A key new to this batch may have been inserted by an earlier duplicate.
-                let row = match known.or_else(|| guard.index.get(key)) {
-                    Some(row) => row,
-                    None => {
-                        if !guard.admission.admit(key) {
-                            guard.rejected += 1;
-                            outcome.dropped += 1;
-                            continue;
+            guard.index.get_many(&grouped_keys[span.clone()], &mut rows);
+            for (positions, rows) in order[span]
+                .chunks(ROW_PIPELINE)
+                .zip(rows.chunks(ROW_PIPELINE))
+            {
+                guard.touch_rows(rows, self.stride, self.stride);
+                guard.touch_meta(rows);
+                for (&position, known) in positions.iter().zip(rows) {
+                    let position = position as usize;
+                    let key = keys[position];
+                    let grad = &grads[position * dim..(position + 1) * dim];
+                    // A key new to this batch may have been inserted by an earlier duplicate.
+                    let row = match known.or_else(|| guard.index.get(key)) {
+                        Some(row) => row,
+                        None => {
+                            if !guard.admission.admit(key) {
+                                guard.rejected += 1;
+                                outcome.dropped += 1;
+                                continue;
+                            }
+                            guard.admitted += 1;
+                            guard.new_row(key, self)
                         }
-                        guard.admitted += 1;
-                        guard.new_row(key, self)
-                    }
-                };
-                let (weights, state) = guard.row_mut(row, self.stride, dim);
-                self.optimizer.apply(weights, state, grad);
-                let meta = &mut guard.meta[row as usize];
-                meta.updated_at = now_secs;
-                meta.count = meta.count.saturating_add(1);
-                meta.version = version;
-                outcome.applied += 1;
+                    };
+                    let (weights, state) = guard.row_mut(row, self.stride, dim);
+                    self.optimizer.apply(weights, state, grad);
+                    let meta = &mut guard.meta[row as usize];
+                    meta.updated_at = now_secs;
+                    meta.count = meta.count.saturating_add(1);
+                    meta.version = version;
+                    outcome.applied += 1;
+                }
             }
         }
         Ok(outcome)
@@ -446,13 +470,8 @@ impl Table {
     pub fn row(&self, key: u64) -> Option<(Vec<f32>, Vec<f32>, RowMeta)> {
         let guard = self.read(self.shard_of(key));
         let row = guard.index.get(key)?;
-        let start = row as usize % CHUNK_ROWS * self.stride;
-        let chunk = &guard.chunks[row as usize / CHUNK_ROWS];
-        Some((
-            chunk[start..start + self.dim].to_vec(),
-            chunk[start + self.dim..start + self.stride].to_vec(),
-            guard.meta[row as usize],
-        ))
+        let (weights, state) = guard.values(row, self.stride).split_at(self.dim);
+        Some((weights.to_vec(), state.to_vec(), guard.meta[row as usize]))
     }
 
     /// Drops every row (a restore starts from an empty table).
@@ -492,13 +511,11 @@ impl Table {
         for (key, row) in guard.index.iter() {
             let meta = guard.meta[row as usize];
             if meta.version > since {
-                let start = row as usize % CHUNK_ROWS * self.stride;
-                let chunk = &guard.chunks[row as usize / CHUNK_ROWS];
                 snapshot.keys.push(key);
                 snapshot.meta.push(meta);
                 snapshot
                     .values
-                    .extend_from_slice(&chunk[start..start + self.stride]);
+                    .extend_from_slice(guard.values(row, self.stride));
             }
         }
         if since > 0 {
@@ -577,7 +594,7 @@ impl Table {
             stats.admitted += guard.admitted;
             stats.rejected += guard.rejected;
             stats.evicted += guard.evicted;
-            stats.bytes += (guard.chunks.len() * CHUNK_ROWS * self.stride * 4
+            stats.bytes += (guard.meta.len() * self.stride * 4
                 + guard.meta.capacity() * std::mem::size_of::<RowMeta>()
                 + guard.index.memory_bytes()
                 + guard.admission.memory_bytes()) as u64;
@@ -586,18 +603,75 @@ impl Table {
     }
 }
 
+/// The arena chunk of a row id and the row's place in it.
+#[inline]
+fn chunk_of(row: u32) -> (usize, usize) {
+    let chunk = (u32::BITS - (row >> FIRST_CHUNK_ROWS_LOG2).leading_zeros()) as usize;
+    (chunk, row as usize - chunk_start(chunk))
+}
+
+/// The first row id of a chunk.
+#[inline]
+fn chunk_start(chunk: usize) -> usize {
+    match chunk {
+        0 => 0,
+        k => (1 << FIRST_CHUNK_ROWS_LOG2) << (k - 1),
+    }
+}
+
 impl Shard {
+    /// Weights then optimizer state of a row.
+    #[inline]
+    fn values(&self, row: u32, stride: usize) -> &[f32] {
+        let (chunk, place) = chunk_of(row);
+        let floats: &[f32] = bytemuck::cast_slice(self.chunks[chunk].words());
+        &floats[place * stride..(place + 1) * stride]
+    }
+
     #[inline]
     fn weights(&self, row: u32, stride: usize, dim: usize) -> &[f32] {
-        let start = row as usize % CHUNK_ROWS * stride;
-        &self.chunks[row as usize / CHUNK_ROWS][start..start + dim]
+        &self.values(row, stride)[..dim]
     }
 
     #[inline]
     fn row_mut(&mut self, row: u32, stride: usize, dim: usize) -> (&mut [f32], &mut [f32]) {
-        let start = row as usize % CHUNK_ROWS * stride;
-        let slice = &mut self.chunks[row as usize / CHUNK_ROWS][start..start + stride];
-        slice.split_at_mut(dim)
+        let (chunk, place) = chunk_of(row);
+        let floats: &mut [f32] = bytemuck::cast_slice_mut(self.chunks[chunk].words_mut());
+        floats[place * stride..(place + 1) * stride].split_at_mut(dim)
+    }
+
+    /// Loads the first float of each cache line of the rows' first `floats` floats, so the
+    /// misses overlap before the rows are read (plain loads, as in `index::touch`; the loop
+    /// is kept to a few instructions a row so that many rows' loads are in flight at once).
+    #[inline]
+    fn touch_rows(&self, rows: &[Option<u32>], stride: usize, floats: usize) {
+        let chunks: Vec<&[f32]> = self
+            .chunks
+            .iter()
+            .map(|c| bytemuck::cast_slice(c.words()))
+            .collect();
+        let mut sink = 0u32;
+        for row in rows.iter().flatten() {
+            let (chunk, place) = chunk_of(*row);
+            let start = place * stride;
+            let values = &chunks[chunk][start..start + floats];
+            let mut line = 0;
+            while line < floats {
+                sink ^= values[line].to_bits();
+                line += LINE_FLOATS;
+            }
+        }
+        black_box(sink);
+    }
+
+    /// Loads the metadata of the rows, as [`Self::touch_rows`] does their values.
+    #[inline]
+    fn touch_meta(&self, rows: &[Option<u32>]) {
+        let mut sink = 0u32;
+        for row in rows.iter().flatten() {
+            sink ^= self.meta[*row as usize].count;
+        }
+        black_box(sink);
     }
 
     /// A row for a new key: a recycled one, or the next in the arena. Initialised from the
@@ -607,9 +681,12 @@ impl Shard {
             Some(row) => row,
             None => {
                 let row = self.meta.len();
-                if row.is_multiple_of(CHUNK_ROWS) {
+                let (chunk, place) = chunk_of(row as u32);
+                if place == 0 {
+                    let rows = chunk_start(chunk + 1) - chunk_start(chunk);
+                    // Two floats per word, rounded up.
                     self.chunks
-                        .push(vec![0.0; CHUNK_ROWS * table.stride].into_boxed_slice());
+                        .push(Region::zeroed((rows * table.stride).div_ceil(2)));
                 }
                 self.meta.push(RowMeta::default());
                 row as u32

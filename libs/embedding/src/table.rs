@@ -26,6 +26,8 @@ const FIRST_CHUNK_ROWS_LOG2: u32 = 10;
 const ROW_PIPELINE: usize = 64;
 /// f32s in a cache line.
 const LINE_FLOATS: usize = 16;
+/// Words of a row's metadata.
+const META_WORDS: usize = 2;
 /// Salt of the shard hash, so shard choice and bucket choice are independent.
 const SHARD_SALT: u64 = 0x5348_4152_4453_414c;
 /// Evictions remembered for deltas (per shard); older ones are dropped.
@@ -81,6 +83,23 @@ pub struct RowMeta {
     pub version: u64,
 }
 
+impl RowMeta {
+    fn to_words(self) -> [u64; META_WORDS] {
+        [
+            u64::from(self.updated_at) | u64::from(self.count) << 32,
+            self.version,
+        ]
+    }
+
+    fn from_words(words: &[u64]) -> Self {
+        Self {
+            updated_at: words[0] as u32,
+            count: (words[0] >> 32) as u32,
+            version: words[1],
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TableStats {
     pub rows: u64,
@@ -132,7 +151,11 @@ struct Shard {
     index: CuckooIndex,
     /// Chunk k holds the rows whose id has bit length k (past the first 1024).
     chunks: Vec<Region>,
-    meta: Vec<RowMeta>,
+    /// Each arena chunk's row metadata, two words a row (see `RowMeta::to_words`), in a
+    /// region of its own so that it, too, is on huge pages once large.
+    meta_chunks: Vec<Region>,
+    /// Rows handed out of the arena so far (recycled ones included).
+    rows: usize,
     /// Row ids of evicted rows, reused before the arena grows.
     free: Vec<u32>,
     admission: Admission,
@@ -180,7 +203,8 @@ impl Table {
                 RwLock::new(Shard {
                     index: CuckooIndex::default(),
                     chunks: Vec::new(),
-                    meta: Vec::new(),
+                    meta_chunks: Vec::new(),
+                    rows: 0,
                     free: Vec::new(),
                     admission: Admission::new(
                         spec.admission.min_count,
@@ -385,10 +409,11 @@ impl Table {
                     };
                     let (weights, state) = guard.row_mut(row, self.stride, dim);
                     self.optimizer.apply(weights, state, grad);
-                    let meta = &mut guard.meta[row as usize];
+                    let mut meta = guard.meta(row);
                     meta.updated_at = now_secs;
                     meta.count = meta.count.saturating_add(1);
                     meta.version = version;
+                    guard.set_meta(row, meta);
                     outcome.applied += 1;
                 }
             }
@@ -409,8 +434,7 @@ impl Table {
                 .index
                 .iter()
                 .filter(|(_, row)| {
-                    u64::from(now_secs)
-                        .saturating_sub(u64::from(guard.meta[*row as usize].updated_at))
+                    u64::from(now_secs).saturating_sub(u64::from(guard.meta(*row).updated_at))
                         >= ttl
                 })
                 .collect();
@@ -420,7 +444,7 @@ impl Table {
             let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
             for (key, row) in &expired {
                 guard.index.remove(*key);
-                guard.meta[*row as usize] = RowMeta::default();
+                guard.set_meta(*row, RowMeta::default());
                 guard.free.push(*row);
                 guard.eviction_log.push((version, *key));
             }
@@ -449,7 +473,7 @@ impl Table {
         for shard in 0..self.shards.len() {
             let guard = self.read(shard);
             for (key, row) in guard.index.iter() {
-                let version = guard.meta[row as usize].version;
+                let version = guard.meta(row).version;
                 if version > since {
                     delta.keys.push(key);
                     delta.versions.push(version);
@@ -471,7 +495,7 @@ impl Table {
         let guard = self.read(self.shard_of(key));
         let row = guard.index.get(key)?;
         let (weights, state) = guard.values(row, self.stride).split_at(self.dim);
-        Some((weights.to_vec(), state.to_vec(), guard.meta[row as usize]))
+        Some((weights.to_vec(), state.to_vec(), guard.meta(row)))
     }
 
     /// Drops every row (a restore starts from an empty table).
@@ -480,7 +504,8 @@ impl Table {
             let mut guard = self.write(shard);
             guard.index = CuckooIndex::default();
             guard.chunks.clear();
-            guard.meta.clear();
+            guard.meta_chunks.clear();
+            guard.rows = 0;
             guard.free.clear();
             guard.eviction_log.clear();
         }
@@ -509,7 +534,7 @@ impl Table {
             evicted: Vec::new(),
         };
         for (key, row) in guard.index.iter() {
-            let meta = guard.meta[row as usize];
+            let meta = guard.meta(row);
             if meta.version > since {
                 snapshot.keys.push(key);
                 snapshot.meta.push(meta);
@@ -543,7 +568,7 @@ impl Table {
         for key in &snapshot.evicted {
             let mut guard = self.write(self.shard_of(*key));
             if let Some(row) = guard.index.remove(*key) {
-                guard.meta[row as usize] = RowMeta::default();
+                guard.set_meta(row, RowMeta::default());
                 guard.free.push(row);
             }
         }
@@ -565,7 +590,7 @@ impl Table {
                 let (weights, state) = guard.row_mut(row, self.stride, self.dim);
                 weights.copy_from_slice(&values[..self.dim]);
                 state.copy_from_slice(&values[self.dim..]);
-                guard.meta[row as usize] = snapshot.meta[position];
+                guard.set_meta(row, snapshot.meta[position]);
             }
         }
         // Later changes must get versions above everything restored.
@@ -594,8 +619,7 @@ impl Table {
             stats.admitted += guard.admitted;
             stats.rejected += guard.rejected;
             stats.evicted += guard.evicted;
-            stats.bytes += (guard.meta.len() * self.stride * 4
-                + guard.meta.capacity() * std::mem::size_of::<RowMeta>()
+            stats.bytes += (guard.rows * (self.stride * 4 + META_WORDS * 8)
                 + guard.index.memory_bytes()
                 + guard.admission.memory_bytes()) as u64;
         }
@@ -667,11 +691,26 @@ impl Shard {
     /// Loads the metadata of the rows, as [`Self::touch_rows`] does their values.
     #[inline]
     fn touch_meta(&self, rows: &[Option<u32>]) {
-        let mut sink = 0u32;
+        let chunks: Vec<&[u64]> = self.meta_chunks.iter().map(Region::words).collect();
+        let mut sink = 0u64;
         for row in rows.iter().flatten() {
-            sink ^= self.meta[*row as usize].count;
+            let (chunk, place) = chunk_of(*row);
+            sink ^= chunks[chunk][place * META_WORDS];
         }
         black_box(sink);
+    }
+
+    fn meta(&self, row: u32) -> RowMeta {
+        let (chunk, place) = chunk_of(row);
+        let words = &self.meta_chunks[chunk].words()[place * META_WORDS..(place + 1) * META_WORDS];
+        RowMeta::from_words(words)
+    }
+
+    fn set_meta(&mut self, row: u32, meta: RowMeta) {
+        let (chunk, place) = chunk_of(row);
+        let words =
+            &mut self.meta_chunks[chunk].words_mut()[place * META_WORDS..(place + 1) * META_WORDS];
+        words.copy_from_slice(&meta.to_words());
     }
 
     /// A row for a new key: a recycled one, or the next in the arena. Initialised from the
@@ -680,22 +719,23 @@ impl Shard {
         let row = match self.free.pop() {
             Some(row) => row,
             None => {
-                let row = self.meta.len();
+                let row = self.rows;
                 let (chunk, place) = chunk_of(row as u32);
                 if place == 0 {
                     let rows = chunk_start(chunk + 1) - chunk_start(chunk);
                     // Two floats per word, rounded up.
                     self.chunks
                         .push(Region::zeroed((rows * table.stride).div_ceil(2)));
+                    self.meta_chunks.push(Region::zeroed(rows * META_WORDS));
                 }
-                self.meta.push(RowMeta::default());
+                self.rows += 1;
                 row as u32
             }
         };
         let (weights, state) = self.row_mut(row, table.stride, table.dim);
         table.init.fill(key, table.seed, weights);
         table.optimizer.init_state(weights, state);
-        self.meta[row as usize] = RowMeta::default();
+        self.set_meta(row, RowMeta::default());
         self.index.insert(key, row);
         row
     }

@@ -79,6 +79,13 @@ fn positions(n: usize, zipf: Option<f64>, count: usize, rng: &mut Rng) -> Vec<us
     }
 }
 
+/// Copies the rows at `positions` (of `dim` floats each) into `out`, in order.
+fn gather(rows: &[f32], positions: &[usize], dim: usize, out: &mut [f32]) {
+    for (slot, p) in positions.iter().enumerate() {
+        out[slot * dim..(slot + 1) * dim].copy_from_slice(&rows[p * dim..(p + 1) * dim]);
+    }
+}
+
 fn key_of(i: usize) -> u64 {
     // Keys look like hashed feature ids, not a dense range.
     (i as u64 ^ 0xdead_beef).wrapping_mul(0x9e37_79b9_7f4a_7c15)
@@ -130,28 +137,18 @@ fn run(c: &mut Criterion, n: usize, dim: usize) {
         group.throughput(Throughput::Elements(BATCH as u64));
         let mut out = vec![0.0f32; BATCH * dim];
         let mut i = 0;
-        group.bench_function("raw_gather", |b| {
-            b.iter(|| {
-                let batch = &batches[i % BATCHES];
-                i += 1;
-                for (slot, p) in batch.iter().enumerate() {
-                    out[slot * dim..(slot + 1) * dim]
-                        .copy_from_slice(&arena[p * dim..(p + 1) * dim]);
-                }
-                black_box(&out);
-            })
-        });
-        group.bench_function("raw_gather_huge_pages", |b| {
-            b.iter(|| {
-                let batch = &batches[i % BATCHES];
-                i += 1;
-                for (slot, p) in batch.iter().enumerate() {
-                    out[slot * dim..(slot + 1) * dim]
-                        .copy_from_slice(&huge_floats[p * dim..(p + 1) * dim]);
-                }
-                black_box(&out);
-            })
-        });
+        for (name, rows) in [
+            ("raw_gather", &arena[..]),
+            ("raw_gather_huge_pages", huge_floats),
+        ] {
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    gather(rows, &batches[i % BATCHES], dim, &mut out);
+                    i += 1;
+                    black_box(&out);
+                })
+            });
+        }
         group.bench_function("hashmap", |b| {
             b.iter(|| {
                 let batch = &key_batches[i % BATCHES];

@@ -4,7 +4,9 @@
 //! also misses the TLB. Runs of 2 MiB or more therefore come from an anonymous mapping
 //! aligned to 2 MiB and advised for transparent huge pages (honoured where the kernel's THP
 //! mode is `always` or `madvise`); on this machine that alone took a random gather over
-//! 1.3 GB from ~20M to ~45M rows/s. Smaller runs live on the heap, aligned by hand.
+//! 1.3 GB from ~20M to 28-50M rows/s, depending on the run. Smaller runs live on the heap,
+//! aligned by hand: a PS holds tables x 64 shards x (index + a few chunks) of them, and one
+//! mapping each would approach the kernel's limit of 65,530 mappings per process.
 
 use memmap2::{Advice, MmapMut};
 

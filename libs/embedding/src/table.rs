@@ -409,11 +409,7 @@ impl Table {
                     };
                     let (weights, state) = guard.row_mut(row, self.stride, dim);
                     self.optimizer.apply(weights, state, grad);
-                    let mut meta = guard.meta(row);
-                    meta.updated_at = now_secs;
-                    meta.count = meta.count.saturating_add(1);
-                    meta.version = version;
-                    guard.set_meta(row, meta);
+                    guard.record_update(row, now_secs, version);
                     outcome.applied += 1;
                 }
             }
@@ -704,6 +700,18 @@ impl Shard {
         let (chunk, place) = chunk_of(row);
         let words = &self.meta_chunks[chunk].words()[place * META_WORDS..(place + 1) * META_WORDS];
         RowMeta::from_words(words)
+    }
+
+    /// Stamps a row's metadata with an update: time, one more count, version.
+    fn record_update(&mut self, row: u32, now_secs: u32, version: u64) {
+        let (chunk, place) = chunk_of(row);
+        let words =
+            &mut self.meta_chunks[chunk].words_mut()[place * META_WORDS..(place + 1) * META_WORDS];
+        let mut meta = RowMeta::from_words(words);
+        meta.updated_at = now_secs;
+        meta.count = meta.count.saturating_add(1);
+        meta.version = version;
+        words.copy_from_slice(&meta.to_words());
     }
 
     fn set_meta(&mut self, row: u32, meta: RowMeta) {

@@ -72,6 +72,22 @@ impl JetStream {
         filter_subject: Option<String>,
         ack_wait: Duration,
     ) -> Result<Consumer<M>, BusError> {
+        // 0 leaves the server's default (1,000 messages delivered and not yet acked).
+        self.durable_consumer_with_window(stream_name, durable, filter_subject, ack_wait, 0)
+            .await
+    }
+
+    /// [`Self::durable_consumer`] that lets up to `max_ack_pending` delivered messages wait
+    /// unacked at once (the server stops delivering beyond it), for a consumer that holds
+    /// messages a long time, like a joiner waiting for actions.
+    pub async fn durable_consumer_with_window<M: Message + Default>(
+        &self,
+        stream_name: &str,
+        durable: &str,
+        filter_subject: Option<String>,
+        ack_wait: Duration,
+        max_ack_pending: i64,
+    ) -> Result<Consumer<M>, BusError> {
         let what = format!("consumer {durable} on stream {stream_name}");
         let stream = self
             .context
@@ -83,6 +99,7 @@ impl JetStream {
             filter_subject: filter_subject.unwrap_or_default(),
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait,
+            max_ack_pending,
             ..Default::default()
         };
         let inner = stream

@@ -56,7 +56,7 @@ pub enum WindowUnit {
     Daily,
 }
 
-/// Exactly one of `parquet` and `jetstream`.
+/// Exactly one of `parquet`, `jetstream` and `join`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataSource {
@@ -68,6 +68,15 @@ pub struct DataSource {
     pub parquet: Option<ParquetSource>,
     #[serde(default)]
     pub jetstream: Option<JetStreamSource>,
+    #[serde(default)]
+    pub join: Option<JoinSource>,
+}
+
+impl DataSource {
+    /// Whether the source is live (JetStream or joiner) rather than bounded Parquet.
+    pub fn is_stream(&self) -> bool {
+        self.jetstream.is_some() || self.join.is_some()
+    }
 }
 
 /// Files under `<uri>/date=YYYY-MM-DD/hour=HH/*.parquet` (hourly) or `<uri>/date=YYYY-MM-DD/` (daily).
@@ -82,6 +91,27 @@ pub struct ParquetSource {
 pub struct JetStreamSource {
     pub stream: String,
     pub subject: String,
+}
+
+/// Monolith's online joiner (§2.2.2): serving logs feature rows on `features`, user actions
+/// (the label) arrive on `actions`, both carrying `request_id`. A feature row waits for its
+/// action up to `wait_seconds` after it was stored in the stream (in memory, then on disk
+/// beyond `memory_rows`), is trained with the action's label when it comes, and as a
+/// negative (label 0) when it does not. An action waits as long for its features.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinSource {
+    /// The JetStream stream holding both subjects.
+    pub stream: String,
+    pub features: String,
+    pub actions: String,
+    /// Column present in both: integer or string.
+    pub request_id: String,
+    #[serde(default = "defaults::join_wait_seconds")]
+    pub wait_seconds: f64,
+    /// Waiting feature rows kept in memory; older messages' rows spill to local disk.
+    #[serde(default = "defaults::join_memory_rows")]
+    pub memory_rows: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -241,8 +271,8 @@ impl Validate for DataSource {
     fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
         check_name(errors, field(path, "name"), &self.name, false);
         check_positive(errors, field(path, "weight"), self.weight);
-        match (&self.parquet, &self.jetstream) {
-            (Some(parquet), None) => {
+        match (&self.parquet, &self.jetstream, &self.join) {
+            (Some(parquet), None, None) => {
                 if parquet.uri.trim().is_empty() {
                     fail(
                         errors,
@@ -251,25 +281,58 @@ impl Validate for DataSource {
                     );
                 }
             }
-            (None, Some(js)) => {
+            (None, Some(js), None) => {
                 let at = field(path, "jetstream");
-                if js.stream.is_empty() || js.stream.contains(['.', ' ', '*', '>']) {
-                    fail(
-                        errors,
-                        field(&at, "stream"),
-                        "must be a JetStream stream name (no '.', ' ', '*', '>')",
-                    );
-                }
-                if js.subject.is_empty() || js.subject.contains(char::is_whitespace) {
-                    fail(errors, field(&at, "subject"), "must be a NATS subject");
-                }
+                check_stream_name(errors, field(&at, "stream"), &js.stream);
+                check_subject(errors, field(&at, "subject"), &js.subject);
             }
+            (None, None, Some(join)) => join.validate(&field(path, "join"), errors),
             _ => fail(
                 errors,
                 path.to_owned(),
-                "needs exactly one of `parquet` and `jetstream`",
+                "needs exactly one of `parquet`, `jetstream` and `join`",
             ),
         }
+    }
+}
+
+impl Validate for JoinSource {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        check_stream_name(errors, field(path, "stream"), &self.stream);
+        check_subject(errors, field(path, "features"), &self.features);
+        check_subject(errors, field(path, "actions"), &self.actions);
+        if self.features == self.actions {
+            fail(
+                errors,
+                field(path, "actions"),
+                "must differ from `features` (the joiner tells the two apart by subject)",
+            );
+        }
+        if self.request_id.trim().is_empty() {
+            fail(
+                errors,
+                field(path, "request_id"),
+                "must name the column both subjects carry",
+            );
+        }
+        check_positive(errors, field(path, "wait_seconds"), self.wait_seconds);
+        check_positive(errors, field(path, "memory_rows"), self.memory_rows as f64);
+    }
+}
+
+fn check_stream_name(errors: &mut Vec<FieldError>, at: String, stream: &str) {
+    if stream.is_empty() || stream.contains(['.', ' ', '*', '>']) {
+        fail(
+            errors,
+            at,
+            "must be a JetStream stream name (no '.', ' ', '*', '>')",
+        );
+    }
+}
+
+fn check_subject(errors: &mut Vec<FieldError>, at: String, subject: &str) {
+    if subject.is_empty() || subject.contains(char::is_whitespace) {
+        fail(errors, at, "must be a NATS subject");
     }
 }
 

@@ -62,3 +62,12 @@ pub fn batch_size() -> u32 {
 pub fn eval_window() -> u32 {
     100_000
 }
+
+/// How long a joiner's feature row waits for its action (Monolith keeps it minutes).
+pub fn join_wait_seconds() -> f64 {
+    600.0
+}
+
+pub fn join_memory_rows() -> u64 {
+    100_000
+}

@@ -198,6 +198,54 @@ spec:
 }
 
 #[test]
+fn a_join_source_parses_with_defaults_and_its_fields_are_checked() {
+    let dataset = |join: &str| {
+        format!(
+            r#"
+kind: Dataset
+metadata: {{name: d}}
+spec:
+  streams:
+    - name: s
+      window: {{unit: hourly, start: "2026-01-01T00"}}
+      sources:
+        - {{name: joined, join: {join}}}
+  schema: {{label: y, sparse: [{{name: f, table: t}}]}}
+"#
+        )
+    };
+    let good =
+        dataset("{stream: LOG, features: log.features, actions: log.actions, request_id: rid}");
+    let resources = parse_documents("d.yaml", &good).expect("valid join source");
+    let Resource::Dataset(parsed) = &resources[0] else {
+        panic!("a Dataset")
+    };
+    let source = &parsed.spec.streams[0].sources[0];
+    assert!(source.is_stream());
+    let join = source.join.as_ref().expect("join");
+    assert_eq!((join.wait_seconds, join.memory_rows), (600.0, 100_000));
+
+    let bad =
+        dataset("{stream: L.G, features: log.x, actions: log.x, request_id: ' ', wait_seconds: 0}");
+    let Err(SpecError::Invalid { errors, .. }) = parse_documents("d.yaml", &bad) else {
+        panic!("expected validation errors")
+    };
+    let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    let all = all.join("\n");
+    for path in [
+        "join.stream",
+        "join.actions",
+        "join.request_id",
+        "join.wait_seconds",
+    ] {
+        assert!(
+            all.contains(&format!("spec.streams[0].sources[0].{path}")),
+            "{path} missing from {all}"
+        );
+    }
+}
+
+#[test]
 fn json_files_work_and_spec_json_round_trips() {
     let resources = parse_documents("job.yaml", JOB).expect("valid");
     let job = &resources[0];

@@ -26,6 +26,7 @@ use tracing::Instrument;
 
 use crate::barrier::Barrier;
 use crate::buffer::Buffers;
+use crate::join::{JoinGauges, JoinRunner};
 use crate::ledger::{ReadEnd, TaskLedger};
 use crate::runner::BatchRunner;
 use crate::settings::DataSettings;
@@ -47,6 +48,8 @@ pub struct Executor {
     rejected_messages: AtomicU64,
     /// Backlog and lag of each stream source this executor consumes, by source name.
     streams: Mutex<HashMap<String, Arc<StreamGauges>>>,
+    /// Counters of each join source this executor runs, by source name.
+    joins: Mutex<HashMap<String, Arc<JoinGauges>>>,
     /// The master's checkpoint pause.
     pub barrier: Barrier,
     pub shutdown: Shutdown,
@@ -58,7 +61,7 @@ fn sources(dataset: &DatasetSpec) -> Vec<(String, SourceKind, f64)> {
         .iter()
         .flat_map(|s| &s.sources)
         .map(|source| {
-            let kind = if source.jetstream.is_some() {
+            let kind = if source.is_stream() {
                 SourceKind::Stream
             } else {
                 SourceKind::Batch
@@ -88,6 +91,7 @@ impl Executor {
             rows_served: AtomicU64::new(0),
             rejected_messages: AtomicU64::new(0),
             streams: Mutex::new(HashMap::new()),
+            joins: Mutex::new(HashMap::new()),
             barrier: Barrier::default(),
             shutdown,
         }
@@ -125,6 +129,23 @@ impl Executor {
     fn stream_gauges(&self, source: &str) -> Arc<StreamGauges> {
         let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         streams.entry(source.to_owned()).or_default().clone()
+    }
+
+    /// Where join sources spill waiting feature rows: `data.join_spill_dir`, else a
+    /// directory of this executor's under the system's temporary directory.
+    fn spill_dir(&self) -> std::path::PathBuf {
+        match &self.settings.join_spill_dir {
+            Some(dir) => dir.clone(),
+            None => std::env::temp_dir().join(format!(
+                "primus-join-{}-{}",
+                self.identity.job, self.identity.executor_id
+            )),
+        }
+    }
+
+    fn join_gauges(&self, source: &str) -> Arc<JoinGauges> {
+        let mut joins = self.joins.lock().unwrap_or_else(|p| p.into_inner());
+        joins.entry(source.to_owned()).or_default().clone()
     }
 
     fn ledgers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<TaskLedger>>> {
@@ -219,6 +240,7 @@ impl Executor {
         let kind = match &task.work {
             Some(data_task::Work::Batch(_)) => "batch",
             Some(data_task::Work::Stream(_)) => "stream",
+            Some(data_task::Work::Join(_)) => "join",
             None => "none",
         };
         let files = match &task.work {
@@ -275,6 +297,24 @@ impl Executor {
                     ack_wait: Duration::from_millis(self.settings.stream_ack_wait_ms.max(1000)),
                     rejected: &self.rejected_messages,
                     gauges: &self.stream_gauges(&task.source),
+                };
+                tokio::select! {
+                    _ = runner.run(source, work, task.start_offset, &ledger) => {}
+                    _ = self.shutdown.wait() => {}
+                }
+            }
+            (Some(data_task::Work::Join(work)), Some(source)) => {
+                let runner = JoinRunner {
+                    buffers: &self.buffers,
+                    pipeline: &self.pipeline,
+                    jetstream,
+                    fetch_messages: self.settings.stream_fetch_messages.max(1),
+                    fetch_wait: Duration::from_millis(self.settings.stream_fetch_wait_ms.max(10)),
+                    ack_wait: Duration::from_millis(self.settings.stream_ack_wait_ms.max(1000)),
+                    spill_dir: self.spill_dir(),
+                    rejected: &self.rejected_messages,
+                    gauges: &self.stream_gauges(&task.source),
+                    join_gauges: &self.join_gauges(&task.source),
                 };
                 tokio::select! {
                     _ = runner.run(source, work, task.start_offset, &ledger) => {}
@@ -369,7 +409,7 @@ impl Executor {
         let mut last_served = (std::time::Instant::now(), 0u64);
         loop {
             ticks.tick().await;
-            let now_ms = unix_ms();
+            let now_ms = crate::unix_ms();
             let beat = Heartbeat {
                 job: id.job.clone(),
                 endpoint: Some(endpoint.clone()),
@@ -403,6 +443,20 @@ impl Executor {
                     stream.lag_seconds(now_ms),
                 );
             }
+            for (source, join) in self.joins.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                for (name, counter) in [
+                    ("join_joined_rows", &join.joined_rows),
+                    ("join_negative_rows", &join.negative_rows),
+                    ("join_dropped_actions", &join.dropped_actions),
+                    ("join_waiting_memory_rows", &join.waiting_memory_rows),
+                    ("join_waiting_disk_rows", &join.waiting_disk_rows),
+                ] {
+                    gauges.insert(
+                        format!("{name}.{source}"),
+                        counter.load(Ordering::Relaxed) as f64,
+                    );
+                }
+            }
             gauges.insert(
                 "stream_rejected_messages".into(),
                 self.rejected_messages.load(Ordering::Relaxed) as f64,
@@ -425,12 +479,6 @@ impl Executor {
             }
         }
     }
-}
-
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// The master may still be starting: retry for a while.

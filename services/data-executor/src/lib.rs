@@ -2,7 +2,8 @@
 //! several data tasks at once (Parquet row groups of the task's files, only the schema's
 //! columns, from the task's offset; or a stream source's JetStream subject through a
 //! durable consumer, acking each message once its rows are buffered, so an executor that
-//! dies loses nothing unbuffered), turns rows into minibatches with the Dataset's
+//! dies loses nothing unbuffered; or an online joiner pairing a features subject with an
+//! actions subject by request id, `join`), turns rows into minibatches with the Dataset's
 //! feature pipeline, holds them in bounded per-source serving buffers, and serves them to
 //! trainers over `DatasetService.StreamMinibatches`, choosing the source by Algorithm 2.
 //! A task's offset as reported to the master counts rows *served*, so a crash loses no
@@ -12,6 +13,7 @@
 mod barrier;
 mod buffer;
 mod executor;
+mod join;
 mod ledger;
 pub mod reader;
 mod runner;
@@ -27,6 +29,13 @@ use primus_service::{ExecutorIdentity, Node, Shutdown};
 use tonic::service::Routes;
 
 pub use buffer::priority;
+
+/// Wall-clock now, in unix milliseconds.
+pub(crate) fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
 pub use settings::DataExecutorSettings;
 
 pub const SERVICE: &str = "primus-data-executor";

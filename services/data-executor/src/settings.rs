@@ -48,6 +48,9 @@ pub struct DataSettings {
     /// delivered again, to this or another executor. While a full buffer holds a fetch
     /// back, its messages are kept alive with in-progress acks.
     pub stream_ack_wait_ms: u64,
+    /// Join sources: where feature rows beyond a source's `memory_rows` wait on disk
+    /// (unset: a directory under the system's temporary directory).
+    pub join_spill_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for DataSettings {
@@ -65,6 +68,7 @@ impl Default for DataSettings {
             stream_fetch_messages: 64,
             stream_fetch_wait_ms: 500,
             stream_ack_wait_ms: 30_000,
+            join_spill_dir: None,
         }
     }
 }

@@ -33,6 +33,16 @@ impl StreamGauges {
         self.pending.load(Ordering::Relaxed)
     }
 
+    pub(crate) fn set_pending(&self, messages: u64) {
+        self.pending.store(messages, Ordering::Relaxed);
+    }
+
+    /// A message the stream stored at `stored_ms` is in this executor's hands.
+    pub(crate) fn taken_in(&self, stored_ms: i64) {
+        self.newest_buffered_ms
+            .fetch_max(stored_ms, Ordering::Relaxed);
+    }
+
     /// Seconds between now and the newest buffered message's arrival in the stream while
     /// messages are pending; 0 when caught up (a quiet stream is not a lagging one).
     pub fn lag_seconds(&self, now_ms: i64) -> f64 {
@@ -139,9 +149,7 @@ impl StreamRunner<'_> {
                     .await;
                 offset += rows;
                 if let Ok(stored) = delivery.stored_unix_ms() {
-                    self.gauges
-                        .newest_buffered_ms
-                        .fetch_max(stored, Ordering::Relaxed);
+                    self.gauges.taken_in(stored);
                 }
                 if let Err(e) = delivery.ack().await {
                     // Buffered but unacked: it will be delivered again (at most a duplicate).
@@ -154,8 +162,7 @@ impl StreamRunner<'_> {
     async fn check_backlog(&self, consumer: &Consumer<SampleRows>) {
         if let Ok(backlog) = consumer.backlog().await {
             self.gauges
-                .pending
-                .store(backlog.pending + backlog.ack_pending, Ordering::Relaxed);
+                .set_pending(backlog.pending + backlog.ack_pending);
         }
     }
 
@@ -209,7 +216,7 @@ impl StreamRunner<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use arrow::array::{ArrayRef, RecordBatch, UInt64Array};
@@ -245,13 +252,13 @@ mod tests {
     }
 
     /// The key the pipeline makes of c1 = `id`, mapped back to the id.
-    fn ids_by_key(ids: std::ops::Range<u64>) -> BTreeMap<u64, u64> {
+    pub(crate) fn ids_by_key(ids: std::ops::Range<u64>) -> BTreeMap<u64, u64> {
         let seed = primus_batch::hash::feature_seed("c1");
         ids.map(|id| (primus_batch::hash::int_key(seed, id), id))
             .collect()
     }
 
-    async fn connect(nats: &NatsServer) -> JetStream {
+    pub(crate) async fn connect(nats: &NatsServer) -> JetStream {
         let settings = NatsSettings {
             url: nats.url(),
             ..Default::default()

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use primus_bus::Bus;
-use primus_proto::v1::{DataTask, Heartbeat, StreamWork, data_task};
+use primus_proto::v1::{DataTask, Heartbeat, JoinWork, StreamWork, data_task};
 use primus_spec::dataset::{DataSource, DatasetSpec, StreamOrder};
 use primus_spec::job::TrainingMode;
 
@@ -48,7 +48,7 @@ pub fn reads(mode: TrainingMode) -> (bool, bool) {
 pub fn check_mode(mode: TrainingMode, dataset: &DatasetSpec) -> Result<(), String> {
     let sources = || dataset.streams.iter().flat_map(|s| &s.sources);
     let has_parquet = sources().any(|s| s.parquet.is_some());
-    let has_jetstream = sources().any(|s| s.jetstream.is_some());
+    let has_jetstream = sources().any(DataSource::is_stream);
     let needs = match mode {
         TrainingMode::Batch => (!has_parquet).then_some("a Parquet source"),
         TrainingMode::Stream => (!has_jetstream).then_some("a JetStream source"),
@@ -126,23 +126,37 @@ pub fn stream_plans(dataset: &DatasetSpec) -> Result<Vec<StreamPlan>, DriverErro
     Ok(plans)
 }
 
-/// The stream bindings of every JetStream source.
+/// The stream bindings of every JetStream and joiner source.
 pub fn stream_tasks(job: &str, dataset: &DatasetSpec) -> Vec<DataTask> {
     dataset
         .streams
         .iter()
         .flat_map(|s| &s.sources)
         .filter_map(|source| {
-            let js = source.jetstream.as_ref()?;
+            let durable = format!("{job}-{}", source.name);
+            let work = match (&source.jetstream, &source.join) {
+                (Some(js), _) => data_task::Work::Stream(StreamWork {
+                    stream: js.stream.clone(),
+                    subject: js.subject.clone(),
+                    durable,
+                }),
+                (None, Some(join)) => data_task::Work::Join(JoinWork {
+                    stream: join.stream.clone(),
+                    features_subject: join.features.clone(),
+                    actions_subject: join.actions.clone(),
+                    request_id_column: join.request_id.clone(),
+                    wait_ms: (join.wait_seconds * 1000.0).round() as u64,
+                    memory_rows: join.memory_rows,
+                    features_durable: format!("{durable}-features"),
+                    actions_durable: format!("{durable}-actions"),
+                }),
+                (None, None) => return None,
+            };
             Some(DataTask {
                 id: format!("{}/stream", source.name),
                 job: job.to_owned(),
                 source: source.name.clone(),
-                work: Some(data_task::Work::Stream(StreamWork {
-                    stream: js.stream.clone(),
-                    subject: js.subject.clone(),
-                    durable: format!("{job}-{}", source.name),
-                })),
+                work: Some(work),
                 ..DataTask::default()
             })
         })
@@ -261,6 +275,8 @@ mod tests {
     fn a_mode_needs_the_sources_it_reads() {
         let parquet = dataset("{name: p, parquet: {uri: /data}}");
         let jetstream = dataset("{name: j, jetstream: {stream: S, subject: s.x}}");
+        let join =
+            dataset("{name: j, join: {stream: S, features: s.f, actions: s.a, request_id: rid}}");
         let both = dataset(
             "{name: p, parquet: {uri: /data}}, {name: j, jetstream: {stream: S, subject: s.x}}",
         );
@@ -270,6 +286,7 @@ mod tests {
         }
         assert_eq!(check_mode(Batch, &parquet), Ok(()));
         assert_eq!(check_mode(Stream, &jetstream), Ok(()));
+        assert_eq!(check_mode(Stream, &join), Ok(()));
         assert_eq!(
             check_mode(Batch, &jetstream),
             Err("spec.mode batch: needs a Parquet source in the Dataset".into())
@@ -284,6 +301,29 @@ mod tests {
                 "spec.mode mixture: needs both a Parquet and a JetStream source in the Dataset"
                     .into()
             )
+        );
+    }
+
+    #[test]
+    fn a_join_source_is_one_binding_with_a_durable_per_subject() {
+        let tasks = stream_tasks(
+            "ctr",
+            &dataset(
+                "{name: p, parquet: {uri: /data}}, {name: j, join: {stream: S, features: s.f, actions: s.a, request_id: rid, wait_seconds: 1.5}}",
+            ),
+        );
+        assert_eq!(tasks.len(), 1);
+        assert_eq!(tasks[0].id, "j/stream");
+        let Some(data_task::Work::Join(work)) = &tasks[0].work else {
+            panic!("a join binding: {:?}", tasks[0].work)
+        };
+        assert_eq!(work.wait_ms, 1500);
+        assert_eq!(
+            (
+                work.features_durable.as_str(),
+                work.actions_durable.as_str()
+            ),
+            ("ctr-j-features", "ctr-j-actions")
         );
     }
 }

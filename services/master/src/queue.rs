@@ -40,7 +40,7 @@ pub enum QueueError {
 /// What [`TaskQueue::acquire`] found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Acquired {
-    Task(DataTask),
+    Task(Box<DataTask>),
     /// Tasks are pending, but all are further ahead of the oldest open window than
     /// `max_lead_hours` allows.
     Throttled,
@@ -407,7 +407,7 @@ impl TaskQueue {
                 })?;
                 task.start_offset = parse_number(field(2));
                 task.attempt = parse_number(field(3)) as u32;
-                Ok(Acquired::Task(task))
+                Ok(Acquired::Task(Box::new(task)))
             }
             Some(b"throttled") => Ok(Acquired::Throttled),
             _ => Ok(Acquired::Empty),

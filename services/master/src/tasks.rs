@@ -105,7 +105,7 @@ impl TaskService for Tasks {
             .await
             .map_err(unavailable)?;
         let (task, exhausted) = match acquired {
-            Acquired::Task(task) => (Some(task), false),
+            Acquired::Task(task) => (Some(*task), false),
             Acquired::Throttled => (None, false),
             Acquired::Empty => {
                 let bounded = job.bounded.load(std::sync::atomic::Ordering::Acquire);

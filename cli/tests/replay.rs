@@ -95,3 +95,104 @@ async fn replay_publishes_every_row_in_time_order() {
     assert_eq!(run.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("no .parquet file"), "{stderr}");
 }
+
+/// Rows `ids` with a label (1 for every third id) under `<dir>/<partition>/`.
+async fn write_labelled_rows(dir: &Path, partition: &str, ids: std::ops::Range<u64>) {
+    let location =
+        primus_storage::open(dir.to_str().expect("utf-8"), &Default::default()).expect("location");
+    let labels: ArrayRef = Arc::new(UInt64Array::from_iter_values(
+        ids.clone().map(|id| u64::from(id % 3 == 0)),
+    ));
+    let column: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids));
+    let batch = RecordBatch::try_from_iter([("id", column), ("label", labels)]).expect("batch");
+    let path = location.path(&format!("{partition}/part-00000.parquet"));
+    primus_storage::parquet::write(&location, &path, batch.schema(), [batch], None)
+        .await
+        .expect("write");
+}
+
+fn u64s(rows: &RecordBatch, column: &str) -> Vec<u64> {
+    let values = rows.column_by_name(column).expect(column);
+    let values = arrow::compute::cast(values, &arrow::datatypes::DataType::UInt64).expect("u64");
+    let values = values
+        .as_any()
+        .downcast_ref::<UInt64Array>()
+        .expect("u64")
+        .clone();
+    values.values().to_vec()
+}
+
+/// `--actions-subject` splits the rows into a joiner's two logs: every row's features with
+/// a request id, and an action (request id, label) for every positive row only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_publishes_a_joiners_features_and_actions_logs() {
+    let nats = NatsServer::start().expect("nats-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    write_labelled_rows(&data, "date=2026-11-01/hour=00", 0..30).await;
+    let run = Command::new(primus())
+        .args(["replay", "--stream", "LOG", "--subject", "log.features"])
+        .args([
+            "--actions-subject",
+            "log.actions",
+            "--action-delay-ms",
+            "100",
+        ])
+        .args([
+            "--rows-per-message",
+            "8",
+            "--nats-url",
+            &nats.url(),
+            "--from",
+        ])
+        .arg(&data)
+        .output()
+        .expect("run primus");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{run:?}");
+    assert!(
+        stdout.contains("published 4 action messages (the positive rows) to log.actions"),
+        "{stdout}"
+    );
+
+    let settings = NatsSettings {
+        url: nats.url(),
+        ..Default::default()
+    };
+    let js = Bus::connect(&settings).await.expect("connect").jetstream();
+    let mut by_request = std::collections::HashMap::new();
+    let mut clicked = Vec::new();
+    for (durable, subject) in [("f", "log.features"), ("a", "log.actions")] {
+        let consumer = js
+            .durable_consumer::<SampleRows>(
+                "LOG",
+                durable,
+                Some(subject.into()),
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("consumer");
+        let fetched = consumer
+            .fetch(100, Duration::from_secs(1))
+            .await
+            .expect("fetch");
+        for delivery in &fetched.deliveries {
+            let rows =
+                primus_batch::ipc::decode_rows(&delivery.received.message.arrow_ipc).expect("rows");
+            let requests = u64s(&rows, "request_id");
+            if subject == "log.features" {
+                assert!(
+                    rows.column_by_name("label").is_none(),
+                    "features carry no label"
+                );
+                by_request.extend(requests.into_iter().zip(u64s(&rows, "id")));
+            } else {
+                assert_eq!(u64s(&rows, "label"), vec![1; requests.len()]);
+                clicked.extend(requests);
+            }
+        }
+    }
+    assert_eq!(by_request.len(), 30, "one request id per row");
+    let clicked: Vec<u64> = clicked.iter().map(|r| by_request[r]).collect();
+    assert_eq!(clicked, (0..30).step_by(3).collect::<Vec<_>>());
+}

@@ -933,6 +933,108 @@ async fn an_online_job_trains_on_every_row_published_to_its_jetstream_subject() 
     master.wait().expect("master exits");
 }
 
+/// Publishes feature rows with c1 = request id = each of `ids` on `log.features`, and a
+/// click (label 1) for each odd id on `log.actions`.
+async fn publish_features_and_clicks(
+    js: &primus_bus::jetstream::JetStream,
+    ids: std::ops::Range<u64>,
+) {
+    let rids: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids.clone()));
+    let rows = RecordBatch::try_from_iter([("rid", rids.clone()), ("c1", rids)]).expect("rows");
+    let odd: Vec<u64> = ids.filter(|i| i % 2 == 1).collect();
+    let labels: ArrayRef = Arc::new(UInt64Array::from(vec![1; odd.len()]));
+    let odd: ArrayRef = Arc::new(UInt64Array::from(odd));
+    let clicks = RecordBatch::try_from_iter([("rid", odd), ("label", labels)]).expect("rows");
+    for (subject, rows) in [("log.features", rows), ("log.actions", clicks)] {
+        let message = primus_proto::v1::SampleRows {
+            arrow_ipc: primus_batch::ipc::encode_rows(&rows).expect("encode"),
+        };
+        js.publish(subject.into(), &message).await.expect("publish");
+    }
+}
+
+/// The latest value of each of `names` in the job's Metric resource, once all exist.
+async fn latest_metrics(cluster: &Cluster, job: &str, names: &[&str]) -> Option<Vec<f64>> {
+    let metric = cluster.client().await.get(Kind::Metric, job).await.ok()?;
+    let spec: primus_spec::metric::MetricSpec = serde_json::from_str(&metric.spec_json).ok()?;
+    names
+        .iter()
+        .map(|name| {
+            let series = spec.series.iter().find(|s| s.name == *name)?;
+            series.points.last().map(|p| p.value)
+        })
+        .collect()
+}
+
+/// An online job over a join source: features and clicks (clicks of the first rows before
+/// their features, of the later ones after) join in the real data executor; every feature
+/// row is trained once, clicked ones as positives and the rest as negatives after the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_online_job_trains_on_joined_features_and_actions() {
+    let cluster = Cluster::start().await;
+    let js = cluster.jetstream().await;
+    js.ensure_stream("LOG", vec!["log.>".into()])
+        .await
+        .expect("stream");
+    for i in 0..6 {
+        publish_features_and_clicks(&js, i * 50..(i + 1) * 50).await;
+    }
+    cluster
+        .apply(
+            r#"
+kind: Dataset
+metadata: {name: joined-data}
+spec:
+  streams:
+    - name: live
+      window: {unit: hourly, start: "2026-11-01T00"}
+      sources:
+        - name: joined
+          join: {stream: LOG, features: log.features, actions: log.actions, request_id: rid, wait_seconds: 1}
+  schema: {label: label, sparse: [{name: c1, table: t}]}
+---
+kind: Job
+metadata: {name: joined}
+spec:
+  dataset: joined-data
+  mode: stream
+  model:
+    kind: wide_deep
+    tables: [{name: t, dim: 4, optimizer: {kind: sgd, learning_rate: 0.1}}]
+    dense: {top: [8, 1]}
+  training: {batch_size: 64}
+  topology:
+    data_executors: {replicas: 1}
+    trainers: {replicas: 1}
+    ps: {replicas: 1}
+"#,
+        )
+        .await;
+    let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
+    wait_for_samples(&cluster, "joined", 300).await;
+    let names = [
+        "join_joined_rows.joined",
+        "join_negative_rows.joined",
+        "join_dropped_actions.joined",
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let latest = latest_metrics(&cluster, "joined", &names).await;
+        if latest == Some(vec![150.0, 150.0, 0.0]) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "join gauges: {latest:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(cluster.status("joined").await.phase, Phase::Running);
+    cluster.delete_job("joined").await;
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+}
+
 /// Killing an online job's data executor: the backend restarts it, the stream binding goes
 /// to the new process, and its durable consumer gets everything the dead one had not acked.
 /// The first 500 rows were all trained (so nothing was left in the dead one's buffer), so

@@ -112,6 +112,31 @@ impl JetStream {
             _message: PhantomData,
         })
     }
+
+    /// The durable consumer `durable` of `stream_name` as its creator configured it, or
+    /// an error when it does not exist (yet).
+    pub async fn existing_consumer<M: Message + Default>(
+        &self,
+        stream_name: &str,
+        durable: &str,
+    ) -> Result<Consumer<M>, BusError> {
+        let what = format!("consumer {durable} on stream {stream_name}");
+        let stream = self
+            .context
+            .get_stream(stream_name)
+            .await
+            .map_err(|e| js_error(what.clone())(e.to_string()))?;
+        let inner: consumer::PullConsumer = stream
+            .get_consumer(durable)
+            .await
+            .map_err(|e| js_error(what)(e.to_string()))?;
+        let ack_wait = inner.cached_info().config.ack_wait;
+        Ok(Consumer {
+            inner,
+            ack_wait,
+            _message: PhantomData,
+        })
+    }
 }
 
 /// A durable pull consumer decoding messages as `M`.

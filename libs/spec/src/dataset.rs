@@ -77,6 +77,12 @@ impl DataSource {
     pub fn is_stream(&self) -> bool {
         self.jetstream.is_some() || self.join.is_some()
     }
+
+    /// The JetStream durable consumer of this source in `job`: the same for every
+    /// executor that consumes it (a join source's two add `-features` and `-actions`).
+    pub fn durable(&self, job: &str) -> String {
+        format!("{job}-{}", self.name)
+    }
 }
 
 /// Files under `<uri>/date=YYYY-MM-DD/hour=HH/*.parquet` (hourly) or `<uri>/date=YYYY-MM-DD/` (daily).

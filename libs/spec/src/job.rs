@@ -225,6 +225,22 @@ pub struct TrainingSpec {
     /// before it was trained on).
     #[serde(default = "defaults::eval_window")]
     pub eval_window: u32,
+    /// How stream partitions are loaded (Primus Table 2).
+    #[serde(default)]
+    pub stream_loading: StreamLoading,
+}
+
+/// Primus's two stream loading modes (Table 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamLoading {
+    /// Each executor pre-processes only the stream partitions bound to it.
+    #[default]
+    Forward,
+    /// An executor whose own partitions are caught up also takes raw messages of a
+    /// partition that is behind (from the same durable consumer as its holder), so a hot
+    /// partition spreads over the executors that have time.
+    Rebalance,
 }
 
 impl Default for TrainingSpec {
@@ -233,6 +249,7 @@ impl Default for TrainingSpec {
             batch_size: defaults::batch_size(),
             dense_pull_every: 1,
             eval_window: defaults::eval_window(),
+            stream_loading: StreamLoading::default(),
         }
     }
 }

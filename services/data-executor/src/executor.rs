@@ -15,11 +15,12 @@ use primus_config::StorageSettings;
 use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::{
     AcquireTaskRequest, DataTask, Endpoint, FinishTaskRequest, Heartbeat, MetricsReport,
-    RegisterExecutorRequest, ReportProgressRequest, Role, SourceKind, data_task,
+    RegisterExecutorRequest, ReportProgressRequest, Role, SourceKind, StreamWork, data_task,
 };
 use primus_service::usage::{UsageSampler, resident_bytes};
 use primus_service::{ExecutorIdentity, Shutdown};
 use primus_spec::dataset::DatasetSpec;
+use primus_spec::job::StreamLoading;
 use tokio::sync::Semaphore;
 use tonic::transport::Channel;
 use tracing::Instrument;
@@ -28,6 +29,7 @@ use crate::barrier::Barrier;
 use crate::buffer::Buffers;
 use crate::join::{JoinGauges, JoinRunner};
 use crate::ledger::{ReadEnd, TaskLedger};
+use crate::rebalance::{Rebalancer, StreamPartition};
 use crate::runner::BatchRunner;
 use crate::settings::DataSettings;
 use crate::stream::{StreamGauges, StreamRunner};
@@ -50,6 +52,10 @@ pub struct Executor {
     streams: Mutex<HashMap<String, Arc<StreamGauges>>>,
     /// Counters of each join source this executor runs, by source name.
     joins: Mutex<HashMap<String, Arc<JoinGauges>>>,
+    /// The Dataset's JetStream sources, which `rebalance` loading may help with.
+    partitions: Vec<StreamPartition>,
+    /// JetStream sources whose binding this executor holds now.
+    held_streams: Mutex<std::collections::HashSet<String>>,
     /// The master's checkpoint pause.
     pub barrier: Barrier,
     pub shutdown: Shutdown,
@@ -71,6 +77,27 @@ fn sources(dataset: &DatasetSpec) -> Vec<(String, SourceKind, f64)> {
         .collect()
 }
 
+/// Every JetStream source of the Dataset with its buffer and durable consumer.
+fn partitions(job: &str, dataset: &DatasetSpec, buffers: &Buffers) -> Vec<StreamPartition> {
+    dataset
+        .streams
+        .iter()
+        .flat_map(|s| &s.sources)
+        .filter_map(|source| {
+            let js = source.jetstream.as_ref()?;
+            Some(StreamPartition {
+                name: source.name.clone(),
+                buffer: buffers.source_index(&source.name)?,
+                work: StreamWork {
+                    stream: js.stream.clone(),
+                    subject: js.subject.clone(),
+                    durable: source.durable(job),
+                },
+            })
+        })
+        .collect()
+}
+
 impl Executor {
     pub fn new(
         identity: ExecutorIdentity,
@@ -79,9 +106,12 @@ impl Executor {
         settings: DataSettings,
         shutdown: Shutdown,
     ) -> Self {
+        let buffers = Buffers::new(sources(dataset), settings.buffer_rows);
         Self {
+            partitions: partitions(&identity.job, dataset, &buffers),
+            held_streams: Mutex::new(Default::default()),
             identity,
-            buffers: Buffers::new(sources(dataset), settings.buffer_rows),
+            buffers,
             pipeline: FeaturePipeline::new(&dataset.schema),
             storage,
             settings,
@@ -172,6 +202,8 @@ impl Executor {
         let beats = tokio::spawn(self.clone().heartbeats(bus.clone(), heartbeat));
         let reporter = tokio::spawn(self.clone().report_progress(client.clone()));
         let jetstream = bus.jetstream();
+        let helper = (self.settings.stream_loading == StreamLoading::Rebalance)
+            .then(|| tokio::spawn(self.clone().rebalance(jetstream.clone())));
         let result = self.acquire_tasks(&mut client, &shutdown, &jetstream).await;
         if result.is_ok() {
             // Keep reporting until the last served rows close their tasks.
@@ -181,7 +213,33 @@ impl Executor {
         }
         reporter.abort();
         beats.abort();
+        if let Some(helper) = helper {
+            helper.abort();
+        }
         result
+    }
+
+    /// `rebalance` loading: helps with other executors' partitions that are behind.
+    async fn rebalance(self: Arc<Self>, jetstream: JetStream) {
+        let rebalancer = Rebalancer {
+            buffers: &self.buffers,
+            pipeline: &self.pipeline,
+            jetstream: &jetstream,
+            fetch_messages: self.settings.stream_fetch_messages.max(1),
+            fetch_wait: Duration::from_millis(self.settings.stream_fetch_wait_ms.max(10)),
+            ack_wait: Duration::from_millis(self.settings.stream_ack_wait_ms.max(1000)),
+            rejected: &self.rejected_messages,
+            partitions: self.partitions.clone(),
+        };
+        let holds = |source: &str| self.held_streams().contains(source);
+        tokio::select! {
+            _ = rebalancer.run(|source| self.stream_gauges(source), holds) => {}
+            _ = self.shutdown.wait() => {}
+        }
+    }
+
+    fn held_streams(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.held_streams.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     async fn acquire_tasks(
@@ -288,6 +346,7 @@ impl Executor {
                 ),
             }),
             (Some(data_task::Work::Stream(work)), Some(source)) => {
+                self.held_streams().insert(task.source.clone());
                 let runner = StreamRunner {
                     buffers: &self.buffers,
                     pipeline: &self.pipeline,
@@ -302,6 +361,7 @@ impl Executor {
                     _ = runner.run(source, work, task.start_offset, &ledger) => {}
                     _ = self.shutdown.wait() => {}
                 }
+                self.held_streams().remove(&task.source);
             }
             (Some(data_task::Work::Join(work)), Some(source)) => {
                 let runner = JoinRunner {

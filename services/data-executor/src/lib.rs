@@ -3,7 +3,8 @@
 //! columns, from the task's offset; or a stream source's JetStream subject through a
 //! durable consumer, acking each message once its rows are buffered, so an executor that
 //! dies loses nothing unbuffered; or an online joiner pairing a features subject with an
-//! actions subject by request id, `join`), turns rows into minibatches with the Dataset's
+//! actions subject by request id, `join`; with `rebalance` loading, also other
+//! executors' partitions that are behind, `rebalance`), turns rows into minibatches with the Dataset's
 //! feature pipeline, holds them in bounded per-source serving buffers, and serves them to
 //! trainers over `DatasetService.StreamMinibatches`, choosing the source by Algorithm 2.
 //! A task's offset as reported to the master counts rows *served*, so a crash loses no
@@ -16,6 +17,7 @@ mod executor;
 mod join;
 mod ledger;
 pub mod reader;
+mod rebalance;
 mod runner;
 mod server;
 pub mod settings;

@@ -6,6 +6,7 @@ use primus_config::{
 };
 use primus_service::ServiceSettings;
 use primus_spec::dataset::DatasetSpec;
+use primus_spec::job::StreamLoading;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -51,6 +52,9 @@ pub struct DataSettings {
     /// Join sources: where feature rows beyond a source's `memory_rows` wait on disk
     /// (unset: a directory under the system's temporary directory).
     pub join_spill_dir: Option<std::path::PathBuf>,
+    /// `rebalance`: also take raw messages of other executors' stream partitions that
+    /// are behind, while this executor's own are caught up (Primus Table 2).
+    pub stream_loading: StreamLoading,
 }
 
 impl Default for DataSettings {
@@ -69,6 +73,7 @@ impl Default for DataSettings {
             stream_fetch_wait_ms: 500,
             stream_ack_wait_ms: 30_000,
             join_spill_dir: None,
+            stream_loading: StreamLoading::Forward,
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::TryFutureExt;
 use primus_batch::{FeaturePipeline, Minibatch, ipc};
-use primus_bus::jetstream::{Consumer, Delivery, JetStream};
+use primus_bus::jetstream::{Consumer, Delivery, Fetched, JetStream};
 use primus_proto::v1::{SampleRows, StreamWork};
 
 use crate::buffer::{Buffers, Chunk, SourceIndex};
@@ -121,45 +121,65 @@ impl StreamRunner<'_> {
                     continue;
                 }
             };
-            for error in &fetched.rejected {
-                tracing::warn!(stream = %work.stream, %error, "message terminated: not SampleRows");
-                self.rejected.fetch_add(1, Ordering::Relaxed);
-            }
             if fetched.deliveries.is_empty() {
-                continue;
+                // Idle: refresh the backlog now, so a caught-up stream shows no lag.
+                self.check_backlog(&consumer).await;
+                backlog_checked = Some(Instant::now());
             }
-            tracing::debug!(stream = %work.stream, messages = fetched.deliveries.len(), "fetched");
-            // Writing only while messages are in hand: an idle stream's short buffer serves.
-            let _writing = self.buffers.writer(source);
-            for (i, delivery) in fetched.deliveries.iter().enumerate() {
-                let batch = match self.rows(delivery) {
-                    Ok(batch) => batch,
-                    Err(error) => {
-                        self.reject(work, delivery, &error).await;
-                        continue;
-                    }
-                };
-                let rows = batch.rows() as u64;
-                let chunk = Chunk {
-                    batch,
-                    task: ledger.clone(),
-                    first_offset: offset,
-                };
-                self.buffer(source, chunk, &consumer, &fetched.deliveries[i..])
-                    .await;
-                offset += rows;
-                if let Ok(stored) = delivery.stored_unix_ms() {
-                    self.gauges.taken_in(stored);
+            self.take(source, work, &fetched, &consumer, ledger, &mut offset)
+                .await;
+        }
+    }
+
+    /// Buffers the rows of one fetch as chunks of `ledger` from `offset` on, acking each
+    /// message once its rows are buffered; terminates those that do not fit.
+    pub(crate) async fn take(
+        &self,
+        source: SourceIndex,
+        work: &StreamWork,
+        fetched: &Fetched<SampleRows>,
+        consumer: &Consumer<SampleRows>,
+        ledger: &Arc<TaskLedger>,
+        offset: &mut u64,
+    ) {
+        for error in &fetched.rejected {
+            tracing::warn!(stream = %work.stream, %error, "message terminated: not SampleRows");
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+        }
+        if fetched.deliveries.is_empty() {
+            return;
+        }
+        tracing::debug!(stream = %work.stream, messages = fetched.deliveries.len(), "fetched");
+        // Writing only while messages are in hand: an idle stream's short buffer serves.
+        let _writing = self.buffers.writer(source);
+        for (i, delivery) in fetched.deliveries.iter().enumerate() {
+            let batch = match self.rows(delivery) {
+                Ok(batch) => batch,
+                Err(error) => {
+                    self.reject(work, delivery, &error).await;
+                    continue;
                 }
-                if let Err(e) = delivery.ack().await {
-                    // Buffered but unacked: it will be delivered again (at most a duplicate).
-                    tracing::warn!(stream = %work.stream, error = %e, "acking a buffered message");
-                }
+            };
+            let rows = batch.rows() as u64;
+            let chunk = Chunk {
+                batch,
+                task: ledger.clone(),
+                first_offset: *offset,
+            };
+            self.buffer(source, chunk, consumer, &fetched.deliveries[i..])
+                .await;
+            *offset += rows;
+            if let Ok(stored) = delivery.stored_unix_ms() {
+                self.gauges.taken_in(stored);
+            }
+            if let Err(e) = delivery.ack().await {
+                // Buffered but unacked: it will be delivered again (at most a duplicate).
+                tracing::warn!(stream = %work.stream, error = %e, "acking a buffered message");
             }
         }
     }
 
-    async fn check_backlog(&self, consumer: &Consumer<SampleRows>) {
+    pub(crate) async fn check_backlog(&self, consumer: &Consumer<SampleRows>) {
         if let Ok(backlog) = consumer.backlog().await {
             self.gauges
                 .set_pending(backlog.pending + backlog.ack_pending);
@@ -242,7 +262,7 @@ pub(crate) mod tests {
     }
 
     /// Rows with ids `ids` in column c1 (or `column`), as a `SampleRows` message.
-    fn sample_rows(column: &str, ids: std::ops::Range<u64>) -> SampleRows {
+    pub(crate) fn sample_rows(column: &str, ids: std::ops::Range<u64>) -> SampleRows {
         let labels: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids.clone().map(|i| i % 2)));
         let values: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids));
         let rows = RecordBatch::try_from_iter([("label", labels), (column, values)]).expect("rows");

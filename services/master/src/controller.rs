@@ -775,7 +775,11 @@ fn executor_settings(
         ExecutorRole::DataExecutor => {
             entries.push(("storage", to_toml("storage", &settings.storage)));
             let dataset = to_toml("data.dataset", dataset);
-            entries.push(("data", section(vec![("dataset", dataset)])));
+            let loading = to_toml("data.stream_loading", &spec.training.stream_loading);
+            entries.push((
+                "data",
+                section(vec![("dataset", dataset), ("stream_loading", loading)]),
+            ));
         }
         ExecutorRole::Trainer => {
             let model = to_toml("trainer.model", &spec.model);

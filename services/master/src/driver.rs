@@ -133,7 +133,7 @@ pub fn stream_tasks(job: &str, dataset: &DatasetSpec) -> Vec<DataTask> {
         .iter()
         .flat_map(|s| &s.sources)
         .filter_map(|source| {
-            let durable = format!("{job}-{}", source.name);
+            let durable = source.durable(job);
             let work = match (&source.jetstream, &source.join) {
                 (Some(js), _) => data_task::Work::Stream(StreamWork {
                     stream: js.stream.clone(),

@@ -1073,6 +1073,70 @@ async fn a_killed_data_executors_stream_goes_on_in_its_replacement_without_loss_
     master.wait().expect("master exits");
 }
 
+/// `rebalance` stream loading through the services: two executors, a hot partition of
+/// many small messages and a cold one. Whoever takes a message (its holder or a helper),
+/// every row is trained exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalancing_online_job_trains_every_row_of_a_hot_partition_once() {
+    let cluster = Cluster::start().await;
+    let js = cluster.jetstream().await;
+    js.ensure_stream("CLICKS", vec!["clicks.>".into()])
+        .await
+        .expect("stream");
+    for i in 0..200 {
+        publish_rows(&js, "clicks.hot", i * 5..(i + 1) * 5).await;
+    }
+    publish_rows(&js, "clicks.cold", 0..50).await;
+    cluster
+        .apply(
+            r#"
+kind: Dataset
+metadata: {name: skewed}
+spec:
+  streams:
+    - name: live
+      window: {unit: hourly, start: "2026-11-01T00"}
+      sources:
+        - {name: hot, jetstream: {stream: CLICKS, subject: clicks.hot}}
+        - {name: cold, jetstream: {stream: CLICKS, subject: clicks.cold}}
+  schema: {label: label, sparse: [{name: c1, table: t}]}
+---
+kind: Job
+metadata: {name: rebalancing}
+spec:
+  dataset: skewed
+  mode: stream
+  model:
+    kind: wide_deep
+    tables: [{name: t, dim: 4, optimizer: {kind: sgd, learning_rate: 0.1}}]
+    dense: {top: [8, 1]}
+  training: {batch_size: 64, stream_loading: rebalance}
+  topology:
+    data_executors: {replicas: 2}
+    trainers: {replicas: 1}
+    ps: {replicas: 1}
+"#,
+        )
+        .await;
+    let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
+    wait_for_samples(&cluster, "rebalancing", 1050).await;
+    for i in 200..300 {
+        publish_rows(&js, "clicks.hot", i * 5..(i + 1) * 5).await;
+    }
+    wait_for_samples(&cluster, "rebalancing", 1550).await;
+    // Nothing more arrives later (a message taken twice would).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = cluster.status("rebalancing").await;
+    assert_eq!(
+        status.progress.as_ref().map(|p| p.samples),
+        Some(1550),
+        "{status:?}"
+    );
+    cluster.delete_job("rebalancing").await;
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+}
+
 /// `batch-then-stream` and `mixture` Jobs over one Parquet source and one JetStream
 /// source: every batch row and every stream row is trained once, and the Job keeps
 /// following the stream after the batch data is done.

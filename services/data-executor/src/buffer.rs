@@ -129,6 +129,27 @@ impl Buffers {
         self.arrived.notify_waiters();
     }
 
+    /// [`Self::push`], calling `waiting` every `interval` while a full buffer holds the
+    /// chunk back (to keep the messages it came from alive).
+    pub async fn push_ticking<F: Future<Output = ()>>(
+        &self,
+        source: SourceIndex,
+        chunk: Chunk,
+        interval: Duration,
+        mut waiting: impl FnMut() -> F,
+    ) {
+        let push = self.push(source, chunk);
+        let mut push = std::pin::pin!(push);
+        let mut ticks = tokio::time::interval(interval);
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                _ = &mut push => return,
+                _ = ticks.tick() => waiting().await,
+            }
+        }
+    }
+
     /// Rows queued per source, by name.
     pub fn fill(&self) -> Vec<(String, usize)> {
         let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());

@@ -13,7 +13,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
 
 use primus_batch::FeaturePipeline;
 use primus_bus::jetstream::{Consumer, JetStream};
@@ -21,7 +20,7 @@ use primus_proto::v1::{SampleRows, StreamWork};
 
 use crate::buffer::{Buffers, SourceIndex};
 use crate::ledger::TaskLedger;
-use crate::stream::{StreamGauges, StreamRunner};
+use crate::stream::{Fetching, StreamGauges, StreamRunner};
 
 /// A stream source another executor may hold.
 #[derive(Clone)]
@@ -35,9 +34,7 @@ pub struct Rebalancer<'a> {
     pub buffers: &'a Buffers,
     pub pipeline: &'a FeaturePipeline,
     pub jetstream: &'a JetStream,
-    pub fetch_messages: usize,
-    pub fetch_wait: Duration,
-    pub ack_wait: Duration,
+    pub fetching: Fetching,
     pub rejected: &'a AtomicU64,
     pub partitions: Vec<StreamPartition>,
 }
@@ -53,7 +50,7 @@ impl Rebalancer<'_> {
     /// A partition is behind, and this executor's own are caught up, when at least a
     /// full fetch of messages waits undelivered.
     fn behind(&self, pending: u64) -> bool {
-        pending >= self.fetch_messages as u64
+        pending >= self.fetching.messages as u64
     }
 
     /// Helps until the future is dropped. `gauges` are the executor's per-source stream
@@ -81,7 +78,7 @@ impl Rebalancer<'_> {
                 }
             }
             if !helped {
-                tokio::time::sleep(self.fetch_wait).await;
+                tokio::time::sleep(self.fetching.wait).await;
             }
         }
     }
@@ -125,7 +122,7 @@ impl Rebalancer<'_> {
         }
         let Ok(fetched) = state
             .consumer
-            .fetch(self.fetch_messages, self.fetch_wait)
+            .fetch(self.fetching.messages, self.fetching.wait)
             .await
         else {
             return false;
@@ -137,9 +134,7 @@ impl Rebalancer<'_> {
             buffers: self.buffers,
             pipeline: self.pipeline,
             jetstream: self.jetstream,
-            fetch_messages: self.fetch_messages,
-            fetch_wait: self.fetch_wait,
-            ack_wait: self.ack_wait,
+            fetching: self.fetching,
             rejected: self.rejected,
             gauges,
         };
@@ -160,6 +155,7 @@ impl Rebalancer<'_> {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
+    use std::time::Duration;
 
     use primus_proto::v1::SourceKind;
     use primus_spec::job::StreamLoading;
@@ -234,15 +230,16 @@ mod tests {
             pipeline: &FeaturePipeline,
             loading: StreamLoading,
         ) {
-            let (fetch_messages, fetch_wait) = (4, Duration::from_millis(100));
-            let ack_wait = Duration::from_secs(2);
+            let fetching = Fetching {
+                messages: 4,
+                wait: Duration::from_millis(100),
+                ack_wait: Duration::from_secs(2),
+            };
             let runner = StreamRunner {
                 buffers: &self.buffers,
                 pipeline,
                 jetstream,
-                fetch_messages,
-                fetch_wait,
-                ack_wait,
+                fetching,
                 rejected: &self.rejected,
                 gauges: &self.gauges[&own.name],
             };
@@ -251,9 +248,7 @@ mod tests {
                 buffers: &self.buffers,
                 pipeline,
                 jetstream,
-                fetch_messages,
-                fetch_wait,
-                ack_wait,
+                fetching,
                 rejected: &self.rejected,
                 partitions: partitions(),
             };

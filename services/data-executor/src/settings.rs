@@ -7,6 +7,8 @@ use primus_config::{
 use primus_service::ServiceSettings;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::StreamLoading;
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -55,6 +57,17 @@ pub struct DataSettings {
     /// `rebalance`: also take raw messages of other executors' stream partitions that
     /// are behind, while this executor's own are caught up (Primus Table 2).
     pub stream_loading: StreamLoading,
+}
+
+impl DataSettings {
+    /// The stream fetch settings, each raised to a workable minimum.
+    pub(crate) fn fetching(&self) -> crate::stream::Fetching {
+        crate::stream::Fetching {
+            messages: self.stream_fetch_messages.max(1),
+            wait: Duration::from_millis(self.stream_fetch_wait_ms.max(10)),
+            ack_wait: Duration::from_millis(self.stream_ack_wait_ms.max(1000)),
+        }
+    }
 }
 
 impl Default for DataSettings {

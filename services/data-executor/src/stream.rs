@@ -57,13 +57,22 @@ impl StreamGauges {
 /// How often the consumer's backlog is asked for.
 const BACKLOG_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How stream runners fetch from JetStream (`data.stream_*` settings).
+#[derive(Debug, Clone, Copy)]
+pub struct Fetching {
+    /// Messages asked for per fetch.
+    pub messages: usize,
+    /// How long one fetch waits for messages.
+    pub wait: Duration,
+    /// A delivered message not acked within this long is delivered again.
+    pub ack_wait: Duration,
+}
+
 pub struct StreamRunner<'a> {
     pub buffers: &'a Buffers,
     pub pipeline: &'a FeaturePipeline,
     pub jetstream: &'a JetStream,
-    pub fetch_messages: usize,
-    pub fetch_wait: Duration,
-    pub ack_wait: Duration,
+    pub fetching: Fetching,
     /// Messages terminated because they did not decode or fit the schema.
     pub rejected: &'a AtomicU64,
     pub gauges: &'a StreamGauges,
@@ -88,7 +97,7 @@ impl StreamRunner<'_> {
                     &work.stream,
                     &work.durable,
                     Some(work.subject.clone()),
-                    self.ack_wait,
+                    self.fetching.ack_wait,
                 )
             })
             .await
@@ -112,12 +121,15 @@ impl StreamRunner<'_> {
                 self.check_backlog(&consumer).await;
                 backlog_checked = Some(Instant::now());
             }
-            let fetched = match consumer.fetch(self.fetch_messages, self.fetch_wait).await {
+            let fetched = match consumer
+                .fetch(self.fetching.messages, self.fetching.wait)
+                .await
+            {
                 Ok(fetched) => fetched,
                 Err(e) => {
                     // NATS reconnects on its own; what was delivered and not acked comes back.
                     tracing::warn!(stream = %work.stream, error = %e, "fetching from the stream");
-                    tokio::time::sleep(self.fetch_wait).await;
+                    tokio::time::sleep(self.fetching.wait).await;
                     continue;
                 }
             };
@@ -216,22 +228,17 @@ impl StreamRunner<'_> {
         consumer: &Consumer<SampleRows>,
         unacked: &[Delivery<SampleRows>],
     ) {
-        let push = self.buffers.push(source, chunk);
-        let mut push = std::pin::pin!(push);
-        let mut ticks = tokio::time::interval(self.ack_wait / 3);
-        ticks.tick().await;
-        loop {
-            tokio::select! {
-                _ = &mut push => return,
-                _ = ticks.tick() => {
-                    for delivery in unacked {
-                        // A lost keep-alive only risks a redelivery, which the ack wait allows.
-                        let _ = delivery.in_progress().await;
-                    }
-                    self.check_backlog(consumer).await;
-                }
+        let interval = self.fetching.ack_wait / 3;
+        let keep_alive = move || async move {
+            for delivery in unacked {
+                // A lost keep-alive only risks a redelivery, which the ack wait allows.
+                let _ = delivery.in_progress().await;
             }
-        }
+            self.check_backlog(consumer).await;
+        };
+        self.buffers
+            .push_ticking(source, chunk, interval, keep_alive)
+            .await;
     }
 }
 
@@ -310,9 +317,11 @@ pub(crate) mod tests {
             buffers,
             pipeline,
             jetstream,
-            fetch_messages: 16,
-            fetch_wait: Duration::from_millis(200),
-            ack_wait: Duration::from_secs(1),
+            fetching: Fetching {
+                messages: 16,
+                wait: Duration::from_millis(200),
+                ack_wait: Duration::from_secs(1),
+            },
             rejected: &counters.rejected,
             gauges: &counters.gauges,
         }

@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 
 use crate::buffer::{Buffers, Chunk, SourceIndex};
 use crate::ledger::{ReadEnd, TaskLedger};
-use crate::stream::StreamGauges;
+use crate::stream::{Fetching, StreamGauges};
 use spill::SpillStore;
 use table::{JoinTable, MessageId, Output};
 
@@ -89,9 +89,7 @@ pub struct JoinRunner<'a> {
     pub buffers: &'a Buffers,
     pub pipeline: &'a FeaturePipeline,
     pub jetstream: &'a JetStream,
-    pub fetch_messages: usize,
-    pub fetch_wait: Duration,
-    pub ack_wait: Duration,
+    pub fetching: Fetching,
     /// Where feature rows beyond the memory budget go (a directory per binding below it).
     pub spill_dir: PathBuf,
     /// Messages terminated because they could not be joined or fit the schema.
@@ -173,7 +171,7 @@ impl JoinRunner<'_> {
             )
         };
         let joining_loop = async {
-            let tick = self.fetch_wait.min(Duration::from_millis(200));
+            let tick = self.fetching.wait.min(Duration::from_millis(200));
             let mut backlog_checked: Option<Instant> = None;
             let mut kept_alive = Instant::now();
             while !ledger.is_taken_back() {
@@ -181,7 +179,7 @@ impl JoinRunner<'_> {
                     self.check_backlog(&features, &actions).await;
                     backlog_checked = Some(Instant::now());
                 }
-                if kept_alive.elapsed() >= self.ack_wait / 3 {
+                if kept_alive.elapsed() >= self.fetching.ack_wait / 3 {
                     keep_alive(&joining.held).await;
                     kept_alive = Instant::now();
                 }
@@ -220,7 +218,7 @@ impl JoinRunner<'_> {
                     &work.stream,
                     durable,
                     Some(subject.to_owned()),
-                    self.ack_wait,
+                    self.fetching.ack_wait,
                     MAX_HELD_MESSAGES,
                 )
                 .await
@@ -241,7 +239,10 @@ impl JoinRunner<'_> {
         sender: mpsc::Sender<(Side, Fetched<SampleRows>)>,
     ) {
         loop {
-            match consumer.fetch(self.fetch_messages, self.fetch_wait).await {
+            match consumer
+                .fetch(self.fetching.messages, self.fetching.wait)
+                .await
+            {
                 Ok(fetched) if fetched.deliveries.is_empty() && fetched.rejected.is_empty() => {}
                 Ok(fetched) => {
                     if sender.send((side, fetched)).await.is_err() {
@@ -251,7 +252,7 @@ impl JoinRunner<'_> {
                 Err(e) => {
                     // NATS reconnects on its own; what was delivered and not acked comes back.
                     tracing::warn!(error = %e, "fetching for the joiner");
-                    tokio::time::sleep(self.fetch_wait).await;
+                    tokio::time::sleep(self.fetching.wait).await;
                 }
             }
         }
@@ -356,21 +357,16 @@ impl JoinRunner<'_> {
         features: &Consumer<SampleRows>,
         held: &HashMap<MessageId, Delivery<SampleRows>>,
     ) {
-        let push = self.buffers.push(source, chunk);
-        let mut push = std::pin::pin!(push);
-        let mut ticks = tokio::time::interval(self.ack_wait / 3);
-        ticks.tick().await;
-        loop {
-            tokio::select! {
-                _ = &mut push => return,
-                _ = ticks.tick() => {
-                    keep_alive(held).await;
-                    if let Ok(backlog) = features.backlog().await {
-                        self.gauges.set_pending(backlog.pending);
-                    }
-                }
+        let interval = self.fetching.ack_wait / 3;
+        let keep_alive = move || async move {
+            keep_alive(held).await;
+            if let Ok(backlog) = features.backlog().await {
+                self.gauges.set_pending(backlog.pending);
             }
-        }
+        };
+        self.buffers
+            .push_ticking(source, chunk, interval, keep_alive)
+            .await;
     }
 
     async fn reject(&self, work: &JoinWork, delivery: &Delivery<SampleRows>, error: &str) {
@@ -494,9 +490,11 @@ mod tests {
                 buffers: &self.buffers,
                 pipeline,
                 jetstream,
-                fetch_messages: 16,
-                fetch_wait: Duration::from_millis(200),
-                ack_wait: Duration::from_secs(1),
+                fetching: Fetching {
+                    messages: 16,
+                    wait: Duration::from_millis(200),
+                    ack_wait: Duration::from_secs(1),
+                },
                 spill_dir: self.spill.path().to_owned(),
                 rejected: &self.rejected,
                 gauges: &self.gauges,

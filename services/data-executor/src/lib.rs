@@ -12,10 +12,10 @@
 //! [`reader`] is the trainer's side: every executor's stream, merged and decoded.
 
 mod barrier;
-mod buffer;
+pub mod buffer;
 mod executor;
 mod join;
-mod ledger;
+pub mod ledger;
 pub mod reader;
 mod rebalance;
 mod runner;

@@ -22,9 +22,7 @@ use primus_datagen::criteo::{Criteo, CriteoOptions};
 use primus_model::pooling::BatchKeys;
 use primus_model::{Inputs, Model, ModelLayout, ParamSet, ParamTensor, Tower};
 use primus_proto::v1::SourceKind;
-use primus_spec::job::{
-    AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
-};
+use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 use primus_trainer::store::{LocalStore, ParameterStore};
 use primus_trainer::train::{Incoming, Trainer, prepare};
 
@@ -45,18 +43,11 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 fn model_spec(kind: ModelKind) -> ModelSpec {
     ModelSpec {
         kind,
-        tables: vec![TableSpec {
-            name: TABLE.into(),
-            dim: DIM as u32,
-            optimizer: OptimizerSpec::Adagrad {
-                learning_rate: 0.05,
-                initial_accumulator: 0.1,
-                epsilon: 1e-8,
-            },
-            initializer: Initializer::Uniform { scale: 0.01 },
-            admission: AdmissionSpec::default(),
-            ttl_seconds: None,
-        }],
+        tables: vec![TableSpec::new(
+            TABLE,
+            DIM as u32,
+            OptimizerSpec::adagrad(0.05),
+        )],
         dense: DenseSpec::new(vec![64, 16], vec![64, 1]),
     }
 }

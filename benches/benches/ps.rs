@@ -11,7 +11,7 @@ use primus_embedding::{Table, TableOptions};
 use primus_ps::PsSettings;
 use primus_ps::client::PsClient;
 use primus_service::Shutdown;
-use primus_spec::job::{AdmissionSpec, Initializer, OptimizerSpec, TableSpec};
+use primus_spec::job::{OptimizerSpec, TableSpec};
 use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, free_port};
 
@@ -20,18 +20,7 @@ const BATCH: usize = 4096;
 const CALLERS: usize = 8;
 
 fn spec() -> TableSpec {
-    TableSpec {
-        name: "items".into(),
-        dim: DIM as u32,
-        optimizer: OptimizerSpec::Adagrad {
-            learning_rate: 0.05,
-            initial_accumulator: 0.1,
-            epsilon: 1e-8,
-        },
-        initializer: Initializer::Uniform { scale: 0.01 },
-        admission: AdmissionSpec::default(),
-        ttl_seconds: None,
-    }
+    TableSpec::new("items", DIM as u32, OptimizerSpec::adagrad(0.05))
 }
 
 fn env_number(name: &str, default: u64) -> u64 {

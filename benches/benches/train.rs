@@ -34,9 +34,7 @@ use primus_proto::v1::{MetricsReport, SourceKind};
 use primus_service::Shutdown;
 use primus_spec::Kind;
 use primus_spec::dataset::WindowUnit;
-use primus_spec::job::{
-    AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
-};
+use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 use primus_spec::status::{Phase, Status};
 use primus_storage::Location;
 use primus_storage::parquet::ReadOptions;
@@ -67,18 +65,11 @@ fn model_spec(size: &str) -> ModelSpec {
     };
     ModelSpec {
         kind: ModelKind::Dlrm,
-        tables: vec![TableSpec {
-            name: "categorical".into(),
-            dim: 16,
-            optimizer: OptimizerSpec::Adagrad {
-                learning_rate: 0.05,
-                initial_accumulator: 0.1,
-                epsilon: 1e-8,
-            },
-            initializer: Initializer::Uniform { scale: 0.01 },
-            admission: AdmissionSpec::default(),
-            ttl_seconds: None,
-        }],
+        tables: vec![TableSpec::new(
+            "categorical",
+            16,
+            OptimizerSpec::adagrad(0.05),
+        )],
         dense: DenseSpec::new(bottom, top),
     }
 }

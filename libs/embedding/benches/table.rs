@@ -11,7 +11,7 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use primus_embedding::{Region, Table, TableOptions};
-use primus_spec::job::{AdmissionSpec, Initializer, OptimizerSpec, TableSpec};
+use primus_spec::job::{OptimizerSpec, TableSpec};
 
 const BATCH: usize = 4096;
 const BATCHES: usize = 64;
@@ -25,18 +25,7 @@ fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
 }
 
 fn spec(dim: usize) -> TableSpec {
-    TableSpec {
-        name: "bench".into(),
-        dim: dim as u32,
-        optimizer: OptimizerSpec::Adagrad {
-            learning_rate: 0.05,
-            initial_accumulator: 0.1,
-            epsilon: 1e-8,
-        },
-        initializer: Initializer::Uniform { scale: 0.01 },
-        admission: AdmissionSpec::default(),
-        ttl_seconds: None,
-    }
+    TableSpec::new("bench", dim as u32, OptimizerSpec::adagrad(0.05))
 }
 
 /// A deterministic generator (splitmix64) so runs are comparable.

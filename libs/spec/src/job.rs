@@ -120,6 +120,31 @@ impl Default for Initializer {
     }
 }
 
+impl TableSpec {
+    /// A table with the file defaults for everything but its name, width and optimizer.
+    pub fn new(name: &str, dim: u32, optimizer: OptimizerSpec) -> Self {
+        Self {
+            name: name.to_owned(),
+            dim,
+            optimizer,
+            initializer: Initializer::default(),
+            admission: AdmissionSpec::default(),
+            ttl_seconds: None,
+        }
+    }
+}
+
+impl OptimizerSpec {
+    /// Adagrad with the file defaults for its accumulator and epsilon.
+    pub fn adagrad(learning_rate: f64) -> Self {
+        Self::Adagrad {
+            learning_rate,
+            initial_accumulator: defaults::initial_accumulator(),
+            epsilon: defaults::epsilon(),
+        }
+    }
+}
+
 /// Monolith's admission filters: a key gets a row only once seen `min_count` times
 /// (counted in a count-min sketch), and then only with `probability`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

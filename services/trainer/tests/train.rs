@@ -10,9 +10,7 @@ use primus_batch::FeaturePipeline;
 use primus_datagen::criteo::{Criteo, CriteoOptions, feature_schema};
 use primus_model::{Model, ModelLayout};
 use primus_proto::v1::SourceKind;
-use primus_spec::job::{
-    AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
-};
+use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 use primus_trainer::store::{LocalStore, ParameterStore};
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
 
@@ -39,18 +37,11 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
     let schema = feature_schema("categorical");
     let spec = ModelSpec {
         kind: ModelKind::Dlrm,
-        tables: vec![TableSpec {
-            name: "categorical".into(),
-            dim: 8,
-            optimizer: OptimizerSpec::Adagrad {
-                learning_rate: 0.05,
-                initial_accumulator: 0.1,
-                epsilon: 1e-8,
-            },
-            initializer: Initializer::Uniform { scale: 0.01 },
-            admission: AdmissionSpec::default(),
-            ttl_seconds: None,
-        }],
+        tables: vec![TableSpec::new(
+            "categorical",
+            8,
+            OptimizerSpec::adagrad(0.05),
+        )],
         dense: DenseSpec {
             bottom: vec![32, 8],
             top: vec![32, 1],

@@ -159,23 +159,20 @@ async fn run(hours: &[Hour], kind: ModelKind, every: Option<usize>) -> Vec<f64> 
         rows: HashMap::new(),
         params: trainer.params().clone(),
     };
-    let train = async |trainer: &mut Trainer<LocalStore>, batch: &Minibatch, kind| {
+    // Trains `batch` and notes its keys for the next sync.
+    let train = async |trainer: &mut Trainer<LocalStore>,
+                       touched: &mut HashSet<u64>,
+                       batch: &Minibatch,
+                       kind| {
         let incoming = Incoming::new(batch.clone(), kind, "drift", &Default::default());
         let prepared = prepare(&*store, &model, incoming).await.expect("prepare");
+        touched.extend(prepared.keys().tables.iter().flatten().copied());
         trainer.step(prepared).await.expect("step");
     };
     let stream_start = BATCH_DAYS * 24;
     for hour in &hours[..stream_start] {
         for batch in &hour.batches {
-            train(&mut trainer, batch, SourceKind::Batch).await;
-            touched.extend(
-                batch
-                    .to_kjt()
-                    .expect("kjt")
-                    .features
-                    .iter()
-                    .flat_map(|f| f.values.iter().copied()),
-            );
+            train(&mut trainer, &mut touched, batch, SourceKind::Batch).await;
         }
     }
     serving.sync(&store, &mut touched, &names).await;
@@ -187,15 +184,7 @@ async fn run(hours: &[Hour], kind: ModelKind, every: Option<usize>) -> Vec<f64> 
             for batch in &hour.batches {
                 scores.extend(serving.score(&model, batch).iter().map(|p| f64::from(*p)));
                 labels.extend(batch.labels.iter().map(|l| *l > 0.5));
-                train(&mut trainer, batch, SourceKind::Stream).await;
-                touched.extend(
-                    batch
-                        .to_kjt()
-                        .expect("kjt")
-                        .features
-                        .iter()
-                        .flat_map(|f| f.values.iter().copied()),
-                );
+                train(&mut trainer, &mut touched, batch, SourceKind::Stream).await;
                 step += 1;
                 if every.is_some_and(|every| step % every == 0) {
                     serving.sync(&store, &mut touched, &names).await;

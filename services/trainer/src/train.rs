@@ -67,6 +67,13 @@ pub struct Prepared {
     lookup_time: Duration,
 }
 
+impl Prepared {
+    /// The minibatch's unique keys per table (what it looked up and will push).
+    pub fn keys(&self) -> &BatchKeys {
+        &self.keys
+    }
+}
+
 /// Counters since the trainer started and since the last report.
 #[derive(Debug, Clone)]
 pub struct Meter {

@@ -66,25 +66,16 @@ async fn run(stream_weight: f64) -> Run {
     let (mut batch_offset, mut stream_offset) = (0, 0);
     for tick in 0..TICKS {
         while buffers.fill()[0].1 + BATCH_CHUNK <= CAPACITY {
-            let chunk = Chunk {
-                batch: rows(BATCH_CHUNK),
-                task: batch_task.clone(),
-                first_offset: batch_offset,
-            };
-            buffers.push(0, chunk).await;
-            batch_offset += BATCH_CHUNK as u64;
+            push(&buffers, 0, &batch_task, &mut batch_offset, BATCH_CHUNK).await;
         }
         let arriving = STREAM_ROWS_PER_TICK * if BURST.contains(&tick) { 10 } else { 1 };
-        if buffers.fill()[1].1 + arriving <= CAPACITY {
-            let chunk = Chunk {
-                batch: rows(arriving),
-                task: stream_task.clone(),
-                first_offset: stream_offset,
-            };
-            buffers.push(1, chunk).await;
-            stream_offset += arriving as u64;
-            arrivals.push_back((tick, arriving));
-        }
+        // The trainer pops later in this tick: a full stream buffer would block for good.
+        assert!(
+            buffers.fill()[1].1 + arriving <= CAPACITY,
+            "the stream buffer filled up at tick {tick}"
+        );
+        push(&buffers, 1, &stream_task, &mut stream_offset, arriving).await;
+        arrivals.push_back((tick, arriving));
         let mut trained = 0;
         while trained < MINIBATCH {
             let Some(served) = buffers.try_pop(MINIBATCH - trained) else {
@@ -103,6 +94,23 @@ async fn run(stream_weight: f64) -> Run {
         run.lag.push(((tick - oldest) * TICK_MS) as f64 / 1000.0);
     }
     run
+}
+
+/// Pushes `n` rows of `task` into buffer `source`.
+async fn push(
+    buffers: &Buffers,
+    source: usize,
+    task: &Arc<TaskLedger>,
+    offset: &mut u64,
+    n: usize,
+) {
+    let chunk = Chunk {
+        batch: rows(n),
+        task: task.clone(),
+        first_offset: *offset,
+    };
+    buffers.push(source, chunk).await;
+    *offset += n as u64;
 }
 
 /// Drops the `n` oldest stream rows from the arrival record.

@@ -89,11 +89,7 @@ impl JetStream {
         max_ack_pending: i64,
     ) -> Result<Consumer<M>, BusError> {
         let what = format!("consumer {durable} on stream {stream_name}");
-        let stream = self
-            .context
-            .get_stream(stream_name)
-            .await
-            .map_err(|e| js_error(what.clone())(e.to_string()))?;
+        let stream = self.stream(stream_name, &what).await?;
         let config = consumer::pull::Config {
             durable_name: Some(durable.to_owned()),
             filter_subject: filter_subject.unwrap_or_default(),
@@ -106,11 +102,7 @@ impl JetStream {
             .get_or_create_consumer(durable, config)
             .await
             .map_err(|e| js_error(what)(e.to_string()))?;
-        Ok(Consumer {
-            inner,
-            ack_wait,
-            _message: PhantomData,
-        })
+        Ok(Consumer::new(inner))
     }
 
     /// The durable consumer `durable` of `stream_name` as its creator configured it, or
@@ -121,21 +113,19 @@ impl JetStream {
         durable: &str,
     ) -> Result<Consumer<M>, BusError> {
         let what = format!("consumer {durable} on stream {stream_name}");
-        let stream = self
-            .context
-            .get_stream(stream_name)
-            .await
-            .map_err(|e| js_error(what.clone())(e.to_string()))?;
+        let stream = self.stream(stream_name, &what).await?;
         let inner: consumer::PullConsumer = stream
             .get_consumer(durable)
             .await
             .map_err(|e| js_error(what)(e.to_string()))?;
-        let ack_wait = inner.cached_info().config.ack_wait;
-        Ok(Consumer {
-            inner,
-            ack_wait,
-            _message: PhantomData,
-        })
+        Ok(Consumer::new(inner))
+    }
+
+    async fn stream(&self, name: &str, what: &str) -> Result<stream::Stream, BusError> {
+        self.context
+            .get_stream(name)
+            .await
+            .map_err(|e| js_error(what)(e.to_string()))
     }
 }
 
@@ -160,6 +150,19 @@ pub struct Backlog {
 pub struct Fetched<M> {
     pub deliveries: Vec<Delivery<M>>,
     pub rejected: Vec<BusError>,
+}
+
+impl<M> Consumer<M> {
+    /// Fetches wait at most half the ack wait the consumer has on the server (an existing
+    /// durable keeps the one it was created with).
+    fn new(inner: consumer::PullConsumer) -> Self {
+        let ack_wait = inner.cached_info().config.ack_wait;
+        Self {
+            inner,
+            ack_wait,
+            _message: PhantomData,
+        }
+    }
 }
 
 impl<M: Message + Default> Consumer<M> {

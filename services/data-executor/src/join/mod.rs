@@ -64,15 +64,20 @@ pub struct JoinGauges {
 }
 
 impl JoinGauges {
-    fn record(&self, table: &JoinTable) {
+    /// The running totals: cheap, so every round.
+    fn record_totals(&self, table: &JoinTable) {
         let totals = table.totals();
-        let (memory, disk) = table.waiting_rows();
         self.joined_rows
             .store(totals.joined_rows, Ordering::Relaxed);
         self.negative_rows
             .store(totals.negative_rows, Ordering::Relaxed);
         self.dropped_actions
             .store(totals.dropped_actions, Ordering::Relaxed);
+    }
+
+    /// The waiting rows: a walk over every held message, so with the backlog check.
+    fn record_waiting(&self, table: &JoinTable) {
+        let (memory, disk) = table.waiting_rows();
         self.waiting_memory_rows
             .store(memory as u64, Ordering::Relaxed);
         self.waiting_disk_rows.store(disk as u64, Ordering::Relaxed);
@@ -177,6 +182,7 @@ impl JoinRunner<'_> {
             while !ledger.is_taken_back() {
                 if backlog_checked.is_none_or(|at| at.elapsed() >= BACKLOG_INTERVAL) {
                     self.check_backlog(&features, &actions).await;
+                    self.join_gauges.record_waiting(&joining.table);
                     backlog_checked = Some(Instant::now());
                 }
                 if kept_alive.elapsed() >= self.fetching.ack_wait / 3 {
@@ -194,7 +200,7 @@ impl JoinRunner<'_> {
                     .map_err(|e| (joining.offset, e.to_string()))?;
                 self.hand_out(&mut joining, source, ledger, &features, output)
                     .await;
-                self.join_gauges.record(&joining.table);
+                self.join_gauges.record_totals(&joining.table);
             }
             Ok(())
         };

@@ -138,14 +138,12 @@ impl JoinTable {
 
     /// Feature rows waiting, in memory and on disk.
     pub fn waiting_rows(&self) -> (usize, usize) {
-        let all: usize = self.feature_messages.values().map(|m| m.remaining).sum();
-        let memory: usize = self
-            .feature_messages
+        self.feature_messages
             .values()
-            .filter(|m| matches!(m.rows, Rows::Memory(_)))
-            .map(|m| m.remaining)
-            .sum();
-        (memory, all - memory)
+            .fold((0, 0), |(memory, disk), m| match m.rows {
+                Rows::Memory(_) => (memory + m.remaining, disk),
+                Rows::Disk(_) => (memory, disk + m.remaining),
+            })
     }
 
     /// Takes in a feature message stored at `stored_ms`. A message without a usable

@@ -1,7 +1,8 @@
-//! `primus replay` against a real NATS server: every row arrives, in time order.
+//! `primus replay` against a real NATS server: every row arrives, in time order, and with
+//! `--actions-subject` as a joiner's two logs.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,89 +16,9 @@ fn primus() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_primus"))
 }
 
-/// Writes rows with ids `ids` (column `id`) to `<dir>/<partition>/part-00000.parquet`.
+/// Writes rows with ids `ids` (column `id`; `label` 1 for every third id) to
+/// `<dir>/<partition>/part-00000.parquet`.
 async fn write_rows(dir: &Path, partition: &str, ids: std::ops::Range<u64>) {
-    let location =
-        primus_storage::open(dir.to_str().expect("utf-8"), &Default::default()).expect("location");
-    let column: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids));
-    let batch = RecordBatch::try_from_iter([("id", column)]).expect("batch");
-    let path = location.path(&format!("{partition}/part-00000.parquet"));
-    primus_storage::parquet::write(&location, &path, batch.schema(), [batch], None)
-        .await
-        .expect("write");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replay_publishes_every_row_in_time_order() {
-    let nats = NatsServer::start().expect("nats-server");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    // Written out of order: replay goes by partition path, which is time order.
-    write_rows(&data, "date=2026-11-01/hour=01", 25..50).await;
-    write_rows(&data, "date=2026-11-01/hour=00", 0..25).await;
-    let run = Command::new(primus())
-        .args(["replay", "--stream", "REPLAY", "--subject", "replay.clicks"])
-        .args([
-            "--rows-per-message",
-            "7",
-            "--nats-url",
-            &nats.url(),
-            "--from",
-        ])
-        .arg(&data)
-        .output()
-        .expect("run primus");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "{run:?}");
-    assert!(
-        stdout.contains("published 50 rows in 8 messages from 2 files to replay.clicks"),
-        "{stdout}"
-    );
-
-    let settings = NatsSettings {
-        url: nats.url(),
-        ..Default::default()
-    };
-    let js = Bus::connect(&settings).await.expect("connect").jetstream();
-    let consumer = js
-        .durable_consumer::<SampleRows>("REPLAY", "check", None, Duration::from_secs(5))
-        .await
-        .expect("consumer");
-    let fetched = consumer
-        .fetch(100, Duration::from_secs(1))
-        .await
-        .expect("fetch");
-    let mut ids = Vec::new();
-    for delivery in &fetched.deliveries {
-        let rows =
-            primus_batch::ipc::decode_rows(&delivery.received.message.arrow_ipc).expect("rows");
-        let column = rows
-            .column_by_name("id")
-            .expect("id")
-            .as_any()
-            .downcast_ref::<UInt64Array>()
-            .expect("u64")
-            .clone();
-        assert!(column.len() <= 7);
-        ids.extend(column.values().iter().copied());
-    }
-    assert_eq!(ids, (0..50).collect::<Vec<_>>());
-
-    let empty = dir.path().join("empty");
-    std::fs::create_dir(&empty).expect("dir");
-    let run = Command::new(primus())
-        .args(["replay", "--stream", "REPLAY", "--subject", "replay.clicks"])
-        .args(["--nats-url", &nats.url(), "--from"])
-        .arg(&empty)
-        .output()
-        .expect("run primus");
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("no .parquet file"), "{stderr}");
-}
-
-/// Rows `ids` with a label (1 for every third id) under `<dir>/<partition>/`.
-async fn write_labelled_rows(dir: &Path, partition: &str, ids: std::ops::Range<u64>) {
     let location =
         primus_storage::open(dir.to_str().expect("utf-8"), &Default::default()).expect("location");
     let labels: ArrayRef = Arc::new(UInt64Array::from_iter_values(
@@ -111,6 +32,45 @@ async fn write_labelled_rows(dir: &Path, partition: &str, ids: std::ops::Range<u
         .expect("write");
 }
 
+/// Runs `primus replay ARGS --nats-url NATS --from FROM`.
+fn replay(nats: &NatsServer, from: &Path, args: &[&str]) -> Output {
+    Command::new(primus())
+        .arg("replay")
+        .args(args)
+        .args(["--nats-url", &nats.url(), "--from"])
+        .arg(from)
+        .output()
+        .expect("run primus")
+}
+
+/// The rows of every message published on `subject` of `stream`, in order.
+async fn published(nats: &NatsServer, stream: &str, subject: &str) -> Vec<RecordBatch> {
+    let settings = NatsSettings {
+        url: nats.url(),
+        ..Default::default()
+    };
+    let js = Bus::connect(&settings).await.expect("connect").jetstream();
+    let durable = format!("check-{}", subject.replace('.', "-"));
+    let consumer = js
+        .durable_consumer::<SampleRows>(
+            stream,
+            &durable,
+            Some(subject.into()),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("consumer");
+    let fetched = consumer
+        .fetch(100, Duration::from_secs(1))
+        .await
+        .expect("fetch");
+    fetched
+        .deliveries
+        .iter()
+        .map(|d| primus_batch::ipc::decode_rows(&d.received.message.arrow_ipc).expect("rows"))
+        .collect()
+}
+
 fn u64s(rows: &RecordBatch, column: &str) -> Vec<u64> {
     let values = rows.column_by_name(column).expect(column);
     let values = arrow::compute::cast(values, &arrow::datatypes::DataType::UInt64).expect("u64");
@@ -122,6 +82,42 @@ fn u64s(rows: &RecordBatch, column: &str) -> Vec<u64> {
     values.values().to_vec()
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_publishes_every_row_in_time_order() {
+    let nats = NatsServer::start().expect("nats-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    // Written out of order: replay goes by partition path, which is time order.
+    write_rows(&data, "date=2026-11-01/hour=01", 25..50).await;
+    write_rows(&data, "date=2026-11-01/hour=00", 0..25).await;
+    let args = ["--stream", "REPLAY", "--subject", "replay.clicks"];
+    let run = replay(
+        &nats,
+        &data,
+        &[&args[..], &["--rows-per-message", "7"]].concat(),
+    );
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{run:?}");
+    assert!(
+        stdout.contains("published 50 rows in 8 messages from 2 files to replay.clicks"),
+        "{stdout}"
+    );
+
+    let mut ids = Vec::new();
+    for rows in published(&nats, "REPLAY", "replay.clicks").await {
+        assert!(rows.num_rows() <= 7);
+        ids.extend(u64s(&rows, "id"));
+    }
+    assert_eq!(ids, (0..50).collect::<Vec<_>>());
+
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).expect("dir");
+    let run = replay(&nats, &empty, &args);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no .parquet file"), "{stderr}");
+}
+
 /// `--actions-subject` splits the rows into a joiner's two logs: every row's features with
 /// a request id, and an action (request id, label) for every positive row only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,25 +125,23 @@ async fn replay_publishes_a_joiners_features_and_actions_logs() {
     let nats = NatsServer::start().expect("nats-server");
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    write_labelled_rows(&data, "date=2026-11-01/hour=00", 0..30).await;
-    let run = Command::new(primus())
-        .args(["replay", "--stream", "LOG", "--subject", "log.features"])
-        .args([
+    write_rows(&data, "date=2026-11-01/hour=00", 0..30).await;
+    let run = replay(
+        &nats,
+        &data,
+        &[
+            "--stream",
+            "LOG",
+            "--subject",
+            "log.features",
             "--actions-subject",
             "log.actions",
             "--action-delay-ms",
             "100",
-        ])
-        .args([
             "--rows-per-message",
             "8",
-            "--nats-url",
-            &nats.url(),
-            "--from",
-        ])
-        .arg(&data)
-        .output()
-        .expect("run primus");
+        ],
+    );
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success(), "{run:?}");
     assert!(
@@ -155,44 +149,20 @@ async fn replay_publishes_a_joiners_features_and_actions_logs() {
         "{stdout}"
     );
 
-    let settings = NatsSettings {
-        url: nats.url(),
-        ..Default::default()
-    };
-    let js = Bus::connect(&settings).await.expect("connect").jetstream();
     let mut by_request = std::collections::HashMap::new();
-    let mut clicked = Vec::new();
-    for (durable, subject) in [("f", "log.features"), ("a", "log.actions")] {
-        let consumer = js
-            .durable_consumer::<SampleRows>(
-                "LOG",
-                durable,
-                Some(subject.into()),
-                Duration::from_secs(5),
-            )
-            .await
-            .expect("consumer");
-        let fetched = consumer
-            .fetch(100, Duration::from_secs(1))
-            .await
-            .expect("fetch");
-        for delivery in &fetched.deliveries {
-            let rows =
-                primus_batch::ipc::decode_rows(&delivery.received.message.arrow_ipc).expect("rows");
-            let requests = u64s(&rows, "request_id");
-            if subject == "log.features" {
-                assert!(
-                    rows.column_by_name("label").is_none(),
-                    "features carry no label"
-                );
-                by_request.extend(requests.into_iter().zip(u64s(&rows, "id")));
-            } else {
-                assert_eq!(u64s(&rows, "label"), vec![1; requests.len()]);
-                clicked.extend(requests);
-            }
-        }
+    for rows in published(&nats, "LOG", "log.features").await {
+        assert!(
+            rows.column_by_name("label").is_none(),
+            "features carry no label"
+        );
+        by_request.extend(u64s(&rows, "request_id").into_iter().zip(u64s(&rows, "id")));
     }
     assert_eq!(by_request.len(), 30, "one request id per row");
-    let clicked: Vec<u64> = clicked.iter().map(|r| by_request[r]).collect();
+    let mut clicked = Vec::new();
+    for rows in published(&nats, "LOG", "log.actions").await {
+        let requests = u64s(&rows, "request_id");
+        assert_eq!(u64s(&rows, "label"), vec![1; requests.len()]);
+        clicked.extend(requests.iter().map(|r| by_request[r]));
+    }
     assert_eq!(clicked, (0..30).step_by(3).collect::<Vec<_>>());
 }

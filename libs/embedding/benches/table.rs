@@ -1,6 +1,8 @@
 //! Lookup, Adagrad push and insert against baselines measured in the same run: a raw
-//! gather of rows by precomputed position (the memory-bandwidth limit), once from a heap
-//! `Vec` and once from huge-page-backed memory as the table's arena uses, and a
+//! gather of rows by precomputed position (the memory-bandwidth limit), from a heap `Vec`,
+//! from huge-page-backed memory as the table's arena uses, and from that memory with
+//! prefetching (the machine's random cache-line rate: a lookup reads at least two lines, a
+//! bucket and a row, so it can reach at most half of that figure at dim 16); and a
 //! `HashMap<u64, Vec<f32>>`. Keys are uniform or Zipf(1.05) over the table.
 //!
 //! `PRIMUS_BENCH_KEYS=1000000,10000000 PRIMUS_BENCH_DIMS=16,64 cargo bench -p primus-embedding`
@@ -11,6 +13,7 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use primus_embedding::{Region, Table, TableOptions};
+use primus_prefetch::prefetch;
 use primus_spec::job::{OptimizerSpec, TableSpec};
 
 const BATCH: usize = 4096;
@@ -75,6 +78,21 @@ fn gather(rows: &[f32], positions: &[usize], dim: usize, out: &mut [f32]) {
     }
 }
 
+/// [`gather`] with every row's lines prefetched `PREFETCH_AHEAD` rows early: as many misses
+/// in flight as the core allows, so its figure is this machine's random line rate (times
+/// lines per row), the ceiling for anything that reads rows at random.
+fn gather_prefetched(rows: &[f32], positions: &[usize], dim: usize, out: &mut [f32]) {
+    const PREFETCH_AHEAD: usize = 64;
+    for (slot, p) in positions.iter().enumerate() {
+        if let Some(ahead) = positions.get(slot + PREFETCH_AHEAD) {
+            for line in (ahead * dim..(ahead + 1) * dim).step_by(16) {
+                prefetch(&rows[line]);
+            }
+        }
+        out[slot * dim..(slot + 1) * dim].copy_from_slice(&rows[p * dim..(p + 1) * dim]);
+    }
+}
+
 fn key_of(i: usize) -> u64 {
     // Keys look like hashed feature ids, not a dense range.
     (i as u64 ^ 0xdead_beef).wrapping_mul(0x9e37_79b9_7f4a_7c15)
@@ -126,9 +144,15 @@ fn run(c: &mut Criterion, n: usize, dim: usize) {
         group.throughput(Throughput::Elements(BATCH as u64));
         let mut out = vec![0.0f32; BATCH * dim];
         let mut i = 0;
-        for (name, rows) in [
-            ("raw_gather", &arena[..]),
-            ("raw_gather_huge_pages", huge_floats),
+        type Gather = fn(&[f32], &[usize], usize, &mut [f32]);
+        for (name, rows, gather) in [
+            ("raw_gather", &arena[..], gather as Gather),
+            ("raw_gather_huge_pages", huge_floats, gather),
+            (
+                "raw_gather_huge_pages_prefetched",
+                huge_floats,
+                gather_prefetched,
+            ),
         ] {
             group.bench_function(name, |b| {
                 b.iter(|| {

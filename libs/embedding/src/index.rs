@@ -7,12 +7,12 @@
 //!
 //! Collisionless: a slot stores the full key, so two keys never share a row.
 //!
-//! Lookups of many keys are pipelined: every key's first bucket is loaded in one tight pass
-//! (so the cache misses overlap), then matched; only keys not found there load their second
-//! bucket, again in one pass. Inserts put a key in its first bucket when it has room, so
+//! Lookups of many keys are pipelined: every key's first bucket is prefetched in one pass
+//! (so the cache misses overlap), then matched; only keys not found there prefetch their
+//! second bucket, again in one pass. Inserts put a key in its first bucket when it has room, so
 //! most lookups read one bucket.
 
-use std::hint::black_box;
+use primus_prefetch::prefetch;
 
 use crate::hash::{mix, mix2};
 use crate::region::Region;
@@ -63,16 +63,13 @@ fn find_slot(bucket: &Bucket, key: u64) -> Option<usize> {
     (0..SLOTS).find(|&s| bucket[s] == key && encoded_row(bucket, s) != EMPTY)
 }
 
-/// Loads one word of each named bucket. These are plain loads whose values are discarded
-/// (a prefetch instruction would need `unsafe`); issued back to back they put many cache
-/// misses in flight at once, and the real reads that follow find the lines in cache.
+/// Prefetches each named bucket: issued back to back, the misses are all in flight at once,
+/// and the reads that follow find the lines in cache.
 #[inline(always)]
-fn touch(buckets: &[Bucket], which: impl Iterator<Item = usize>) {
-    let mut sink = 0u64;
+fn prefetch_buckets(buckets: &[Bucket], which: impl Iterator<Item = usize>) {
     for bucket in which {
-        sink ^= buckets[bucket][0];
+        prefetch(&buckets[bucket]);
     }
-    black_box(sink);
 }
 
 pub struct CuckooIndex {
@@ -154,7 +151,7 @@ impl CuckooIndex {
                 *home = self.bucket_pair(*key);
             }
             let homes = &homes[..group.len()];
-            touch(buckets, homes.iter().map(|h| h.0));
+            prefetch_buckets(buckets, homes.iter().map(|h| h.0));
             let mut missed = 0;
             for (i, (key, home)) in group.iter().zip(homes).enumerate() {
                 found[i] = select(&buckets[home.0], *key, EMPTY);
@@ -163,7 +160,7 @@ impl CuckooIndex {
                 missed += usize::from(found[i] == EMPTY);
             }
             let misses = &misses[..missed];
-            touch(buckets, misses.iter().map(|i| homes[*i].1));
+            prefetch_buckets(buckets, misses.iter().map(|i| homes[*i].1));
             for &i in misses {
                 found[i] = select(&buckets[homes[i].1], group[i], EMPTY);
             }

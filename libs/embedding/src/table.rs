@@ -6,10 +6,10 @@
 //! so a small shard stays small, a big one is a few huge-page-backed regions, and a row's
 //! chunk is the bit length of its id. Chunks never move.
 
-use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use primus_prefetch::prefetch;
 use primus_spec::job::TableSpec;
 
 use crate::admission::Admission;
@@ -22,7 +22,7 @@ use crate::snapshot::{ShardSnapshot, SnapshotError};
 
 /// log2 of the rows in a shard's first arena chunk (chunk k > 0 holds 1024 << (k - 1)).
 const FIRST_CHUNK_ROWS_LOG2: u32 = 10;
-/// Rows whose lines are loaded together before they are read or updated (see `touch_rows`).
+/// Rows whose lines are prefetched together before they are read or updated.
 const ROW_PIPELINE: usize = 64;
 /// f32s in a cache line.
 const LINE_FLOATS: usize = 16;
@@ -332,7 +332,7 @@ impl Table {
                 .chunks(ROW_PIPELINE)
                 .zip(rows.chunks(ROW_PIPELINE))
             {
-                guard.touch_rows(rows, self.stride, dim);
+                guard.prefetch_rows(rows, self.stride, dim);
                 for (&position, row) in positions.iter().zip(rows) {
                     let position = position as usize;
                     let target = &mut out[position * dim..(position + 1) * dim];
@@ -388,8 +388,8 @@ impl Table {
                 .chunks(ROW_PIPELINE)
                 .zip(rows.chunks(ROW_PIPELINE))
             {
-                guard.touch_rows(rows, self.stride, self.stride);
-                guard.touch_meta(rows);
+                guard.prefetch_rows(rows, self.stride, self.stride);
+                guard.prefetch_meta(rows);
                 for (&position, known) in positions.iter().zip(rows) {
                     let position = position as usize;
                     let key = keys[position];
@@ -660,40 +660,27 @@ impl Shard {
         floats[place * stride..(place + 1) * stride].split_at_mut(dim)
     }
 
-    /// Loads the first float of each cache line of the rows' first `floats` floats, so the
-    /// misses overlap before the rows are read (plain loads, as in `index::touch`; the loop
-    /// is kept to a few instructions a row so that many rows' loads are in flight at once).
+    /// Prefetches each cache line of the rows' first `floats` floats, so the misses overlap
+    /// before the rows are read.
     #[inline]
-    fn touch_rows(&self, rows: &[Option<u32>], stride: usize, floats: usize) {
-        let chunks: Vec<&[f32]> = self
-            .chunks
-            .iter()
-            .map(|c| bytemuck::cast_slice(c.words()))
-            .collect();
-        let mut sink = 0u32;
+    fn prefetch_rows(&self, rows: &[Option<u32>], stride: usize, floats: usize) {
         for row in rows.iter().flatten() {
             let (chunk, place) = chunk_of(*row);
+            let values: &[f32] = bytemuck::cast_slice(self.chunks[chunk].words());
             let start = place * stride;
-            let values = &chunks[chunk][start..start + floats];
-            let mut line = 0;
-            while line < floats {
-                sink ^= values[line].to_bits();
-                line += LINE_FLOATS;
+            for line in (start..start + floats).step_by(LINE_FLOATS) {
+                prefetch(&values[line]);
             }
         }
-        black_box(sink);
     }
 
-    /// Loads the metadata of the rows, as [`Self::touch_rows`] does their values.
+    /// Prefetches the metadata of the rows, as [`Self::prefetch_rows`] does their values.
     #[inline]
-    fn touch_meta(&self, rows: &[Option<u32>]) {
-        let chunks: Vec<&[u64]> = self.meta_chunks.iter().map(Region::words).collect();
-        let mut sink = 0u64;
+    fn prefetch_meta(&self, rows: &[Option<u32>]) {
         for row in rows.iter().flatten() {
             let (chunk, place) = chunk_of(*row);
-            sink ^= chunks[chunk][place * META_WORDS];
+            prefetch(&self.meta_chunks[chunk].words()[place * META_WORDS]);
         }
-        black_box(sink);
     }
 
     fn meta(&self, row: u32) -> RowMeta {

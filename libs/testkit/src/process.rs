@@ -91,6 +91,15 @@ pub fn free_port() -> Result<u16, Error> {
 /// and starts again on the same address: a port from the ephemeral range (port 0) may be
 /// taken meanwhile by any outgoing connection, one below it only by an explicit bind.
 pub fn restartable_port() -> Result<u16, Error> {
+    // Exactly one port comes back.
+    restartable_ports(1).map(|ports| ports[0])
+}
+
+/// `count` distinct free ports as [`restartable_port`] picks them, for a server that binds
+/// them seconds after they are chosen (SeaweedFS starts its listeners one after another):
+/// a port from the ephemeral range could meanwhile become the source port of some other
+/// test's connection.
+pub fn restartable_ports(count: usize) -> Result<Vec<u16>, Error> {
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
@@ -102,13 +111,18 @@ pub fn restartable_port() -> Result<u16, Error> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos())
         ^ std::process::id().wrapping_mul(2_654_435_761);
-    for step in 0..span {
-        let port = range.start + ((seed.wrapping_add(step)) % span) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
+    let mut ports: Vec<u16> = (0..span)
+        .map(|step| range.start + (seed.wrapping_add(step) % span) as u16)
+        .filter(|port| TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .take(count)
+        .collect();
+    while ports.len() < count {
+        let port = free_port()?;
+        if !ports.contains(&port) {
+            ports.push(port);
         }
     }
-    free_port()
+    Ok(ports)
 }
 
 /// Polls `probe` every 50 ms until it returns Ok, or fails with its last error.

@@ -6,7 +6,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::process::{Error, Guarded, find_binary, free_port, loopback, wait_until};
+use crate::process::{
+    Error, Guarded, find_binary, free_port, loopback, restartable_ports, wait_until,
+};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -247,7 +249,19 @@ impl SeaweedS3 {
         let s3_config = dir.join("s3.json");
         std::fs::write(&s3_config, identities).map_err(Error::io("write s3.json"))?;
 
-        let (s3_port, filer_port) = (free_port()?, free_port()?);
+        let flags = [
+            "master.port",
+            "master.port.grpc",
+            "volume.port",
+            "volume.port.grpc",
+            "filer.port.grpc",
+            "s3.port.grpc",
+            "s3.port.iceberg",
+            "s3.port.lance",
+        ];
+        // Every listener gets its own port so instances never collide.
+        let ports = restartable_ports(2 + flags.len())?;
+        let (s3_port, filer_port) = (ports[0], ports[1]);
         let mut args = vec![
             "server".to_string(),
             "-ip=127.0.0.1".into(),
@@ -263,20 +277,7 @@ impl SeaweedS3 {
             format!("-s3.config={}", s3_config.display()),
             format!("-s3.localSocket={}", dir.join("s3.sock").display()),
         ];
-        // Every other listener gets its own free port so instances never collide.
-        let mut ports = vec![s3_port, filer_port];
-        for flag in [
-            "master.port",
-            "master.port.grpc",
-            "volume.port",
-            "volume.port.grpc",
-            "filer.port.grpc",
-            "s3.port.grpc",
-            "s3.port.iceberg",
-            "s3.port.lance",
-        ] {
-            let port = free_port()?;
-            ports.push(port);
+        for (flag, port) in flags.iter().zip(&ports[2..]) {
             args.push(format!("-{flag}={port}"));
         }
         // SeaweedFS leaves /tmp/seaweedfs-<kind>-<port>.sock behind (it ignores TMPDIR).

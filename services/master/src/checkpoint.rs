@@ -19,9 +19,16 @@
 //! checkpointing configured but none committed yet, the queue goes back to the start.
 //! Stream sources are not rolled back: their rows buffered but not served when a job
 //! stopped were acknowledged to JetStream and are not read again.
+//!
+//! A PS shard that crashes mid-job is restarted by the backend and restored alone from the
+//! latest committed checkpoint (Monolith §2.3: the shard loses the updates since, the rest
+//! of the job goes on). A checkpoint neither starts while a shard is being restored nor
+//! commits when a shard restarted while it was taken ([`ShardRecovery`]), so none records
+//! an emptied shard.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -65,8 +72,51 @@ pub enum CheckpointError {
     Storage { url: String, message: String },
     #[error("checkpoint record in Redis: {0}")]
     Record(String),
+    #[error("PS shard {0} restarted and is not restored yet")]
+    ShardRecovering(String),
+    #[error(
+        "a PS shard restarted during checkpoint {0}: its snapshot may be of the empty successor"
+    )]
+    ShardRestarted(u64),
     #[error("task queue: {0}")]
     Queue(#[from] QueueError),
+}
+
+/// PS shards of one job that crashed and came back: a checkpoint must not snapshot one
+/// before it has its rows back, or the checkpoint would record it empty.
+#[derive(Default)]
+pub struct ShardRecovery {
+    /// Restarts seen so far; a checkpoint whose start and commit see different counts is
+    /// abandoned.
+    restarts: AtomicU64,
+    /// The shard being restored, if any.
+    recovering: Mutex<Option<String>>,
+}
+
+impl ShardRecovery {
+    /// A shard restarted: checkpoints wait until [`Self::restored`].
+    pub fn restarting(&self, shard: &str) {
+        self.restarts.fetch_add(1, Ordering::AcqRel);
+        *self.recovering.lock().unwrap_or_else(|p| p.into_inner()) = Some(shard.to_owned());
+    }
+
+    /// The restarted shard has its rows back (or none were committed to restore).
+    pub fn restored(&self) {
+        *self.recovering.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The restart count when no shard is being restored.
+    fn settled(&self) -> Result<u64, CheckpointError> {
+        match self
+            .recovering
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            Some(shard) => Err(CheckpointError::ShardRecovering(shard)),
+            None => Ok(self.restarts.load(Ordering::Acquire)),
+        }
+    }
 }
 
 /// A trainer's totals at a checkpoint's barrier.
@@ -192,6 +242,7 @@ pub struct Coordinator<'a> {
     pub job: &'a str,
     pub queue: &'a TaskQueue,
     pub alignments: &'a Alignments,
+    pub recovery: &'a ShardRecovery,
     pub storage: &'a StorageSettings,
     /// `spec.checkpoint.uri`.
     pub uri: &'a str,
@@ -253,6 +304,7 @@ impl Coordinator<'_> {
         id: u64,
         participants: &Participants<'_>,
     ) -> Result<CheckpointRecord, CheckpointError> {
+        let restarts = self.recovery.settled()?;
         self.pause(id, &participants.data_executors).await?;
         let trainers = self
             .alignments
@@ -260,6 +312,9 @@ impl Coordinator<'_> {
             .await?;
         let uri = format!("{}/ckpt-{id}", self.uri.trim_end_matches('/'));
         let ps = snapshot(&uri, &participants.ps).await?;
+        if self.recovery.settled()? != restarts {
+            return Err(CheckpointError::ShardRestarted(id));
+        }
         let offsets: BTreeMap<String, u64> = self.queue.offsets().await?.into_iter().collect();
         let record = CheckpointRecord {
             id,
@@ -410,24 +465,33 @@ pub async fn restore_ps(
             running,
         });
     }
-    let restored = join_all(shards.iter().map(|shard| async move {
-        let mut client = ParameterServerClient::new(channel(&shard.grpc_addr)?);
-        let manifest_uri = record.ps.get(&shard.id).cloned().unwrap_or_default();
-        client
-            .restore(RestoreRequest { manifest_uri })
-            .await
-            .map(|_| ())
-            .map_err(|status| status.message().to_owned())
-    }))
-    .await;
-    for (shard, result) in shards.iter().zip(restored) {
-        result.map_err(|message| CheckpointError::Ps {
-            id: shard.id.clone(),
-            addr: shard.grpc_addr.clone(),
-            message,
-        })?;
+    for restored in join_all(shards.iter().map(|shard| restore_shard(record, shard))).await {
+        restored?;
     }
     Ok(())
+}
+
+/// Restores one PS shard from `record`; returns the rows it wrote.
+pub async fn restore_shard(
+    record: &CheckpointRecord,
+    shard: &Endpoint,
+) -> Result<u64, CheckpointError> {
+    let failed = |message: String| CheckpointError::Ps {
+        id: shard.id.clone(),
+        addr: shard.grpc_addr.clone(),
+        message,
+    };
+    let manifest_uri = record
+        .ps
+        .get(&shard.id)
+        .cloned()
+        .ok_or_else(|| failed(format!("checkpoint {} has no snapshot of it", record.id)))?;
+    let mut client = ParameterServerClient::new(channel(&shard.grpc_addr).map_err(failed)?);
+    client
+        .restore(RestoreRequest { manifest_uri })
+        .await
+        .map(|response| response.into_inner().rows)
+        .map_err(|status| failed(status.message().to_owned()))
 }
 
 /// The latest committed checkpoint of a job's queue.

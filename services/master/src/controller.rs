@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::{BackendEvent, ExecutorRole, ExecutorSpec, ResourceBackend};
-use crate::checkpoint::{self, Alignments, CheckpointError, CheckpointRecord};
+use crate::checkpoint::{self, Alignments, CheckpointError, CheckpointRecord, ShardRecovery};
 use crate::driver::{self, now_ms};
 use crate::metrics::MetricsFold;
 use crate::plan::{Catalog, ListingCache};
@@ -377,6 +377,16 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
     )));
 
     let mut backend_events = context.backend.events();
+    let recovery = Arc::new(ShardRecovery::default());
+    let (recovered_tx, mut recovered) = tokio::sync::mpsc::channel(16);
+    tasks.push(tokio::spawn(recover_restarted_shards(
+        context.backend.events(),
+        queue.clone(),
+        context.topologies.clone(),
+        name.to_owned(),
+        recovery.clone(),
+        recovered_tx,
+    )));
     // PS shards (and serving replicas) first: a restored checkpoint must be in them before
     // any trainer offers its initial parameters or reads a row.
     let job = JobParts {
@@ -470,6 +480,7 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
                         job: name,
                         queue: &queue,
                         alignments: &alignments,
+                        recovery: &recovery,
                         storage: &context.settings.storage,
                         uri: &target.uri,
                         limits: checkpoint_limits(&context.settings),
@@ -482,6 +493,17 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
                 continue;
             }
             Some(report) = reports.recv() => { fold.add(report); continue; }
+            Some(outcome) = recovered.recv() => {
+                match outcome {
+                    Ok((reason, message)) => {
+                        tracing::warn!(job = name, %message, "PS shard restarted");
+                        writer.condition("ShardRestored", true, reason, message);
+                        writer.write().await;
+                    }
+                    Err(message) => return Outcome::failed("ShardRestoreFailed", message),
+                }
+                continue;
+            }
             event = backend_events.recv() => {
                 match event {
                     Ok(BackendEvent::GaveUp { job, id, status }) if job == name => {
@@ -603,6 +625,86 @@ fn with_role(endpoints: &[Endpoint], role: Role) -> Vec<&Endpoint> {
 /// Takes checkpoint `id` (the last committed one being `previous`) and says how it went
 /// in the Job's `Checkpoint` condition (a failed one is reported and training goes on).
 /// True once committed.
+/// Monolith's PS recovery (§2.3): a PS shard that crashed and was restarted by the backend
+/// gets back its rows of the job's latest committed checkpoint. The updates it took since
+/// then are lost and the other shards keep theirs; a job with no committed checkpoint goes
+/// on with the shard empty. Sends the condition reason and message of each recovery, or
+/// the error that should fail the job.
+async fn recover_restarted_shards(
+    mut events: tokio::sync::broadcast::Receiver<BackendEvent>,
+    queue: TaskQueue,
+    topologies: Topologies,
+    job: String,
+    recovery: Arc<ShardRecovery>,
+    outcomes: tokio::sync::mpsc::Sender<Result<(&'static str, String), String>>,
+) {
+    loop {
+        let shard = match events.recv().await {
+            Ok(BackendEvent::Restarting { job: of, id, .. })
+                if of == job && id.starts_with(ExecutorRole::Ps.as_str()) =>
+            {
+                id
+            }
+            Ok(_) => continue,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::warn!(
+                    job,
+                    missed,
+                    "backend events missed: a PS restart among them goes unrestored"
+                );
+                continue;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        let endpoints = topologies.get(&job).map(|(_, e)| e).unwrap_or_default();
+        let Some(endpoint) = endpoints.into_iter().find(|e| e.id == shard) else {
+            continue;
+        };
+        recovery.restarting(&shard);
+        let outcome = recover_shard(&queue, &endpoint).await;
+        recovery.restored();
+        if outcomes.send(outcome).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn recover_shard(
+    queue: &TaskQueue,
+    shard: &Endpoint,
+) -> Result<(&'static str, String), String> {
+    // The crashed process is gone once the backend reports the restart, so the first
+    // SERVING answer comes from its successor.
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    while !serving(&shard.grpc_addr).await {
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!(
+                "{} at {} did not serve again within {}s of its restart",
+                shard.id,
+                shard.grpc_addr,
+                READY_TIMEOUT.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let Some(record) = checkpoint::latest(queue).await.map_err(|e| e.to_string())? else {
+        return Ok((
+            "NoCheckpoint",
+            format!("{} restarted empty: no checkpoint committed yet", shard.id),
+        ));
+    };
+    let rows = checkpoint::restore_shard(&record, shard)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((
+        "FromCheckpoint",
+        format!(
+            "{} restarted and restored from checkpoint {} ({}): {rows} rows",
+            shard.id, record.id, record.uri
+        ),
+    ))
+}
+
 async fn take_checkpoint<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
     coordinator: &checkpoint::Coordinator<'_>,

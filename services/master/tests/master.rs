@@ -1696,19 +1696,7 @@ async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_
         "primus",
         job,
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-    let record = loop {
-        if let Some(record) = checkpoint::latest(&queue).await.expect("record") {
-            break record;
-        }
-        let status = cluster.status(job).await;
-        assert!(
-            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
-            "no checkpoint committed: {status:?}\n{}",
-            cluster.logs(job)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let record = first_checkpoint(&cluster, &queue, job).await;
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");
     let total = (DLRM_HOURS * DLRM_ROWS_PER_HOUR) as u64;
@@ -1784,6 +1772,85 @@ async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_
         "checkpoint {}: {trained} samples, {steps} steps; after the restart {} samples, {} steps, AUC {auc:.4} (best {best:.4}); {} checkpoints, files kept of {kept:?}",
         record.id, progress.samples, progress.steps, latest.id
     );
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+}
+
+/// Waits for a committed checkpoint of a running job.
+async fn first_checkpoint(
+    cluster: &Cluster,
+    queue: &TaskQueue,
+    job: &str,
+) -> checkpoint::CheckpointRecord {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(record) = checkpoint::latest(queue).await.expect("record") {
+            return record;
+        }
+        let status = cluster.status(job).await;
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "no checkpoint committed: {status:?}\n{}",
+            cluster.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_ps_shard_comes_back_with_the_rows_of_the_latest_checkpoint() {
+    let cluster = Cluster::start().await;
+    let best = apply_criteo_dataset(&cluster).await;
+    let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
+    let job = "dlrm-ps-crash";
+    cluster.apply(&dlrm_job(&cluster, job, 1, 1)).await;
+    let client = redis::Client::open(cluster.redis.url()).expect("redis url");
+    let queue = TaskQueue::new(
+        client.get_connection_manager().await.expect("redis"),
+        "primus",
+        job,
+    );
+    let record = first_checkpoint(&cluster, &queue, job).await;
+    signal(cluster.pids(job)["ps-0"], "KILL").expect("kill ps-0");
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let restored = loop {
+        let status = cluster.status(job).await;
+        if let Some(c) = status.conditions.iter().find(|c| c.kind == "ShardRestored") {
+            break c.clone();
+        }
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "ps-0 not restored: {status:?}\n{}",
+            cluster.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(restored.reason, "FromCheckpoint", "{restored:?}");
+    let (checkpoint_id, rows) = restored
+        .message
+        .strip_prefix("ps-0 restarted and restored from checkpoint ")
+        .and_then(|rest| {
+            let (id, rest) = rest.split_once(' ')?;
+            let rows = rest.rsplit_once(": ")?.1.strip_suffix(" rows")?;
+            Some((id.parse::<u64>().ok()?, rows.parse::<u64>().ok()?))
+        })
+        .unwrap_or_else(|| panic!("unexpected message: {restored:?}"));
+    assert!(checkpoint_id >= record.id, "{restored:?} vs {record:?}");
+    assert!(
+        rows > 0,
+        "the checkpoint's rows of ps-0 are back: {restored:?}"
+    );
+
+    let status = cluster
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let auc = status.progress.and_then(|p| p.auc).expect("an AUC");
+    assert!(
+        auc > best - 0.03,
+        "AUC {auc:.4} after losing ps-0's updates since checkpoint {checkpoint_id} is not within 0.03 of the best achievable {best:.4}"
+    );
+    eprintln!("{}; AUC {auc:.4} (best {best:.4})", restored.message);
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");
 }

@@ -149,6 +149,33 @@ impl CheckpointRecord {
     }
 }
 
+/// The highest totals seen of each trainer of one job: what a trainer process continues
+/// from when it starts, the first time or after a crash.
+#[derive(Default)]
+pub struct KnownTotals {
+    totals: Mutex<BTreeMap<String, TrainerTotals>>,
+}
+
+impl KnownTotals {
+    /// Raises `trainer`'s totals to `totals` where they are higher (reports arrive late
+    /// and out of order; counters never go back).
+    pub fn raise(&self, trainer: &str, totals: TrainerTotals) {
+        let mut known = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = known.entry(trainer.to_owned()).or_default();
+        entry.steps = entry.steps.max(totals.steps);
+        entry.samples = entry.samples.max(totals.samples);
+    }
+
+    pub fn get(&self, trainer: &str) -> TrainerTotals {
+        self.totals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(trainer)
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
 /// The barrier round in progress for one job: which trainers have aligned.
 #[derive(Default)]
 pub struct Alignments {

@@ -24,7 +24,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::{BackendEvent, ExecutorRole, ExecutorSpec, ResourceBackend};
-use crate::checkpoint::{self, Alignments, CheckpointError, CheckpointRecord, ShardRecovery};
+use crate::checkpoint::{
+    self, Alignments, CheckpointError, CheckpointRecord, KnownTotals, ShardRecovery,
+};
 use crate::driver::{self, now_ms};
 use crate::metrics::MetricsFold;
 use crate::plan::{Catalog, ListingCache};
@@ -313,6 +315,7 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
     );
     let bounded = Arc::new(AtomicBool::new(false));
     let alignments = Arc::new(Alignments::default());
+    let trainer_totals = Arc::new(KnownTotals::default());
     context
         .jobs
         .write()
@@ -323,6 +326,7 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
                 queue: queue.clone(),
                 bounded: bounded.clone(),
                 alignments: alignments.clone(),
+                trainer_totals: trainer_totals.clone(),
             },
         );
     // Executors of a previous master (same ids as the ones about to start) are gone: their
@@ -338,6 +342,10 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
         },
         None => None,
     };
+    // Trainers continue from their totals in the checkpoint (they ask at start).
+    for (trainer, totals) in restored.iter().flat_map(|r| &r.trainers) {
+        trainer_totals.raise(trainer, *totals);
+    }
     let stream_bindings = driver::stream_tasks(name, &dataset);
     if reads_streams
         && spec.mode != primus_spec::job::TrainingMode::BatchThenStream
@@ -394,7 +402,6 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
         spec: &spec,
         dataset: &dataset,
         layout: &layout,
-        restored: restored.as_ref(),
     };
     if let Err(outcome) =
         start_executors(context, &job, &[ExecutorRole::Ps, ExecutorRole::Serving]).await
@@ -492,7 +499,14 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
                 }
                 continue;
             }
-            Some(report) = reports.recv() => { fold.add(report); continue; }
+            Some(report) = reports.recv() => {
+                if let Some(trainer) = report.endpoint.as_ref().filter(|e| e.role == Role::Trainer as i32) {
+                    let totals = checkpoint::TrainerTotals { steps: report.steps, samples: report.samples };
+                    trainer_totals.raise(&trainer.id, totals);
+                }
+                fold.add(report);
+                continue;
+            }
             Some(outcome) = recovered.recv() => {
                 match outcome {
                     Ok((reason, message)) => {
@@ -833,7 +847,7 @@ fn executor_settings(
     job: &JobParts,
 ) -> toml::Table {
     let (role, spec, dataset, layout) = (executor.role, job.spec, job.dataset, job.layout);
-    let (restored, job) = (job.restored, job.name);
+    let job = job.name;
     let mut entries = vec![
         ("nats", to_toml("nats", &settings.nats)),
         ("telemetry", to_toml("telemetry", &settings.telemetry)),
@@ -888,8 +902,6 @@ fn executor_settings(
             let schema = to_toml("trainer.schema", &dataset.schema);
             let training = &spec.training;
             let number = |n: u32| Some(toml::Value::Integer(n.into()));
-            let resume = restored_totals(restored, &executor.id());
-            let total = |n: u64| Some(toml::Value::Integer(i64::try_from(n).unwrap_or(i64::MAX)));
             entries.push((
                 "trainer",
                 section(vec![
@@ -898,8 +910,6 @@ fn executor_settings(
                     ("batch_size", number(training.batch_size)),
                     ("dense_pull_every", number(training.dense_pull_every)),
                     ("eval_window", number(training.eval_window)),
-                    ("resume_steps", total(resume.steps)),
-                    ("resume_samples", total(resume.samples)),
                 ]),
             ));
         }
@@ -913,15 +923,6 @@ struct JobParts<'a> {
     spec: &'a JobSpec,
     dataset: &'a DatasetSpec,
     layout: &'a ModelLayout,
-    /// The checkpoint the Job restarts from.
-    restored: Option<&'a CheckpointRecord>,
-}
-
-/// A trainer's totals in the checkpoint a Job restarts from (zero for a fresh start).
-fn restored_totals(restored: Option<&CheckpointRecord>, id: &str) -> checkpoint::TrainerTotals {
-    restored
-        .and_then(|r| r.trainers.get(id).copied())
-        .unwrap_or_default()
 }
 
 async fn start_executors<B: ResourceBackend, C: Catalog>(

@@ -1,6 +1,7 @@
 //! The task service (gRPC `TaskService`): data executors register, acquire tasks, report
 //! offsets and finish tasks. Every call is also a heartbeat of the calling executor. The
-//! same jobs' `CheckpointService` takes trainers' barrier alignments.
+//! same jobs' `CheckpointService` takes trainers' barrier alignments and tells a starting
+//! trainer the totals to continue from.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -10,11 +11,12 @@ use primus_proto::v1::task_service_server::TaskService;
 use primus_proto::v1::{
     AcquireTaskRequest, AcquireTaskResponse, FinishTaskRequest, FinishTaskResponse,
     RegisterExecutorRequest, RegisterExecutorResponse, ReportProgressRequest,
-    ReportProgressResponse, TrainerAlignedRequest, TrainerAlignedResponse,
+    ReportProgressResponse, TrainerAlignedRequest, TrainerAlignedResponse, TrainerTotalsRequest,
+    TrainerTotalsResponse,
 };
 use tonic::{Request, Response, Status};
 
-use crate::checkpoint::{Alignments, TrainerTotals};
+use crate::checkpoint::{Alignments, KnownTotals, TrainerTotals};
 use crate::driver::now_ms;
 use crate::queue::{Acquired, Finished, QueueError, TaskQueue};
 use crate::settings::TaskSettings;
@@ -28,6 +30,8 @@ pub struct JobTasks {
     pub bounded: Arc<std::sync::atomic::AtomicBool>,
     /// The checkpoint barrier in progress, if any.
     pub alignments: Arc<Alignments>,
+    /// Each trainer's highest totals so far.
+    pub trainer_totals: Arc<KnownTotals>,
 }
 
 /// The jobs this master drives, by name.
@@ -181,6 +185,7 @@ impl CheckpointService for Tasks {
             steps: request.steps,
             samples: request.samples,
         };
+        job.trainer_totals.raise(trainer, totals);
         if !job.alignments.ack(request.checkpoint_id, trainer, totals) {
             return Err(Status::failed_precondition(format!(
                 "checkpoint {} of job {:?} is not in progress (it finished or timed out)",
@@ -188,6 +193,19 @@ impl CheckpointService for Tasks {
             )));
         }
         Ok(Response::new(TrainerAlignedResponse {}))
+    }
+
+    async fn trainer_totals(
+        &self,
+        request: Request<TrainerTotalsRequest>,
+    ) -> Result<Response<TrainerTotalsResponse>, Status> {
+        let request = request.into_inner();
+        let trainer = required("trainer_id", &request.trainer_id)?;
+        let totals = self.job(&request.job)?.trainer_totals.get(trainer);
+        Ok(Response::new(TrainerTotalsResponse {
+            steps: totals.steps,
+            samples: totals.samples,
+        }))
     }
 }
 

@@ -1855,6 +1855,61 @@ async fn a_killed_ps_shard_comes_back_with_the_rows_of_the_latest_checkpoint() {
     master.wait().expect("master exits");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_trainer_continues_its_counters_instead_of_restarting_them() {
+    let cluster = Cluster::start().await;
+    apply_criteo_dataset(&cluster).await;
+    let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
+    let job = "dlrm-trainer-crash";
+    cluster.apply(&dlrm_job(&cluster, job, 1, 3600)).await;
+    let total = (DLRM_HOURS * DLRM_ROWS_PER_HOUR) as u64;
+    let samples = |status: &Status| status.progress.as_ref().map_or(0, |p| p.samples);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    let before = loop {
+        let status = cluster.status(job).await;
+        if samples(&status) >= total / 3 {
+            break samples(&status);
+        }
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "{status:?}\n{}",
+            cluster.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    signal(cluster.pids(job)["trainer-0"], "KILL").expect("kill trainer-0");
+
+    // The job's sample count never goes back, and the restarted trainer adds to it.
+    let mut highest = before;
+    let status = loop {
+        let status = cluster.status(job).await;
+        assert!(
+            samples(&status) >= highest,
+            "progress went back from {highest}: {status:?}"
+        );
+        highest = samples(&status);
+        if status.phase == Phase::Succeeded {
+            break status;
+        }
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "{status:?}\n{}",
+            cluster.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Rows the dead trainer had received but not trained, and those it trained after its
+    // last report, are not counted: a few minibatches, far from the third counted before.
+    let trained = samples(&status);
+    assert!(
+        trained <= total && trained >= total - total / 10,
+        "{trained} samples counted of {total} rows ({before} before the kill)"
+    );
+    eprintln!("{before} samples before the kill, {trained} of {total} at the end");
+    signal(master.id(), "TERM").expect("stop master");
+    master.wait().expect("master exits");
+}
+
 fn has_files(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|entries| {
         entries

@@ -29,7 +29,10 @@ use primus_data_executor::reader::{self, ReaderOptions, Received};
 use primus_model::{Model, ModelLayout};
 use primus_proto::v1::checkpoint_service_client::CheckpointServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
-use primus_proto::v1::{Endpoint, GetTopologyRequest, MetricsReport, Role, TrainerAlignedRequest};
+use primus_proto::v1::{
+    Endpoint, GetTopologyRequest, MetricsReport, Role, TrainerAlignedRequest, TrainerTotalsRequest,
+    TrainerTotalsResponse,
+};
 use primus_ps::client::PsClient;
 use primus_service::{ExecutorIdentity, Node, Shutdown};
 use tonic::service::Routes;
@@ -127,6 +130,20 @@ async fn topology(identity: &ExecutorIdentity) -> anyhow::Result<(Vec<String>, V
     })
 }
 
+/// The step and sample totals this trainer continues from: zero for a new job, its totals
+/// in the checkpoint a job was restored from, or, after a crash, the last ones the master
+/// saw of it (so a restart resets no counter; the steps trained after its last report
+/// are not counted).
+async fn starting_totals(identity: &ExecutorIdentity) -> anyhow::Result<TrainerTotalsResponse> {
+    let mut master =
+        CheckpointServiceClient::connect(format!("http://{}", identity.master_addr)).await?;
+    let request = TrainerTotalsRequest {
+        job: identity.job.clone(),
+        trainer_id: identity.executor_id.clone(),
+    };
+    Ok(master.trainer_totals(request).await?.into_inner())
+}
+
 /// Executors start together; retry until each answers.
 async fn retry<T, F, Fut>(what: &str, mut attempt: F) -> anyhow::Result<T>
 where
@@ -166,7 +183,11 @@ async fn work(
         train.eval_window,
     )
     .await?;
-    trainer.resume_from(train.resume_steps, train.resume_samples);
+    let totals = retry("asking the master for this trainer's totals", || {
+        starting_totals(identity)
+    })
+    .await?;
+    trainer.resume_from(totals.steps, totals.samples);
     let options = ReaderOptions {
         job: identity.job.clone(),
         trainer_id: identity.executor_id.clone(),

@@ -40,10 +40,6 @@ pub struct TrainSettings {
     pub metrics_interval_ms: u64,
     /// Seeds the initial dense parameters (the first trainer's values win on the PS).
     pub seed: u64,
-    /// Step and sample totals to continue from: this trainer's counts in the checkpoint
-    /// the job was restored from (written by the master; 0 for a fresh job).
-    pub resume_steps: u64,
-    pub resume_samples: u64,
 }
 
 impl Default for TrainSettings {
@@ -59,8 +55,6 @@ impl Default for TrainSettings {
             eval_window: 100_000,
             metrics_interval_ms: 2000,
             seed: 0,
-            resume_steps: 0,
-            resume_samples: 0,
         }
     }
 }

@@ -1690,12 +1690,7 @@ async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_
     let mut master = cluster.start_master_with(&data_executor);
     let job = "dlrm-restart";
     cluster.apply(&dlrm_job(&cluster, job, 1, 1)).await;
-    let client = redis::Client::open(cluster.redis.url()).expect("redis url");
-    let queue = TaskQueue::new(
-        client.get_connection_manager().await.expect("redis"),
-        "primus",
-        job,
-    );
+    let queue = job_queue(&cluster, job).await;
     let record = first_checkpoint(&cluster, &queue, job).await;
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");
@@ -1776,6 +1771,16 @@ async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_
     master.wait().expect("master exits");
 }
 
+/// The task queue of `job` in the cluster's Redis.
+async fn job_queue(cluster: &Cluster, job: &str) -> TaskQueue {
+    let client = redis::Client::open(cluster.redis.url()).expect("redis url");
+    TaskQueue::new(
+        client.get_connection_manager().await.expect("redis"),
+        "primus",
+        job,
+    )
+}
+
 /// Waits for a committed checkpoint of a running job.
 async fn first_checkpoint(
     cluster: &Cluster,
@@ -1804,12 +1809,7 @@ async fn a_killed_ps_shard_comes_back_with_the_rows_of_the_latest_checkpoint() {
     let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
     let job = "dlrm-ps-crash";
     cluster.apply(&dlrm_job(&cluster, job, 1, 1)).await;
-    let client = redis::Client::open(cluster.redis.url()).expect("redis url");
-    let queue = TaskQueue::new(
-        client.get_connection_manager().await.expect("redis"),
-        "primus",
-        job,
-    );
+    let queue = job_queue(&cluster, job).await;
     let record = first_checkpoint(&cluster, &queue, job).await;
     signal(cluster.pids(job)["ps-0"], "KILL").expect("kill ps-0");
 

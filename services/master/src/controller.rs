@@ -636,9 +636,6 @@ fn with_role(endpoints: &[Endpoint], role: Role) -> Vec<&Endpoint> {
     endpoints.iter().filter(|e| e.role == role as i32).collect()
 }
 
-/// Takes checkpoint `id` (the last committed one being `previous`) and says how it went
-/// in the Job's `Checkpoint` condition (a failed one is reported and training goes on).
-/// True once committed.
 /// Monolith's PS recovery (§2.3): a PS shard that crashed and was restarted by the backend
 /// gets back its rows of the job's latest committed checkpoint. The updates it took since
 /// then are lost and the other shards keep theirs; a job with no committed checkpoint goes
@@ -719,6 +716,9 @@ async fn recover_shard(
     ))
 }
 
+/// Takes checkpoint `id` (the last committed one being `previous`) and says how it went
+/// in the Job's `Checkpoint` condition (a failed one is reported and training goes on).
+/// True once committed.
 async fn take_checkpoint<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
     coordinator: &checkpoint::Coordinator<'_>,

@@ -565,4 +565,35 @@ mod tests {
         assert_eq!(acks.get("trainer-0"), Some(&totals));
         assert_eq!(acks.len(), 2);
     }
+
+    #[test]
+    fn a_shard_being_restored_holds_checkpoints_off_and_a_restart_is_seen() {
+        let recovery = ShardRecovery::default();
+        let before = recovery.settled().expect("nothing restarted");
+        recovery.restarting("ps-1");
+        match recovery.settled() {
+            Err(CheckpointError::ShardRecovering(shard)) => assert_eq!(shard, "ps-1"),
+            other => panic!("expected ps-1 recovering, got {other:?}"),
+        }
+        recovery.restored();
+        let after = recovery.settled().expect("restored");
+        assert_ne!(
+            before, after,
+            "a checkpoint spanning the restart must see it"
+        );
+    }
+
+    #[test]
+    fn known_totals_only_rise() {
+        let known = KnownTotals::default();
+        assert_eq!(known.get("trainer-0"), TrainerTotals::default());
+        let totals = |steps, samples| TrainerTotals { steps, samples };
+        known.raise("trainer-0", totals(10, 1000));
+        // A late report of the same process, then the restarted one's first.
+        known.raise("trainer-0", totals(9, 900));
+        assert_eq!(known.get("trainer-0"), totals(10, 1000));
+        known.raise("trainer-0", totals(11, 1100));
+        assert_eq!(known.get("trainer-0"), totals(11, 1100));
+        assert_eq!(known.get("trainer-1"), TrainerTotals::default());
+    }
 }

@@ -32,7 +32,7 @@ use crate::ledger::{ReadEnd, TaskLedger};
 use crate::rebalance::{Rebalancer, StreamPartition};
 use crate::runner::BatchRunner;
 use crate::settings::DataSettings;
-use crate::stream::{StreamGauges, StreamRunner};
+use crate::stream::{StreamGauges, StreamInputs, StreamRunner};
 
 /// State shared by the work loop, the runners and the dataset server.
 pub struct Executor {
@@ -156,6 +156,16 @@ impl Executor {
         self.exhausted.load(Ordering::Acquire) && self.buffers.is_empty()
     }
 
+    fn stream_inputs<'a>(&'a self, jetstream: &'a JetStream) -> StreamInputs<'a> {
+        StreamInputs {
+            buffers: &self.buffers,
+            pipeline: &self.pipeline,
+            jetstream,
+            fetching: self.settings.fetching(),
+            rejected: &self.rejected_messages,
+        }
+    }
+
     fn stream_gauges(&self, source: &str) -> Arc<StreamGauges> {
         let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         streams.entry(source.to_owned()).or_default().clone()
@@ -222,11 +232,7 @@ impl Executor {
     /// `rebalance` loading: helps with other executors' partitions that are behind.
     async fn rebalance(self: Arc<Self>, jetstream: JetStream) {
         let rebalancer = Rebalancer {
-            buffers: &self.buffers,
-            pipeline: &self.pipeline,
-            jetstream: &jetstream,
-            fetching: self.settings.fetching(),
-            rejected: &self.rejected_messages,
+            inputs: self.stream_inputs(&jetstream),
             partitions: self.partitions.clone(),
         };
         let holds = |source: &str| self.held_streams().contains(source);
@@ -346,11 +352,7 @@ impl Executor {
             (Some(data_task::Work::Stream(work)), Some(source)) => {
                 self.held_streams().insert(task.source.clone());
                 let runner = StreamRunner {
-                    buffers: &self.buffers,
-                    pipeline: &self.pipeline,
-                    jetstream,
-                    fetching: self.settings.fetching(),
-                    rejected: &self.rejected_messages,
+                    inputs: self.stream_inputs(jetstream),
                     gauges: &self.stream_gauges(&task.source),
                 };
                 tokio::select! {
@@ -361,12 +363,8 @@ impl Executor {
             }
             (Some(data_task::Work::Join(work)), Some(source)) => {
                 let runner = JoinRunner {
-                    buffers: &self.buffers,
-                    pipeline: &self.pipeline,
-                    jetstream,
-                    fetching: self.settings.fetching(),
+                    inputs: self.stream_inputs(jetstream),
                     spill_dir: self.spill_dir(),
-                    rejected: &self.rejected_messages,
                     gauges: &self.stream_gauges(&task.source),
                     join_gauges: &self.join_gauges(&task.source),
                 };

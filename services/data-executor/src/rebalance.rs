@@ -12,15 +12,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
-use primus_batch::FeaturePipeline;
-use primus_bus::jetstream::{Consumer, JetStream};
+use primus_bus::jetstream::Consumer;
 use primus_proto::v1::{SampleRows, StreamWork};
 
-use crate::buffer::{Buffers, SourceIndex};
+use crate::buffer::SourceIndex;
 use crate::ledger::TaskLedger;
-use crate::stream::{Fetching, StreamGauges, StreamRunner};
+use crate::stream::{StreamGauges, StreamInputs, StreamRunner};
 
 /// A stream source another executor may hold.
 #[derive(Clone)]
@@ -31,11 +29,7 @@ pub struct StreamPartition {
 }
 
 pub struct Rebalancer<'a> {
-    pub buffers: &'a Buffers,
-    pub pipeline: &'a FeaturePipeline,
-    pub jetstream: &'a JetStream,
-    pub fetching: Fetching,
-    pub rejected: &'a AtomicU64,
+    pub inputs: StreamInputs<'a>,
     pub partitions: Vec<StreamPartition>,
 }
 
@@ -50,7 +44,7 @@ impl Rebalancer<'_> {
     /// A partition is behind, and this executor's own are caught up, when at least a
     /// full fetch of messages waits undelivered.
     fn behind(&self, pending: u64) -> bool {
-        pending >= self.fetching.messages as u64
+        pending >= self.inputs.fetching.messages as u64
     }
 
     /// Helps until the future is dropped. `gauges` are the executor's per-source stream
@@ -78,7 +72,7 @@ impl Rebalancer<'_> {
                 }
             }
             if !helped {
-                tokio::time::sleep(self.fetching.wait).await;
+                tokio::time::sleep(self.inputs.fetching.wait).await;
             }
         }
     }
@@ -94,6 +88,7 @@ impl Rebalancer<'_> {
             // Only a partition whose holder opened its consumer: a stream not bound yet
             // (batch-then-stream) is not started early by a helper.
             let Ok(consumer) = self
+                .inputs
                 .jetstream
                 .existing_consumer::<SampleRows>(&partition.work.stream, &partition.work.durable)
                 .await
@@ -122,7 +117,7 @@ impl Rebalancer<'_> {
         }
         let Ok(fetched) = state
             .consumer
-            .fetch(self.fetching.messages, self.fetching.wait)
+            .fetch(self.inputs.fetching.messages, self.inputs.fetching.wait)
             .await
         else {
             return false;
@@ -131,11 +126,7 @@ impl Rebalancer<'_> {
             tracing::info!(partition = %partition.name, pending = backlog.pending, "helping with a partition that is behind");
         }
         let runner = StreamRunner {
-            buffers: self.buffers,
-            pipeline: self.pipeline,
-            jetstream: self.jetstream,
-            fetching: self.fetching,
-            rejected: self.rejected,
+            inputs: self.inputs,
             gauges,
         };
         runner
@@ -154,14 +145,18 @@ impl Rebalancer<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
+    use primus_batch::FeaturePipeline;
+    use primus_bus::jetstream::JetStream;
     use primus_proto::v1::SourceKind;
     use primus_spec::job::StreamLoading;
     use primus_testkit::NatsServer;
 
     use super::*;
+    use crate::buffer::Buffers;
+    use crate::stream::Fetching;
     use crate::stream::tests::{connect, sample_rows};
 
     const HOT_MESSAGES: u64 = 60;
@@ -230,26 +225,24 @@ mod tests {
             pipeline: &FeaturePipeline,
             loading: StreamLoading,
         ) {
-            let fetching = Fetching {
-                messages: 4,
-                wait: Duration::from_millis(100),
-                ack_wait: Duration::from_secs(2),
-            };
-            let runner = StreamRunner {
+            let inputs = StreamInputs {
                 buffers: &self.buffers,
                 pipeline,
                 jetstream,
-                fetching,
+                fetching: Fetching {
+                    messages: 4,
+                    wait: Duration::from_millis(100),
+                    ack_wait: Duration::from_secs(2),
+                },
                 rejected: &self.rejected,
+            };
+            let runner = StreamRunner {
+                inputs,
                 gauges: &self.gauges[&own.name],
             };
             let ledger = Arc::new(TaskLedger::new(format!("{}/stream", own.name), 0));
             let rebalancer = Rebalancer {
-                buffers: &self.buffers,
-                pipeline,
-                jetstream,
-                fetching,
-                rejected: &self.rejected,
+                inputs,
                 partitions: partitions(),
             };
             let helping = async {

@@ -68,13 +68,20 @@ pub struct Fetching {
     pub ack_wait: Duration,
 }
 
-pub struct StreamRunner<'a> {
+/// What every stream consumer of an executor (forward, rebalancing helper, joiner) reads
+/// from and writes to.
+#[derive(Clone, Copy)]
+pub struct StreamInputs<'a> {
     pub buffers: &'a Buffers,
     pub pipeline: &'a FeaturePipeline,
     pub jetstream: &'a JetStream,
     pub fetching: Fetching,
-    /// Messages terminated because they did not decode or fit the schema.
+    /// Messages terminated because they did not decode, join or fit the schema.
     pub rejected: &'a AtomicU64,
+}
+
+pub struct StreamRunner<'a> {
+    pub inputs: StreamInputs<'a>,
     pub gauges: &'a StreamGauges,
 }
 
@@ -90,14 +97,15 @@ impl StreamRunner<'_> {
     ) {
         // The stream is created when missing, so a Job may start before its producer.
         let consumer = match self
+            .inputs
             .jetstream
             .ensure_stream(&work.stream, vec![work.subject.clone()])
             .and_then(|_| {
-                self.jetstream.durable_consumer::<SampleRows>(
+                self.inputs.jetstream.durable_consumer::<SampleRows>(
                     &work.stream,
                     &work.durable,
                     Some(work.subject.clone()),
-                    self.fetching.ack_wait,
+                    self.inputs.fetching.ack_wait,
                 )
             })
             .await
@@ -122,14 +130,14 @@ impl StreamRunner<'_> {
                 backlog_checked = Some(Instant::now());
             }
             let fetched = match consumer
-                .fetch(self.fetching.messages, self.fetching.wait)
+                .fetch(self.inputs.fetching.messages, self.inputs.fetching.wait)
                 .await
             {
                 Ok(fetched) => fetched,
                 Err(e) => {
                     // NATS reconnects on its own; what was delivered and not acked comes back.
                     tracing::warn!(stream = %work.stream, error = %e, "fetching from the stream");
-                    tokio::time::sleep(self.fetching.wait).await;
+                    tokio::time::sleep(self.inputs.fetching.wait).await;
                     continue;
                 }
             };
@@ -156,14 +164,14 @@ impl StreamRunner<'_> {
     ) {
         for error in &fetched.rejected {
             tracing::warn!(stream = %work.stream, %error, "message terminated: not SampleRows");
-            self.rejected.fetch_add(1, Ordering::Relaxed);
+            self.inputs.rejected.fetch_add(1, Ordering::Relaxed);
         }
         if fetched.deliveries.is_empty() {
             return;
         }
         tracing::debug!(stream = %work.stream, messages = fetched.deliveries.len(), "fetched");
         // Writing only while messages are in hand: an idle stream's short buffer serves.
-        let _writing = self.buffers.writer(source);
+        let _writing = self.inputs.buffers.writer(source);
         for (i, delivery) in fetched.deliveries.iter().enumerate() {
             let batch = match self.rows(delivery) {
                 Ok(batch) => batch,
@@ -201,7 +209,10 @@ impl StreamRunner<'_> {
     fn rows(&self, delivery: &Delivery<SampleRows>) -> Result<Minibatch, String> {
         let rows = ipc::decode_rows(&delivery.received.message.arrow_ipc)
             .map_err(|e| format!("not Arrow IPC rows: {e}"))?;
-        self.pipeline.minibatch(&rows).map_err(|e| e.to_string())
+        self.inputs
+            .pipeline
+            .minibatch(&rows)
+            .map_err(|e| e.to_string())
     }
 
     async fn reject(&self, work: &StreamWork, delivery: &Delivery<SampleRows>, error: &str) {
@@ -213,7 +224,7 @@ impl StreamRunner<'_> {
             %error,
             "message terminated: its rows do not fit the Dataset's schema"
         );
-        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.inputs.rejected.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = delivery.reject().await {
             tracing::warn!(stream = %work.stream, error = %e, "terminating a message");
         }
@@ -228,7 +239,7 @@ impl StreamRunner<'_> {
         consumer: &Consumer<SampleRows>,
         unacked: &[Delivery<SampleRows>],
     ) {
-        let interval = self.fetching.ack_wait / 3;
+        let interval = self.inputs.fetching.ack_wait / 3;
         let keep_alive = move || async move {
             for delivery in unacked {
                 // A lost keep-alive only risks a redelivery, which the ack wait allows.
@@ -236,7 +247,8 @@ impl StreamRunner<'_> {
             }
             self.check_backlog(consumer).await;
         };
-        self.buffers
+        self.inputs
+            .buffers
             .push_ticking(source, chunk, interval, keep_alive)
             .await;
     }
@@ -307,13 +319,14 @@ pub(crate) mod tests {
         gauges: StreamGauges,
     }
 
-    fn runner<'a>(
+    /// Inputs that fetch small batches with short waits, so tests see redeliveries soon.
+    pub(crate) fn quick_inputs<'a>(
         buffers: &'a Buffers,
         pipeline: &'a FeaturePipeline,
         jetstream: &'a JetStream,
-        counters: &'a Counters,
-    ) -> StreamRunner<'a> {
-        StreamRunner {
+        rejected: &'a AtomicU64,
+    ) -> StreamInputs<'a> {
+        StreamInputs {
             buffers,
             pipeline,
             jetstream,
@@ -322,7 +335,18 @@ pub(crate) mod tests {
                 wait: Duration::from_millis(200),
                 ack_wait: Duration::from_secs(1),
             },
-            rejected: &counters.rejected,
+            rejected,
+        }
+    }
+
+    fn runner<'a>(
+        buffers: &'a Buffers,
+        pipeline: &'a FeaturePipeline,
+        jetstream: &'a JetStream,
+        counters: &'a Counters,
+    ) -> StreamRunner<'a> {
+        StreamRunner {
+            inputs: quick_inputs(buffers, pipeline, jetstream, &counters.rejected),
             gauges: &counters.gauges,
         }
     }

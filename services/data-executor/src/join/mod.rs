@@ -23,14 +23,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
-use primus_batch::{FeaturePipeline, Minibatch, ipc};
-use primus_bus::jetstream::{Consumer, Delivery, Fetched, JetStream};
+use primus_batch::{Minibatch, ipc};
+use primus_bus::jetstream::{Consumer, Delivery, Fetched};
 use primus_proto::v1::{JoinWork, SampleRows};
 use tokio::sync::mpsc;
 
-use crate::buffer::{Buffers, Chunk, SourceIndex};
+use crate::buffer::{Chunk, SourceIndex};
 use crate::ledger::{ReadEnd, TaskLedger};
-use crate::stream::{Fetching, StreamGauges};
+use crate::stream::{StreamGauges, StreamInputs};
 use spill::SpillStore;
 use table::{JoinTable, MessageId, Output};
 
@@ -91,14 +91,9 @@ enum Side {
 }
 
 pub struct JoinRunner<'a> {
-    pub buffers: &'a Buffers,
-    pub pipeline: &'a FeaturePipeline,
-    pub jetstream: &'a JetStream,
-    pub fetching: Fetching,
+    pub inputs: StreamInputs<'a>,
     /// Where feature rows beyond the memory budget go (a directory per binding below it).
     pub spill_dir: PathBuf,
-    /// Messages terminated because they could not be joined or fit the schema.
-    pub rejected: &'a AtomicU64,
     pub gauges: &'a StreamGauges,
     pub join_gauges: &'a JoinGauges,
 }
@@ -148,7 +143,7 @@ impl JoinRunner<'_> {
             .map_err(failed)?;
         let spill = SpillStore::open(self.spill_dir.join(&work.features_durable), SEGMENT_BYTES)
             .map_err(|e| failed(e.to_string()))?;
-        let label = self.pipeline.columns().swap_remove(0);
+        let label = self.inputs.pipeline.columns().swap_remove(0);
         let mut joining = Joining {
             table: JoinTable::new(
                 work.request_id_column.clone(),
@@ -159,6 +154,7 @@ impl JoinRunner<'_> {
             ),
             held: HashMap::new(),
             feature_columns: self
+                .inputs
                 .pipeline
                 .columns()
                 .into_iter()
@@ -176,7 +172,7 @@ impl JoinRunner<'_> {
             )
         };
         let joining_loop = async {
-            let tick = self.fetching.wait.min(Duration::from_millis(200));
+            let tick = self.inputs.fetching.wait.min(Duration::from_millis(200));
             let mut backlog_checked: Option<Instant> = None;
             let mut kept_alive = Instant::now();
             while !ledger.is_taken_back() {
@@ -185,7 +181,7 @@ impl JoinRunner<'_> {
                     self.join_gauges.record_waiting(&joining.table);
                     backlog_checked = Some(Instant::now());
                 }
-                if kept_alive.elapsed() >= self.fetching.ack_wait / 3 {
+                if kept_alive.elapsed() >= self.inputs.fetching.ack_wait / 3 {
                     keep_alive(&joining.held).await;
                     kept_alive = Instant::now();
                 }
@@ -218,13 +214,17 @@ impl JoinRunner<'_> {
     ) -> Result<Consumer<SampleRows>, String> {
         let subjects = vec![work.features_subject.clone(), work.actions_subject.clone()];
         let opened = async {
-            self.jetstream.ensure_stream(&work.stream, subjects).await?;
-            self.jetstream
+            self.inputs
+                .jetstream
+                .ensure_stream(&work.stream, subjects)
+                .await?;
+            self.inputs
+                .jetstream
                 .durable_consumer_with_window::<SampleRows>(
                     &work.stream,
                     durable,
                     Some(subject.to_owned()),
-                    self.fetching.ack_wait,
+                    self.inputs.fetching.ack_wait,
                     MAX_HELD_MESSAGES,
                 )
                 .await
@@ -246,7 +246,7 @@ impl JoinRunner<'_> {
     ) {
         loop {
             match consumer
-                .fetch(self.fetching.messages, self.fetching.wait)
+                .fetch(self.inputs.fetching.messages, self.inputs.fetching.wait)
                 .await
             {
                 Ok(fetched) if fetched.deliveries.is_empty() && fetched.rejected.is_empty() => {}
@@ -258,7 +258,7 @@ impl JoinRunner<'_> {
                 Err(e) => {
                     // NATS reconnects on its own; what was delivered and not acked comes back.
                     tracing::warn!(error = %e, "fetching for the joiner");
-                    tokio::time::sleep(self.fetching.wait).await;
+                    tokio::time::sleep(self.inputs.fetching.wait).await;
                 }
             }
         }
@@ -274,7 +274,7 @@ impl JoinRunner<'_> {
     async fn take_in(&self, joining: &mut Joining<'_>, side: Side, fetched: Fetched<SampleRows>) {
         for error in &fetched.rejected {
             tracing::warn!(stream = %joining.work.stream, %error, "message terminated: not SampleRows");
-            self.rejected.fetch_add(1, Ordering::Relaxed);
+            self.inputs.rejected.fetch_add(1, Ordering::Relaxed);
         }
         for delivery in fetched.deliveries {
             let (Ok(message), Ok(stored_ms)) = (delivery.sequence(), delivery.stored_unix_ms())
@@ -318,12 +318,12 @@ impl JoinRunner<'_> {
     ) {
         let mut parts = Vec::new();
         for rows in &output.batches {
-            match self.pipeline.minibatch(rows) {
+            match self.inputs.pipeline.minibatch(rows) {
                 Ok(batch) => parts.push(batch),
                 Err(error) => {
                     // The columns were there; their values were not usable. Counted, logged.
                     tracing::warn!(stream = %joining.work.stream, rows = rows.num_rows(), %error, "joined rows dropped: they do not fit the schema");
-                    self.rejected.fetch_add(1, Ordering::Relaxed);
+                    self.inputs.rejected.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
@@ -341,7 +341,7 @@ impl JoinRunner<'_> {
                 task: ledger.clone(),
                 first_offset: joining.offset,
             };
-            let _writing = self.buffers.writer(source);
+            let _writing = self.inputs.buffers.writer(source);
             self.buffer(source, chunk, features, &joining.held).await;
             joining.offset += rows;
         }
@@ -363,14 +363,15 @@ impl JoinRunner<'_> {
         features: &Consumer<SampleRows>,
         held: &HashMap<MessageId, Delivery<SampleRows>>,
     ) {
-        let interval = self.fetching.ack_wait / 3;
+        let interval = self.inputs.fetching.ack_wait / 3;
         let keep_alive = move || async move {
             keep_alive(held).await;
             if let Ok(backlog) = features.backlog().await {
                 self.gauges.set_pending(backlog.pending);
             }
         };
-        self.buffers
+        self.inputs
+            .buffers
             .push_ticking(source, chunk, interval, keep_alive)
             .await;
     }
@@ -383,7 +384,7 @@ impl JoinRunner<'_> {
             %error,
             "message terminated: its rows cannot be joined"
         );
-        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.inputs.rejected.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = delivery.reject().await {
             tracing::warn!(stream = %work.stream, error = %e, "terminating a message");
         }
@@ -428,11 +429,14 @@ mod tests {
     use std::collections::BTreeMap;
 
     use arrow::array::{ArrayRef, UInt64Array};
+    use primus_batch::FeaturePipeline;
+    use primus_bus::jetstream::JetStream;
     use primus_proto::v1::SourceKind;
     use primus_testkit::NatsServer;
 
     use super::*;
-    use crate::stream::tests::{connect, ids_by_key};
+    use crate::buffer::Buffers;
+    use crate::stream::tests::{connect, ids_by_key, quick_inputs};
 
     const STREAM: &str = "LOG";
 
@@ -493,16 +497,8 @@ mod tests {
             jetstream: &'a JetStream,
         ) -> JoinRunner<'a> {
             JoinRunner {
-                buffers: &self.buffers,
-                pipeline,
-                jetstream,
-                fetching: Fetching {
-                    messages: 16,
-                    wait: Duration::from_millis(200),
-                    ack_wait: Duration::from_secs(1),
-                },
+                inputs: quick_inputs(&self.buffers, pipeline, jetstream, &self.rejected),
                 spill_dir: self.spill.path().to_owned(),
-                rejected: &self.rejected,
                 gauges: &self.gauges,
                 join_gauges: &self.join_gauges,
             }

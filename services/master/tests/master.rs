@@ -839,6 +839,17 @@ async fn wait_for_samples(cluster: &Cluster, job: &str, samples: u64) {
     }
 }
 
+/// `job`'s trained samples are still `samples` 3 s later.
+async fn assert_samples_stay(cluster: &Cluster, job: &str, samples: u64) {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = cluster.status(job).await;
+    assert_eq!(
+        status.progress.as_ref().map(|p| p.samples),
+        Some(samples),
+        "{status:?}"
+    );
+}
+
 /// Publishes rows 0..500 on `clicks.live` (stream CLICKS) and applies a stream-mode
 /// Wide&Deep Job `job` over them, one of each executor; `extra` is appended to the Job's spec
 /// (indented under `spec:`). Returns the JetStream context for later rows.
@@ -1061,13 +1072,7 @@ async fn a_killed_data_executors_stream_goes_on_in_its_replacement_without_loss_
     }
     wait_for_samples(&cluster, "online-kill", 1000).await;
     // Nothing more arrives later (a redelivered duplicate would).
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let status = cluster.status("online-kill").await;
-    assert_eq!(
-        status.progress.as_ref().map(|p| p.samples),
-        Some(1000),
-        "{status:?}"
-    );
+    assert_samples_stay(&cluster, "online-kill", 1000).await;
     cluster.delete_job("online-kill").await;
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");
@@ -1125,13 +1130,7 @@ spec:
     }
     wait_for_samples(&cluster, "rebalancing", 1550).await;
     // Nothing more arrives later (a message taken twice would).
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let status = cluster.status("rebalancing").await;
-    assert_eq!(
-        status.progress.as_ref().map(|p| p.samples),
-        Some(1550),
-        "{status:?}"
-    );
+    assert_samples_stay(&cluster, "rebalancing", 1550).await;
     cluster.delete_job("rebalancing").await;
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");

@@ -17,12 +17,15 @@
 //!
 //! - [`hot_set`]: HypeReca's choice of rows every trainer replicates (Algorithm 1 and the
 //!   latency model), and when to choose again.
+//! - [`HotRows`]: a trainer's replica of chosen rows, trained in place with the table's
+//!   optimizer.
 //!
 //! Time is passed in (`now_secs`), never read from the clock here, so behaviour is testable.
 
 mod admission;
 mod dense;
 mod hash;
+mod hot_rows;
 pub mod hot_set;
 pub mod index;
 mod init;
@@ -33,6 +36,7 @@ mod snapshot;
 mod table;
 
 pub use dense::{DenseError, DenseStore, DenseValues};
+pub use hot_rows::HotRows;
 pub use region::Region;
 pub use replica::{ApplyOutcome, DeltaRows, ReplicaTable};
 pub use snapshot::{ShardSnapshot, SnapshotError};

@@ -49,6 +49,8 @@ pub enum EmbeddingError {
     },
     #[error("gradient for key {key} (position {position}) is not finite")]
     NonFinite { key: u64, position: usize },
+    #[error("table {table}: key {key} is not among the replicated hot rows")]
+    NotHot { table: String, key: u64 },
 }
 
 /// How a table is laid out in memory (not part of the job spec: a deployment choice).
@@ -236,6 +238,11 @@ impl Table {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Floats per stored row: `dim` weights, then the optimizer's state.
+    pub fn row_width(&self) -> usize {
+        self.stride
     }
 
     pub fn dim(&self) -> usize {

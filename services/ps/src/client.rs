@@ -8,13 +8,14 @@ pub use primus_embedding::DenseValues;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{
     DenseTensor, InitDenseRequest, LookupRequest, PullDenseRequest, PushDenseRequest, PushRequest,
+    ReadRowsRequest,
 };
 use primus_telemetry::propagation::TraceInterceptor;
 use tonic::Status;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::codec::{decode_f32, encode_f32, encode_keys};
+use crate::codec::{decode_f32, decode_keys, encode_f32, encode_keys};
 
 /// Lamping & Veach's jump consistent hash: the shard of `key` among `shards`; growing the
 /// shard count moves only the keys the new shards take.
@@ -61,6 +62,27 @@ fn dense_from_proto(shard: usize, tensor: DenseTensor) -> Result<DenseValues, Ps
         shape: tensor.shape,
         values,
     })
+}
+
+/// Stored rows with their optimizer state, as `ReadRows` returns them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoredRows {
+    pub dim: usize,
+    /// Floats per row in `values`: `dim` weights, then the optimizer's state.
+    pub stride: usize,
+    /// The asked keys that have a row (each once).
+    pub keys: Vec<u64>,
+    pub values: Vec<f32>,
+}
+
+impl StoredRows {
+    /// Each key with its weights then optimizer state.
+    pub fn rows(&self) -> impl Iterator<Item = (u64, &[f32])> {
+        self.keys
+            .iter()
+            .copied()
+            .zip(self.values.chunks_exact(self.stride.max(1)))
+    }
 }
 
 #[derive(Clone)]
@@ -160,6 +182,50 @@ impl PsClient {
             }
         }
         Ok((out, dim))
+    }
+
+    /// The stored rows of `keys` with their optimizer state, from every shard at once.
+    /// Keys without a row are left out.
+    pub async fn read_rows(&self, table: &str, keys: &[u64]) -> Result<StoredRows, PsClientError> {
+        let routes = self.route(keys);
+        let calls = routes
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.keys.is_empty())
+            .map(|(shard, route)| {
+                let mut client = self.shards[shard].clone();
+                let request = ReadRowsRequest {
+                    table: table.to_owned(),
+                    keys: encode_keys(&route.keys),
+                };
+                async move {
+                    let call = |status| PsClientError::Call { shard, status };
+                    let response = client.read_rows(request).await.map_err(call)?.into_inner();
+                    let keys = decode_keys(&response.keys).map_err(call)?;
+                    let values = decode_f32("values", &response.values).map_err(call)?;
+                    let stride = response.stride as usize;
+                    if values.len() != keys.len() * stride {
+                        return Err(call(Status::internal(format!(
+                            "{} floats for {} rows of {stride}",
+                            values.len(),
+                            keys.len()
+                        ))));
+                    }
+                    Ok::<_, PsClientError>(StoredRows {
+                        dim: response.dim as usize,
+                        stride,
+                        keys,
+                        values,
+                    })
+                }
+            });
+        let mut all = StoredRows::default();
+        for answer in try_join_all(calls).await? {
+            (all.dim, all.stride) = (answer.dim, answer.stride);
+            all.keys.extend(answer.keys);
+            all.values.extend(answer.values);
+        }
+        Ok(all)
     }
 
     /// Pushes `grads` (`dim` floats per key, in key order); duplicate keys have their

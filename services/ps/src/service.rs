@@ -10,8 +10,9 @@ use primus_proto::v1::parameter_server_server::ParameterServer;
 use primus_proto::v1::{
     DenseTensor, ExportDeltaRequest, ExportDeltaResponse, InitDenseRequest, InitDenseResponse,
     LookupRequest, LookupResponse, PullDenseRequest, PullDenseResponse, PushDenseRequest,
-    PushDenseResponse, PushRequest, PushResponse, RestoreRequest, RestoreResponse, SnapshotRequest,
-    SnapshotResponse, StatsRequest, StatsResponse, TableDelta, TableStats,
+    PushDenseResponse, PushRequest, PushResponse, ReadRowsRequest, ReadRowsResponse,
+    RestoreRequest, RestoreResponse, SnapshotRequest, SnapshotResponse, StatsRequest,
+    StatsResponse, TableDelta, TableStats,
 };
 use primus_spec::Validate;
 use tonic::{Request, Response, Status};
@@ -129,6 +130,35 @@ impl ParameterServer for Ps {
         Ok(Response::new(LookupResponse {
             dim: dim as u32,
             rows: out,
+        }))
+    }
+
+    async fn read_rows(
+        &self,
+        request: Request<ReadRowsRequest>,
+    ) -> Result<Response<ReadRowsResponse>, Status> {
+        let request = request.into_inner();
+        let table = self.tables.get(&request.table)?;
+        let keys = decode_keys(&request.keys)?;
+        let _span = tracing::info_span!(
+            "ps.read_rows",
+            primus.table = %request.table,
+            primus.keys = keys.len(),
+        )
+        .entered();
+        let (mut found, mut values) = (Vec::new(), Vec::new());
+        for key in keys {
+            if let Some((weights, state, _)) = table.row(key) {
+                found.push(key);
+                encode_f32(&weights, &mut values);
+                encode_f32(&state, &mut values);
+            }
+        }
+        Ok(Response::new(ReadRowsResponse {
+            dim: table.dim() as u32,
+            stride: table.row_width() as u32,
+            keys: encode_keys(&found),
+            values,
         }))
     }
 

@@ -114,6 +114,21 @@ async fn three_shards_answer_like_one_table() {
         assert_eq!(rows, expected, "step {step}");
     }
 
+    // Rows read with their optimizer state are the reference's; unknown keys are left out.
+    let asked: Vec<u64> = batch(0, 40).into_iter().chain([u64::MAX]).collect();
+    let stored = client.read_rows("items", &asked).await.expect("read rows");
+    assert_eq!((stored.dim, stored.stride), (DIM, 2 * DIM));
+    let mut read: Vec<u64> = stored.keys.clone();
+    read.sort_unstable();
+    let mut known: Vec<u64> = asked[..40].to_vec();
+    known.sort_unstable();
+    known.dedup();
+    assert_eq!(read, known);
+    for (key, values) in stored.rows() {
+        let (weights, state, _) = reference.row(key).expect("reference row");
+        assert_eq!(values, [weights, state].concat().as_slice(), "key {key}");
+    }
+
     // Every row lives on exactly one shard, and together they hold the reference's rows.
     let mut total_rows = 0;
     for addr in &addrs {

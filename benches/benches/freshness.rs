@@ -24,7 +24,7 @@ use primus_model::{Inputs, Model, ModelLayout, ParamSet, ParamTensor, Tower};
 use primus_proto::v1::SourceKind;
 use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 use primus_trainer::store::{LocalStore, ParameterStore};
-use primus_trainer::train::{Incoming, Trainer, prepare};
+use primus_trainer::train::{Incoming, Trainer};
 
 const TABLE: &str = "categorical";
 const DIM: usize = 16;
@@ -165,7 +165,7 @@ async fn run(hours: &[Hour], kind: ModelKind, every: Option<usize>) -> Vec<f64> 
                        batch: &Minibatch,
                        kind| {
         let incoming = Incoming::new(batch.clone(), kind, "drift", &Default::default());
-        let prepared = prepare(&*store, &model, incoming).await.expect("prepare");
+        let prepared = trainer.prepare(incoming).await.expect("prepare");
         touched.extend(prepared.keys().tables.iter().flatten().copied());
         trainer.step(prepared).await.expect("step");
     };

@@ -8,6 +8,7 @@ const FILES: &[&str] = &[
     "primus/v1/data.proto",
     "primus/v1/ps.proto",
     "primus/v1/serving.proto",
+    "primus/v1/hot.proto",
     "onnx/onnx.proto",
 ];
 

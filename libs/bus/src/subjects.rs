@@ -8,6 +8,7 @@
 //! | `<p>.job.<job>.metrics.<role>.<id>` | executor metrics |
 //! | `<p>.job.<job>.control` | stop and scale signals (checkpoint barriers are gRPC calls) |
 //! | `<p>.job.<job>.delta.<shard>` | "new delta available" notices from training PS shards |
+//! | `<p>.job.<job>.hot` | hot-row plans, rounds and probes between the job's trainers |
 
 use crate::BusError;
 
@@ -61,6 +62,11 @@ impl Subjects {
     /// `<p>.job.<job>.delta.<shard>`; `shard` may be [`ANY`].
     pub fn delta(&self, job: &str, shard: &str) -> Result<String, BusError> {
         self.build(&["job", job, "delta", shard])
+    }
+
+    /// `<p>.job.<job>.hot`.
+    pub fn hot(&self, job: &str) -> Result<String, BusError> {
+        self.build(&["job", job, "hot"])
     }
 
     fn build(&self, tokens: &[&str]) -> Result<String, BusError> {

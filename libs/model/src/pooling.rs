@@ -97,6 +97,17 @@ impl BatchKeys {
         self.input.samples
     }
 
+    /// Every key the minibatch pools, as (table, key), repeats included.
+    pub fn accesses(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.input.features.iter().flat_map(move |feature| {
+            let keys = &self.tables[feature.table];
+            feature
+                .rows
+                .iter()
+                .map(move |&row| (feature.table, keys[row as usize]))
+        })
+    }
+
     /// The batch's unique rows of each table as the kernels see them: `dim` wide.
     fn shapes(&self, dims: impl Iterator<Item = usize>) -> Vec<TableShape> {
         self.tables

@@ -3,7 +3,10 @@
 //!
 //! Owns the generated messages, clients and servers (the `.proto` files at the repository
 //! root are the source of truth) and [`role_endpoints`], the one ordering of a topology's
-//! endpoints every client of a job's shards relies on.
+//! endpoints every client of a job's shards relies on, and [`packed`], the encoding of
+//! keys and rows in `bytes` fields.
+
+pub mod packed;
 
 /// `primus.v1`: every service's messages, clients (`*_client`) and servers (`*_server`).
 pub mod v1 {

@@ -12,8 +12,13 @@
 //! marker and every minibatch before it is trained and pushed, the trainer tells the
 //! master (`CheckpointService.TrainerAligned`) its step and sample totals, so the PS
 //! snapshot the master then takes and the recorded data offsets describe the same moment.
-//! A trainer of a restored job continues those totals (`trainer.resume_*`).
+//! A trainer of a restored job, or one restarted after a crash, continues the totals the
+//! master last saw of it.
+//!
+//! With `trainer.hot_set.enabled`, the job's trainers replicate its most accessed rows
+//! and train them in lockstep over NATS ([`hot`], HypeReca §5); the rest stays on the PS.
 
+pub mod hot;
 pub mod settings;
 pub mod store;
 pub mod train;
@@ -38,6 +43,7 @@ use primus_service::{ExecutorIdentity, Node, Shutdown};
 use tonic::service::Routes;
 use tonic::transport::Channel;
 
+use hot::{HotSync, TrainerDirectory};
 pub use settings::TrainerSettings;
 use store::RemoteStore;
 use train::{Feed, Incoming, Report, Reporter, Trainer};
@@ -130,6 +136,24 @@ async fn topology(identity: &ExecutorIdentity) -> anyhow::Result<(Vec<String>, V
     })
 }
 
+/// The job's trainers as the master's topology lists them (the hot set's members).
+fn trainer_directory(identity: &ExecutorIdentity) -> TrainerDirectory {
+    let (url, job) = (
+        format!("http://{}", identity.master_addr),
+        identity.job.clone(),
+    );
+    Arc::new(move || {
+        let (url, job) = (url.clone(), job.clone());
+        Box::pin(async move {
+            let mut client = TopologyServiceClient::connect(url).await?;
+            let request = GetTopologyRequest { job };
+            let endpoints = client.get_topology(request).await?.into_inner().endpoints;
+            let trainers = primus_proto::role_endpoints(&endpoints, Role::Trainer);
+            Ok(trainers.into_iter().map(|e| e.id).collect())
+        })
+    })
+}
+
 /// The step and sample totals this trainer continues from: zero for a new job, its totals
 /// in the checkpoint a job was restored from, or, after a crash, the last ones the master
 /// saw of it (so a restart resets no counter; the steps trained after its last report
@@ -175,6 +199,13 @@ async fn work(
     })
     .await?;
     let store = Arc::new(RemoteStore::new(client));
+    let hot = if train.hot_set.enabled {
+        let directory = trainer_directory(identity);
+        let (job, id) = (&identity.job, &identity.executor_id);
+        Some(HotSync::join(train.hot_set.clone(), bus, job, id, &layout, directory).await?)
+    } else {
+        None
+    };
     let mut trainer = Trainer::start(
         Model::new(layout),
         store,
@@ -183,6 +214,9 @@ async fn work(
         train.eval_window,
     )
     .await?;
+    if let Some(hot) = hot {
+        trainer = trainer.with_hot_set(hot);
+    }
     let totals = retry("asking the master for this trainer's totals", || {
         starting_totals(identity)
     })
@@ -274,6 +308,8 @@ impl Reporter for Publisher {
             ("lookup_share", Some(report.lookup_share)),
             ("compute_share", Some(report.compute_share)),
             ("push_share", Some(report.push_share)),
+            ("hot_rows", Some(report.hot_rows as f64)),
+            ("hot_share", report.hot_share),
         ] {
             if let Some(value) = value {
                 gauges.insert(name.to_owned(), value);

@@ -9,7 +9,7 @@ use anyhow::Context;
 use primus_embedding::DenseValues;
 use primus_embedding::{DenseStore, Table, TableOptions};
 use primus_model::ParamTensor;
-use primus_ps::client::PsClient;
+use primus_ps::client::{PsClient, StoredRows};
 use primus_spec::job::{OptimizerSpec, TableSpec};
 
 /// Embedding rows and dense parameters, with server-side optimizers.
@@ -28,6 +28,14 @@ pub trait ParameterStore: Send + Sync + 'static {
         keys: &[u64],
         grads: &[f32],
     ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// The stored rows of `keys` with their optimizer state (keys without a row are left
+    /// out): what a trainer copies its hot rows from.
+    fn read_rows(
+        &self,
+        table: &str,
+        keys: &[u64],
+    ) -> impl Future<Output = anyhow::Result<StoredRows>> + Send;
 
     /// Offers initial dense values; existing tensors keep theirs.
     fn init_dense(
@@ -78,6 +86,10 @@ impl ParameterStore for RemoteStore {
     async fn push(&self, table: &str, keys: &[u64], grads: &[f32]) -> anyhow::Result<()> {
         self.client.push(table, keys, grads).await?;
         Ok(())
+    }
+
+    async fn read_rows(&self, table: &str, keys: &[u64]) -> anyhow::Result<StoredRows> {
+        Ok(self.client.read_rows(table, keys).await?)
     }
 
     async fn init_dense(&self, tensors: &[ParamTensor]) -> anyhow::Result<()> {
@@ -152,6 +164,23 @@ impl ParameterStore for LocalStore {
     async fn push(&self, table: &str, keys: &[u64], grads: &[f32]) -> anyhow::Result<()> {
         self.table(table)?.push(keys, grads, now_secs())?;
         Ok(())
+    }
+
+    async fn read_rows(&self, table: &str, keys: &[u64]) -> anyhow::Result<StoredRows> {
+        let table = self.table(table)?;
+        let mut stored = StoredRows {
+            dim: table.dim(),
+            stride: table.row_width(),
+            ..StoredRows::default()
+        };
+        for &key in keys {
+            if let Some((weights, state, _)) = table.row(key) {
+                stored.keys.push(key);
+                stored.values.extend(weights);
+                stored.values.extend(state);
+            }
+        }
+        Ok(stored)
     }
 
     async fn init_dense(&self, tensors: &[ParamTensor]) -> anyhow::Result<()> {

@@ -3,6 +3,7 @@
 //! pooled, the dense network runs forward and backward, and the sparse gradients of unique
 //! keys and the dense gradients go to the parameter store, whose optimizers apply them.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,9 +16,10 @@ use primus_model::pooling::BatchKeys;
 use primus_model::{Inputs, Model, ParamSet, StepOutput, Tower};
 use primus_proto::v1::SourceKind;
 use primus_telemetry::propagation::{TraceCarrier, set_parent_from_carrier};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
+use crate::hot::{HotKeys, HotSync, Share};
 use crate::store::ParameterStore;
 
 /// A minibatch to train on and the `trainer.step` span its lookups, compute and pushes
@@ -56,13 +58,20 @@ enum Ready {
     Barrier(u64),
 }
 
+/// Rows of one table looked up on the PS: for the keys at `positions` among the table's
+/// unique keys, or for all of them (`None`). Hot keys are left out.
+struct Fetched {
+    positions: Option<Vec<usize>>,
+    rows: Vec<f32>,
+}
+
 /// A minibatch with its rows looked up, ready to compute.
 pub struct Prepared {
     pub batch: Minibatch,
     pub tower: Tower,
     span: tracing::Span,
     keys: BatchKeys,
-    rows: Vec<Vec<f32>>,
+    fetched: Vec<Fetched>,
     wide: Vec<Vec<f32>>,
     lookup_time: Duration,
 }
@@ -87,6 +96,9 @@ pub struct Meter {
     lookup: Duration,
     compute: Duration,
     push: Duration,
+    interval_accesses: u64,
+    interval_hot_accesses: u64,
+    hot_rows: usize,
 }
 
 /// What one report says.
@@ -102,6 +114,10 @@ pub struct Report {
     pub lookup_share: f64,
     pub compute_share: f64,
     pub push_share: f64,
+    /// Rows replicated in the hot set (0 without one).
+    pub hot_rows: usize,
+    /// Share of the interval's key accesses the hot rows served (`None` without a hot set).
+    pub hot_share: Option<f64>,
 }
 
 impl Meter {
@@ -117,6 +133,9 @@ impl Meter {
             lookup: Duration::ZERO,
             compute: Duration::ZERO,
             push: Duration::ZERO,
+            interval_accesses: 0,
+            interval_hot_accesses: 0,
+            hot_rows: 0,
         }
     }
 
@@ -134,6 +153,9 @@ impl Meter {
             lookup_share: share(self.lookup),
             compute_share: share(self.compute),
             push_share: share(self.push),
+            hot_rows: self.hot_rows,
+            hot_share: (self.hot_rows > 0 && self.interval_accesses > 0)
+                .then(|| self.interval_hot_accesses as f64 / self.interval_accesses as f64),
         };
         self.since = Instant::now();
         self.interval_samples = 0;
@@ -142,6 +164,8 @@ impl Meter {
         self.lookup = Duration::ZERO;
         self.compute = Duration::ZERO;
         self.push = Duration::ZERO;
+        self.interval_accesses = 0;
+        self.interval_hot_accesses = 0;
         report
     }
 }
@@ -168,6 +192,8 @@ pub struct Trainer<S> {
     store: Arc<S>,
     params: Arc<ParamSet>,
     dense_pull_every: u64,
+    hot: Option<HotSync>,
+    hot_keys: watch::Receiver<Arc<HotKeys>>,
     pub meter: Meter,
 }
 
@@ -198,6 +224,8 @@ impl<S: ParameterStore> Trainer<S> {
             store,
             params: Arc::new(params),
             dense_pull_every: u64::from(dense_pull_every.max(1)),
+            hot: None,
+            hot_keys: watch::channel(Arc::new(HotKeys::default())).1,
             meter: Meter::new(eval_window),
         };
         trainer.pull_dense().await?;
@@ -212,6 +240,23 @@ impl<S: ParameterStore> Trainer<S> {
 
     pub fn params(&self) -> &ParamSet {
         &self.params
+    }
+
+    /// Trains the job's hot rows locally with the other trainers of `hot` (HypeReca 2FP).
+    pub fn with_hot_set(mut self, hot: HotSync) -> Self {
+        self.hot_keys = hot.keys();
+        self.hot = Some(hot);
+        self
+    }
+
+    pub fn hot_set(&self) -> Option<&HotSync> {
+        self.hot.as_ref()
+    }
+
+    /// Looks `incoming`'s keys up, leaving out the rows the hot set holds now.
+    pub async fn prepare(&self, incoming: Incoming) -> anyhow::Result<Prepared> {
+        let hot = self.hot_keys.borrow().clone();
+        prepare(&*self.store, &self.model, &hot, incoming).await
     }
 
     async fn pull_dense(&mut self) -> anyhow::Result<()> {
@@ -247,6 +292,7 @@ impl<S: ParameterStore> Trainer<S> {
             batches,
             self.store.clone(),
             self.model.clone(),
+            self.hot_keys.clone(),
             prepared_tx,
         ));
         // A report after each step once `interval` has passed (every step for a zero
@@ -281,8 +327,18 @@ impl<S: ParameterStore> Trainer<S> {
                 Ready::Barrier(id) => {
                     let meter = &self.meter;
                     reporter.aligned(id, meter.steps, meter.samples).await;
+                    if let Some(hot) = &mut self.hot
+                        && let Err(e) = hot.at_checkpoint().await
+                    {
+                        tracing::warn!(error = %e, "checking the hot set at a checkpoint");
+                    }
                 }
             }
+        }
+        if let Some(hot) = &mut self.hot
+            && let Err(e) = hot.leave().await
+        {
+            tracing::warn!(error = %e, "leaving the hot set");
         }
         prefetcher.await.context("the prefetch task")?;
         Ok(())
@@ -294,23 +350,35 @@ impl<S: ParameterStore> Trainer<S> {
             let pull_span = tracing::info_span!(parent: &prepared.span, "trainer.pull_dense");
             self.pull_dense().instrument(pull_span).await?;
         }
+        let mut prepared = prepared;
+        let late_lookup = Instant::now();
+        let rows = self.rows(&mut prepared).await?;
+        let lookup_time = prepared.lookup_time + late_lookup.elapsed();
+        self.count_hot_accesses(&prepared.keys);
         let started = Instant::now();
         let (model, params) = (self.model.clone(), self.params.clone());
         let compute_span = tracing::info_span!(parent: &prepared.span, "trainer.compute");
         let (prepared, output, grads, wide_grads) = tokio::task::spawn_blocking(move || {
-            compute_span.in_scope(|| compute(&model, &params, prepared))
+            compute_span.in_scope(|| compute(&model, &params, prepared, rows))
         })
         .await
         .context("the compute task")??;
         let computed = Instant::now();
         let push_span = tracing::info_span!(parent: &prepared.span, "trainer.push");
-        self.push(&prepared.keys, &grads, &wide_grads, &output)
+        let hot_share = self
+            .push(&prepared.keys, &grads, &wide_grads, &output)
             .instrument(push_span)
             .await?;
+        if let Some(hot) = &mut self.hot {
+            let remote = lookup_time + computed.elapsed();
+            hot.finish_step(&*self.store, &prepared.keys, hot_share, remote)
+                .await?;
+            self.meter.hot_rows = hot.status().rows;
+        }
         let meter = &mut self.meter;
         meter.compute += computed - started;
         meter.push += computed.elapsed();
-        meter.lookup += prepared.lookup_time;
+        meter.lookup += lookup_time;
         let rows = prepared.batch.rows() as u64;
         meter.samples += rows;
         meter.steps += 1;
@@ -323,19 +391,114 @@ impl<S: ParameterStore> Trainer<S> {
         Ok(output)
     }
 
+    /// Each table's rows with the values this step computes with: hot rows from the
+    /// replica (updated by the previous round), the others from the PS as prefetched, and
+    /// any key that left the hot set since the prefetch looked up now.
+    async fn rows(&self, prepared: &mut Prepared) -> anyhow::Result<Vec<Vec<f32>>> {
+        let layout = self.model.layout();
+        let mut all = Vec::with_capacity(layout.tables.len());
+        for (t, slot) in layout.tables.iter().enumerate() {
+            let keys = &prepared.keys.tables[t];
+            let fetched = std::mem::replace(
+                &mut prepared.fetched[t],
+                Fetched {
+                    positions: None,
+                    rows: Vec::new(),
+                },
+            );
+            let replica = self.hot.as_ref().and_then(|h| h.replica(t));
+            let replica = replica.filter(|r| !r.is_empty());
+            if fetched.positions.is_none() && replica.is_none() {
+                all.push(fetched.rows);
+                continue;
+            }
+            let dim = slot.dim;
+            let mut rows = vec![0.0f32; keys.len() * dim];
+            let mut filled = vec![false; keys.len()];
+            if let Some(replica) = replica {
+                for (p, key) in keys.iter().enumerate() {
+                    if let Some(weights) = replica.weights(*key) {
+                        rows[p * dim..][..dim].copy_from_slice(weights);
+                        filled[p] = true;
+                    }
+                }
+            }
+            let positions = fetched
+                .positions
+                .unwrap_or_else(|| (0..keys.len()).collect());
+            for (i, &p) in positions.iter().enumerate() {
+                if !filled[p] {
+                    rows[p * dim..][..dim].copy_from_slice(&fetched.rows[i * dim..][..dim]);
+                    filled[p] = true;
+                }
+            }
+            let late: Vec<usize> = (0..keys.len()).filter(|p| !filled[*p]).collect();
+            if !late.is_empty() {
+                let late_keys: Vec<u64> = late.iter().map(|p| keys[*p]).collect();
+                let looked_up = self
+                    .store
+                    .lookup(&slot.name, &late_keys)
+                    .await
+                    .with_context(|| format!("looking up table {:?}", slot.name))?;
+                for (i, p) in late.into_iter().enumerate() {
+                    rows[p * dim..][..dim].copy_from_slice(&looked_up[i * dim..][..dim]);
+                }
+            }
+            all.push(rows);
+        }
+        Ok(all)
+    }
+
+    fn count_hot_accesses(&mut self, keys: &BatchKeys) {
+        let Some(hot) = &self.hot else { return };
+        let (mut accesses, mut on_hot) = (0u64, 0u64);
+        for (t, key) in keys.accesses() {
+            accesses += 1;
+            if hot.replica(t).is_some_and(|r| r.contains(key)) {
+                on_hot += 1;
+            }
+        }
+        self.meter.interval_accesses += accesses;
+        self.meter.interval_hot_accesses += on_hot;
+    }
+
+    /// Pushes the step's gradients to the PS, except those of hot rows, which it returns.
     async fn push(
         &self,
         keys: &BatchKeys,
         grads: &[Vec<f32>],
         wide_grads: &[Vec<f32>],
         output: &StepOutput,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Share> {
         let layout = self.model.layout();
         let mut pushes = Vec::new();
+        let mut hot_share = Share {
+            tables: vec![(Vec::new(), Vec::new()); layout.tables.len()],
+        };
         for (t, table) in layout.tables.iter().enumerate() {
-            pushes.push((table.name.as_str(), &keys.tables[t], &grads[t]));
+            let (keys_t, grads_t) = (&keys.tables[t], &grads[t]);
+            match self.hot.as_ref().filter(|h| h.replica(t).is_some()) {
+                Some(hot) => {
+                    let ((cold_keys, cold_grads), hot_rows) = hot.split(t, keys_t, grads_t);
+                    hot_share.tables[t] = hot_rows;
+                    pushes.push((
+                        table.name.as_str(),
+                        Cow::Owned(cold_keys),
+                        Cow::Owned(cold_grads),
+                    ));
+                }
+                None => pushes.push((
+                    table.name.as_str(),
+                    Cow::Borrowed(keys_t.as_slice()),
+                    Cow::Borrowed(grads_t.as_slice()),
+                )),
+            }
             if let (Some(wide), Some(g)) = (&table.wide, wide_grads.get(t)) {
-                pushes.push((wide.as_str(), &keys.tables[t], g));
+                pushes.push((
+                    wide.as_str(),
+                    Cow::Borrowed(keys_t.as_slice()),
+                    Cow::Borrowed(g.as_slice()),
+                ));
             }
         }
         let sparse = try_join_all(pushes.into_iter().filter(|(_, k, _)| !k.is_empty()).map(
@@ -343,7 +506,7 @@ impl<S: ParameterStore> Trainer<S> {
                 let store = &self.store;
                 async move {
                     store
-                        .push(table, keys, grads)
+                        .push(table, &keys, &grads)
                         .await
                         .with_context(|| format!("pushing table {table:?}"))
                 }
@@ -356,17 +519,22 @@ impl<S: ParameterStore> Trainer<S> {
                 .context("pushing dense gradients")
         };
         futures::try_join!(sparse, dense)?;
-        Ok(())
+        Ok(hot_share)
     }
 }
 
 type Computed = (Prepared, StepOutput, Vec<Vec<f32>>, Vec<Vec<f32>>);
 
 /// Pooling, forward/backward and the pooling backward: the CPU-bound part of a step.
-fn compute(model: &Model, params: &ParamSet, prepared: Prepared) -> anyhow::Result<Computed> {
+fn compute(
+    model: &Model,
+    params: &ParamSet,
+    prepared: Prepared,
+    rows: Vec<Vec<f32>>,
+) -> anyhow::Result<Computed> {
     let layout = model.layout();
     let keys = &prepared.keys;
-    let embedded = keys.pool(layout, &prepared.rows)?;
+    let embedded = keys.pool(layout, &rows)?;
     let wide = if layout.has_wide() {
         keys.pool_wide(&prepared.wide)?
     } else {
@@ -389,10 +557,12 @@ fn compute(model: &Model, params: &ParamSet, prepared: Prepared) -> anyhow::Resu
     Ok((prepared, output, grads, wide_grads))
 }
 
-/// Looks up one minibatch's unique keys in every table (and wide companion) at once.
-pub async fn prepare<S: ParameterStore>(
+/// Looks up one minibatch's unique keys in every table (and wide companion) at once,
+/// except the keys `hot` replicates.
+async fn prepare<S: ParameterStore>(
     store: &S,
     model: &Model,
+    hot: &HotKeys,
     incoming: Incoming,
 ) -> anyhow::Result<Prepared> {
     let Incoming { batch, kind, span } = incoming;
@@ -401,16 +571,31 @@ pub async fn prepare<S: ParameterStore>(
     let layout = model.layout();
     let kjt = batch.to_kjt()?;
     let keys = BatchKeys::collect(layout, &kjt)?;
-    let lookup = |table: String, keys: &Vec<u64>| {
-        let keys = keys.clone();
+    let lookup = |table: String, keys: Vec<u64>| async move {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        store
+            .lookup(&table, &keys)
+            .await
+            .with_context(|| format!("looking up table {table:?}"))
+    };
+    let fetch = |t: usize, name: String, keys: &Vec<u64>| {
+        let positions = (!hot.is_empty()).then(|| {
+            (0..keys.len())
+                .filter(|p| !hot.contains(t, keys[*p]))
+                .collect::<Vec<usize>>()
+        });
+        let cold = match &positions {
+            Some(positions) => positions.iter().map(|p| keys[*p]).collect(),
+            None => keys.clone(),
+        };
+        let rows = lookup(name, cold);
         async move {
-            if keys.is_empty() {
-                return Ok(Vec::new());
-            }
-            store
-                .lookup(&table, &keys)
-                .await
-                .with_context(|| format!("looking up table {table:?}"))
+            Ok::<_, anyhow::Error>(Fetched {
+                positions,
+                rows: rows.await?,
+            })
         }
     };
     let rows = try_join_all(
@@ -418,14 +603,15 @@ pub async fn prepare<S: ParameterStore>(
             .tables
             .iter()
             .zip(&keys.tables)
-            .map(|(t, k)| lookup(t.name.clone(), k)),
+            .enumerate()
+            .map(|(i, (t, k))| fetch(i, t.name.clone(), k)),
     );
     let wide = try_join_all(
         layout
             .tables
             .iter()
             .zip(&keys.tables)
-            .filter_map(|(t, k)| t.wide.clone().map(|w| lookup(w, k))),
+            .filter_map(|(t, k)| t.wide.clone().map(|w| lookup(w, k.clone()))),
     );
     let (rows, wide) = async { futures::try_join!(rows, wide) }
         .instrument(lookup_span)
@@ -435,7 +621,7 @@ pub async fn prepare<S: ParameterStore>(
         tower: tower(kind),
         span,
         keys,
-        rows,
+        fetched: rows,
         wide,
         lookup_time: started.elapsed(),
     })
@@ -445,6 +631,7 @@ async fn prefetch<S: ParameterStore, B>(
     batches: B,
     store: Arc<S>,
     model: Arc<Model>,
+    hot: watch::Receiver<Arc<HotKeys>>,
     out: mpsc::Sender<anyhow::Result<Ready>>,
 ) where
     B: Stream<Item = anyhow::Result<Feed>> + Send + 'static,
@@ -452,9 +639,12 @@ async fn prefetch<S: ParameterStore, B>(
     let mut batches = std::pin::pin!(batches);
     while let Some(next) = batches.next().await {
         let ready = match next {
-            Ok(Feed::Batch(incoming)) => prepare(&*store, &model, incoming)
-                .await
-                .map(|prepared| Ready::Step(Box::new(prepared))),
+            Ok(Feed::Batch(incoming)) => {
+                let hot = hot.borrow().clone();
+                prepare(&*store, &model, &hot, incoming)
+                    .await
+                    .map(|prepared| Ready::Step(Box::new(prepared)))
+            }
             Ok(Feed::Barrier(id)) => Ok(Ready::Barrier(id)),
             Err(e) => Err(e),
         };

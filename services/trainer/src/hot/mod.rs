@@ -1,0 +1,919 @@
+//! HypeReca's two-fold parallelism (§5) across a job's trainers: the most accessed rows
+//! (the hot set) are replicated on every trainer and trained there, in lockstep; every
+//! other row stays on the PS shards.
+//!
+//! - **Choice.** Every trainer counts its key accesses over `warmup_batches` minibatches
+//!   and what the PS cost it meanwhile (lookup and push seconds per access). The leader,
+//!   the lowest trainer id the [`TrainerDirectory`] lists, then times how long moving and
+//!   applying rows takes here (a probe through NATS and a local apply) and picks the
+//!   number of rows that minimises HypeReca's latency model, or `rows` when set. It
+//!   publishes a [`HotPlan`] naming the members and the keys.
+//! - **Install.** Each member, at its next step boundary, passes a barrier round (so that
+//!   no member still pushes those rows) and copies the rows with their optimizer state
+//!   from the PS (`ReadRows`). All members read the same values.
+//! - **Rounds.** After each step, every member publishes its gradients of hot rows
+//!   (round `r` of the plan's generation) and waits for every other member's. All sum them
+//!   in member order and apply the sum with the table's optimizer, so the replicas stay
+//!   bitwise equal. The lowest participating member also pushes the sum to the PS, which
+//!   therefore holds the same rows: checkpoints and serving need nothing else.
+//! - **Changes.** At a checkpoint the leader chooses again when the hot rows' share of
+//!   its accesses drifted or the directory lists other trainers; the new plan takes
+//!   effect after a round everyone names. A member whose data ends says so in its next
+//!   round. A member silent for `sync_timeout_ms` ends the group: each trainer pushes its
+//!   unsynchronised gradients to the PS and goes back to it for every row, and the
+//!   choice starts over.
+//!
+//! A single member needs no NATS: its rounds are local. Wide (first-order) companion
+//! tables always go through the PS.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::future::BoxFuture;
+use primus_bus::Bus;
+use primus_embedding::HotRows;
+use primus_embedding::hot_set::{CostModel, HotSet, KeyFrequencies};
+use primus_model::ModelLayout;
+use primus_model::pooling::BatchKeys;
+use primus_proto::packed::{decode_keys, encode_f32, encode_keys};
+use primus_proto::v1::hot_message::Kind;
+use primus_proto::v1::{HotMessage, HotPlan, HotProbe, HotRound, HotTableRows};
+use primus_spec::job::TableSpec;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::settings::HotSetSettings;
+use crate::store::ParameterStore;
+
+mod share;
+
+pub use share::{Rows, Share};
+use share::{chunk, parse_share, share_rows, sum_shares};
+
+/// Lists the ids of the job's trainers (the master's topology in the service, a fixed
+/// list for a static deployment). The lowest id leads.
+pub type TrainerDirectory =
+    Arc<dyn Fn() -> BoxFuture<'static, anyhow::Result<Vec<String>>> + Send + Sync>;
+
+/// Rows moved and applied by the cost probe.
+const PROBE_ROWS: usize = 1024;
+
+/// A (layout table, key) pair: hot sets span tables.
+type TableKey = (u32, u64);
+
+/// The keys replicated now, per layout table (what the prefetcher leaves out).
+#[derive(Debug, Default)]
+pub struct HotKeys {
+    tables: Vec<HashSet<u64>>,
+}
+
+impl HotKeys {
+    pub fn contains(&self, table: usize, key: u64) -> bool {
+        self.tables.get(table).is_some_and(|t| t.contains(&key))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tables.iter().all(HashSet::is_empty)
+    }
+}
+
+/// What the hot set is doing, for reports.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HotStatus {
+    pub generation: u64,
+    pub members: usize,
+    pub rows: usize,
+    /// Share of accesses the rows were chosen to cover.
+    pub expected_coverage: f64,
+    /// Rounds completed in this generation.
+    pub rounds: u64,
+}
+
+struct Warmup {
+    sample: KeyFrequencies<TableKey>,
+    remote: Duration,
+    accesses: u64,
+}
+
+struct Group {
+    generation: u64,
+    round: u64,
+    /// Sorted ids.
+    members: Vec<String>,
+    /// Per layout table.
+    replicas: Vec<HotRows>,
+    expected_coverage: f64,
+    /// The leader's accesses since the plan, for the drift check.
+    recent: KeyFrequencies<TableKey>,
+    /// The leader's measured costs, reused when it chooses again.
+    costs: Option<Costs>,
+    /// Installed after this generation's round `.0`.
+    next: Option<(u64, HotPlan)>,
+}
+
+enum Phase {
+    Warmup(Warmup),
+    /// Not the leader: trains through the PS until a plan names it.
+    Following,
+    Active(Box<Group>),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Costs {
+    sync_seconds: f64,
+    synced_rows: u64,
+    remote_seconds: f64,
+    remote_accesses: u64,
+}
+
+/// Every member's share of one round, as far as it arrived: per member its parts.
+type RoundParts = HashMap<String, Vec<Option<HotRound>>>;
+
+/// A trainer's part in the job's hot set.
+pub struct HotSync {
+    settings: HotSetSettings,
+    me: String,
+    bus: Bus,
+    subject: String,
+    inbox: mpsc::UnboundedReceiver<HotMessage>,
+    listener: JoinHandle<()>,
+    directory: TrainerDirectory,
+    specs: Vec<TableSpec>,
+    keys: watch::Sender<Arc<HotKeys>>,
+    phase: Phase,
+    /// The highest generation seen, so that plans only move forward.
+    generation: u64,
+    rounds: HashMap<(u64, u64), RoundParts>,
+    plans: HashMap<u64, Vec<Option<HotPlan>>>,
+    echoes: HashSet<u64>,
+}
+
+impl Drop for HotSync {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+impl HotSync {
+    /// Joins the job's hot-set subject as trainer `me`. Subscribes before anything is
+    /// published, so no plan naming this trainer can be missed.
+    pub async fn join(
+        settings: HotSetSettings,
+        bus: &Bus,
+        job: &str,
+        me: &str,
+        layout: &ModelLayout,
+        directory: TrainerDirectory,
+    ) -> anyhow::Result<Self> {
+        let subject = bus.subjects().hot(job)?;
+        let mut subscription = bus.subscribe::<HotMessage>(subject.clone()).await?;
+        bus.flush().await?;
+        let (tx, inbox) = mpsc::unbounded_channel();
+        let listener = tokio::spawn(async move {
+            while let Some(received) = subscription.next().await {
+                match received {
+                    Ok(received) => {
+                        if tx.send(received.message).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "a hot-set message"),
+                }
+            }
+        });
+        let all = layout.ps_tables();
+        let specs = layout
+            .tables
+            .iter()
+            .map(|slot| {
+                all.iter()
+                    .find(|t| t.name == slot.name)
+                    .cloned()
+                    .with_context(|| format!("table {:?} has no spec", slot.name))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let (keys, _) = watch::channel(Arc::new(HotKeys::default()));
+        Ok(Self {
+            settings,
+            me: me.to_owned(),
+            bus: bus.clone(),
+            subject,
+            inbox,
+            listener,
+            directory,
+            specs,
+            keys,
+            phase: Phase::Warmup(new_warmup()),
+            generation: 0,
+            rounds: HashMap::new(),
+            plans: HashMap::new(),
+            echoes: HashSet::new(),
+        })
+    }
+
+    /// The keys replicated now, kept current.
+    pub fn keys(&self) -> watch::Receiver<Arc<HotKeys>> {
+        self.keys.subscribe()
+    }
+
+    pub fn status(&self) -> HotStatus {
+        match &self.phase {
+            Phase::Active(group) => HotStatus {
+                generation: group.generation,
+                members: group.members.len(),
+                rows: group.replicas.iter().map(HotRows::len).sum(),
+                expected_coverage: group.expected_coverage,
+                rounds: group.round.saturating_sub(1),
+            },
+            _ => HotStatus::default(),
+        }
+    }
+
+    /// Layout table `table`'s replica, while the hot set is active.
+    pub fn replica(&self, table: usize) -> Option<&HotRows> {
+        match &self.phase {
+            Phase::Active(group) => group.replicas.get(table),
+            _ => None,
+        }
+    }
+
+    /// Splits one table's step gradients into those for the PS and those of hot rows:
+    /// `(keys, grads)` of each.
+    pub fn split(&self, table: usize, keys: &[u64], grads: &[f32]) -> (Rows, Rows) {
+        let dim = self.specs[table].dim as usize;
+        let (mut cold, mut hot) = (Rows::default(), Rows::default());
+        let replica = self.replica(table);
+        for (key, grad) in keys.iter().zip(grads.chunks_exact(dim)) {
+            let side = if replica.is_some_and(|r| r.contains(*key)) {
+                &mut hot
+            } else {
+                &mut cold
+            };
+            side.0.push(*key);
+            side.1.extend_from_slice(grad);
+        }
+        (cold, hot)
+    }
+
+    /// After a step: counts its accesses, synchronises its hot gradients with the other
+    /// members, and installs or chooses a plan when one is due. `remote` is what the step's
+    /// PS lookups and pushes took.
+    pub async fn finish_step<S: ParameterStore>(
+        &mut self,
+        store: &S,
+        keys: &BatchKeys,
+        hot: Share,
+        remote: Duration,
+    ) -> anyhow::Result<()> {
+        self.observe(keys, remote);
+        if matches!(self.phase, Phase::Active(_)) {
+            self.round(store, hot).await?;
+        }
+        if !matches!(self.phase, Phase::Active(_)) {
+            self.drain();
+            if let Some(plan) = self.plan_for_me() {
+                self.install(store, plan).await?;
+            } else {
+                self.choose_when_due(store).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// At a checkpoint the leader chooses again when the hot rows' share of accesses
+    /// drifted or the directory lists other trainers; the plan takes effect after the
+    /// next round.
+    pub async fn at_checkpoint(&mut self) -> anyhow::Result<()> {
+        let Phase::Active(group) = &self.phase else {
+            return Ok(());
+        };
+        if group.members.first() != Some(&self.me) || group.next.is_some() {
+            return Ok(());
+        }
+        let chosen: HashSet<TableKey> = group
+            .replicas
+            .iter()
+            .enumerate()
+            .flat_map(|(t, r)| r.keys().map(move |k| (t as u32, k)))
+            .collect();
+        let share = group.recent.share_on(&chosen);
+        let drifted = share < group.expected_coverage - self.settings.drift_tolerance;
+        let members = self.members().await?;
+        if !drifted && members == group.members {
+            return Ok(());
+        }
+        let Some(costs) = group.costs else {
+            return Ok(());
+        };
+        tracing::info!(
+            share,
+            expected = group.expected_coverage,
+            ?members,
+            "choosing the hot set again"
+        );
+        let (generation, round) = (group.generation, group.round);
+        let sample = group.recent.clone();
+        let mut plan = self.plan(&sample, costs, members);
+        plan.generation = self.generation.max(generation) + 1;
+        (plan.previous_generation, plan.after_round) = (generation, round);
+        self.generation = plan.generation;
+        self.publish_plan(&plan).await?;
+        if let Phase::Active(group) = &mut self.phase {
+            group.next = Some((round, plan));
+        }
+        Ok(())
+    }
+
+    /// The trainer's data ended: the other members stop waiting for it.
+    pub async fn leave(&mut self) -> anyhow::Result<()> {
+        self.drain();
+        let (generation, round) = match &self.phase {
+            Phase::Active(group) if group.members.len() > 1 => (group.generation, group.round),
+            Phase::Active(_) => return Ok(()),
+            _ => match self.plan_for_me() {
+                Some(plan) => (plan.generation, 0),
+                None => return Ok(()),
+            },
+        };
+        let message = HotRound {
+            trainer_id: self.me.clone(),
+            generation,
+            round,
+            leaving: true,
+            grads: Vec::new(),
+            part: 0,
+            parts: 1,
+        };
+        self.publish(Kind::Round(message)).await
+    }
+
+    fn observe(&mut self, keys: &BatchKeys, remote: Duration) {
+        let accesses = keys.accesses().map(|(t, k)| (t as u32, k));
+        match &mut self.phase {
+            Phase::Warmup(warmup) => {
+                let accesses: Vec<TableKey> = accesses.collect();
+                warmup.accesses += accesses.len() as u64;
+                warmup.remote += remote;
+                warmup.sample.observe_batch(accesses);
+            }
+            Phase::Active(group) if group.members.first() == Some(&self.me) => {
+                group.recent.observe_batch(accesses)
+            }
+            _ => {}
+        }
+    }
+
+    async fn members(&self) -> anyhow::Result<Vec<String>> {
+        let mut members = (self.directory)().await?;
+        if !members.contains(&self.me) {
+            members.push(self.me.clone());
+        }
+        members.sort();
+        members.dedup();
+        Ok(members)
+    }
+
+    async fn choose_when_due<S: ParameterStore>(&mut self, store: &S) -> anyhow::Result<()> {
+        let Phase::Warmup(warmup) = &self.phase else {
+            return Ok(());
+        };
+        if warmup.sample.batches() < u64::from(self.settings.warmup_batches.max(1)) {
+            return Ok(());
+        }
+        let members = self.members().await?;
+        if members.first() != Some(&self.me) {
+            tracing::info!(leader = ?members.first(), "waiting for the hot-set leader's plan");
+            self.phase = Phase::Following;
+            return self.await_plan(store).await;
+        }
+        let Phase::Warmup(warmup) = std::mem::replace(&mut self.phase, Phase::Following) else {
+            return Ok(());
+        };
+        let costs = Costs {
+            sync_seconds: self.probe(members.len()).await?,
+            synced_rows: PROBE_ROWS as u64,
+            remote_seconds: warmup.remote.as_secs_f64(),
+            remote_accesses: warmup.accesses.max(1),
+        };
+        let mut plan = self.plan(&warmup.sample, costs, members);
+        plan.generation = self.generation + 1;
+        self.generation = plan.generation;
+        if plan.tables.iter().all(|t| t.keys.is_empty()) {
+            tracing::info!("no row is worth replicating; counting again");
+            if plan.members.len() > 1 {
+                // A plan naming no one: the followers stop waiting for one.
+                plan.members.clear();
+                self.publish_plan(&plan).await?;
+            }
+            self.phase = Phase::Warmup(new_warmup());
+            return Ok(());
+        }
+        if plan.members.len() > 1 {
+            self.publish_plan(&plan).await?;
+        }
+        let generation = plan.generation;
+        self.install(store, plan).await?;
+        if let Phase::Active(group) = &mut self.phase
+            && group.generation == generation
+        {
+            group.costs = Some(costs);
+        }
+        Ok(())
+    }
+
+    /// A follower at the end of its warmup waits (up to `sync_timeout_ms`) for the
+    /// leader's plan, which every trainer chooses after the same number of minibatches:
+    /// all members then start the same round after the same step.
+    async fn await_plan<S: ParameterStore>(&mut self, store: &S) -> anyhow::Result<()> {
+        let deadline = Instant::now() + self.timeout();
+        loop {
+            self.drain();
+            let newest = self.plans.keys().copied().max();
+            if let Some(plan) = newest.and_then(|g| self.complete_plan(g)) {
+                if plan.members.contains(&self.me) {
+                    self.plans.clear();
+                    return self.install(store, plan).await;
+                }
+                self.plans.clear();
+                return Ok(());
+            }
+            if self.receive(deadline).await.is_err() {
+                tracing::info!("no hot-set plan came; training through the PS");
+                return Ok(());
+            }
+        }
+    }
+
+    /// The rows to replicate for `sample` under the measured costs.
+    fn plan(
+        &self,
+        sample: &KeyFrequencies<TableKey>,
+        costs: Costs,
+        members: Vec<String>,
+    ) -> HotPlan {
+        let max_rows = self.settings.max_rows.min(usize::MAX as u64) as usize;
+        let (keys, expected_coverage) = match self.settings.rows {
+            Some(rows) => {
+                let coverage = sample.coverage();
+                let rows = (rows as usize).min(max_rows);
+                (coverage.top(rows).to_vec(), coverage.rho(rows))
+            }
+            None => {
+                let model = CostModel::measured(
+                    costs.sync_seconds,
+                    costs.synced_rows,
+                    costs.remote_seconds,
+                    costs.remote_accesses,
+                    sample.accesses_per_batch(),
+                );
+                match model {
+                    Ok(model) => {
+                        let chosen = HotSet::choose(sample, &model, max_rows);
+                        tracing::info!(
+                            sync_seconds_per_row = model.sync_seconds_per_row,
+                            remote_seconds_per_access = model.remote_seconds_per_access,
+                            accesses_per_batch = model.accesses_per_batch,
+                            rows = chosen.keys.len(),
+                            coverage = chosen.expected_coverage,
+                            "hot set chosen by the cost model"
+                        );
+                        (chosen.keys.into_iter().collect(), chosen.expected_coverage)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no hot set");
+                        (Vec::new(), 0.0)
+                    }
+                }
+            }
+        };
+        let mut per_table: Vec<Vec<u64>> = vec![Vec::new(); self.specs.len()];
+        for (table, key) in keys {
+            if let Some(keys) = per_table.get_mut(table as usize) {
+                keys.push(key);
+            }
+        }
+        HotPlan {
+            generation: 0,
+            members,
+            tables: per_table
+                .into_iter()
+                .enumerate()
+                .map(|(t, mut keys)| {
+                    keys.sort_unstable();
+                    HotTableRows {
+                        table: t as u32,
+                        keys: encode_keys(&keys),
+                        grads: Vec::new(),
+                    }
+                })
+                .collect(),
+            expected_coverage,
+            previous_generation: 0,
+            after_round: 0,
+            part: 0,
+            parts: 1,
+        }
+    }
+
+    /// Seconds to move and apply [`PROBE_ROWS`] rows: a local apply, plus, with other
+    /// members, this trainer's own message echoed by NATS once per other member.
+    async fn probe(&mut self, members: usize) -> anyhow::Result<f64> {
+        let spec = &self.specs[0];
+        let dim = spec.dim as usize;
+        let mut scratch = HotRows::new(spec)?;
+        let width = dim + scratch.state_len();
+        let keys: Vec<u64> = (0..PROBE_ROWS as u64).collect();
+        for &key in &keys {
+            scratch.insert(key, &vec![0.5; width])?;
+        }
+        let grads = vec![0.01f32; PROBE_ROWS * dim];
+        let started = Instant::now();
+        scratch.apply(&keys, &grads)?;
+        let apply = started.elapsed().as_secs_f64();
+        if members <= 1 {
+            return Ok(apply);
+        }
+        let nonce = rand_nonce();
+        let mut payload = encode_keys(&keys);
+        encode_f32(&grads, &mut payload);
+        let started = Instant::now();
+        self.publish(Kind::Probe(HotProbe {
+            trainer_id: self.me.clone(),
+            nonce,
+            payload,
+        }))
+        .await?;
+        let deadline = Instant::now() + self.timeout();
+        while !self.echoes.remove(&nonce) {
+            self.receive(deadline)
+                .await
+                .context("the hot-set probe never came back from NATS")?;
+        }
+        Ok(apply + started.elapsed().as_secs_f64() * (members - 1) as f64)
+    }
+
+    async fn install<S: ParameterStore>(&mut self, store: &S, plan: HotPlan) -> anyhow::Result<()> {
+        let mut members = plan.members.clone();
+        members.sort();
+        self.generation = self.generation.max(plan.generation);
+        let replicas = self
+            .specs
+            .iter()
+            .map(HotRows::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        self.phase = Phase::Active(Box::new(Group {
+            generation: plan.generation,
+            round: 0,
+            members,
+            replicas,
+            expected_coverage: plan.expected_coverage,
+            recent: KeyFrequencies::default(),
+            costs: None,
+            next: None,
+        }));
+        self.publish_keys();
+        // The barrier: once every member passed it, no member pushes these rows to the PS
+        // any more, so all read the same values.
+        self.round(store, Share::empty(self.specs.len())).await?;
+        let Phase::Active(group) = &mut self.phase else {
+            return Ok(());
+        };
+        for table in &plan.tables {
+            let t = table.table as usize;
+            let (Some(spec), Some(replica)) = (self.specs.get(t), group.replicas.get_mut(t)) else {
+                anyhow::bail!(
+                    "hot-set plan names table {t}; the model has {}",
+                    self.specs.len()
+                );
+            };
+            let keys = decode_keys("hot-set plan keys", &table.keys)?;
+            if keys.is_empty() {
+                continue;
+            }
+            let stored = store
+                .read_rows(&spec.name, &keys)
+                .await
+                .with_context(|| format!("reading the hot rows of table {:?}", spec.name))?;
+            for (key, values) in stored.rows() {
+                replica.insert(key, values)?;
+            }
+        }
+        tracing::info!(
+            generation = group.generation,
+            members = ?group.members,
+            rows = group.replicas.iter().map(HotRows::len).sum::<usize>(),
+            coverage = group.expected_coverage,
+            "hot set installed"
+        );
+        self.publish_keys();
+        Ok(())
+    }
+
+    /// One round of the active group: exchange, apply, and the lowest participant's push
+    /// of the sum to the PS. Ends the group when a member stays silent.
+    async fn round<S: ParameterStore>(&mut self, store: &S, share: Share) -> anyhow::Result<()> {
+        let Phase::Active(group) = &self.phase else {
+            return Ok(());
+        };
+        let (generation, round, members) = (group.generation, group.round, group.members.clone());
+        let exchanged = if members.len() == 1 {
+            Ok((vec![(self.me.clone(), share.clone())], Vec::new()))
+        } else {
+            self.exchange(generation, round, &members, &share).await
+        };
+        let (shares, leavers) = match exchanged {
+            Ok(exchanged) => exchanged,
+            Err(silent) => {
+                tracing::warn!(
+                    generation,
+                    round,
+                    ?silent,
+                    "a hot-set member stayed silent; every row goes through the PS again"
+                );
+                self.phase = Phase::Warmup(new_warmup());
+                self.publish_keys();
+                return push_share(store, &self.specs, &share).await;
+            }
+        };
+        let summed = sum_shares(self.specs.len(), &shares);
+        let Phase::Active(group) = &mut self.phase else {
+            return Ok(());
+        };
+        for (replica, (keys, grads)) in group.replicas.iter_mut().zip(&summed.tables) {
+            if !keys.is_empty() {
+                replica.apply(keys, grads)?;
+            }
+        }
+        if shares.first().map(|(id, _)| id) == Some(&self.me) {
+            push_share(store, &self.specs, &summed).await?;
+        }
+        group.members.retain(|m| !leavers.contains(m));
+        group.round += 1;
+        let due = group
+            .next
+            .as_ref()
+            .is_some_and(|(after, _)| *after == round);
+        if due && let Some((_, plan)) = group.next.take() {
+            return Box::pin(self.install(store, plan)).await;
+        }
+        if let Some(plan) = self.plan_after(generation, round) {
+            return Box::pin(self.install(store, plan)).await;
+        }
+        Ok(())
+    }
+
+    /// A follower's view of a re-chosen plan: the leader published it before its share of
+    /// round `round`, naming that round.
+    fn plan_after(&mut self, generation: u64, round: u64) -> Option<HotPlan> {
+        self.drain();
+        let generations: Vec<u64> = self.plans.keys().copied().collect();
+        for g in generations {
+            if let Some(plan) = self.complete_plan(g)
+                && plan.previous_generation == generation
+                && plan.after_round == round
+            {
+                self.plans.remove(&g);
+                return Some(plan);
+            }
+        }
+        None
+    }
+
+    /// Publishes this member's share of round `round` and collects everyone's, in member
+    /// order. Returns the shares and the members that left; `Err` names the members that
+    /// stayed silent past the timeout.
+    async fn exchange(
+        &mut self,
+        generation: u64,
+        round: u64,
+        members: &[String],
+        share: &Share,
+    ) -> Result<(Vec<(String, Share)>, Vec<String>), Vec<String>> {
+        let parts = chunk(share_rows(share), &self.specs);
+        let count = parts.len() as u32;
+        for (part, grads) in parts.into_iter().enumerate() {
+            let message = HotRound {
+                trainer_id: self.me.clone(),
+                generation,
+                round,
+                leaving: false,
+                grads,
+                part: part as u32,
+                parts: count,
+            };
+            if let Err(e) = self.publish(Kind::Round(message)).await {
+                tracing::warn!(error = %e, "publishing a hot-set round");
+                return Err(vec![self.me.clone()]);
+            }
+        }
+        let deadline = Instant::now() + self.timeout();
+        loop {
+            let arrived = self.rounds.get(&(generation, round));
+            let missing: Vec<String> = members
+                .iter()
+                .filter(|m| {
+                    !arrived
+                        .is_some_and(|a| a.get(*m).is_some_and(|p| p.iter().all(Option::is_some)))
+                })
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            if self.receive(deadline).await.is_err() {
+                return Err(missing);
+            }
+        }
+        let mut arrived = self.rounds.remove(&(generation, round)).unwrap_or_default();
+        self.rounds
+            .retain(|(g, r), _| *g > generation || (*g == generation && *r > round));
+        let mut shares = Vec::new();
+        let mut leavers = Vec::new();
+        for member in members {
+            let parts: Vec<HotRound> = arrived
+                .remove(member)
+                .unwrap_or_default()
+                .into_iter()
+                .flatten()
+                .collect();
+            if parts.iter().any(|p| p.leaving) {
+                leavers.push(member.clone());
+                continue;
+            }
+            match parse_share(&parts, &self.specs) {
+                Ok(share) => shares.push((member.clone(), share)),
+                Err(e) => {
+                    tracing::warn!(member = %member, error = %e, "a malformed hot-set share");
+                    return Err(vec![member.clone()]);
+                }
+            }
+        }
+        Ok((shares, leavers))
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.settings.sync_timeout_ms.max(1))
+    }
+
+    /// Files every message waiting in the inbox.
+    fn drain(&mut self) {
+        while let Ok(message) = self.inbox.try_recv() {
+            self.file(message);
+        }
+    }
+
+    /// Waits for one message until `deadline` and files it.
+    async fn receive(&mut self, deadline: Instant) -> anyhow::Result<()> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, self.inbox.recv()).await {
+            Ok(Some(message)) => {
+                self.file(message);
+                Ok(())
+            }
+            Ok(None) => anyhow::bail!("the hot-set subscription closed"),
+            Err(_) => anyhow::bail!("no hot-set message within {left:?}"),
+        }
+    }
+
+    fn file(&mut self, message: HotMessage) {
+        match message.kind {
+            Some(Kind::Round(round)) => {
+                let Some(key) = self.current_round_key(&round) else {
+                    return;
+                };
+                let parts = self
+                    .rounds
+                    .entry(key)
+                    .or_default()
+                    .entry(round.trainer_id.clone())
+                    .or_default();
+                let (part, count) = (round.part as usize, round.parts.max(1) as usize);
+                if parts.len() != count {
+                    *parts = vec![None; count];
+                }
+                if let Some(slot) = parts.get_mut(part) {
+                    *slot = Some(round);
+                }
+            }
+            Some(Kind::Plan(plan)) if plan.generation > self.active_generation() => {
+                let (part, count) = (plan.part as usize, plan.parts.max(1) as usize);
+                let parts = self.plans.entry(plan.generation).or_default();
+                if parts.len() != count {
+                    *parts = vec![None; count];
+                }
+                if let Some(slot) = parts.get_mut(part) {
+                    *slot = Some(plan);
+                }
+            }
+            Some(Kind::Probe(probe)) if probe.trainer_id == self.me => {
+                self.echoes.insert(probe.nonce);
+            }
+            _ => {}
+        }
+    }
+
+    /// Rounds of past generations or already completed rounds are dropped.
+    fn current_round_key(&self, round: &HotRound) -> Option<(u64, u64)> {
+        match &self.phase {
+            Phase::Active(group)
+                if round.generation < group.generation
+                    || (round.generation == group.generation && round.round < group.round) =>
+            {
+                None
+            }
+            _ => Some((round.generation, round.round)),
+        }
+    }
+
+    fn active_generation(&self) -> u64 {
+        match &self.phase {
+            Phase::Active(group) => group.generation,
+            _ => 0,
+        }
+    }
+
+    /// The newest complete plan that names this trainer.
+    fn plan_for_me(&mut self) -> Option<HotPlan> {
+        let mut generations: Vec<u64> = self.plans.keys().copied().collect();
+        generations.sort_unstable_by(|a, b| b.cmp(a));
+        for g in generations {
+            if let Some(plan) = self.complete_plan(g)
+                && plan.members.contains(&self.me)
+            {
+                self.plans.retain(|other, _| *other > g);
+                return Some(plan);
+            }
+        }
+        None
+    }
+
+    /// Generation `g`'s plan once all its parts arrived, keys of every part joined.
+    fn complete_plan(&self, g: u64) -> Option<HotPlan> {
+        let parts = self.plans.get(&g)?;
+        let parts: Vec<&HotPlan> = parts.iter().map(Option::as_ref).collect::<Option<_>>()?;
+        let mut plan = (*parts.first()?).clone();
+        plan.tables = parts.iter().flat_map(|p| p.tables.clone()).collect();
+        Some(plan)
+    }
+
+    async fn publish_plan(&self, plan: &HotPlan) -> anyhow::Result<()> {
+        let parts = chunk(plan.tables.clone(), &self.specs);
+        let count = parts.len() as u32;
+        for (part, tables) in parts.into_iter().enumerate() {
+            let mut message = plan.clone();
+            message.tables = tables;
+            message.part = part as u32;
+            message.parts = count;
+            self.publish(Kind::Plan(message)).await?;
+        }
+        Ok(())
+    }
+
+    async fn publish(&self, kind: Kind) -> anyhow::Result<()> {
+        let message = HotMessage { kind: Some(kind) };
+        self.bus.publish(self.subject.clone(), &message).await?;
+        Ok(())
+    }
+
+    fn publish_keys(&self) {
+        let tables = match &self.phase {
+            Phase::Active(group) => group.replicas.iter().map(|r| r.keys().collect()).collect(),
+            _ => Vec::new(),
+        };
+        self.keys.send_replace(Arc::new(HotKeys { tables }));
+    }
+}
+
+fn new_warmup() -> Warmup {
+    Warmup {
+        sample: KeyFrequencies::default(),
+        remote: Duration::ZERO,
+        accesses: 0,
+    }
+}
+
+fn rand_nonce() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    now ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+/// Pushes a share's rows to the PS, one call per table.
+async fn push_share<S: ParameterStore>(
+    store: &S,
+    specs: &[TableSpec],
+    share: &Share,
+) -> anyhow::Result<()> {
+    for (spec, (keys, grads)) in specs.iter().zip(&share.tables) {
+        if !keys.is_empty() {
+            store
+                .push(&spec.name, keys, grads)
+                .await
+                .with_context(|| format!("pushing the hot rows of table {:?}", spec.name))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,289 @@
+//! The hot set (HypeReca 2FP) against in-process tables and a real NATS server: one
+//! trainer with a hot set ends with bitwise the rows of the all-PS path; two trainers in
+//! lockstep keep bitwise identical replicas, which equal the tables' rows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use primus_batch::{FeaturePipeline, Minibatch};
+use primus_bus::Bus;
+use primus_config::NatsSettings;
+use primus_datagen::criteo::{Criteo, CriteoOptions, feature_schema};
+use primus_model::{Model, ModelLayout};
+use primus_proto::v1::SourceKind;
+use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
+use primus_testkit::NatsServer;
+use primus_trainer::hot::{HotSync, TrainerDirectory};
+use primus_trainer::settings::HotSetSettings;
+use primus_trainer::store::{LocalStore, ParameterStore};
+use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
+
+const TABLE: &str = "categorical";
+
+fn layout() -> (ModelLayout, OptimizerSpec) {
+    let schema = feature_schema(TABLE);
+    let spec = ModelSpec {
+        kind: ModelKind::Dlrm,
+        tables: vec![TableSpec::new(TABLE, 8, OptimizerSpec::adagrad(0.05))],
+        dense: DenseSpec {
+            bottom: vec![16, 8],
+            top: vec![16, 1],
+            optimizer: OptimizerSpec::adagrad(0.01),
+        },
+    };
+    let layout = ModelLayout::new(&spec, &schema).expect("layout");
+    (layout, spec.dense.optimizer)
+}
+
+fn batches(seed: u64, count: usize) -> Vec<Minibatch> {
+    let pipeline = FeaturePipeline::new(&feature_schema(TABLE));
+    let mut generator = Criteo::new(CriteoOptions {
+        seed,
+        cardinality_scale: 0.0005,
+        ..CriteoOptions::default()
+    })
+    .expect("generator");
+    (0..count)
+        .map(|_| {
+            let generated = generator.generate(256, 0).expect("rows");
+            pipeline.minibatch(&generated.batch).expect("minibatch")
+        })
+        .collect()
+}
+
+fn incoming(batch: Minibatch) -> Incoming {
+    Incoming::new(batch, SourceKind::Batch, "generated", &Default::default())
+}
+
+fn settings(rows: u64) -> HotSetSettings {
+    HotSetSettings {
+        enabled: true,
+        warmup_batches: 5,
+        rows: Some(rows),
+        sync_timeout_ms: 20_000,
+        ..HotSetSettings::default()
+    }
+}
+
+fn fixed(members: &[&str]) -> TrainerDirectory {
+    let members: Vec<String> = members.iter().map(|m| m.to_string()).collect();
+    Arc::new(move || {
+        let members = members.clone();
+        Box::pin(async move { Ok(members) })
+    })
+}
+
+async fn bus(nats: &NatsServer) -> Bus {
+    Bus::connect(&NatsSettings {
+        url: nats.url(),
+        ..NatsSettings::default()
+    })
+    .await
+    .expect("nats")
+}
+
+fn store(layout: &ModelLayout, dense: &OptimizerSpec) -> Arc<LocalStore> {
+    Arc::new(LocalStore::new(&layout.ps_tables(), dense, 0).expect("store"))
+}
+
+async fn trainer(
+    layout: &ModelLayout,
+    store: Arc<LocalStore>,
+    hot: Option<HotSync>,
+) -> Trainer<LocalStore> {
+    let trainer = Trainer::start(Model::new(layout.clone()), store, 0, 1, 10_000)
+        .await
+        .expect("start");
+    match hot {
+        Some(hot) => trainer.with_hot_set(hot),
+        None => trainer,
+    }
+}
+
+/// Weights then optimizer state of every key, sorted by key.
+async fn rows(store: &LocalStore, keys: &[u64]) -> Vec<(u64, Vec<f32>)> {
+    let stored = store.read_rows(TABLE, keys).await.expect("read rows");
+    let mut rows: Vec<(u64, Vec<f32>)> = stored.rows().map(|(k, v)| (k, v.to_vec())).collect();
+    rows.sort_by_key(|r| r.0);
+    rows
+}
+
+fn replica_rows(trainer: &Trainer<LocalStore>) -> Vec<(u64, Vec<f32>)> {
+    let replica = trainer
+        .hot_set()
+        .and_then(|h| h.replica(0))
+        .expect("an installed hot set");
+    let mut rows: Vec<(u64, Vec<f32>)> = replica
+        .keys()
+        .map(|k| (k, replica.values(k).expect("row").to_vec()))
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trainer_with_a_hot_set_ends_with_the_rows_of_the_all_ps_path() {
+    let nats = NatsServer::start().expect("nats-server");
+    let bus = bus(&nats).await;
+    let (layout, dense) = layout();
+    let (all_ps_store, hot_store) = (store(&layout, &dense), store(&layout, &dense));
+    let mut all_ps = trainer(&layout, all_ps_store.clone(), None).await;
+    let hot = HotSync::join(
+        settings(150),
+        &bus,
+        "job",
+        "trainer-0",
+        &layout,
+        fixed(&["trainer-0"]),
+    )
+    .await
+    .expect("join");
+    let mut with_hot = trainer(&layout, hot_store.clone(), Some(hot)).await;
+
+    let mut seen = std::collections::BTreeSet::new();
+    for batch in batches(3, 30) {
+        for trainer in [&mut all_ps, &mut with_hot] {
+            let prepared = trainer
+                .prepare(incoming(batch.clone()))
+                .await
+                .expect("prepare");
+            seen.extend(prepared.keys().tables[0].iter().copied());
+            trainer.step(prepared).await.expect("step");
+        }
+    }
+    let status = with_hot.hot_set().expect("hot set").status();
+    assert_eq!((status.members, status.rows), (1, 150), "{status:?}");
+    assert_eq!(
+        status.rounds, 25,
+        "a round after every step from the 6th on"
+    );
+    let report = with_hot.meter.report();
+    let hot_share = report.hot_share.expect("a hot share");
+    assert!(
+        hot_share > 0.2,
+        "the 150 hottest rows served {hot_share:.3} of accesses"
+    );
+
+    // Every row, hot or not, is bitwise the all-PS path's, and so are the replicas.
+    let seen: Vec<u64> = seen.into_iter().collect();
+    let expected = rows(&all_ps_store, &seen).await;
+    assert_eq!(expected.len(), seen.len());
+    assert_eq!(rows(&hot_store, &seen).await, expected);
+    let replica = replica_rows(&with_hot);
+    let hot_keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
+    assert_eq!(replica, rows(&all_ps_store, &hot_keys).await);
+    assert_eq!(all_ps.params(), with_hot.params());
+}
+
+#[derive(Default)]
+struct Quiet;
+
+impl Reporter for Quiet {
+    async fn report(&self, _: &Report) {}
+    async fn aligned(&self, _: u64, _: u64, _: u64) {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_trainers_in_lockstep_keep_bitwise_identical_hot_rows_equal_to_the_ps() {
+    let nats = NatsServer::start().expect("nats-server");
+    let (mut a, mut b, shared) = pair(&nats, settings(200)).await;
+    let interval = Duration::from_secs(60);
+    let (ra, rb) = tokio::join!(
+        a.train(feed(11, 24), interval, &Quiet),
+        b.train(feed(12, 24), interval, &Quiet)
+    );
+    ra.expect("trainer-0");
+    rb.expect("trainer-1");
+
+    for trainer in [&a, &b] {
+        let status = trainer.hot_set().expect("hot set").status();
+        // Both chose after 5 minibatches, so both ran the rounds of minibatches 6 to 24.
+        assert_eq!(
+            (status.members, status.rows, status.rounds),
+            (2, 200, 19),
+            "{status:?}"
+        );
+    }
+    let replica_a = replica_rows(&a);
+    assert_eq!(replica_a, replica_rows(&b), "the replicas diverged");
+    let keys: Vec<u64> = replica_a.iter().map(|r| r.0).collect();
+    assert_eq!(
+        replica_a,
+        rows(&shared, &keys).await,
+        "the PS rows of hot keys are not the replicas'"
+    );
+}
+
+fn feed(seed: u64, count: usize) -> futures::stream::BoxStream<'static, anyhow::Result<Feed>> {
+    let items: Vec<anyhow::Result<Feed>> = batches(seed, count)
+        .into_iter()
+        .map(|b| Ok(Feed::Batch(incoming(b))))
+        .collect();
+    futures::stream::iter(items).boxed()
+}
+
+async fn pair(
+    nats: &NatsServer,
+    settings: HotSetSettings,
+) -> (Trainer<LocalStore>, Trainer<LocalStore>, Arc<LocalStore>) {
+    let bus = bus(nats).await;
+    let (layout, dense) = layout();
+    let shared = store(&layout, &dense);
+    let members = ["trainer-0", "trainer-1"];
+    let mut trainers = Vec::new();
+    for id in members {
+        let hot = HotSync::join(settings.clone(), &bus, "job", id, &layout, fixed(&members))
+            .await
+            .expect("join");
+        trainers.push(trainer(&layout, shared.clone(), Some(hot)).await);
+    }
+    let b = trainers.pop().expect("trainer-1");
+    let a = trainers.pop().expect("trainer-0");
+    (a, b, shared)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_data_ends_leaves_and_the_other_goes_on_alone() {
+    let nats = NatsServer::start().expect("nats-server");
+    let (mut a, mut b, shared) = pair(&nats, settings(200)).await;
+    let interval = Duration::from_secs(60);
+    let (ra, rb) = tokio::join!(
+        a.train(feed(21, 10), interval, &Quiet),
+        b.train(feed(22, 20), interval, &Quiet)
+    );
+    ra.expect("trainer-0");
+    rb.expect("trainer-1");
+    let status = b.hot_set().expect("hot set").status();
+    assert_eq!(
+        (status.members, status.rows, status.rounds),
+        (1, 200, 15),
+        "{status:?}"
+    );
+    let replica = replica_rows(&b);
+    let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
+    assert_eq!(replica, rows(&shared, &keys).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_member_ends_the_group_and_the_other_trains_through_the_ps() {
+    let nats = NatsServer::start().expect("nats-server");
+    let quick = HotSetSettings {
+        sync_timeout_ms: 1_500,
+        ..settings(200)
+    };
+    let (mut a, mut b, _) = pair(&nats, quick).await;
+    let interval = Duration::from_secs(60);
+    // trainer-0 stops receiving data after 8 minibatches, as a hung process would.
+    let stalled = feed(31, 8).chain(futures::stream::pending()).boxed();
+    let outcome = tokio::select! {
+        _ = a.train(stalled, interval, &Quiet) => None,
+        done = b.train(feed(32, 20), interval, &Quiet) => Some(done),
+    };
+    outcome
+        .expect("trainer-0 never finishes")
+        .expect("trainer-1");
+    assert_eq!(b.meter.steps, 20, "trainer-1 trained every minibatch");
+    let status = b.hot_set().expect("hot set").status();
+    assert_eq!(status.rows, 0, "no hot set is left: {status:?}");
+}

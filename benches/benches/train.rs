@@ -10,7 +10,9 @@
 //!    this process; the master starts the data executor, two PS shards and the trainer as
 //!    processes from the release binaries, which read the rows as hourly Parquet files.
 //!    Its ratio to (2) is the overhead of distribution. Everything shares this machine's
-//!    cores.
+//!    cores;
+//! 4. the same through the services with the Job's hot set on (HypeReca 2FP, size chosen
+//!    by the trainer's cost model): the rows it replicates skip the PS lookups.
 //!
 //! `cargo build --release --bins && cargo bench -p primus-benches --bench train`
 //! (PRIMUS_BENCH_ROWS, default 204,800; PRIMUS_BENCH_MODEL=small for a quick run;
@@ -83,6 +85,8 @@ struct Stages {
     compute: f64,
     push: f64,
     auc: Option<f64>,
+    /// The latest hot-set size and share of accesses it served.
+    hot: Option<(f64, f64)>,
 }
 
 impl Stages {
@@ -224,7 +228,8 @@ async fn main() {
     if !services {
         return;
     }
-    let (through, wall) = train_through_services(&bin_dir, dir.path(), &data, &spec, batch).await;
+    let (through, wall) =
+        train_through_services(&bin_dir, dir.path(), &data, &spec, batch, false).await;
     println!(
         "through the services (1 data executor, 2 PS shards, 1 trainer): {:.0} samples/s while training ({:.0} over the Job's {:.1} s from apply to Succeeded), AUC {:.4} vs best {best:.4}; {}",
         through.rate(),
@@ -236,6 +241,18 @@ async fn main() {
     println!(
         "overhead of distribution: the services train at {:.2}x the in-process rate",
         through.rate() / in_process.rate()
+    );
+    let (hot, wall) = train_through_services(&bin_dir, dir.path(), &data, &spec, batch, true).await;
+    let (rows, share) = hot.hot.unwrap_or_default();
+    println!(
+        "through the services with a hot set of {rows:.0} rows (chosen by the cost model; {:.1}% of accesses at the end): {:.0} samples/s while training ({:.0} over {:.1} s), AUC {:.4} vs best {best:.4}; {}; {:.2}x the all-PS services run",
+        100.0 * share,
+        hot.rate(),
+        hot.samples as f64 / wall,
+        wall,
+        hot.auc.unwrap_or(f64::NAN),
+        hot.shares(),
+        hot.rate() / through.rate()
     );
 }
 
@@ -318,6 +335,7 @@ async fn train_through_services(
     data: &Path,
     spec: &ModelSpec,
     batch: usize,
+    hot_set: bool,
 ) -> (Stages, f64) {
     let nats = NatsServer::start().expect("nats-server");
     let redis = RedisServer::start().expect("redis-server");
@@ -352,8 +370,9 @@ async fn train_through_services(
     let folding = tokio::spawn(fold_reports(stages.clone(), reports));
 
     let started = Instant::now();
-    for resource in primus_spec::parse_documents("train-bench.yaml", &resources(data, spec, batch))
-        .expect("valid resources")
+    for resource in
+        primus_spec::parse_documents("train-bench.yaml", &resources(data, spec, batch, hot_set))
+            .expect("valid resources")
     {
         client.apply(&resource, 0).await.expect("apply");
     }
@@ -389,6 +408,9 @@ async fn fold_reports(stages: Arc<Mutex<Stages>>, mut reports: Subscription<Metr
         let rate = gauge("samples_per_second").unwrap_or(0.0);
         let mut stages = stages.lock().expect("stages");
         stages.add(report.samples, rate, shares, gauge("auc"));
+        if let (Some(rows), Some(share)) = (gauge("hot_rows"), gauge("hot_share")) {
+            stages.hot = Some((rows, share));
+        }
     }
 }
 
@@ -436,7 +458,7 @@ fn start_master(
 }
 
 /// The Dataset over the hourly Parquet files and the Job training `spec` on it.
-fn resources(data: &Path, spec: &ModelSpec, batch: usize) -> String {
+fn resources(data: &Path, spec: &ModelSpec, batch: usize, hot_set: bool) -> String {
     let schema = primus_datagen::criteo::feature_schema("categorical");
     let table = &spec.tables[0];
     let end = format!("2026-11-01T{HOURS:02}");
@@ -460,7 +482,7 @@ spec:
     kind: dlrm
     tables: [{table}]
     dense: {dense}
-  training: {{batch_size: {batch}, eval_window: {EVAL_WINDOW}}}
+  training: {{batch_size: {batch}, eval_window: {EVAL_WINDOW}, hot_set: {{enabled: {hot_set}}}}}
   topology:
     data_executors: {{replicas: 1}}
     trainers: {{replicas: 1}}

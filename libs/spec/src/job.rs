@@ -253,6 +253,69 @@ pub struct TrainingSpec {
     /// How stream partitions are loaded (Primus Table 2).
     #[serde(default)]
     pub stream_loading: StreamLoading,
+    /// Rows every trainer replicates and trains in lockstep (HypeReca §5).
+    #[serde(default)]
+    pub hot_set: HotSetSpec,
+}
+
+/// When and how a job's trainers replicate their most accessed rows (HypeReca's
+/// two-fold parallelism): those rows skip the PS, and every trainer applies the sum of
+/// all trainers' gradients to them after each step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HotSetSpec {
+    /// Off: every row goes through the PS (the default).
+    pub enabled: bool,
+    /// Minibatches whose key accesses each trainer counts before the hot set is chosen.
+    pub warmup_batches: u32,
+    /// Most rows replicated (over all tables).
+    pub max_rows: u64,
+    /// Replicate exactly this many of the most accessed rows instead of the cost model's
+    /// choice (still capped by `max_rows`).
+    pub rows: Option<u64>,
+    /// Choose again at a checkpoint once the hot rows' share of accesses fell this far
+    /// below the share they were chosen for.
+    pub drift_tolerance: f64,
+    /// A trainer silent this long during a round ends the group: every trainer then goes
+    /// back to the PS for all rows until the hot set is chosen again.
+    pub sync_timeout_ms: u64,
+}
+
+impl Default for HotSetSpec {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            warmup_batches: 20,
+            max_rows: 100_000,
+            rows: None,
+            drift_tolerance: 0.05,
+            sync_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl Validate for HotSetSpec {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        if self.warmup_batches == 0 {
+            fail(errors, field(path, "warmup_batches"), "must be > 0");
+        }
+        if self.max_rows == 0 {
+            fail(errors, field(path, "max_rows"), "must be > 0");
+        }
+        if self.rows == Some(0) {
+            fail(errors, field(path, "rows"), "must be > 0 when set");
+        }
+        if !(0.0..=1.0).contains(&self.drift_tolerance) {
+            fail(
+                errors,
+                field(path, "drift_tolerance"),
+                "must be between 0 and 1",
+            );
+        }
+        if self.sync_timeout_ms == 0 {
+            fail(errors, field(path, "sync_timeout_ms"), "must be > 0");
+        }
+    }
 }
 
 /// Primus's two stream loading modes (Table 2).
@@ -275,6 +338,7 @@ impl Default for TrainingSpec {
             dense_pull_every: 1,
             eval_window: defaults::eval_window(),
             stream_loading: StreamLoading::default(),
+            hot_set: HotSetSpec::default(),
         }
     }
 }
@@ -290,6 +354,7 @@ impl Validate for TrainingSpec {
                 fail(errors, field(path, name), "must be > 0");
             }
         }
+        self.hot_set.validate(&field(path, "hot_set"), errors);
     }
 }
 

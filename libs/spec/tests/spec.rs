@@ -79,6 +79,43 @@ fn a_valid_job_parses_with_defaults_filled() {
 }
 
 #[test]
+fn a_hot_set_parses_with_defaults_and_its_bad_fields_are_named() {
+    let text = JOB.replace(
+        "  mode: batch\n",
+        "  mode: batch\n  training: {hot_set: {enabled: true, rows: 500}}\n",
+    );
+    let resources = parse_documents("job.yaml", &text).expect("valid");
+    let [Resource::Job(job)] = &resources[..] else {
+        panic!("one job expected")
+    };
+    let hot = &job.spec.training.hot_set;
+    assert!(hot.enabled);
+    assert_eq!(
+        (hot.rows, hot.warmup_batches, hot.max_rows),
+        (Some(500), 20, 100_000)
+    );
+
+    let text = JOB.replace(
+        "  mode: batch\n",
+        "  mode: batch\n  training: {hot_set: {enabled: true, rows: 0, drift_tolerance: 2}}\n",
+    );
+    let err = error_text(&text);
+    assert!(
+        err.contains("spec.training.hot_set.rows: must be > 0"),
+        "{err}"
+    );
+    assert!(
+        err.contains("spec.training.hot_set.drift_tolerance"),
+        "{err}"
+    );
+    let text = JOB.replace(
+        "  mode: batch\n",
+        "  mode: batch\n  training: {hot_set: {enable: true}}\n",
+    );
+    assert!(error_text(&text).contains("enable"));
+}
+
+#[test]
 fn a_bad_dense_optimizer_names_its_field() {
     let text = JOB.replace(
         "dense: {top: [64, 1]}",

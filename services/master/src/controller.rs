@@ -910,6 +910,7 @@ fn executor_settings(
                     ("batch_size", number(training.batch_size)),
                     ("dense_pull_every", number(training.dense_pull_every)),
                     ("eval_window", number(training.eval_window)),
+                    ("hot_set", to_toml("trainer.hot_set", &training.hot_set)),
                 ]),
             ));
         }

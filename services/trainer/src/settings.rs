@@ -4,7 +4,7 @@
 use primus_config::{DEFAULT_PORTS, NatsSettings, NodeSettings, ServerSettings, TelemetrySettings};
 use primus_service::ServiceSettings;
 use primus_spec::dataset::FeatureSchema;
-use primus_spec::job::ModelSpec;
+use primus_spec::job::{HotSetSpec, ModelSpec};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -40,42 +40,9 @@ pub struct TrainSettings {
     pub metrics_interval_ms: u64,
     /// Seeds the initial dense parameters (the first trainer's values win on the PS).
     pub seed: u64,
-    /// HypeReca's hot set: rows every trainer replicates and trains locally.
-    pub hot_set: HotSetSettings,
-}
-
-/// When and how the trainers of a job replicate their most accessed rows (HypeReca §5).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(default)]
-pub struct HotSetSettings {
-    /// Off: every row goes through the PS (the default).
-    pub enabled: bool,
-    /// Minibatches whose key accesses are counted before the hot set is chosen.
-    pub warmup_batches: u32,
-    /// Most rows replicated (over all tables).
-    pub max_rows: u64,
-    /// Replicate exactly this many of the most accessed rows instead of the cost
-    /// model's choice (still capped by `max_rows`).
-    pub rows: Option<u64>,
-    /// Choose again at a checkpoint once the hot rows' share of accesses fell this far
-    /// below the share they were chosen for.
-    pub drift_tolerance: f64,
-    /// A member silent this long during a round ends the group; every trainer then goes
-    /// back to the PS for all rows until the hot set is chosen again.
-    pub sync_timeout_ms: u64,
-}
-
-impl Default for HotSetSettings {
-    fn default() -> Self {
-        Self {
-            enabled: false,
-            warmup_batches: 20,
-            max_rows: 100_000,
-            rows: None,
-            drift_tolerance: 0.05,
-            sync_timeout_ms: 10_000,
-        }
-    }
+    /// HypeReca's hot set: rows every trainer replicates and trains locally (the Job's
+    /// `training.hot_set`).
+    pub hot_set: HotSetSpec,
 }
 
 impl Default for TrainSettings {
@@ -91,7 +58,7 @@ impl Default for TrainSettings {
             eval_window: 100_000,
             metrics_interval_ms: 2000,
             seed: 0,
-            hot_set: HotSetSettings::default(),
+            hot_set: HotSetSpec::default(),
         }
     }
 }

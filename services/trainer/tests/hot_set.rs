@@ -12,10 +12,10 @@ use primus_config::NatsSettings;
 use primus_datagen::criteo::{Criteo, CriteoOptions, feature_schema};
 use primus_model::{Model, ModelLayout};
 use primus_proto::v1::SourceKind;
+use primus_spec::job::HotSetSpec;
 use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 use primus_testkit::NatsServer;
 use primus_trainer::hot::{HotSync, TrainerDirectory};
-use primus_trainer::settings::HotSetSettings;
 use primus_trainer::store::{LocalStore, ParameterStore};
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
 
@@ -56,13 +56,13 @@ fn incoming(batch: Minibatch) -> Incoming {
     Incoming::new(batch, SourceKind::Batch, "generated", &Default::default())
 }
 
-fn settings(rows: u64) -> HotSetSettings {
-    HotSetSettings {
+fn settings(rows: u64) -> HotSetSpec {
+    HotSetSpec {
         enabled: true,
         warmup_batches: 5,
         rows: Some(rows),
         sync_timeout_ms: 20_000,
-        ..HotSetSettings::default()
+        ..HotSetSpec::default()
     }
 }
 
@@ -225,7 +225,7 @@ fn feed(seed: u64, count: usize) -> futures::stream::BoxStream<'static, anyhow::
 
 async fn pair(
     nats: &NatsServer,
-    settings: HotSetSettings,
+    settings: HotSetSpec,
 ) -> (Trainer<LocalStore>, Trainer<LocalStore>, Arc<LocalStore>) {
     let bus = bus(nats).await;
     let (layout, dense) = layout();
@@ -268,7 +268,7 @@ async fn a_member_whose_data_ends_leaves_and_the_other_goes_on_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_member_ends_the_group_and_the_other_trains_through_the_ps() {
     let nats = NatsServer::start().expect("nats-server");
-    let quick = HotSetSettings {
+    let quick = HotSetSpec {
         sync_timeout_ms: 1_500,
         ..settings(200)
     };
@@ -286,4 +286,40 @@ async fn a_silent_member_ends_the_group_and_the_other_trains_through_the_ps() {
     assert_eq!(b.meter.steps, 20, "trainer-1 trained every minibatch");
     let status = b.hot_set().expect("hot set").status();
     assert_eq!(status.rows, 0, "no hot set is left: {status:?}");
+}
+
+/// Without a fixed size the leader measures syncing a row against serving an access from
+/// the PS and replicates what the latency model says pays (in process, a local apply
+/// costs far less than a table lookup and push, so some rows always do).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cost_model_chooses_how_many_rows_to_replicate() {
+    let nats = NatsServer::start().expect("nats-server");
+    let bus = bus(&nats).await;
+    let (layout, dense) = layout();
+    let chosen = HotSetSpec {
+        rows: None,
+        max_rows: 400,
+        ..settings(0)
+    };
+    let hot = HotSync::join(
+        chosen,
+        &bus,
+        "job",
+        "trainer-0",
+        &layout,
+        fixed(&["trainer-0"]),
+    )
+    .await
+    .expect("join");
+    let mut trainer = trainer(&layout, store(&layout, &dense), Some(hot)).await;
+    trainer
+        .train(feed(41, 8), Duration::from_secs(60), &Quiet)
+        .await
+        .expect("train");
+    let status = trainer.hot_set().expect("hot set").status();
+    assert!(
+        (1..=400).contains(&status.rows),
+        "the model chose {status:?}"
+    );
+    assert!(status.expected_coverage > 0.0, "{status:?}");
 }

@@ -44,8 +44,8 @@ use primus_spec::job::TableSpec;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::settings::HotSetSettings;
 use crate::store::ParameterStore;
+use primus_spec::job::HotSetSpec;
 
 mod share;
 
@@ -133,7 +133,7 @@ type RoundParts = HashMap<String, Vec<Option<HotRound>>>;
 
 /// A trainer's part in the job's hot set.
 pub struct HotSync {
-    settings: HotSetSettings,
+    settings: HotSetSpec,
     me: String,
     bus: Bus,
     subject: String,
@@ -160,7 +160,7 @@ impl HotSync {
     /// Joins the job's hot-set subject as trainer `me`. Subscribes before anything is
     /// published, so no plan naming this trainer can be missed.
     pub async fn join(
-        settings: HotSetSettings,
+        settings: HotSetSpec,
         bus: &Bus,
         job: &str,
         me: &str,

@@ -1383,7 +1383,9 @@ async fn two_trainers_sharing_a_hot_set_learn_criteo_like_data() {
     let cluster = Cluster::start().await;
     let best = apply_criteo_dataset(&cluster).await;
     let mut master = cluster.start_master_with(&target_dir().join("primus-data-executor"));
-    let job = dlrm_job(&cluster, "dlrm-hot", 2, 3600).replace(
+    // Checkpoints every 2 s: the trainers meet each barrier after different numbers of
+    // minibatches and must wait for each other in rounds.
+    let job = dlrm_job(&cluster, "dlrm-hot", 2, 2).replace(
         "training: {batch_size: 256,",
         "training: {hot_set: {enabled: true, warmup_batches: 10, rows: 1000}, batch_size: 256,",
     );

@@ -325,6 +325,9 @@ impl<S: ParameterStore> Trainer<S> {
                     }
                 }
                 Ready::Barrier(id) => {
+                    if let Some(hot) = &mut self.hot {
+                        hot.wait_at_barrier(&*self.store, id).await?;
+                    }
                     let meter = &self.meter;
                     reporter.aligned(id, meter.steps, meter.samples).await;
                     if let Some(hot) = &mut self.hot

@@ -323,3 +323,57 @@ async fn the_cost_model_chooses_how_many_rows_to_replicate() {
     );
     assert!(status.expected_coverage > 0.0, "{status:?}");
 }
+
+/// Records the checkpoints each trainer reported aligned.
+#[derive(Default)]
+struct Aligned(std::sync::Mutex<Vec<(u64, u64)>>);
+
+impl Reporter for Aligned {
+    async fn report(&self, _: &Report) {}
+    async fn aligned(&self, checkpoint_id: u64, steps: u64, _: u64) {
+        self.0.lock().expect("aligned").push((checkpoint_id, steps));
+    }
+}
+
+/// Members reach a checkpoint barrier after different numbers of minibatches: the first
+/// keeps taking part in (empty) rounds until the other arrives, neither stalls, the group
+/// survives, and when both report the checkpoint aligned the PS holds every hot-row update
+/// trained before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_reaching_a_barrier_at_different_steps_wait_for_each_other_in_rounds() {
+    let nats = NatsServer::start().expect("nats-server");
+    let (mut a, mut b, shared) = pair(&nats, settings(200)).await;
+    // As many minibatches after the barrier for each, so that they leave together.
+    let with_barrier = |seed: u64, at: usize| {
+        let mut items: Vec<anyhow::Result<Feed>> = batches(seed, at + 10)
+            .into_iter()
+            .map(|b| Ok(Feed::Batch(incoming(b))))
+            .collect();
+        items.insert(at, Ok(Feed::Barrier(7)));
+        futures::stream::iter(items).boxed()
+    };
+    let (aligned_a, aligned_b) = (Aligned::default(), Aligned::default());
+    let interval = Duration::from_secs(60);
+    let started = std::time::Instant::now();
+    let (ra, rb) = tokio::join!(
+        a.train(with_barrier(51, 9), interval, &aligned_a),
+        b.train(with_barrier(52, 14), interval, &aligned_b)
+    );
+    ra.expect("trainer-0");
+    rb.expect("trainer-1");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "no member waited out the sync timeout ({:?})",
+        started.elapsed()
+    );
+    assert_eq!(aligned_a.0.into_inner().expect("aligned"), vec![(7, 9)]);
+    assert_eq!(aligned_b.0.into_inner().expect("aligned"), vec![(7, 14)]);
+    for trainer in [&a, &b] {
+        let status = trainer.hot_set().expect("hot set").status();
+        assert_eq!((status.members, status.rows), (2, 200), "{status:?}");
+    }
+    let replica = replica_rows(&a);
+    assert_eq!(replica, replica_rows(&b), "the replicas diverged");
+    let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
+    assert_eq!(replica, rows(&shared, &keys).await);
+}

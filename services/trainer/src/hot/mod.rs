@@ -128,6 +128,20 @@ struct Costs {
     remote_accesses: u64,
 }
 
+/// Which round a member's share belongs to.
+struct Outgoing {
+    generation: u64,
+    round: u64,
+    at_barrier: Option<u64>,
+}
+
+/// One member's part in a completed round.
+struct Contribution {
+    member: String,
+    share: Share,
+    at_barrier: Option<u64>,
+}
+
 /// Every member's share of one round, as far as it arrived: per member its parts.
 type RoundParts = HashMap<String, Vec<Option<HotRound>>>;
 
@@ -269,7 +283,7 @@ impl HotSync {
     ) -> anyhow::Result<()> {
         self.observe(keys, remote);
         if matches!(self.phase, Phase::Active(_)) {
-            self.round(store, hot).await?;
+            self.round(store, hot, None).await?;
         }
         if !matches!(self.phase, Phase::Active(_)) {
             self.drain();
@@ -345,6 +359,7 @@ impl HotSync {
             grads: Vec::new(),
             part: 0,
             parts: 1,
+            at_barrier: None,
         };
         self.publish(Kind::Round(message)).await
     }
@@ -576,7 +591,8 @@ impl HotSync {
         self.publish_keys();
         // The barrier: once every member passed it, no member pushes these rows to the PS
         // any more, so all read the same values.
-        self.round(store, Share::empty(self.specs.len())).await?;
+        self.round(store, Share::empty(self.specs.len()), None)
+            .await?;
         let Phase::Active(group) = &mut self.phase else {
             return Ok(());
         };
@@ -612,18 +628,34 @@ impl HotSync {
     }
 
     /// One round of the active group: exchange, apply, and the lowest participant's push
-    /// of the sum to the PS. Ends the group when a member stays silent.
-    async fn round<S: ParameterStore>(&mut self, store: &S, share: Share) -> anyhow::Result<()> {
+    /// of the sum to the PS. Ends the group when a member stays silent. `at_barrier`: this
+    /// member waits at that checkpoint's barrier; returns whether every participant did.
+    async fn round<S: ParameterStore>(
+        &mut self,
+        store: &S,
+        share: Share,
+        at_barrier: Option<u64>,
+    ) -> anyhow::Result<bool> {
         let Phase::Active(group) = &self.phase else {
-            return Ok(());
+            return Ok(false);
         };
         let (generation, round, members) = (group.generation, group.round, group.members.clone());
         let exchanged = if members.len() == 1 {
-            Ok((vec![(self.me.clone(), share.clone())], Vec::new()))
+            let mine = Contribution {
+                member: self.me.clone(),
+                share: share.clone(),
+                at_barrier,
+            };
+            Ok((vec![mine], Vec::new()))
         } else {
-            self.exchange(generation, round, &members, &share).await
+            let outgoing = Outgoing {
+                generation,
+                round,
+                at_barrier,
+            };
+            self.exchange(outgoing, &members, &share).await
         };
-        let (shares, leavers) = match exchanged {
+        let (contributions, leavers) = match exchanged {
             Ok(exchanged) => exchanged,
             Err(silent) => {
                 tracing::warn!(
@@ -634,19 +666,22 @@ impl HotSync {
                 );
                 self.phase = Phase::Warmup(new_warmup());
                 self.publish_keys();
-                return push_share(store, &self.specs, &share).await;
+                push_share(store, &self.specs, &share).await?;
+                return Ok(false);
             }
         };
-        let summed = sum_shares(self.specs.len(), &shares);
+        let all_at_barrier =
+            at_barrier.is_some() && contributions.iter().all(|c| c.at_barrier == at_barrier);
+        let summed = sum_shares(self.specs.len(), contributions.iter().map(|c| &c.share));
         let Phase::Active(group) = &mut self.phase else {
-            return Ok(());
+            return Ok(false);
         };
         for (replica, (keys, grads)) in group.replicas.iter_mut().zip(&summed.tables) {
             if !keys.is_empty() {
                 replica.apply(keys, grads)?;
             }
         }
-        if shares.first().map(|(id, _)| id) == Some(&self.me) {
+        if contributions.first().map(|c| &c.member) == Some(&self.me) {
             push_share(store, &self.specs, &summed).await?;
         }
         group.members.retain(|m| !leavers.contains(m));
@@ -656,12 +691,35 @@ impl HotSync {
             .as_ref()
             .is_some_and(|(after, _)| *after == round);
         if due && let Some((_, plan)) = group.next.take() {
-            return Box::pin(self.install(store, plan)).await;
+            Box::pin(self.install(store, plan)).await?;
+        } else if let Some(plan) = self.plan_after(generation, round) {
+            Box::pin(self.install(store, plan)).await?;
         }
-        if let Some(plan) = self.plan_after(generation, round) {
-            return Box::pin(self.install(store, plan)).await;
+        Ok(all_at_barrier)
+    }
+
+    /// At checkpoint `checkpoint`'s barrier: takes part in rounds with nothing to add
+    /// until every member is at the barrier too. Members reach it after different numbers
+    /// of minibatches; without this the first would wait for the others' rounds, and they
+    /// for it. When it returns, the lowest member has pushed every gradient trained before
+    /// the barrier to the PS, so the checkpoint's snapshot holds them.
+    pub async fn wait_at_barrier<S: ParameterStore>(
+        &mut self,
+        store: &S,
+        checkpoint: u64,
+    ) -> anyhow::Result<()> {
+        loop {
+            let Phase::Active(group) = &self.phase else {
+                return Ok(());
+            };
+            if group.members.len() <= 1 {
+                return Ok(());
+            }
+            let idle = Share::empty(self.specs.len());
+            if self.round(store, idle, Some(checkpoint)).await? {
+                return Ok(());
+            }
         }
-        Ok(())
     }
 
     /// A follower's view of a re-chosen plan: the leader published it before its share of
@@ -681,16 +739,20 @@ impl HotSync {
         None
     }
 
-    /// Publishes this member's share of round `round` and collects everyone's, in member
-    /// order. Returns the shares and the members that left; `Err` names the members that
-    /// stayed silent past the timeout.
+    /// Publishes this member's share of a round and collects everyone's, in member
+    /// order. Returns the contributions and the members that left; `Err` names the
+    /// members that stayed silent past the timeout.
     async fn exchange(
         &mut self,
-        generation: u64,
-        round: u64,
+        outgoing: Outgoing,
         members: &[String],
         share: &Share,
-    ) -> Result<(Vec<(String, Share)>, Vec<String>), Vec<String>> {
+    ) -> Result<(Vec<Contribution>, Vec<String>), Vec<String>> {
+        let Outgoing {
+            generation,
+            round,
+            at_barrier,
+        } = outgoing;
         let parts = chunk(share_rows(share), &self.specs);
         let count = parts.len() as u32;
         for (part, grads) in parts.into_iter().enumerate() {
@@ -702,6 +764,7 @@ impl HotSync {
                 grads,
                 part: part as u32,
                 parts: count,
+                at_barrier,
             };
             if let Err(e) = self.publish(Kind::Round(message)).await {
                 tracing::warn!(error = %e, "publishing a hot-set round");
@@ -710,15 +773,7 @@ impl HotSync {
         }
         let deadline = Instant::now() + self.timeout();
         loop {
-            let arrived = self.rounds.get(&(generation, round));
-            let missing: Vec<String> = members
-                .iter()
-                .filter(|m| {
-                    !arrived
-                        .is_some_and(|a| a.get(*m).is_some_and(|p| p.iter().all(Option::is_some)))
-                })
-                .cloned()
-                .collect();
+            let missing = self.missing(generation, round, members);
             if missing.is_empty() {
                 break;
             }
@@ -729,7 +784,7 @@ impl HotSync {
         let mut arrived = self.rounds.remove(&(generation, round)).unwrap_or_default();
         self.rounds
             .retain(|(g, r), _| *g > generation || (*g == generation && *r > round));
-        let mut shares = Vec::new();
+        let mut contributions = Vec::new();
         let mut leavers = Vec::new();
         for member in members {
             let parts: Vec<HotRound> = arrived
@@ -743,14 +798,33 @@ impl HotSync {
                 continue;
             }
             match parse_share(&parts, &self.specs) {
-                Ok(share) => shares.push((member.clone(), share)),
+                Ok(share) => contributions.push(Contribution {
+                    member: member.clone(),
+                    share,
+                    at_barrier: parts.first().and_then(|p| p.at_barrier),
+                }),
                 Err(e) => {
                     tracing::warn!(member = %member, error = %e, "a malformed hot-set share");
                     return Err(vec![member.clone()]);
                 }
             }
         }
-        Ok((shares, leavers))
+        Ok((contributions, leavers))
+    }
+
+    /// The members whose share of a round has not fully arrived.
+    fn missing(&self, generation: u64, round: u64, members: &[String]) -> Vec<String> {
+        let arrived = self.rounds.get(&(generation, round));
+        members
+            .iter()
+            .filter(|m| {
+                !arrived.is_some_and(|a| {
+                    a.get(*m)
+                        .is_some_and(|parts| parts.iter().all(Option::is_some))
+                })
+            })
+            .cloned()
+            .collect()
     }
 
     fn timeout(&self) -> Duration {

@@ -30,11 +30,14 @@ impl Share {
 
 /// Members' shares summed in the order given, keys in first-seen order: the same inputs
 /// give bitwise the same sum on every member.
-pub(super) fn sum_shares(tables: usize, shares: &[(String, Share)]) -> Share {
+pub(super) fn sum_shares<'a>(
+    tables: usize,
+    shares: impl Iterator<Item = &'a Share> + Clone,
+) -> Share {
     let mut summed = Share::empty(tables);
     for (t, (keys, grads)) in summed.tables.iter_mut().enumerate() {
         let mut slots: HashMap<u64, usize> = HashMap::new();
-        for (_, share) in shares {
+        for share in shares.clone() {
             let Some((share_keys, share_grads)) = share.tables.get(t) else {
                 continue;
             };
@@ -170,7 +173,7 @@ mod tests {
     fn shares_sum_per_key_in_member_order() {
         let a = share(&[(1, 0.5), (2, 1.0)]);
         let b = share(&[(2, 0.25), (3, 2.0)]);
-        let summed = sum_shares(1, &[("a".into(), a), ("b".into(), b)]);
+        let summed = sum_shares(1, [&a, &b].into_iter());
         assert_eq!(summed.tables[0].0, vec![1, 2, 3]);
         assert_eq!(summed.tables[0].1, vec![0.5, -0.5, 1.25, -1.25, 2.0, -2.0]);
     }
@@ -222,18 +225,15 @@ mod tests {
                 }
                 share(&rows)
             };
-            let shares = [
-                ("a".to_owned(), member(&mut draw)),
-                ("b".to_owned(), member(&mut draw)),
-            ];
-            let summed = sum_shares(1, &shares);
+            let shares = [member(&mut draw), member(&mut draw)];
+            let summed = sum_shares(1, shares.iter());
             for replica in &mut replicas {
                 replica
                     .apply(&summed.tables[0].0, &summed.tables[0].1)
                     .expect("apply");
             }
             let mut sums: HashMap<u64, [f64; 2]> = HashMap::new();
-            for (_, share) in &shares {
+            for share in &shares {
                 let (share_keys, grads) = &share.tables[0];
                 for (key, g) in share_keys.iter().zip(grads.chunks_exact(2)) {
                     let sum = sums.entry(*key).or_default();

@@ -377,3 +377,88 @@ async fn members_reaching_a_barrier_at_different_steps_wait_for_each_other_in_ro
     let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
     assert_eq!(replica, rows(&shared, &keys).await);
 }
+
+/// `batch` with every categorical id moved by `offset`: traffic on other keys.
+fn shifted(batch: &arrow::array::RecordBatch, offset: i64) -> arrow::array::RecordBatch {
+    use arrow::array::{Array, ArrayRef, Int64Array};
+    let columns: Vec<ArrayRef> = batch
+        .schema()
+        .fields()
+        .iter()
+        .zip(batch.columns())
+        .map(
+            |(field, column)| match column.as_any().downcast_ref::<Int64Array>() {
+                Some(ids) if field.name().starts_with('c') => {
+                    let moved: Int64Array = ids.iter().map(|id| id.map(|id| id + offset)).collect();
+                    Arc::new(moved) as ArrayRef
+                }
+                _ => column.clone(),
+            },
+        )
+        .collect();
+    arrow::array::RecordBatch::try_new(batch.schema(), columns).expect("shifted batch")
+}
+
+/// When traffic moves to other keys, the leader sees the hot rows' share of accesses fall
+/// at the next checkpoint and chooses again; the new rows come from the PS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drifted_hot_set_is_chosen_again_at_a_checkpoint() {
+    const OFFSET: i64 = 1 << 40;
+    let nats = NatsServer::start().expect("nats-server");
+    let bus = bus(&nats).await;
+    let (layout, dense) = layout();
+    let shared = store(&layout, &dense);
+    let hot = HotSync::join(
+        settings(100),
+        &bus,
+        "job",
+        "trainer-0",
+        &layout,
+        fixed(&["trainer-0"]),
+    )
+    .await
+    .expect("join");
+    let mut trainer = trainer(&layout, shared.clone(), Some(hot)).await;
+    let pipeline = FeaturePipeline::new(&feature_schema(TABLE));
+    let mut generator = Criteo::new(CriteoOptions {
+        seed: 61,
+        cardinality_scale: 0.0005,
+        ..CriteoOptions::default()
+    })
+    .expect("generator");
+    let mut minibatch = |offset: i64| {
+        let generated = generator.generate(256, 0).expect("rows");
+        let batch = shifted(&generated.batch, offset);
+        Ok(Feed::Batch(incoming(
+            pipeline.minibatch(&batch).expect("minibatch"),
+        )))
+    };
+    let mut items: Vec<anyhow::Result<Feed>> = (0..8).map(|_| minibatch(0)).collect();
+    items.push(Ok(Feed::Barrier(1)));
+    items.extend((0..8).map(|_| minibatch(OFFSET)));
+    items.push(Ok(Feed::Barrier(2)));
+    items.extend((0..4).map(|_| minibatch(OFFSET)));
+    trainer
+        .train(
+            futures::stream::iter(items).boxed(),
+            Duration::from_secs(60),
+            &Quiet,
+        )
+        .await
+        .expect("train");
+    let status = trainer.hot_set().expect("hot set").status();
+    assert_eq!((status.generation, status.rows), (2, 100), "{status:?}");
+    let replica = replica_rows(&trainer);
+    let hashed_before = batches(61, 1)[0].to_kjt().expect("kjt");
+    let old_keys: std::collections::HashSet<u64> = hashed_before
+        .features
+        .iter()
+        .flat_map(|f| f.values.iter().copied())
+        .collect();
+    assert!(
+        replica.iter().all(|(key, _)| !old_keys.contains(key)),
+        "the new hot set holds the moved traffic's keys"
+    );
+    let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
+    assert_eq!(replica, rows(&shared, &keys).await);
+}

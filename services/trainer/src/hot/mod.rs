@@ -162,6 +162,8 @@ pub struct HotSync {
     rounds: HashMap<(u64, u64), RoundParts>,
     plans: HashMap<u64, Vec<Option<HotPlan>>>,
     echoes: HashSet<u64>,
+    /// Trainers whose data ended: no plan names them again.
+    departed: HashSet<String>,
 }
 
 impl Drop for HotSync {
@@ -224,6 +226,7 @@ impl HotSync {
             rounds: HashMap::new(),
             plans: HashMap::new(),
             echoes: HashSet::new(),
+            departed: HashSet::new(),
         })
     }
 
@@ -315,6 +318,14 @@ impl HotSync {
         let share = group.recent.share_on(&chosen);
         let drifted = share < group.expected_coverage - self.settings.drift_tolerance;
         let members = self.members().await?;
+        let sample = group.recent.clone();
+        if let Phase::Active(group) = &mut self.phase {
+            // Each checkpoint interval is judged on its own accesses.
+            group.recent = KeyFrequencies::default();
+        }
+        let Phase::Active(group) = &self.phase else {
+            return Ok(());
+        };
         if !drifted && members == group.members {
             return Ok(());
         }
@@ -328,7 +339,6 @@ impl HotSync {
             "choosing the hot set again"
         );
         let (generation, round) = (group.generation, group.round);
-        let sample = group.recent.clone();
         let mut plan = self.plan(&sample, costs, members);
         plan.generation = self.generation.max(generation) + 1;
         (plan.previous_generation, plan.after_round) = (generation, round);
@@ -380,8 +390,10 @@ impl HotSync {
         }
     }
 
+    /// The directory's trainers that have not left, and this one.
     async fn members(&self) -> anyhow::Result<Vec<String>> {
         let mut members = (self.directory)().await?;
+        members.retain(|m| !self.departed.contains(m));
         if !members.contains(&self.me) {
             members.push(self.me.clone());
         }
@@ -686,6 +698,7 @@ impl HotSync {
         }
         group.members.retain(|m| !leavers.contains(m));
         group.round += 1;
+        self.departed.extend(leavers);
         let due = group
             .next
             .as_ref()

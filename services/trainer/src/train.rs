@@ -314,6 +314,14 @@ impl<S: ParameterStore> Trainer<S> {
                     last_report = Instant::now();
                     continue;
                 }
+                // The other hot-set members wait on this trainer, which has no minibatch
+                // ready (a quiet stream): it answers their round with nothing to add.
+                _ = wanted(&mut self.hot) => {
+                    if let Some(hot) = &mut self.hot {
+                        hot.idle_round(&*self.store).await?;
+                    }
+                    continue;
+                }
             };
             let Some(next) = next else { break };
             match next? {
@@ -523,6 +531,14 @@ impl<S: ParameterStore> Trainer<S> {
         };
         futures::try_join!(sparse, dense)?;
         Ok(hot_share)
+    }
+}
+
+/// Resolves when the other members of `hot`'s group wait for this trainer's share.
+async fn wanted(hot: &mut Option<HotSync>) {
+    match hot {
+        Some(hot) => hot.wanted().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -3,6 +3,7 @@
 //! lockstep keep bitwise identical replicas, which equal the tables' rows.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -189,21 +190,20 @@ async fn two_trainers_in_lockstep_keep_bitwise_identical_hot_rows_equal_to_the_p
     let nats = NatsServer::start().expect("nats-server");
     let (mut a, mut b, shared) = pair(&nats, settings(200)).await;
     let interval = Duration::from_secs(60);
+    // A last checkpoint barrier: past it both have run the same rounds.
     let (ra, rb) = tokio::join!(
-        a.train(feed(11, 24), interval, &Quiet),
-        b.train(feed(12, 24), interval, &Quiet)
+        a.train(ending_at_a_barrier(11, 24), interval, &Quiet),
+        b.train(ending_at_a_barrier(12, 24), interval, &Quiet)
     );
     ra.expect("trainer-0");
     rb.expect("trainer-1");
 
     for trainer in [&a, &b] {
         let status = trainer.hot_set().expect("hot set").status();
-        // Both chose after 5 minibatches, so both ran the rounds of minibatches 6 to 24.
-        assert_eq!(
-            (status.members, status.rows, status.rounds),
-            (2, 200, 19),
-            "{status:?}"
-        );
+        // A round after each of minibatches 6 to 24, and idle ones when a trainer's next
+        // minibatch was not looked up yet while the other's share came.
+        assert_eq!((status.members, status.rows), (2, 200), "{status:?}");
+        assert!(status.rounds >= 19, "{status:?}");
     }
     let replica_a = replica_rows(&a);
     assert_eq!(replica_a, replica_rows(&b), "the replicas diverged");
@@ -213,6 +213,16 @@ async fn two_trainers_in_lockstep_keep_bitwise_identical_hot_rows_equal_to_the_p
         rows(&shared, &keys).await,
         "the PS rows of hot keys are not the replicas'"
     );
+}
+
+/// `count` minibatches, then checkpoint 9's barrier.
+fn ending_at_a_barrier(
+    seed: u64,
+    count: usize,
+) -> futures::stream::BoxStream<'static, anyhow::Result<Feed>> {
+    feed(seed, count)
+        .chain(futures::stream::iter([Ok(Feed::Barrier(9))]))
+        .boxed()
 }
 
 fn feed(seed: u64, count: usize) -> futures::stream::BoxStream<'static, anyhow::Result<Feed>> {
@@ -255,11 +265,8 @@ async fn a_member_whose_data_ends_leaves_and_the_other_goes_on_alone() {
     ra.expect("trainer-0");
     rb.expect("trainer-1");
     let status = b.hot_set().expect("hot set").status();
-    assert_eq!(
-        (status.members, status.rows, status.rounds),
-        (1, 200, 15),
-        "{status:?}"
-    );
+    assert_eq!((status.members, status.rows), (1, 200), "{status:?}");
+    assert!(status.rounds >= 15, "{status:?}");
     let replica = replica_rows(&b);
     let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
     assert_eq!(replica, rows(&shared, &keys).await);
@@ -273,19 +280,37 @@ async fn a_silent_member_ends_the_group_and_the_other_trains_through_the_ps() {
         ..settings(200)
     };
     let (mut a, mut b, _) = pair(&nats, quick).await;
-    let interval = Duration::from_secs(60);
-    // trainer-0 stops receiving data after 8 minibatches, as a hung process would.
-    let stalled = feed(31, 8).chain(futures::stream::pending()).boxed();
-    let outcome = tokio::select! {
-        _ = a.train(stalled, interval, &Quiet) => None,
-        done = b.train(feed(32, 20), interval, &Quiet) => Some(done),
+    let steps_a = Steps::default();
+    let done = {
+        let hung = a.train(feed(31, 20), Duration::ZERO, &steps_a);
+        let other = b.train(feed(32, 20), Duration::from_secs(60), &Quiet);
+        tokio::pin!(hung, other);
+        // Both train until trainer-0 has done 8 steps; then nothing polls trainer-0 any
+        // more, as if its process hung.
+        while steps_a.0.load(Ordering::SeqCst) < 8 {
+            tokio::select! {
+                _ = &mut hung => panic!("trainer-0 ended"),
+                _ = &mut other => panic!("trainer-1 ended before trainer-0 hung"),
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        }
+        other.await
     };
-    outcome
-        .expect("trainer-0 never finishes")
-        .expect("trainer-1");
+    done.expect("trainer-1");
     assert_eq!(b.meter.steps, 20, "trainer-1 trained every minibatch");
     let status = b.hot_set().expect("hot set").status();
     assert_eq!(status.rows, 0, "no hot set is left: {status:?}");
+}
+
+/// Counts a trainer's reports (one per step with a zero interval).
+#[derive(Default)]
+struct Steps(AtomicU64);
+
+impl Reporter for Steps {
+    async fn report(&self, _: &Report) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+    async fn aligned(&self, _: u64, _: u64, _: u64) {}
 }
 
 /// Without a fixed size the leader measures syncing a row against serving an access from
@@ -343,13 +368,14 @@ impl Reporter for Aligned {
 async fn members_reaching_a_barrier_at_different_steps_wait_for_each_other_in_rounds() {
     let nats = NatsServer::start().expect("nats-server");
     let (mut a, mut b, shared) = pair(&nats, settings(200)).await;
-    // As many minibatches after the barrier for each, so that they leave together.
+    // Checkpoint 7 after 9 and 14 minibatches, checkpoint 9 at the end.
     let with_barrier = |seed: u64, at: usize| {
         let mut items: Vec<anyhow::Result<Feed>> = batches(seed, at + 10)
             .into_iter()
             .map(|b| Ok(Feed::Batch(incoming(b))))
             .collect();
         items.insert(at, Ok(Feed::Barrier(7)));
+        items.push(Ok(Feed::Barrier(9)));
         futures::stream::iter(items).boxed()
     };
     let (aligned_a, aligned_b) = (Aligned::default(), Aligned::default());
@@ -366,8 +392,14 @@ async fn members_reaching_a_barrier_at_different_steps_wait_for_each_other_in_ro
         "no member waited out the sync timeout ({:?})",
         started.elapsed()
     );
-    assert_eq!(aligned_a.0.into_inner().expect("aligned"), vec![(7, 9)]);
-    assert_eq!(aligned_b.0.into_inner().expect("aligned"), vec![(7, 14)]);
+    assert_eq!(
+        aligned_a.0.into_inner().expect("aligned"),
+        vec![(7, 9), (9, 19)]
+    );
+    assert_eq!(
+        aligned_b.0.into_inner().expect("aligned"),
+        vec![(7, 14), (9, 24)]
+    );
     for trainer in [&a, &b] {
         let status = trainer.hot_set().expect("hot set").status();
         assert_eq!((status.members, status.rows), (2, 200), "{status:?}");
@@ -459,6 +491,47 @@ async fn a_drifted_hot_set_is_chosen_again_at_a_checkpoint() {
         replica.iter().all(|(key, _)| !old_keys.contains(key)),
         "the new hot set holds the moved traffic's keys"
     );
+    let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
+    assert_eq!(replica, rows(&shared, &keys).await);
+}
+
+/// A member whose stream goes quiet answers the others' rounds with nothing to add, so
+/// they keep training instead of waiting out the sync timeout and ending the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_data_answers_rounds_so_the_group_survives_a_quiet_stream() {
+    let nats = NatsServer::start().expect("nats-server");
+    let quick = HotSetSpec {
+        sync_timeout_ms: 1_500,
+        ..settings(200)
+    };
+    let (mut a, mut b, shared) = pair(&nats, quick).await;
+    let pause = futures::stream::once(tokio::time::sleep(Duration::from_secs(3)))
+        .filter_map(|_| async { None::<anyhow::Result<Feed>> });
+    let quiet = feed(71, 8).chain(pause).chain(feed(72, 8)).boxed();
+    let interval = Duration::from_secs(60);
+    let (ra, rb) = tokio::join!(
+        a.train(feed(73, 16), interval, &Quiet),
+        b.train(quiet, interval, &Quiet)
+    );
+    ra.expect("trainer-0");
+    rb.expect("trainer-1");
+    assert_eq!((a.meter.steps, b.meter.steps), (16, 16));
+    let (status_a, status_b) = (
+        a.hot_set().expect("hot set").status(),
+        b.hot_set().expect("hot set").status(),
+    );
+    assert_eq!(
+        (status_a.generation, status_a.rows),
+        (1, 200),
+        "{status_a:?}"
+    );
+    // trainer-0 finished during the pause and left; trainer-1 went on alone.
+    assert_eq!(
+        (status_b.generation, status_b.rows, status_b.members),
+        (1, 200, 1),
+        "{status_b:?}"
+    );
+    let replica = replica_rows(&b);
     let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
     assert_eq!(replica, rows(&shared, &keys).await);
 }

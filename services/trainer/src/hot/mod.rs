@@ -57,6 +57,8 @@ use share::{chunk, parse_share, share_rows, sum_shares};
 pub type TrainerDirectory =
     Arc<dyn Fn() -> BoxFuture<'static, anyhow::Result<Vec<String>>> + Send + Sync>;
 
+/// How long members that all wait at a barrier pause between their empty rounds.
+const IDLE_PAUSE: Duration = Duration::from_millis(5);
 /// Rows moved and applied by the cost probe.
 const PROBE_ROWS: usize = 1024;
 
@@ -128,11 +130,32 @@ struct Costs {
     remote_accesses: u64,
 }
 
+/// Why a member takes part in a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RoundMode {
+    /// After a step (or the install barrier).
+    Step,
+    /// Waiting at a checkpoint's barrier, with nothing to add.
+    AtBarrier(u64),
+    /// No minibatch ready; answering a round the others started.
+    Idle,
+}
+
+/// How a round ended.
+#[derive(Debug, Default)]
+struct RoundEnd {
+    /// Every participant was at the barrier this member waits at.
+    all_at_barrier: bool,
+    /// No participant added a gradient.
+    empty: bool,
+}
+
 /// Which round a member's share belongs to.
 struct Outgoing {
     generation: u64,
     round: u64,
     at_barrier: Option<u64>,
+    idle: bool,
 }
 
 /// One member's part in a completed round.
@@ -286,7 +309,7 @@ impl HotSync {
     ) -> anyhow::Result<()> {
         self.observe(keys, remote);
         if matches!(self.phase, Phase::Active(_)) {
-            self.round(store, hot, None).await?;
+            self.round(store, hot, RoundMode::Step).await?;
         }
         if !matches!(self.phase, Phase::Active(_)) {
             self.drain();
@@ -370,6 +393,7 @@ impl HotSync {
             part: 0,
             parts: 1,
             at_barrier: None,
+            idle: false,
         };
         self.publish(Kind::Round(message)).await
     }
@@ -603,7 +627,7 @@ impl HotSync {
         self.publish_keys();
         // The barrier: once every member passed it, no member pushes these rows to the PS
         // any more, so all read the same values.
-        self.round(store, Share::empty(self.specs.len()), None)
+        self.round(store, Share::empty(self.specs.len()), RoundMode::Step)
             .await?;
         let Phase::Active(group) = &mut self.phase else {
             return Ok(());
@@ -646,10 +670,14 @@ impl HotSync {
         &mut self,
         store: &S,
         share: Share,
-        at_barrier: Option<u64>,
-    ) -> anyhow::Result<bool> {
+        mode: RoundMode,
+    ) -> anyhow::Result<RoundEnd> {
+        let at_barrier = match mode {
+            RoundMode::AtBarrier(checkpoint) => Some(checkpoint),
+            RoundMode::Step | RoundMode::Idle => None,
+        };
         let Phase::Active(group) = &self.phase else {
-            return Ok(false);
+            return Ok(RoundEnd::default());
         };
         let (generation, round, members) = (group.generation, group.round, group.members.clone());
         let exchanged = if members.len() == 1 {
@@ -664,6 +692,7 @@ impl HotSync {
                 generation,
                 round,
                 at_barrier,
+                idle: mode == RoundMode::Idle,
             };
             self.exchange(outgoing, &members, &share).await
         };
@@ -679,14 +708,19 @@ impl HotSync {
                 self.phase = Phase::Warmup(new_warmup());
                 self.publish_keys();
                 push_share(store, &self.specs, &share).await?;
-                return Ok(false);
+                return Ok(RoundEnd::default());
             }
         };
-        let all_at_barrier =
-            at_barrier.is_some() && contributions.iter().all(|c| c.at_barrier == at_barrier);
+        let end = RoundEnd {
+            all_at_barrier: at_barrier.is_some()
+                && contributions.iter().all(|c| c.at_barrier == at_barrier),
+            empty: contributions
+                .iter()
+                .all(|c| c.share.tables.iter().all(|(keys, _)| keys.is_empty())),
+        };
         let summed = sum_shares(self.specs.len(), contributions.iter().map(|c| &c.share));
         let Phase::Active(group) = &mut self.phase else {
-            return Ok(false);
+            return Ok(RoundEnd::default());
         };
         for (replica, (keys, grads)) in group.replicas.iter_mut().zip(&summed.tables) {
             if !keys.is_empty() {
@@ -708,7 +742,7 @@ impl HotSync {
         } else if let Some(plan) = self.plan_after(generation, round) {
             Box::pin(self.install(store, plan)).await?;
         }
-        Ok(all_at_barrier)
+        Ok(end)
     }
 
     /// At checkpoint `checkpoint`'s barrier: takes part in rounds with nothing to add
@@ -729,10 +763,49 @@ impl HotSync {
                 return Ok(());
             }
             let idle = Share::empty(self.specs.len());
-            if self.round(store, idle, Some(checkpoint)).await? {
+            let end = self
+                .round(store, idle, RoundMode::AtBarrier(checkpoint))
+                .await?;
+            if end.all_at_barrier {
                 return Ok(());
             }
+            if end.empty {
+                // The others have no minibatch ready either: no need to spin.
+                tokio::time::sleep(IDLE_PAUSE).await;
+            }
         }
+    }
+
+    /// Resolves once another member started this member's next round with a share to
+    /// add (or at a barrier): it waits on this member. Cancel-safe.
+    pub async fn wanted(&mut self) {
+        loop {
+            if self.others_wait() {
+                return;
+            }
+            match self.inbox.recv().await {
+                Some(message) => self.file(message),
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Answers the round the others wait on with nothing to add.
+    pub async fn idle_round<S: ParameterStore>(&mut self, store: &S) -> anyhow::Result<()> {
+        let idle = Share::empty(self.specs.len());
+        self.round(store, idle, RoundMode::Idle).await.map(|_| ())
+    }
+
+    fn others_wait(&self) -> bool {
+        let Phase::Active(group) = &self.phase else {
+            return false;
+        };
+        let Some(arrived) = self.rounds.get(&(group.generation, group.round)) else {
+            return false;
+        };
+        arrived.iter().any(|(member, parts)| {
+            *member != self.me && parts.iter().flatten().any(|p| !p.idle && !p.leaving)
+        })
     }
 
     /// A follower's view of a re-chosen plan: the leader published it before its share of
@@ -765,6 +838,7 @@ impl HotSync {
             generation,
             round,
             at_barrier,
+            idle,
         } = outgoing;
         let parts = chunk(share_rows(share), &self.specs);
         let count = parts.len() as u32;
@@ -778,6 +852,7 @@ impl HotSync {
                 part: part as u32,
                 parts: count,
                 at_barrier,
+                idle,
             };
             if let Err(e) = self.publish(Kind::Round(message)).await {
                 tracing::warn!(error = %e, "publishing a hot-set round");

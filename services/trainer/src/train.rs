@@ -11,9 +11,10 @@ use anyhow::Context;
 use futures::future::try_join_all;
 use futures::{Stream, StreamExt};
 use primus_batch::Minibatch;
+use primus_embedding::HotRows;
 use primus_metrics::{EvalWindow, Evaluation};
 use primus_model::pooling::BatchKeys;
-use primus_model::{Inputs, Model, ParamSet, StepOutput, Tower};
+use primus_model::{Inputs, Model, ParamSet, StepOutput, TableSlot, Tower};
 use primus_proto::v1::SourceKind;
 use primus_telemetry::propagation::{TraceCarrier, set_parent_from_carrier};
 use tokio::sync::{mpsc, watch};
@@ -409,7 +410,6 @@ impl<S: ParameterStore> Trainer<S> {
         let layout = self.model.layout();
         let mut all = Vec::with_capacity(layout.tables.len());
         for (t, slot) in layout.tables.iter().enumerate() {
-            let keys = &prepared.keys.tables[t];
             let fetched = std::mem::replace(
                 &mut prepared.fetched[t],
                 Fetched {
@@ -417,47 +417,71 @@ impl<S: ParameterStore> Trainer<S> {
                     rows: Vec::new(),
                 },
             );
-            let replica = self.hot.as_ref().and_then(|h| h.replica(t));
-            let replica = replica.filter(|r| !r.is_empty());
-            if fetched.positions.is_none() && replica.is_none() {
-                all.push(fetched.rows);
-                continue;
-            }
-            let dim = slot.dim;
-            let mut rows = vec![0.0f32; keys.len() * dim];
-            let mut filled = vec![false; keys.len()];
-            if let Some(replica) = replica {
-                for (p, key) in keys.iter().enumerate() {
-                    if let Some(weights) = replica.weights(*key) {
-                        rows[p * dim..][..dim].copy_from_slice(weights);
-                        filled[p] = true;
-                    }
+            let replica = self.hot_replica(t);
+            let rows = match (fetched.positions, replica) {
+                (None, None) => fetched.rows,
+                (positions, replica) => {
+                    let keys = &prepared.keys.tables[t];
+                    let fetched = Fetched {
+                        positions,
+                        rows: fetched.rows,
+                    };
+                    self.merge_rows(slot, keys, fetched, replica).await?
                 }
-            }
-            let positions = fetched
-                .positions
-                .unwrap_or_else(|| (0..keys.len()).collect());
-            for (i, &p) in positions.iter().enumerate() {
-                if !filled[p] {
-                    rows[p * dim..][..dim].copy_from_slice(&fetched.rows[i * dim..][..dim]);
-                    filled[p] = true;
-                }
-            }
-            let late: Vec<usize> = (0..keys.len()).filter(|p| !filled[*p]).collect();
-            if !late.is_empty() {
-                let late_keys: Vec<u64> = late.iter().map(|p| keys[*p]).collect();
-                let looked_up = self
-                    .store
-                    .lookup(&slot.name, &late_keys)
-                    .await
-                    .with_context(|| format!("looking up table {:?}", slot.name))?;
-                for (i, p) in late.into_iter().enumerate() {
-                    rows[p * dim..][..dim].copy_from_slice(&looked_up[i * dim..][..dim]);
-                }
-            }
+            };
             all.push(rows);
         }
         Ok(all)
+    }
+
+    /// Layout table `t`'s hot rows, when the hot set holds any.
+    fn hot_replica(&self, t: usize) -> Option<&HotRows> {
+        let replica = self.hot.as_ref().and_then(|h| h.replica(t));
+        replica.filter(|r| !r.is_empty())
+    }
+
+    /// One table's rows for `keys`: the replica's, else the prefetched ones, else looked
+    /// up now.
+    async fn merge_rows(
+        &self,
+        slot: &TableSlot,
+        keys: &[u64],
+        fetched: Fetched,
+        replica: Option<&HotRows>,
+    ) -> anyhow::Result<Vec<f32>> {
+        let dim = slot.dim;
+        let mut rows = vec![0.0f32; keys.len() * dim];
+        let mut filled = vec![false; keys.len()];
+        if let Some(replica) = replica {
+            for (p, key) in keys.iter().enumerate() {
+                if let Some(weights) = replica.weights(*key) {
+                    rows[p * dim..][..dim].copy_from_slice(weights);
+                    filled[p] = true;
+                }
+            }
+        }
+        let positions = fetched
+            .positions
+            .unwrap_or_else(|| (0..keys.len()).collect());
+        for (i, &p) in positions.iter().enumerate() {
+            if !filled[p] {
+                rows[p * dim..][..dim].copy_from_slice(&fetched.rows[i * dim..][..dim]);
+                filled[p] = true;
+            }
+        }
+        let late: Vec<usize> = (0..keys.len()).filter(|p| !filled[*p]).collect();
+        if !late.is_empty() {
+            let late_keys: Vec<u64> = late.iter().map(|p| keys[*p]).collect();
+            let looked_up = self
+                .store
+                .lookup(&slot.name, &late_keys)
+                .await
+                .with_context(|| format!("looking up table {:?}", slot.name))?;
+            for (i, p) in late.into_iter().enumerate() {
+                rows[p * dim..][..dim].copy_from_slice(&looked_up[i * dim..][..dim]);
+            }
+        }
+        Ok(rows)
     }
 
     fn count_hot_accesses(&mut self, keys: &BatchKeys) {
@@ -488,7 +512,7 @@ impl<S: ParameterStore> Trainer<S> {
         };
         for (t, table) in layout.tables.iter().enumerate() {
             let (keys_t, grads_t) = (&keys.tables[t], &grads[t]);
-            match self.hot.as_ref().filter(|h| h.replica(t).is_some()) {
+            match self.hot.as_ref().filter(|_| self.hot_replica(t).is_some()) {
                 Some(hot) => {
                     let ((cold_keys, cold_grads), hot_rows) = hot.split(t, keys_t, grads_t);
                     hot_share.tables[t] = hot_rows;

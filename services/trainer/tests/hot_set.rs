@@ -432,7 +432,8 @@ fn shifted(batch: &arrow::array::RecordBatch, offset: i64) -> arrow::array::Reco
 }
 
 /// When traffic moves to other keys, the leader sees the hot rows' share of accesses fall
-/// at the next checkpoint and chooses again; the new rows come from the PS.
+/// at the next checkpoint and chooses again (each time it moves); the new rows come from
+/// the PS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drifted_hot_set_is_chosen_again_at_a_checkpoint() {
     const OFFSET: i64 = 1 << 40;
@@ -469,7 +470,9 @@ async fn a_drifted_hot_set_is_chosen_again_at_a_checkpoint() {
     items.push(Ok(Feed::Barrier(1)));
     items.extend((0..8).map(|_| minibatch(OFFSET)));
     items.push(Ok(Feed::Barrier(2)));
-    items.extend((0..4).map(|_| minibatch(OFFSET)));
+    items.extend((0..8).map(|_| minibatch(2 * OFFSET)));
+    items.push(Ok(Feed::Barrier(3)));
+    items.extend((0..4).map(|_| minibatch(2 * OFFSET)));
     trainer
         .train(
             futures::stream::iter(items).boxed(),
@@ -479,7 +482,8 @@ async fn a_drifted_hot_set_is_chosen_again_at_a_checkpoint() {
         .await
         .expect("train");
     let status = trainer.hot_set().expect("hot set").status();
-    assert_eq!((status.generation, status.rows), (2, 100), "{status:?}");
+    // Chosen at the start, again after the first move, and again after the second.
+    assert_eq!((status.generation, status.rows), (3, 100), "{status:?}");
     let replica = replica_rows(&trainer);
     let hashed_before = batches(61, 1)[0].to_kjt().expect("kjt");
     let old_keys: std::collections::HashSet<u64> = hashed_before

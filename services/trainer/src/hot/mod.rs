@@ -16,6 +16,10 @@
 //!   in member order and apply the sum with the table's optimizer, so the replicas stay
 //!   bitwise equal. The lowest participating member also pushes the sum to the PS, which
 //!   therefore holds the same rows: checkpoints and serving need nothing else.
+//! - **Waiting.** A member with no minibatch ready answers a round the others started
+//!   with an empty, idle share. At a checkpoint barrier a member takes part in empty
+//!   rounds until every member is at it, so the barrier is passed together and the PS
+//!   holds every hot update trained before it.
 //! - **Changes.** At a checkpoint the leader chooses again when the hot rows' share of
 //!   its accesses drifted or the directory lists other trainers; the new plan takes
 //!   effect after a round everyone names. A member whose data ends says so in its next
@@ -40,12 +44,11 @@ use primus_model::pooling::BatchKeys;
 use primus_proto::packed::{decode_keys, encode_f32, encode_keys};
 use primus_proto::v1::hot_message::Kind;
 use primus_proto::v1::{HotMessage, HotPlan, HotProbe, HotRound, HotTableRows};
-use primus_spec::job::TableSpec;
+use primus_spec::job::{HotSetSpec, TableSpec};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::store::ParameterStore;
-use primus_spec::job::HotSetSpec;
 
 mod share;
 
@@ -109,8 +112,6 @@ struct Group {
     expected_coverage: f64,
     /// The leader's accesses since the plan, for the drift check.
     recent: KeyFrequencies<TableKey>,
-    /// The leader's measured costs, reused when it chooses again.
-    costs: Option<Costs>,
     /// Installed after this generation's round `.0`.
     next: Option<(u64, HotPlan)>,
 }
@@ -187,6 +188,10 @@ pub struct HotSync {
     echoes: HashSet<u64>,
     /// Trainers whose data ended: no plan names them again.
     departed: HashSet<String>,
+    /// PS seconds and accesses over this trainer's warmup.
+    remote: Option<(f64, u64)>,
+    /// Seconds to sync [`PROBE_ROWS`] rows, once this trainer led a choice.
+    sync_seconds: Option<f64>,
 }
 
 impl Drop for HotSync {
@@ -250,6 +255,8 @@ impl HotSync {
             plans: HashMap::new(),
             echoes: HashSet::new(),
             departed: HashSet::new(),
+            remote: None,
+            sync_seconds: None,
         })
     }
 
@@ -352,9 +359,6 @@ impl HotSync {
         if !drifted && members == group.members {
             return Ok(());
         }
-        let Some(costs) = group.costs else {
-            return Ok(());
-        };
         tracing::info!(
             share,
             expected = group.expected_coverage,
@@ -362,7 +366,9 @@ impl HotSync {
             "choosing the hot set again"
         );
         let (generation, round) = (group.generation, group.round);
-        let mut plan = self.plan(&sample, costs, members);
+        let rows_now = group.replicas.iter().map(HotRows::len).sum();
+        let costs = self.costs(members.len()).await?;
+        let mut plan = self.plan(&sample, costs, members, rows_now);
         plan.generation = self.generation.max(generation) + 1;
         (plan.previous_generation, plan.after_round) = (generation, round);
         self.generation = plan.generation;
@@ -433,6 +439,7 @@ impl HotSync {
         if warmup.sample.batches() < u64::from(self.settings.warmup_batches.max(1)) {
             return Ok(());
         }
+        self.remote = Some((warmup.remote.as_secs_f64(), warmup.accesses.max(1)));
         let members = self.members().await?;
         if members.first() != Some(&self.me) {
             tracing::info!(leader = ?members.first(), "waiting for the hot-set leader's plan");
@@ -442,13 +449,8 @@ impl HotSync {
         let Phase::Warmup(warmup) = std::mem::replace(&mut self.phase, Phase::Following) else {
             return Ok(());
         };
-        let costs = Costs {
-            sync_seconds: self.probe(members.len()).await?,
-            synced_rows: PROBE_ROWS as u64,
-            remote_seconds: warmup.remote.as_secs_f64(),
-            remote_accesses: warmup.accesses.max(1),
-        };
-        let mut plan = self.plan(&warmup.sample, costs, members);
+        let costs = self.costs(members.len()).await?;
+        let mut plan = self.plan(&warmup.sample, costs, members, 0);
         plan.generation = self.generation + 1;
         self.generation = plan.generation;
         if plan.tables.iter().all(|t| t.keys.is_empty()) {
@@ -464,14 +466,30 @@ impl HotSync {
         if plan.members.len() > 1 {
             self.publish_plan(&plan).await?;
         }
-        let generation = plan.generation;
-        self.install(store, plan).await?;
-        if let Phase::Active(group) = &mut self.phase
-            && group.generation == generation
-        {
-            group.costs = Some(costs);
-        }
-        Ok(())
+        self.install(store, plan).await
+    }
+
+    /// The measured costs of the latency model: this trainer's PS seconds per access over
+    /// its warmup (none if it joined a plan before its warmup ended) and the seconds to
+    /// sync a row among `members` (probed the first time).
+    async fn costs(&mut self, members: usize) -> anyhow::Result<Option<Costs>> {
+        let Some((remote_seconds, remote_accesses)) = self.remote else {
+            return Ok(None);
+        };
+        let sync_seconds = match self.sync_seconds {
+            Some(seconds) => seconds,
+            None => {
+                let seconds = self.probe(members).await?;
+                self.sync_seconds = Some(seconds);
+                seconds
+            }
+        };
+        Ok(Some(Costs {
+            sync_seconds,
+            synced_rows: PROBE_ROWS as u64,
+            remote_seconds,
+            remote_accesses,
+        }))
     }
 
     /// A follower at the end of its warmup waits (up to `sync_timeout_ms`) for the
@@ -498,20 +516,25 @@ impl HotSync {
     }
 
     /// The rows to replicate for `sample` under the measured costs.
+    /// The `rows` most accessed keys of `sample` when set, else the cost model's choice,
+    /// else (no measured costs) the `fallback` most accessed.
     fn plan(
         &self,
         sample: &KeyFrequencies<TableKey>,
-        costs: Costs,
+        costs: Option<Costs>,
         members: Vec<String>,
+        fallback: usize,
     ) -> HotPlan {
         let max_rows = self.settings.max_rows.min(usize::MAX as u64) as usize;
-        let (keys, expected_coverage) = match self.settings.rows {
-            Some(rows) => {
-                let coverage = sample.coverage();
-                let rows = (rows as usize).min(max_rows);
-                (coverage.top(rows).to_vec(), coverage.rho(rows))
-            }
-            None => {
+        let top = |rows: usize| {
+            let coverage = sample.coverage();
+            let rows = rows.min(max_rows);
+            (coverage.top(rows).to_vec(), coverage.rho(rows))
+        };
+        let (keys, expected_coverage) = match (self.settings.rows, costs) {
+            (Some(rows), _) => top(rows as usize),
+            (None, None) => top(fallback),
+            (None, Some(costs)) => {
                 let model = CostModel::measured(
                     costs.sync_seconds,
                     costs.synced_rows,
@@ -621,7 +644,6 @@ impl HotSync {
             replicas,
             expected_coverage: plan.expected_coverage,
             recent: KeyFrequencies::default(),
-            costs: None,
             next: None,
         }));
         self.publish_keys();

@@ -10,6 +10,7 @@ use primus_spec::job::TableSpec;
 
 use crate::EmbeddingError;
 use crate::optimizer::Optimizer;
+use crate::table::{check_gradients, check_width};
 
 /// Hot rows of one table, `dim` weights then the optimizer's state per row.
 #[derive(Debug, Clone)]
@@ -74,7 +75,7 @@ impl HotRows {
     /// Adds (or replaces) `key`'s row: `values` holds its weights then its optimizer state,
     /// as the PS's `ReadRows` returns them.
     pub fn insert(&mut self, key: u64, values: &[f32]) -> Result<(), EmbeddingError> {
-        self.check_width("row values", 1, values.len(), self.stride)?;
+        check_width("row values", 1, values.len(), self.stride)?;
         match self.slots.get(&key) {
             Some(&slot) => self.values[slot * self.stride..][..self.stride].copy_from_slice(values),
             None => {
@@ -101,14 +102,7 @@ impl HotRows {
     /// optimizer. Every key must be hot and every gradient finite; otherwise nothing
     /// changes.
     pub fn apply(&mut self, keys: &[u64], grads: &[f32]) -> Result<(), EmbeddingError> {
-        self.check_width("gradients", keys.len(), grads.len(), self.dim)?;
-        if let Some(bad) = grads.iter().position(|g| !g.is_finite()) {
-            let position = bad / self.dim;
-            return Err(EmbeddingError::NonFinite {
-                key: keys[position],
-                position,
-            });
-        }
+        check_gradients(keys, grads, self.dim)?;
         let slots = keys
             .iter()
             .map(|key| {
@@ -127,26 +121,6 @@ impl HotRows {
             self.optimizer.apply(weights, state, grad);
         }
         Ok(())
-    }
-
-    fn check_width(
-        &self,
-        what: &'static str,
-        keys: usize,
-        got: usize,
-        per_key: usize,
-    ) -> Result<(), EmbeddingError> {
-        if got == keys * per_key {
-            Ok(())
-        } else {
-            Err(EmbeddingError::Width {
-                what,
-                got,
-                keys,
-                dim: per_key,
-                want: keys * per_key,
-            })
-        }
     }
 }
 

@@ -298,30 +298,10 @@ impl Table {
         (order, starts)
     }
 
-    fn check_width(
-        &self,
-        what: &'static str,
-        keys: usize,
-        got: usize,
-    ) -> Result<(), EmbeddingError> {
-        let want = keys * self.dim;
-        if got == want {
-            Ok(())
-        } else {
-            Err(EmbeddingError::Width {
-                what,
-                got,
-                keys,
-                dim: self.dim,
-                want,
-            })
-        }
-    }
-
     /// Writes the weights of `keys` into `out` (`dim` floats per key, in key order). Keys
     /// without a row read as their initial value.
     pub fn lookup(&self, keys: &[u64], out: &mut [f32]) -> Result<(), EmbeddingError> {
-        self.check_width("lookup output", keys.len(), out.len())?;
+        check_width("lookup output", keys.len(), out.len(), self.dim)?;
         let dim = self.dim;
         let (order, starts) = self.group_by_shard(keys);
         let grouped_keys: Vec<u64> = order.iter().map(|p| keys[*p as usize]).collect();
@@ -368,14 +348,7 @@ impl Table {
         grads: &[f32],
         now_secs: u32,
     ) -> Result<PushOutcome, EmbeddingError> {
-        self.check_width("gradients", keys.len(), grads.len())?;
-        if let Some(bad) = grads.iter().position(|g| !g.is_finite()) {
-            let position = bad / self.dim;
-            return Err(EmbeddingError::NonFinite {
-                key: keys[position],
-                position,
-            });
-        }
+        check_gradients(keys, grads, self.dim)?;
         let dim = self.dim;
         let (order, starts) = self.group_by_shard(keys);
         let grouped_keys: Vec<u64> = order.iter().map(|p| keys[*p as usize]).collect();
@@ -740,5 +713,42 @@ impl Shard {
         self.set_meta(row, RowMeta::default());
         self.index.insert(key, row);
         row
+    }
+}
+
+/// `dim` finite gradient floats for each of `keys`.
+pub(crate) fn check_gradients(
+    keys: &[u64],
+    grads: &[f32],
+    dim: usize,
+) -> Result<(), EmbeddingError> {
+    check_width("gradients", keys.len(), grads.len(), dim)?;
+    match grads.iter().position(|g| !g.is_finite()) {
+        Some(bad) => Err(EmbeddingError::NonFinite {
+            key: keys[bad / dim],
+            position: bad / dim,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `got` floats must be `per_key` for each of `keys` keys.
+pub(crate) fn check_width(
+    what: &'static str,
+    keys: usize,
+    got: usize,
+    per_key: usize,
+) -> Result<(), EmbeddingError> {
+    let want = keys * per_key;
+    if got == want {
+        Ok(())
+    } else {
+        Err(EmbeddingError::Width {
+            what,
+            got,
+            keys,
+            dim: per_key,
+            want,
+        })
     }
 }

@@ -21,6 +21,8 @@ use primus_trainer::store::{LocalStore, ParameterStore};
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
 
 const TABLE: &str = "categorical";
+/// A sync timeout short enough for the tests that wait one out.
+const QUICK_TIMEOUT_MS: u64 = 1_500;
 
 fn layout() -> (ModelLayout, OptimizerSpec) {
     let schema = feature_schema(TABLE);
@@ -189,14 +191,9 @@ impl Reporter for Quiet {
 async fn two_trainers_in_lockstep_keep_bitwise_identical_hot_rows_equal_to_the_ps() {
     let nats = NatsServer::start().expect("nats-server");
     let (mut a, mut b, shared) = pair(&nats, settings(200)).await;
-    let interval = Duration::from_secs(60);
     // A last checkpoint barrier: past it both have run the same rounds.
-    let (ra, rb) = tokio::join!(
-        a.train(ending_at_a_barrier(11, 24), interval, &Quiet),
-        b.train(ending_at_a_barrier(12, 24), interval, &Quiet)
-    );
-    ra.expect("trainer-0");
-    rb.expect("trainer-1");
+    let feeds = [ending_at_a_barrier(11, 24), ending_at_a_barrier(12, 24)];
+    train_both([&mut a, &mut b], feeds, [&Quiet, &Quiet]).await;
 
     for trainer in [&a, &b] {
         let status = trainer.hot_set().expect("hot set").status();
@@ -215,17 +212,31 @@ async fn two_trainers_in_lockstep_keep_bitwise_identical_hot_rows_equal_to_the_p
     );
 }
 
+type FeedStream = futures::stream::BoxStream<'static, anyhow::Result<Feed>>;
+
+/// Trains trainer-0 and trainer-1 at once, each on its feed; both must succeed.
+async fn train_both<R: Reporter>(
+    [a, b]: [&mut Trainer<LocalStore>; 2],
+    [feed_a, feed_b]: [FeedStream; 2],
+    [reporter_a, reporter_b]: [&R; 2],
+) {
+    let interval = Duration::from_secs(60);
+    let (ra, rb) = tokio::join!(
+        a.train(feed_a, interval, reporter_a),
+        b.train(feed_b, interval, reporter_b)
+    );
+    ra.expect("trainer-0");
+    rb.expect("trainer-1");
+}
+
 /// `count` minibatches, then checkpoint 9's barrier.
-fn ending_at_a_barrier(
-    seed: u64,
-    count: usize,
-) -> futures::stream::BoxStream<'static, anyhow::Result<Feed>> {
+fn ending_at_a_barrier(seed: u64, count: usize) -> FeedStream {
     feed(seed, count)
         .chain(futures::stream::iter([Ok(Feed::Barrier(9))]))
         .boxed()
 }
 
-fn feed(seed: u64, count: usize) -> futures::stream::BoxStream<'static, anyhow::Result<Feed>> {
+fn feed(seed: u64, count: usize) -> FeedStream {
     let items: Vec<anyhow::Result<Feed>> = batches(seed, count)
         .into_iter()
         .map(|b| Ok(Feed::Batch(incoming(b))))
@@ -257,13 +268,12 @@ async fn pair(
 async fn a_member_whose_data_ends_leaves_and_the_other_goes_on_alone() {
     let nats = NatsServer::start().expect("nats-server");
     let (mut a, mut b, shared) = pair(&nats, settings(200)).await;
-    let interval = Duration::from_secs(60);
-    let (ra, rb) = tokio::join!(
-        a.train(feed(21, 10), interval, &Quiet),
-        b.train(feed(22, 20), interval, &Quiet)
-    );
-    ra.expect("trainer-0");
-    rb.expect("trainer-1");
+    train_both(
+        [&mut a, &mut b],
+        [feed(21, 10), feed(22, 20)],
+        [&Quiet, &Quiet],
+    )
+    .await;
     let status = b.hot_set().expect("hot set").status();
     assert_eq!((status.members, status.rows), (1, 200), "{status:?}");
     assert!(status.rounds >= 15, "{status:?}");
@@ -276,7 +286,7 @@ async fn a_member_whose_data_ends_leaves_and_the_other_goes_on_alone() {
 async fn a_silent_member_ends_the_group_and_the_other_trains_through_the_ps() {
     let nats = NatsServer::start().expect("nats-server");
     let quick = HotSetSpec {
-        sync_timeout_ms: 1_500,
+        sync_timeout_ms: QUICK_TIMEOUT_MS,
         ..settings(200)
     };
     let (mut a, mut b, _) = pair(&nats, quick).await;
@@ -379,14 +389,9 @@ async fn members_reaching_a_barrier_at_different_steps_wait_for_each_other_in_ro
         futures::stream::iter(items).boxed()
     };
     let (aligned_a, aligned_b) = (Aligned::default(), Aligned::default());
-    let interval = Duration::from_secs(60);
     let started = std::time::Instant::now();
-    let (ra, rb) = tokio::join!(
-        a.train(with_barrier(51, 9), interval, &aligned_a),
-        b.train(with_barrier(52, 14), interval, &aligned_b)
-    );
-    ra.expect("trainer-0");
-    rb.expect("trainer-1");
+    let feeds = [with_barrier(51, 9), with_barrier(52, 14)];
+    train_both([&mut a, &mut b], feeds, [&aligned_a, &aligned_b]).await;
     assert!(
         started.elapsed() < Duration::from_secs(15),
         "no member waited out the sync timeout ({:?})",
@@ -505,20 +510,14 @@ async fn a_drifted_hot_set_is_chosen_again_at_a_checkpoint() {
 async fn a_member_without_data_answers_rounds_so_the_group_survives_a_quiet_stream() {
     let nats = NatsServer::start().expect("nats-server");
     let quick = HotSetSpec {
-        sync_timeout_ms: 1_500,
+        sync_timeout_ms: QUICK_TIMEOUT_MS,
         ..settings(200)
     };
     let (mut a, mut b, shared) = pair(&nats, quick).await;
     let pause = futures::stream::once(tokio::time::sleep(Duration::from_secs(3)))
         .filter_map(|_| async { None::<anyhow::Result<Feed>> });
     let quiet = feed(71, 8).chain(pause).chain(feed(72, 8)).boxed();
-    let interval = Duration::from_secs(60);
-    let (ra, rb) = tokio::join!(
-        a.train(feed(73, 16), interval, &Quiet),
-        b.train(quiet, interval, &Quiet)
-    );
-    ra.expect("trainer-0");
-    rb.expect("trainer-1");
+    train_both([&mut a, &mut b], [feed(73, 16), quiet], [&Quiet, &Quiet]).await;
     assert_eq!((a.meter.steps, b.meter.steps), (16, 16));
     let (status_a, status_b) = (
         a.hot_set().expect("hot set").status(),

@@ -2,6 +2,7 @@
 //! each shard its unique keys in parallel, and reassembles rows in request order.
 
 use std::collections::HashMap;
+use std::future::Future;
 
 use futures::future::try_join_all;
 pub use primus_embedding::DenseValues;
@@ -85,10 +86,12 @@ impl StoredRows {
     }
 }
 
+type ShardClient = ParameterServerClient<InterceptedService<Channel, TraceInterceptor>>;
+
 #[derive(Clone)]
 pub struct PsClient {
     /// Every call carries the caller's trace context (the PS request span continues it).
-    shards: Vec<ParameterServerClient<InterceptedService<Channel, TraceInterceptor>>>,
+    shards: Vec<ShardClient>,
 }
 
 /// The keys one shard gets: unique keys and where each came from in the request.
@@ -144,6 +147,33 @@ impl PsClient {
         routes
     }
 
+    /// Calls every shard that `routes` gives keys, at once, with its client and its keys
+    /// packed; a failed call names its shard.
+    async fn per_shard<T, F, Fut>(
+        &self,
+        routes: &[Route],
+        call: F,
+    ) -> Result<Vec<(usize, T)>, PsClientError>
+    where
+        F: Fn(ShardClient, Vec<u8>) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let calls = routes
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.keys.is_empty())
+            .map(|(shard, route)| {
+                let answer = call(self.shards[shard].clone(), encode_keys(&route.keys));
+                async move {
+                    answer
+                        .await
+                        .map(|answer| (shard, answer))
+                        .map_err(|status| PsClientError::Call { shard, status })
+                }
+            });
+        try_join_all(calls).await
+    }
+
     /// Rows of `keys` in request order (`dim` floats each), and `dim`.
     pub async fn lookup(
         &self,
@@ -151,31 +181,20 @@ impl PsClient {
         keys: &[u64],
     ) -> Result<(Vec<f32>, usize), PsClientError> {
         let routes = self.route(keys);
-        let calls = routes
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| !r.keys.is_empty())
-            .map(|(shard, route)| {
-                let mut client = self.shards[shard].clone();
+        let answers = self
+            .per_shard(&routes, |mut client, keys| async move {
                 let request = LookupRequest {
                     table: table.to_owned(),
-                    keys: encode_keys(&route.keys),
+                    keys,
                 };
-                async move {
-                    let response = client
-                        .lookup(request)
-                        .await
-                        .map_err(|status| PsClientError::Call { shard, status })?
-                        .into_inner();
-                    let rows = decode_f32("rows", &response.rows)
-                        .map_err(|status| PsClientError::Call { shard, status })?;
-                    Ok::<_, PsClientError>((shard, response.dim as usize, rows))
-                }
-            });
-        let answers = try_join_all(calls).await?;
-        let dim = answers.first().map_or(0, |(_, dim, _)| *dim);
+                let response = client.lookup(request).await?.into_inner();
+                let rows = decode_f32("rows", &response.rows)?;
+                Ok((response.dim as usize, rows))
+            })
+            .await?;
+        let dim = answers.first().map_or(0, |(_, (dim, _))| *dim);
         let mut out = vec![0.0f32; keys.len() * dim];
-        for (shard, _, rows) in answers {
+        for (shard, (_, rows)) in answers {
             for &(position, index) in &routes[shard].positions {
                 out[position * dim..(position + 1) * dim]
                     .copy_from_slice(&rows[index * dim..(index + 1) * dim]);
@@ -188,39 +207,33 @@ impl PsClient {
     /// Keys without a row are left out.
     pub async fn read_rows(&self, table: &str, keys: &[u64]) -> Result<StoredRows, PsClientError> {
         let routes = self.route(keys);
-        let calls = routes
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| !r.keys.is_empty())
-            .map(|(shard, route)| {
-                let mut client = self.shards[shard].clone();
+        let answers = self
+            .per_shard(&routes, |mut client, keys| async move {
                 let request = ReadRowsRequest {
                     table: table.to_owned(),
-                    keys: encode_keys(&route.keys),
+                    keys,
                 };
-                async move {
-                    let call = |status| PsClientError::Call { shard, status };
-                    let response = client.read_rows(request).await.map_err(call)?.into_inner();
-                    let keys = decode_keys(&response.keys).map_err(call)?;
-                    let values = decode_f32("values", &response.values).map_err(call)?;
-                    let stride = response.stride as usize;
-                    if values.len() != keys.len() * stride {
-                        return Err(call(Status::internal(format!(
-                            "{} floats for {} rows of {stride}",
-                            values.len(),
-                            keys.len()
-                        ))));
-                    }
-                    Ok::<_, PsClientError>(StoredRows {
-                        dim: response.dim as usize,
-                        stride,
-                        keys,
-                        values,
-                    })
+                let response = client.read_rows(request).await?.into_inner();
+                let keys = decode_keys(&response.keys)?;
+                let values = decode_f32("values", &response.values)?;
+                let stride = response.stride as usize;
+                if values.len() != keys.len() * stride {
+                    return Err(Status::internal(format!(
+                        "{} floats for {} rows of {stride}",
+                        values.len(),
+                        keys.len()
+                    )));
                 }
-            });
+                Ok(StoredRows {
+                    dim: response.dim as usize,
+                    stride,
+                    keys,
+                    values,
+                })
+            })
+            .await?;
         let mut all = StoredRows::default();
-        for answer in try_join_all(calls).await? {
+        for (_, answer) in answers {
             (all.dim, all.stride) = (answer.dim, answer.stride);
             all.keys.extend(answer.keys);
             all.values.extend(answer.values);

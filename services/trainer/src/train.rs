@@ -254,6 +254,16 @@ impl<S: ParameterStore> Trainer<S> {
         self.hot.as_ref()
     }
 
+    /// Waits for work that outlives a step: the hot set's push of its latest round.
+    /// `train` does this before it returns; a caller of `step` does it before reading the
+    /// PS.
+    pub async fn settle(&mut self) -> anyhow::Result<()> {
+        match &mut self.hot {
+            Some(hot) => hot.settle().await,
+            None => Ok(()),
+        }
+    }
+
     /// Looks `incoming`'s keys up, leaving out the rows the hot set holds now.
     pub async fn prepare(&self, incoming: Incoming) -> anyhow::Result<Prepared> {
         let hot = self.hot_keys.borrow().clone();
@@ -319,7 +329,7 @@ impl<S: ParameterStore> Trainer<S> {
                 // ready (a quiet stream): it answers their round with nothing to add.
                 _ = wanted(&mut self.hot) => {
                     if let Some(hot) = &mut self.hot {
-                        hot.idle_round(&*self.store).await?;
+                        hot.idle_round(&self.store).await?;
                     }
                     continue;
                 }
@@ -335,7 +345,7 @@ impl<S: ParameterStore> Trainer<S> {
                 }
                 Ready::Barrier(id) => {
                     if let Some(hot) = &mut self.hot {
-                        hot.wait_at_barrier(&*self.store, id).await?;
+                        hot.wait_at_barrier(&self.store, id).await?;
                     }
                     let meter = &self.meter;
                     reporter.aligned(id, meter.steps, meter.samples).await;
@@ -347,6 +357,7 @@ impl<S: ParameterStore> Trainer<S> {
                 }
             }
         }
+        self.settle().await?;
         if let Some(hot) = &mut self.hot
             && let Err(e) = hot.leave().await
         {
@@ -383,7 +394,7 @@ impl<S: ParameterStore> Trainer<S> {
             .await?;
         if let Some(hot) = &mut self.hot {
             let remote = lookup_time + computed.elapsed();
-            hot.finish_step(&*self.store, &prepared.keys, hot_share, remote)
+            hot.finish_step(&self.store, &prepared.keys, hot_share, remote)
                 .await?;
             self.meter.hot_rows = hot.status().rows;
         }

@@ -155,6 +155,7 @@ async fn one_trainer_with_a_hot_set_ends_with_the_rows_of_the_all_ps_path() {
             trainer.step(prepared).await.expect("step");
         }
     }
+    with_hot.settle().await.expect("the last round's push");
     let status = with_hot.hot_set().expect("hot set").status();
     assert_eq!((status.members, status.rows), (1, 150), "{status:?}");
     assert_eq!(

@@ -192,12 +192,24 @@ pub struct HotSync {
     remote: Option<(f64, u64)>,
     /// Seconds to sync [`PROBE_ROWS`] rows, once this trainer led a choice.
     sync_seconds: Option<f64>,
+    /// This member's push of the latest round's sum, running beside its next step.
+    pushing: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
 impl Drop for HotSync {
     fn drop(&mut self) {
         self.listener.abort();
     }
+}
+
+/// Rows of one round on their way to the PS.
+fn spawn_push<S: ParameterStore>(
+    store: &Arc<S>,
+    specs: &[TableSpec],
+    sum: Share,
+) -> JoinHandle<anyhow::Result<()>> {
+    let (store, specs) = (store.clone(), specs.to_vec());
+    tokio::spawn(async move { push_share(&*store, &specs, &sum).await })
 }
 
 impl HotSync {
@@ -257,6 +269,7 @@ impl HotSync {
             departed: HashSet::new(),
             remote: None,
             sync_seconds: None,
+            pushing: None,
         })
     }
 
@@ -309,7 +322,7 @@ impl HotSync {
     /// PS lookups and pushes took.
     pub async fn finish_step<S: ParameterStore>(
         &mut self,
-        store: &S,
+        store: &Arc<S>,
         keys: &BatchKeys,
         hot: Share,
         remote: Duration,
@@ -381,6 +394,8 @@ impl HotSync {
 
     /// The trainer's data ended: the other members stop waiting for it.
     pub async fn leave(&mut self) -> anyhow::Result<()> {
+        // The last sums reach the PS before the others go on without this member.
+        self.settle().await?;
         self.drain();
         let (generation, round) = match &self.phase {
             Phase::Active(group) if group.members.len() > 1 => (group.generation, group.round),
@@ -432,7 +447,7 @@ impl HotSync {
         Ok(members)
     }
 
-    async fn choose_when_due<S: ParameterStore>(&mut self, store: &S) -> anyhow::Result<()> {
+    async fn choose_when_due<S: ParameterStore>(&mut self, store: &Arc<S>) -> anyhow::Result<()> {
         let Phase::Warmup(warmup) = &self.phase else {
             return Ok(());
         };
@@ -495,7 +510,7 @@ impl HotSync {
     /// A follower at the end of its warmup waits (up to `sync_timeout_ms`) for the
     /// leader's plan, which every trainer chooses after the same number of minibatches:
     /// all members then start the same round after the same step.
-    async fn await_plan<S: ParameterStore>(&mut self, store: &S) -> anyhow::Result<()> {
+    async fn await_plan<S: ParameterStore>(&mut self, store: &Arc<S>) -> anyhow::Result<()> {
         let deadline = Instant::now() + self.timeout();
         loop {
             self.drain();
@@ -628,7 +643,13 @@ impl HotSync {
         Ok(apply + started.elapsed().as_secs_f64() * (members - 1) as f64)
     }
 
-    async fn install<S: ParameterStore>(&mut self, store: &S, plan: HotPlan) -> anyhow::Result<()> {
+    async fn install<S: ParameterStore>(
+        &mut self,
+        store: &Arc<S>,
+        plan: HotPlan,
+    ) -> anyhow::Result<()> {
+        // The barrier round below must find every earlier sum on the PS.
+        self.settle().await?;
         let mut members = plan.members.clone();
         members.sort();
         self.generation = self.generation.max(plan.generation);
@@ -690,7 +711,7 @@ impl HotSync {
     /// member waits at that checkpoint's barrier; returns whether every participant did.
     async fn round<S: ParameterStore>(
         &mut self,
-        store: &S,
+        store: &Arc<S>,
         share: Share,
         mode: RoundMode,
     ) -> anyhow::Result<RoundEnd> {
@@ -729,7 +750,8 @@ impl HotSync {
                 );
                 self.phase = Phase::Warmup(new_warmup());
                 self.publish_keys();
-                push_share(store, &self.specs, &share).await?;
+                self.settle().await?;
+                push_share(&**store, &self.specs, &share).await?;
                 return Ok(RoundEnd::default());
             }
         };
@@ -749,9 +771,16 @@ impl HotSync {
                 replica.apply(keys, grads)?;
             }
         }
-        if contributions.first().map(|c| &c.member) == Some(&self.me) {
-            push_share(store, &self.specs, &summed).await?;
+        if contributions.first().map(|c| &c.member) == Some(&self.me)
+            && summed.tables.iter().any(|(keys, _)| !keys.is_empty())
+        {
+            // Rounds reach the PS in order; each push runs beside the next step.
+            self.settle().await?;
+            self.pushing = Some(spawn_push(store, &self.specs, summed));
         }
+        let Phase::Active(group) = &mut self.phase else {
+            return Ok(RoundEnd::default());
+        };
         group.members.retain(|m| !leavers.contains(m));
         group.round += 1;
         self.departed.extend(leavers);
@@ -774,28 +803,30 @@ impl HotSync {
     /// the barrier to the PS, so the checkpoint's snapshot holds them.
     pub async fn wait_at_barrier<S: ParameterStore>(
         &mut self,
-        store: &S,
+        store: &Arc<S>,
         checkpoint: u64,
     ) -> anyhow::Result<()> {
-        loop {
-            let Phase::Active(group) = &self.phase else {
-                return Ok(());
-            };
-            if group.members.len() <= 1 {
-                return Ok(());
-            }
+        while let Phase::Active(group) = &self.phase
+            && group.members.len() > 1
+        {
             let idle = Share::empty(self.specs.len());
             let end = self
                 .round(store, idle, RoundMode::AtBarrier(checkpoint))
                 .await?;
             if end.all_at_barrier {
-                return Ok(());
+                break;
             }
             if end.empty {
                 // The others have no minibatch ready either: no need to spin.
                 tokio::time::sleep(IDLE_PAUSE).await;
             }
         }
+        self.settle().await
+    }
+
+    /// Waits until this member's push of the latest round's sum reached the PS.
+    pub async fn settle(&mut self) -> anyhow::Result<()> {
+        settle(self.pushing.take()).await
     }
 
     /// Resolves once another member started this member's next round with a share to
@@ -813,7 +844,7 @@ impl HotSync {
     }
 
     /// Answers the round the others wait on with nothing to add.
-    pub async fn idle_round<S: ParameterStore>(&mut self, store: &S) -> anyhow::Result<()> {
+    pub async fn idle_round<S: ParameterStore>(&mut self, store: &Arc<S>) -> anyhow::Result<()> {
         let idle = Share::empty(self.specs.len());
         self.round(store, idle, RoundMode::Idle).await.map(|_| ())
     }
@@ -1067,6 +1098,13 @@ impl HotSync {
             _ => Vec::new(),
         };
         self.keys.send_replace(Arc::new(HotKeys { tables }));
+    }
+}
+
+async fn settle(push: Option<JoinHandle<anyhow::Result<()>>>) -> anyhow::Result<()> {
+    match push {
+        Some(push) => push.await.context("the hot-set push task")?,
+        None => Ok(()),
     }
 }
 

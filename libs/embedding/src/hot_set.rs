@@ -49,6 +49,15 @@ impl<K: Hash + Eq + Ord + Copy> KeyFrequencies<K> {
         self.batches += 1;
     }
 
+    /// Counts one minibatch given as (key, accesses) pairs.
+    pub fn observe_counted(&mut self, counted: impl IntoIterator<Item = (K, u64)>) {
+        for (key, count) in counted {
+            *self.counts.entry(key).or_insert(0) += count;
+            self.accesses += count;
+        }
+        self.batches += 1;
+    }
+
     pub fn batches(&self) -> u64 {
         self.batches
     }
@@ -221,6 +230,19 @@ mod tests {
             f.observe_batch(batch.iter().copied());
         }
         f
+    }
+
+    #[test]
+    fn counted_accesses_are_the_same_sample_as_listed_ones() {
+        let mut counted = KeyFrequencies::default();
+        counted.observe_counted([(1u64, 2), (3, 1)]);
+        counted.observe_counted([(2, 2), (1, 1)]);
+        let listed = frequencies(&[&[1, 1, 3], &[2, 1, 2]]);
+        assert_eq!(counted.batches(), listed.batches());
+        assert_eq!(counted.accesses_per_batch(), listed.accesses_per_batch());
+        assert_eq!(counted.coverage().top(3), listed.coverage().top(3));
+        let rho = |f: &KeyFrequencies<u64>| (0..4).map(|r| f.coverage().rho(r)).collect::<Vec<_>>();
+        assert_eq!(rho(&counted), rho(&listed));
     }
 
     #[test]

@@ -97,15 +97,16 @@ impl BatchKeys {
         self.input.samples
     }
 
-    /// Every key the minibatch pools, as (table, key), repeats included.
-    pub fn accesses(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
-        self.input.features.iter().flat_map(move |feature| {
-            let keys = &self.tables[feature.table];
-            feature
-                .rows
-                .iter()
-                .map(move |&row| (feature.table, keys[row as usize]))
-        })
+    /// How often the minibatch pools each unique key: per table, one count per key of
+    /// `tables[t]`, in that order.
+    pub fn access_counts(&self) -> Vec<Vec<u64>> {
+        let mut counts: Vec<Vec<u64>> = self.tables.iter().map(|k| vec![0; k.len()]).collect();
+        for feature in &self.input.features {
+            for &row in &feature.rows {
+                counts[feature.table][row as usize] += 1;
+            }
+        }
+        counts
     }
 
     /// The batch's unique rows of each table as the kernels see them: `dim` wide.

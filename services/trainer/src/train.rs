@@ -498,10 +498,13 @@ impl<S: ParameterStore> Trainer<S> {
     fn count_hot_accesses(&mut self, keys: &BatchKeys) {
         let Some(hot) = &self.hot else { return };
         let (mut accesses, mut on_hot) = (0u64, 0u64);
-        for (t, key) in keys.accesses() {
-            accesses += 1;
-            if hot.replica(t).is_some_and(|r| r.contains(key)) {
-                on_hot += 1;
+        for (t, counts) in keys.access_counts().into_iter().enumerate() {
+            let replica = hot.replica(t);
+            for (key, count) in keys.tables[t].iter().zip(counts) {
+                accesses += count;
+                if replica.is_some_and(|r| r.contains(*key)) {
+                    on_hot += count;
+                }
             }
         }
         self.meter.interval_accesses += accesses;

@@ -420,16 +420,23 @@ impl HotSync {
     }
 
     fn observe(&mut self, keys: &BatchKeys, remote: Duration) {
-        let accesses = keys.accesses().map(|(t, k)| (t as u32, k));
+        let counted = || {
+            let mut counted: Vec<(TableKey, u64)> = Vec::new();
+            for (t, counts) in keys.access_counts().into_iter().enumerate() {
+                let keys = keys.tables[t].iter().map(|k| (t as u32, *k));
+                counted.extend(keys.zip(counts));
+            }
+            counted
+        };
         match &mut self.phase {
             Phase::Warmup(warmup) => {
-                let accesses: Vec<TableKey> = accesses.collect();
-                warmup.accesses += accesses.len() as u64;
+                let counted = counted();
+                warmup.accesses += counted.iter().map(|(_, c)| c).sum::<u64>();
                 warmup.remote += remote;
-                warmup.sample.observe_batch(accesses);
+                warmup.sample.observe_counted(counted);
             }
             Phase::Active(group) if group.members.first() == Some(&self.me) => {
-                group.recent.observe_batch(accesses)
+                group.recent.observe_counted(counted())
             }
             _ => {}
         }

@@ -352,23 +352,20 @@ impl HotSync {
         if group.members.first() != Some(&self.me) || group.next.is_some() {
             return Ok(());
         }
+        let members = self.members().await?;
+        let Phase::Active(group) = &mut self.phase else {
+            return Ok(());
+        };
+        // Each checkpoint interval is judged on its own accesses.
+        let sample = std::mem::take(&mut group.recent);
         let chosen: HashSet<TableKey> = group
             .replicas
             .iter()
             .enumerate()
             .flat_map(|(t, r)| r.keys().map(move |k| (t as u32, k)))
             .collect();
-        let share = group.recent.share_on(&chosen);
+        let share = sample.share_on(&chosen);
         let drifted = share < group.expected_coverage - self.settings.drift_tolerance;
-        let members = self.members().await?;
-        let sample = group.recent.clone();
-        if let Phase::Active(group) = &mut self.phase {
-            // Each checkpoint interval is judged on its own accesses.
-            group.recent = KeyFrequencies::default();
-        }
-        let Phase::Active(group) = &self.phase else {
-            return Ok(());
-        };
         if !drifted && members == group.members {
             return Ok(());
         }

@@ -11,7 +11,7 @@ use primus_spec::job::TableSpec;
 
 use crate::hash::seeded;
 use crate::init::Init;
-use crate::table::EmbeddingError;
+use crate::table::{EmbeddingError, check_width};
 
 /// Spreads keys over independently locked shards (not the training table's salt: any
 /// spreading does).
@@ -89,30 +89,11 @@ impl ReplicaTable {
 
     /// Applies one delta. Refuses (changing nothing) a delta whose lengths do not fit.
     pub fn apply(&self, delta: DeltaRows<'_>) -> Result<ApplyOutcome, EmbeddingError> {
-        let width = |what: &'static str, got: usize, want: usize| {
-            if got == want {
-                Ok(())
-            } else {
-                Err(EmbeddingError::Width {
-                    what,
-                    got,
-                    keys: delta.keys.len(),
-                    dim: self.dim,
-                    want,
-                })
-            }
-        };
-        width(
-            "delta rows",
-            delta.weights.len(),
-            delta.keys.len() * self.dim,
-        )?;
-        width("delta versions", delta.versions.len(), delta.keys.len())?;
-        width(
-            "evicted versions",
-            delta.evicted_versions.len(),
-            delta.evicted.len(),
-        )?;
+        let keys = delta.keys.len();
+        check_width("delta rows", keys, delta.weights.len(), self.dim)?;
+        check_width("delta versions", keys, delta.versions.len(), 1)?;
+        let evicted = delta.evicted.len();
+        check_width("evicted versions", evicted, delta.evicted_versions.len(), 1)?;
         if let Some(bad) = delta.weights.iter().position(|w| !w.is_finite()) {
             let position = bad / self.dim;
             return Err(EmbeddingError::NonFinite {
@@ -165,16 +146,7 @@ impl ReplicaTable {
     /// Writes the weights of `keys` into `out` (`dim` floats per key); keys without a row
     /// read as their initial value, as on the training PS. Returns how many had no row.
     pub fn lookup(&self, keys: &[u64], out: &mut [f32]) -> Result<usize, EmbeddingError> {
-        let want = keys.len() * self.dim;
-        if out.len() != want {
-            return Err(EmbeddingError::Width {
-                what: "lookup output",
-                got: out.len(),
-                keys: keys.len(),
-                dim: self.dim,
-                want,
-            });
-        }
+        check_width("lookup output", keys.len(), out.len(), self.dim)?;
         let mut missing = 0;
         for (key, target) in keys.iter().zip(out.chunks_exact_mut(self.dim)) {
             let shard = self.shards[self.shard_of(*key)]

@@ -21,8 +21,6 @@ use primus_trainer::store::{LocalStore, ParameterStore};
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
 
 const TABLE: &str = "categorical";
-/// A sync timeout short enough for the tests that wait one out.
-const QUICK_TIMEOUT_MS: u64 = 1_500;
 
 fn layout() -> (ModelLayout, OptimizerSpec) {
     let schema = feature_schema(TABLE);
@@ -69,6 +67,22 @@ fn settings(rows: u64) -> HotSetSpec {
     }
 }
 
+/// 200 rows and a sync timeout short enough for the tests that wait one out.
+fn quick_timeout() -> HotSetSpec {
+    HotSetSpec {
+        sync_timeout_ms: 1_500,
+        ..settings(200)
+    }
+}
+
+/// trainer-0's part in a hot set it trains alone.
+async fn join_alone(spec: HotSetSpec, bus: &Bus, layout: &ModelLayout) -> HotSync {
+    let directory = fixed(&["trainer-0"]);
+    HotSync::join(spec, bus, "job", "trainer-0", layout, directory)
+        .await
+        .expect("join")
+}
+
 fn fixed(members: &[&str]) -> TrainerDirectory {
     let members: Vec<String> = members.iter().map(|m| m.to_string()).collect();
     Arc::new(move || {
@@ -112,6 +126,22 @@ async fn rows(store: &LocalStore, keys: &[u64]) -> Vec<(u64, Vec<f32>)> {
     rows
 }
 
+/// Checks that `trainer`'s hot rows equal `store`'s rows of those keys (weights and
+/// optimizer state, bitwise) and returns them.
+async fn assert_replica_on(
+    trainer: &Trainer<LocalStore>,
+    store: &LocalStore,
+) -> Vec<(u64, Vec<f32>)> {
+    let replica = replica_rows(trainer);
+    let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
+    assert_eq!(
+        replica,
+        rows(store, &keys).await,
+        "the PS rows of hot keys are not the replicas'"
+    );
+    replica
+}
+
 fn replica_rows(trainer: &Trainer<LocalStore>) -> Vec<(u64, Vec<f32>)> {
     let replica = trainer
         .hot_set()
@@ -132,16 +162,7 @@ async fn one_trainer_with_a_hot_set_ends_with_the_rows_of_the_all_ps_path() {
     let (layout, dense) = layout();
     let (all_ps_store, hot_store) = (store(&layout, &dense), store(&layout, &dense));
     let mut all_ps = trainer(&layout, all_ps_store.clone(), None).await;
-    let hot = HotSync::join(
-        settings(150),
-        &bus,
-        "job",
-        "trainer-0",
-        &layout,
-        fixed(&["trainer-0"]),
-    )
-    .await
-    .expect("join");
+    let hot = join_alone(settings(150), &bus, &layout).await;
     let mut with_hot = trainer(&layout, hot_store.clone(), Some(hot)).await;
 
     let mut seen = std::collections::BTreeSet::new();
@@ -174,9 +195,7 @@ async fn one_trainer_with_a_hot_set_ends_with_the_rows_of_the_all_ps_path() {
     let expected = rows(&all_ps_store, &seen).await;
     assert_eq!(expected.len(), seen.len());
     assert_eq!(rows(&hot_store, &seen).await, expected);
-    let replica = replica_rows(&with_hot);
-    let hot_keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
-    assert_eq!(replica, rows(&all_ps_store, &hot_keys).await);
+    assert_replica_on(&with_hot, &all_ps_store).await;
     assert_eq!(all_ps.params(), with_hot.params());
 }
 
@@ -203,14 +222,8 @@ async fn two_trainers_in_lockstep_keep_bitwise_identical_hot_rows_equal_to_the_p
         assert_eq!((status.members, status.rows), (2, 200), "{status:?}");
         assert!(status.rounds >= 19, "{status:?}");
     }
-    let replica_a = replica_rows(&a);
+    let replica_a = assert_replica_on(&a, &shared).await;
     assert_eq!(replica_a, replica_rows(&b), "the replicas diverged");
-    let keys: Vec<u64> = replica_a.iter().map(|r| r.0).collect();
-    assert_eq!(
-        replica_a,
-        rows(&shared, &keys).await,
-        "the PS rows of hot keys are not the replicas'"
-    );
 }
 
 type FeedStream = futures::stream::BoxStream<'static, anyhow::Result<Feed>>;
@@ -278,19 +291,13 @@ async fn a_member_whose_data_ends_leaves_and_the_other_goes_on_alone() {
     let status = b.hot_set().expect("hot set").status();
     assert_eq!((status.members, status.rows), (1, 200), "{status:?}");
     assert!(status.rounds >= 15, "{status:?}");
-    let replica = replica_rows(&b);
-    let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
-    assert_eq!(replica, rows(&shared, &keys).await);
+    assert_replica_on(&b, &shared).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_member_ends_the_group_and_the_other_trains_through_the_ps() {
     let nats = NatsServer::start().expect("nats-server");
-    let quick = HotSetSpec {
-        sync_timeout_ms: QUICK_TIMEOUT_MS,
-        ..settings(200)
-    };
-    let (mut a, mut b, _) = pair(&nats, quick).await;
+    let (mut a, mut b, _) = pair(&nats, quick_timeout()).await;
     let steps_a = Steps::default();
     let done = {
         let hung = a.train(feed(31, 20), Duration::ZERO, &steps_a);
@@ -337,16 +344,7 @@ async fn the_cost_model_chooses_how_many_rows_to_replicate() {
         max_rows: 400,
         ..settings(0)
     };
-    let hot = HotSync::join(
-        chosen,
-        &bus,
-        "job",
-        "trainer-0",
-        &layout,
-        fixed(&["trainer-0"]),
-    )
-    .await
-    .expect("join");
+    let hot = join_alone(chosen, &bus, &layout).await;
     let mut trainer = trainer(&layout, store(&layout, &dense), Some(hot)).await;
     trainer
         .train(feed(41, 8), Duration::from_secs(60), &Quiet)
@@ -410,10 +408,8 @@ async fn members_reaching_a_barrier_at_different_steps_wait_for_each_other_in_ro
         let status = trainer.hot_set().expect("hot set").status();
         assert_eq!((status.members, status.rows), (2, 200), "{status:?}");
     }
-    let replica = replica_rows(&a);
+    let replica = assert_replica_on(&a, &shared).await;
     assert_eq!(replica, replica_rows(&b), "the replicas diverged");
-    let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
-    assert_eq!(replica, rows(&shared, &keys).await);
 }
 
 /// `batch` with every categorical id moved by `offset`: traffic on other keys.
@@ -447,16 +443,7 @@ async fn a_drifted_hot_set_is_chosen_again_at_a_checkpoint() {
     let bus = bus(&nats).await;
     let (layout, dense) = layout();
     let shared = store(&layout, &dense);
-    let hot = HotSync::join(
-        settings(100),
-        &bus,
-        "job",
-        "trainer-0",
-        &layout,
-        fixed(&["trainer-0"]),
-    )
-    .await
-    .expect("join");
+    let hot = join_alone(settings(100), &bus, &layout).await;
     let mut trainer = trainer(&layout, shared.clone(), Some(hot)).await;
     let pipeline = FeaturePipeline::new(&feature_schema(TABLE));
     let mut generator = Criteo::new(CriteoOptions {
@@ -501,8 +488,7 @@ async fn a_drifted_hot_set_is_chosen_again_at_a_checkpoint() {
         replica.iter().all(|(key, _)| !old_keys.contains(key)),
         "the new hot set holds the moved traffic's keys"
     );
-    let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
-    assert_eq!(replica, rows(&shared, &keys).await);
+    assert_replica_on(&trainer, &shared).await;
 }
 
 /// A member whose stream goes quiet answers the others' rounds with nothing to add, so
@@ -510,11 +496,7 @@ async fn a_drifted_hot_set_is_chosen_again_at_a_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_without_data_answers_rounds_so_the_group_survives_a_quiet_stream() {
     let nats = NatsServer::start().expect("nats-server");
-    let quick = HotSetSpec {
-        sync_timeout_ms: QUICK_TIMEOUT_MS,
-        ..settings(200)
-    };
-    let (mut a, mut b, shared) = pair(&nats, quick).await;
+    let (mut a, mut b, shared) = pair(&nats, quick_timeout()).await;
     let pause = futures::stream::once(tokio::time::sleep(Duration::from_secs(3)))
         .filter_map(|_| async { None::<anyhow::Result<Feed>> });
     let quiet = feed(71, 8).chain(pause).chain(feed(72, 8)).boxed();
@@ -535,7 +517,5 @@ async fn a_member_without_data_answers_rounds_so_the_group_survives_a_quiet_stre
         (1, 200, 1),
         "{status_b:?}"
     );
-    let replica = replica_rows(&b);
-    let keys: Vec<u64> = replica.iter().map(|r| r.0).collect();
-    assert_eq!(replica, rows(&shared, &keys).await);
+    assert_replica_on(&b, &shared).await;
 }

@@ -377,7 +377,11 @@ impl<S: ParameterStore> Trainer<S> {
         let late_lookup = Instant::now();
         let rows = self.rows(&mut prepared).await?;
         let lookup_time = prepared.lookup_time + late_lookup.elapsed();
-        self.count_hot_accesses(&prepared.keys);
+        // Counted once, for the hot share and the hot set's samples.
+        let access_counts = self.hot.is_some().then(|| prepared.keys.access_counts());
+        if let Some(counts) = &access_counts {
+            self.count_hot_accesses(&prepared.keys, counts);
+        }
         let started = Instant::now();
         let (model, params) = (self.model.clone(), self.params.clone());
         let compute_span = tracing::info_span!(parent: &prepared.span, "trainer.compute");
@@ -394,7 +398,8 @@ impl<S: ParameterStore> Trainer<S> {
             .await?;
         if let Some(hot) = &mut self.hot {
             let remote = lookup_time + computed.elapsed();
-            hot.finish_step(&self.store, &prepared.keys, hot_share, remote)
+            let counts = access_counts.unwrap_or_default();
+            hot.finish_step(&self.store, &prepared.keys, &counts, hot_share, remote)
                 .await?;
             self.meter.hot_rows = hot.status().rows;
         }
@@ -495,10 +500,11 @@ impl<S: ParameterStore> Trainer<S> {
         Ok(rows)
     }
 
-    fn count_hot_accesses(&mut self, keys: &BatchKeys) {
+    /// `counts`: [`BatchKeys::access_counts`] of `keys`.
+    fn count_hot_accesses(&mut self, keys: &BatchKeys, counts: &[Vec<u64>]) {
         let Some(hot) = &self.hot else { return };
         let (mut accesses, mut on_hot) = (0u64, 0u64);
-        for (t, counts) in keys.access_counts().into_iter().enumerate() {
+        for (t, counts) in counts.iter().enumerate() {
             let replica = hot.replica(t);
             for (key, count) in keys.tables[t].iter().zip(counts) {
                 accesses += count;

@@ -318,16 +318,17 @@ impl HotSync {
     }
 
     /// After a step: counts its accesses, synchronises its hot gradients with the other
-    /// members, and installs or chooses a plan when one is due. `remote` is what the step's
-    /// PS lookups and pushes took.
+    /// members, and installs or chooses a plan when one is due. `access_counts` is
+    /// `keys.access_counts()`; `remote` is what the step's PS lookups and pushes took.
     pub async fn finish_step<S: ParameterStore>(
         &mut self,
         store: &Arc<S>,
         keys: &BatchKeys,
+        access_counts: &[Vec<u64>],
         hot: Share,
         remote: Duration,
     ) -> anyhow::Result<()> {
-        self.observe(keys, remote);
+        self.observe(keys, access_counts, remote);
         if matches!(self.phase, Phase::Active(_)) {
             self.round(store, hot, RoundMode::Step).await?;
         }
@@ -416,12 +417,12 @@ impl HotSync {
         self.publish(Kind::Round(message)).await
     }
 
-    fn observe(&mut self, keys: &BatchKeys, remote: Duration) {
+    fn observe(&mut self, keys: &BatchKeys, access_counts: &[Vec<u64>], remote: Duration) {
         let counted = || {
             let mut counted: Vec<(TableKey, u64)> = Vec::new();
-            for (t, counts) in keys.access_counts().into_iter().enumerate() {
+            for (t, counts) in access_counts.iter().enumerate() {
                 let keys = keys.tables[t].iter().map(|k| (t as u32, *k));
-                counted.extend(keys.zip(counts));
+                counted.extend(keys.zip(counts.iter().copied()));
             }
             counted
         };

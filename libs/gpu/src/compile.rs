@@ -7,13 +7,15 @@ use crate::GpuError;
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 
 /// Every `extern "C"` kernel in [`KERNEL_SOURCE`].
-pub const KERNEL_NAMES: [&str; 6] = [
+pub const KERNEL_NAMES: [&str; 8] = [
     "gather_pool_vec4",
     "gather_pool_scalar",
     "pool_backward_atomic",
     "pool_backward_sorted",
     "adagrad_update",
     "adam_update",
+    "gather_rows",
+    "scatter_rows",
 ];
 
 /// Whether the NVRTC library can be loaded (cudarc panics on first use otherwise).

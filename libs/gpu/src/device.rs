@@ -16,7 +16,7 @@ use crate::GpuError;
 use crate::compile::{compile_ptx, nvrtc_available};
 use crate::layout::{
     Accumulation, Pooling, PoolingInput, RowOptimizer, TableShape, table_bases, validate_ids,
-    validate_update,
+    validate_read, validate_update, validate_write,
 };
 use crate::reference::{EmbeddingKernels, validate_grad_out, validate_weights};
 
@@ -109,6 +109,8 @@ struct Functions {
     pool_backward_sorted: CudaFunction,
     adagrad_update: CudaFunction,
     adam_update: CudaFunction,
+    gather_rows: CudaFunction,
+    scatter_rows: CudaFunction,
 }
 
 /// The kernels on one device, launched on one stream.
@@ -221,6 +223,8 @@ impl CudaKernels {
             pool_backward_sorted: function("pool_backward_sorted")?,
             adagrad_update: function("adagrad_update")?,
             adam_update: function("adam_update")?,
+            gather_rows: function("gather_rows")?,
+            scatter_rows: function("scatter_rows")?,
         };
         Ok(Self {
             context: loaded.context.clone(),
@@ -620,6 +624,84 @@ impl CudaKernels {
                 unsafe { launch.launch(config) }?;
             }
         }
+        Ok(())
+    }
+}
+
+impl CudaKernels {
+    /// Resizes `table` to `rows` rows, keeping the values of the rows both sizes hold
+    /// (new rows are zero).
+    pub fn resize_table(&self, table: &mut DeviceTable, rows: u32) -> Result<(), GpuError> {
+        let shape = TableShape {
+            rows,
+            ..table.shape
+        };
+        let mut data = self.zeros::<f32>(shape.floats())?;
+        let kept = table.shape.floats().min(shape.floats());
+        if kept > 0 {
+            self.stream
+                .memcpy_dtod(&table.data.slice(..kept), &mut data.slice_mut(..kept))?;
+        }
+        *table = DeviceTable { shape, data };
+        Ok(())
+    }
+
+    /// The first `floats` floats of each row in `ids` (repeats allowed), row after row.
+    pub fn read_rows(
+        &self,
+        table: &DeviceTable,
+        ids: &[u32],
+        floats: u32,
+    ) -> Result<Vec<f32>, GpuError> {
+        let shape = table.shape;
+        validate_read(shape, ids, floats)?;
+        let total = ids.len() * floats as usize;
+        if total == 0 {
+            return Ok(Vec::new());
+        }
+        let n = ids.len() as u32;
+        let device_ids = self.upload(ids)?;
+        let mut out = self.zeros::<f32>(total)?;
+        let mut launch = self.stream.launch_builder(&self.functions.gather_rows);
+        launch
+            .arg(&table.data)
+            .arg(&shape.stride)
+            .arg(&device_ids)
+            .arg(&n)
+            .arg(&floats)
+            .arg(&mut out);
+        // SAFETY: arguments match gather_rows; every id is a row of `shape` and `floats`
+        // is at most its stride (validate_read), `out` holds n x floats.
+        unsafe { launch.launch(launch_config(total as u64, 1)?) }?;
+        self.download(&out, total)
+    }
+
+    /// Overwrites whole rows (weights and state): `values` holds `stride` floats per id,
+    /// and the ids are distinct rows. Asynchronous.
+    pub fn write_rows(
+        &self,
+        table: &mut DeviceTable,
+        ids: &[u32],
+        values: &[f32],
+    ) -> Result<(), GpuError> {
+        let shape = table.shape;
+        validate_write(shape, ids, values)?;
+        if values.is_empty() {
+            return Ok(());
+        }
+        let n = ids.len() as u32;
+        let device_ids = self.upload(ids)?;
+        let device_values = self.upload(values)?;
+        let mut launch = self.stream.launch_builder(&self.functions.scatter_rows);
+        launch
+            .arg(&mut table.data)
+            .arg(&shape.stride)
+            .arg(&device_ids)
+            .arg(&n)
+            .arg(&device_values);
+        // SAFETY: arguments match scatter_rows; the ids are distinct rows of `shape` and
+        // `values` holds n x stride floats (validate_write).
+        unsafe { launch.launch(launch_config(values.len() as u64, 1)?) }?;
         Ok(())
     }
 }

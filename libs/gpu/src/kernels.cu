@@ -232,3 +232,27 @@ extern "C" __global__ void adam_update(
         w[c] = __fsub_rn(w[c], __fdiv_rn(__fmul_rn(step, mc), __fadd_rn(__fsqrt_rn(vc), epsilon)));
     }
 }
+
+// A row store's reads: the first `floats` floats of rows ids[0..n] (repeats allowed), one
+// thread per float, into out (n x floats, row after row).
+extern "C" __global__ void gather_rows(
+    const float* __restrict__ table, u32 stride, const u32* __restrict__ ids, u32 n,
+    u32 floats, float* __restrict__ out) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (u64)n * floats) return;
+    u64 r = i / floats;
+    u32 c = (u32)(i % floats);
+    out[i] = table[(u64)ids[r] * stride + c];
+}
+
+// A row store's writes: whole rows (weights and state) of distinct ids[0..n] from values
+// (n x stride), one thread per float.
+extern "C" __global__ void scatter_rows(
+    float* __restrict__ table, u32 stride, const u32* __restrict__ ids, u32 n,
+    const float* __restrict__ values) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (u64)n * stride) return;
+    u64 r = i / stride;
+    u32 c = (u32)(i % stride);
+    table[(u64)ids[r] * stride + c] = values[i];
+}

@@ -280,6 +280,39 @@ pub fn validate_ids(rows: u32, ids: &[u32]) -> Result<(), GpuError> {
     }
 }
 
+/// A read of the first `floats` floats of rows `ids` (repeats allowed).
+pub fn validate_read(shape: TableShape, ids: &[u32], floats: u32) -> Result<(), GpuError> {
+    if floats > shape.stride {
+        return Err(GpuError::invalid(
+            "floats",
+            format!("{floats} per row, rows hold {}", shape.stride),
+        ));
+    }
+    match ids.iter().position(|&id| id >= shape.rows) {
+        Some(at) => Err(GpuError::invalid(
+            format!("ids[{at}]"),
+            format!("row {} of {}", ids[at], shape.rows),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A write of whole rows: distinct ids, `stride` floats each.
+pub fn validate_write(shape: TableShape, ids: &[u32], values: &[f32]) -> Result<(), GpuError> {
+    if values.len() != ids.len() * shape.stride as usize {
+        return Err(GpuError::invalid(
+            "values",
+            format!(
+                "{} floats for {} ids x stride {}",
+                values.len(),
+                ids.len(),
+                shape.stride
+            ),
+        ));
+    }
+    validate_ids(shape.rows, ids)
+}
+
 /// Offsets of each table's row 0 when tables are laid end to end, each start rounded up
 /// to a multiple of 4 floats so that 16-byte loads stay aligned.
 pub(crate) fn table_bases(floats_per_table: impl Iterator<Item = usize>) -> (Vec<u64>, usize) {

@@ -5,7 +5,9 @@
 //! and launches them: table-batched gather + sum/mean pooling over jagged and inverse
 //! jagged (RecD IKJT) bags, the pooling backward into unique-row gradients (atomic, or
 //! deterministic), and fused sparse Adagrad and Adam updates of device-resident rows laid
-//! out as the CPU arena lays them out (weights, then optimizer state).
+//! out as the CPU arena lays them out (weights, then optimizer state). [`RowStore`]s hold
+//! one table's rows on a GPU ([`DeviceRows`]) or, as its CPU reference, in host memory
+//! ([`HostRows`]), read, written and updated in batches by row id.
 //!
 //! CUDA is loaded dynamically (cudarc `dynamic-loading`): this crate builds and runs on
 //! machines without a GPU. [`cuda_status`] says whether a device can be used; the NVRTC
@@ -17,6 +19,7 @@ mod compile;
 mod device;
 pub mod layout;
 pub mod reference;
+mod rows;
 
 pub use compile::{KERNEL_NAMES, KERNEL_SOURCE, compile_ptx, nvrtc_available};
 pub use device::{
@@ -24,6 +27,7 @@ pub use device::{
 };
 pub use layout::{Accumulation, FeatureBags, Pooling, PoolingInput, RowOptimizer, TableShape};
 pub use reference::{CpuKernels, EmbeddingKernels, update_row};
+pub use rows::{DeviceRows, HostRows, RowStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {

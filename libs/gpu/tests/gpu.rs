@@ -6,16 +6,18 @@
 mod common;
 
 use common::{distinct_ids, random_case, random_floats, random_optimizer_table};
+use std::sync::Arc;
+
 use primus_gpu::{
-    Accumulation, CpuKernels, CudaKernels, CudaStatus, EmbeddingKernels, GpuError, Pooling,
-    RowOptimizer, cuda_status,
+    Accumulation, CpuKernels, CudaKernels, CudaStatus, DeviceRows, EmbeddingKernels, GpuError,
+    HostRows, Pooling, RowOptimizer, RowStore, cuda_status,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 type Check = fn(&CudaKernels, &mut StdRng) -> Result<(), String>;
 
-const CHECKS: [(&str, Check); 6] = [
+const CHECKS: [(&str, Check); 7] = [
     (
         "gather_pool: every output written, bitwise equal to the reference",
         gather_pool_matches,
@@ -39,6 +41,10 @@ const CHECKS: [(&str, Check); 6] = [
     (
         "device input checks: duplicate and out-of-range ids refused",
         device_input_checks,
+    ),
+    (
+        "row store: DeviceRows bitwise equal to HostRows through growth, writes, reads, updates",
+        row_stores_match,
     ),
 ];
 
@@ -210,6 +216,55 @@ fn updates_match(
                 "rows {rows} dim {dim}: {}",
                 first_difference(&gpu, &cpu)
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Drives a device store and the host reference with the same operations: the PS's
+/// tables grow, write new rows, read weights (with repeats) and apply both optimizers.
+fn row_stores_match(_: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    let kernels = Arc::new(CudaKernels::new(0).map_err(|e| e.to_string())?);
+    for (optimizer, dim) in [(ADAGRAD, 16u32), (ADAM, 7)] {
+        let stride = dim + optimizer.state_len(dim);
+        let mut device =
+            DeviceRows::new(kernels.clone(), dim, stride).map_err(|e| e.to_string())?;
+        let mut host = HostRows::new(dim, stride);
+        let mut rows = 0u32;
+        for round in 0..4u32 {
+            let grown = 1000 << round;
+            for store in [&mut device as &mut dyn RowStore, &mut host] {
+                store.resize(grown).map_err(|e| e.to_string())?;
+            }
+            let new_ids: Vec<u32> = (rows..grown).collect();
+            let (_, values) = common::random_optimizer_table(rng, grown - rows, dim, optimizer);
+            let ids = distinct_ids(rng, grown, 500);
+            let grads = random_floats(rng, ids.len() * dim as usize);
+            for store in [&mut device as &mut dyn RowStore, &mut host] {
+                store.write(&new_ids, &values).map_err(|e| e.to_string())?;
+                store
+                    .update(optimizer, &ids, &grads)
+                    .map_err(|e| e.to_string())?;
+            }
+            rows = grown;
+            let mut reads: Vec<u32> = ids.iter().chain(&ids).copied().collect();
+            reads.push(rows - 1);
+            for floats in [dim, stride] {
+                let gpu = device.read(&reads, floats).map_err(|e| e.to_string())?;
+                let cpu = host.read(&reads, floats).map_err(|e| e.to_string())?;
+                if bits(&gpu) != bits(&cpu) {
+                    return Err(format!(
+                        "round {round}, {floats} floats: {}",
+                        first_difference(&gpu, &cpu)
+                    ));
+                }
+            }
+        }
+        let all: Vec<u32> = (0..rows).collect();
+        let gpu = device.read(&all, stride).map_err(|e| e.to_string())?;
+        let cpu = host.read(&all, stride).map_err(|e| e.to_string())?;
+        if bits(&gpu) != bits(&cpu) {
+            return Err(format!("every row: {}", first_difference(&gpu, &cpu)));
         }
     }
     Ok(())

@@ -5,8 +5,8 @@ mod common;
 
 use common::random_case;
 use primus_gpu::{
-    Accumulation, CpuKernels, EmbeddingKernels, FeatureBags, GpuError, KERNEL_NAMES, Pooling,
-    PoolingInput, RowOptimizer, TableShape, compile_ptx,
+    Accumulation, CpuKernels, EmbeddingKernels, FeatureBags, GpuError, HostRows, KERNEL_NAMES,
+    Pooling, PoolingInput, RowOptimizer, RowStore, TableShape, compile_ptx, update_row,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -224,4 +224,54 @@ fn bad_input_is_refused_naming_the_field() {
         "table.stride"
     );
     assert_eq!(table, vec![0.0; 4], "refused updates change nothing");
+}
+
+#[test]
+fn a_host_row_store_keeps_rows_through_growth_and_updates_them_like_update_row() {
+    let optimizer = RowOptimizer::Adagrad {
+        lr: 0.1,
+        epsilon: 1e-8,
+    };
+    let mut store = HostRows::new(2, 4);
+    store.resize(2).expect("resize");
+    store
+        .write(&[1, 0], &[1.0, 2.0, 0.5, 0.5, 3.0, 4.0, 0.25, 0.25])
+        .expect("write");
+    store.resize(5).expect("grow");
+    assert_eq!(store.shape().rows, 5);
+    assert_eq!(store.bytes(), 5 * 4 * 4);
+    store
+        .update(optimizer, &[0, 4], &[1.0, -1.0, 2.0, 2.0])
+        .expect("update");
+    let mut want = [3.0f32, 4.0, 0.25, 0.25];
+    let (weights, state) = want.split_at_mut(2);
+    update_row(optimizer, weights, state, &[1.0, -1.0]);
+    assert_eq!(store.read(&[0], 4).expect("read"), want);
+    // Repeats are allowed in reads; new rows start at zero before their first write.
+    assert_eq!(
+        store.read(&[1, 1, 2], 2).expect("read"),
+        [1.0, 2.0, 1.0, 2.0, 0.0, 0.0]
+    );
+}
+
+#[test]
+fn a_host_row_store_refuses_bad_ids_and_widths_naming_the_field() {
+    let optimizer = RowOptimizer::Adagrad {
+        lr: 0.1,
+        epsilon: 1e-8,
+    };
+    let mut store = HostRows::new(2, 4);
+    store.resize(3).expect("resize");
+    assert_eq!(invalid_field(store.read(&[0, 3], 2)), "ids[1]");
+    assert_eq!(invalid_field(store.read(&[0], 5)), "floats");
+    assert_eq!(invalid_field(store.write(&[1, 1], &[0.0; 8])), "ids[1]");
+    assert_eq!(invalid_field(store.write(&[1], &[0.0; 2])), "values");
+    assert_eq!(
+        invalid_field(store.update(optimizer, &[2, 2], &[0.0; 4])),
+        "ids[1]"
+    );
+    assert_eq!(
+        invalid_field(store.update(optimizer, &[2], &[0.0; 3])),
+        "grads"
+    );
 }

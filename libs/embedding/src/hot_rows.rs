@@ -168,7 +168,7 @@ mod tests {
             table.push(&keys, &grads, 1).expect("push");
             let mut hot = HotRows::new(&spec).expect("replica");
             for &key in &keys {
-                let (weights, state, _) = table.row(key).expect("row");
+                let (weights, state, _) = table.row(key).expect("read").expect("row");
                 hot.insert(key, &[weights, state].concat()).expect("insert");
             }
             for step in 0..20 {
@@ -179,7 +179,7 @@ mod tests {
                 hot.apply(&keys, &grads).expect("apply");
             }
             for &key in &keys {
-                let (weights, state, _) = table.row(key).expect("row");
+                let (weights, state, _) = table.row(key).expect("read").expect("row");
                 assert_eq!(
                     hot.values(key).expect("hot"),
                     [weights, state].concat().as_slice(),

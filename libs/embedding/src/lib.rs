@@ -40,4 +40,7 @@ pub use hot_rows::HotRows;
 pub use region::Region;
 pub use replica::{ApplyOutcome, DeltaRows, ReplicaTable};
 pub use snapshot::{ShardSnapshot, SnapshotError};
-pub use table::{Delta, EmbeddingError, PushOutcome, RowMeta, Table, TableOptions, TableStats};
+pub use table::{
+    Delta, EmbeddingError, PushOutcome, RowMeta, RowStores, RowValues, Table, TableOptions,
+    TableStats,
+};

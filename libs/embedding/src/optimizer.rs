@@ -115,6 +115,34 @@ impl Optimizer {
         }
     }
 
+    /// The fused update kernel doing this optimizer's work, where there is one.
+    pub(crate) fn kernel(&self) -> Option<RowOptimizer> {
+        match *self {
+            Self::Adagrad { lr, epsilon, .. } => Some(RowOptimizer::Adagrad { lr, epsilon }),
+            Self::Adam {
+                lr,
+                beta1,
+                beta2,
+                epsilon,
+            } => Some(RowOptimizer::Adam {
+                lr,
+                beta1,
+                beta2,
+                epsilon,
+            }),
+            Self::Sgd { .. } | Self::Ftrl { .. } => None,
+        }
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Sgd { .. } => "sgd",
+            Self::Adagrad { .. } => "adagrad",
+            Self::Adam { .. } => "adam",
+            Self::Ftrl { .. } => "ftrl",
+        }
+    }
+
     /// Applies one gradient to a row.
     #[inline]
     pub(crate) fn apply(&self, weights: &mut [f32], state: &mut [f32], grad: &[f32]) {
@@ -125,25 +153,11 @@ impl Optimizer {
                 }
             }
             // The same per-row updates the GPU kernels are checked against (primus-gpu).
-            Self::Adagrad { lr, epsilon, .. } => {
-                update_row(RowOptimizer::Adagrad { lr, epsilon }, weights, state, grad)
+            Self::Adagrad { .. } | Self::Adam { .. } => {
+                if let Some(kernel) = self.kernel() {
+                    update_row(kernel, weights, state, grad);
+                }
             }
-            Self::Adam {
-                lr,
-                beta1,
-                beta2,
-                epsilon,
-            } => update_row(
-                RowOptimizer::Adam {
-                    lr,
-                    beta1,
-                    beta2,
-                    epsilon,
-                },
-                weights,
-                state,
-                grad,
-            ),
             Self::Ftrl {
                 alpha,
                 beta,

@@ -23,6 +23,8 @@ pub enum SnapshotError {
         got: usize,
         want: usize,
     },
+    #[error("table {table}: device: {reason}")]
+    Device { table: String, reason: String },
     #[error("not a snapshot of this kind (bad magic)")]
     Magic,
     #[error("snapshot format {0} is not supported (this build reads {FORMAT})")]

@@ -5,10 +5,18 @@
 //! A shard's arena is a list of chunks that double in size (1,024 rows, 1,024, 2,048, ...),
 //! so a small shard stays small, a big one is a few huge-page-backed regions, and a row's
 //! chunk is the bit length of its id. Chunks never move.
+//!
+//! A table made by [`Table::with_row_stores`] keeps its rows in a [`RowStore`] per shard
+//! instead (GPU memory, for the PS's `device: cuda`): index, metadata, admission and
+//! eviction stay on the host, and rows are read, written and updated in batches by row id.
+//! New rows' initial values are staged and written in one batch before a write-locked call
+//! returns, so a reader never finds a staged row.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use primus_gpu::{GpuError, RowOptimizer, RowStore};
 use primus_prefetch::prefetch;
 use primus_spec::job::TableSpec;
 
@@ -51,7 +59,22 @@ pub enum EmbeddingError {
     NonFinite { key: u64, position: usize },
     #[error("table {table}: key {key} is not among the replicated hot rows")]
     NotHot { table: String, key: u64 },
+    #[error(
+        "table {table}: optimizer {optimizer} has no device kernel; a table whose rows live on a device needs adagrad or adam"
+    )]
+    NoKernel {
+        table: String,
+        optimizer: &'static str,
+    },
+    #[error("table {table}: device: {reason}")]
+    Device { table: String, reason: String },
 }
+
+/// A row's weights, optimizer state and metadata.
+pub type RowValues = (Vec<f32>, Vec<f32>, RowMeta);
+
+/// Makes one shard's row store, given the rows' dim and stride (floats).
+pub type RowStores<'a> = &'a dyn Fn(u32, u32) -> Result<Box<dyn RowStore>, GpuError>;
 
 /// How a table is laid out in memory (not part of the job spec: a deployment choice).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,10 +170,16 @@ pub struct Table {
     /// Change versions; may be shared by the tables of one PS so one `since` covers all.
     version: Arc<AtomicU64>,
     missing_reads: AtomicU64,
+    /// Set when rows live in row stores: the kernel form of `optimizer`.
+    kernel: Option<RowOptimizer>,
 }
 
 struct Shard {
     index: CuckooIndex,
+    /// Where rows live when not in `chunks`.
+    store: Option<Box<dyn RowStore>>,
+    /// New rows' values not yet written to `store`.
+    staged: Staged,
     /// Chunk k holds the rows whose id has bit length k (past the first 1024).
     chunks: Vec<Region>,
     /// Each arena chunk's row metadata, two words a row (see `RowMeta::to_words`), in a
@@ -187,6 +216,26 @@ impl Table {
         options: TableOptions,
         versions: Arc<AtomicU64>,
     ) -> Result<Self, EmbeddingError> {
+        Self::build(spec, options, versions, None)
+    }
+
+    /// A table whose shards keep their rows in stores made by `stores` (on a device)
+    /// rather than in host arenas. Its optimizer must have a device kernel.
+    pub fn with_row_stores(
+        spec: &TableSpec,
+        options: TableOptions,
+        versions: Arc<AtomicU64>,
+        stores: RowStores,
+    ) -> Result<Self, EmbeddingError> {
+        Self::build(spec, options, versions, Some(stores))
+    }
+
+    fn build(
+        spec: &TableSpec,
+        options: TableOptions,
+        versions: Arc<AtomicU64>,
+        stores: Option<RowStores>,
+    ) -> Result<Self, EmbeddingError> {
         let dim = spec.dim as usize;
         if dim == 0 {
             return Err(EmbeddingError::ZeroDim {
@@ -200,40 +249,65 @@ impl Table {
             });
         }
         let optimizer = Optimizer::from_spec(&spec.optimizer);
-        let shards = (0..options.shards)
-            .map(|i| {
-                RwLock::new(Shard {
-                    index: CuckooIndex::default(),
-                    chunks: Vec::new(),
-                    meta_chunks: Vec::new(),
-                    rows: 0,
-                    free: Vec::new(),
-                    admission: Admission::new(
-                        spec.admission.min_count,
-                        spec.admission.probability as f32,
-                        options.sketch_width,
-                        seeded(i as u64, options.seed),
-                    ),
-                    admitted: 0,
-                    rejected: 0,
-                    evicted: 0,
-                    eviction_log: Vec::new(),
-                })
-            })
-            .collect();
+        let stride = dim + optimizer.state_len(dim);
+        let kernel = match stores {
+            None => None,
+            Some(_) => Some(optimizer.kernel().ok_or_else(|| EmbeddingError::NoKernel {
+                table: spec.name.clone(),
+                optimizer: optimizer.name(),
+            })?),
+        };
+        let device_error = |e: GpuError| EmbeddingError::Device {
+            table: spec.name.clone(),
+            reason: e.to_string(),
+        };
+        let mut shards = Vec::with_capacity(options.shards);
+        for i in 0..options.shards {
+            let store = match stores {
+                Some(make) => Some(make(dim as u32, stride as u32).map_err(device_error)?),
+                None => None,
+            };
+            shards.push(RwLock::new(Shard {
+                index: CuckooIndex::default(),
+                store,
+                staged: Staged::default(),
+                chunks: Vec::new(),
+                meta_chunks: Vec::new(),
+                rows: 0,
+                free: Vec::new(),
+                admission: Admission::new(
+                    spec.admission.min_count,
+                    spec.admission.probability as f32,
+                    options.sketch_width,
+                    seeded(i as u64, options.seed),
+                ),
+                admitted: 0,
+                rejected: 0,
+                evicted: 0,
+                eviction_log: Vec::new(),
+            }));
+        }
         Ok(Self {
             name: spec.name.clone(),
             dim,
-            stride: dim + optimizer.state_len(dim),
+            stride,
             optimizer,
             init: Init::from_spec(&spec.initializer),
             ttl_secs: spec.ttl_seconds,
             seed: options.seed,
             shard_shift: 64 - options.shards.trailing_zeros(),
-            shards,
+            shards: shards.into_boxed_slice(),
             version: versions,
             missing_reads: AtomicU64::new(0),
+            kernel,
         })
+    }
+
+    fn device_error(&self, error: GpuError) -> EmbeddingError {
+        EmbeddingError::Device {
+            table: self.name.clone(),
+            reason: error.to_string(),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -315,6 +389,10 @@ impl Table {
             let guard = self.read(shard);
             // Resolve every row first, then copy: both passes overlap their cache misses.
             guard.index.get_many(&grouped_keys[span.clone()], &mut rows);
+            if let Some(store) = &guard.store {
+                missing += self.lookup_stored(store.as_ref(), &order[span], &rows, keys, out)?;
+                continue;
+            }
             for (positions, rows) in order[span]
                 .chunks(ROW_PIPELINE)
                 .zip(rows.chunks(ROW_PIPELINE))
@@ -337,6 +415,38 @@ impl Table {
             self.missing_reads.fetch_add(missing, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// [`Self::lookup`] of one shard's keys (at `positions`, resolved to `rows`) from its
+    /// store: one batched read. Returns how many keys had no row.
+    fn lookup_stored(
+        &self,
+        store: &dyn RowStore,
+        positions: &[u32],
+        rows: &[Option<u32>],
+        keys: &[u64],
+        out: &mut [f32],
+    ) -> Result<u64, EmbeddingError> {
+        let dim = self.dim;
+        let found: Vec<u32> = rows.iter().flatten().copied().collect();
+        let weights = store
+            .read(&found, dim as u32)
+            .map_err(|e| self.device_error(e))?;
+        // A store returns `dim` floats for each row asked for, in order.
+        let mut stored = weights.chunks_exact(dim);
+        let mut missing = 0;
+        for (&position, row) in positions.iter().zip(rows) {
+            let position = position as usize;
+            let target = &mut out[position * dim..(position + 1) * dim];
+            match row.and_then(|_| stored.next()) {
+                Some(weights) => target.copy_from_slice(weights),
+                None => {
+                    missing += 1;
+                    self.init.fill(keys[position], self.seed, target);
+                }
+            }
+        }
+        Ok(missing)
     }
 
     /// Applies `grads` (`dim` floats per key) with the table's optimizer at time `now_secs`.
@@ -364,6 +474,18 @@ impl Table {
             // is guaranteed to see the rows (see `export_delta`).
             let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
             guard.index.get_many(&grouped_keys[span.clone()], &mut rows);
+            if guard.store.is_some() {
+                let stored = self.push_stored(
+                    &mut guard,
+                    &order[span],
+                    &rows,
+                    (keys, grads),
+                    (now_secs, version),
+                )?;
+                outcome.applied += stored.applied;
+                outcome.dropped += stored.dropped;
+                continue;
+            }
             for (positions, rows) in order[span]
                 .chunks(ROW_PIPELINE)
                 .zip(rows.chunks(ROW_PIPELINE))
@@ -393,6 +515,61 @@ impl Table {
                     outcome.applied += 1;
                 }
             }
+        }
+        Ok(outcome)
+    }
+
+    /// [`Self::push`] of one shard's keys (at `positions`, resolved to `rows`) into its
+    /// store: admission and new rows on the host, new rows' values written in one batch,
+    /// then the gradients applied by the fused kernel. A key repeated in one push has its
+    /// k-th gradient in the k-th update, so its gradients apply in order, as in the arena.
+    fn push_stored(
+        &self,
+        shard: &mut Shard,
+        positions: &[u32],
+        rows: &[Option<u32>],
+        (keys, grads): (&[u64], &[f32]),
+        (now_secs, version): (u32, u64),
+    ) -> Result<PushOutcome, EmbeddingError> {
+        let dim = self.dim;
+        let mut outcome = PushOutcome::default();
+        let mut updates: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
+        let mut seen: HashMap<u32, usize> = HashMap::new();
+        for (&position, known) in positions.iter().zip(rows) {
+            let position = position as usize;
+            let key = keys[position];
+            let row = match known.or_else(|| shard.index.get(key)) {
+                Some(row) => row,
+                None => {
+                    if !shard.admission.admit(key) {
+                        shard.rejected += 1;
+                        outcome.dropped += 1;
+                        continue;
+                    }
+                    shard.admitted += 1;
+                    shard.new_row(key, self)
+                }
+            };
+            let times = seen.entry(row).or_default();
+            if updates.len() == *times {
+                updates.push(Default::default());
+            }
+            let (ids, batch) = &mut updates[*times];
+            ids.push(row);
+            batch.extend_from_slice(&grads[position * dim..(position + 1) * dim]);
+            *times += 1;
+        }
+        shard.flush_staged().map_err(|e| self.device_error(e))?;
+        if let (Some(store), Some(kernel)) = (shard.store.as_mut(), self.kernel) {
+            for (ids, batch) in &updates {
+                store
+                    .update(kernel, ids, batch)
+                    .map_err(|e| self.device_error(e))?;
+            }
+        }
+        for row in updates.iter().flat_map(|(ids, _)| ids) {
+            shard.record_update(*row, now_secs, version);
+            outcome.applied += 1;
         }
         Ok(outcome)
     }
@@ -440,41 +617,51 @@ impl Table {
     /// are taken under the shard's write lock, so by the time this reads a shard (under its
     /// read lock) every change of that shard with a version below the watermark is done.
     /// A change newer than the watermark may be included too; applying it twice is harmless.
-    pub fn export_delta(&self, since: u64) -> Delta {
+    pub fn export_delta(&self, since: u64) -> Result<Delta, EmbeddingError> {
         let watermark = self.version();
         let mut delta = Delta {
             version: watermark,
             ..Delta::default()
         };
+        let mut rows = Vec::new();
         for shard in 0..self.shards.len() {
             let guard = self.read(shard);
+            rows.clear();
             for (key, row) in guard.index.iter() {
                 let version = guard.meta(row).version;
                 if version > since {
                     delta.keys.push(key);
                     delta.versions.push(version);
-                    delta
-                        .weights
-                        .extend_from_slice(guard.weights(row, self.stride, self.dim));
+                    rows.push(row);
                 }
             }
+            guard
+                .copy_values(&rows, self.stride, self.dim, &mut delta.weights)
+                .map_err(|e| self.device_error(e))?;
             for (version, key) in guard.eviction_log.iter().filter(|(v, _)| *v > since) {
                 delta.evicted.push(*key);
                 delta.evicted_versions.push(*version);
             }
         }
-        delta
+        Ok(delta)
     }
 
     /// The row of `key`: weights, optimizer state and metadata read together, under one lock.
-    pub fn row(&self, key: u64) -> Option<(Vec<f32>, Vec<f32>, RowMeta)> {
+    pub fn row(&self, key: u64) -> Result<Option<RowValues>, EmbeddingError> {
         let guard = self.read(self.shard_of(key));
-        let row = guard.index.get(key)?;
-        let (weights, state) = guard.values(row, self.stride).split_at(self.dim);
-        Some((weights.to_vec(), state.to_vec(), guard.meta(row)))
+        let Some(row) = guard.index.get(key) else {
+            return Ok(None);
+        };
+        let mut values = Vec::with_capacity(self.stride);
+        guard
+            .copy_values(&[row], self.stride, self.stride, &mut values)
+            .map_err(|e| self.device_error(e))?;
+        let state = values.split_off(self.dim);
+        Ok(Some((values, state, guard.meta(row))))
     }
 
-    /// Drops every row (a restore starts from an empty table).
+    /// Drops every row (a restore starts from an empty table). Row stores keep their
+    /// capacity: the rows they hold are written again before they are read.
     pub fn clear(&self) {
         for shard in 0..self.shards.len() {
             let mut guard = self.write(shard);
@@ -493,7 +680,11 @@ impl Table {
 
     /// Copies one shard's rows changed after `since` (0: all rows) under its read lock:
     /// weights, optimizer state and metadata of each row from the same moment.
-    pub fn snapshot_shard(&self, shard: usize, since: u64) -> ShardSnapshot {
+    pub fn snapshot_shard(
+        &self,
+        shard: usize,
+        since: u64,
+    ) -> Result<ShardSnapshot, EmbeddingError> {
         let guard = self.read(shard);
         // Read under the lock: no change of this shard up to this version is missing.
         let version = self.version();
@@ -509,16 +700,18 @@ impl Table {
             values: Vec::new(),
             evicted: Vec::new(),
         };
+        let mut rows = Vec::new();
         for (key, row) in guard.index.iter() {
             let meta = guard.meta(row);
             if meta.version > since {
                 snapshot.keys.push(key);
                 snapshot.meta.push(meta);
-                snapshot
-                    .values
-                    .extend_from_slice(guard.values(row, self.stride));
+                rows.push(row);
             }
         }
+        guard
+            .copy_values(&rows, self.stride, self.stride, &mut snapshot.values)
+            .map_err(|e| self.device_error(e))?;
         if since > 0 {
             snapshot.evicted = guard
                 .eviction_log
@@ -527,7 +720,7 @@ impl Table {
                 .map(|(_, key)| *key)
                 .collect();
         }
-        snapshot
+        Ok(snapshot)
     }
 
     /// Writes a shard snapshot's rows into this table (any shard count: each key goes to its
@@ -563,11 +756,13 @@ impl Table {
                     None => guard.new_row(key, self),
                 };
                 let values = &snapshot.values[position * self.stride..(position + 1) * self.stride];
-                let (weights, state) = guard.row_mut(row, self.stride, self.dim);
-                weights.copy_from_slice(&values[..self.dim]);
-                state.copy_from_slice(&values[self.dim..]);
+                guard.write_values(row, values, self.stride);
                 guard.set_meta(row, snapshot.meta[position]);
             }
+            guard.flush_staged().map_err(|e| SnapshotError::Device {
+                table: self.name.clone(),
+                reason: e.to_string(),
+            })?;
         }
         // Later changes must get versions above everything restored.
         self.version.fetch_max(snapshot.version, Ordering::AcqRel);
@@ -595,7 +790,12 @@ impl Table {
             stats.admitted += guard.admitted;
             stats.rejected += guard.rejected;
             stats.evicted += guard.evicted;
-            stats.bytes += (guard.rows * (self.stride * 4 + META_WORDS * 8)
+            let row_bytes = match &guard.store {
+                Some(store) => store.bytes() as usize,
+                None => guard.rows * self.stride * 4,
+            };
+            stats.bytes += (row_bytes
+                + guard.rows * META_WORDS * 8
                 + guard.index.memory_bytes()
                 + guard.admission.memory_bytes()) as u64;
         }
@@ -634,10 +834,61 @@ impl Shard {
     }
 
     #[inline]
-    fn row_mut(&mut self, row: u32, stride: usize, dim: usize) -> (&mut [f32], &mut [f32]) {
+    fn values_mut(&mut self, row: u32, stride: usize) -> &mut [f32] {
         let (chunk, place) = chunk_of(row);
         let floats: &mut [f32] = bytemuck::cast_slice_mut(self.chunks[chunk].words_mut());
-        floats[place * stride..(place + 1) * stride].split_at_mut(dim)
+        &mut floats[place * stride..(place + 1) * stride]
+    }
+
+    #[inline]
+    fn row_mut(&mut self, row: u32, stride: usize, dim: usize) -> (&mut [f32], &mut [f32]) {
+        self.values_mut(row, stride).split_at_mut(dim)
+    }
+
+    /// Appends the first `floats` floats of each of `rows` to `out`, from the arena or in
+    /// one read of the store.
+    fn copy_values(
+        &self,
+        rows: &[u32],
+        stride: usize,
+        floats: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), GpuError> {
+        match &self.store {
+            Some(store) => out.extend(store.read(rows, floats as u32)?),
+            None => {
+                for row in rows {
+                    out.extend_from_slice(&self.values(*row, stride)[..floats]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Overwrites a row's weights and state (staged, with a store).
+    fn write_values(&mut self, row: u32, values: &[f32], stride: usize) {
+        match self.store {
+            Some(_) => self.staged.slot(row, stride).copy_from_slice(values),
+            None => self.values_mut(row, stride).copy_from_slice(values),
+        }
+    }
+
+    /// Writes the staged rows to the store in one batch, growing it first (doubling, as
+    /// the arena's chunks do) when the shard has handed out rows beyond its capacity.
+    fn flush_staged(&mut self) -> Result<(), GpuError> {
+        let Some(store) = self.store.as_mut() else {
+            return Ok(());
+        };
+        if self.staged.rows.is_empty() {
+            return Ok(());
+        }
+        if self.rows > store.shape().rows as usize {
+            let (last_chunk, _) = chunk_of(self.rows as u32 - 1);
+            store.resize(chunk_start(last_chunk + 1) as u32)?;
+        }
+        store.write(&self.staged.rows, &self.staged.values)?;
+        self.staged = Staged::default();
+        Ok(())
     }
 
     /// Prefetches each cache line of the rows' first `floats` floats, so the misses overlap
@@ -698,21 +949,49 @@ impl Shard {
                 let (chunk, place) = chunk_of(row as u32);
                 if place == 0 {
                     let rows = chunk_start(chunk + 1) - chunk_start(chunk);
-                    // Two floats per word, rounded up.
-                    self.chunks
-                        .push(Region::zeroed((rows * table.stride).div_ceil(2)));
+                    if self.store.is_none() {
+                        // Two floats per word, rounded up.
+                        self.chunks
+                            .push(Region::zeroed((rows * table.stride).div_ceil(2)));
+                    }
                     self.meta_chunks.push(Region::zeroed(rows * META_WORDS));
                 }
                 self.rows += 1;
                 row as u32
             }
         };
-        let (weights, state) = self.row_mut(row, table.stride, table.dim);
+        let values = match self.store {
+            Some(_) => self.staged.slot(row, table.stride),
+            None => self.values_mut(row, table.stride),
+        };
+        let (weights, state) = values.split_at_mut(table.dim);
         table.init.fill(key, table.seed, weights);
         table.optimizer.init_state(weights, state);
         self.set_meta(row, RowMeta::default());
         self.index.insert(key, row);
         row
+    }
+}
+
+/// Rows (weights and state) waiting to be written to a shard's store in one batch.
+#[derive(Default)]
+struct Staged {
+    rows: Vec<u32>,
+    /// `stride` floats per entry of `rows`.
+    values: Vec<f32>,
+    /// Where each staged row is in `rows`.
+    at: HashMap<u32, usize>,
+}
+
+impl Staged {
+    /// The staged values of `row`, zero when it was not staged yet.
+    fn slot(&mut self, row: u32, stride: usize) -> &mut [f32] {
+        let index = *self.at.entry(row).or_insert_with(|| {
+            self.rows.push(row);
+            self.values.resize(self.values.len() + stride, 0.0);
+            self.rows.len() - 1
+        });
+        &mut self.values[index * stride..(index + 1) * stride]
     }
 }
 

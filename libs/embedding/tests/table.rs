@@ -117,7 +117,7 @@ proptest! {
                 Op::Reload(new_shards) => {
                     let restored = table(new_shards, &spec);
                     for shard in 0..subject.shard_count() {
-                        let bytes = subject.snapshot_shard(shard, 0).encode();
+                        let bytes = subject.snapshot_shard(shard, 0).expect("snapshot").encode();
                         let snapshot = ShardSnapshot::decode(&bytes).expect("decode");
                         restored.restore_shard(&snapshot).expect("restore");
                     }
@@ -128,7 +128,7 @@ proptest! {
             prop_assert_eq!(subject.len(), model.rows.len());
         }
         // Every row is there once, under its own key, with its own weights.
-        let delta = subject.export_delta(0);
+        let delta = subject.export_delta(0).expect("delta");
         let mut exported: Vec<u64> = delta.keys.clone();
         exported.sort_unstable();
         let mut expected: Vec<u64> = model.rows.keys().copied().collect();
@@ -188,7 +188,7 @@ fn expired_rows_are_evicted_and_their_slots_reused() {
     assert_eq!(table.evict_expired(159), 0, "not yet");
     assert_eq!(table.evict_expired(160), 990);
     assert_eq!(table.len(), 10);
-    assert_eq!(table.export_delta(0).evicted.len(), 990);
+    assert_eq!(table.export_delta(0).expect("delta").evicted.len(), 990);
     let fresh: Vec<u64> = (5_000..5_990).collect();
     table
         .push(&fresh, &vec![0.1; fresh.len() * DIM], 170)
@@ -229,12 +229,18 @@ fn deltas_hold_rows_changed_since_a_version() {
     let table = table(8, &spec(0, 1.0, None));
     let grad = vec![0.1; DIM];
     table.push(&[1], &grad, 1).expect("push");
-    let first = table.export_delta(0);
+    let first = table.export_delta(0).expect("delta");
     assert_eq!(first.keys, vec![1]);
     table.push(&[2], &grad, 2).expect("push");
-    let second = table.export_delta(first.version);
+    let second = table.export_delta(first.version).expect("delta");
     assert_eq!(second.keys, vec![2]);
-    assert!(table.export_delta(second.version).keys.is_empty());
+    assert!(
+        table
+            .export_delta(second.version)
+            .expect("delta")
+            .keys
+            .is_empty()
+    );
 }
 
 #[test]
@@ -271,7 +277,7 @@ fn concurrent_pushes_and_lookups_lose_nothing() {
             }
         }
         assert_eq!(got, expected, "key {key}");
-        let (_, _, meta) = table.row(key).expect("row");
+        let (_, _, meta) = table.row(key).expect("read").expect("row");
         assert_eq!(meta.count, 100);
     }
 }
@@ -291,8 +297,13 @@ fn adagrad_spec() -> TableSpec {
 fn reload(source: &Table, since: u64, into: &Table) -> u64 {
     let mut version = u64::MAX;
     for shard in 0..source.shard_count() {
-        let snapshot =
-            ShardSnapshot::decode(&source.snapshot_shard(shard, since).encode()).expect("decode");
+        let snapshot = ShardSnapshot::decode(
+            &source
+                .snapshot_shard(shard, since)
+                .expect("snapshot")
+                .encode(),
+        )
+        .expect("decode");
         version = version.min(snapshot.version);
         into.restore_shard(&snapshot).expect("restore");
     }
@@ -327,14 +338,14 @@ fn a_snapshot_taken_during_pushes_pairs_each_weight_with_its_own_optimizer_state
     // weights and accumulators: a weight saved with another moment's state would not.
     let mut checked = 0;
     for key in keys.iter().step_by(97) {
-        let Some((weights, state, meta)) = restored.row(*key) else {
+        let Some((weights, state, meta)) = restored.row(*key).expect("read") else {
             continue;
         };
         let replay = table(1, &adagrad_spec());
         for _ in 0..meta.count {
             replay.push(&[*key], &[1.0; DIM], 1).expect("replay");
         }
-        let (want_weights, want_state, _) = replay.row(*key).expect("replayed row");
+        let (want_weights, want_state, _) = replay.row(*key).expect("read").expect("replayed row");
         assert_eq!(
             weights, want_weights,
             "key {key} after {} pushes",
@@ -365,8 +376,8 @@ fn a_full_then_incremental_snapshot_restores_the_table() {
     let incremental = reload(&source, base, &restored);
     assert!(incremental > base);
 
-    let mut want = source.export_delta(0);
-    let mut got = restored.export_delta(0);
+    let mut want = source.export_delta(0).expect("delta");
+    let mut got = restored.export_delta(0).expect("delta");
     for delta in [&mut want, &mut got] {
         let mut rows: Vec<(u64, Vec<f32>)> = delta
             .keys
@@ -387,7 +398,7 @@ fn a_full_then_incremental_snapshot_restores_the_table() {
 fn a_damaged_snapshot_is_refused() {
     let source = table(1, &spec(0, 1.0, None));
     source.push(&[1, 2, 3], &[0.5; 3 * DIM], 1).expect("push");
-    let bytes = source.snapshot_shard(0, 0).encode();
+    let bytes = source.snapshot_shard(0, 0).expect("snapshot").encode();
     let mut flipped = bytes.clone();
     flipped[60] ^= 1;
     assert!(matches!(

@@ -122,7 +122,7 @@ impl ParameterServer for Ps {
         let (unique, positions) = dedup(&keys);
         let dim = table.dim();
         let mut rows = vec![0.0f32; unique.len() * dim];
-        table.lookup(&unique, &mut rows).map_err(invalid)?;
+        table.lookup(&unique, &mut rows).map_err(table_status)?;
         let mut out = Vec::with_capacity(keys.len() * dim * 4);
         for &p in &positions {
             encode_f32(&rows[p * dim..(p + 1) * dim], &mut out);
@@ -148,7 +148,7 @@ impl ParameterServer for Ps {
         .entered();
         let (mut found, mut values) = (Vec::new(), Vec::new());
         for key in keys {
-            if let Some((weights, state, _)) = table.row(key) {
+            if let Some((weights, state, _)) = table.row(key).map_err(table_status)? {
                 found.push(key);
                 encode_f32(&weights, &mut values);
                 encode_f32(&state, &mut values);
@@ -176,7 +176,7 @@ impl ParameterServer for Ps {
         );
         let outcome = span
             .in_scope(|| table.push(&keys, &grads, now_secs()))
-            .map_err(invalid)?;
+            .map_err(table_status)?;
         span.record("primus.applied", outcome.applied);
         span.record("primus.dropped", outcome.dropped);
         Ok(Response::new(PushResponse {
@@ -271,7 +271,7 @@ impl ParameterServer for Ps {
         let since = request.into_inner().since_version;
         let mut response = ExportDeltaResponse::default();
         for (name, table) in self.tables.iter() {
-            let delta = table.export_delta(since);
+            let delta = table.export_delta(since).map_err(table_status)?;
             // Every table shares the version sequence; the smallest watermark is safe for all.
             response.version = if response.tables.is_empty() {
                 delta.version
@@ -358,8 +358,12 @@ fn dense_status(error: DenseError) -> Status {
     }
 }
 
-fn invalid(error: EmbeddingError) -> Status {
-    Status::invalid_argument(error.to_string())
+/// A device fault is the PS's (INTERNAL); anything else is the caller's input.
+fn table_status(error: EmbeddingError) -> Status {
+    match error {
+        EmbeddingError::Device { .. } => Status::internal(error.to_string()),
+        _ => Status::invalid_argument(error.to_string()),
+    }
 }
 
 fn now_micros() -> u64 {

@@ -76,15 +76,16 @@ pub async fn snapshot(
         tables
             .iter()
             .map(|(name, table)| {
-                let shards: Vec<ShardSnapshot> = (0..table.shard_count())
+                let shards = (0..table.shard_count())
                     .map(|shard| table.snapshot_shard(shard, since))
-                    .collect();
-                (name.to_owned(), table.dim() as u32, shards)
+                    .collect::<Result<Vec<ShardSnapshot>, _>>()
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                Ok((name.to_owned(), table.dim() as u32, shards))
             })
-            .collect::<Vec<_>>()
+            .collect::<Result<Vec<_>, Status>>()
     })
     .await
-    .map_err(|e| Status::internal(format!("snapshot task: {e}")))?;
+    .map_err(|e| Status::internal(format!("snapshot task: {e}")))??;
     let version = taken
         .iter()
         .flat_map(|(_, _, shards)| shards.iter().map(|s| s.version))

@@ -125,7 +125,7 @@ async fn three_shards_answer_like_one_table() {
     known.dedup();
     assert_eq!(read, known);
     for (key, values) in stored.rows() {
-        let (weights, state, _) = reference.row(key).expect("reference row");
+        let (weights, state, _) = reference.row(key).expect("read").expect("reference row");
         assert_eq!(values, [weights, state].concat().as_slice(), "key {key}");
     }
 

@@ -174,7 +174,7 @@ impl ParameterStore for LocalStore {
             ..StoredRows::default()
         };
         for &key in keys {
-            if let Some((weights, state, _)) = table.row(key) {
+            if let Some((weights, state, _)) = table.row(key)? {
                 stored.keys.push(key);
                 stored.values.extend(weights);
                 stored.values.extend(state);

@@ -22,7 +22,7 @@ use primus_proto::v1::parameter_server_server::ParameterServerServer;
 use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
 
-pub use settings::{PsRole, PsSettings};
+pub use settings::{PsRole, PsSettings, RowDevice};
 
 pub const SERVICE: &str = "primus-ps";
 pub const ABOUT: &str = concat!(
@@ -40,6 +40,9 @@ pub fn default_settings() -> PsSettings {
 pub async fn run(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     match settings.ps.role {
         PsRole::Training => run_training(settings, shutdown).await,
+        PsRole::Serving if settings.ps.device != RowDevice::Cpu => anyhow::bail!(
+            "ps.device: cuda holds a training PS's rows; a serving replica (ps.role = \"serving\") keeps its rows in host memory"
+        ),
         PsRole::Serving => serving::run(settings, shutdown).await,
     }
 }

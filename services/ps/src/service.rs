@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use primus_embedding::{DenseError, DenseStore, DenseValues, EmbeddingError, Table, TableOptions};
+use primus_gpu::{CudaKernels, DeviceRows, RowStore};
 use primus_proto::v1::parameter_server_server::ParameterServer;
 use primus_proto::v1::{
     DenseTensor, ExportDeltaRequest, ExportDeltaResponse, InitDenseRequest, InitDenseResponse,
@@ -20,7 +21,7 @@ use tonic::{Request, Response, Status};
 use primus_config::StorageSettings;
 
 use crate::codec::{decode_f32, decode_keys, encode_f32, encode_keys};
-use crate::settings::TableSettings;
+use crate::settings::{RowDevice, TableSettings};
 use crate::snapshots;
 
 /// The tables of one PS process, sharing one change-version sequence.
@@ -35,6 +36,18 @@ impl Tables {
         // far fewer than a million changes a second) never reuses a version its previous
         // life handed out: serving replicas compare versions across restarts.
         let versions = Arc::new(AtomicU64::new(now_micros()));
+        let kernels = match settings.device {
+            RowDevice::Cpu => None,
+            RowDevice::Cuda => Some(Arc::new(CudaKernels::new(settings.cuda_device).map_err(
+                |e| anyhow::anyhow!("ps.device is cuda (device {}): {e}", settings.cuda_device),
+            )?)),
+        };
+        if let Some(kernels) = &kernels {
+            tracing::info!(
+                device = %kernels.device_name().unwrap_or_default(),
+                "embedding rows in GPU memory"
+            );
+        }
         let mut tables = HashMap::new();
         for (i, spec) in settings.tables.iter().enumerate() {
             let path = format!("ps.tables[{i}]");
@@ -48,8 +61,17 @@ impl Tables {
                 seed: settings.seed,
                 ..TableOptions::default()
             };
-            let table = Table::with_versions(spec, options, versions.clone())
-                .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+            let table = match &kernels {
+                None => Table::with_versions(spec, options, versions.clone()),
+                Some(kernels) => {
+                    let on_device = |dim, stride| {
+                        DeviceRows::new(kernels.clone(), dim, stride)
+                            .map(|rows| Box::new(rows) as Box<dyn RowStore>)
+                    };
+                    Table::with_row_stores(spec, options, versions.clone(), &on_device)
+                }
+            }
+            .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
             if tables.insert(spec.name.clone(), table).is_some() {
                 anyhow::bail!("{path}.name: table {:?} is listed twice", spec.name);
             }

@@ -209,6 +209,19 @@ pub struct RoleSpec {
     /// Memory as a Kubernetes quantity: `512Mi`, `4Gi`, `2G`, `1000000`.
     #[serde(default = "defaults::memory")]
     pub memory: String,
+    /// Where the role's embedding work runs. Only `ps` may say `cuda` in this build (its
+    /// rows then live in GPU memory).
+    #[serde(default)]
+    pub device: Device,
+}
+
+/// Host CPU, or an NVIDIA GPU through CUDA.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda,
 }
 
 /// Bytes in a Kubernetes-style memory quantity, or why it is not one.
@@ -422,6 +435,23 @@ impl Default for ServingSyncSpec {
 impl Validate for JobSpec {
     fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
         self.model.validate(&field(path, "model"), errors);
+        if self.topology.ps.device == Device::Cuda {
+            for (i, table) in self.model.tables.iter().enumerate() {
+                if matches!(
+                    table.optimizer,
+                    OptimizerSpec::Sgd { .. } | OptimizerSpec::Ftrl { .. }
+                ) {
+                    fail(
+                        errors,
+                        field(
+                            &index(&field(&field(path, "model"), "tables"), i),
+                            "optimizer",
+                        ),
+                        "topology.ps.device cuda updates rows with fused adagrad or adam kernels; use one of those",
+                    );
+                }
+            }
+        }
         check_name(errors, field(path, "dataset"), &self.dataset, false);
         self.topology.validate(&field(path, "topology"), errors);
         self.training.validate(&field(path, "training"), errors);
@@ -625,6 +655,13 @@ impl Validate for Topology {
             check_positive(errors, field(&at, "cpu"), role.cpu);
             if let Err(message) = parse_memory(&role.memory) {
                 fail(errors, field(&at, "memory"), message);
+            }
+            if role.device == Device::Cuda && name != "ps" {
+                fail(
+                    errors,
+                    field(&at, "device"),
+                    "only ps runs on a GPU in this build (its embedding rows); use cpu",
+                );
             }
         }
     }

@@ -1,5 +1,5 @@
 //! Resource files: the shipped examples, and every way a user gets one wrong.
-use primus_spec::job::OptimizerSpec;
+use primus_spec::job::{Device, OptimizerSpec};
 use primus_spec::{Kind, MAX_DOCUMENT_BYTES, Resource, SpecError, parse_documents};
 
 const JOB: &str = r#"
@@ -113,6 +113,51 @@ fn a_hot_set_parses_with_defaults_and_its_bad_fields_are_named() {
         "  mode: batch\n  training: {hot_set: {enable: true}}\n",
     );
     assert!(error_text(&text).contains("enable"));
+}
+
+#[test]
+fn only_ps_may_run_on_cuda_and_its_tables_need_a_kernel_optimizer() {
+    let resources = parse_documents("job.yaml", JOB).expect("valid");
+    let [Resource::Job(job)] = &resources[..] else {
+        panic!("one job expected")
+    };
+    assert_eq!(job.spec.topology.ps.device, Device::Cpu);
+    let on_gpu = JOB.replace("ps: {replicas: 1}", "ps: {replicas: 1, device: cuda}");
+    let err = error_text(&on_gpu);
+    // Table a uses sgd; b (adagrad) and c (adam) have fused kernels.
+    assert!(
+        err.contains("spec.model.tables[0].optimizer: topology.ps.device cuda"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("tables[1]") && !err.contains("tables[2]"),
+        "{err}"
+    );
+    let fixed = on_gpu.replace(
+        "optimizer: {kind: sgd, learning_rate: 0.1}",
+        "optimizer: {kind: adam, learning_rate: 0.1}",
+    );
+    let resources = parse_documents("job.yaml", &fixed).expect("valid on a GPU");
+    let [Resource::Job(job)] = &resources[..] else {
+        panic!("one job expected")
+    };
+    assert_eq!(job.spec.topology.ps.device, Device::Cuda);
+    let trainer_on_gpu = fixed.replace(
+        "trainers: {replicas: 1}",
+        "trainers: {replicas: 1, device: cuda}",
+    );
+    assert!(
+        error_text(&trainer_on_gpu)
+            .contains("spec.topology.trainers.device: only ps runs on a GPU"),
+        "{}",
+        error_text(&trainer_on_gpu)
+    );
+    let unknown = JOB.replace("ps: {replicas: 1}", "ps: {replicas: 1, device: tpu}");
+    assert!(
+        error_text(&unknown).contains("tpu"),
+        "{}",
+        error_text(&unknown)
+    );
 }
 
 #[test]

@@ -17,7 +17,7 @@ use primus_proto::v1::{Endpoint, EventType, MetricsReport, Resource, Role, Snaps
 use primus_service::Shutdown;
 use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
-use primus_spec::job::JobSpec;
+use primus_spec::job::{Device, JobSpec};
 use primus_spec::status::{Condition, Phase, Status};
 use redis::aio::ConnectionManager;
 use tokio::sync::watch;
@@ -857,11 +857,16 @@ fn executor_settings(
             entries.push(("storage", to_toml("storage", &settings.storage)));
             let tables = to_toml("ps.tables", &layout.ps_tables());
             let dense_optimizer = to_toml("ps.dense_optimizer", &spec.model.dense.optimizer);
+            let device = spec.topology.ps.device;
+            // Each shard of a table on a GPU is a kernel launch per call: fewer, bigger ones.
+            let shards = (device == Device::Cuda).then_some(toml::Value::Integer(4));
             entries.push((
                 "ps",
                 section(vec![
                     ("tables", tables),
                     ("dense_optimizer", dense_optimizer),
+                    ("device", to_toml("ps.device", &device)),
+                    ("shards_per_table", shards),
                 ]),
             ));
         }
@@ -1105,5 +1110,63 @@ async fn write_metrics(api: &ApiClient, job: &str, fold: &MetricsFold) {
     }));
     if let Err(e) = api.apply(&resource, 0).await {
         tracing::warn!(%job, error = %e, "writing the Metric resource");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ExecutorRole;
+    use primus_spec::{Resource, parse_documents};
+
+    const EXAMPLE: &str = include_str!("../../../examples/criteo-like.yaml");
+
+    fn ps_section(example: &str) -> toml::Table {
+        let resources = parse_documents("criteo-like.yaml", example).expect("example parses");
+        let (mut job, mut dataset) = (None, None);
+        for resource in resources {
+            match resource {
+                Resource::Job(j) => job = Some(j.spec),
+                Resource::Dataset(d) => dataset = Some(d.spec),
+                _ => {}
+            }
+        }
+        let (spec, dataset) = (job.expect("a job"), dataset.expect("a dataset"));
+        let layout = ModelLayout::new(&spec.model, &dataset.schema).expect("layout");
+        let parts = JobParts {
+            name: "criteo-like",
+            spec: &spec,
+            dataset: &dataset,
+            layout: &layout,
+        };
+        let executor = ExecutorSpec {
+            job: "criteo-like".into(),
+            role: ExecutorRole::Ps,
+            index: 0,
+            settings: toml::Table::new(),
+            cpu: 1.0,
+            memory_bytes: 1 << 30,
+        };
+        let settings = executor_settings(&MasterSettings::default(), &executor, &parts);
+        match settings.get("ps") {
+            Some(toml::Value::Table(ps)) => ps.clone(),
+            other => panic!("no ps section: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_ps_is_told_its_device_and_gets_few_shards_on_a_gpu() {
+        let on_cpu = ps_section(EXAMPLE);
+        assert_eq!(on_cpu.get("device").and_then(|v| v.as_str()), Some("cpu"));
+        assert!(on_cpu.get("shards_per_table").is_none());
+        let on_gpu = ps_section(&EXAMPLE.replace(
+            "ps: {replicas: 2, cpu: 0.5, memory: 2Gi}",
+            "ps: {replicas: 2, cpu: 0.5, memory: 2Gi, device: cuda}",
+        ));
+        assert_eq!(on_gpu.get("device").and_then(|v| v.as_str()), Some("cuda"));
+        assert_eq!(
+            on_gpu.get("shards_per_table").and_then(|v| v.as_integer()),
+            Some(4)
+        );
     }
 }

@@ -14,6 +14,7 @@ pub mod serving;
 pub mod settings;
 mod snapshots;
 
+use primus_spec::job::Device;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ use primus_proto::v1::parameter_server_server::ParameterServerServer;
 use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
 
-pub use settings::{PsRole, PsSettings, RowDevice};
+pub use settings::{PsRole, PsSettings};
 
 pub const SERVICE: &str = "primus-ps";
 pub const ABOUT: &str = concat!(
@@ -40,7 +41,7 @@ pub fn default_settings() -> PsSettings {
 pub async fn run(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     match settings.ps.role {
         PsRole::Training => run_training(settings, shutdown).await,
-        PsRole::Serving if settings.ps.device != RowDevice::Cpu => anyhow::bail!(
+        PsRole::Serving if settings.ps.device != Device::Cpu => anyhow::bail!(
             "ps.device: cuda holds a training PS's rows; a serving replica (ps.role = \"serving\") keeps its rows in host memory"
         ),
         PsRole::Serving => serving::run(settings, shutdown).await,

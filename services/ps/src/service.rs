@@ -21,8 +21,9 @@ use tonic::{Request, Response, Status};
 use primus_config::StorageSettings;
 
 use crate::codec::{decode_f32, decode_keys, encode_f32, encode_keys};
-use crate::settings::{RowDevice, TableSettings};
+use crate::settings::TableSettings;
 use crate::snapshots;
+use primus_spec::job::Device;
 
 /// The tables of one PS process, sharing one change-version sequence.
 pub struct Tables {
@@ -37,8 +38,8 @@ impl Tables {
         // life handed out: serving replicas compare versions across restarts.
         let versions = Arc::new(AtomicU64::new(now_micros()));
         let kernels = match settings.device {
-            RowDevice::Cpu => None,
-            RowDevice::Cuda => Some(Arc::new(CudaKernels::new(settings.cuda_device).map_err(
+            Device::Cpu => None,
+            Device::Cuda => Some(Arc::new(CudaKernels::new(settings.cuda_device).map_err(
                 |e| anyhow::anyhow!("ps.device is cuda (device {}): {e}", settings.cuda_device),
             )?)),
         };

@@ -7,7 +7,7 @@ use primus_service::ServiceSettings;
 use std::path::PathBuf;
 
 use primus_spec::dataset::FeatureSchema;
-use primus_spec::job::{ModelSpec, OptimizerSpec, TableSpec};
+use primus_spec::job::{Device, ModelSpec, OptimizerSpec, TableSpec};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -69,21 +69,6 @@ impl Default for ServingSettings {
     }
 }
 
-/// Where a training PS keeps its embedding rows.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RowDevice {
-    /// Host memory (each shard's chunked arena).
-    #[default]
-    Cpu,
-    /// GPU memory (device `ps.cuda_device`): lookups, new rows and optimizer updates run as
-    /// kernels, batched per shard; the cuckoo index, row metadata, admission and eviction
-    /// stay on the host. Each shard is one kernel launch per call, so a few shards per
-    /// table (`shards_per_table`, e.g. 4) suit it better than the CPU's 64. Tables'
-    /// optimizers must be adagrad or adam.
-    Cuda,
-}
-
 /// The embedding tables of this PS (the master writes them from the Job's model).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
@@ -94,8 +79,12 @@ pub struct TableSettings {
     pub tables: Vec<TableSpec>,
     /// Independently locked shards per table (a power of two).
     pub shards_per_table: usize,
-    /// Where rows live (training role).
-    pub device: RowDevice,
+    /// Where rows live (training role). `cuda`: in GPU memory (device `cuda_device`);
+    /// lookups, new rows and optimizer updates run as kernels, batched per shard, while the
+    /// cuckoo index, row metadata, admission and eviction stay on the host. Each shard is
+    /// one kernel launch per call, so a few shards per table (e.g. 4) suit it better than
+    /// the CPU's 64. Tables' optimizers must be adagrad or adam.
+    pub device: Device,
     /// The GPU's ordinal with `device: cuda`.
     pub cuda_device: usize,
     /// Seeds initializers and admission draws; every PS of a job must use the same seed so
@@ -121,7 +110,7 @@ impl Default for TableSettings {
             role: PsRole::Training,
             tables: Vec::new(),
             shards_per_table: 64,
-            device: RowDevice::Cpu,
+            device: Device::Cpu,
             cuda_device: 0,
             seed: 0,
             dense_optimizer: OptimizerSpec::Adam {

@@ -9,10 +9,10 @@ use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{
     ExportDeltaRequest, LookupRequest, PushRequest, RestoreRequest, SnapshotRequest, StatsRequest,
 };
+use primus_ps::PsSettings;
 use primus_ps::client::PsClient;
-use primus_ps::{PsSettings, RowDevice};
 use primus_service::Shutdown;
-use primus_spec::job::{AdmissionSpec, Initializer, OptimizerSpec, TableSpec};
+use primus_spec::job::{AdmissionSpec, Device, Initializer, OptimizerSpec, TableSpec};
 use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, S3Bucket, SeaweedS3, free_port};
 use tonic::Code;
@@ -271,7 +271,7 @@ async fn a_cuda_ps_answers_like_a_cpu_ps_or_refuses_to_start_without_a_gpu() {
     settings.ps.tables = vec![table_spec("items")];
     settings.ps.seed = SEED;
     settings.ps.shards_per_table = 4;
-    settings.ps.device = RowDevice::Cuda;
+    settings.ps.device = Device::Cuda;
     if !matches!(cuda_status(), CudaStatus::Ready { .. }) {
         let err = primus_ps::run(settings, Shutdown::new())
             .await
@@ -325,7 +325,7 @@ async fn a_cuda_ps_answers_like_a_cpu_ps_or_refuses_to_start_without_a_gpu() {
 async fn a_serving_replica_refuses_device_cuda() {
     let mut settings = PsSettings::default();
     settings.ps.role = primus_ps::PsRole::Serving;
-    settings.ps.device = RowDevice::Cuda;
+    settings.ps.device = Device::Cuda;
     let err = primus_ps::run(settings, Shutdown::new())
         .await
         .expect_err("refused");

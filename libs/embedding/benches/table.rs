@@ -5,14 +5,21 @@
 //! bucket and a row, so it can reach at most half of that figure at dim 16); and a
 //! `HashMap<u64, Vec<f32>>`. Keys are uniform or Zipf(1.05) over the table.
 //!
+//! With a CUDA device, the same table with its rows in GPU memory (the PS's `device: cuda`,
+//! 4 shards) runs the same lookups and pushes beside the host table; without one, that part
+//! prints SKIPPED.
+//!
 //! `PRIMUS_BENCH_KEYS=1000000,10000000 PRIMUS_BENCH_DIMS=16,64 cargo bench -p primus-embedding`
 //! (defaults: 1M keys, dims 16 and 64). Figures are elements (keys) per second.
 
 use std::collections::HashMap;
 use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use primus_embedding::{Region, Table, TableOptions};
+use primus_gpu::{CudaKernels, CudaStatus, DeviceRows, RowStore, cuda_status};
 use primus_prefetch::prefetch;
 use primus_spec::job::{OptimizerSpec, TableSpec};
 
@@ -106,14 +113,44 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-fn run(c: &mut Criterion, n: usize, dim: usize) {
-    let keys: Vec<u64> = (0..n).map(key_of).collect();
-    let table = Table::new(&spec(dim), TableOptions::default()).expect("table");
+/// The table with its rows on GPU 0 (as a `device: cuda` PS builds it), or why not.
+fn gpu_table(dim: usize) -> Result<Table, String> {
+    if !matches!(cuda_status(), CudaStatus::Ready { .. }) {
+        return Err(format!("no CUDA device ({:?})", cuda_status()));
+    }
+    let kernels = Arc::new(CudaKernels::new(0).map_err(|e| e.to_string())?);
+    let on_device = |dim, stride| {
+        DeviceRows::new(kernels.clone(), dim, stride)
+            .map(|rows| Box::new(rows) as Box<dyn RowStore>)
+    };
+    let options = TableOptions {
+        shards: 4,
+        ..TableOptions::default()
+    };
+    Table::with_row_stores(&spec(dim), options, Arc::new(AtomicU64::new(0)), &on_device)
+        .map_err(|e| e.to_string())
+}
+
+fn filled(table: Table, keys: &[u64], dim: usize) -> Table {
     let zero = vec![0.0f32; BATCH * dim];
     for chunk in keys.chunks(BATCH) {
         table
             .push(chunk, &zero[..chunk.len() * dim], 1)
             .expect("fill");
+    }
+    table
+}
+
+fn run(c: &mut Criterion, n: usize, dim: usize) {
+    let keys: Vec<u64> = (0..n).map(key_of).collect();
+    let table = filled(
+        Table::new(&spec(dim), TableOptions::default()).expect("table"),
+        &keys,
+        dim,
+    );
+    let on_gpu = gpu_table(dim).map(|t| filled(t, &keys, dim));
+    if let Err(why) = &on_gpu {
+        println!("SKIPPED table_on_gpu (lookup and push with rows in GPU memory): {why}");
     }
     let arena: Vec<f32> = (0..n * dim).map(|i| i as f32).collect();
     let mut huge_arena = Region::zeroed((n * dim).div_ceil(2));
@@ -190,6 +227,23 @@ fn run(c: &mut Criterion, n: usize, dim: usize) {
                 table.push(batch, &grads, 2).expect("push");
             })
         });
+        if let Ok(on_gpu) = &on_gpu {
+            group.bench_function("table_on_gpu_lookup", |b| {
+                b.iter(|| {
+                    let batch = &key_batches[i % BATCHES];
+                    i += 1;
+                    on_gpu.lookup(batch, &mut out).expect("gpu lookup");
+                    black_box(&out);
+                })
+            });
+            group.bench_function("table_on_gpu_push_adagrad", |b| {
+                b.iter(|| {
+                    let batch = &key_batches[i % BATCHES];
+                    i += 1;
+                    on_gpu.push(batch, &grads, 2).expect("gpu push");
+                })
+            });
+        }
         group.finish();
     }
 

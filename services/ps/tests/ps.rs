@@ -49,19 +49,28 @@ async fn start_shard_with(
     tables: Vec<TableSpec>,
     storage: StorageSettings,
 ) -> Shard {
-    let mut settings = PsSettings {
-        storage,
-        ..PsSettings::default()
-    };
+    let mut settings = shard_settings(nats, tables);
+    settings.storage = storage;
+    start(settings).await
+}
+
+/// A training PS on a free loopback port, with the tests' seed and 8 shards per table.
+fn shard_settings(nats: &NatsServer, tables: Vec<TableSpec>) -> PsSettings {
+    let mut settings = PsSettings::default();
     settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
     settings.nats.url = nats.url();
     settings.ps.tables = tables;
     settings.ps.seed = SEED;
     settings.ps.shards_per_table = 8;
+    settings
+}
+
+async fn start(settings: PsSettings) -> Shard {
     let addr = settings.server.grpc_addr.to_string();
     let shutdown = Shutdown::new();
     tokio::spawn(primus_ps::run(settings, shutdown.clone()));
-    wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(20))
+    // A PS on a GPU compiles its kernels (NVRTC) before it serves.
+    wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(60))
         .await
         .expect("ps serving");
     Shard { addr, shutdown }
@@ -265,11 +274,7 @@ async fn a_bad_table_setting_fails_start_naming_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cuda_ps_answers_like_a_cpu_ps_or_refuses_to_start_without_a_gpu() {
     let nats = NatsServer::start().expect("nats-server");
-    let mut settings = PsSettings::default();
-    settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
-    settings.nats.url = nats.url();
-    settings.ps.tables = vec![table_spec("items")];
-    settings.ps.seed = SEED;
+    let mut settings = shard_settings(&nats, vec![table_spec("items")]);
     settings.ps.shards_per_table = 4;
     settings.ps.device = Device::Cuda;
     if !matches!(cuda_status(), CudaStatus::Ready { .. }) {
@@ -284,14 +289,11 @@ async fn a_cuda_ps_answers_like_a_cpu_ps_or_refuses_to_start_without_a_gpu() {
         println!("no CUDA device: checked the refusal; the GPU PS's answers were not compared");
         return;
     }
-    let addr = settings.server.grpc_addr.to_string();
-    let shutdown = Shutdown::new();
-    tokio::spawn(primus_ps::run(settings, shutdown.clone()));
-    wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(60))
-        .await
-        .expect("cuda ps serving");
+    let gpu_shard = start(settings).await;
     let cpu_shard = start_shard(&nats, vec![table_spec("items")]).await;
-    let on_gpu = PsClient::connect(&[addr]).await.expect("connect gpu ps");
+    let on_gpu = PsClient::connect(std::slice::from_ref(&gpu_shard.addr))
+        .await
+        .expect("connect gpu ps");
     let on_cpu = PsClient::connect(std::slice::from_ref(&cpu_shard.addr))
         .await
         .expect("connect cpu ps");
@@ -317,7 +319,7 @@ async fn a_cuda_ps_answers_like_a_cpu_ps_or_refuses_to_start_without_a_gpu() {
         gpu.values.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
         cpu.values.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
     );
-    shutdown.trigger();
+    gpu_shard.shutdown.trigger();
     cpu_shard.shutdown.trigger();
 }
 

@@ -5,6 +5,9 @@
 //! bucket and a row, so it can reach at most half of that figure at dim 16); and a
 //! `HashMap<u64, Vec<f32>>`. Keys are uniform or Zipf(1.05) over the table.
 //!
+//! Deltas: a push of a batch, then the export of the rows it changed (serving sync's work
+//! per notice), next to the push alone.
+//!
 //! With a CUDA device, the same table with its rows in GPU memory (the PS's `device: cuda`,
 //! 4 shards) runs the same lookups and pushes beside the host table; without one, that part
 //! prints SKIPPED.
@@ -246,6 +249,37 @@ fn run(c: &mut Criterion, n: usize, dim: usize) {
         }
         group.finish();
     }
+
+    // Serving sync's cost per delta: a batch of updates, then the rows changed since just
+    // before it (what a replica that was current asks for). "push" alone is the baseline;
+    // the difference is the export, which reads the shards' change logs, not every row.
+    let mut group = c.benchmark_group(format!("delta/{n}/dim{dim}"));
+    group.throughput(Throughput::Elements(BATCH as u64));
+    let batches: Vec<Vec<u64>> = (0..BATCHES)
+        .map(|_| {
+            positions(n, None, BATCH, &mut rng)
+                .iter()
+                .map(|p| keys[*p])
+                .collect()
+        })
+        .collect();
+    let grads = vec![0.001f32; BATCH * dim];
+    let mut i = 0;
+    group.bench_function("push", |b| {
+        b.iter(|| {
+            table.push(&batches[i % BATCHES], &grads, 4).expect("push");
+            i += 1;
+        })
+    });
+    group.bench_function("push_then_export_its_changes", |b| {
+        b.iter(|| {
+            let since = table.version();
+            table.push(&batches[i % BATCHES], &grads, 4).expect("push");
+            i += 1;
+            black_box(table.export_delta(since).expect("delta"))
+        })
+    });
+    group.finish();
 
     let mut group = c.benchmark_group(format!("insert/{n}/dim{dim}"));
     group.throughput(Throughput::Elements(BATCH as u64));

@@ -12,8 +12,8 @@
 //! New rows' initial values are staged and written in one batch before a write-locked call
 //! returns, so a reader never finds a staged row.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use primus_gpu::{GpuError, RowOptimizer, RowStore};
@@ -40,6 +40,9 @@ const META_WORDS: usize = 2;
 const SHARD_SALT: u64 = 0x5348_4152_4453_414c;
 /// Evictions remembered for deltas (per shard); older ones are dropped.
 const EVICTION_LOG: usize = 1 << 20;
+/// A shard's change log starts over once it holds this many entries and a quarter of the
+/// shard's rows (see `ChangeLog`).
+const CHANGE_LOG_MIN: usize = 4096;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum EmbeddingError {
@@ -128,9 +131,9 @@ impl RowMeta {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TableStats {
     pub rows: u64,
-    /// Memory held: arena rows handed out, row metadata, index, admission sketches. Arena
-    /// space reserved ahead of the rows is not counted: it is committed only as rows are
-    /// written (a 2 MiB huge page at a time in large chunks).
+    /// Memory held: arena rows handed out, row metadata, index, admission sketches, change
+    /// log entries. Arena space reserved ahead of the rows is not counted: it is committed
+    /// only as rows are written (a 2 MiB huge page at a time in large chunks).
     pub bytes: u64,
     /// Keys given a row.
     pub admitted: u64,
@@ -194,6 +197,105 @@ struct Shard {
     rejected: u64,
     evicted: u64,
     eviction_log: Vec<(u64, u64)>,
+    changes: ChangeLog,
+}
+
+/// The rows of a shard changed lately, so that a delta or an incremental snapshot reads
+/// those rows instead of the whole shard: what keeps serving sync's cost proportional to the
+/// updates, not to the table.
+///
+/// The log is a list of segments. Segment i holds (key, row) of each row whose first change
+/// after `base` of segment i happened while it was the newest segment (a row is logged
+/// once per segment). A row's newest change is thus logged in the segment that was newest
+/// then, so every row whose version is above `base` of segment i is in segment i or a
+/// later one. A reader asks for a new segment (`seal`); the next write starts it, so a
+/// reader that comes back with the watermark it got reads about one segment. The oldest
+/// segments are dropped once the log holds `CHANGE_LOG_MIN` entries and a quarter of the
+/// shard's rows; a `since` below the oldest base scans the shard instead.
+#[derive(Default)]
+struct ChangeLog {
+    /// Oldest first; never empty once a write has started one.
+    segments: VecDeque<Segment>,
+    entries: usize,
+    /// The highest version any row of the shard was given (a restore may give one above
+    /// the table's counter until it ends).
+    highest: u64,
+    /// A reader read the newest segment: the next write starts a new one.
+    seal: AtomicBool,
+}
+
+struct Segment {
+    /// Every change in this segment has a version above this one.
+    base: u64,
+    /// The highest version given while this was the newest segment (`u64::MAX` while it
+    /// is): the shard's versions interleave with other shards', so a reader's `since` often
+    /// lies between two segments' bases, and this tells whether the older one matters.
+    top: u64,
+    /// (key, row) when logged; a key's row may have been evicted (or reused) since.
+    entries: Vec<(u64, u32)>,
+}
+
+impl ChangeLog {
+    /// At the start of a write: starts a segment if a reader asked for one (or there is
+    /// none), then drops the oldest past the size limit. `version_before` is below every
+    /// version the write will give.
+    fn start(&mut self, version_before: u64, rows: usize) {
+        let sealed = self.seal.swap(false, Ordering::AcqRel);
+        let newest_used = self.segments.back().is_some_and(|s| !s.entries.is_empty());
+        if self.segments.is_empty() || (sealed && newest_used) {
+            if let Some(newest) = self.segments.back_mut() {
+                newest.top = self.highest;
+            }
+            self.segments.push_back(self.next_segment(version_before));
+        }
+        let limit = CHANGE_LOG_MIN.max(rows / 4);
+        while self.entries > limit {
+            match self.segments.pop_front() {
+                Some(dropped) if !self.segments.is_empty() => {
+                    self.entries -= dropped.entries.len();
+                }
+                // The newest alone is too big: start over from here.
+                _ => {
+                    self.segments.clear();
+                    self.entries = 0;
+                    self.segments.push_back(self.next_segment(version_before));
+                }
+            }
+        }
+    }
+
+    fn next_segment(&self, version_before: u64) -> Segment {
+        Segment {
+            // Every row's version is at most `highest`: all later changes are above it.
+            base: version_before.max(self.highest),
+            top: u64::MAX,
+            entries: Vec::new(),
+        }
+    }
+
+    /// `row` (of `key`) went from version `old` to `new`, in the newest segment.
+    fn note(&mut self, key: u64, row: u32, old: u64, new: u64) {
+        if let Some(newest) = self.segments.back_mut()
+            && old <= newest.base
+        {
+            newest.entries.push((key, row));
+            self.entries += 1;
+        }
+        self.highest = self.highest.max(new);
+    }
+
+    /// The entries that hold every row changed after `since`, or None when the log does
+    /// not reach back that far.
+    fn since(&self, since: u64) -> Option<impl Iterator<Item = &(u64, u32)>> {
+        let first = self.segments.front()?;
+        if since < first.base {
+            return None;
+        }
+        self.seal.store(true, Ordering::Release);
+        // Segments that may hold a version above `since` (tops never decrease).
+        let from = self.segments.partition_point(|s| s.top <= since);
+        Some(self.segments.range(from..).flat_map(|s| &s.entries))
+    }
 }
 
 /// What one push did.
@@ -285,6 +387,7 @@ impl Table {
                 rejected: 0,
                 evicted: 0,
                 eviction_log: Vec::new(),
+                changes: ChangeLog::default(),
             }));
         }
         Ok(Self {
@@ -473,6 +576,7 @@ impl Table {
             // Taken under the shard's lock: an export that reads this version afterwards
             // is guaranteed to see the rows (see `export_delta`).
             let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
+            guard.start_changes(version - 1);
             guard.index.get_many(&grouped_keys[span.clone()], &mut rows);
             if guard.store.is_some() {
                 let stored = self.push_stored(
@@ -511,7 +615,7 @@ impl Table {
                     };
                     let (weights, state) = guard.row_mut(row, self.stride, dim);
                     self.optimizer.apply(weights, state, grad);
-                    guard.record_update(row, now_secs, version);
+                    guard.record_update(key, row, now_secs, version);
                     outcome.applied += 1;
                 }
             }
@@ -535,6 +639,7 @@ impl Table {
         let mut outcome = PushOutcome::default();
         let mut updates: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
         let mut seen: HashMap<u32, usize> = HashMap::new();
+        let mut applied = Vec::with_capacity(positions.len());
         for (&position, known) in positions.iter().zip(rows) {
             let position = position as usize;
             let key = keys[position];
@@ -556,6 +661,7 @@ impl Table {
             }
             let (ids, batch) = &mut updates[*times];
             ids.push(row);
+            applied.push((key, row));
             batch.extend_from_slice(&grads[position * dim..(position + 1) * dim]);
             *times += 1;
         }
@@ -567,8 +673,8 @@ impl Table {
                     .map_err(|e| self.device_error(e))?;
             }
         }
-        for row in updates.iter().flat_map(|(ids, _)| ids) {
-            shard.record_update(*row, now_secs, version);
+        for (key, row) in applied {
+            shard.record_update(key, row, now_secs, version);
             outcome.applied += 1;
         }
         Ok(outcome)
@@ -627,13 +733,10 @@ impl Table {
         for shard in 0..self.shards.len() {
             let guard = self.read(shard);
             rows.clear();
-            for (key, row) in guard.index.iter() {
-                let version = guard.meta(row).version;
-                if version > since {
-                    delta.keys.push(key);
-                    delta.versions.push(version);
-                    rows.push(row);
-                }
+            for (key, row) in guard.changed_since(since) {
+                delta.keys.push(key);
+                delta.versions.push(guard.meta(row).version);
+                rows.push(row);
             }
             guard
                 .copy_values(&rows, self.stride, self.dim, &mut delta.weights)
@@ -671,6 +774,7 @@ impl Table {
             guard.rows = 0;
             guard.free.clear();
             guard.eviction_log.clear();
+            guard.changes = ChangeLog::default();
         }
     }
 
@@ -701,13 +805,10 @@ impl Table {
             evicted: Vec::new(),
         };
         let mut rows = Vec::new();
-        for (key, row) in guard.index.iter() {
-            let meta = guard.meta(row);
-            if meta.version > since {
-                snapshot.keys.push(key);
-                snapshot.meta.push(meta);
-                rows.push(row);
-            }
+        for (key, row) in guard.changed_since(since) {
+            snapshot.keys.push(key);
+            snapshot.meta.push(guard.meta(row));
+            rows.push(row);
         }
         guard
             .copy_values(&rows, self.stride, self.stride, &mut snapshot.values)
@@ -748,6 +849,7 @@ impl Table {
                 continue;
             }
             let mut guard = self.write(shard);
+            guard.start_changes(self.version());
             for &position in positions {
                 let position = position as usize;
                 let key = snapshot.keys[position];
@@ -757,7 +859,9 @@ impl Table {
                 };
                 let values = &snapshot.values[position * self.stride..(position + 1) * self.stride];
                 guard.write_values(row, values, self.stride);
+                let (old, new) = (guard.meta(row).version, snapshot.meta[position].version);
                 guard.set_meta(row, snapshot.meta[position]);
+                guard.changes.note(key, row, old, new);
             }
             guard.flush_staged().map_err(|e| SnapshotError::Device {
                 table: self.name.clone(),
@@ -797,7 +901,9 @@ impl Table {
             stats.bytes += (row_bytes
                 + guard.rows * META_WORDS * 8
                 + guard.index.memory_bytes()
-                + guard.admission.memory_bytes()) as u64;
+                + guard.admission.memory_bytes()
+                + guard.changes.entries * std::mem::size_of::<(u64, u32)>())
+                as u64;
         }
         stats
     }
@@ -920,12 +1026,40 @@ impl Shard {
         RowMeta::from_words(words)
     }
 
+    /// See [`ChangeLog::start`].
+    fn start_changes(&mut self, version_before: u64) {
+        let rows = self.index.len();
+        self.changes.start(version_before, rows);
+    }
+
+    /// Rows (with their keys) whose version is above `since`, from the change log when it
+    /// covers `since`, else from a scan of the index.
+    fn changed_since(&self, since: u64) -> Vec<(u64, u32)> {
+        let Some(logged) = self.changes.since(since) else {
+            return self
+                .index
+                .iter()
+                .filter(|(_, row)| self.meta(*row).version > since)
+                .collect();
+        };
+        let mut seen = HashSet::new();
+        logged
+            .copied()
+            .filter(|&(key, row)| {
+                self.index.get(key) == Some(row)
+                    && self.meta(row).version > since
+                    && seen.insert(row)
+            })
+            .collect()
+    }
+
     /// Stamps a row's metadata with an update: time, one more count, version.
-    fn record_update(&mut self, row: u32, now_secs: u32, version: u64) {
+    fn record_update(&mut self, key: u64, row: u32, now_secs: u32, version: u64) {
         let (chunk, place) = chunk_of(row);
         let words =
             &mut self.meta_chunks[chunk].words_mut()[place * META_WORDS..(place + 1) * META_WORDS];
         let mut meta = RowMeta::from_words(words);
+        self.changes.note(key, row, meta.version, version);
         meta.updated_at = now_secs;
         meta.count = meta.count.saturating_add(1);
         meta.version = version;

@@ -420,3 +420,99 @@ fn a_damaged_snapshot_is_refused() {
         Err(SnapshotError::Shape { .. })
     ));
 }
+
+/// Every row whose version is above `since`, found by reading every key of `universe`:
+/// what a delta must hold, whichever way the table finds its changed rows.
+fn changed_rows_by_scan(table: &Table, universe: u64, since: u64) -> Vec<(u64, u64, Vec<f32>)> {
+    (0..universe)
+        .filter_map(|key| {
+            let (weights, _, meta) = table.row(key).expect("read")?;
+            (meta.version > since).then_some((key, meta.version, weights))
+        })
+        .collect()
+}
+
+fn delta_rows(table: &Table, since: u64) -> Vec<(u64, u64, Vec<f32>)> {
+    let delta = table.export_delta(since).expect("delta");
+    let mut rows: Vec<(u64, u64, Vec<f32>)> = delta
+        .keys
+        .iter()
+        .zip(&delta.versions)
+        .zip(delta.weights.chunks_exact(DIM))
+        .map(|((key, version), weights)| (*key, *version, weights.to_vec()))
+        .collect();
+    rows.sort_unstable_by_key(|(key, _, _)| *key);
+    rows
+}
+
+#[test]
+fn deltas_and_incremental_snapshots_from_the_change_log_match_a_scan_of_every_row() {
+    // One shard with more rows than the log's minimum, so the log starts over many times;
+    // evictions recycle rows (a key may come back to the row it left).
+    const UNIVERSE: u64 = 20_000;
+    let table = table(1, &spec(0, 1.0, Some(TTL)));
+    let mut draws = 99u64;
+    let mut next = move |n: u64| {
+        draws = draws
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (draws >> 33) % n
+    };
+    let mut watermarks = vec![0u64];
+    let mut now = 0u32;
+    for step in 0..60 {
+        let hot = step % 3 == 0;
+        let keys: Vec<u64> = (0..3000)
+            .map(|_| if hot { next(300) } else { next(UNIVERSE) })
+            .collect();
+        let grads = vec![0.01f32; keys.len() * DIM];
+        table.push(&keys, &grads, now).expect("push");
+        if step % 7 == 6 {
+            now += TTL as u32 / 2 + 1;
+            table.evict_expired(now);
+        }
+        if step % 11 == 10 {
+            // A restore of the table's own snapshot rewrites rows with their own metadata.
+            let bytes = table.snapshot_shard(0, 0).expect("snapshot").encode();
+            let snapshot = ShardSnapshot::decode(&bytes).expect("decode");
+            table.restore_shard(&snapshot).expect("restore");
+        }
+        watermarks.push(table.export_delta(u64::MAX).expect("watermark").version);
+        let count = watermarks.len();
+        for since in [
+            0,
+            watermarks[count / 2],
+            watermarks[count - 2],
+            watermarks[count - 1],
+        ] {
+            let want = changed_rows_by_scan(&table, UNIVERSE, since);
+            assert_eq!(
+                delta_rows(&table, since),
+                want,
+                "step {step}, since {since}"
+            );
+            let mut snapshot_keys = table.snapshot_shard(0, since).expect("snapshot").keys;
+            snapshot_keys.sort_unstable();
+            let want_keys: Vec<u64> = want.iter().map(|(key, _, _)| *key).collect();
+            assert_eq!(
+                snapshot_keys, want_keys,
+                "step {step}, since {since}: snapshot"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_delta_names_a_recycled_row_by_its_new_key_only() {
+    let table = table(1, &spec(0, 1.0, Some(TTL)));
+    let grads = vec![0.5f32; DIM];
+    table.push(&[7], &grads, 0).expect("push 7");
+    let before = table.export_delta(0).expect("delta").version;
+    assert_eq!(table.evict_expired(TTL as u32), 1);
+    // Key 8 gets the row key 7 left.
+    table.push(&[8], &grads, TTL as u32).expect("push 8");
+    let delta = table.export_delta(before).expect("delta");
+    assert_eq!(delta.keys, [8]);
+    assert_eq!(delta.evicted, [7]);
+    assert_eq!(delta_rows(&table, 0), changed_rows_by_scan(&table, 10, 0));
+}

@@ -142,6 +142,9 @@ pub struct TableStats {
     pub evicted: u64,
     /// Lookups of keys without a row (answered with the initial value).
     pub missing_reads: u64,
+    /// Shards a delta or an incremental snapshot scanned whole because their change logs
+    /// did not reach back to its `since`.
+    pub change_scans: u64,
 }
 
 /// Rows changed after a version, and keys evicted after it.
@@ -173,6 +176,7 @@ pub struct Table {
     /// Change versions; may be shared by the tables of one PS so one `since` covers all.
     version: Arc<AtomicU64>,
     missing_reads: AtomicU64,
+    change_scans: AtomicU64,
     /// Set when rows live in row stores: the kernel form of `optimizer`.
     kernel: Option<RowOptimizer>,
 }
@@ -287,11 +291,13 @@ impl ChangeLog {
     /// The entries that hold every row changed after `since`, or None when the log does
     /// not reach back that far.
     fn since(&self, since: u64) -> Option<impl Iterator<Item = &(u64, u32)>> {
+        // Also when the log does not reach back to `since`: otherwise a log that started over
+        // would never be sealed again, and readers would scan for good.
+        self.seal.store(true, Ordering::Release);
         let first = self.segments.front()?;
         if since < first.base {
             return None;
         }
-        self.seal.store(true, Ordering::Release);
         // Segments that may hold a version above `since` (tops never decrease).
         let from = self.segments.partition_point(|s| s.top <= since);
         Some(self.segments.range(from..).flat_map(|s| &s.entries))
@@ -402,6 +408,7 @@ impl Table {
             shards: shards.into_boxed_slice(),
             version: versions,
             missing_reads: AtomicU64::new(0),
+            change_scans: AtomicU64::new(0),
             kernel,
         })
     }
@@ -733,7 +740,7 @@ impl Table {
         for shard in 0..self.shards.len() {
             let guard = self.read(shard);
             rows.clear();
-            for (key, row) in guard.changed_since(since) {
+            for (key, row) in guard.changed_since(since, &self.change_scans) {
                 delta.keys.push(key);
                 delta.versions.push(guard.meta(row).version);
                 rows.push(row);
@@ -805,7 +812,7 @@ impl Table {
             evicted: Vec::new(),
         };
         let mut rows = Vec::new();
-        for (key, row) in guard.changed_since(since) {
+        for (key, row) in guard.changed_since(since, &self.change_scans) {
             snapshot.keys.push(key);
             snapshot.meta.push(guard.meta(row));
             rows.push(row);
@@ -886,6 +893,7 @@ impl Table {
     pub fn stats(&self) -> TableStats {
         let mut stats = TableStats {
             missing_reads: self.missing_reads.load(Ordering::Relaxed),
+            change_scans: self.change_scans.load(Ordering::Relaxed),
             ..TableStats::default()
         };
         for shard in 0..self.shards.len() {
@@ -1034,8 +1042,9 @@ impl Shard {
 
     /// Rows (with their keys) whose version is above `since`, from the change log when it
     /// covers `since`, else from a scan of the index.
-    fn changed_since(&self, since: u64) -> Vec<(u64, u32)> {
+    fn changed_since(&self, since: u64, scans: &AtomicU64) -> Vec<(u64, u32)> {
         let Some(logged) = self.changes.since(since) else {
+            scans.fetch_add(1, Ordering::Relaxed);
             return self
                 .index
                 .iter()

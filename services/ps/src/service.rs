@@ -334,6 +334,7 @@ impl ParameterServer for Ps {
                     evicted: stats.evicted,
                     dim: table.dim() as u32,
                     missing_reads: stats.missing_reads,
+                    change_scans: stats.change_scans,
                 }
             })
             .collect();

@@ -40,8 +40,8 @@ const META_WORDS: usize = 2;
 const SHARD_SALT: u64 = 0x5348_4152_4453_414c;
 /// Evictions remembered for deltas (per shard); older ones are dropped.
 const EVICTION_LOG: usize = 1 << 20;
-/// A shard's change log starts over once it holds this many entries and a quarter of the
-/// shard's rows (see `ChangeLog`).
+/// A shard's change log drops its oldest segments once it holds more than this many
+/// entries and more than a quarter of the shard's rows (see `ChangeLog`).
 const CHANGE_LOG_MIN: usize = 4096;
 
 #[derive(Debug, thiserror::Error, PartialEq)]

@@ -55,6 +55,10 @@ pub fn dense_optimizer() -> crate::job::OptimizerSpec {
     }
 }
 
+pub fn full_every() -> u32 {
+    4
+}
+
 pub fn batch_size() -> u32 {
     2048
 }

@@ -403,7 +403,15 @@ pub struct CheckpointSpec {
     /// Object-store URL under which snapshots and task offsets are written.
     pub uri: String,
     pub interval_seconds: u64,
+    /// One checkpoint in this many writes full PS snapshots; the ones between write only
+    /// the rows changed (and keys evicted) since the previous checkpoint, and a restore
+    /// reads the chain back to the full one. 1: every checkpoint is full.
+    #[serde(default = "defaults::full_every")]
+    pub full_every: u32,
 }
+
+/// The longest chain of incremental checkpoints `full_every` may ask for.
+pub const MAX_FULL_EVERY: u32 = 64;
 
 /// How the serving copy follows training (Monolith 2.2.3).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -463,6 +471,13 @@ impl Validate for JobSpec {
             }
             if checkpoint.interval_seconds == 0 {
                 fail(errors, field(&at, "interval_seconds"), "must be > 0");
+            }
+            if !(1..=MAX_FULL_EVERY).contains(&checkpoint.full_every) {
+                fail(
+                    errors,
+                    field(&at, "full_every"),
+                    format!("must be between 1 and {MAX_FULL_EVERY}"),
+                );
             }
         }
         let sync = &self.serving_sync;

@@ -423,3 +423,33 @@ fn metric_series_names_may_be_dotted_but_not_arbitrary() {
         "{error}"
     );
 }
+
+#[test]
+fn incremental_checkpoints_default_to_one_full_in_four_and_refuse_bad_lengths() {
+    let with = |checkpoint: &str| {
+        JOB.replace(
+            "  mode: batch\n",
+            &format!("  mode: batch\n  checkpoint: {checkpoint}\n"),
+        )
+    };
+    let resources = parse_documents(
+        "job.yaml",
+        &with("{uri: \"file:///c\", interval_seconds: 60}"),
+    )
+    .expect("valid");
+    let [Resource::Job(job)] = &resources[..] else {
+        panic!("one job expected")
+    };
+    let checkpoint = job.spec.checkpoint.as_ref().expect("a checkpoint");
+    assert_eq!(checkpoint.full_every, 4);
+    for bad in [0, 65] {
+        let text = with(&format!(
+            "{{uri: \"file:///c\", interval_seconds: 60, full_every: {bad}}}"
+        ));
+        let err = error_text(&text);
+        assert!(
+            err.contains("spec.checkpoint.full_every: must be between 1 and 64"),
+            "{err}"
+        );
+    }
+}

@@ -137,6 +137,10 @@ pub struct CheckpointRecord {
     pub uri: String,
     /// PS shard id -> its snapshot's manifest URI.
     pub ps: BTreeMap<String, String>,
+    /// The checkpoint whose full snapshots the PS snapshots chain back to (this one's id
+    /// when they are full; 0 in records written before incremental checkpoints).
+    #[serde(default)]
+    pub chain_start: u64,
     pub trainers: BTreeMap<String, TrainerTotals>,
     /// Task id -> rows consumed, for every task begun and not finished at the barrier.
     pub offsets: BTreeMap<String, u64>,
@@ -273,6 +277,8 @@ pub struct Coordinator<'a> {
     pub storage: &'a StorageSettings,
     /// `spec.checkpoint.uri`.
     pub uri: &'a str,
+    /// `spec.checkpoint.full_every`.
+    pub full_every: u64,
     pub limits: Limits,
 }
 
@@ -283,27 +289,39 @@ pub struct Taken {
 }
 
 impl Coordinator<'_> {
-    /// Takes checkpoint `id`; the data executors are resumed whatever happens. Once it is
-    /// committed, the files of checkpoints after `previous` (the last committed one) that
-    /// fall out of the `keep` newest are deleted.
+    /// Takes checkpoint `id`, incremental to `previous` (the last committed one) when its
+    /// chain is shorter than `full_every`; the data executors are resumed whatever happens.
+    /// Once it is committed, the files of checkpoints that fall out of the ones kept are
+    /// deleted (see [`retained`]).
     pub async fn take(
         &self,
         id: u64,
-        previous: u64,
+        previous: Option<&CheckpointRecord>,
         participants: &Participants<'_>,
     ) -> Result<Taken, CheckpointError> {
         let started = Instant::now();
         self.alignments.open(id);
-        let result = self.paused(id, participants).await;
+        let base = previous.filter(|p| self.extends(id, p, participants));
+        let result = self.paused(id, base, participants).await;
         self.alignments.close();
         self.resume(id, &participants.data_executors).await;
         let record = result?;
         let paused = started.elapsed();
-        let keep = self.limits.keep.max(1);
-        for old in (previous + 1).saturating_sub(keep).max(1)..=id.saturating_sub(keep) {
+        let retained = retained(self.limits.keep, self.full_every);
+        let previous = previous.map_or(0, |p| p.id);
+        for old in (previous + 1).saturating_sub(retained).max(1)..=id.saturating_sub(retained) {
             self.delete(old).await;
         }
         Ok(Taken { record, paused })
+    }
+
+    /// Whether checkpoint `id` may be incremental to `previous`: its chain stays within
+    /// `full_every` checkpoints and the same PS shards took it.
+    fn extends(&self, id: u64, previous: &CheckpointRecord, participants: &Participants) -> bool {
+        let shards: BTreeSet<&str> = participants.ps.iter().map(|e| e.id.as_str()).collect();
+        previous.chain_start > 0
+            && id.saturating_sub(previous.chain_start) < self.full_every
+            && previous.ps.keys().map(String::as_str).eq(shards)
     }
 
     /// Deletes checkpoint `id`'s files; a failure is logged (they are only disk space).
@@ -329,6 +347,7 @@ impl Coordinator<'_> {
     async fn paused(
         &self,
         id: u64,
+        base: Option<&CheckpointRecord>,
         participants: &Participants<'_>,
     ) -> Result<CheckpointRecord, CheckpointError> {
         let restarts = self.recovery.settled()?;
@@ -338,7 +357,7 @@ impl Coordinator<'_> {
             .wait(id, &participants.trainers, self.limits.align)
             .await?;
         let uri = format!("{}/ckpt-{id}", self.uri.trim_end_matches('/'));
-        let ps = snapshot(&uri, &participants.ps).await?;
+        let ps = snapshot(&uri, &participants.ps, base.map(|b| &b.ps)).await?;
         if self.recovery.settled()? != restarts {
             return Err(CheckpointError::ShardRestarted(id));
         }
@@ -348,6 +367,7 @@ impl Coordinator<'_> {
             unix_ms: now_ms(),
             uri: uri.clone(),
             ps,
+            chain_start: base.map_or(id, |b| b.chain_start),
             trainers,
             offsets,
             succeeded_tasks: self.queue.counts().await?.succeeded,
@@ -443,16 +463,25 @@ fn channel(addr: &str) -> Result<tonic::transport::Channel, String> {
         .map_err(|e| format!("address {addr:?}: {e}"))
 }
 
-/// Snapshots every shard under `<uri>/<shard id>`; shard id -> manifest URI.
+/// How many of the newest checkpoint ids keep their files: the `keep` newest, and every
+/// checkpoint their PS snapshots chain back to (at most `full_every` - 1 before each).
+pub fn retained(keep: u64, full_every: u64) -> u64 {
+    keep.max(1) + full_every.max(1) - 1
+}
+
+/// Snapshots every shard under `<uri>/<shard id>`, incremental to its manifest in `bases`
+/// when given; shard id -> manifest URI.
 async fn snapshot(
     uri: &str,
     shards: &[&Endpoint],
+    bases: Option<&BTreeMap<String, String>>,
 ) -> Result<BTreeMap<String, String>, CheckpointError> {
     let taken = join_all(shards.iter().map(|shard| async move {
         let mut client = ParameterServerClient::new(channel(&shard.grpc_addr)?);
+        let base = bases.and_then(|b| b.get(&shard.id)).cloned();
         let request = SnapshotRequest {
             uri: format!("{uri}/{}", shard.id),
-            base_manifest_uri: String::new(),
+            base_manifest_uri: base.unwrap_or_default(),
         };
         client
             .snapshot(request)

@@ -469,8 +469,8 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
     let mut checkpoint_ticks =
         tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     checkpoint_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut committed = restored.as_ref().map_or(0, |r| r.id);
-    let mut next_checkpoint = committed + 1;
+    let mut committed = restored.clone();
+    let mut next_checkpoint = committed.as_ref().map_or(0, |r| r.id) + 1;
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
@@ -490,10 +490,12 @@ async fn run_job<B: ResourceBackend, C: Catalog>(
                         recovery: &recovery,
                         storage: &context.settings.storage,
                         uri: &target.uri,
+                        full_every: u64::from(target.full_every),
                         limits: checkpoint_limits(&context.settings),
                     };
-                    if take_checkpoint(context, &coordinator, (next_checkpoint, committed), &trainers_done, writer).await {
-                        committed = next_checkpoint;
+                    let previous = committed.as_ref();
+                    if let Some(record) = take_checkpoint(context, &coordinator, (next_checkpoint, previous), &trainers_done, writer).await {
+                        committed = Some(record);
                     }
                     next_checkpoint += 1;
                 }
@@ -718,14 +720,14 @@ async fn recover_shard(
 
 /// Takes checkpoint `id` (the last committed one being `previous`) and says how it went
 /// in the Job's `Checkpoint` condition (a failed one is reported and training goes on).
-/// True once committed.
+/// Its record once committed.
 async fn take_checkpoint<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
     coordinator: &checkpoint::Coordinator<'_>,
-    (id, previous): (u64, u64),
+    (id, previous): (u64, Option<&checkpoint::CheckpointRecord>),
     trainers_done: &BTreeSet<String>,
     writer: &mut JobStatus,
-) -> bool {
+) -> Option<checkpoint::CheckpointRecord> {
     let job = coordinator.job;
     let endpoints = context
         .topologies
@@ -743,9 +745,17 @@ async fn take_checkpoint<B: ResourceBackend, C: Catalog>(
     };
     let committed = match coordinator.take(id, previous, &participants).await {
         Ok(taken) => {
-            let record = &taken.record;
+            let record = taken.record;
+            let kind = if record.chain_start == id {
+                "full".to_owned()
+            } else {
+                format!(
+                    "incremental, chained to full checkpoint {}",
+                    record.chain_start
+                )
+            };
             let message = format!(
-                "checkpoint {id} at {}: {} samples trained, {} tasks done, {} in progress; paused {} ms",
+                "checkpoint {id} ({kind}) at {}: {} samples trained, {} tasks done, {} in progress; paused {} ms",
                 record.uri,
                 record.samples(),
                 record.succeeded_tasks,
@@ -754,7 +764,7 @@ async fn take_checkpoint<B: ResourceBackend, C: Catalog>(
             );
             tracing::info!(job, %message, "checkpoint committed");
             writer.condition("Checkpoint", true, "Checkpointed", message);
-            true
+            Some(record)
         }
         Err(e) => {
             tracing::warn!(job, checkpoint = id, error = %e, "checkpoint abandoned");
@@ -764,7 +774,7 @@ async fn take_checkpoint<B: ResourceBackend, C: Catalog>(
                 "CheckpointFailed",
                 format!("checkpoint {id}: {e}"),
             );
-            false
+            None
         }
     };
     writer.write().await;

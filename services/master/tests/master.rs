@@ -1723,10 +1723,11 @@ async fn an_online_job_with_serving_predicts_from_the_rows_it_trains() {
 }
 
 /// Checkpoint and restore through the real services: the job is stopped with its master
-/// after a checkpoint was committed, and the next master restores the PS shards, rolls the
-/// task queue back to the checkpoint's offsets and starts the trainer from its totals. The
-/// sample count ends at exactly the data set's rows: the rows trained before the barrier
-/// are the ones the offsets skip, no more and no fewer.
+/// after an incremental checkpoint was committed, and the next master restores the PS
+/// shards (through the chain back to the full snapshot), rolls the task queue back to the
+/// checkpoint's offsets and starts the trainer from its totals. The sample count ends at
+/// exactly the data set's rows: the rows trained before the barrier are the ones the
+/// offsets skip, no more and no fewer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_over() {
     let cluster = Cluster::start().await;
@@ -1736,7 +1737,7 @@ async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_
     let job = "dlrm-restart";
     cluster.apply(&dlrm_job(&cluster, job, 1, 1)).await;
     let queue = job_queue(&cluster, job).await;
-    let record = first_checkpoint(&cluster, &queue, job).await;
+    let record = checkpoint_where(&cluster, &queue, job, |r| r.chain_start < r.id).await;
     signal(master.id(), "TERM").expect("stop master");
     master.wait().expect("master exits");
     let total = (DLRM_HOURS * DLRM_ROWS_PER_HOUR) as u64;
@@ -1783,7 +1784,9 @@ async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_
         auc > best - 0.02,
         "AUC {auc:.4} after the restart is not within 0.02 of the best achievable {best:.4}"
     );
-    // Only the newest 3 checkpoints (the default `master.checkpoint.keep`) keep files.
+    // Only the newest 3 checkpoints (the default `master.checkpoint.keep`) keep files, and
+    // the ones their incremental snapshots chain back to (`full_every` 4 by default).
+    let retained = checkpoint::retained(3, 4);
     let latest = checkpoint::latest(&queue)
         .await
         .expect("record")
@@ -1804,9 +1807,11 @@ async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_
     }
     kept.sort();
     assert!(
-        kept.iter().all(|id| id + 3 > latest.id) && kept.contains(&latest.id),
-        "checkpoints with files: {kept:?}, latest {}",
-        latest.id
+        kept.iter().all(|id| id + retained > latest.id)
+            && (latest.chain_start..=latest.id).all(|id| kept.contains(&id)),
+        "checkpoints with files: {kept:?}, latest {} (chained to {})",
+        latest.id,
+        latest.chain_start
     );
     eprintln!(
         "checkpoint {}: {trained} samples, {steps} steps; after the restart {} samples, {} steps, AUC {auc:.4} (best {best:.4}); {} checkpoints, files kept of {kept:?}",
@@ -1832,9 +1837,21 @@ async fn first_checkpoint(
     queue: &TaskQueue,
     job: &str,
 ) -> checkpoint::CheckpointRecord {
+    checkpoint_where(cluster, queue, job, |_| true).await
+}
+
+/// Waits for a committed checkpoint of a running job that `wanted` accepts.
+async fn checkpoint_where(
+    cluster: &Cluster,
+    queue: &TaskQueue,
+    job: &str,
+    wanted: impl Fn(&checkpoint::CheckpointRecord) -> bool,
+) -> checkpoint::CheckpointRecord {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
     loop {
-        if let Some(record) = checkpoint::latest(queue).await.expect("record") {
+        if let Some(record) = checkpoint::latest(queue).await.expect("record")
+            && wanted(&record)
+        {
             return record;
         }
         let status = cluster.status(job).await;

@@ -770,6 +770,33 @@ impl Table {
         Ok(Some((values, state, guard.meta(row))))
     }
 
+    /// The keys of `keys` that have a row, and their rows (weights then optimizer state,
+    /// `row_width` floats each), read shard by shard: one lock and one batched read each.
+    /// Keys come back grouped by shard, not in the order asked.
+    pub fn read_rows(&self, keys: &[u64]) -> Result<(Vec<u64>, Vec<f32>), EmbeddingError> {
+        let (order, starts) = self.group_by_shard(keys);
+        let (mut found, mut values, mut rows) = (Vec::new(), Vec::new(), Vec::new());
+        for shard in 0..self.shards.len() {
+            let positions = &order[starts[shard]..starts[shard + 1]];
+            if positions.is_empty() {
+                continue;
+            }
+            let guard = self.read(shard);
+            rows.clear();
+            for &position in positions {
+                let key = keys[position as usize];
+                if let Some(row) = guard.index.get(key) {
+                    found.push(key);
+                    rows.push(row);
+                }
+            }
+            guard
+                .copy_values(&rows, self.stride, self.stride, &mut values)
+                .map_err(|e| self.device_error(e))?;
+        }
+        Ok((found, values))
+    }
+
     /// Drops every row (a restore starts from an empty table). Row stores keep their
     /// capacity: the rows they hold are written again before they are read.
     pub fn clear(&self) {

@@ -105,6 +105,19 @@ fn reload(source: &Table, into: Table) -> Table {
     into
 }
 
+/// `Table::read_rows` of `keys`, each key with its row's bits, in key order.
+fn read_rows(table: &Table, keys: &[u64]) -> Vec<(u64, Vec<u32>)> {
+    let (found, values) = table.read_rows(keys).expect("read rows");
+    let width = table.row_width();
+    let mut rows: Vec<(u64, Vec<u32>)> = found
+        .into_iter()
+        .zip(values.chunks_exact(width))
+        .map(|(key, row)| (key, bits(row)))
+        .collect();
+    rows.sort_unstable_by_key(|(key, _)| *key);
+    rows
+}
+
 /// Every key's row (weights then state, as bits; metadata) in key order.
 fn all_rows(table: &Table) -> Vec<(u64, Vec<u32>, RowMeta)> {
     let mut keys = table.export_delta(0).expect("delta").keys;
@@ -187,6 +200,15 @@ fn a_table_over_row_stores_matches_the_arena_table_bit_for_bit() {
         assert_eq!(want.keys, got.keys);
         assert_eq!(bits(&want.weights), bits(&got.weights));
         assert_eq!(want.evicted, got.evicted);
+        let asked: Vec<u64> = (0..KEYS + 100).step_by(7).collect();
+        let read = read_rows(&stored, &asked);
+        assert_eq!(read_rows(&arena, &asked), read);
+        let by_row: Vec<(u64, Vec<u32>)> = all_rows(&stored)
+            .into_iter()
+            .filter(|(key, _, _)| key % 7 == 0)
+            .map(|(key, values, _)| (key, values))
+            .collect();
+        assert_eq!(read, by_row, "read_rows agrees with row()");
         assert_eq!(arena.stats().admitted, stored.stats().admitted);
         assert_eq!(arena.stats().rejected, stored.stats().rejected);
     }

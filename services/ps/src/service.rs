@@ -169,14 +169,9 @@ impl ParameterServer for Ps {
             primus.keys = keys.len(),
         )
         .entered();
-        let (mut found, mut values) = (Vec::new(), Vec::new());
-        for key in keys {
-            if let Some((weights, state, _)) = table.row(key).map_err(table_status)? {
-                found.push(key);
-                encode_f32(&weights, &mut values);
-                encode_f32(&state, &mut values);
-            }
-        }
+        let (found, rows) = table.read_rows(&keys).map_err(table_status)?;
+        let mut values = Vec::with_capacity(rows.len() * 4);
+        encode_f32(&rows, &mut values);
         Ok(Response::new(ReadRowsResponse {
             dim: table.dim() as u32,
             stride: table.row_width() as u32,

@@ -168,19 +168,13 @@ impl ParameterStore for LocalStore {
 
     async fn read_rows(&self, table: &str, keys: &[u64]) -> anyhow::Result<StoredRows> {
         let table = self.table(table)?;
-        let mut stored = StoredRows {
+        let (keys, values) = table.read_rows(keys)?;
+        Ok(StoredRows {
             dim: table.dim(),
             stride: table.row_width(),
-            ..StoredRows::default()
-        };
-        for &key in keys {
-            if let Some((weights, state, _)) = table.row(key)? {
-                stored.keys.push(key);
-                stored.values.extend(weights);
-                stored.values.extend(state);
-            }
-        }
-        Ok(stored)
+            keys,
+            values,
+        })
     }
 
     async fn init_dense(&self, tensors: &[ParamTensor]) -> anyhow::Result<()> {

@@ -208,14 +208,15 @@ struct Shard {
 /// those rows instead of the whole shard: what keeps serving sync's cost proportional to the
 /// updates, not to the table.
 ///
-/// The log is a list of segments. Segment i holds (key, row) of each row whose first change
+/// The log is a list of segments. Segment i holds the key of each row whose first change
 /// after `base` of segment i happened while it was the newest segment (a row is logged
 /// once per segment). A row's newest change is thus logged in the segment that was newest
 /// then, so every row whose version is above `base` of segment i is in segment i or a
 /// later one. A reader asks for a new segment (`seal`); the next write starts it, so a
 /// reader that comes back with the watermark it got reads about one segment. The oldest
-/// segments are dropped once the log holds `CHANGE_LOG_MIN` entries and a quarter of the
-/// shard's rows; a `since` below the oldest base scans the shard instead.
+/// segments are dropped once the log holds more than `CHANGE_LOG_MIN` entries and a
+/// quarter of the shard's rows; a `since` below the oldest base scans the shard instead.
+/// Dropped segments' allocations are reused, so a busy shard does not reallocate its log.
 #[derive(Default)]
 struct ChangeLog {
     /// Oldest first; never empty once a write has started one.
@@ -226,6 +227,8 @@ struct ChangeLog {
     highest: u64,
     /// A reader read the newest segment: the next write starts a new one.
     seal: AtomicBool,
+    /// An emptied allocation for the next segment.
+    spare: Vec<u64>,
 }
 
 struct Segment {
@@ -235,8 +238,8 @@ struct Segment {
     /// is): the shard's versions interleave with other shards', so a reader's `since` often
     /// lies between two segments' bases, and this tells whether the older one matters.
     top: u64,
-    /// (key, row) when logged; a key's row may have been evicted (or reused) since.
-    entries: Vec<(u64, u32)>,
+    /// Keys when logged; a key may have left its row (evicted) since, or moved to another.
+    keys: Vec<u64>,
 }
 
 impl ChangeLog {
@@ -245,52 +248,54 @@ impl ChangeLog {
     /// version the write will give.
     fn start(&mut self, version_before: u64, rows: usize) {
         let sealed = self.seal.swap(false, Ordering::AcqRel);
-        let newest_used = self.segments.back().is_some_and(|s| !s.entries.is_empty());
+        let newest_used = self.segments.back().is_some_and(|s| !s.keys.is_empty());
         if self.segments.is_empty() || (sealed && newest_used) {
             if let Some(newest) = self.segments.back_mut() {
                 newest.top = self.highest;
             }
-            self.segments.push_back(self.next_segment(version_before));
+            let segment = self.next_segment(version_before);
+            self.segments.push_back(segment);
         }
         let limit = CHANGE_LOG_MIN.max(rows / 4);
         while self.entries > limit {
-            match self.segments.pop_front() {
-                Some(dropped) if !self.segments.is_empty() => {
-                    self.entries -= dropped.entries.len();
-                }
-                // The newest alone is too big: start over from here.
-                _ => {
-                    self.segments.clear();
-                    self.entries = 0;
-                    self.segments.push_back(self.next_segment(version_before));
-                }
+            let Some(mut dropped) = self.segments.pop_front() else {
+                break;
+            };
+            self.entries -= dropped.keys.len();
+            dropped.keys.clear();
+            self.spare = dropped.keys;
+            if self.segments.is_empty() {
+                // The newest alone was too big: start over from here.
+                let segment = self.next_segment(version_before);
+                self.segments.push_back(segment);
             }
         }
     }
 
-    fn next_segment(&self, version_before: u64) -> Segment {
+    fn next_segment(&mut self, version_before: u64) -> Segment {
         Segment {
             // Every row's version is at most `highest`: all later changes are above it.
             base: version_before.max(self.highest),
             top: u64::MAX,
-            entries: Vec::new(),
+            keys: std::mem::take(&mut self.spare),
         }
     }
 
-    /// `row` (of `key`) went from version `old` to `new`, in the newest segment.
-    fn note(&mut self, key: u64, row: u32, old: u64, new: u64) {
+    /// The row of `key` went from version `old` to `new`, in the newest segment.
+    #[inline]
+    fn note(&mut self, key: u64, old: u64, new: u64) {
         if let Some(newest) = self.segments.back_mut()
             && old <= newest.base
         {
-            newest.entries.push((key, row));
+            newest.keys.push(key);
             self.entries += 1;
         }
         self.highest = self.highest.max(new);
     }
 
-    /// The entries that hold every row changed after `since`, or None when the log does
-    /// not reach back that far.
-    fn since(&self, since: u64) -> Option<impl Iterator<Item = &(u64, u32)>> {
+    /// Keys that include every row changed after `since`, or None when the log does not
+    /// reach back that far.
+    fn since(&self, since: u64) -> Option<impl Iterator<Item = &u64>> {
         // Also when the log does not reach back to `since`: otherwise a log that started over
         // would never be sealed again, and readers would scan for good.
         self.seal.store(true, Ordering::Release);
@@ -300,7 +305,7 @@ impl ChangeLog {
         }
         // Segments that may hold a version above `since` (tops never decrease).
         let from = self.segments.partition_point(|s| s.top <= since);
-        Some(self.segments.range(from..).flat_map(|s| &s.entries))
+        Some(self.segments.range(from..).flat_map(|s| &s.keys))
     }
 }
 
@@ -895,7 +900,7 @@ impl Table {
                 guard.write_values(row, values, self.stride);
                 let (old, new) = (guard.meta(row).version, snapshot.meta[position].version);
                 guard.set_meta(row, snapshot.meta[position]);
-                guard.changes.note(key, row, old, new);
+                guard.changes.note(key, old, new);
             }
             guard.flush_staged().map_err(|e| SnapshotError::Device {
                 table: self.name.clone(),
@@ -937,7 +942,7 @@ impl Table {
                 + guard.rows * META_WORDS * 8
                 + guard.index.memory_bytes()
                 + guard.admission.memory_bytes()
-                + guard.changes.entries * std::mem::size_of::<(u64, u32)>())
+                + guard.changes.entries * std::mem::size_of::<u64>())
                 as u64;
         }
         stats
@@ -1080,12 +1085,8 @@ impl Shard {
         };
         let mut seen = HashSet::new();
         logged
-            .copied()
-            .filter(|&(key, row)| {
-                self.index.get(key) == Some(row)
-                    && self.meta(row).version > since
-                    && seen.insert(row)
-            })
+            .filter_map(|&key| Some((key, self.index.get(key)?)))
+            .filter(|&(_, row)| self.meta(row).version > since && seen.insert(row))
             .collect()
     }
 
@@ -1095,7 +1096,7 @@ impl Shard {
         let words =
             &mut self.meta_chunks[chunk].words_mut()[place * META_WORDS..(place + 1) * META_WORDS];
         let mut meta = RowMeta::from_words(words);
-        self.changes.note(key, row, meta.version, version);
+        self.changes.note(key, meta.version, version);
         meta.updated_at = now_secs;
         meta.count = meta.count.saturating_add(1);
         meta.version = version;

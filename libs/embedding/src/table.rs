@@ -612,18 +612,8 @@ impl Table {
                     let position = position as usize;
                     let key = keys[position];
                     let grad = &grads[position * dim..(position + 1) * dim];
-                    // A key new to this batch may have been inserted by an earlier duplicate.
-                    let row = match known.or_else(|| guard.index.get(key)) {
-                        Some(row) => row,
-                        None => {
-                            if !guard.admission.admit(key) {
-                                guard.rejected += 1;
-                                outcome.dropped += 1;
-                                continue;
-                            }
-                            guard.admitted += 1;
-                            guard.new_row(key, self)
-                        }
+                    let Some(row) = guard.row_for_push(key, *known, self, &mut outcome) else {
+                        continue;
                     };
                     let (weights, state) = guard.row_mut(row, self.stride, dim);
                     self.optimizer.apply(weights, state, grad);
@@ -655,17 +645,8 @@ impl Table {
         for (&position, known) in positions.iter().zip(rows) {
             let position = position as usize;
             let key = keys[position];
-            let row = match known.or_else(|| shard.index.get(key)) {
-                Some(row) => row,
-                None => {
-                    if !shard.admission.admit(key) {
-                        shard.rejected += 1;
-                        outcome.dropped += 1;
-                        continue;
-                    }
-                    shard.admitted += 1;
-                    shard.new_row(key, self)
-                }
+            let Some(row) = shard.row_for_push(key, *known, self, &mut outcome) else {
+                continue;
             };
             let times = seen.entry(row).or_default();
             if updates.len() == *times {
@@ -1108,6 +1089,29 @@ impl Shard {
         let words =
             &mut self.meta_chunks[chunk].words_mut()[place * META_WORDS..(place + 1) * META_WORDS];
         words.copy_from_slice(&meta.to_words());
+    }
+
+    /// The row a gradient for `key` goes to: its own (`known`, or inserted by an earlier
+    /// duplicate in this push), or a new one if admission lets the key in; None, counted
+    /// as dropped, otherwise.
+    #[inline]
+    fn row_for_push(
+        &mut self,
+        key: u64,
+        known: Option<u32>,
+        table: &Table,
+        outcome: &mut PushOutcome,
+    ) -> Option<u32> {
+        if let Some(row) = known.or_else(|| self.index.get(key)) {
+            return Some(row);
+        }
+        if !self.admission.admit(key) {
+            self.rejected += 1;
+            outcome.dropped += 1;
+            return None;
+        }
+        self.admitted += 1;
+        Some(self.new_row(key, table))
     }
 
     /// A row for a new key: a recycled one, or the next in the arena. Initialised from the

@@ -76,6 +76,13 @@ async fn start(settings: PsSettings) -> Shard {
     Shard { addr, shutdown }
 }
 
+/// Gradients for `keys` keys at `step`, in [-0.5, 0.5).
+fn grads_for(step: u64, keys: usize) -> Vec<f32> {
+    (0..keys * DIM)
+        .map(|i| ((i as u64 * 31 + step) % 17) as f32 / 17.0 - 0.5)
+        .collect()
+}
+
 /// A deterministic stream of keys with many repeats (and duplicates within a batch).
 fn batch(step: u64, len: usize) -> Vec<u64> {
     (0..len as u64)
@@ -107,9 +114,7 @@ async fn three_shards_answer_like_one_table() {
 
     for step in 0..30 {
         let keys = batch(step, 257);
-        let grads: Vec<f32> = (0..keys.len() * DIM)
-            .map(|i| ((i as u64 * 31 + step) % 17) as f32 / 17.0 - 0.5)
-            .collect();
+        let grads = grads_for(step, keys.len());
         let (applied, dropped) = client.push("items", &keys, &grads).await.expect("push");
         assert_eq!((applied, dropped), (keys.len() as u64, 0));
         reference.push(&keys, &grads, 1).expect("reference push");
@@ -299,9 +304,7 @@ async fn a_cuda_ps_answers_like_a_cpu_ps_or_refuses_to_start_without_a_gpu() {
         .expect("connect cpu ps");
     for step in 0..20 {
         let keys = batch(step, 2_000);
-        let grads: Vec<f32> = (0..keys.len() * DIM)
-            .map(|i| ((i as u64 * 31 + step) % 17) as f32 / 17.0 - 0.5)
-            .collect();
+        let grads = grads_for(step, keys.len());
         let gpu = on_gpu.push("items", &keys, &grads).await.expect("gpu push");
         let cpu = on_cpu.push("items", &keys, &grads).await.expect("cpu push");
         assert_eq!(gpu, cpu, "step {step}: push");

@@ -208,20 +208,25 @@ struct Shard {
 /// those rows instead of the whole shard: what keeps serving sync's cost proportional to the
 /// updates, not to the table.
 ///
-/// The log is a list of segments. Segment i holds the key of each row whose first change
-/// after `base` of segment i happened while it was the newest segment (a row is logged
-/// once per segment). A row's newest change is thus logged in the segment that was newest
-/// then, so every row whose version is above `base` of segment i is in segment i or a
-/// later one. A reader asks for a new segment (`seal`); the next write starts it, so a
-/// reader that comes back with the watermark it got reads about one segment. The oldest
-/// segments are dropped once the log holds more than `CHANGE_LOG_MIN` entries and a
-/// quarter of the shard's rows; a `since` below the oldest base scans the shard instead.
-/// Dropped segments' allocations are reused, so a busy shard does not reallocate its log.
+/// The log is a list of segments: older ones, sealed, and the newest (`current`). A segment
+/// holds the key of each row whose first change after its base happened while it was the
+/// newest (a row is logged once per segment). A row's newest change is thus logged in the
+/// segment that was newest then, so every row whose version is above a segment's base is
+/// in that segment or a later one. A reader asks for a new segment (`seal`); the next write
+/// starts it, so a reader that comes back with the watermark it got reads about one
+/// segment. The oldest segments are dropped once the log holds more than `CHANGE_LOG_MIN`
+/// entries and a quarter of the shard's rows; a `since` below the oldest base scans the
+/// shard instead. Dropped segments' allocations are reused.
 #[derive(Default)]
 struct ChangeLog {
-    /// Oldest first; never empty once a write has started one.
-    segments: VecDeque<Segment>,
-    entries: usize,
+    /// Oldest first.
+    sealed: VecDeque<Segment>,
+    sealed_keys: usize,
+    /// The newest segment's keys, and its base.
+    current: Vec<u64>,
+    current_base: u64,
+    /// A write has started the log.
+    started: bool,
     /// The highest version any row of the shard was given (a restore may give one above
     /// the table's counter until it ends).
     highest: u64,
@@ -234,63 +239,70 @@ struct ChangeLog {
 struct Segment {
     /// Every change in this segment has a version above this one.
     base: u64,
-    /// The highest version given while this was the newest segment (`u64::MAX` while it
-    /// is): the shard's versions interleave with other shards', so a reader's `since` often
-    /// lies between two segments' bases, and this tells whether the older one matters.
+    /// The highest version given while this was the newest segment: the shard's versions
+    /// interleave with other shards', so a reader's `since` often lies between two
+    /// segments' bases, and this tells whether the older one matters.
     top: u64,
     /// Keys when logged; a key may have left its row (evicted) since, or moved to another.
     keys: Vec<u64>,
 }
 
 impl ChangeLog {
-    /// At the start of a write: starts a segment if a reader asked for one (or there is
+    /// At the start of a write: starts a segment if a reader asked for one (or the log has
     /// none), then drops the oldest past the size limit. `version_before` is below every
     /// version the write will give.
     fn start(&mut self, version_before: u64, rows: usize) {
         let sealed = self.seal.swap(false, Ordering::AcqRel);
-        let newest_used = self.segments.back().is_some_and(|s| !s.keys.is_empty());
-        if self.segments.is_empty() || (sealed && newest_used) {
-            if let Some(newest) = self.segments.back_mut() {
-                newest.top = self.highest;
-            }
-            let segment = self.next_segment(version_before);
-            self.segments.push_back(segment);
+        if !self.started {
+            self.started = true;
+            self.restart(version_before);
+        } else if sealed && !self.current.is_empty() {
+            let keys = std::mem::replace(&mut self.current, std::mem::take(&mut self.spare));
+            self.sealed_keys += keys.len();
+            self.sealed.push_back(Segment {
+                base: self.current_base,
+                top: self.highest,
+                keys,
+            });
+            // Every row's version is at most `highest`: all later changes are above it.
+            self.current_base = version_before.max(self.highest);
         }
         let limit = CHANGE_LOG_MIN.max(rows / 4);
-        while self.entries > limit {
-            let Some(mut dropped) = self.segments.pop_front() else {
-                break;
-            };
-            self.entries -= dropped.keys.len();
-            dropped.keys.clear();
-            self.spare = dropped.keys;
-            if self.segments.is_empty() {
-                // The newest alone was too big: start over from here.
-                let segment = self.next_segment(version_before);
-                self.segments.push_back(segment);
+        while self.sealed_keys + self.current.len() > limit {
+            match self.sealed.pop_front() {
+                Some(mut dropped) => {
+                    self.sealed_keys -= dropped.keys.len();
+                    dropped.keys.clear();
+                    self.spare = dropped.keys;
+                }
+                // The newest alone is too big: start over from here.
+                None => self.restart(version_before),
             }
         }
     }
 
-    fn next_segment(&mut self, version_before: u64) -> Segment {
-        Segment {
-            // Every row's version is at most `highest`: all later changes are above it.
-            base: version_before.max(self.highest),
-            top: u64::MAX,
-            keys: std::mem::take(&mut self.spare),
+    /// Empties the newest segment and makes it start after every version given so far.
+    fn restart(&mut self, version_before: u64) {
+        self.current.clear();
+        self.current_base = version_before.max(self.highest);
+    }
+
+    /// A write gave a row `version`.
+    #[inline]
+    fn gave(&mut self, version: u64) {
+        self.highest = self.highest.max(version);
+    }
+
+    /// The row of `key` changed; its version was `old` before.
+    #[inline]
+    fn note(&mut self, key: u64, old: u64) {
+        if old <= self.current_base {
+            self.current.push(key);
         }
     }
 
-    /// The row of `key` went from version `old` to `new`, in the newest segment.
-    #[inline]
-    fn note(&mut self, key: u64, old: u64, new: u64) {
-        if let Some(newest) = self.segments.back_mut()
-            && old <= newest.base
-        {
-            newest.keys.push(key);
-            self.entries += 1;
-        }
-        self.highest = self.highest.max(new);
+    fn entries(&self) -> usize {
+        self.sealed_keys + self.current.len()
     }
 
     /// Keys that include every row changed after `since`, or None when the log does not
@@ -299,13 +311,18 @@ impl ChangeLog {
         // Also when the log does not reach back to `since`: otherwise a log that started over
         // would never be sealed again, and readers would scan for good.
         self.seal.store(true, Ordering::Release);
-        let first = self.segments.front()?;
-        if since < first.base {
+        let oldest = self.sealed.front().map_or(self.current_base, |s| s.base);
+        if !self.started || since < oldest {
             return None;
         }
-        // Segments that may hold a version above `since` (tops never decrease).
-        let from = self.segments.partition_point(|s| s.top <= since);
-        Some(self.segments.range(from..).flat_map(|s| &s.keys))
+        // Sealed segments that may hold a version above `since` (tops never decrease).
+        let from = self.sealed.partition_point(|s| s.top <= since);
+        Some(
+            self.sealed
+                .range(from..)
+                .flat_map(|s| &s.keys)
+                .chain(&self.current),
+        )
     }
 }
 
@@ -589,6 +606,7 @@ impl Table {
             // is guaranteed to see the rows (see `export_delta`).
             let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
             guard.start_changes(version - 1);
+            guard.changes.gave(version);
             guard.index.get_many(&grouped_keys[span.clone()], &mut rows);
             if guard.store.is_some() {
                 let stored = self.push_stored(
@@ -881,7 +899,8 @@ impl Table {
                 guard.write_values(row, values, self.stride);
                 let (old, new) = (guard.meta(row).version, snapshot.meta[position].version);
                 guard.set_meta(row, snapshot.meta[position]);
-                guard.changes.note(key, old, new);
+                guard.changes.note(key, old);
+                guard.changes.gave(new);
             }
             guard.flush_staged().map_err(|e| SnapshotError::Device {
                 table: self.name.clone(),
@@ -923,7 +942,7 @@ impl Table {
                 + guard.rows * META_WORDS * 8
                 + guard.index.memory_bytes()
                 + guard.admission.memory_bytes()
-                + guard.changes.entries * std::mem::size_of::<u64>())
+                + guard.changes.entries() * std::mem::size_of::<u64>())
                 as u64;
         }
         stats
@@ -1077,7 +1096,7 @@ impl Shard {
         let words =
             &mut self.meta_chunks[chunk].words_mut()[place * META_WORDS..(place + 1) * META_WORDS];
         let mut meta = RowMeta::from_words(words);
-        self.changes.note(key, meta.version, version);
+        self.changes.note(key, meta.version);
         meta.updated_at = now_secs;
         meta.count = meta.count.saturating_add(1);
         meta.version = version;

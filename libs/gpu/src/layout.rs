@@ -240,18 +240,29 @@ pub fn validate_update(
             ),
         ));
     }
-    if grads.len() != ids.len() * shape.dim as usize {
-        return Err(GpuError::invalid(
-            "grads",
-            format!(
-                "{} floats for {} ids x dim {}",
-                grads.len(),
-                ids.len(),
-                shape.dim
-            ),
-        ));
-    }
+    validate_grads(shape, ids.len(), grads)?;
     validate_ids(shape.rows, ids)
+}
+
+/// One gradient row (`dim` floats) for each of `ids` ids.
+pub(crate) fn validate_grads(shape: TableShape, ids: usize, grads: &[f32]) -> Result<(), GpuError> {
+    validate_per_id("grads", ids, grads.len(), ("dim", shape.dim))
+}
+
+/// `floats` must be `per_id.1` floats for each of `ids` ids.
+fn validate_per_id(
+    field: &str,
+    ids: usize,
+    floats: usize,
+    (unit, per_id): (&str, u32),
+) -> Result<(), GpuError> {
+    if floats == ids * per_id as usize {
+        return Ok(());
+    }
+    Err(GpuError::invalid(
+        field,
+        format!("{floats} floats for {ids} ids x {unit} {per_id}"),
+    ))
 }
 
 /// Row ids of an update: each below `rows`, none twice. Costs O(n log n) in the ids, never
@@ -299,17 +310,7 @@ pub fn validate_read(shape: TableShape, ids: &[u32], floats: u32) -> Result<(), 
 
 /// A write of whole rows: distinct ids, `stride` floats each.
 pub fn validate_write(shape: TableShape, ids: &[u32], values: &[f32]) -> Result<(), GpuError> {
-    if values.len() != ids.len() * shape.stride as usize {
-        return Err(GpuError::invalid(
-            "values",
-            format!(
-                "{} floats for {} ids x stride {}",
-                values.len(),
-                ids.len(),
-                shape.stride
-            ),
-        ));
-    }
+    validate_per_id("values", ids.len(), values.len(), ("stride", shape.stride))?;
     validate_ids(shape.rows, ids)
 }
 

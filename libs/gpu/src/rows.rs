@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::GpuError;
 use crate::device::{CudaKernels, DeviceTable};
-use crate::layout::{RowOptimizer, TableShape, validate_read, validate_update, validate_write};
+use crate::layout::{RowOptimizer, TableShape, validate_grads, validate_read, validate_write};
 use crate::reference::{CpuKernels, EmbeddingKernels};
 
 pub trait RowStore: Send + Sync {
@@ -140,7 +140,8 @@ impl RowStore for DeviceRows {
         grads: &[f32],
     ) -> Result<(), GpuError> {
         let shape = self.table.shape;
-        validate_update(shape, optimizer, shape.floats(), ids, grads)?;
+        // upload_ids checks the ids and update_rows_on_device the stride.
+        validate_grads(shape, ids.len(), grads)?;
         let ids = self.kernels.upload_ids(shape, ids)?;
         let grads = self.kernels.upload(grads)?;
         self.kernels

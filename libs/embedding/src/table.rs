@@ -387,14 +387,12 @@ impl Table {
                 optimizer: optimizer.name(),
             })?),
         };
-        let device_error = |e: GpuError| EmbeddingError::Device {
-            table: spec.name.clone(),
-            reason: e.to_string(),
-        };
         let mut shards = Vec::with_capacity(options.shards);
         for i in 0..options.shards {
             let store = match stores {
-                Some(make) => Some(make(dim as u32, stride as u32).map_err(device_error)?),
+                Some(make) => {
+                    Some(make(dim as u32, stride as u32).map_err(|e| device_error(&spec.name, e))?)
+                }
                 None => None,
             };
             shards.push(RwLock::new(Shard {
@@ -436,10 +434,7 @@ impl Table {
     }
 
     fn device_error(&self, error: GpuError) -> EmbeddingError {
-        EmbeddingError::Device {
-            table: self.name.clone(),
-            reason: error.to_string(),
-        }
+        device_error(&self.name, error)
     }
 
     pub fn name(&self) -> &str {
@@ -1186,6 +1181,13 @@ impl Staged {
             self.rows.len() - 1
         });
         &mut self.values[index * stride..(index + 1) * stride]
+    }
+}
+
+fn device_error(table: &str, error: GpuError) -> EmbeddingError {
+    EmbeddingError::Device {
+        table: table.to_owned(),
+        reason: error.to_string(),
     }
 }
 

@@ -106,11 +106,14 @@ pub fn restartable_ports(count: usize) -> Result<Vec<u16>, Error> {
         .unwrap_or(32_768);
     let range = low.saturating_sub(8_000).max(1_024)..low;
     let span = u32::from(range.end - range.start).max(1);
-    // Test binaries run side by side: each starts somewhere else in the range.
+    // Test binaries run side by side, and tests within one binary too: each call starts
+    // somewhere else in the range.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos())
         ^ std::process::id().wrapping_mul(2_654_435_761);
+    let seed = seed.wrapping_add(CALLS.fetch_add(997, std::sync::atomic::Ordering::Relaxed));
     let mut ports: Vec<u16> = (0..span)
         .map(|step| range.start + (seed.wrapping_add(step) % span) as u16)
         .filter(|port| TcpListener::bind(("127.0.0.1", *port)).is_ok())

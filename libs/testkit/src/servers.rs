@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::process::{
-    Error, Guarded, find_binary, free_port, loopback, restartable_ports, wait_until,
+    Error, Guarded, find_binary, free_port, loopback, restartable_port, restartable_ports,
+    wait_until,
 };
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -97,9 +98,11 @@ pub struct NatsServer {
 }
 
 impl NatsServer {
-    /// On a free port, in a temp dir.
+    /// On a free port, in a temp dir. The port is below the ephemeral range: one from it
+    /// can become another test's outgoing source port before the server binds it (seen:
+    /// nats-server exiting at start under the full suite).
     pub fn start() -> Result<Self, Error> {
-        Self::start_with(free_port()?, None)
+        Self::start_with(restartable_port()?, None)
     }
 
     /// On `port`, keeping JetStream data in `dir` when given.
@@ -154,9 +157,10 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// On a free port, in a temp dir, without persistence.
+    /// On a free port below the ephemeral range (as [`NatsServer::start`]), in a temp dir,
+    /// without persistence.
     pub fn start() -> Result<Self, Error> {
-        Self::start_with(free_port()?, None)
+        Self::start_with(restartable_port()?, None)
     }
 
     /// On `port`; with `dir`, persisted there (append-only file) so a restart keeps data.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use primus_batch::{FeaturePipeline, Minibatch};
 use primus_datagen::criteo::{Criteo, CriteoOptions};
-use primus_model::pooling::BatchKeys;
+use primus_model::pooling::{BatchKeys, CpuKernels};
 use primus_model::{Inputs, Model, ModelLayout, ParamSet, ParamTensor, Tower};
 use primus_proto::v1::SourceKind;
 use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
@@ -113,7 +113,7 @@ impl Serving {
                     .collect()
             })
             .collect();
-        let embedded = keys.pool(layout, &looked_up).expect("pool");
+        let embedded = keys.pool(&CpuKernels, layout, &looked_up).expect("pool");
         let inputs = Inputs {
             rows: batch.rows(),
             dense: model.dense_inputs(batch).expect("dense"),

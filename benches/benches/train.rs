@@ -5,7 +5,9 @@
 //!
 //! 1. baseline: the dense network's forward/backward alone (no lookups, pooling, pushes);
 //! 2. in-process: the trainer's own step loop against tables and a dense store in this
-//!    process (lookup, pooling, burn forward/backward, push);
+//!    process (lookup, pooling, burn forward/backward, push); then the same with pooling and
+//!    its backward on a GPU (`trainer.device: cuda`; the dense network stays on the CPU),
+//!    printed as SKIPPED where no GPU is present;
 //! 3. through the services: NATS and Redis (testkit), the API server and the master in
 //!    this process; the master starts the data executor, two PS shards and the trainer as
 //!    processes from the release binaries, which read the rows as hourly Parquet files.
@@ -36,12 +38,13 @@ use primus_proto::v1::{MetricsReport, SourceKind};
 use primus_service::Shutdown;
 use primus_spec::Kind;
 use primus_spec::dataset::WindowUnit;
-use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
+use primus_spec::job::{DenseSpec, Device, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 use primus_spec::status::{Phase, Status};
 use primus_storage::Location;
 use primus_storage::parquet::ReadOptions;
 use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, RedisServer, free_port};
+use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::store::LocalStore;
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
 
@@ -217,7 +220,8 @@ async fn main() {
     let model_layout = ModelLayout::new(&spec, &schema).expect("layout");
     let baseline = dense_only(&model_layout, &batches[..batches.len().min(20)]);
     println!("baseline, dense forward/backward alone: {baseline:.0} samples/s");
-    let in_process = train_in_process(&spec, &model_layout, batches).await;
+    let cpu = EmbeddingDevice::Cpu;
+    let in_process = train_in_process(&spec, &model_layout, batches.clone(), cpu).await;
     println!(
         "in-process trainer: {:.0} samples/s ({:.2}x of the dense network alone), AUC {:.4} vs best {best:.4}; {}",
         in_process.rate(),
@@ -225,6 +229,19 @@ async fn main() {
         in_process.auc.unwrap_or(f64::NAN),
         in_process.shares()
     );
+    match EmbeddingDevice::open(Device::Cuda, 0) {
+        Ok(gpu) => {
+            let on_gpu = train_in_process(&spec, &model_layout, batches, gpu).await;
+            println!(
+                "in-process trainer, pooling on the GPU: {:.0} samples/s ({:.2}x the CPU trainer), AUC {:.4} vs best {best:.4}; {}",
+                on_gpu.rate(),
+                on_gpu.rate() / in_process.rate(),
+                on_gpu.auc.unwrap_or(f64::NAN),
+                on_gpu.shares()
+            );
+        }
+        Err(e) => println!("in-process trainer, pooling on the GPU: SKIPPED ({e:#})"),
+    }
     if !services {
         return;
     }
@@ -260,13 +277,15 @@ async fn train_in_process(
     spec: &ModelSpec,
     layout: &ModelLayout,
     batches: Vec<Minibatch>,
+    device: EmbeddingDevice,
 ) -> Stages {
     let store =
         Arc::new(LocalStore::new(&layout.ps_tables(), &spec.dense.optimizer, 0).expect("store"));
     let model = Model::new(layout.clone());
     let mut trainer = Trainer::start(model, store, 0, 1, EVAL_WINDOW as usize)
         .await
-        .expect("trainer");
+        .expect("trainer")
+        .on_device(device);
     let stream = futures::stream::iter(batches.into_iter().map(|b| {
         Ok(Feed::Batch(Incoming::new(
             b,

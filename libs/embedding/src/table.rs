@@ -652,8 +652,7 @@ impl Table {
     ) -> Result<PushOutcome, EmbeddingError> {
         let dim = self.dim;
         let mut outcome = PushOutcome::default();
-        let mut updates: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
-        let mut seen: HashMap<u32, usize> = HashMap::new();
+        let mut updates = UpdateWaves::default();
         let mut applied = Vec::with_capacity(positions.len());
         for (&position, known) in positions.iter().zip(rows) {
             let position = position as usize;
@@ -661,23 +660,14 @@ impl Table {
             let Some(row) = shard.row_for_push(key, *known, self, &mut outcome) else {
                 continue;
             };
-            let times = seen.entry(row).or_default();
-            if updates.len() == *times {
-                updates.push(Default::default());
-            }
-            let (ids, batch) = &mut updates[*times];
-            ids.push(row);
             applied.push((key, row));
-            batch.extend_from_slice(&grads[position * dim..(position + 1) * dim]);
-            *times += 1;
+            updates.add(row, &grads[position * dim..(position + 1) * dim]);
         }
         shard.flush_staged().map_err(|e| self.device_error(e))?;
         if let (Some(store), Some(kernel)) = (shard.store.as_mut(), self.kernel) {
-            for (ids, batch) in &updates {
-                store
-                    .update(kernel, ids, batch)
-                    .map_err(|e| self.device_error(e))?;
-            }
+            updates
+                .apply(store.as_mut(), kernel)
+                .map_err(|e| self.device_error(e))?;
         }
         for (key, row) in applied {
             shard.record_update(key, row, now_secs, version);
@@ -1184,7 +1174,38 @@ impl Staged {
     }
 }
 
-fn device_error(table: &str, error: GpuError) -> EmbeddingError {
+/// Gradient rows for a row store's fused update, which takes each row id once: the k-th
+/// gradient of a row goes to the k-th wave, so a row's gradients apply in the order added.
+#[derive(Default)]
+pub(crate) struct UpdateWaves {
+    waves: Vec<(Vec<u32>, Vec<f32>)>,
+    added: HashMap<u32, usize>,
+}
+
+impl UpdateWaves {
+    pub(crate) fn add(&mut self, row: u32, grad: &[f32]) {
+        let times = self.added.entry(row).or_default();
+        if self.waves.len() == *times {
+            self.waves.push(Default::default());
+        }
+        let (ids, grads) = &mut self.waves[*times];
+        ids.push(row);
+        grads.extend_from_slice(grad);
+        *times += 1;
+    }
+
+    pub(crate) fn apply(
+        &self,
+        store: &mut dyn RowStore,
+        kernel: RowOptimizer,
+    ) -> Result<(), GpuError> {
+        self.waves
+            .iter()
+            .try_for_each(|(ids, grads)| store.update(kernel, ids, grads))
+    }
+}
+
+pub(crate) fn device_error(table: &str, error: GpuError) -> EmbeddingError {
     EmbeddingError::Device {
         table: table.to_owned(),
         reason: error.to_string(),

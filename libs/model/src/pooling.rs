@@ -2,16 +2,16 @@
 //! each table (each looked up and pushed once), sum pooling of a feature's looked-up rows
 //! into its slot of the sample's embedding row, and the backward pass of pooling, which
 //! adds each pooled gradient onto the unique key it came from. Pooling and its backward are
-//! primus-gpu's CPU references (the kernels' definition), over the batch's unique rows.
+//! primus-gpu's kernels over the batch's unique rows, run by the caller's
+//! [`EmbeddingKernels`]: the CPU references, or the CUDA kernels.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use primus_batch::Kjt;
 use primus_batch::hash::mix64;
-use primus_gpu::{
-    Accumulation, CpuKernels, EmbeddingKernels, FeatureBags, Pooling, PoolingInput, TableShape,
-};
+use primus_gpu::{Accumulation, FeatureBags, Pooling, PoolingInput, TableShape};
+pub use primus_gpu::{CpuKernels, EmbeddingKernels};
 
 use crate::ModelError;
 use crate::layout::ModelLayout;
@@ -130,11 +130,12 @@ impl BatchKeys {
     /// of its keys' rows. `rows_per_table[t]` holds `tables[t].len() x dim` floats.
     pub fn pool(
         &self,
+        kernels: &dyn EmbeddingKernels,
         layout: &ModelLayout,
         rows_per_table: &[Vec<f32>],
     ) -> Result<Vec<f32>, ModelError> {
         let weights: Vec<&[f32]> = rows_per_table.iter().map(Vec::as_slice).collect();
-        CpuKernels
+        kernels
             .gather_pool(
                 &self.embedding_shapes(layout),
                 &weights,
@@ -146,9 +147,13 @@ impl BatchKeys {
 
     /// Each sample's pooled first-order weight per feature (`rows x features`), from the
     /// one-wide companion rows of each table.
-    pub fn pool_wide(&self, wide_per_table: &[Vec<f32>]) -> Result<Vec<f32>, ModelError> {
+    pub fn pool_wide(
+        &self,
+        kernels: &dyn EmbeddingKernels,
+        wide_per_table: &[Vec<f32>],
+    ) -> Result<Vec<f32>, ModelError> {
         let weights: Vec<&[f32]> = wide_per_table.iter().map(Vec::as_slice).collect();
-        CpuKernels
+        kernels
             .gather_pool(&self.wide_shapes(), &weights, &self.input, Pooling::Sum)
             .map_err(|e| ModelError::Inputs(format!("wide rows: {e}")))
     }
@@ -157,10 +162,11 @@ impl BatchKeys {
     /// (`tables[t].len() x dim`), summing every place a key was pooled.
     pub fn scatter(
         &self,
+        kernels: &dyn EmbeddingKernels,
         layout: &ModelLayout,
         embedded_grad: &[f32],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        CpuKernels
+        kernels
             .pool_backward(
                 &self.embedding_shapes(layout),
                 &self.input,
@@ -172,8 +178,12 @@ impl BatchKeys {
     }
 
     /// Backward of [`pool_wide`](Self::pool_wide).
-    pub fn scatter_wide(&self, wide_grad: &[f32]) -> Result<Vec<Vec<f32>>, ModelError> {
-        CpuKernels
+    pub fn scatter_wide(
+        &self,
+        kernels: &dyn EmbeddingKernels,
+        wide_grad: &[f32],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        kernels
             .pool_backward(
                 &self.wide_shapes(),
                 &self.input,

@@ -2,7 +2,7 @@
 //! backward, and that each model learns a planted signal.
 
 use primus_batch::{JaggedFeature, Kjt};
-use primus_model::pooling::BatchKeys;
+use primus_model::pooling::{BatchKeys, CpuKernels};
 use primus_model::{Inputs, Model, ModelError, ModelLayout, ParamSet, Tower};
 use primus_spec::dataset::{DenseFeature, FeatureSchema, SparseFeature};
 use primus_spec::job::{
@@ -331,14 +331,14 @@ fn pooling_sums_rows_and_scatter_adds_back_to_unique_keys() {
     let keys = BatchKeys::collect(&layout, &kjt).expect("keys");
     assert_eq!(keys.tables, vec![vec![10, 11]]);
     let rows = vec![vec![1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]];
-    let pooled = keys.pool(&layout, &rows).expect("pooling");
+    let pooled = keys.pool(&CpuKernels, &layout, &rows).expect("pooling");
     assert_eq!(
         pooled,
         [[3.0; 4], [0.0; 4], [1.0; 4], [4.0; 4]].concat(),
         "row 0: a=10+11, b empty; row 1: a=10, b=11+11"
     );
     let grad: Vec<f32> = (0..16).map(|i| i as f32).collect();
-    let scattered = keys.scatter(&layout, &grad).expect("backward");
+    let scattered = keys.scatter(&CpuKernels, &layout, &grad).expect("backward");
     // Key 10: row 0 feature a (0..4) + row 1 feature a (8..12).
     // Key 11: row 0 feature a (0..4) + twice row 1 feature b (12..16).
     assert_eq!(
@@ -408,9 +408,10 @@ fn every_model_learns_a_planted_signal() {
                 .iter()
                 .map(|k| *wide.entry(*k).or_default())
                 .collect();
-            let embedded = keys.pool(&layout, &[rows_t]).expect("pooling");
+            let embedded = keys.pool(&CpuKernels, &layout, &[rows_t]).expect("pooling");
             let pooled_wide = if layout.has_wide() {
-                keys.pool_wide(&[wide_t]).expect("wide pooling")
+                keys.pool_wide(&CpuKernels, &[wide_t])
+                    .expect("wide pooling")
             } else {
                 Vec::new()
             };
@@ -433,7 +434,9 @@ fn every_model_learns_a_planted_signal() {
                 }
             }
             params.assign(tensors).expect("assign");
-            let grads = keys.scatter(&layout, &out.embedded_grad).expect("backward");
+            let grads = keys
+                .scatter(&CpuKernels, &layout, &out.embedded_grad)
+                .expect("backward");
             for (i, k) in keys.tables[0].iter().enumerate() {
                 let row = table.get_mut(k).expect("row");
                 for (w, d) in row.iter_mut().zip(&grads[0][i * 4..(i + 1) * 4]) {
@@ -441,7 +444,9 @@ fn every_model_learns_a_planted_signal() {
                 }
             }
             if layout.has_wide() {
-                let grads = keys.scatter_wide(&out.wide_grad).expect("wide backward");
+                let grads = keys
+                    .scatter_wide(&CpuKernels, &out.wide_grad)
+                    .expect("wide backward");
                 for (i, k) in keys.tables[0].iter().enumerate() {
                     *wide.get_mut(k).expect("w") -= lr * 20.0 * grads[0][i];
                 }

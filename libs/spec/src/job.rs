@@ -209,8 +209,9 @@ pub struct RoleSpec {
     /// Memory as a Kubernetes quantity: `512Mi`, `4Gi`, `2G`, `1000000`.
     #[serde(default = "defaults::memory")]
     pub memory: String,
-    /// Where the role's embedding work runs. Only `ps` may say `cuda` in this build (its
-    /// rows then live in GPU memory).
+    /// Where the role's embedding work runs. `ps` and `trainers` may say `cuda`: a PS then
+    /// keeps its rows in GPU memory; a trainer pools, runs the pooling backward and keeps
+    /// its hot rows there (its dense network stays on the CPU in this build).
     #[serde(default)]
     pub device: Device,
 }
@@ -440,10 +441,25 @@ impl Default for ServingSyncSpec {
     }
 }
 
+impl JobSpec {
+    /// Why embedding rows are trained in GPU memory, when they are: there only the fused
+    /// adagrad and adam kernels can update them.
+    fn rows_on_device(&self) -> Option<&'static str> {
+        let topology = &self.topology;
+        if topology.ps.device == Device::Cuda {
+            Some("topology.ps.device cuda")
+        } else if topology.trainers.device == Device::Cuda && self.training.hot_set.enabled {
+            Some("topology.trainers.device cuda with training.hot_set")
+        } else {
+            None
+        }
+    }
+}
+
 impl Validate for JobSpec {
     fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
         self.model.validate(&field(path, "model"), errors);
-        if self.topology.ps.device == Device::Cuda {
+        if let Some(why) = self.rows_on_device() {
             for (i, table) in self.model.tables.iter().enumerate() {
                 if matches!(
                     table.optimizer,
@@ -455,7 +471,9 @@ impl Validate for JobSpec {
                             &index(&field(&field(path, "model"), "tables"), i),
                             "optimizer",
                         ),
-                        "topology.ps.device cuda updates rows with fused adagrad or adam kernels; use one of those",
+                        format!(
+                            "{why} updates rows with fused adagrad or adam kernels; use one of those"
+                        ),
                     );
                 }
             }
@@ -671,11 +689,11 @@ impl Validate for Topology {
             if let Err(message) = parse_memory(&role.memory) {
                 fail(errors, field(&at, "memory"), message);
             }
-            if role.device == Device::Cuda && name != "ps" {
+            if role.device == Device::Cuda && !matches!(name, "ps" | "trainers") {
                 fail(
                     errors,
                     field(&at, "device"),
-                    "only ps runs on a GPU in this build (its embedding rows); use cpu",
+                    "only ps and trainers run on a GPU in this build; use cpu",
                 );
             }
         }

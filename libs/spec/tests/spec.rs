@@ -116,7 +116,7 @@ fn a_hot_set_parses_with_defaults_and_its_bad_fields_are_named() {
 }
 
 #[test]
-fn only_ps_may_run_on_cuda_and_its_tables_need_a_kernel_optimizer() {
+fn ps_and_trainers_may_run_on_cuda_and_rows_on_a_gpu_need_a_kernel_optimizer() {
     let resources = parse_documents("job.yaml", JOB).expect("valid");
     let [Resource::Job(job)] = &resources[..] else {
         panic!("one job expected")
@@ -142,15 +142,33 @@ fn only_ps_may_run_on_cuda_and_its_tables_need_a_kernel_optimizer() {
         panic!("one job expected")
     };
     assert_eq!(job.spec.topology.ps.device, Device::Cuda);
-    let trainer_on_gpu = fixed.replace(
+    let data_on_gpu = fixed.replace(
+        "data_executors: {replicas: 1}",
+        "data_executors: {replicas: 1, device: cuda}",
+    );
+    assert!(
+        error_text(&data_on_gpu)
+            .contains("spec.topology.data_executors.device: only ps and trainers run on a GPU"),
+        "{}",
+        error_text(&data_on_gpu)
+    );
+    // A trainer on a GPU needs kernel optimizers only where it trains rows: its hot set.
+    let trainer_on_gpu = JOB.replace(
         "trainers: {replicas: 1}",
         "trainers: {replicas: 1, device: cuda}",
     );
+    let resources = parse_documents("job.yaml", &trainer_on_gpu).expect("valid without a hot set");
+    let [Resource::Job(job)] = &resources[..] else {
+        panic!("one job expected")
+    };
+    assert_eq!(job.spec.topology.trainers.device, Device::Cuda);
+    let with_hot_set = format!("{trainer_on_gpu}  training:\n    hot_set: {{enabled: true}}\n");
+    let err = error_text(&with_hot_set);
     assert!(
-        error_text(&trainer_on_gpu)
-            .contains("spec.topology.trainers.device: only ps runs on a GPU"),
-        "{}",
-        error_text(&trainer_on_gpu)
+        err.contains(
+            "spec.model.tables[0].optimizer: topology.trainers.device cuda with training.hot_set"
+        ),
+        "{err}"
     );
     let unknown = JOB.replace("ps: {replicas: 1}", "ps: {replicas: 1, device: tpu}");
     assert!(

@@ -926,6 +926,10 @@ fn executor_settings(
                     ("dense_pull_every", number(training.dense_pull_every)),
                     ("eval_window", number(training.eval_window)),
                     ("hot_set", to_toml("trainer.hot_set", &training.hot_set)),
+                    (
+                        "device",
+                        to_toml("trainer.device", &spec.topology.trainers.device),
+                    ),
                 ]),
             ));
         }
@@ -1131,7 +1135,7 @@ mod tests {
 
     const EXAMPLE: &str = include_str!("../../../examples/criteo-like.yaml");
 
-    fn ps_section(example: &str) -> toml::Table {
+    fn section_of(example: &str, role: ExecutorRole, name: &str) -> toml::Table {
         let resources = parse_documents("criteo-like.yaml", example).expect("example parses");
         let (mut job, mut dataset) = (None, None);
         for resource in resources {
@@ -1151,17 +1155,34 @@ mod tests {
         };
         let executor = ExecutorSpec {
             job: "criteo-like".into(),
-            role: ExecutorRole::Ps,
+            role,
             index: 0,
             settings: toml::Table::new(),
             cpu: 1.0,
             memory_bytes: 1 << 30,
         };
         let settings = executor_settings(&MasterSettings::default(), &executor, &parts);
-        match settings.get("ps") {
-            Some(toml::Value::Table(ps)) => ps.clone(),
-            other => panic!("no ps section: {other:?}"),
+        match settings.get(name) {
+            Some(toml::Value::Table(section)) => section.clone(),
+            other => panic!("no {name} section: {other:?}"),
         }
+    }
+
+    fn ps_section(example: &str) -> toml::Table {
+        section_of(example, ExecutorRole::Ps, "ps")
+    }
+
+    #[test]
+    fn a_trainer_is_told_its_device() {
+        let trainer = |example: &str| section_of(example, ExecutorRole::Trainer, "trainer");
+        let device = |section: toml::Table| section.get("device").cloned();
+        assert_eq!(device(trainer(EXAMPLE)), Some("cpu".into()));
+        let on_gpu = EXAMPLE.replace(
+            "trainers: {replicas: 1, cpu: 1, memory: 2Gi}",
+            "trainers: {replicas: 1, cpu: 1, memory: 2Gi, device: cuda}",
+        );
+        assert_ne!(on_gpu, EXAMPLE, "the example's trainers line changed");
+        assert_eq!(device(trainer(&on_gpu)), Some("cuda".into()));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! `primus-trainer` (Primus §5.1, Monolith §2.2): trains a job's model. It finds the job's
 //! PS shards and data executors in the master's topology, offers its initial dense
 //! parameters to the PS (the first trainer's win), then for every minibatch looks up the
-//! unique keys of each table, pools them, runs the dense network forward and backward
-//! (burn, CPU) and pushes sparse gradients of unique keys and dense gradients to the PS,
+//! unique keys of each table, pools them (on the CPU or a GPU, `trainer.device`), runs
+//! the dense network forward and backward (burn, CPU) and pushes sparse gradients of unique keys and dense gradients to the PS,
 //! whose optimizers apply them. Dense parameters are pulled every `dense_pull_every`
 //! steps. Progressive-validation metrics (AUC, logloss, calibration over the last
 //! `eval_window` samples, each scored before it was trained on), samples/s and the time
@@ -18,6 +18,7 @@
 //! With `trainer.hot_set.enabled`, the job's trainers replicate its most accessed rows
 //! and train them in lockstep over NATS ([`hot`], HypeReca §5); the rest stays on the PS.
 
+pub mod device;
 pub mod hot;
 pub mod settings;
 pub mod store;
@@ -43,6 +44,7 @@ use primus_service::{ExecutorIdentity, Node, Shutdown};
 use tonic::service::Routes;
 use tonic::transport::Channel;
 
+use device::EmbeddingDevice;
 use hot::{HotSync, TrainerDirectory};
 pub use settings::TrainerSettings;
 use store::RemoteStore;
@@ -79,6 +81,8 @@ pub async fn run(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Resul
         .as_ref()
         .context("trainer.schema is not set: the master writes the Dataset's schema there")?;
     let layout = ModelLayout::new(model, schema)?;
+    let device = EmbeddingDevice::open(train.device, train.cuda_device)?;
+    tracing::info!(device = ?device, "embedding work device");
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let grpc_addr = node.local_addr()?.to_string();
     let bus = node.connect_nats(&settings.nats).await?;
@@ -86,7 +90,7 @@ pub async fn run(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Resul
         let (bus, shutdown, settings) = (bus.clone(), shutdown.clone(), settings.clone());
         tokio::spawn(async move {
             let result = tokio::select! {
-                result = work(&identity, layout, &settings, &bus, grpc_addr) => result,
+                result = work(&identity, layout, device, &settings, &bus, grpc_addr) => result,
                 _ = shutdown.wait() => Ok(()),
             };
             // Done or failed, the process ends: the master sees its exit status.
@@ -188,6 +192,7 @@ where
 async fn work(
     identity: &ExecutorIdentity,
     layout: ModelLayout,
+    device: EmbeddingDevice,
     settings: &TrainerSettings,
     bus: &Bus,
     grpc_addr: String,
@@ -202,7 +207,9 @@ async fn work(
     let hot = if train.hot_set.enabled {
         let directory = trainer_directory(identity);
         let (job, id) = (&identity.job, &identity.executor_id);
-        Some(HotSync::join(train.hot_set.clone(), bus, job, id, &layout, directory).await?)
+        let hot_set = train.hot_set.clone();
+        let device = device.clone();
+        Some(HotSync::join(hot_set, bus, job, id, &layout, directory, device).await?)
     } else {
         None
     };
@@ -213,7 +220,8 @@ async fn work(
         train.dense_pull_every,
         train.eval_window,
     )
-    .await?;
+    .await?
+    .on_device(device);
     if let Some(hot) = hot {
         trainer = trainer.with_hot_set(hot);
     }

@@ -4,7 +4,7 @@
 use primus_config::{DEFAULT_PORTS, NatsSettings, NodeSettings, ServerSettings, TelemetrySettings};
 use primus_service::ServiceSettings;
 use primus_spec::dataset::FeatureSchema;
-use primus_spec::job::{HotSetSpec, ModelSpec};
+use primus_spec::job::{Device, HotSetSpec, ModelSpec};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -43,6 +43,11 @@ pub struct TrainSettings {
     /// HypeReca's hot set: rows every trainer replicates and trains locally (the Job's
     /// `training.hot_set`).
     pub hot_set: HotSetSpec,
+    /// Where pooling, its backward and the hot rows run (the Job's
+    /// `topology.trainers.device`). `cuda` refuses to start without a usable GPU.
+    pub device: Device,
+    /// The GPU (CUDA ordinal) of `device: cuda`.
+    pub cuda_device: usize,
 }
 
 impl Default for TrainSettings {
@@ -59,6 +64,8 @@ impl Default for TrainSettings {
             metrics_interval_ms: 2000,
             seed: 0,
             hot_set: HotSetSpec::default(),
+            device: Device::Cpu,
+            cuda_device: 0,
         }
     }
 }

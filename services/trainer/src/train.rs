@@ -13,13 +13,14 @@ use futures::{Stream, StreamExt};
 use primus_batch::Minibatch;
 use primus_embedding::HotRows;
 use primus_metrics::{EvalWindow, Evaluation};
-use primus_model::pooling::BatchKeys;
+use primus_model::pooling::{BatchKeys, EmbeddingKernels};
 use primus_model::{Inputs, Model, ParamSet, StepOutput, TableSlot, Tower};
 use primus_proto::v1::SourceKind;
 use primus_telemetry::propagation::{TraceCarrier, set_parent_from_carrier};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
+use crate::device::EmbeddingDevice;
 use crate::hot::{HotKeys, HotSync, Share};
 use crate::store::ParameterStore;
 
@@ -195,6 +196,7 @@ pub struct Trainer<S> {
     dense_pull_every: u64,
     hot: Option<HotSync>,
     hot_keys: watch::Receiver<Arc<HotKeys>>,
+    device: EmbeddingDevice,
     pub meter: Meter,
 }
 
@@ -227,6 +229,7 @@ impl<S: ParameterStore> Trainer<S> {
             dense_pull_every: u64::from(dense_pull_every.max(1)),
             hot: None,
             hot_keys: watch::channel(Arc::new(HotKeys::default())).1,
+            device: EmbeddingDevice::Cpu,
             meter: Meter::new(eval_window),
         };
         trainer.pull_dense().await?;
@@ -241,6 +244,12 @@ impl<S: ParameterStore> Trainer<S> {
 
     pub fn params(&self) -> &ParamSet {
         &self.params
+    }
+
+    /// Pools and runs the pooling backward on `device` (the CPU by default).
+    pub fn on_device(mut self, device: EmbeddingDevice) -> Self {
+        self.device = device;
+        self
     }
 
     /// Trains the job's hot rows locally with the other trainers of `hot` (HypeReca 2FP).
@@ -384,9 +393,10 @@ impl<S: ParameterStore> Trainer<S> {
         }
         let started = Instant::now();
         let (model, params) = (self.model.clone(), self.params.clone());
+        let device = self.device.clone();
         let compute_span = tracing::info_span!(parent: &prepared.span, "trainer.compute");
         let (prepared, output, grads, wide_grads) = tokio::task::spawn_blocking(move || {
-            compute_span.in_scope(|| compute(&model, &params, prepared, rows))
+            compute_span.in_scope(|| compute(&model, &params, device.kernels(), prepared, rows))
         })
         .await
         .context("the compute task")??;
@@ -469,12 +479,7 @@ impl<S: ParameterStore> Trainer<S> {
         let mut rows = vec![0.0f32; keys.len() * dim];
         let mut filled = vec![false; keys.len()];
         if let Some(replica) = replica {
-            for (p, key) in keys.iter().enumerate() {
-                if let Some(weights) = replica.weights(*key) {
-                    rows[p * dim..][..dim].copy_from_slice(weights);
-                    filled[p] = true;
-                }
-            }
+            replica.fill_weights(keys, &mut rows, &mut filled)?;
         }
         let positions = fetched
             .positions
@@ -588,18 +593,19 @@ async fn wanted(hot: &mut Option<HotSync>) {
 
 type Computed = (Prepared, StepOutput, Vec<Vec<f32>>, Vec<Vec<f32>>);
 
-/// Pooling, forward/backward and the pooling backward: the CPU-bound part of a step.
+/// Pooling, forward/backward and the pooling backward: the compute-bound part of a step.
 fn compute(
     model: &Model,
     params: &ParamSet,
+    kernels: &dyn EmbeddingKernels,
     prepared: Prepared,
     rows: Vec<Vec<f32>>,
 ) -> anyhow::Result<Computed> {
     let layout = model.layout();
     let keys = &prepared.keys;
-    let embedded = keys.pool(layout, &rows)?;
+    let embedded = keys.pool(kernels, layout, &rows)?;
     let wide = if layout.has_wide() {
-        keys.pool_wide(&prepared.wide)?
+        keys.pool_wide(kernels, &prepared.wide)?
     } else {
         Vec::new()
     };
@@ -611,9 +617,9 @@ fn compute(
         wide: &wide,
     };
     let output = model.train_step(params, &inputs, &batch.labels, prepared.tower)?;
-    let grads = keys.scatter(layout, &output.embedded_grad)?;
+    let grads = keys.scatter(kernels, layout, &output.embedded_grad)?;
     let wide_grads = if layout.has_wide() {
-        keys.scatter_wide(&output.wide_grad)?
+        keys.scatter_wide(kernels, &output.wide_grad)?
     } else {
         Vec::new()
     };

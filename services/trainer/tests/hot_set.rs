@@ -16,6 +16,7 @@ use primus_proto::v1::SourceKind;
 use primus_spec::job::HotSetSpec;
 use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 use primus_testkit::NatsServer;
+use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::hot::{HotSync, TrainerDirectory};
 use primus_trainer::store::{LocalStore, ParameterStore};
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
@@ -78,9 +79,17 @@ fn quick_timeout() -> HotSetSpec {
 /// trainer-0's part in a hot set it trains alone.
 async fn join_alone(spec: HotSetSpec, bus: &Bus, layout: &ModelLayout) -> HotSync {
     let directory = fixed(&["trainer-0"]);
-    HotSync::join(spec, bus, "job", "trainer-0", layout, directory)
-        .await
-        .expect("join")
+    HotSync::join(
+        spec,
+        bus,
+        "job",
+        "trainer-0",
+        layout,
+        directory,
+        EmbeddingDevice::Cpu,
+    )
+    .await
+    .expect("join")
 }
 
 fn fixed(members: &[&str]) -> TrainerDirectory {
@@ -149,7 +158,7 @@ fn replica_rows(trainer: &Trainer<LocalStore>) -> Vec<(u64, Vec<f32>)> {
         .expect("an installed hot set");
     let mut rows: Vec<(u64, Vec<f32>)> = replica
         .keys()
-        .map(|k| (k, replica.values(k).expect("row").to_vec()))
+        .map(|k| (k, replica.values(k).expect("read").expect("row")))
         .collect();
     rows.sort_by_key(|r| r.0);
     rows
@@ -268,9 +277,17 @@ async fn pair(
     let members = ["trainer-0", "trainer-1"];
     let mut trainers = Vec::new();
     for id in members {
-        let hot = HotSync::join(settings.clone(), &bus, "job", id, &layout, fixed(&members))
-            .await
-            .expect("join");
+        let hot = HotSync::join(
+            settings.clone(),
+            &bus,
+            "job",
+            id,
+            &layout,
+            fixed(&members),
+            EmbeddingDevice::Cpu,
+        )
+        .await
+        .expect("join");
         trainers.push(trainer(&layout, shared.clone(), Some(hot)).await);
     }
     let b = trainers.pop().expect("trainer-1");

@@ -6,11 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use primus_batch::FeaturePipeline;
+use primus_batch::{FeaturePipeline, Minibatch};
 use primus_datagen::criteo::{Criteo, CriteoOptions, feature_schema};
+use primus_gpu::{CudaStatus, cuda_status};
 use primus_model::{Model, ModelLayout};
 use primus_proto::v1::SourceKind;
-use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
+use primus_service::Shutdown;
+use primus_spec::dataset::FeatureSchema;
+use primus_spec::job::{DenseSpec, Device, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
+use primus_trainer::TrainerSettings;
+use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::store::{LocalStore, ParameterStore};
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
 
@@ -32,8 +37,8 @@ impl Reporter for Collect {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_trainer_learns_criteo_like_data_in_process() {
+/// A DLRM over one Criteo-like table (adagrad rows, adam dense).
+fn dlrm() -> (ModelSpec, FeatureSchema) {
     let schema = feature_schema("categorical");
     let spec = ModelSpec {
         kind: ModelKind::Dlrm,
@@ -53,8 +58,17 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
             },
         },
     };
-    let layout = ModelLayout::new(&spec, &schema).expect("layout");
-    let pipeline = FeaturePipeline::new(&schema);
+    (spec, schema)
+}
+
+/// `count` minibatches of `rows` generated samples, with each sample's true probability
+/// and label.
+fn generated(
+    schema: &FeatureSchema,
+    count: usize,
+    rows: usize,
+) -> (Vec<Minibatch>, Vec<f64>, Vec<bool>) {
+    let pipeline = FeaturePipeline::new(schema);
     let mut generator = Criteo::new(CriteoOptions {
         cardinality_scale: 0.0002,
         ..CriteoOptions::default()
@@ -63,12 +77,20 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
     let mut batches = Vec::new();
     let mut probabilities = Vec::new();
     let mut labels = Vec::new();
-    for _ in 0..60 {
-        let generated = generator.generate(1024, 0).expect("rows");
+    for _ in 0..count {
+        let generated = generator.generate(rows, 0).expect("rows");
         probabilities.extend(generated.probabilities);
         labels.extend(generated.labels);
         batches.push(pipeline.minibatch(&generated.batch).expect("minibatch"));
     }
+    (batches, probabilities, labels)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trainer_learns_criteo_like_data_in_process() {
+    let (spec, schema) = dlrm();
+    let layout = ModelLayout::new(&spec, &schema).expect("layout");
+    let (batches, probabilities, labels) = generated(&schema, 60, 1024);
     let best = primus_metrics::auc(&probabilities, &labels).expect("best");
     let store =
         Arc::new(LocalStore::new(&layout.ps_tables(), &spec.dense.optimizer, 0).expect("store"));
@@ -120,4 +142,76 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
             .zip(initial.tensors())
             .all(|(a, b)| a.values != b.values)
     );
+}
+
+/// On a GPU a trainer pools and runs the pooling backward with the CUDA kernels, which on
+/// the deterministic path match the CPU references bit for bit: two trainers, one per
+/// device, fed the same minibatches, score them alike and leave the same parameters.
+/// Without a GPU the service refuses `trainer.device: cuda` and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cuda_trainer_trains_like_a_cpu_trainer_or_refuses_without_a_gpu() {
+    let (spec, schema) = dlrm();
+    if !matches!(cuda_status(), CudaStatus::Ready { .. }) {
+        let mut settings = TrainerSettings::default();
+        let train = &mut settings.trainer;
+        (train.job, train.executor_id) = ("job".into(), "trainer-0".into());
+        train.master_addr = "127.0.0.1:1".into();
+        (train.model, train.schema) = (Some(spec), Some(schema));
+        train.device = Device::Cuda;
+        let err = primus_trainer::run(settings, Shutdown::new())
+            .await
+            .expect_err("no GPU here");
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("trainer.device is cuda (device 0)") && text.contains("CUDA"),
+            "{text}"
+        );
+        println!("SKIPPED the GPU trainer's steps (no CUDA device): checked the refusal only");
+        return;
+    }
+    let layout = ModelLayout::new(&spec, &schema).expect("layout");
+    let (batches, _, _) = generated(&schema, 12, 512);
+    let gpu = EmbeddingDevice::open(Device::Cuda, 0).expect("a GPU");
+    let mut runs = Vec::new();
+    for device in [EmbeddingDevice::Cpu, gpu] {
+        let tables = layout.ps_tables();
+        let store = Arc::new(LocalStore::new(&tables, &spec.dense.optimizer, 0).expect("store"));
+        let model = Model::new(layout.clone());
+        let mut trainer = Trainer::start(model, store.clone(), 0, 1, 10_000)
+            .await
+            .expect("start")
+            .on_device(device);
+        let mut scored = Vec::new();
+        let mut keys = Vec::new();
+        for batch in &batches {
+            let incoming = Incoming::new(
+                batch.clone(),
+                SourceKind::Batch,
+                "generated",
+                &Default::default(),
+            );
+            let prepared = trainer.prepare(incoming).await.expect("prepare");
+            keys.extend_from_slice(&prepared.keys().tables[0]);
+            let output = trainer.step(prepared).await.expect("step");
+            scored.push(bits(&output.probabilities));
+        }
+        let names: Vec<String> = trainer
+            .params()
+            .tensors()
+            .iter()
+            .map(|t| t.name.clone())
+            .collect();
+        let dense = store.pull_dense(&names).await.expect("pull");
+        let rows = store.read_rows("categorical", &keys).await.expect("rows");
+        let dense: Vec<Vec<u32>> = dense.iter().map(|t| bits(&t.values)).collect();
+        runs.push((scored, dense, rows.keys, bits(&rows.values)));
+    }
+    assert!(
+        runs[0] == runs[1],
+        "the GPU trainer's steps differ from the CPU trainer's"
+    );
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
 }

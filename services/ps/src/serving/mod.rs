@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use primus_batch::FeaturePipeline;
 use primus_embedding::{DeltaRows, ReplicaTable};
 use primus_model::ModelLayout;
-use primus_model::pooling::BatchKeys;
+use primus_model::pooling::{BatchKeys, CpuKernels};
 use primus_proto::v1::serving_service_server::{ServingService, ServingServiceServer};
 use primus_proto::v1::{
     ApplyDeltaRequest, ApplyDeltaResponse, DumpRowsRequest, DumpRowsResponse, LoadDenseRequest,
@@ -194,10 +194,12 @@ impl Replica {
             rows: samples.len(),
             dense: minibatch.dense.values,
             dense_width: self.layout.dense_inputs,
-            embedded: keys.pool(&self.layout, &rows).map_err(internal)?,
+            embedded: keys
+                .pool(&CpuKernels, &self.layout, &rows)
+                .map_err(internal)?,
             embedded_width: self.layout.embedding_width,
             wide: if wide_width > 0 {
-                keys.pool_wide(&wide).map_err(internal)?
+                keys.pool_wide(&CpuKernels, &wide).map_err(internal)?
             } else {
                 Vec::new()
             },

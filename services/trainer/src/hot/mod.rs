@@ -48,6 +48,7 @@ use primus_spec::job::{HotSetSpec, TableSpec};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use crate::device::EmbeddingDevice;
 use crate::store::ParameterStore;
 
 mod share;
@@ -179,6 +180,8 @@ pub struct HotSync {
     listener: JoinHandle<()>,
     directory: TrainerDirectory,
     specs: Vec<TableSpec>,
+    /// Where the replicas live and train.
+    device: EmbeddingDevice,
     keys: watch::Sender<Arc<HotKeys>>,
     phase: Phase,
     /// The highest generation seen, so that plans only move forward.
@@ -222,6 +225,7 @@ impl HotSync {
         me: &str,
         layout: &ModelLayout,
         directory: TrainerDirectory,
+        device: EmbeddingDevice,
     ) -> anyhow::Result<Self> {
         let subject = bus.subjects().hot(job)?;
         let mut subscription = bus.subscribe::<HotMessage>(subject.clone()).await?;
@@ -260,6 +264,7 @@ impl HotSync {
             listener,
             directory,
             specs,
+            device,
             keys,
             phase: Phase::Warmup(new_warmup()),
             generation: 0,
@@ -616,12 +621,10 @@ impl HotSync {
     async fn probe(&mut self, members: usize) -> anyhow::Result<f64> {
         let spec = &self.specs[0];
         let dim = spec.dim as usize;
-        let mut scratch = HotRows::new(spec)?;
+        let mut scratch = self.device.replica(spec)?;
         let width = dim + scratch.state_len();
         let keys: Vec<u64> = (0..PROBE_ROWS as u64).collect();
-        for &key in &keys {
-            scratch.insert(key, &vec![0.5; width])?;
-        }
+        scratch.insert_rows(&keys, &vec![0.5; width * keys.len()])?;
         let grads = vec![0.01f32; PROBE_ROWS * dim];
         let started = Instant::now();
         scratch.apply(&keys, &grads)?;
@@ -661,7 +664,7 @@ impl HotSync {
         let replicas = self
             .specs
             .iter()
-            .map(HotRows::new)
+            .map(|spec| self.device.replica(spec))
             .collect::<Result<Vec<_>, _>>()?;
         self.phase = Phase::Active(Box::new(Group {
             generation: plan.generation,
@@ -696,9 +699,7 @@ impl HotSync {
                 .read_rows(&spec.name, &keys)
                 .await
                 .with_context(|| format!("reading the hot rows of table {:?}", spec.name))?;
-            for (key, values) in stored.rows() {
-                replica.insert(key, values)?;
-            }
+            replica.insert_rows(&stored.keys, &stored.values)?;
         }
         tracing::info!(
             generation = group.generation,

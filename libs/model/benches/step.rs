@@ -1,0 +1,90 @@
+//! The dense network's cost per minibatch on burn's CPU backend (the trainer's compute
+//! stage without pooling): the issue's DLRM (13 dense + 26 sparse features, dim 16,
+//! bottom 512-256-64-16, top 512-256-1) at batch 2048, forward and backward
+//! (`train_step`), next to the forward alone (`predict`) measured in the same run.
+//!
+//! `cargo bench -p primus-model --bench step`
+
+use std::hint::black_box;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use primus_model::{Inputs, Model, ModelLayout, ParamSet, Tower};
+use primus_spec::dataset::{DenseFeature, FeatureSchema, SparseFeature};
+use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
+
+const ROWS: usize = 2048;
+
+fn issue_dlrm() -> ModelLayout {
+    let spec = ModelSpec {
+        kind: ModelKind::Dlrm,
+        tables: vec![TableSpec::new(
+            "categorical",
+            16,
+            OptimizerSpec::adagrad(0.05),
+        )],
+        dense: DenseSpec::new(vec![512, 256, 64, 16], vec![512, 256, 1]),
+    };
+    let schema = FeatureSchema {
+        label: "label".into(),
+        dense: (1..=13)
+            .map(|i| DenseFeature {
+                name: format!("i{i}"),
+                transform: Default::default(),
+                missing: 0.0,
+            })
+            .collect(),
+        sparse: (1..=26)
+            .map(|i| SparseFeature {
+                name: format!("c{i}"),
+                table: "categorical".into(),
+                multi_hot: false,
+                dedup_group: None,
+            })
+            .collect(),
+    };
+    ModelLayout::new(&spec, &schema).expect("layout")
+}
+
+/// Deterministic values in [-1, 1).
+fn values(len: usize, seed: u32) -> Vec<f32> {
+    (0..len as u32)
+        .map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) % 2000) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
+fn step(c: &mut Criterion) {
+    let layout = issue_dlrm();
+    let model = Model::new(layout.clone());
+    let params = ParamSet::init(&layout, 0);
+    let dense = values(ROWS * layout.dense_inputs, 1);
+    let embedded = values(ROWS * layout.embedding_width, 2);
+    let labels: Vec<f32> = (0..ROWS).map(|i| (i % 3 == 0) as u8 as f32).collect();
+    let inputs = Inputs {
+        rows: ROWS,
+        dense: &dense,
+        embedded: &embedded,
+        wide: &[],
+    };
+    let mut group = c.benchmark_group("dlrm_issue_batch_2048");
+    group.throughput(Throughput::Elements(ROWS as u64));
+    group.sample_size(20);
+    group.bench_function("predict (baseline: forward alone)", |b| {
+        b.iter(|| {
+            black_box(
+                model
+                    .predict(&params, &inputs, Tower::Memory)
+                    .expect("predict"),
+            )
+        })
+    });
+    group.bench_function("train_step (forward + backward)", |b| {
+        b.iter(|| {
+            let out = model.train_step(&params, &inputs, &labels, Tower::Memory);
+            black_box(out.expect("step"))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, step);
+criterion_main!(benches);

@@ -15,8 +15,14 @@ echo "[test] CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
 
 echo "[test] cargo fmt --check"
 cargo fmt --all --check
-# --all-features: the optional `hdfs` support of primus-storage is built, linted and tested too.
+# The workspace as users build it, plus the optional `hdfs` support of primus-storage. The
+# `cuda` feature (primus-model on burn 0.21 with its CUDA backend; libs/model/src/backend.rs)
+# is a different build of the dense network: the model and the trainer are linted on it, and
+# the model's tests run on it too (their GPU parts print SKIPPED without a device).
+FEATURES=primus-storage/hdfs
 echo "[test] cargo clippy -D warnings"
-cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+cargo clippy --workspace --all-targets --features "$FEATURES" --locked -- -D warnings
+cargo clippy -p primus-model -p primus-trainer --all-targets --features primus-trainer/cuda --locked -- -D warnings
 echo "[test] cargo test"
-cargo test --workspace --all-features --locked
+cargo test --workspace --features "$FEATURES" --locked
+cargo test -p primus-model --features cuda --locked

@@ -33,7 +33,7 @@ use primus_config::{ApiServerSettings, StorageSettings};
 use primus_datagen::criteo::CriteoOptions;
 use primus_datagen::write::Layout;
 use primus_master::settings::MasterSettings;
-use primus_model::{Inputs, Model, ModelLayout, ParamSet, Tower};
+use primus_model::{DenseDevice, Inputs, Model, ModelLayout, ParamSet, Tower};
 use primus_proto::v1::{MetricsReport, SourceKind};
 use primus_service::Shutdown;
 use primus_spec::Kind;
@@ -220,8 +220,8 @@ async fn main() {
     let model_layout = ModelLayout::new(&spec, &schema).expect("layout");
     let baseline = dense_only(&model_layout, &batches[..batches.len().min(20)]);
     println!("baseline, dense forward/backward alone: {baseline:.0} samples/s");
-    let cpu = EmbeddingDevice::Cpu;
-    let in_process = train_in_process(&spec, &model_layout, batches.clone(), cpu).await;
+    let cpu = (EmbeddingDevice::Cpu, Model::new(model_layout.clone()));
+    let in_process = train_in_process(&spec, batches.clone(), cpu).await;
     println!(
         "in-process trainer: {:.0} samples/s ({:.2}x of the dense network alone), AUC {:.4} vs best {best:.4}; {}",
         in_process.rate(),
@@ -231,9 +231,14 @@ async fn main() {
     );
     match EmbeddingDevice::open(Device::Cuda, 0) {
         Ok(gpu) => {
-            let on_gpu = train_in_process(&spec, &model_layout, batches, gpu).await;
+            // The dense network too where this build has burn's CUDA backend
+            // (`--features primus-trainer/cuda`).
+            let model = Model::on(model_layout.clone(), DenseDevice::Cuda(0))
+                .unwrap_or_else(|_| Model::new(model_layout.clone()));
+            let dense = model.device();
+            let on_gpu = train_in_process(&spec, batches, (gpu, model)).await;
             println!(
-                "in-process trainer, pooling on the GPU: {:.0} samples/s ({:.2}x the CPU trainer), AUC {:.4} vs best {best:.4}; {}",
+                "in-process trainer, pooling on the GPU, dense network on {dense:?}: {:.0} samples/s ({:.2}x the CPU trainer), AUC {:.4} vs best {best:.4}; {}",
                 on_gpu.rate(),
                 on_gpu.rate() / in_process.rate(),
                 on_gpu.auc.unwrap_or(f64::NAN),
@@ -275,13 +280,11 @@ async fn main() {
 
 async fn train_in_process(
     spec: &ModelSpec,
-    layout: &ModelLayout,
     batches: Vec<Minibatch>,
-    device: EmbeddingDevice,
+    (device, model): (EmbeddingDevice, Model),
 ) -> Stages {
-    let store =
-        Arc::new(LocalStore::new(&layout.ps_tables(), &spec.dense.optimizer, 0).expect("store"));
-    let model = Model::new(layout.clone());
+    let tables = model.layout().ps_tables();
+    let store = Arc::new(LocalStore::new(&tables, &spec.dense.optimizer, 0).expect("store"));
     let mut trainer = Trainer::start(model, store, 0, 1, EVAL_WINDOW as usize)
         .await
         .expect("trainer")

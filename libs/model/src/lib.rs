@@ -13,20 +13,29 @@
 //! The embedding tables themselves live on the PS (`primus-embedding`); this crate sees
 //! only the rows a minibatch needs.
 
+mod backend;
 pub mod layout;
 pub mod net;
 pub mod onnx;
 pub mod params;
 pub mod pooling;
 
-use burn::tensor::{Device, Tensor};
 use primus_batch::Minibatch;
 
 pub use layout::{FeatureSlot, ModelLayout, TableSlot};
 pub use net::{Inputs, Tower};
 pub use params::{ParamSet, ParamTensor};
 
+use backend::{Device, Tensor, sigmoid};
 use net::{Graph, bce_with_logits, matrix};
+
+/// Where the dense network computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenseDevice {
+    Cpu,
+    /// An NVIDIA GPU by CUDA ordinal, through burn's CUDA backend.
+    Cuda(usize),
+}
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ModelError {
@@ -39,6 +48,13 @@ pub enum ModelError {
     Params(String),
     #[error("minibatch: {0}")]
     Inputs(String),
+    /// This build has no CUDA backend for the dense network.
+    #[error(
+        "the dense network cannot run on a GPU: this binary was built without primus-model's cuda feature"
+    )]
+    NoCudaBuild,
+    #[error("dense network on {device:?}: {reason}")]
+    Device { device: DenseDevice, reason: String },
 }
 
 /// The result of one training step.
@@ -57,22 +73,42 @@ pub struct StepOutput {
     pub wide_grad: Vec<f32>,
 }
 
-/// A model of one layout, computing on the CPU (burn's Flex backend).
+/// A model of one layout, computing on the CPU (burn's flex backend) or a GPU.
 #[derive(Clone)]
 pub struct Model {
     layout: ModelLayout,
+    device: DenseDevice,
     train_device: Device,
     predict_device: Device,
 }
 
 impl Model {
+    /// On the CPU.
     pub fn new(layout: ModelLayout) -> Self {
-        let device = Device::flex();
+        Self::with_device(layout, DenseDevice::Cpu, backend::cpu())
+    }
+
+    /// On `device`. A GPU needs the `cuda` feature and a usable CUDA device; without them
+    /// this says which is missing.
+    pub fn on(layout: ModelLayout, device: DenseDevice) -> Result<Self, ModelError> {
+        let backend_device = match device {
+            DenseDevice::Cpu => backend::cpu(),
+            DenseDevice::Cuda(ordinal) => cuda_device(ordinal)?,
+        };
+        Ok(Self::with_device(layout, device, backend_device))
+    }
+
+    fn with_device(layout: ModelLayout, device: DenseDevice, backend_device: Device) -> Self {
         Self {
             layout,
-            train_device: device.clone().autodiff(),
-            predict_device: device,
+            device,
+            train_device: backend::autodiff(backend_device.clone()),
+            predict_device: backend_device,
         }
+    }
+
+    pub fn device(&self) -> DenseDevice {
+        self.device
     }
 
     pub fn layout(&self) -> &ModelLayout {
@@ -122,7 +158,7 @@ impl Model {
         let device = &self.train_device;
         let graph = Graph::new(&self.layout, params, inputs, device, true);
         let logits = graph.logits(&self.layout, tower);
-        let probabilities = burn::tensor::activation::sigmoid(logits.clone().detach());
+        let probabilities = sigmoid(logits.clone().detach());
         let loss = bce_with_logits(logits, matrix(labels, inputs.rows, 1, device));
         let grads = loss.backward();
         let dense_grads = graph
@@ -169,9 +205,7 @@ impl Model {
     ) -> Result<Vec<f32>, ModelError> {
         self.check(inputs, None)?;
         let graph = Graph::new(&self.layout, params, inputs, &self.predict_device, false);
-        Ok(to_vec(burn::tensor::activation::sigmoid(
-            graph.logits(&self.layout, tower),
-        )))
+        Ok(to_vec(sigmoid(graph.logits(&self.layout, tower))))
     }
 
     /// The minibatch's dense features, checked against the layout's names.
@@ -187,5 +221,30 @@ impl Model {
 }
 
 fn to_vec<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
-    tensor.into_data().try_to_vec::<f32>().unwrap_or_default()
+    backend::floats(tensor.into_data())
+}
+
+/// Burn's CUDA device `ordinal`, once primus-gpu saw it present (burn would panic on a
+/// missing one at its first operation).
+#[cfg(feature = "cuda")]
+fn cuda_device(ordinal: usize) -> Result<Device, ModelError> {
+    let refused = |reason: String| ModelError::Device {
+        device: DenseDevice::Cuda(ordinal),
+        reason,
+    };
+    match primus_gpu::cuda_status() {
+        primus_gpu::CudaStatus::Ready { devices } if ordinal < devices => {
+            Ok(backend::cuda(ordinal))
+        }
+        primus_gpu::CudaStatus::Ready { devices } => {
+            Err(refused(format!("{devices} CUDA devices present")))
+        }
+        primus_gpu::CudaStatus::NoDriver => Err(refused("no NVIDIA driver".into())),
+        primus_gpu::CudaStatus::NoDevice(reason) => Err(refused(reason)),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_ordinal: usize) -> Result<Device, ModelError> {
+    Err(ModelError::NoCudaBuild)
 }

@@ -2,10 +2,9 @@
 //! code trains (autodiff device), predicts (plain device) and is exported, and so that the
 //! parameters can live on the PS rather than in a module.
 
-use burn::tensor::activation::relu;
-use burn::tensor::{Device, Int, Tensor, TensorData};
 use primus_spec::job::ModelKind;
 
+use crate::backend::{Device, Int, Tensor, TensorData, relu};
 use crate::layout::ModelLayout;
 use crate::params::{ParamSet, linear_layers};
 

@@ -3,7 +3,7 @@
 
 use primus_batch::{JaggedFeature, Kjt};
 use primus_model::pooling::{BatchKeys, CpuKernels};
-use primus_model::{Inputs, Model, ModelError, ModelLayout, ParamSet, Tower};
+use primus_model::{DenseDevice, Inputs, Model, ModelError, ModelLayout, ParamSet, Tower};
 use primus_spec::dataset::{DenseFeature, FeatureSchema, SparseFeature};
 use primus_spec::job::{
     AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
@@ -524,5 +524,94 @@ fn the_onnx_export_has_the_documented_inputs_and_every_parameter_once() {
             assert_eq!(copies, 1, "{kind:?}: {}", tensor.name);
         }
         assert_eq!(model.model_version, Some(7));
+    }
+}
+
+/// The dense network on a GPU (burn's CUDA backend, the `cuda` feature) computes what the
+/// CPU model computes, to float tolerance (other summation orders), for every model kind.
+/// Without the feature or without a GPU, asking for one is an error that says which is
+/// missing.
+#[test]
+fn a_model_on_a_gpu_computes_like_the_cpu_model_or_says_why_it_cannot() {
+    let layout = small(ModelKind::Dlrm);
+    let gpu = match Model::on(layout, DenseDevice::Cuda(0)) {
+        Ok(gpu) => gpu,
+        Err(refusal) => {
+            // Built without the feature: the build says so. With it: the device says why.
+            let expected = if cfg!(feature = "cuda") {
+                matches!(refusal, ModelError::Device { .. })
+                    && refusal.to_string().contains("Cuda(0)")
+            } else {
+                refusal == ModelError::NoCudaBuild
+            };
+            assert!(expected, "unexpected refusal: {refusal}");
+            println!("SKIPPED the GPU model: {refusal}");
+            return;
+        }
+    };
+    assert_eq!(gpu.device(), DenseDevice::Cuda(0));
+    for kind in [
+        ModelKind::Dlrm,
+        ModelKind::Deepfm,
+        ModelKind::WideDeep,
+        ModelKind::Mtrm,
+    ] {
+        let layout = small(kind);
+        let cpu = Model::new(layout.clone());
+        let gpu = Model::on(layout.clone(), DenseDevice::Cuda(0)).expect("the GPU again");
+        let params = ParamSet::init(&layout, 7);
+        let rows = 64;
+        let dense = noise(1, rows * layout.dense_inputs);
+        let embedded = noise(2, rows * layout.embedding_width);
+        let wide = if layout.has_wide() {
+            noise(3, rows * layout.features.len())
+        } else {
+            Vec::new()
+        };
+        let labels: Vec<f32> = (0..rows).map(|i| (i % 2) as f32).collect();
+        let inputs = Inputs {
+            rows,
+            dense: &dense,
+            embedded: &embedded,
+            wide: &wide,
+        };
+        let close = |a: &[f32], b: &[f32], what: &str| {
+            assert_eq!(a.len(), b.len(), "{kind:?} {what}");
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-4 * (1.0 + x.abs()),
+                    "{kind:?} {what}: {x} vs {y}"
+                );
+            }
+        };
+        let on_cpu = cpu
+            .train_step(&params, &inputs, &labels, Tower::Memory)
+            .expect("cpu step");
+        let on_gpu = gpu
+            .train_step(&params, &inputs, &labels, Tower::Memory)
+            .expect("gpu step");
+        close(
+            &on_cpu.probabilities,
+            &on_gpu.probabilities,
+            "probabilities",
+        );
+        close(
+            &on_cpu.embedded_grad,
+            &on_gpu.embedded_grad,
+            "embedding gradient",
+        );
+        close(&on_cpu.wide_grad, &on_gpu.wide_grad, "wide gradient");
+        assert_eq!(on_cpu.dense_grads.len(), on_gpu.dense_grads.len());
+        for (a, b) in on_cpu.dense_grads.iter().zip(&on_gpu.dense_grads) {
+            assert_eq!(a.name, b.name);
+            close(&a.values, &b.values, &a.name);
+        }
+        let predicted_cpu = cpu
+            .predict(&params, &inputs, Tower::Adapt)
+            .expect("cpu predict");
+        let predicted_gpu = gpu
+            .predict(&params, &inputs, Tower::Adapt)
+            .expect("gpu predict");
+        close(&predicted_cpu, &predicted_gpu, "predictions");
     }
 }

@@ -32,7 +32,7 @@ use anyhow::Context;
 use futures::StreamExt;
 use primus_bus::Bus;
 use primus_data_executor::reader::{self, ReaderOptions, Received};
-use primus_model::{Model, ModelLayout};
+use primus_model::{DenseDevice, Model, ModelError, ModelLayout};
 use primus_proto::v1::checkpoint_service_client::CheckpointServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
 use primus_proto::v1::{
@@ -41,6 +41,7 @@ use primus_proto::v1::{
 };
 use primus_ps::client::PsClient;
 use primus_service::{ExecutorIdentity, Node, Shutdown};
+use primus_spec::job::Device;
 use tonic::service::Routes;
 use tonic::transport::Channel;
 
@@ -72,7 +73,7 @@ pub async fn run(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Resul
         &train.executor_id,
         &train.master_addr,
     )?;
-    let model = train
+    let model_spec = train
         .model
         .as_ref()
         .context("trainer.model is not set: the master writes the Job's model there")?;
@@ -80,9 +81,10 @@ pub async fn run(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Resul
         .schema
         .as_ref()
         .context("trainer.schema is not set: the master writes the Dataset's schema there")?;
-    let layout = ModelLayout::new(model, schema)?;
+    let layout = ModelLayout::new(model_spec, schema)?;
     let device = EmbeddingDevice::open(train.device, train.cuda_device)?;
-    tracing::info!(device = ?device, "embedding work device");
+    let model = dense_model(layout, train)?;
+    tracing::info!(embedding = ?device, dense = ?model.device(), "devices");
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let grpc_addr = node.local_addr()?.to_string();
     let bus = node.connect_nats(&settings.nats).await?;
@@ -90,7 +92,7 @@ pub async fn run(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Resul
         let (bus, shutdown, settings) = (bus.clone(), shutdown.clone(), settings.clone());
         tokio::spawn(async move {
             let result = tokio::select! {
-                result = work(&identity, layout, device, &settings, &bus, grpc_addr) => result,
+                result = work(&identity, model, device, &settings, &bus, grpc_addr) => result,
                 _ = shutdown.wait() => Ok(()),
             };
             // Done or failed, the process ends: the master sees its exit status.
@@ -101,6 +103,25 @@ pub async fn run(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Resul
     node.serve(Routes::default(), shutdown).await?;
     bus.drain().await?;
     worker.await.context("the training task")?
+}
+
+/// The dense network on the trainer's device. A GPU trainer whose binary has no CUDA
+/// backend for it (built without the `cuda` feature) keeps it on the CPU and says so.
+fn dense_model(layout: ModelLayout, train: &settings::TrainSettings) -> anyhow::Result<Model> {
+    let gpu = match train.device {
+        Device::Cpu => return Ok(Model::new(layout)),
+        Device::Cuda => DenseDevice::Cuda(train.cuda_device),
+    };
+    match Model::on(layout.clone(), gpu) {
+        Ok(model) => Ok(model),
+        Err(ModelError::NoCudaBuild) => {
+            tracing::warn!(
+                "trainer.device is cuda, but this binary was built without the cuda feature: the dense network runs on the CPU"
+            );
+            Ok(Model::new(layout))
+        }
+        Err(e) => Err(e).context("trainer.device is cuda"),
+    }
 }
 
 /// The job's PS shards (in shard order) and data executors, once the master lists them.
@@ -191,7 +212,7 @@ where
 
 async fn work(
     identity: &ExecutorIdentity,
-    layout: ModelLayout,
+    model: Model,
     device: EmbeddingDevice,
     settings: &TrainerSettings,
     bus: &Bus,
@@ -209,12 +230,13 @@ async fn work(
         let (job, id) = (&identity.job, &identity.executor_id);
         let hot_set = train.hot_set.clone();
         let device = device.clone();
-        Some(HotSync::join(hot_set, bus, job, id, &layout, directory, device).await?)
+        let layout = model.layout();
+        Some(HotSync::join(hot_set, bus, job, id, layout, directory, device).await?)
     } else {
         None
     };
     let mut trainer = Trainer::start(
-        Model::new(layout),
+        model,
         store,
         train.seed,
         train.dense_pull_every,

@@ -23,8 +23,9 @@ pub enum SnapshotError {
         got: usize,
         want: usize,
     },
-    #[error("table {table}: device: {reason}")]
-    Device { table: String, reason: String },
+    /// The table could not write restored rows (its GPU row store failed).
+    #[error(transparent)]
+    Table(#[from] crate::EmbeddingError),
     #[error("not a snapshot of this kind (bad magic)")]
     Magic,
     #[error("snapshot format {0} is not supported (this build reads {FORMAT})")]

@@ -887,10 +887,7 @@ impl Table {
                 guard.changes.note(key, old);
                 guard.changes.gave(new);
             }
-            guard.flush_staged().map_err(|e| SnapshotError::Device {
-                table: self.name.clone(),
-                reason: e.to_string(),
-            })?;
+            guard.flush_staged().map_err(|e| self.device_error(e))?;
         }
         // Later changes must get versions above everything restored.
         self.version.fetch_max(snapshot.version, Ordering::AcqRel);

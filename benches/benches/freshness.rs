@@ -148,12 +148,7 @@ async fn run(hours: &[Hour], kind: ModelKind, every: Option<usize>) -> Vec<f64> 
         .await
         .expect("trainer");
     let model = Model::new(layout.clone());
-    let names: Vec<String> = trainer
-        .params()
-        .tensors()
-        .iter()
-        .map(|t| t.name.clone())
-        .collect();
+    let names = trainer.params().names();
     let mut touched = HashSet::new();
     let mut serving = Serving {
         rows: HashMap::new(),

@@ -283,6 +283,24 @@ mod tests {
         TableSpec::new("t", 4, optimizer)
     }
 
+    /// The optimizers the fused kernels implement (so a row store can train).
+    fn adagrad() -> OptimizerSpec {
+        OptimizerSpec::Adagrad {
+            learning_rate: 0.05,
+            initial_accumulator: 0.1,
+            epsilon: 1e-8,
+        }
+    }
+
+    fn adam() -> OptimizerSpec {
+        OptimizerSpec::Adam {
+            learning_rate: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+        }
+    }
+
     /// The replica of rows copied from a table, trained with the same gradients, ends
     /// bitwise equal to the table for every optimizer.
     #[test]
@@ -291,17 +309,8 @@ mod tests {
             OptimizerSpec::Sgd {
                 learning_rate: 0.05,
             },
-            OptimizerSpec::Adagrad {
-                learning_rate: 0.05,
-                initial_accumulator: 0.1,
-                epsilon: 1e-8,
-            },
-            OptimizerSpec::Adam {
-                learning_rate: 0.01,
-                beta1: 0.9,
-                beta2: 0.999,
-                epsilon: 1e-8,
-            },
+            adagrad(),
+            adam(),
             OptimizerSpec::Ftrl {
                 alpha: 0.1,
                 beta: 1.0,
@@ -340,11 +349,7 @@ mod tests {
 
     #[test]
     fn bad_rows_and_gradients_are_refused_without_a_change() {
-        let spec = spec(OptimizerSpec::Adagrad {
-            learning_rate: 0.05,
-            initial_accumulator: 0.1,
-            epsilon: 1e-8,
-        });
+        let spec = spec(adagrad());
         let mut hot = HotRows::new(&spec).expect("replica");
         assert!(matches!(
             hot.insert(1, &[0.0; 4]),
@@ -393,20 +398,7 @@ mod tests {
     fn check_row_store_replica(
         make: impl Fn(u32, u32) -> Result<Box<dyn RowStore>, primus_gpu::GpuError>,
     ) {
-        let optimizers = [
-            OptimizerSpec::Adagrad {
-                learning_rate: 0.05,
-                initial_accumulator: 0.1,
-                epsilon: 1e-8,
-            },
-            OptimizerSpec::Adam {
-                learning_rate: 0.01,
-                beta1: 0.9,
-                beta2: 0.999,
-                epsilon: 1e-8,
-            },
-        ];
-        for optimizer in optimizers {
+        for optimizer in [adagrad(), adam()] {
             let spec = spec(optimizer.clone());
             let mut host = HotRows::new(&spec).expect("host replica");
             let mut stored = HotRows::in_store(&spec, &make).expect("stored replica");

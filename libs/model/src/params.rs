@@ -123,6 +123,11 @@ impl ParamSet {
         &self.tensors
     }
 
+    /// Every tensor's name, in order (what a dense pull asks for).
+    pub fn names(&self) -> Vec<String> {
+        self.tensors.iter().map(|t| t.name.clone()).collect()
+    }
+
     pub fn get(&self, name: &str) -> Option<&ParamTensor> {
         self.tensors.iter().find(|t| t.name == name)
     }

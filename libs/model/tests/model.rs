@@ -83,26 +83,36 @@ fn loss(
     )
 }
 
+/// Noise as `rows` samples' dense, pooled and wide inputs (wide only where the model has
+/// a wide part), and alternating labels.
+fn random_batch(layout: &ModelLayout, rows: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let wide_len = if layout.has_wide() {
+        rows * layout.features.len()
+    } else {
+        0
+    };
+    (
+        noise(1, rows * layout.dense_inputs),
+        noise(2, rows * layout.embedding_width),
+        noise(3, wide_len),
+        (0..rows).map(|i| (i % 2) as f32).collect(),
+    )
+}
+
+const EVERY_KIND: [ModelKind; 4] = [
+    ModelKind::Dlrm,
+    ModelKind::Deepfm,
+    ModelKind::WideDeep,
+    ModelKind::Mtrm,
+];
+
 #[test]
 fn gradients_match_finite_differences_for_every_model() {
-    for kind in [
-        ModelKind::Dlrm,
-        ModelKind::Deepfm,
-        ModelKind::WideDeep,
-        ModelKind::Mtrm,
-    ] {
+    for kind in EVERY_KIND {
         let layout = small(kind);
         let model = Model::new(layout.clone());
         let rows = 5;
-        let dense = noise(1, rows * layout.dense_inputs);
-        let mut embedded = noise(2, rows * layout.embedding_width);
-        let wide_len = if layout.has_wide() {
-            rows * layout.features.len()
-        } else {
-            0
-        };
-        let wide = noise(3, wide_len);
-        let labels: Vec<f32> = (0..rows).map(|i| (i % 2) as f32).collect();
+        let (dense, mut embedded, wide, labels) = random_batch(&layout, rows);
         // Zero biases put a sample with all-dead inputs exactly on a ReLU's kink, where
         // the central difference averages two one-sided slopes; nonzero biases avoid it.
         let mut params = ParamSet::init(&layout, 7);
@@ -359,12 +369,7 @@ fn pooling_sums_rows_and_scatter_adds_back_to_unique_keys() {
 /// hundred SGD steps (dense and sparse, applied here) must rank well above chance.
 #[test]
 fn every_model_learns_a_planted_signal() {
-    for kind in [
-        ModelKind::Dlrm,
-        ModelKind::Deepfm,
-        ModelKind::WideDeep,
-        ModelKind::Mtrm,
-    ] {
+    for kind in EVERY_KIND {
         let layout = small(kind);
         let model = Model::new(layout.clone());
         let mut params = ParamSet::init(&layout, 3);
@@ -497,12 +502,7 @@ fn the_onnx_export_has_the_documented_inputs_and_every_parameter_once() {
     use primus_model::onnx::{DENSE_INPUT, EMBEDDED_INPUT, OUTPUT, WIDE_INPUT, export};
     use primus_proto::onnx::ModelProto;
     use prost::Message;
-    for kind in [
-        ModelKind::Dlrm,
-        ModelKind::Deepfm,
-        ModelKind::WideDeep,
-        ModelKind::Mtrm,
-    ] {
+    for kind in EVERY_KIND {
         let layout = small(kind);
         let params = ParamSet::init(&layout, 1);
         let bytes = export(&layout, &params, Tower::Adapt, 7).expect("export");
@@ -550,25 +550,13 @@ fn a_model_on_a_gpu_computes_like_the_cpu_model_or_says_why_it_cannot() {
         }
     };
     assert_eq!(gpu.device(), DenseDevice::Cuda(0));
-    for kind in [
-        ModelKind::Dlrm,
-        ModelKind::Deepfm,
-        ModelKind::WideDeep,
-        ModelKind::Mtrm,
-    ] {
+    for kind in EVERY_KIND {
         let layout = small(kind);
         let cpu = Model::new(layout.clone());
         let gpu = Model::on(layout.clone(), DenseDevice::Cuda(0)).expect("the GPU again");
         let params = ParamSet::init(&layout, 7);
         let rows = 64;
-        let dense = noise(1, rows * layout.dense_inputs);
-        let embedded = noise(2, rows * layout.embedding_width);
-        let wide = if layout.has_wide() {
-            noise(3, rows * layout.features.len())
-        } else {
-            Vec::new()
-        };
-        let labels: Vec<f32> = (0..rows).map(|i| (i % 2) as f32).collect();
+        let (dense, embedded, wide, labels) = random_batch(&layout, rows);
         let inputs = Inputs {
             rows,
             dense: &dense,

@@ -211,7 +211,8 @@ pub struct RoleSpec {
     pub memory: String,
     /// Where the role's embedding work runs. `ps` and `trainers` may say `cuda`: a PS then
     /// keeps its rows in GPU memory; a trainer pools, runs the pooling backward and keeps
-    /// its hot rows there (its dense network stays on the CPU in this build).
+    /// its hot rows there, and runs its dense network there when built with its `cuda`
+    /// feature.
     #[serde(default)]
     pub device: Device,
 }

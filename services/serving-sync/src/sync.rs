@@ -369,8 +369,7 @@ impl JobSync {
             unreachable!("connected above")
         };
         let mut params = ParamSet::init(&self.target.layout, 0);
-        let names: Vec<String> = params.tensors().iter().map(|t| t.name.clone()).collect();
-        let pulled = client.pull_dense(&names).await?;
+        let pulled = client.pull_dense(&params.names()).await?;
         params.assign(
             pulled
                 .into_iter()

@@ -1,8 +1,8 @@
 //! Where a trainer's embedding work runs (`trainer.device`): pooling, its backward and the
 //! hot set's rows. On `cpu`, the kernels' CPU references and rows in the trainer's memory;
 //! on `cuda`, primus-gpu's CUDA kernels and the hot rows in GPU memory, trained by the
-//! fused optimizer kernels. The dense network runs on burn's CPU backend either way: burn's
-//! CUDA backend is not in this build (its LLVM bundle cannot be fetched here).
+//! fused optimizer kernels. The dense network is not placed here: it follows the device
+//! too only in a build with the `cuda` feature (`dense_model` in lib.rs).
 
 use std::sync::Arc;
 

@@ -44,7 +44,8 @@ pub struct TrainSettings {
     /// `training.hot_set`).
     pub hot_set: HotSetSpec,
     /// Where pooling, its backward and the hot rows run (the Job's
-    /// `topology.trainers.device`). `cuda` refuses to start without a usable GPU.
+    /// `topology.trainers.device`), and the dense network in a build with the `cuda`
+    /// feature. `cuda` refuses to start without a usable GPU.
     pub device: Device,
     /// The GPU (CUDA ordinal) of `device: cuda`.
     pub cuda_device: usize,

@@ -280,13 +280,7 @@ impl<S: ParameterStore> Trainer<S> {
     }
 
     async fn pull_dense(&mut self) -> anyhow::Result<()> {
-        let names: Vec<String> = self
-            .params
-            .tensors()
-            .iter()
-            .map(|t| t.name.clone())
-            .collect();
-        let pulled = self.store.pull_dense(&names).await?;
+        let pulled = self.store.pull_dense(&self.params.names()).await?;
         let mut params = (*self.params).clone();
         params.assign(pulled)?;
         self.params = Arc::new(params);

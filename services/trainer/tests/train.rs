@@ -135,7 +135,7 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
         "progressive AUC went from {first:.4} to {last:.4}; best achievable {best:.4}"
     );
     // The dense pushes reached the store: every tensor moved.
-    let names: Vec<String> = initial.tensors().iter().map(|t| t.name.clone()).collect();
+    let names = initial.names();
     let now = store.pull_dense(&names).await.expect("pull");
     assert!(
         now.iter()
@@ -195,12 +195,7 @@ async fn a_cuda_trainer_trains_like_a_cpu_trainer_or_refuses_without_a_gpu() {
             let output = trainer.step(prepared).await.expect("step");
             scored.push(bits(&output.probabilities));
         }
-        let names: Vec<String> = trainer
-            .params()
-            .tensors()
-            .iter()
-            .map(|t| t.name.clone())
-            .collect();
+        let names = trainer.params().names();
         let dense = store.pull_dense(&names).await.expect("pull");
         let rows = store.read_rows("categorical", &keys).await.expect("rows");
         let dense: Vec<Vec<u32>> = dense.iter().map(|t| bits(&t.values)).collect();

@@ -283,24 +283,6 @@ mod tests {
         TableSpec::new("t", 4, optimizer)
     }
 
-    /// The optimizers the fused kernels implement (so a row store can train).
-    fn adagrad() -> OptimizerSpec {
-        OptimizerSpec::Adagrad {
-            learning_rate: 0.05,
-            initial_accumulator: 0.1,
-            epsilon: 1e-8,
-        }
-    }
-
-    fn adam() -> OptimizerSpec {
-        OptimizerSpec::Adam {
-            learning_rate: 0.01,
-            beta1: 0.9,
-            beta2: 0.999,
-            epsilon: 1e-8,
-        }
-    }
-
     /// The replica of rows copied from a table, trained with the same gradients, ends
     /// bitwise equal to the table for every optimizer.
     #[test]
@@ -309,8 +291,8 @@ mod tests {
             OptimizerSpec::Sgd {
                 learning_rate: 0.05,
             },
-            adagrad(),
-            adam(),
+            OptimizerSpec::adagrad(0.05),
+            OptimizerSpec::adam(0.01),
             OptimizerSpec::Ftrl {
                 alpha: 0.1,
                 beta: 1.0,
@@ -349,7 +331,7 @@ mod tests {
 
     #[test]
     fn bad_rows_and_gradients_are_refused_without_a_change() {
-        let spec = spec(adagrad());
+        let spec = spec(OptimizerSpec::adagrad(0.05));
         let mut hot = HotRows::new(&spec).expect("replica");
         assert!(matches!(
             hot.insert(1, &[0.0; 4]),
@@ -398,7 +380,7 @@ mod tests {
     fn check_row_store_replica(
         make: impl Fn(u32, u32) -> Result<Box<dyn RowStore>, primus_gpu::GpuError>,
     ) {
-        for optimizer in [adagrad(), adam()] {
+        for optimizer in [OptimizerSpec::adagrad(0.05), OptimizerSpec::adam(0.01)] {
             let spec = spec(optimizer.clone());
             let mut host = HotRows::new(&spec).expect("host replica");
             let mut stored = HotRows::in_store(&spec, &make).expect("stored replica");

@@ -28,20 +28,11 @@ fn spec(optimizer: OptimizerSpec, min_count: u32) -> TableSpec {
 }
 
 fn adagrad() -> OptimizerSpec {
-    OptimizerSpec::Adagrad {
-        learning_rate: 0.05,
-        initial_accumulator: 0.1,
-        epsilon: 1e-8,
-    }
+    OptimizerSpec::adagrad(0.05)
 }
 
 fn adam() -> OptimizerSpec {
-    OptimizerSpec::Adam {
-        learning_rate: 0.01,
-        beta1: 0.9,
-        beta2: 0.999,
-        epsilon: 1e-8,
-    }
+    OptimizerSpec::adam(0.01)
 }
 
 fn options() -> TableOptions {

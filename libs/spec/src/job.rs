@@ -143,6 +143,16 @@ impl OptimizerSpec {
             epsilon: defaults::epsilon(),
         }
     }
+
+    /// Adam with the file defaults for its betas and epsilon.
+    pub fn adam(learning_rate: f64) -> Self {
+        Self::Adam {
+            learning_rate,
+            beta1: defaults::beta1(),
+            beta2: defaults::beta2(),
+            epsilon: defaults::epsilon(),
+        }
+    }
 }
 
 /// Monolith's admission filters: a key gets a row only once seen `min_count` times

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use primus_config::PsSettings;
 use primus_embedding::{Table, TableOptions};
-use primus_ps::PsSettings;
-use primus_ps::client::PsClient;
+use primus_ps_client::PsClient;
 use primus_service::Shutdown;
 use primus_spec::job::{OptimizerSpec, TableSpec};
 use primus_testkit::service::{ServingStatus, wait_for_health};

@@ -17,15 +17,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use primus_batch::FeaturePipeline;
+use primus_config::PsRole;
+use primus_config::PsSettings;
 use primus_model::pooling::BatchKeys;
 use primus_model::{Inputs, Model, ModelLayout, ParamSet, Tower};
 use primus_proto::v1::feature_value::Value;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::serving_service_client::ServingServiceClient;
 use primus_proto::v1::{DeltaNotice, ExportDeltaRequest, FeatureValue, PredictRequest, Sample};
-use primus_ps::PsSettings;
-use primus_ps::client::PsClient;
-use primus_ps::settings::PsRole;
+use primus_ps_client::PsClient;
 use primus_service::Shutdown;
 use primus_serving_sync::sync::{JobSync, SyncTarget, Topology};
 use primus_spec::dataset::FeatureSchema;

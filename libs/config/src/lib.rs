@@ -1,15 +1,49 @@
 //! Layered settings for every Primus service, and the typed settings themselves.
 //!
+//! Each service's settings type lives here ([`MasterSettings`], [`PsSettings`], ...), not in
+//! the service, so the master builds an executor's settings file from the same type the
+//! executor loads it with.
+//!
 //! Layers, later wins: the service's built-in defaults, then a YAML, TOML or JSON
 //! file given by `--config`, then `PRIMUS_<SECTION>__<KEY>` environment variables
 //! (`PRIMUS_SERVER__GRPC_ADDR=0.0.0.0:7000` sets `server.grpc_addr`). A wrong type or an
 //! unknown key fails the load with an error naming the key and the layer it came from.
 
+mod data_executor;
 mod load;
+mod master;
+mod ps;
+mod serving_sync;
 mod settings;
+mod trainer;
 
+pub use data_executor::*;
 pub use load::{ConfigError, ENV_PREFIX, is_settings_variable, load, load_from_process, to_toml};
+pub use master::*;
+pub use ps::*;
+pub use serving_sync::*;
 pub use settings::*;
+pub use trainer::*;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A settings type a service can be launched with.
+pub trait ServiceSettings: Serialize + DeserializeOwned + Send + 'static {
+    fn telemetry(&self) -> &TelemetrySettings;
+}
+
+impl ServiceSettings for NodeSettings {
+    fn telemetry(&self) -> &TelemetrySettings {
+        &self.telemetry
+    }
+}
+
+impl ServiceSettings for ApiServerSettings {
+    fn telemetry(&self) -> &TelemetrySettings {
+        &self.telemetry
+    }
+}
 
 /// A URL fit for logs and errors: credentials (`user:password@`) replaced by `***@`.
 pub fn redact_url(url: &str) -> String {

@@ -10,6 +10,13 @@ pub struct PackedError {
     items: &'static str,
 }
 
+/// A malformed packed field in a request is the caller's mistake.
+impl From<PackedError> for tonic::Status {
+    fn from(error: PackedError) -> Self {
+        tonic::Status::invalid_argument(error.to_string())
+    }
+}
+
 pub fn encode_keys(keys: &[u64]) -> Vec<u8> {
     keys.iter().flat_map(|k| k.to_le_bytes()).collect()
 }

@@ -20,26 +20,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Arg, ArgAction, Command};
-use primus_config::{ApiServerSettings, NodeSettings, TelemetrySettings};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-
-/// A settings type a service can be launched with.
-pub trait ServiceSettings: Serialize + DeserializeOwned + Send + 'static {
-    fn telemetry(&self) -> &TelemetrySettings;
-}
-
-impl ServiceSettings for NodeSettings {
-    fn telemetry(&self) -> &TelemetrySettings {
-        &self.telemetry
-    }
-}
-
-impl ServiceSettings for ApiServerSettings {
-    fn telemetry(&self) -> &TelemetrySettings {
-        &self.telemetry
-    }
-}
+use primus_config::ServiceSettings;
 
 fn command(service: &'static str, about: &'static str) -> Command {
     Command::new(service)

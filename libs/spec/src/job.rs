@@ -227,6 +227,18 @@ pub struct RoleSpec {
     pub device: Device,
 }
 
+impl RoleSpec {
+    /// `replicas` processes with the file defaults for CPU, memory and device.
+    pub fn new(replicas: u32) -> Self {
+        Self {
+            replicas,
+            cpu: defaults::one(),
+            memory: defaults::memory(),
+            device: Device::Cpu,
+        }
+    }
+}
+
 /// Host CPU, or an NVIDIA GPU through CUDA.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -420,6 +432,17 @@ pub struct CheckpointSpec {
     /// reads the chain back to the full one. 1: every checkpoint is full.
     #[serde(default = "defaults::full_every")]
     pub full_every: u32,
+}
+
+impl CheckpointSpec {
+    /// A checkpoint under `uri` every `interval_seconds`, with the file default `full_every`.
+    pub fn new(uri: &str, interval_seconds: u64) -> Self {
+        Self {
+            uri: uri.to_owned(),
+            interval_seconds,
+            full_every: defaults::full_every(),
+        }
+    }
 }
 
 /// The longest chain of incremental checkpoints `full_every` may ask for.

@@ -31,8 +31,8 @@ use crate::join::{JoinGauges, JoinRunner};
 use crate::ledger::{ReadEnd, TaskLedger};
 use crate::rebalance::{Rebalancer, StreamPartition};
 use crate::runner::BatchRunner;
-use crate::settings::DataSettings;
-use crate::stream::{StreamGauges, StreamInputs, StreamRunner};
+use crate::stream::{Fetching, StreamGauges, StreamInputs, StreamRunner};
+use primus_config::DataSettings;
 
 /// State shared by the work loop, the runners and the dataset server.
 pub struct Executor {
@@ -161,7 +161,7 @@ impl Executor {
             buffers: &self.buffers,
             pipeline: &self.pipeline,
             jetstream,
-            fetching: self.settings.fetching(),
+            fetching: Fetching::from_settings(&self.settings),
             rejected: &self.rejected_messages,
         }
     }

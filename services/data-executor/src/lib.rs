@@ -9,18 +9,15 @@
 //! trainers over `DatasetService.StreamMinibatches`, choosing the source by Algorithm 2.
 //! A task's offset as reported to the master counts rows *served*, so a crash loses no
 //! buffered row. Heartbeats (CPU, memory) and metrics (buffer fill, rows served) go to NATS.
-//! [`reader`] is the trainer's side: every executor's stream, merged and decoded.
 
 mod barrier;
 pub mod buffer;
 mod executor;
 mod join;
 pub mod ledger;
-pub mod reader;
 mod rebalance;
 mod runner;
 mod server;
-pub mod settings;
 mod stream;
 
 use std::sync::Arc;
@@ -38,7 +35,7 @@ pub(crate) fn unix_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
 }
-pub use settings::DataExecutorSettings;
+use primus_config::DataExecutorSettings;
 
 pub const SERVICE: &str = "primus-data-executor";
 pub const ABOUT: &str = concat!(

@@ -68,6 +68,17 @@ pub struct Fetching {
     pub ack_wait: Duration,
 }
 
+impl Fetching {
+    /// The stream fetch settings, each raised to a workable minimum.
+    pub fn from_settings(settings: &primus_config::DataSettings) -> Self {
+        Self {
+            messages: settings.stream_fetch_messages.max(1),
+            wait: Duration::from_millis(settings.stream_fetch_wait_ms.max(10)),
+            ack_wait: Duration::from_millis(settings.stream_ack_wait_ms.max(1000)),
+        }
+    }
+}
+
 /// What every stream consumer of an executor (forward, rebalancing helper, joiner) reads
 /// from and writes to.
 #[derive(Clone, Copy)]

@@ -13,8 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use primus_config::{NodeSettings, StorageSettings};
-use primus_data_executor::DataExecutorSettings;
+use primus_config::{DataExecutorSettings, NodeSettings, StorageSettings};
 use primus_proto::v1::dataset_service_server::{DatasetService, DatasetServiceServer};
 use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::{

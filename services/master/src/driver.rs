@@ -14,7 +14,7 @@ use primus_spec::job::TrainingMode;
 
 use crate::plan::{self, BatchSource, Catalog, ListingCache, PlanError, PlanOptions, StreamPlan};
 use crate::queue::{QueueError, TaskQueue};
-use crate::settings::{PlannerSettings, TaskSettings};
+use primus_config::{PlannerSettings, TaskSettings};
 use primus_spec::time;
 
 #[derive(Debug, thiserror::Error)]

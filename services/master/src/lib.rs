@@ -15,10 +15,11 @@ pub mod backend;
 pub mod checkpoint;
 pub mod controller;
 pub mod driver;
+mod job;
 pub mod metrics;
 pub mod plan;
 pub mod queue;
-pub mod settings;
+mod shard;
 pub mod tasks;
 pub mod topology;
 
@@ -33,7 +34,7 @@ use primus_proto::v1::topology_service_server::TopologyServiceServer;
 use primus_service::{Node, SettingFlag, Shutdown};
 use tonic::service::Routes;
 
-pub use settings::MasterSettings;
+use primus_config::MasterSettings;
 
 pub const SERVICE: &str = "primus-master";
 pub const ABOUT: &str = concat!(
@@ -54,7 +55,7 @@ pub fn default_settings() -> MasterSettings {
 
 /// Runs until `shutdown`, then stops every executor it started and returns.
 pub async fn run(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    let shard = settings::parse_shard(&settings.master.shard).map_err(anyhow::Error::msg)?;
+    let shard = shard::parse_shard(&settings.master.shard).map_err(anyhow::Error::msg)?;
     let client = ClientSettings::from_settings(&settings.api)?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let master_addr = advertised(node.local_addr()?);

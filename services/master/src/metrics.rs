@@ -1,7 +1,11 @@
-//! Folds a job's `MetricsReport`s (NATS) into its Metric resource series and its progress.
+//! A Job's metrics: [`follow`] receives its executors' `MetricsReport`s from NATS,
+//! [`MetricsFold`] folds them into its Metric resource series and its progress, and
+//! [`write`] applies the Metric resource.
 
 use std::collections::{BTreeMap, HashMap};
 
+use primus_api_client::ApiClient;
+use primus_bus::Bus;
 use primus_proto::v1::{MetricsReport, Role};
 use primus_spec::metric::{MetricPoint, MetricSeries, MetricSpec};
 use primus_spec::status::Progress;
@@ -115,6 +119,43 @@ impl MetricsFold {
                 .sum(),
             auc: (!aucs.is_empty()).then(|| aucs.iter().sum::<f64>() / aucs.len() as f64),
         })
+    }
+}
+
+/// Sends every metrics report of `job`'s executors to `reports` until it closes.
+pub async fn follow(bus: Bus, job: String, reports: tokio::sync::mpsc::Sender<MetricsReport>) {
+    let subject = match bus.subjects().metrics(&job, "*", "*") {
+        Ok(subject) => subject,
+        Err(e) => return tracing::error!(%job, error = %e, "metrics subject"),
+    };
+    let mut messages = match bus.subscribe::<MetricsReport>(subject).await {
+        Ok(messages) => messages,
+        Err(e) => return tracing::error!(%job, error = %e, "metrics subscription"),
+    };
+    while let Some(message) = messages.next().await {
+        match message {
+            Ok(received) => {
+                if reports.send(received.message).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => tracing::warn!(%job, error = %e, "undecodable metrics report"),
+        }
+    }
+}
+
+/// Applies `job`'s Metric resource from the fold; a failure is logged (the next write
+/// carries every point).
+pub async fn write(api: &ApiClient, job: &str, fold: &MetricsFold) {
+    let resource = primus_spec::Resource::Metric(Box::new(primus_spec::Object {
+        metadata: primus_spec::Metadata {
+            name: job.to_owned(),
+            labels: Default::default(),
+        },
+        spec: fold.spec(job),
+    }));
+    if let Err(e) = api.apply(&resource, 0).await {
+        tracing::warn!(%job, error = %e, "writing the Metric resource");
     }
 }
 

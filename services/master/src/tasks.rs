@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use crate::checkpoint::{Alignments, KnownTotals, TrainerTotals};
 use crate::driver::now_ms;
 use crate::queue::{Acquired, Finished, QueueError, TaskQueue};
-use crate::settings::TaskSettings;
+use primus_config::TaskSettings;
 
 /// What the task service needs of one job.
 #[derive(Clone)]

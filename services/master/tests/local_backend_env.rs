@@ -7,9 +7,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;
 
+use primus_config::LocalBackendSettings;
 use primus_master::backend::local::LocalBackend;
-use primus_master::backend::{ExecutorRole, ExecutorSpec, ResourceBackend};
-use primus_master::settings::LocalBackendSettings;
+use primus_master::backend::{ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend};
 
 /// Set in the child run: it does the real check.
 const INNER: &str = "PRIMUS_TEST_LOCAL_BACKEND_ENV";
@@ -67,7 +67,7 @@ fn check_executor_environment() {
                 job: "j".into(),
                 role: ExecutorRole::Trainer,
                 index: 0,
-                settings: toml::Table::new(),
+                settings: ExecutorSettings::Trainer(Box::default()),
                 cpu: 1.0,
                 memory_bytes: 1 << 20,
             })

@@ -1,17 +1,13 @@
 //! `primus-ps`, training role: serves this process's embedding tables ([`primus_embedding`])
 //! and its dense parameters (with a server-side optimizer) over the ParameterServer gRPC API
 //! (Lookup, Push, InitDense, PullDense, PushDense, Snapshot, Restore, ExportDelta, Stats),
-//! evicts idle rows on a timer, and ships [`client::PsClient`], which routes keys across a
-//! job's PS shards. Snapshots go to any object-store URL through primus-storage.
+//! evicts idle rows on a timer. Snapshots go to any object-store URL through primus-storage.
 //!
 //! With `ps.role = "serving"` the same binary is a serving replica ([`serving`]): table
 //! replicas fed by serving-sync's deltas, the dense network in ONNX Runtime, Predict.
 
-pub mod client;
-mod codec;
 mod service;
 pub mod serving;
-pub mod settings;
 mod snapshots;
 
 use primus_spec::job::Device;
@@ -23,7 +19,7 @@ use primus_proto::v1::parameter_server_server::ParameterServerServer;
 use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
 
-pub use settings::{PsRole, PsSettings};
+use primus_config::{PsRole, PsSettings};
 
 pub const SERVICE: &str = "primus-ps";
 pub const ABOUT: &str = concat!(
@@ -93,7 +89,7 @@ async fn evict_periodically(tables: Arc<service::Tables>, interval: Duration) {
 }
 
 /// The job and shard this PS announces deltas as, from settings or the master's environment.
-fn delta_identity(settings: &settings::TableSettings) -> Option<(String, String)> {
+fn delta_identity(settings: &primus_config::TableSettings) -> Option<(String, String)> {
     let pick = |set: &str, var: &str| {
         Some(set.to_owned())
             .filter(|s| !s.is_empty())

@@ -20,9 +20,9 @@ use tonic::{Request, Response, Status};
 
 use primus_config::StorageSettings;
 
-use crate::codec::{decode_f32, decode_keys, encode_f32, encode_keys};
-use crate::settings::TableSettings;
 use crate::snapshots;
+use primus_config::TableSettings;
+use primus_proto::packed::{decode_f32, decode_keys, encode_f32, encode_keys};
 use primus_spec::job::Device;
 
 /// The tables of one PS process, sharing one change-version sequence.
@@ -134,7 +134,7 @@ impl ParameterServer for Ps {
     ) -> Result<Response<LookupResponse>, Status> {
         let request = request.into_inner();
         let table = self.tables.get(&request.table)?;
-        let keys = decode_keys(&request.keys)?;
+        let keys = decode_keys("keys", &request.keys)?;
         let _span = tracing::info_span!(
             "ps.lookup",
             primus.table = %request.table,
@@ -162,7 +162,7 @@ impl ParameterServer for Ps {
     ) -> Result<Response<ReadRowsResponse>, Status> {
         let request = request.into_inner();
         let table = self.tables.get(&request.table)?;
-        let keys = decode_keys(&request.keys)?;
+        let keys = decode_keys("keys", &request.keys)?;
         let _span = tracing::info_span!(
             "ps.read_rows",
             primus.table = %request.table,
@@ -183,7 +183,7 @@ impl ParameterServer for Ps {
     async fn push(&self, request: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
         let request = request.into_inner();
         let table = self.tables.get(&request.table)?;
-        let keys = decode_keys(&request.keys)?;
+        let keys = decode_keys("keys", &request.keys)?;
         let grads = decode_f32("grads", &request.grads)?;
         let span = tracing::info_span!(
             "ps.push",

@@ -2,6 +2,7 @@
 //! one in-process table; bad input is refused and changes nothing.
 use std::time::Duration;
 
+use primus_config::PsSettings;
 use primus_config::{S3Settings, StorageSettings};
 use primus_embedding::{Table, TableOptions};
 use primus_gpu::{CudaStatus, cuda_status};
@@ -9,8 +10,7 @@ use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{
     ExportDeltaRequest, LookupRequest, PushRequest, RestoreRequest, SnapshotRequest, StatsRequest,
 };
-use primus_ps::PsSettings;
-use primus_ps::client::PsClient;
+use primus_ps_client::PsClient;
 use primus_service::Shutdown;
 use primus_spec::job::{AdmissionSpec, Device, Initializer, OptimizerSpec, TableSpec};
 use primus_testkit::service::{ServingStatus, wait_for_health};
@@ -329,7 +329,7 @@ async fn a_cuda_ps_answers_like_a_cpu_ps_or_refuses_to_start_without_a_gpu() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_serving_replica_refuses_device_cuda() {
     let mut settings = PsSettings::default();
-    settings.ps.role = primus_ps::PsRole::Serving;
+    settings.ps.role = primus_config::PsRole::Serving;
     settings.ps.device = Device::Cuda;
     let err = primus_ps::run(settings, Shutdown::new())
         .await

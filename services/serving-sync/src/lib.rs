@@ -10,7 +10,6 @@
 //! - Metrics (freshness, rows and bytes moved, dense loads, failures) go to NATS as the
 //!   `serving_sync` role of the Job; the master folds them into the Job's Metric resource.
 
-pub mod settings;
 pub mod sync;
 
 use std::collections::HashMap;
@@ -31,7 +30,7 @@ use tokio::sync::{mpsc, watch};
 use tonic::service::Routes;
 use tracing::Instrument;
 
-pub use settings::ServingSyncSettings;
+use primus_config::ServingSyncSettings;
 use sync::{JobSync, SyncReport, SyncTarget, Topology};
 
 pub const SERVICE: &str = "primus-serving-sync";
@@ -74,7 +73,7 @@ struct RunningSync {
 async fn discover(
     api: ApiClient,
     bus: Bus,
-    settings: settings::SyncSettings,
+    settings: primus_config::SyncSettings,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let notice_subject = bus
@@ -113,7 +112,7 @@ async fn discover(
 async fn rediscover(
     api: &ApiClient,
     bus: &Bus,
-    settings: &settings::SyncSettings,
+    settings: &primus_config::SyncSettings,
     running: &mut HashMap<String, RunningSync>,
 ) -> anyhow::Result<()> {
     let jobs = api.list(Kind::Job, HashMap::new()).await?;
@@ -235,7 +234,7 @@ fn start(
     target: SyncTarget,
     topology: Topology,
     bus: Bus,
-    settings: &settings::SyncSettings,
+    settings: &primus_config::SyncSettings,
 ) -> RunningSync {
     let (topology_tx, topology_rx) = watch::channel(topology);
     let (notice_tx, notice_rx) = mpsc::channel(1);

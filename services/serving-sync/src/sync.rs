@@ -18,7 +18,7 @@ use primus_proto::v1::{
     ApplyDeltaRequest, DeltaNotice, ExportDeltaRequest, ExportDeltaResponse, LoadDenseRequest,
     ReplicaStateRequest,
 };
-use primus_ps::client::PsClient;
+use primus_ps_client::PsClient;
 use primus_telemetry::propagation::TraceInterceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};

@@ -10,18 +10,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use primus_batch::FeaturePipeline;
+use primus_config::PsRole;
+use primus_config::PsSettings;
+use primus_harness::rows::{Rows, replica_rows, training_rows};
 use primus_model::pooling::BatchKeys;
 use primus_model::{ModelLayout, ParamSet, Tower};
 use primus_proto::v1::feature_value::Value;
-use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::serving_service_client::ServingServiceClient;
-use primus_proto::v1::{
-    DeltaNotice, DumpRowsRequest, ExportDeltaRequest, FeatureValue, PredictRequest, Sample,
-    TableDelta,
-};
-use primus_ps::PsSettings;
-use primus_ps::client::PsClient;
-use primus_ps::settings::PsRole;
+use primus_proto::v1::{DeltaNotice, FeatureValue, PredictRequest, Sample};
+use primus_ps_client::PsClient;
 use primus_service::Shutdown;
 use primus_serving_sync::sync::{JobSync, SyncTarget, Topology};
 use primus_spec::dataset::FeatureSchema;
@@ -359,69 +356,11 @@ async fn predict(client: &mut ServingServiceClient<Channel>, samples: Vec<Sample
         .probabilities
 }
 
-/// Every row of every table, by (table, key): (version, row bits).
-type Rows = HashMap<(String, u64), (u64, Vec<u32>)>;
-
-fn rows_of(tables: &[TableDelta], into: &mut Rows) {
-    for table in tables {
-        let dim = table.dim as usize;
-        let keys: Vec<u64> = table
-            .keys
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
-        let versions: Vec<u64> = table
-            .versions
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
-        let floats: Vec<u32> = table
-            .rows
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
-        for (i, key) in keys.iter().enumerate() {
-            into.insert(
-                (table.table.clone(), *key),
-                (versions[i], floats[i * dim..(i + 1) * dim].to_vec()),
-            );
-        }
-    }
-}
-
-async fn training_rows_of(shard: &str) -> Rows {
-    let mut client = ParameterServerClient::connect(format!("http://{shard}"))
-        .await
-        .expect("connect shard")
-        .max_decoding_message_size(usize::MAX);
-    let delta = client
-        .export_delta(ExportDeltaRequest { since_version: 0 })
-        .await
-        .expect("export")
-        .into_inner();
-    let mut rows = Rows::new();
-    rows_of(&delta.tables, &mut rows);
-    rows
-}
-
-async fn training_rows(cluster: &Cluster) -> Rows {
+async fn every_training_row(cluster: &Cluster) -> Rows {
     let mut rows = Rows::new();
     for shard in &cluster.shards {
-        rows.extend(training_rows_of(&shard.addr).await);
+        rows.extend(training_rows(&shard.addr).await);
     }
-    rows
-}
-
-async fn replica_rows(addr: &str) -> Rows {
-    let dump = serving_client(addr)
-        .await
-        .max_decoding_message_size(usize::MAX)
-        .dump_rows(DumpRowsRequest {})
-        .await
-        .expect("dump")
-        .into_inner();
-    let mut rows = Rows::new();
-    rows_of(&dump.tables, &mut rows);
     rows
 }
 
@@ -487,7 +426,7 @@ async fn a_restarted_replica_converges_to_the_training_rows_exactly() {
     }
     sync.sync_sparse().await;
     sync.sync_sparse().await;
-    let expected = training_rows(&cluster).await;
+    let expected = every_training_row(&cluster).await;
     assert!(expected.len() > 400, "{} training rows", expected.len());
     for replica in &cluster.replicas {
         let held = replica_rows(&replica.addr).await;
@@ -516,7 +455,7 @@ async fn a_training_shard_restarted_empty_does_not_take_serving_backwards() {
     }
     sync.sync_sparse().await;
     let before = replica_rows(&cluster.replicas[0].addr).await;
-    let shard0 = training_rows_of(&cluster.shards[0].addr).await;
+    let shard0 = training_rows(&cluster.shards[0].addr).await;
     assert!(!shard0.is_empty(), "shard 0 holds none of the trained rows");
 
     cluster.restart_shard_empty(0).await;
@@ -534,7 +473,7 @@ async fn a_training_shard_restarted_empty_does_not_take_serving_backwards() {
         cluster.train_on(&sample(item), 0.3).await;
     }
     sync.sync_sparse().await;
-    let fresh = training_rows_of(&cluster.shards[0].addr).await;
+    let fresh = training_rows(&cluster.shards[0].addr).await;
     assert!(!fresh.is_empty(), "the restarted shard trained nothing");
     for replica in &cluster.replicas {
         let held = replica_rows(&replica.addr).await;

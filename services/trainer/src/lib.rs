@@ -20,7 +20,6 @@
 
 pub mod device;
 pub mod hot;
-pub mod settings;
 pub mod store;
 pub mod train;
 
@@ -31,7 +30,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::StreamExt;
 use primus_bus::Bus;
-use primus_data_executor::reader::{self, ReaderOptions, Received};
+use primus_data_client::{ReaderOptions, Received};
 use primus_model::{DenseDevice, Model, ModelError, ModelLayout};
 use primus_proto::v1::checkpoint_service_client::CheckpointServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
@@ -39,7 +38,7 @@ use primus_proto::v1::{
     Endpoint, GetTopologyRequest, MetricsReport, Role, TrainerAlignedRequest, TrainerTotalsRequest,
     TrainerTotalsResponse,
 };
-use primus_ps::client::PsClient;
+use primus_ps_client::PsClient;
 use primus_service::{ExecutorIdentity, Node, Shutdown};
 use primus_spec::job::Device;
 use tonic::service::Routes;
@@ -47,7 +46,7 @@ use tonic::transport::Channel;
 
 use device::EmbeddingDevice;
 use hot::{HotSync, TrainerDirectory};
-pub use settings::TrainerSettings;
+use primus_config::TrainerSettings;
 use store::RemoteStore;
 use train::{Feed, Incoming, Report, Reporter, Trainer};
 
@@ -107,7 +106,7 @@ pub async fn run(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Resul
 
 /// The dense network on the trainer's device. A GPU trainer whose binary has no CUDA
 /// backend for it (built without the `cuda` feature) keeps it on the CPU and says so.
-fn dense_model(layout: ModelLayout, train: &settings::TrainSettings) -> anyhow::Result<Model> {
+fn dense_model(layout: ModelLayout, train: &primus_config::TrainSettings) -> anyhow::Result<Model> {
     let gpu = match train.device {
         Device::Cpu => return Ok(Model::new(layout)),
         Device::Cuda => DenseDevice::Cuda(train.cuda_device),
@@ -259,7 +258,7 @@ async fn work(
         grouped: false,
     };
     let batches = retry("opening the data executors' minibatch streams", || async {
-        Ok(reader::read(&data_addrs, &options).await?)
+        Ok(primus_data_client::read(&data_addrs, &options).await?)
     })
     .await?
     .map(|item| {

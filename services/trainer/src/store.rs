@@ -9,7 +9,7 @@ use anyhow::Context;
 use primus_embedding::DenseValues;
 use primus_embedding::{DenseStore, Table, TableOptions};
 use primus_model::ParamTensor;
-use primus_ps::client::{PsClient, StoredRows};
+use primus_ps_client::{PsClient, StoredRows};
 use primus_spec::job::{OptimizerSpec, TableSpec};
 
 /// Embedding rows and dense parameters, with server-side optimizers.

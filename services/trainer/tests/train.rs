@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use primus_batch::{FeaturePipeline, Minibatch};
+use primus_config::TrainerSettings;
 use primus_datagen::criteo::{Criteo, CriteoOptions, feature_schema};
 use primus_gpu::{CudaStatus, cuda_status};
 use primus_model::{Model, ModelLayout};
@@ -14,7 +15,6 @@ use primus_proto::v1::SourceKind;
 use primus_service::Shutdown;
 use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::{DenseSpec, Device, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
-use primus_trainer::TrainerSettings;
 use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::store::{LocalStore, ParameterStore};
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};

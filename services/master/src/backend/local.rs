@@ -17,7 +17,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 use super::{BackendError, BackendEvent, Executor, ExecutorSpec, ResourceBackend};
-use crate::settings::LocalBackendSettings;
+use primus_config::LocalBackendSettings;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -174,15 +174,12 @@ impl ResourceBackend for LocalBackend {
         std::fs::create_dir_all(&job_dir).map_err(|e| io(&job_dir.display().to_string(), e))?;
         let grpc_addr = SocketAddr::from((self.settings.executor_ip, self.ports.pick()?));
         let mut settings = spec.settings.clone();
-        let server = settings
-            .entry("server")
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        if let toml::Value::Table(server) = server {
-            server.insert("grpc_addr".into(), grpc_addr.to_string().into());
-        }
+        settings.server_mut().grpc_addr = grpc_addr;
         let config = job_dir.join(format!("{id}.toml"));
-        std::fs::write(&config, settings.to_string())
-            .map_err(|e| io(&config.display().to_string(), e))?;
+        let text = settings
+            .to_toml()
+            .map_err(|e| BackendError::Io(format!("{id}: {e}")))?;
+        std::fs::write(&config, text).map_err(|e| io(&config.display().to_string(), e))?;
         let launch = Launch {
             binary: self.binary(&spec),
             dir: job_dir.clone(),
@@ -496,7 +493,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
-    use crate::backend::ExecutorRole;
+    use crate::backend::{ExecutorRole, ExecutorSettings};
 
     #[test]
     fn picked_ports_are_below_the_ephemeral_range_and_skip_taken_ones() {
@@ -549,7 +546,7 @@ mod tests {
                 job: "j".into(),
                 role: ExecutorRole::Trainer,
                 index: 0,
-                settings: toml::Table::new(),
+                settings: ExecutorSettings::Trainer(Box::default()),
                 cpu: 1.0,
                 memory_bytes: 1 << 20,
             })

@@ -7,6 +7,9 @@ pub mod local;
 use std::future::Future;
 use std::net::SocketAddr;
 
+use primus_config::{
+    ConfigError, DataExecutorSettings, PsSettings, ServerSettings, TrainerSettings,
+};
 use primus_proto::v1::Role;
 use tokio::sync::broadcast;
 
@@ -59,7 +62,7 @@ pub struct ExecutorSpec {
     pub role: ExecutorRole,
     pub index: u32,
     /// The process's settings (its `server.grpc_addr` is chosen by the backend).
-    pub settings: toml::Table,
+    pub settings: ExecutorSettings,
     pub cpu: f64,
     pub memory_bytes: u64,
 }
@@ -68,6 +71,34 @@ impl ExecutorSpec {
     /// `<role>-<index>`, unique within the job.
     pub fn id(&self) -> String {
         format!("{}-{}", self.role.as_str(), self.index)
+    }
+}
+
+/// An executor's settings, typed as the executor loads them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecutorSettings {
+    /// A PS shard or a serving replica (`ps.role`).
+    Ps(Box<PsSettings>),
+    DataExecutor(Box<DataExecutorSettings>),
+    Trainer(Box<TrainerSettings>),
+}
+
+impl ExecutorSettings {
+    pub fn server_mut(&mut self) -> &mut ServerSettings {
+        match self {
+            Self::Ps(settings) => &mut settings.server,
+            Self::DataExecutor(settings) => &mut settings.server,
+            Self::Trainer(settings) => &mut settings.server,
+        }
+    }
+
+    /// The settings file the executor is started with.
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        match self {
+            Self::Ps(settings) => primus_config::to_toml(settings),
+            Self::DataExecutor(settings) => primus_config::to_toml(settings),
+            Self::Trainer(settings) => primus_config::to_toml(settings),
+        }
     }
 }
 

@@ -25,10 +25,10 @@ use primus_service::{Node, Shutdown};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
-use crate::codec::{decode_f32, decode_keys, encode_f32, encode_keys};
-use crate::settings::{PsSettings, ServingSettings};
 pub use dense::{DenseError, DenseInputs, DenseModel};
 pub use features::{SampleError, record_batch};
+use primus_config::{PsSettings, ServingSettings};
+use primus_proto::packed::{decode_f32, decode_keys, encode_f32, encode_keys};
 
 /// Runs the serving role until `shutdown`.
 pub async fn run(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
@@ -134,11 +134,11 @@ impl Replica {
                 }
                 let delta = DecodedDelta {
                     table,
-                    keys: decode_keys(&t.keys)?,
-                    versions: decode_keys(&t.versions)?,
+                    keys: decode_keys(&what("keys"), &t.keys)?,
+                    versions: decode_keys(&what("versions"), &t.versions)?,
                     weights: decode_f32(&what("rows"), &t.rows)?,
-                    evicted: decode_keys(&t.evicted_keys)?,
-                    evicted_versions: decode_keys(&t.evicted_versions)?,
+                    evicted: decode_keys(&what("evicted_keys"), &t.evicted_keys)?,
+                    evicted_versions: decode_keys(&what("evicted_versions"), &t.evicted_versions)?,
                 };
                 let rows_fit = delta.weights.len() == delta.keys.len() * table.dim();
                 let versions_fit = delta.versions.len() == delta.keys.len()

@@ -16,7 +16,7 @@ use tonic::Status;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::codec::{decode_f32, decode_keys, encode_f32, encode_keys};
+use primus_proto::packed::{decode_f32, decode_keys, encode_f32, encode_keys};
 
 /// Lamping & Veach's jump consistent hash: the shard of `key` among `shards`; growing the
 /// shard count moves only the keys the new shards take.
@@ -56,8 +56,13 @@ fn dense_to_proto(tensor: &DenseValues) -> DenseTensor {
 }
 
 fn dense_from_proto(shard: usize, tensor: DenseTensor) -> Result<DenseValues, PsClientError> {
-    let values = decode_f32(&format!("dense tensor {:?}", tensor.name), &tensor.values)
-        .map_err(|status| PsClientError::Call { shard, status })?;
+    let values =
+        decode_f32(&format!("dense tensor {:?}", tensor.name), &tensor.values).map_err(|e| {
+            PsClientError::Call {
+                shard,
+                status: e.into(),
+            }
+        })?;
     Ok(DenseValues {
         name: tensor.name,
         shape: tensor.shape,
@@ -214,7 +219,7 @@ impl PsClient {
                     keys,
                 };
                 let response = client.read_rows(request).await?.into_inner();
-                let keys = decode_keys(&response.keys)?;
+                let keys = decode_keys("keys", &response.keys)?;
                 let values = decode_f32("values", &response.values)?;
                 let stride = response.stride as usize;
                 if values.len() != keys.len() * stride {

@@ -1,8 +1,8 @@
 //! Settings of `primus-trainer`: the shared sections plus how it trains. The master writes
 //! `trainer.model` and `trainer.schema` from the Job and its Dataset.
 
-use primus_config::{DEFAULT_PORTS, NatsSettings, NodeSettings, ServerSettings, TelemetrySettings};
-use primus_service::ServiceSettings;
+use crate::ServiceSettings;
+use crate::{DEFAULT_PORTS, NatsSettings, NodeSettings, ServerSettings, TelemetrySettings};
 use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::{Device, HotSetSpec, ModelSpec};
 use serde::{Deserialize, Serialize};

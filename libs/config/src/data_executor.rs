@@ -1,13 +1,12 @@
 //! Settings of `primus-data-executor`: the shared sections plus how tasks are run and
 //! buffered. The master writes `data.dataset` from the Job's Dataset.
 
-use primus_config::{
+use crate::ServiceSettings;
+use crate::{
     DEFAULT_PORTS, NatsSettings, NodeSettings, ServerSettings, StorageSettings, TelemetrySettings,
 };
-use primus_service::ServiceSettings;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::StreamLoading;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -57,17 +56,6 @@ pub struct DataSettings {
     /// `rebalance`: also take raw messages of other executors' stream partitions that
     /// are behind, while this executor's own are caught up (Primus Table 2).
     pub stream_loading: StreamLoading,
-}
-
-impl DataSettings {
-    /// The stream fetch settings, each raised to a workable minimum.
-    pub(crate) fn fetching(&self) -> crate::stream::Fetching {
-        crate::stream::Fetching {
-            messages: self.stream_fetch_messages.max(1),
-            wait: Duration::from_millis(self.stream_fetch_wait_ms.max(10)),
-            ack_wait: Duration::from_millis(self.stream_ack_wait_ms.max(1000)),
-        }
-    }
 }
 
 impl Default for DataSettings {

@@ -1,9 +1,7 @@
 //! Settings of `primus-ps`: the shared sections plus the tables this process holds.
 
-use primus_config::{
-    DEFAULT_PORTS, NatsSettings, ServerSettings, StorageSettings, TelemetrySettings,
-};
-use primus_service::ServiceSettings;
+use crate::ServiceSettings;
+use crate::{DEFAULT_PORTS, NatsSettings, ServerSettings, StorageSettings, TelemetrySettings};
 use std::path::PathBuf;
 
 use primus_spec::dataset::FeatureSchema;
@@ -131,7 +129,7 @@ impl Default for TableSettings {
 impl Default for PsSettings {
     fn default() -> Self {
         Self {
-            server: primus_config::NodeSettings::on_port(DEFAULT_PORTS.ps).server,
+            server: crate::NodeSettings::on_port(DEFAULT_PORTS.ps).server,
             nats: NatsSettings::default(),
             telemetry: TelemetrySettings::default(),
             storage: StorageSettings::default(),

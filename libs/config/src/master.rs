@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use primus_config::{
+use crate::ServiceSettings;
+use crate::{
     ApiSettings, DEFAULT_PORTS, NatsSettings, RedisSettings, ServerSettings, StorageSettings,
     TelemetrySettings,
 };
-use primus_service::ServiceSettings;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -162,7 +162,7 @@ impl Default for LocalBackendSettings {
 impl Default for MasterSettings {
     fn default() -> Self {
         Self {
-            server: primus_config::NodeSettings::on_port(DEFAULT_PORTS.master).server,
+            server: crate::NodeSettings::on_port(DEFAULT_PORTS.master).server,
             nats: NatsSettings::default(),
             telemetry: TelemetrySettings::default(),
             redis: RedisSettings::default(),
@@ -178,22 +178,4 @@ impl ServiceSettings for MasterSettings {
     fn telemetry(&self) -> &TelemetrySettings {
         &self.telemetry
     }
-}
-
-/// This master's shard `(i, n)` of `master.shard`, or why it is not one.
-pub fn parse_shard(text: &str) -> Result<(u32, u32), String> {
-    let parsed = text
-        .split_once('/')
-        .and_then(|(i, n)| Some((i.trim().parse().ok()?, n.trim().parse().ok()?)));
-    match parsed {
-        Some((i, n)) if n > 0 && i < n => Ok((i, n)),
-        _ => Err(format!(
-            "master.shard {text:?} must be `i/n` with 0 <= i < n (e.g. 0/1, 2/4)"
-        )),
-    }
-}
-
-/// Whether a job belongs to shard `i` of `n` (CRC-32 of its name, stable across restarts).
-pub fn owns_job(shard: (u32, u32), job: &str) -> bool {
-    crc32fast::hash(job.as_bytes()) % shard.1 == shard.0
 }

@@ -12,12 +12,14 @@
 //! New rows' initial values are staged and written in one batch before a write-locked call
 //! returns, so a reader never finds a staged row.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+mod change_log;
+mod shard;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use primus_gpu::{GpuError, RowOptimizer, RowStore};
-use primus_prefetch::prefetch;
 use primus_spec::job::TableSpec;
 
 use crate::admission::Admission;
@@ -27,6 +29,8 @@ use crate::init::Init;
 use crate::optimizer::Optimizer;
 use crate::region::Region;
 use crate::snapshot::{ShardSnapshot, SnapshotError};
+use change_log::ChangeLog;
+use shard::{Shard, Staged};
 
 /// log2 of the rows in a shard's first arena chunk (chunk k > 0 holds 1024 << (k - 1)).
 const FIRST_CHUNK_ROWS_LOG2: u32 = 10;
@@ -40,9 +44,6 @@ const META_WORDS: usize = 2;
 const SHARD_SALT: u64 = 0x5348_4152_4453_414c;
 /// Evictions remembered for deltas (per shard); older ones are dropped.
 const EVICTION_LOG: usize = 1 << 20;
-/// A shard's change log drops its oldest segments once it holds more than this many
-/// entries and more than a quarter of the shard's rows (see `ChangeLog`).
-const CHANGE_LOG_MIN: usize = 4096;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum EmbeddingError {
@@ -179,151 +180,6 @@ pub struct Table {
     change_scans: AtomicU64,
     /// Set when rows live in row stores: the kernel form of `optimizer`.
     kernel: Option<RowOptimizer>,
-}
-
-struct Shard {
-    index: CuckooIndex,
-    /// Where rows live when not in `chunks`.
-    store: Option<Box<dyn RowStore>>,
-    /// New rows' values not yet written to `store`.
-    staged: Staged,
-    /// Chunk k holds the rows whose id has bit length k (past the first 1024).
-    chunks: Vec<Region>,
-    /// Each arena chunk's row metadata, two words a row (see `RowMeta::to_words`), in a
-    /// region of its own so that it, too, is on huge pages once large.
-    meta_chunks: Vec<Region>,
-    /// Rows handed out of the arena so far (recycled ones included).
-    rows: usize,
-    /// Row ids of evicted rows, reused before the arena grows.
-    free: Vec<u32>,
-    admission: Admission,
-    admitted: u64,
-    rejected: u64,
-    evicted: u64,
-    eviction_log: Vec<(u64, u64)>,
-    changes: ChangeLog,
-}
-
-/// The rows of a shard changed lately, so that a delta or an incremental snapshot reads
-/// those rows instead of the whole shard: what keeps serving sync's cost proportional to the
-/// updates, not to the table.
-///
-/// The log is a list of segments: older ones, sealed, and the newest (`current`). A segment
-/// holds the key of each row whose first change after its base happened while it was the
-/// newest (a row is logged once per segment). A row's newest change is thus logged in the
-/// segment that was newest then, so every row whose version is above a segment's base is
-/// in that segment or a later one. A reader asks for a new segment (`seal`); the next write
-/// starts it, so a reader that comes back with the watermark it got reads about one
-/// segment. The oldest segments are dropped once the log holds more than `CHANGE_LOG_MIN`
-/// entries and a quarter of the shard's rows; a `since` below the oldest base scans the
-/// shard instead. Dropped segments' allocations are reused.
-#[derive(Default)]
-struct ChangeLog {
-    /// Oldest first.
-    sealed: VecDeque<Segment>,
-    sealed_keys: usize,
-    /// The newest segment's keys, and its base.
-    current: Vec<u64>,
-    current_base: u64,
-    /// A write has started the log.
-    started: bool,
-    /// The highest version any row of the shard was given (a restore may give one above
-    /// the table's counter until it ends).
-    highest: u64,
-    /// A reader read the newest segment: the next write starts a new one.
-    seal: AtomicBool,
-    /// An emptied allocation for the next segment.
-    spare: Vec<u64>,
-}
-
-struct Segment {
-    /// Every change in this segment has a version above this one.
-    base: u64,
-    /// The highest version given while this was the newest segment: the shard's versions
-    /// interleave with other shards', so a reader's `since` often lies between two
-    /// segments' bases, and this tells whether the older one matters.
-    top: u64,
-    /// Keys when logged; a key may have left its row (evicted) since, or moved to another.
-    keys: Vec<u64>,
-}
-
-impl ChangeLog {
-    /// At the start of a write: starts a segment if a reader asked for one (or the log has
-    /// none), then drops the oldest past the size limit. `version_before` is below every
-    /// version the write will give.
-    fn start(&mut self, version_before: u64, rows: usize) {
-        let sealed = self.seal.swap(false, Ordering::AcqRel);
-        if !self.started {
-            self.started = true;
-            self.restart(version_before);
-        } else if sealed && !self.current.is_empty() {
-            let keys = std::mem::replace(&mut self.current, std::mem::take(&mut self.spare));
-            self.sealed_keys += keys.len();
-            self.sealed.push_back(Segment {
-                base: self.current_base,
-                top: self.highest,
-                keys,
-            });
-            // Every row's version is at most `highest`: all later changes are above it.
-            self.current_base = version_before.max(self.highest);
-        }
-        let limit = CHANGE_LOG_MIN.max(rows / 4);
-        while self.sealed_keys + self.current.len() > limit {
-            match self.sealed.pop_front() {
-                Some(mut dropped) => {
-                    self.sealed_keys -= dropped.keys.len();
-                    dropped.keys.clear();
-                    self.spare = dropped.keys;
-                }
-                // The newest alone is too big: start over from here.
-                None => self.restart(version_before),
-            }
-        }
-    }
-
-    /// Empties the newest segment and makes it start after every version given so far.
-    fn restart(&mut self, version_before: u64) {
-        self.current.clear();
-        self.current_base = version_before.max(self.highest);
-    }
-
-    /// A write gave a row `version`.
-    #[inline]
-    fn gave(&mut self, version: u64) {
-        self.highest = self.highest.max(version);
-    }
-
-    /// The row of `key` changed; its version was `old` before.
-    #[inline]
-    fn note(&mut self, key: u64, old: u64) {
-        if old <= self.current_base {
-            self.current.push(key);
-        }
-    }
-
-    fn entries(&self) -> usize {
-        self.sealed_keys + self.current.len()
-    }
-
-    /// Keys that include every row changed after `since`, or None when the log does not
-    /// reach back that far.
-    fn since(&self, since: u64) -> Option<impl Iterator<Item = &u64>> {
-        // Also when the log does not reach back to `since`: otherwise a log that started over
-        // would never be sealed again, and readers would scan for good.
-        self.seal.store(true, Ordering::Release);
-        let oldest = self.sealed.front().map_or(self.current_base, |s| s.base);
-        if !self.started || since < oldest {
-            return None;
-        }
-        // Sealed segments that may hold a version above `since` (tops never decrease).
-        let from = self.sealed.partition_point(|s| s.top <= since);
-        Some(
-            self.sealed
-                .range(from..)
-                .flat_map(|s| &s.keys)
-                .chain(&self.current),
-        )
-    }
 }
 
 /// What one push did.
@@ -928,246 +784,6 @@ impl Table {
                 as u64;
         }
         stats
-    }
-}
-
-/// The arena chunk of a row id and the row's place in it.
-#[inline]
-fn chunk_of(row: u32) -> (usize, usize) {
-    let chunk = (u32::BITS - (row >> FIRST_CHUNK_ROWS_LOG2).leading_zeros()) as usize;
-    (chunk, row as usize - chunk_start(chunk))
-}
-
-/// The first row id of a chunk.
-#[inline]
-fn chunk_start(chunk: usize) -> usize {
-    match chunk {
-        0 => 0,
-        k => (1 << FIRST_CHUNK_ROWS_LOG2) << (k - 1),
-    }
-}
-
-impl Shard {
-    /// Weights then optimizer state of a row.
-    #[inline]
-    fn values(&self, row: u32, stride: usize) -> &[f32] {
-        let (chunk, place) = chunk_of(row);
-        let floats: &[f32] = bytemuck::cast_slice(self.chunks[chunk].words());
-        &floats[place * stride..(place + 1) * stride]
-    }
-
-    #[inline]
-    fn weights(&self, row: u32, stride: usize, dim: usize) -> &[f32] {
-        &self.values(row, stride)[..dim]
-    }
-
-    #[inline]
-    fn values_mut(&mut self, row: u32, stride: usize) -> &mut [f32] {
-        let (chunk, place) = chunk_of(row);
-        let floats: &mut [f32] = bytemuck::cast_slice_mut(self.chunks[chunk].words_mut());
-        &mut floats[place * stride..(place + 1) * stride]
-    }
-
-    #[inline]
-    fn row_mut(&mut self, row: u32, stride: usize, dim: usize) -> (&mut [f32], &mut [f32]) {
-        self.values_mut(row, stride).split_at_mut(dim)
-    }
-
-    /// Appends the first `floats` floats of each of `rows` to `out`, from the arena or in
-    /// one read of the store.
-    fn copy_values(
-        &self,
-        rows: &[u32],
-        stride: usize,
-        floats: usize,
-        out: &mut Vec<f32>,
-    ) -> Result<(), GpuError> {
-        match &self.store {
-            Some(store) => out.extend(store.read(rows, floats as u32)?),
-            None => {
-                for row in rows {
-                    out.extend_from_slice(&self.values(*row, stride)[..floats]);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Overwrites a row's weights and state (staged, with a store).
-    fn write_values(&mut self, row: u32, values: &[f32], stride: usize) {
-        match self.store {
-            Some(_) => self.staged.slot(row, stride).copy_from_slice(values),
-            None => self.values_mut(row, stride).copy_from_slice(values),
-        }
-    }
-
-    /// Writes the staged rows to the store in one batch, growing it first (doubling, as
-    /// the arena's chunks do) when the shard has handed out rows beyond its capacity.
-    fn flush_staged(&mut self) -> Result<(), GpuError> {
-        let Some(store) = self.store.as_mut() else {
-            return Ok(());
-        };
-        if self.staged.rows.is_empty() {
-            return Ok(());
-        }
-        if self.rows > store.shape().rows as usize {
-            let (last_chunk, _) = chunk_of(self.rows as u32 - 1);
-            store.resize(chunk_start(last_chunk + 1) as u32)?;
-        }
-        store.write(&self.staged.rows, &self.staged.values)?;
-        self.staged = Staged::default();
-        Ok(())
-    }
-
-    /// Prefetches each cache line of the rows' first `floats` floats, so the misses overlap
-    /// before the rows are read.
-    #[inline]
-    fn prefetch_rows(&self, rows: &[Option<u32>], stride: usize, floats: usize) {
-        for row in rows.iter().flatten() {
-            let (chunk, place) = chunk_of(*row);
-            let values: &[f32] = bytemuck::cast_slice(self.chunks[chunk].words());
-            let start = place * stride;
-            for line in (start..start + floats).step_by(LINE_FLOATS) {
-                prefetch(&values[line]);
-            }
-        }
-    }
-
-    /// Prefetches the metadata of the rows, as [`Self::prefetch_rows`] does their values.
-    #[inline]
-    fn prefetch_meta(&self, rows: &[Option<u32>]) {
-        for row in rows.iter().flatten() {
-            let (chunk, place) = chunk_of(*row);
-            prefetch(&self.meta_chunks[chunk].words()[place * META_WORDS]);
-        }
-    }
-
-    fn meta(&self, row: u32) -> RowMeta {
-        let (chunk, place) = chunk_of(row);
-        let words = &self.meta_chunks[chunk].words()[place * META_WORDS..(place + 1) * META_WORDS];
-        RowMeta::from_words(words)
-    }
-
-    /// See [`ChangeLog::start`].
-    fn start_changes(&mut self, version_before: u64) {
-        let rows = self.index.len();
-        self.changes.start(version_before, rows);
-    }
-
-    /// Rows (with their keys) whose version is above `since`, from the change log when it
-    /// covers `since`, else from a scan of the index.
-    fn changed_since(&self, since: u64, scans: &AtomicU64) -> Vec<(u64, u32)> {
-        let Some(logged) = self.changes.since(since) else {
-            scans.fetch_add(1, Ordering::Relaxed);
-            return self
-                .index
-                .iter()
-                .filter(|(_, row)| self.meta(*row).version > since)
-                .collect();
-        };
-        let mut seen = HashSet::new();
-        logged
-            .filter_map(|&key| Some((key, self.index.get(key)?)))
-            .filter(|&(_, row)| self.meta(row).version > since && seen.insert(row))
-            .collect()
-    }
-
-    /// Stamps a row's metadata with an update: time, one more count, version.
-    fn record_update(&mut self, key: u64, row: u32, now_secs: u32, version: u64) {
-        let (chunk, place) = chunk_of(row);
-        let words =
-            &mut self.meta_chunks[chunk].words_mut()[place * META_WORDS..(place + 1) * META_WORDS];
-        let mut meta = RowMeta::from_words(words);
-        self.changes.note(key, meta.version);
-        meta.updated_at = now_secs;
-        meta.count = meta.count.saturating_add(1);
-        meta.version = version;
-        words.copy_from_slice(&meta.to_words());
-    }
-
-    fn set_meta(&mut self, row: u32, meta: RowMeta) {
-        let (chunk, place) = chunk_of(row);
-        let words =
-            &mut self.meta_chunks[chunk].words_mut()[place * META_WORDS..(place + 1) * META_WORDS];
-        words.copy_from_slice(&meta.to_words());
-    }
-
-    /// The row a gradient for `key` goes to: its own (`known`, or inserted by an earlier
-    /// duplicate in this push), or a new one if admission lets the key in; None, counted
-    /// as dropped, otherwise.
-    #[inline]
-    fn row_for_push(
-        &mut self,
-        key: u64,
-        known: Option<u32>,
-        table: &Table,
-        outcome: &mut PushOutcome,
-    ) -> Option<u32> {
-        if let Some(row) = known.or_else(|| self.index.get(key)) {
-            return Some(row);
-        }
-        if !self.admission.admit(key) {
-            self.rejected += 1;
-            outcome.dropped += 1;
-            return None;
-        }
-        self.admitted += 1;
-        Some(self.new_row(key, table))
-    }
-
-    /// A row for a new key: a recycled one, or the next in the arena. Initialised from the
-    /// key (weights) and the optimizer (state).
-    fn new_row(&mut self, key: u64, table: &Table) -> u32 {
-        let row = match self.free.pop() {
-            Some(row) => row,
-            None => {
-                let row = self.rows;
-                let (chunk, place) = chunk_of(row as u32);
-                if place == 0 {
-                    let rows = chunk_start(chunk + 1) - chunk_start(chunk);
-                    if self.store.is_none() {
-                        // Two floats per word, rounded up.
-                        self.chunks
-                            .push(Region::zeroed((rows * table.stride).div_ceil(2)));
-                    }
-                    self.meta_chunks.push(Region::zeroed(rows * META_WORDS));
-                }
-                self.rows += 1;
-                row as u32
-            }
-        };
-        let values = match self.store {
-            Some(_) => self.staged.slot(row, table.stride),
-            None => self.values_mut(row, table.stride),
-        };
-        let (weights, state) = values.split_at_mut(table.dim);
-        table.init.fill(key, table.seed, weights);
-        table.optimizer.init_state(weights, state);
-        self.set_meta(row, RowMeta::default());
-        self.index.insert(key, row);
-        row
-    }
-}
-
-/// Rows (weights and state) waiting to be written to a shard's store in one batch.
-#[derive(Default)]
-struct Staged {
-    rows: Vec<u32>,
-    /// `stride` floats per entry of `rows`.
-    values: Vec<f32>,
-    /// Where each staged row is in `rows`.
-    at: HashMap<u32, usize>,
-}
-
-impl Staged {
-    /// The staged values of `row`, zero when it was not staged yet.
-    fn slot(&mut self, row: u32, stride: usize) -> &mut [f32] {
-        let index = *self.at.entry(row).or_insert_with(|| {
-            self.rows.push(row);
-            self.values.resize(self.values.len() + stride, 0.0);
-            self.rows.len() - 1
-        });
-        &mut self.values[index * stride..(index + 1) * stride]
     }
 }
 

@@ -1,8 +1,8 @@
 //! Settings of `primus-serving-sync`: the shared sections, `api` (where Jobs are read) and
 //! `sync` (where the masters are, how often to look for jobs).
 
-use primus_config::{ApiSettings, DEFAULT_PORTS, NatsSettings, ServerSettings, TelemetrySettings};
-use primus_service::ServiceSettings;
+use crate::ServiceSettings;
+use crate::{ApiSettings, DEFAULT_PORTS, NatsSettings, ServerSettings, TelemetrySettings};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -39,7 +39,7 @@ impl Default for SyncSettings {
 impl Default for ServingSyncSettings {
     fn default() -> Self {
         Self {
-            server: primus_config::NodeSettings::on_port(DEFAULT_PORTS.serving_sync).server,
+            server: crate::NodeSettings::on_port(DEFAULT_PORTS.serving_sync).server,
             nats: NatsSettings::default(),
             telemetry: TelemetrySettings::default(),
             api: ApiSettings::default(),

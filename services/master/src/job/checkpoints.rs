@@ -1,0 +1,164 @@
+//! A running Job's checkpoints: the periodic ones (taken by [`checkpoint::Coordinator`],
+//! reported in the `Checkpoint` condition), the restore of a Job started again, and the
+//! final snapshot of a Job that succeeded.
+
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use primus_proto::v1::parameter_server_client::ParameterServerClient;
+use primus_proto::v1::{Role, SnapshotRequest};
+
+use super::executors::with_role;
+use super::{JobRun, Outcome};
+use crate::backend::ResourceBackend;
+use crate::checkpoint::{self, CheckpointError, CheckpointRecord};
+use crate::plan::Catalog;
+use crate::queue::TaskQueue;
+
+/// Puts the queue back to the latest committed checkpoint (to the start when there is
+/// none) and returns that checkpoint.
+pub(super) async fn rollback_queue(
+    job: &str,
+    queue: &TaskQueue,
+) -> Result<Option<CheckpointRecord>, CheckpointError> {
+    let restored = checkpoint::latest(queue).await?;
+    let reopened = queue.rollback(restored.as_ref().map(|r| r.id)).await?;
+    if reopened > 0 || restored.is_some() {
+        let checkpoint = restored.as_ref().map(|r| r.id);
+        tracing::info!(job, ?checkpoint, reopened, "task queue rolled back");
+    }
+    Ok(restored)
+}
+
+impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
+    /// Restores every PS shard from `record` and says so in the `Restored` condition.
+    pub(super) async fn restore_ps(&mut self, record: &CheckpointRecord) -> Result<(), Outcome> {
+        let endpoints = self.endpoints();
+        let shards = with_role(&endpoints, Role::Ps);
+        checkpoint::restore_ps(record, &shards)
+            .await
+            .map_err(|e| Outcome::failed("CheckpointRestoreFailed", e.to_string()))?;
+        let message = format!(
+            "from checkpoint {} ({}): {} samples trained, {} tasks done, {} in progress",
+            record.id,
+            record.uri,
+            record.samples(),
+            record.succeeded_tasks,
+            record.offsets.len()
+        );
+        tracing::info!(job = self.name, %message, "restored");
+        self.writer
+            .condition("Restored", true, "FromCheckpoint", message);
+        Ok(())
+    }
+
+    /// Takes the next checkpoint, unless every task is done: then the trainers are
+    /// finishing, the final snapshot follows, and a trainer whose streams ended would
+    /// never align.
+    pub(super) async fn on_checkpoint_tick(&mut self) -> ControlFlow<Outcome> {
+        let finishing = match self.tasks.queue.counts().await {
+            Ok(c) => self.all_planned() && c.pending == 0 && c.running == 0,
+            Err(_) => false,
+        };
+        if !finishing {
+            let id = self.next_checkpoint;
+            if let Some(record) = self.take_checkpoint(id).await {
+                self.committed = Some(record);
+            }
+            self.next_checkpoint += 1;
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Takes checkpoint `id` and says how it went in the Job's `Checkpoint` condition (a
+    /// failed one is reported and training goes on). Its record once committed.
+    async fn take_checkpoint(&mut self, id: u64) -> Option<CheckpointRecord> {
+        let target = self.job.spec.checkpoint.as_ref()?;
+        let settings = &self.context.settings;
+        let limits = &settings.master.checkpoint;
+        let coordinator = checkpoint::Coordinator {
+            job: &self.name,
+            queue: &self.tasks.queue,
+            alignments: &self.tasks.alignments,
+            recovery: &self.recovery,
+            storage: &settings.storage,
+            uri: &target.uri,
+            full_every: u64::from(target.full_every),
+            limits: checkpoint::Limits {
+                keep: limits.keep,
+                align: Duration::from_millis(limits.align_timeout_ms),
+                pause: Duration::from_millis(limits.pause_timeout_ms),
+            },
+        };
+        let endpoints = self.endpoints();
+        let participants = checkpoint::Participants {
+            data_executors: with_role(&endpoints, Role::DataExecutor),
+            ps: with_role(&endpoints, Role::Ps),
+            trainers: with_role(&endpoints, Role::Trainer)
+                .into_iter()
+                .map(|e| e.id.clone())
+                .filter(|id| !self.trainers_done.contains(id))
+                .collect(),
+        };
+        let taken = coordinator
+            .take(id, self.committed.as_ref(), &participants)
+            .await;
+        let job = self.name.as_str();
+        let committed = match taken {
+            Ok(taken) => {
+                let record = taken.record;
+                let kind = if record.chain_start == id {
+                    "full".to_owned()
+                } else {
+                    format!(
+                        "incremental, chained to full checkpoint {}",
+                        record.chain_start
+                    )
+                };
+                let message = format!(
+                    "checkpoint {id} ({kind}) at {}: {} samples trained, {} tasks done, {} in progress; paused {} ms",
+                    record.uri,
+                    record.samples(),
+                    record.succeeded_tasks,
+                    record.offsets.len(),
+                    taken.paused.as_millis()
+                );
+                tracing::info!(job, %message, "checkpoint committed");
+                self.writer
+                    .condition("Checkpoint", true, "Checkpointed", message);
+                Some(record)
+            }
+            Err(e) => {
+                tracing::warn!(job, checkpoint = id, error = %e, "checkpoint abandoned");
+                let message = format!("checkpoint {id}: {e}");
+                self.writer
+                    .condition("Checkpoint", false, "CheckpointFailed", message);
+                None
+            }
+        };
+        self.writer.write().await;
+        committed
+    }
+
+    /// Snapshots every PS shard of the finished Job under `uri/final/<shard id>`; returns
+    /// the manifest URIs.
+    pub(super) async fn final_checkpoint(&self, uri: &str) -> Result<Vec<String>, String> {
+        let endpoints = self.endpoints();
+        let mut manifests = Vec::new();
+        for shard in with_role(&endpoints, Role::Ps) {
+            let target = format!("{}/final/{}", uri.trim_end_matches('/'), shard.id);
+            let mut client = ParameterServerClient::connect(format!("http://{}", shard.grpc_addr))
+                .await
+                .map_err(|e| format!("{}: {e}", shard.id))?;
+            let response = client
+                .snapshot(SnapshotRequest {
+                    uri: target,
+                    base_manifest_uri: String::new(),
+                })
+                .await
+                .map_err(|status| format!("{}: {}", shard.id, status.message()))?;
+            manifests.push(response.into_inner().manifest_uri);
+        }
+        Ok(manifests)
+    }
+}

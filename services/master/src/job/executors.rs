@@ -1,0 +1,319 @@
+//! A Job's executors as the backend starts them: each one's typed settings, built from the
+//! master's own sections and the Job, its Dataset and its model layout; starting a role's
+//! replicas; waiting until every executor's gRPC health says SERVING.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use primus_config::{
+    DataExecutorSettings, MasterSettings, PsRole, PsSettings, TableSettings, TrainerSettings,
+};
+use primus_model::ModelLayout;
+use primus_proto::v1::{Endpoint, Role};
+use primus_spec::dataset::DatasetSpec;
+use primus_spec::job::{Device, JobSpec};
+
+use super::Outcome;
+use crate::backend::{ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend};
+use crate::controller::Context;
+use crate::plan::Catalog;
+
+/// How long a started executor has to report SERVING.
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Each table shard of a PS on a GPU is one kernel launch per call: fewer, bigger ones.
+const GPU_SHARDS_PER_TABLE: usize = 4;
+
+/// A Job as its executors are configured from it.
+pub(crate) struct JobParts<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) spec: &'a JobSpec,
+    pub(crate) dataset: &'a DatasetSpec,
+    pub(crate) layout: &'a ModelLayout,
+}
+
+/// The settings of one executor of `role`: the master's NATS and telemetry sections, plus
+/// the storage section, the PS tables (the model's and their companions), the dense
+/// optimizer and the device for PS shards; the storage section and the Dataset for data
+/// executors; the model, the Dataset's schema and the Job's training settings for
+/// trainers; the tables, model and schema for serving replicas.
+pub(crate) fn executor_settings(
+    settings: &MasterSettings,
+    role: ExecutorRole,
+    job: &JobParts<'_>,
+) -> ExecutorSettings {
+    let (spec, dataset, layout) = (job.spec, job.dataset, job.layout);
+    match role {
+        ExecutorRole::Ps => {
+            let device = spec.topology.ps.device;
+            let defaults = TableSettings::default();
+            ExecutorSettings::Ps(Box::new(PsSettings {
+                nats: settings.nats.clone(),
+                telemetry: settings.telemetry.clone(),
+                storage: settings.storage.clone(),
+                ps: TableSettings {
+                    tables: layout.ps_tables(),
+                    dense_optimizer: spec.model.dense.optimizer.clone(),
+                    device,
+                    shards_per_table: match device {
+                        Device::Cuda => GPU_SHARDS_PER_TABLE,
+                        Device::Cpu => defaults.shards_per_table,
+                    },
+                    ..defaults
+                },
+                ..PsSettings::default()
+            }))
+        }
+        ExecutorRole::Serving => {
+            let mut replica = PsSettings {
+                nats: settings.nats.clone(),
+                telemetry: settings.telemetry.clone(),
+                ..PsSettings::default()
+            };
+            replica.ps.role = PsRole::Serving;
+            replica.ps.tables = layout.ps_tables();
+            replica.serving.job = job.name.to_owned();
+            replica.serving.model = Some(spec.model.clone());
+            replica.serving.schema = Some(dataset.schema.clone());
+            replica.serving.negative_sample_rate = spec.serving_sync.negative_sample_rate;
+            ExecutorSettings::Ps(Box::new(replica))
+        }
+        ExecutorRole::DataExecutor => {
+            let mut executor = DataExecutorSettings {
+                nats: settings.nats.clone(),
+                telemetry: settings.telemetry.clone(),
+                storage: settings.storage.clone(),
+                ..DataExecutorSettings::default()
+            };
+            executor.data.dataset = Some(dataset.clone());
+            executor.data.stream_loading = spec.training.stream_loading;
+            ExecutorSettings::DataExecutor(Box::new(executor))
+        }
+        ExecutorRole::Trainer => {
+            let training = &spec.training;
+            let mut trainer = TrainerSettings {
+                nats: settings.nats.clone(),
+                telemetry: settings.telemetry.clone(),
+                ..TrainerSettings::default()
+            };
+            let train = &mut trainer.trainer;
+            train.model = Some(spec.model.clone());
+            train.schema = Some(dataset.schema.clone());
+            train.batch_size = training.batch_size;
+            train.dense_pull_every = training.dense_pull_every;
+            train.eval_window = training.eval_window as usize;
+            train.hot_set = training.hot_set.clone();
+            train.device = spec.topology.trainers.device;
+            ExecutorSettings::Trainer(Box::new(trainer))
+        }
+    }
+}
+
+/// Starts every replica of `roles` and adds each to the Job's topology.
+pub(crate) async fn start_executors<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    job: &JobParts<'_>,
+    roles: &[ExecutorRole],
+) -> Result<(), Outcome> {
+    let topology = &job.spec.topology;
+    for &role in roles {
+        let role_spec = match role {
+            ExecutorRole::Ps => &topology.ps,
+            ExecutorRole::DataExecutor => &topology.data_executors,
+            ExecutorRole::Trainer => &topology.trainers,
+            ExecutorRole::Serving => match &topology.serving {
+                Some(serving) => serving,
+                None => continue,
+            },
+        };
+        for index in 0..role_spec.replicas {
+            let request = ExecutorSpec {
+                job: job.name.to_owned(),
+                role,
+                index,
+                settings: executor_settings(&context.settings, role, job),
+                cpu: role_spec.cpu,
+                memory_bytes: primus_spec::job::parse_memory(&role_spec.memory).unwrap_or(0),
+            };
+            let executor = context
+                .backend
+                .request(request)
+                .await
+                .map_err(|e| Outcome::failed("ExecutorStartFailed", e.to_string()))?;
+            context.topologies.add(
+                job.name,
+                Endpoint {
+                    role: role.proto() as i32,
+                    id: executor.id,
+                    grpc_addr: executor.grpc_addr.to_string(),
+                },
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Waits until every executor of the Job's topology serves; returns how many there are.
+pub(crate) async fn wait_ready<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    job: &str,
+) -> Result<usize, Outcome> {
+    let endpoints = endpoints(context, job);
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    for endpoint in &endpoints {
+        while !serving(&endpoint.grpc_addr).await {
+            if tokio::time::Instant::now() > deadline {
+                return Err(Outcome::failed(
+                    "ExecutorsNotReady",
+                    format!(
+                        "{} at {} did not report SERVING within {}s",
+                        endpoint.id,
+                        endpoint.grpc_addr,
+                        READY_TIMEOUT.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(endpoints.len())
+}
+
+/// Every executor of the Job's topology.
+pub(crate) fn endpoints<B, C>(context: &Context<B, C>, job: &str) -> Vec<Endpoint> {
+    context
+        .topologies
+        .get(job)
+        .map(|(_, endpoints)| endpoints)
+        .unwrap_or_default()
+}
+
+pub(crate) fn with_role(endpoints: &[Endpoint], role: Role) -> Vec<&Endpoint> {
+    endpoints.iter().filter(|e| e.role == role as i32).collect()
+}
+
+/// Whether the gRPC health service at `addr` says SERVING.
+pub(crate) async fn serving(addr: &str) -> bool {
+    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")) else {
+        return false;
+    };
+    let Ok(channel) = endpoint
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+    else {
+        return false;
+    };
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let request = tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    };
+    matches!(
+        health.check(request).await.map(|r| r.into_inner().status),
+        Ok(status) if status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use primus_spec::{Resource, parse_documents};
+
+    const EXAMPLE: &str = include_str!("../../../../examples/criteo-like.yaml");
+
+    fn settings_of(example: &str, role: ExecutorRole) -> ExecutorSettings {
+        let resources = parse_documents("criteo-like.yaml", example).expect("example parses");
+        let (mut job, mut dataset) = (None, None);
+        for resource in resources {
+            match resource {
+                Resource::Job(j) => job = Some(j.spec),
+                Resource::Dataset(d) => dataset = Some(d.spec),
+                _ => {}
+            }
+        }
+        let (spec, dataset) = (job.expect("a job"), dataset.expect("a dataset"));
+        let layout = ModelLayout::new(&spec.model, &dataset.schema).expect("layout");
+        let parts = JobParts {
+            name: "criteo-like",
+            spec: &spec,
+            dataset: &dataset,
+            layout: &layout,
+        };
+        executor_settings(&MasterSettings::default(), role, &parts)
+    }
+
+    fn ps_section(example: &str) -> TableSettings {
+        match settings_of(example, ExecutorRole::Ps) {
+            ExecutorSettings::Ps(settings) => settings.ps,
+            other => panic!("not a PS's settings: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_trainer_is_told_its_device() {
+        let device = |example: &str| match settings_of(example, ExecutorRole::Trainer) {
+            ExecutorSettings::Trainer(settings) => settings.trainer.device,
+            other => panic!("not a trainer's settings: {other:?}"),
+        };
+        assert_eq!(device(EXAMPLE), Device::Cpu);
+        let on_gpu = EXAMPLE.replace(
+            "trainers: {replicas: 1, cpu: 1, memory: 2Gi}",
+            "trainers: {replicas: 1, cpu: 1, memory: 2Gi, device: cuda}",
+        );
+        assert_ne!(on_gpu, EXAMPLE, "the example's trainers line changed");
+        assert_eq!(device(&on_gpu), Device::Cuda);
+    }
+
+    #[test]
+    fn a_ps_is_told_its_device_and_gets_few_shards_on_a_gpu() {
+        let on_cpu = ps_section(EXAMPLE);
+        assert_eq!(on_cpu.device, Device::Cpu);
+        assert_eq!(
+            on_cpu.shards_per_table,
+            TableSettings::default().shards_per_table
+        );
+        let on_gpu = ps_section(&EXAMPLE.replace(
+            "ps: {replicas: 2, cpu: 0.5, memory: 2Gi}",
+            "ps: {replicas: 2, cpu: 0.5, memory: 2Gi, device: cuda}",
+        ));
+        assert_eq!(on_gpu.device, Device::Cuda);
+        assert_eq!(on_gpu.shards_per_table, 4);
+    }
+
+    #[test]
+    fn every_executors_settings_file_loads_as_that_executors_settings() {
+        for role in ExecutorRole::ALL {
+            let settings = settings_of(EXAMPLE, role);
+            let text = settings.to_toml().expect("settings as TOML");
+            let file = tempfile::NamedTempFile::with_suffix(".toml").expect("temp file");
+            std::fs::write(file.path(), &text).expect("write");
+            // Loaded as the executor loads it: over its own defaults.
+            let loaded = match &settings {
+                ExecutorSettings::Ps(_) => {
+                    let loaded: PsSettings = primus_config::load(
+                        &PsSettings::default(),
+                        Some(file.path()),
+                        std::iter::empty(),
+                    )
+                    .expect("loads");
+                    ExecutorSettings::Ps(Box::new(loaded))
+                }
+                ExecutorSettings::DataExecutor(_) => {
+                    let defaults = DataExecutorSettings::default();
+                    let loaded: DataExecutorSettings =
+                        primus_config::load(&defaults, Some(file.path()), std::iter::empty())
+                            .expect("loads");
+                    ExecutorSettings::DataExecutor(Box::new(loaded))
+                }
+                ExecutorSettings::Trainer(_) => {
+                    let defaults = TrainerSettings::default();
+                    let loaded: TrainerSettings =
+                        primus_config::load(&defaults, Some(file.path()), std::iter::empty())
+                            .expect("loads");
+                    ExecutorSettings::Trainer(Box::new(loaded))
+                }
+            };
+            assert_eq!(loaded, settings, "{role:?}: {text}");
+        }
+    }
+}

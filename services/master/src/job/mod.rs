@@ -1,0 +1,651 @@
+//! One Job from start to end. [`drive`] runs it until it ends or is cancelled (deleted, or
+//! master shutdown), then stops its executors. [`JobRun::start`] checks the Job against its
+//! Dataset, sets up its task queue (rolled back to the latest checkpoint), starts its PS
+//! shards, restores them, and starts its data executors and trainers; [`JobRun::follow`]
+//! then waits for events (a status tick, a checkpoint tick, a metrics report, a restarted
+//! PS shard's recovery, a backend event), each with its own handler. Any handler may end
+//! the Job with an [`Outcome`].
+
+mod checkpoints;
+mod executors;
+mod recovery;
+mod status;
+
+use std::collections::BTreeSet;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use primus_api_client::{ApiClient, ClientError};
+use primus_model::ModelLayout;
+use primus_proto::v1::{DataTask, Endpoint, MetricsReport, Resource, Role};
+use primus_spec::Kind;
+use primus_spec::dataset::DatasetSpec;
+use primus_spec::job::{JobSpec, TrainingMode};
+use primus_spec::status::{Phase, Progress, Status};
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+
+use crate::backend::{BackendEvent, ExecutorRole, ResourceBackend};
+use crate::checkpoint::{self, Alignments, CheckpointRecord, KnownTotals, ShardRecovery};
+use crate::controller::Context;
+use crate::driver::{self, DriverError, now_ms};
+use crate::metrics::{self, MetricsFold};
+use crate::plan::{Catalog, ListingCache, StreamPlan};
+use crate::queue::{QueueCounts, TaskQueue};
+use crate::tasks::JobTasks;
+use executors::{JobParts, start_executors, wait_ready};
+use recovery::{Recovered, recover_restarted_shards};
+use status::JobStatus;
+
+/// Runs the Job of `resource` (whose status is `status`) until it ends, then writes its
+/// final condition; or until `cancelled`, leaving its status as it is. Either way its
+/// executors are stopped.
+pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
+    context: Arc<Context<B, C>>,
+    resource: Resource,
+    status: Status,
+    mut cancelled: watch::Receiver<bool>,
+) {
+    let name = resource.name.clone();
+    let mut writer = JobStatus::new(
+        context.api.clone(),
+        name.clone(),
+        status,
+        resource.generation,
+    );
+    let outcome = tokio::select! {
+        outcome = run(&context, &resource, &mut writer) => Some(outcome),
+        _ = cancelled.wait_for(|c| *c) => None,
+    };
+    context.backend.release_job(&name).await;
+    context.topologies.remove_job(&name);
+    context
+        .jobs
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&name);
+    if let Some(outcome) = outcome {
+        tracing::info!(job = %name, phase = ?outcome.phase, reason = outcome.reason, message = %outcome.message, "Job ended");
+        writer
+            .set(outcome.phase, "Complete", outcome.reason, outcome.message)
+            .await;
+    }
+}
+
+async fn run<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    resource: &Resource,
+    writer: &mut JobStatus,
+) -> Outcome {
+    match JobRun::start(context, resource, writer).await {
+        Ok(mut job) => job.follow().await,
+        Err(outcome) => outcome,
+    }
+}
+
+/// Why a Job ended, as its final condition.
+pub(crate) struct Outcome {
+    phase: Phase,
+    reason: &'static str,
+    message: String,
+}
+
+impl Outcome {
+    pub(crate) fn failed(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            phase: Phase::Failed,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// A Job checked against its Dataset, before anything starts.
+struct CheckedJob {
+    spec: JobSpec,
+    dataset: DatasetSpec,
+    layout: ModelLayout,
+    /// The batch side of the Dataset's streams.
+    plans: Vec<StreamPlan>,
+    /// The mode reads Parquet sources, and stream sources.
+    reads_batch: bool,
+    reads_streams: bool,
+}
+
+impl CheckedJob {
+    /// Parses the spec, loads the Dataset and checks that the model fits its schema, that
+    /// the mode finds something to read and that every Parquet prefix holds something.
+    async fn check<B, C: Catalog>(
+        context: &Context<B, C>,
+        resource: &Resource,
+    ) -> Result<Self, Outcome> {
+        let spec: JobSpec = serde_json::from_str(&resource.spec_json)
+            .map_err(|e| Outcome::failed("InvalidSpec", format!("spec: {e}")))?;
+        let dataset = load_dataset(&context.api, &spec.dataset).await?;
+        let layout = ModelLayout::new(&spec.model, &dataset.schema)
+            .map_err(|e| Outcome::failed("ModelMismatch", e.to_string()))?;
+        let (reads_batch, reads_streams) = driver::reads(spec.mode);
+        driver::check_mode(spec.mode, &dataset)
+            .map_err(|message| Outcome::failed("ModeMismatch", message))?;
+        if reads_batch {
+            check_sources(&context.cache, &dataset).await?;
+        }
+        let plans = driver::stream_plans(&dataset)
+            .map_err(|e| Outcome::failed("InvalidDataset", e.to_string()))?;
+        Ok(Self {
+            spec,
+            dataset,
+            layout,
+            plans,
+            reads_batch,
+            reads_streams,
+        })
+    }
+
+    fn parts<'a>(&'a self, name: &'a str) -> JobParts<'a> {
+        JobParts {
+            name,
+            spec: &self.spec,
+            dataset: &self.dataset,
+            layout: &self.layout,
+        }
+    }
+}
+
+/// A running Job: what its event handlers share.
+pub(crate) struct JobRun<'a, B, C> {
+    context: &'a Arc<Context<B, C>>,
+    writer: &'a mut JobStatus,
+    name: String,
+    job: CheckedJob,
+    /// The Job reads stream sources and the Dataset has some.
+    has_streams: bool,
+    stream_bindings: Vec<DataTask>,
+    /// The queue and barrier state the task and checkpoint services see.
+    tasks: JobTasks,
+    recovery: Arc<ShardRecovery>,
+    /// The batch planners still running (aborted when the run ends).
+    planners: Vec<JoinHandle<Result<(), DriverError>>>,
+    /// The task monitor, the metrics follower and the shard recovery (aborted when the
+    /// run ends).
+    background: Vec<JoinHandle<()>>,
+    fold: MetricsFold,
+    reports: mpsc::Receiver<MetricsReport>,
+    recovered: mpsc::Receiver<Recovered>,
+    backend_events: broadcast::Receiver<BackendEvent>,
+    trainers_done: BTreeSet<String>,
+    batch_done_declared: bool,
+    committed: Option<CheckpointRecord>,
+    next_checkpoint: u64,
+}
+
+/// What the run waits for.
+enum Event {
+    StatusTick,
+    CheckpointTick,
+    Report(MetricsReport),
+    ShardRecovered(Recovered),
+    Backend(Result<BackendEvent, broadcast::error::RecvError>),
+}
+
+impl<B, C> Drop for JobRun<'_, B, C> {
+    fn drop(&mut self) {
+        for planner in &self.planners {
+            planner.abort();
+        }
+        for task in &self.background {
+            task.abort();
+        }
+    }
+}
+
+impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
+    /// Checks the Job, sets up its queue, starts and restores its executors: the Job is
+    /// Running when this returns.
+    async fn start(
+        context: &'a Arc<Context<B, C>>,
+        resource: &Resource,
+        writer: &'a mut JobStatus,
+    ) -> Result<Self, Outcome> {
+        let name = resource.name.clone();
+        let checked = CheckedJob::check(context, resource).await?;
+        let topology = &checked.spec.topology;
+        let requested = format!(
+            "{} PS, {} data executors, {} trainers",
+            topology.ps.replicas, topology.data_executors.replicas, topology.trainers.replicas
+        );
+        writer
+            .set(
+                Phase::Starting,
+                "Scheduled",
+                "ExecutorsRequested",
+                requested,
+            )
+            .await;
+        let mut run = Self::open(context, writer, name, checked).await?;
+        // PS shards (and serving replicas) first: a restored checkpoint must be in them
+        // before any trainer offers its initial parameters or reads a row.
+        let parts = run.job.parts(&run.name);
+        start_executors(context, &parts, &[ExecutorRole::Ps, ExecutorRole::Serving]).await?;
+        wait_ready(context, &run.name).await?;
+        if let Some(record) = run.committed.clone() {
+            run.restore_ps(&record).await?;
+        }
+        let parts = run.job.parts(&run.name);
+        let roles = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];
+        start_executors(context, &parts, &roles).await?;
+        let ready = wait_ready(context, &run.name).await?;
+        let message = format!("{ready} executors serving");
+        run.writer
+            .set(Phase::Running, "Ready", "ExecutorsReady", message)
+            .await;
+        Ok(run)
+    }
+
+    /// Registers the Job's queue with the task service, takes back what a previous
+    /// master's executors held, rolls the queue back to the latest checkpoint, declares
+    /// the stream bindings, and starts the batch planners, the task monitor, the metrics
+    /// follower and the recovery of restarted PS shards.
+    async fn open(
+        context: &'a Arc<Context<B, C>>,
+        writer: &'a mut JobStatus,
+        name: String,
+        mut checked: CheckedJob,
+    ) -> Result<Self, Outcome> {
+        let tasks = JobTasks {
+            queue: TaskQueue::new(
+                context.redis.clone(),
+                &context.settings.redis.key_prefix,
+                &name,
+            ),
+            bounded: Arc::new(AtomicBool::new(false)),
+            alignments: Arc::new(Alignments::default()),
+            trainer_totals: Arc::new(KnownTotals::default()),
+        };
+        context
+            .jobs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.clone(), tasks.clone());
+        let queue = &tasks.queue;
+        // Executors of a previous master (same ids as the ones about to start) are gone:
+        // their tasks go back to pending without using up an attempt.
+        queue
+            .requeue_previous_executors()
+            .await
+            .map_err(|e| Outcome::failed("TaskQueueUnavailable", e.to_string()))?;
+        // The model restarts from the latest checkpoint, so the data does too.
+        let restored = match &checked.spec.checkpoint {
+            Some(_) => checkpoints::rollback_queue(&name, queue)
+                .await
+                .map_err(|e| Outcome::failed("CheckpointRestoreFailed", e.to_string()))?,
+            None => None,
+        };
+        // Trainers continue from their totals in the checkpoint (they ask at start).
+        for (trainer, totals) in restored.iter().flat_map(|r| &r.trainers) {
+            tasks.trainer_totals.raise(trainer, *totals);
+        }
+        let stream_bindings = driver::stream_tasks(&name, &checked.dataset);
+        if checked.reads_streams && checked.spec.mode != TrainingMode::BatchThenStream {
+            queue
+                .add_stream_tasks(&stream_bindings)
+                .await
+                .map_err(|e| Outcome::failed("TaskQueueUnavailable", e.to_string()))?;
+        }
+        let plans = std::mem::take(&mut checked.plans);
+        let planners = match checked.reads_batch {
+            true => plan_batches(context, &name, queue, plans),
+            false => Vec::new(),
+        };
+        let recovery = Arc::new(ShardRecovery::default());
+        let backend_events = context.backend.events();
+        let (reports_tx, reports) = mpsc::channel(1024);
+        let (recovered_tx, recovered) = mpsc::channel(16);
+        let background = vec![
+            tokio::spawn(driver::monitor(
+                queue.clone(),
+                context.bus.clone(),
+                name.clone(),
+                context.settings.master.tasks.clone(),
+            )),
+            tokio::spawn(metrics::follow(
+                context.bus.clone(),
+                name.clone(),
+                reports_tx,
+            )),
+            tokio::spawn(recover_restarted_shards(
+                context.backend.events(),
+                queue.clone(),
+                context.topologies.clone(),
+                name.clone(),
+                recovery.clone(),
+                recovered_tx,
+            )),
+        ];
+        Ok(Self {
+            context,
+            writer,
+            has_streams: checked.reads_streams && !stream_bindings.is_empty(),
+            job: checked,
+            stream_bindings,
+            tasks,
+            recovery,
+            planners,
+            background,
+            fold: MetricsFold::default(),
+            reports,
+            recovered,
+            backend_events,
+            trainers_done: BTreeSet::new(),
+            batch_done_declared: false,
+            next_checkpoint: restored.as_ref().map_or(0, |r| r.id) + 1,
+            committed: restored,
+            name,
+        })
+    }
+
+    /// Handles events until the Job ends.
+    async fn follow(&mut self) -> Outcome {
+        let mut status_ticks = tokio::time::interval(Duration::from_millis(
+            self.context.settings.master.status_interval_ms.max(50),
+        ));
+        let mut checkpoint_ticks = self.checkpoint_ticks();
+        loop {
+            let event = tokio::select! {
+                _ = status_ticks.tick() => Event::StatusTick,
+                _ = tick(&mut checkpoint_ticks) => Event::CheckpointTick,
+                Some(report) = self.reports.recv() => Event::Report(report),
+                Some(recovered) = self.recovered.recv() => Event::ShardRecovered(recovered),
+                event = self.backend_events.recv() => Event::Backend(event),
+            };
+            let flow = match event {
+                Event::StatusTick => self.on_status_tick().await,
+                Event::CheckpointTick => self.on_checkpoint_tick().await,
+                Event::Report(report) => self.on_report(report),
+                Event::ShardRecovered(recovered) => self.on_shard_recovered(recovered).await,
+                Event::Backend(event) => self.on_backend_event(event),
+            };
+            if let ControlFlow::Break(outcome) = flow {
+                return outcome;
+            }
+        }
+    }
+
+    /// Every `spec.checkpoint.interval_seconds`, first one period after the start; none
+    /// without `spec.checkpoint`.
+    fn checkpoint_ticks(&self) -> Option<Interval> {
+        let period = Duration::from_secs(self.job.spec.checkpoint.as_ref()?.interval_seconds);
+        let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Some(ticks)
+    }
+
+    fn on_report(&mut self, report: MetricsReport) -> ControlFlow<Outcome> {
+        let trainer = report
+            .endpoint
+            .as_ref()
+            .filter(|e| e.role == Role::Trainer as i32);
+        if let Some(trainer) = trainer {
+            let totals = checkpoint::TrainerTotals {
+                steps: report.steps,
+                samples: report.samples,
+            };
+            self.tasks.trainer_totals.raise(&trainer.id, totals);
+        }
+        self.fold.add(report);
+        ControlFlow::Continue(())
+    }
+
+    async fn on_shard_recovered(&mut self, recovered: Recovered) -> ControlFlow<Outcome> {
+        match recovered {
+            Ok((reason, message)) => {
+                tracing::warn!(job = self.name, %message, "PS shard restarted");
+                self.writer
+                    .condition("ShardRestored", true, reason, message);
+                self.writer.write().await;
+                ControlFlow::Continue(())
+            }
+            Err(message) => ControlFlow::Break(Outcome::failed("ShardRestoreFailed", message)),
+        }
+    }
+
+    fn on_backend_event(
+        &mut self,
+        event: Result<BackendEvent, broadcast::error::RecvError>,
+    ) -> ControlFlow<Outcome> {
+        match event {
+            Ok(BackendEvent::GaveUp { job, id, status }) if job == self.name => {
+                let message = format!("{id} keeps crashing: {status}");
+                return ControlFlow::Break(Outcome::failed("ExecutorFailed", message));
+            }
+            Ok(BackendEvent::Completed { job, id })
+                if job == self.name && id.starts_with(ExecutorRole::Trainer.as_str()) =>
+            {
+                self.trainers_done.insert(id);
+            }
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Checks the planners and the queue: fails the Job on a failed task or planner,
+    /// succeeds it once a batch Job's data is read and trained, declares the stream
+    /// bindings of `batch-then-stream` once its batch part is done, and writes progress
+    /// and metrics.
+    async fn on_status_tick(&mut self) -> ControlFlow<Outcome> {
+        self.settle_planners().await?;
+        let all_planned = self.all_planned();
+        self.tasks
+            .bounded
+            .store(all_planned && !self.has_streams, Ordering::Release);
+        let counts = match self.tasks.queue.counts().await {
+            Ok(counts) => counts,
+            Err(e) => {
+                tracing::warn!(job = self.name, error = %e, "reading the task queue");
+                return ControlFlow::Continue(());
+            }
+        };
+        if counts.failed > 0 {
+            let failures = self.tasks.queue.failures().await.unwrap_or_default();
+            let (task, error) = failures.into_iter().next().unwrap_or_default();
+            let message = format!("task {task}: {error}");
+            return ControlFlow::Break(Outcome::failed("TaskFailed", message));
+        }
+        let batch_finished = all_planned && counts.pending == 0 && counts.running == 0;
+        // A batch Job ends when its data is read and every trainer has trained on all it
+        // was served (a trainer exits 0 when its minibatch streams end).
+        let trainers = self.job.spec.topology.trainers.replicas as usize;
+        if batch_finished && !self.has_streams && self.trainers_done.len() >= trainers {
+            return ControlFlow::Break(self.succeed(&counts).await);
+        }
+        if batch_finished && self.job.spec.mode == TrainingMode::BatchThenStream {
+            self.declare_stream_bindings().await;
+        }
+        self.report_progress(&counts, all_planned).await;
+        ControlFlow::Continue(())
+    }
+
+    /// Every batch window is planned (the Job reads batch sources and no planner runs).
+    fn all_planned(&self) -> bool {
+        self.job.reads_batch && self.planners.is_empty()
+    }
+
+    /// Collects the planners that finished; one that failed fails the Job.
+    async fn settle_planners(&mut self) -> ControlFlow<Outcome> {
+        let (finished, running) = std::mem::take(&mut self.planners)
+            .into_iter()
+            .partition::<Vec<_>, _>(|h| h.is_finished());
+        self.planners = running;
+        for handle in finished {
+            let error = match handle.await {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            return ControlFlow::Break(Outcome::failed("PlanningFailed", error));
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// `batch-then-stream`: the stream bindings are declared once the batch part is done.
+    async fn declare_stream_bindings(&mut self) {
+        if self.batch_done_declared {
+            return;
+        }
+        match self
+            .tasks
+            .queue
+            .add_stream_tasks(&self.stream_bindings)
+            .await
+        {
+            Ok(()) => self.batch_done_declared = true,
+            Err(e) => tracing::warn!(job = self.name, error = %e, "declaring stream bindings"),
+        }
+    }
+
+    /// Writes the Job's progress when it changed, and its Metric resource when new
+    /// reports arrived.
+    async fn report_progress(&mut self, counts: &QueueCounts, all_planned: bool) {
+        let fraction = (all_planned && !self.has_streams && counts.total > 0)
+            .then(|| counts.succeeded as f64 / counts.total as f64);
+        let metrics_changed = self.fold.tick(now_ms());
+        let progress = self.fold.progress(fraction).or_else(|| {
+            fraction.map(|f| Progress {
+                fraction: Some(f),
+                ..Default::default()
+            })
+        });
+        if progress != self.writer.status.progress {
+            self.writer.status.progress = progress;
+            self.writer.write().await;
+        }
+        if metrics_changed {
+            metrics::write(&self.context.api, &self.name, &self.fold).await;
+        }
+    }
+
+    /// Ends a batch Job whose data is read and trained: the reports still in flight are
+    /// folded in, and the PS shards are snapshotted when the Job has a checkpoint.
+    async fn succeed(&mut self, counts: &QueueCounts) -> Outcome {
+        self.write_final_metrics().await;
+        let trainers = self.job.spec.topology.trainers.replicas;
+        let mut message = format!(
+            "all {} data tasks succeeded; {trainers} trainers finished",
+            counts.succeeded
+        );
+        if let Some(checkpoint) = &self.job.spec.checkpoint {
+            match self.final_checkpoint(&checkpoint.uri).await {
+                Ok(manifests) => {
+                    message.push_str(&format!("; checkpoint: {}", manifests.join(", ")))
+                }
+                Err(e) => return Outcome::failed("CheckpointFailed", e),
+            }
+        }
+        Outcome {
+            phase: Phase::Succeeded,
+            reason: "DataExhausted",
+            message,
+        }
+    }
+
+    /// Folds the reports still in flight (a trainer's last one is sent just before it
+    /// exits) into the Job's final progress and its Metric resource.
+    async fn write_final_metrics(&mut self) {
+        while let Ok(Some(report)) =
+            tokio::time::timeout(Duration::from_millis(300), self.reports.recv()).await
+        {
+            self.fold.add(report);
+        }
+        self.fold.tick(now_ms());
+        let progress = self.fold.progress(Some(1.0));
+        self.writer.status.progress = progress.or(self.writer.status.progress.take());
+        metrics::write(&self.context.api, &self.name, &self.fold).await;
+    }
+
+    /// Every executor of the Job's topology.
+    fn endpoints(&self) -> Vec<Endpoint> {
+        executors::endpoints(self.context, &self.name)
+    }
+}
+
+/// Waits for the next tick of `ticks`; forever when there are none.
+async fn tick(ticks: &mut Option<Interval>) {
+    match ticks {
+        Some(ticks) => {
+            ticks.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// One planner task per stream with batch sources.
+fn plan_batches<B, C: Catalog>(
+    context: &Context<B, C>,
+    name: &str,
+    queue: &TaskQueue,
+    plans: Vec<StreamPlan>,
+) -> Vec<JoinHandle<Result<(), DriverError>>> {
+    let job: Arc<str> = Arc::from(name);
+    let settings = &context.settings.master.planner;
+    plans
+        .into_iter()
+        .map(|plan| {
+            tokio::spawn(driver::plan_stream(
+                queue.clone(),
+                context.cache.clone(),
+                job.clone(),
+                Arc::new(plan),
+                settings.clone(),
+            ))
+        })
+        .collect()
+}
+
+async fn load_dataset(api: &ApiClient, name: &str) -> Result<DatasetSpec, Outcome> {
+    let resource = match api.get(Kind::Dataset, name).await {
+        Ok(resource) => resource,
+        Err(e @ ClientError::Status(_)) if e.code() == Some(tonic::Code::NotFound) => {
+            return Err(Outcome::failed(
+                "DatasetMissing",
+                format!("spec.dataset: Dataset {name:?} does not exist"),
+            ));
+        }
+        Err(e) => return Err(Outcome::failed("DatasetUnreadable", e.to_string())),
+    };
+    serde_json::from_str(&resource.spec_json)
+        .map_err(|e| Outcome::failed("InvalidDataset", format!("Dataset {name:?}: {e}")))
+}
+
+/// Every Parquet source's prefix must hold something.
+async fn check_sources<C: Catalog>(
+    cache: &ListingCache<C>,
+    dataset: &DatasetSpec,
+) -> Result<(), Outcome> {
+    for source in dataset.streams.iter().flat_map(|s| &s.sources) {
+        let Some(parquet) = &source.parquet else {
+            continue;
+        };
+        match cache.catalog().exists(&parquet.uri).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(Outcome::failed(
+                    "DataSourceMissing",
+                    format!(
+                        "source `{}`: nothing under prefix {}",
+                        source.name, parquet.uri
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Err(Outcome::failed(
+                    "DataSourceUnreadable",
+                    format!("source `{}`: {e}", source.name),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

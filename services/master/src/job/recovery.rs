@@ -1,0 +1,92 @@
+//! Monolith's PS recovery (§2.3): a PS shard that crashed and was restarted by the backend
+//! gets back its rows of the Job's latest committed checkpoint. The updates it took since
+//! then are lost and the other shards keep theirs; a Job with no committed checkpoint goes
+//! on with the shard empty.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use primus_proto::v1::Endpoint;
+use tokio::sync::{broadcast, mpsc};
+
+use super::executors::{READY_TIMEOUT, serving};
+use crate::backend::{BackendEvent, ExecutorRole};
+use crate::checkpoint::{self, ShardRecovery};
+use crate::queue::TaskQueue;
+use crate::topology::Topologies;
+
+/// A recovered shard's condition reason and message, or the error that fails the Job.
+pub(crate) type Recovered = Result<(&'static str, String), String>;
+
+/// Restores every PS shard of `job` the backend restarts, sending how each went.
+pub(crate) async fn recover_restarted_shards(
+    mut events: broadcast::Receiver<BackendEvent>,
+    queue: TaskQueue,
+    topologies: Topologies,
+    job: String,
+    recovery: Arc<ShardRecovery>,
+    outcomes: mpsc::Sender<Recovered>,
+) {
+    loop {
+        let shard = match events.recv().await {
+            Ok(BackendEvent::Restarting { job: of, id, .. })
+                if of == job && id.starts_with(ExecutorRole::Ps.as_str()) =>
+            {
+                id
+            }
+            Ok(_) => continue,
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::warn!(
+                    job,
+                    missed,
+                    "backend events missed: a PS restart among them goes unrestored"
+                );
+                continue;
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        let endpoints = topologies.get(&job).map(|(_, e)| e).unwrap_or_default();
+        let Some(endpoint) = endpoints.into_iter().find(|e| e.id == shard) else {
+            continue;
+        };
+        recovery.restarting(&shard);
+        let outcome = recover_shard(&queue, &endpoint).await;
+        recovery.restored();
+        if outcomes.send(outcome).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn recover_shard(queue: &TaskQueue, shard: &Endpoint) -> Recovered {
+    // The crashed process is gone once the backend reports the restart, so the first
+    // SERVING answer comes from its successor.
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    while !serving(&shard.grpc_addr).await {
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!(
+                "{} at {} did not serve again within {}s of its restart",
+                shard.id,
+                shard.grpc_addr,
+                READY_TIMEOUT.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let Some(record) = checkpoint::latest(queue).await.map_err(|e| e.to_string())? else {
+        return Ok((
+            "NoCheckpoint",
+            format!("{} restarted empty: no checkpoint committed yet", shard.id),
+        ));
+    };
+    let rows = checkpoint::restore_shard(&record, shard)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((
+        "FromCheckpoint",
+        format!(
+            "{} restarted and restored from checkpoint {} ({}): {rows} rows",
+            shard.id, record.id, record.uri
+        ),
+    ))
+}

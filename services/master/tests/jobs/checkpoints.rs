@@ -1,0 +1,229 @@
+//! Checkpoints and recovery through the real services: a Job restarted under a new master
+//! continues from its checkpoint, a killed PS shard comes back with the checkpoint's rows,
+//! a killed trainer continues its counters.
+
+use std::path::Path;
+use std::time::Duration;
+
+use primus_harness::Sandbox;
+use primus_master::checkpoint;
+use primus_spec::status::{Phase, Status};
+use primus_testkit::service::signal;
+
+use crate::common::{
+    DLRM_ROWS, apply_criteo_dataset, checkpoint_where, data_executor, dlrm_job, job_queue,
+    start_master_with,
+};
+
+/// Checkpoint and restore through the real services: the job is stopped with its master
+/// after an incremental checkpoint was committed, and the next master restores the PS
+/// shards (through the chain back to the full snapshot), rolls the task queue back to the
+/// checkpoint's offsets and starts the trainer from its totals. The sample count ends at
+/// exactly the data set's rows: the rows trained before the barrier are the ones the
+/// offsets skip, no more and no fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_over() {
+    let sandbox = Sandbox::start().await;
+    let best = apply_criteo_dataset(&sandbox).await;
+    let data_executor = data_executor();
+    let master = start_master_with(&sandbox, &data_executor);
+    let job = "dlrm-restart";
+    sandbox.apply([dlrm_job(&sandbox, job, 1, 1).build()]).await;
+    let queue = job_queue(&sandbox, job).await;
+    let record = checkpoint_where(&sandbox, &queue, job, |r| r.chain_start < r.id).await;
+    master.stop();
+    let total = DLRM_ROWS;
+    let status = sandbox.status(job).await;
+    assert_eq!(status.phase, Phase::Running, "stopped mid-job: {status:?}");
+    assert_eq!(record.ps.len(), 2, "{record:?}");
+    let trained = record.samples();
+    assert!(trained > 0 && trained < total, "{record:?}");
+    let written = std::fs::read_to_string(Path::new(&record.uri).join("checkpoint.json"))
+        .expect("checkpoint.json beside the snapshots");
+    assert_eq!(
+        serde_json::from_str::<checkpoint::CheckpointRecord>(&written).expect("record"),
+        record
+    );
+    for manifest in record.ps.values() {
+        let file = manifest.strip_prefix("file://").unwrap_or(manifest);
+        assert!(Path::new(file).is_file(), "{manifest}");
+    }
+
+    let master = start_master_with(&sandbox, &data_executor);
+    let status = sandbox
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let restored = status
+        .conditions
+        .iter()
+        .find(|c| c.kind == "Restored")
+        .expect("a Restored condition");
+    assert!(
+        restored
+            .message
+            .starts_with(&format!("from checkpoint {} ", record.id)),
+        "{restored:?}"
+    );
+    let progress = status.progress.clone().expect("progress");
+    assert_eq!(
+        progress.samples, total,
+        "the restored trainer continues from {trained} samples and the data from the same rows: {progress:?}"
+    );
+    let steps = record.trainers.values().map(|t| t.steps).sum::<u64>();
+    assert!(progress.steps > steps, "{progress:?} vs {record:?}");
+    let auc = progress.auc.expect("an AUC");
+    assert!(
+        auc > best - 0.02,
+        "AUC {auc:.4} after the restart is not within 0.02 of the best achievable {best:.4}"
+    );
+    // Only the newest 3 checkpoints (the default `master.checkpoint.keep`) keep files, and
+    // the ones their incremental snapshots chain back to (`full_every` 4 by default).
+    let retained = checkpoint::retained(3, 4);
+    let latest = checkpoint::latest(&queue)
+        .await
+        .expect("record")
+        .expect("a checkpoint");
+    let root = sandbox.dir().join("checkpoints").join(job);
+    let mut kept = Vec::new();
+    for entry in std::fs::read_dir(&root).expect("checkpoints").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(id) = name
+            .strip_prefix("ckpt-")
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if has_files(&entry.path()) {
+            kept.push(id);
+        }
+    }
+    kept.sort();
+    assert!(
+        kept.iter().all(|id| id + retained > latest.id)
+            && (latest.chain_start..=latest.id).all(|id| kept.contains(&id)),
+        "checkpoints with files: {kept:?}, latest {} (chained to {})",
+        latest.id,
+        latest.chain_start
+    );
+    eprintln!(
+        "checkpoint {}: {trained} samples, {steps} steps; after the restart {} samples, {} steps, AUC {auc:.4} (best {best:.4}); {} checkpoints, files kept of {kept:?}",
+        record.id, progress.samples, progress.steps, latest.id
+    );
+    master.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_ps_shard_comes_back_with_the_rows_of_the_latest_checkpoint() {
+    let sandbox = Sandbox::start().await;
+    let best = apply_criteo_dataset(&sandbox).await;
+    let master = start_master_with(&sandbox, &data_executor());
+    let job = "dlrm-ps-crash";
+    sandbox.apply([dlrm_job(&sandbox, job, 1, 1).build()]).await;
+    let queue = job_queue(&sandbox, job).await;
+    let record = checkpoint_where(&sandbox, &queue, job, |_| true).await;
+    signal(sandbox.pids(job)["ps-0"], "KILL").expect("kill ps-0");
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let restored = loop {
+        let status = sandbox.status(job).await;
+        if let Some(c) = status.conditions.iter().find(|c| c.kind == "ShardRestored") {
+            break c.clone();
+        }
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "ps-0 not restored: {status:?}\n{}",
+            sandbox.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(restored.reason, "FromCheckpoint", "{restored:?}");
+    let (checkpoint_id, rows) = restored
+        .message
+        .strip_prefix("ps-0 restarted and restored from checkpoint ")
+        .and_then(|rest| {
+            let (id, rest) = rest.split_once(' ')?;
+            let rows = rest.rsplit_once(": ")?.1.strip_suffix(" rows")?;
+            Some((id.parse::<u64>().ok()?, rows.parse::<u64>().ok()?))
+        })
+        .unwrap_or_else(|| panic!("unexpected message: {restored:?}"));
+    assert!(checkpoint_id >= record.id, "{restored:?} vs {record:?}");
+    assert!(
+        rows > 0,
+        "the checkpoint's rows of ps-0 are back: {restored:?}"
+    );
+
+    let status = sandbox
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let auc = status.progress.and_then(|p| p.auc).expect("an AUC");
+    assert!(
+        auc > best - 0.03,
+        "AUC {auc:.4} after losing ps-0's updates since checkpoint {checkpoint_id} is not within 0.03 of the best achievable {best:.4}"
+    );
+    eprintln!("{}; AUC {auc:.4} (best {best:.4})", restored.message);
+    master.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_trainer_continues_its_counters_instead_of_restarting_them() {
+    let sandbox = Sandbox::start().await;
+    apply_criteo_dataset(&sandbox).await;
+    let master = start_master_with(&sandbox, &data_executor());
+    let job = "dlrm-trainer-crash";
+    sandbox
+        .apply([dlrm_job(&sandbox, job, 1, 3600).build()])
+        .await;
+    let total = DLRM_ROWS;
+    let samples = |status: &Status| status.progress.as_ref().map_or(0, |p| p.samples);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    let before = loop {
+        let status = sandbox.status(job).await;
+        if samples(&status) >= total / 3 {
+            break samples(&status);
+        }
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "{status:?}\n{}",
+            sandbox.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    signal(sandbox.pids(job)["trainer-0"], "KILL").expect("kill trainer-0");
+
+    // The job's sample count never goes back, and the restarted trainer adds to it.
+    let mut highest = before;
+    let status = loop {
+        let status = sandbox.status(job).await;
+        assert!(
+            samples(&status) >= highest,
+            "progress went back from {highest}: {status:?}"
+        );
+        highest = samples(&status);
+        if status.phase == Phase::Succeeded {
+            break status;
+        }
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "{status:?}\n{}",
+            sandbox.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Rows the dead trainer had received but not trained, and those it trained after its
+    // last report, are not counted: a few minibatches, far from the third counted before.
+    let trained = samples(&status);
+    assert!(
+        trained <= total && trained >= total - total / 10,
+        "{trained} samples counted of {total} rows ({before} before the kill)"
+    );
+    eprintln!("{before} samples before the kill, {trained} of {total} at the end");
+    master.stop();
+}
+
+fn has_files(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.path().is_file() || has_files(&e.path()))
+    })
+}

@@ -1,0 +1,378 @@
+//! What the master's end-to-end tests share: Parquet partitions of numbered rows, the
+//! master's settings for a sandbox, the small Jobs over those rows, JetStream rows, the
+//! Criteo-like DLRM Job, and waiting for checkpoints.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{ArrayRef, RecordBatch, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use primus_bus::jetstream::JetStream;
+use primus_config::{MasterSettings, StorageSettings};
+use primus_harness::resources::{dataset, hourly, jetstream, job, parquet, small_wide_deep};
+use primus_harness::{MasterProcess, Sandbox, binary};
+use primus_master::checkpoint::{self, CheckpointRecord};
+use primus_master::plan::{ListingCache, StoreCatalog};
+use primus_master::queue::TaskQueue;
+use primus_spec::Resource;
+use primus_spec::dataset::DatasetSpec;
+use primus_spec::job::{DenseSpec, Initializer};
+use primus_spec::job::{ModelKind, ModelSpec, OptimizerSpec, TableSpec, TrainingMode};
+use primus_spec::status::{Phase, Status};
+use primus_spec::time;
+
+pub const ROWS_PER_FILE: u64 = 100;
+pub const FILES_PER_HOUR: u64 = 2;
+
+/// Writes `days` of hourly partitions under `root`, ids counting up in time order (columns
+/// `id`, `label` = id mod 2, `c1` = id), plus a `_SUCCESS` marker per hour. Returns the
+/// number of rows.
+pub async fn write_partitions(root: &Path, first_day: &str, days: i64) -> u64 {
+    let location = primus_storage::open(root.to_str().expect("utf-8"), &StorageSettings::default())
+        .expect("location");
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::UInt64, false),
+        Field::new("label", DataType::UInt64, false),
+        Field::new("c1", DataType::UInt64, false),
+    ]));
+    let start = time::parse_window_time(first_day).expect("day");
+    let mut next_id = 0;
+    for hour in 0..days * 24 {
+        let partition = time::partition(
+            primus_spec::dataset::WindowUnit::Hourly,
+            start + hour * time::HOUR,
+        );
+        for file in 0..FILES_PER_HOUR {
+            let ids: Vec<u64> = (next_id..next_id + ROWS_PER_FILE).collect();
+            next_id += ROWS_PER_FILE;
+            let labels: Vec<u64> = ids.iter().map(|id| id % 2).collect();
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(UInt64Array::from(ids.clone())),
+                Arc::new(UInt64Array::from(labels)),
+                Arc::new(UInt64Array::from(ids)),
+            ];
+            let batch = RecordBatch::try_new(schema.clone(), columns).expect("batch");
+            let path = location.path(&format!("{partition}/part-{file}.parquet"));
+            primus_storage::parquet::write(&location, &path, schema.clone(), [batch], None)
+                .await
+                .expect("write parquet");
+        }
+        let marker = location.path(&format!("{partition}/_SUCCESS"));
+        location
+            .put(&marker, Default::default())
+            .await
+            .expect("marker");
+    }
+    next_id
+}
+
+/// Plans every window of `dataset` into `queue` as tasks of about 1 MiB.
+pub async fn plan_dataset(queue: &TaskQueue, dataset: &DatasetSpec, job: &str) {
+    let cache = Arc::new(ListingCache::new(
+        Arc::new(StoreCatalog::new(StorageSettings::default())),
+        8,
+    ));
+    let settings = primus_config::PlannerSettings {
+        target_task_bytes: 1 << 20,
+        parallelism: 4,
+        poll_interval_ms: 100,
+    };
+    for plan in primus_master::driver::stream_plans(dataset).expect("plans") {
+        primus_master::driver::plan_stream(
+            queue.clone(),
+            cache.clone(),
+            Arc::from(job),
+            Arc::new(plan),
+            settings.clone(),
+        )
+        .await
+        .expect("planned");
+    }
+}
+
+/// The task queue `job` of the Redis at `url`.
+pub async fn queue_at(url: &str, job: &str) -> TaskQueue {
+    let client = redis::Client::open(url).expect("redis url");
+    TaskQueue::new(
+        client.get_connection_manager().await.expect("redis"),
+        "primus",
+        job,
+    )
+}
+
+/// A master whose data executors are `data_executor`: tasks of about 1 MiB, quick
+/// heartbeats (an executor silent for 2 s is lost), five attempts per task.
+pub fn master_settings(sandbox: &Sandbox, data_executor: &Path) -> MasterSettings {
+    assert!(
+        data_executor.is_file(),
+        "{} is not built",
+        data_executor.display()
+    );
+    let mut settings = sandbox.master_settings();
+    settings.master.planner.target_task_bytes = 1 << 20;
+    settings.master.tasks.heartbeat_interval_ms = 200;
+    settings.master.tasks.heartbeat_timeout_ms = 2_000;
+    settings.master.tasks.max_attempts = 5;
+    settings
+        .local
+        .binaries
+        .insert("data_executor".into(), data_executor.to_path_buf());
+    for needed in ["primus-ps", "primus-trainer"] {
+        binary(needed);
+    }
+    settings
+}
+
+/// The `task_reader` example: a data executor that records the ids it reads.
+pub fn task_reader() -> PathBuf {
+    binary("examples/task_reader")
+}
+
+pub fn data_executor() -> PathBuf {
+    binary("primus-data-executor")
+}
+
+/// Starts the master with `settings`; the task reader reads a row every 40 ms.
+pub fn start(sandbox: &Sandbox, settings: &MasterSettings) -> MasterProcess {
+    MasterProcess::start(sandbox, settings, &[("PRIMUS_TASK_READER_DELAY_MS", "40")])
+}
+
+/// A master whose data executors are the task reader.
+pub fn start_master(sandbox: &Sandbox) -> MasterProcess {
+    start(sandbox, &master_settings(sandbox, &task_reader()))
+}
+
+/// A master whose data executors are `data_executor`.
+pub fn start_master_with(sandbox: &Sandbox, data_executor: &Path) -> MasterProcess {
+    start(sandbox, &master_settings(sandbox, data_executor))
+}
+
+/// Dataset `<job>-data` (hourly windows from `start` up to `end` of the Parquet files
+/// under `uri`) and batch Job `job` training the smallest model on it with `executors`
+/// data executors.
+pub fn id_job(job: &str, uri: &Path, (start, end): (&str, &str), executors: u32) -> [Resource; 2] {
+    id_job_with(job, uri, (start, end), executors, small_wide_deep())
+}
+
+/// [`id_job`] training `model`.
+pub fn id_job_with(
+    name: &str,
+    uri: &Path,
+    (start, end): (&str, &str),
+    executors: u32,
+    model: ModelSpec,
+) -> [Resource; 2] {
+    let data = format!("{name}-data");
+    [
+        dataset(&data)
+            .stream(
+                "logs",
+                hourly(start, Some(end)),
+                vec![parquet("clicks", uri.display())],
+            )
+            .build(),
+        job(name, &data, TrainingMode::Batch, model)
+            .replicas(executors, 1, 1)
+            .build(),
+    ]
+}
+
+/// Ids read by all executors of a job (its work folder), with how often each was read.
+pub fn rows_read(work: &Path) -> HashMap<u64, u32> {
+    let mut counts = HashMap::new();
+    for file in std::fs::read_dir(work).expect("job folder").flatten() {
+        let name = file.file_name();
+        if !name.to_string_lossy().starts_with("rows-") {
+            continue;
+        }
+        for line in std::fs::read_to_string(file.path()).expect("rows").lines() {
+            *counts.entry(line.parse::<u64>().expect("id")).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// Waits until `executor` (a task reader) recorded some rows.
+pub async fn wait_until_rows(work: &Path, executor: &str) {
+    let path = work.join(format!("rows-{executor}.txt"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while std::fs::metadata(&path).map_or(0, |m| m.len()) < 20 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{executor} read nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Publishes rows with c1 ids `ids` (label: odd ids) on `subject` as `SampleRows`.
+pub async fn publish_rows(js: &JetStream, subject: &str, ids: std::ops::Range<u64>) {
+    let labels: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids.clone().map(|i| i % 2)));
+    let values: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids));
+    let rows = RecordBatch::try_from_iter([("label", labels), ("c1", values)]).expect("rows");
+    let message = primus_proto::v1::SampleRows {
+        arrow_ipc: primus_batch::ipc::encode_rows(&rows).expect("encode"),
+    };
+    js.publish(subject.into(), &message).await.expect("publish");
+}
+
+/// Publishes rows 0..500 on `clicks.live` (stream CLICKS) and applies a stream-mode
+/// Job `job` over them (Dataset `live-data`, the smallest model, batches of 64, one of
+/// each executor) after `change`. Returns the JetStream context for later rows.
+pub async fn apply_online_job(
+    sandbox: &Sandbox,
+    name: &str,
+    change: impl FnOnce(&mut primus_spec::job::JobSpec),
+) -> JetStream {
+    let js = sandbox.jetstream().await;
+    js.ensure_stream("CLICKS", vec!["clicks.>".into()])
+        .await
+        .expect("stream");
+    for i in 0..10 {
+        publish_rows(&js, "clicks.live", i * 50..(i + 1) * 50).await;
+    }
+    let live = dataset("live-data").stream(
+        "live",
+        hourly("2026-11-01T00", None),
+        vec![jetstream("clicks", "CLICKS", "clicks.>")],
+    );
+    let online = job(name, "live-data", TrainingMode::Stream, small_wide_deep())
+        .batch_size(64)
+        .with(change);
+    sandbox.apply([live.build(), online.build()]).await;
+    js
+}
+
+/// Hours and rows per hour of the Criteo-like data of the DLRM tests.
+pub const DLRM_HOURS: usize = 4;
+pub const DLRM_ROWS_PER_HOUR: usize = 100_000;
+pub const DLRM_ROWS: u64 = (DLRM_HOURS * DLRM_ROWS_PER_HOUR) as u64;
+
+/// Writes the Criteo-like data of the DLRM tests and applies its Dataset `criteo`. Returns
+/// the data's best achievable AUC.
+pub async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
+    use primus_datagen::criteo::{CriteoOptions, feature_schema};
+    use primus_datagen::write::{Layout, criteo};
+
+    let data = sandbox.dir().join("criteo");
+    let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
+        .expect("location");
+    let layout = Layout {
+        unit: primus_spec::dataset::WindowUnit::Hourly,
+        start_unix_s: time::parse_window_time("2026-11-01T00").expect("time"),
+        windows: DLRM_HOURS,
+        files_per_window: 1,
+        row_group_rows: 16_384,
+    };
+    let options = CriteoOptions {
+        // At most ~500 ids per column: one pass over 400,000 rows sees the tail ids often
+        // enough to learn them.
+        cardinality_scale: 0.00005,
+        ..CriteoOptions::default()
+    };
+    let summary = criteo(&location, &layout, DLRM_ROWS_PER_HOUR, options)
+        .await
+        .expect("generate");
+    let end = format!("2026-11-01T{DLRM_HOURS:02}");
+    let criteo = dataset("criteo")
+        .schema(feature_schema("categorical"))
+        .stream(
+            "clicks",
+            hourly("2026-11-01T00", Some(&end)),
+            vec![parquet("criteo", data.display())],
+        );
+    sandbox.apply([criteo.build()]).await;
+    summary.best_auc.expect("both classes")
+}
+
+/// A small DLRM Job on Dataset `criteo` with `trainers` trainers and two PS shards,
+/// checkpointed every `checkpoint_seconds` under the sandbox's `checkpoints/<job>`.
+pub fn dlrm_job(
+    sandbox: &Sandbox,
+    name: &str,
+    trainers: u32,
+    checkpoint_seconds: u64,
+) -> primus_harness::resources::JobBuilder {
+    let table = TableSpec {
+        initializer: Initializer::Uniform { scale: 0.1 },
+        ..TableSpec::new("categorical", 16, OptimizerSpec::adagrad(0.3))
+    };
+    let model = ModelSpec {
+        kind: ModelKind::Dlrm,
+        tables: vec![table],
+        dense: DenseSpec {
+            optimizer: OptimizerSpec::adam(0.003),
+            ..DenseSpec::new(vec![64, 16], vec![64, 1])
+        },
+    };
+    job(name, "criteo", TrainingMode::Batch, model)
+        .replicas(1, trainers, 2)
+        .batch_size(256)
+        // Each trainer scores its own samples: together they cover the newest 20,000.
+        .with(|spec| spec.training.eval_window = 20_000 / trainers)
+        .checkpoint(
+            sandbox.dir().join("checkpoints").join(name).display(),
+            checkpoint_seconds,
+        )
+}
+
+/// Applies a small DLRM Job on Dataset `criteo` with `trainers` trainers and waits for it
+/// to succeed: every row trained on once.
+pub async fn train_dlrm(sandbox: &Sandbox, job: &str, trainers: u32) -> Status {
+    sandbox
+        .apply([dlrm_job(sandbox, job, trainers, 3600).build()])
+        .await;
+    let status = sandbox
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let progress = status.progress.clone().expect("trainer progress");
+    assert_eq!(progress.samples, DLRM_ROWS, "{job}: {progress:?}");
+    status
+}
+
+/// The task queue of `job` in the sandbox's Redis.
+pub async fn job_queue(sandbox: &Sandbox, job: &str) -> TaskQueue {
+    queue_at(&sandbox.redis.url(), job).await
+}
+
+/// Waits for a committed checkpoint of a running job that `wanted` accepts.
+pub async fn checkpoint_where(
+    sandbox: &Sandbox,
+    queue: &TaskQueue,
+    job: &str,
+    wanted: impl Fn(&CheckpointRecord) -> bool,
+) -> CheckpointRecord {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(record) = checkpoint::latest(queue).await.expect("record")
+            && wanted(&record)
+        {
+            return record;
+        }
+        let status = sandbox.status(job).await;
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "no checkpoint committed: {status:?}\n{}",
+            sandbox.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs the applied `job` to the end under a master that starts a window's tasks only
+/// after the previous window's (so the last window is trained last), checks that it
+/// trained `samples` samples, and returns its reported AUC.
+pub async fn train_in_window_order(sandbox: &Sandbox, job: &str, samples: u64) -> f64 {
+    let mut settings = master_settings(sandbox, &data_executor());
+    settings.master.tasks.max_lead_hours = 1;
+    let master = start(sandbox, &settings);
+    let status = sandbox
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let progress = status.progress.expect("trainer progress");
+    assert_eq!(progress.samples, samples, "{progress:?}");
+    master.stop();
+    progress.auc.expect("an AUC")
+}

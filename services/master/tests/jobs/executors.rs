@@ -1,0 +1,252 @@
+//! Jobs through real executor processes: every row read once through executor and master
+//! kills (the `task_reader` example as data executor), a missing prefix and a model that
+//! does not fit failing the Job, deletion stopping its processes, every row trained once
+//! by the real data executor, trainer and PS, and one trace across them.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use primus_harness::resources::small_wide_deep;
+use primus_harness::{Sandbox, alive};
+use primus_spec::status::Phase;
+use primus_testkit::service::signal;
+use primus_testkit::{OtlpReceiver, ReceivedSpan};
+
+use crate::common::{
+    FILES_PER_HOUR, ROWS_PER_FILE, data_executor, id_job, id_job_with, master_settings, rows_read,
+    start, start_master, start_master_with, wait_until_rows, write_partitions,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_reads_every_row_through_executor_and_master_kills() {
+    let sandbox = Sandbox::start().await;
+    let data = sandbox.dir().join("data");
+    let rows = write_partitions(&data, "2026-11-01", 1).await;
+    let window = ("2026-11-01T00", "2026-11-02T00");
+    sandbox.apply(id_job("rows", &data, window, 2)).await;
+    let master = start_master(&sandbox);
+    sandbox
+        .wait_for_phase("rows", Phase::Running, Duration::from_secs(60))
+        .await;
+    let work = sandbox.work_dir().join("rows");
+
+    // SIGKILL one data executor mid-task: the backend restarts it, its task is re-queued
+    // from the last reported offset.
+    wait_until_rows(&work, "data_executor-0").await;
+    let pid = sandbox.pids("rows")["data_executor-0"];
+    signal(pid, "KILL").expect("kill executor");
+
+    // SIGKILL the master too: the next one kills its orphans and resumes the queue.
+    wait_until_rows(&work, "data_executor-1").await;
+    master.kill();
+    let master = start_master(&sandbox);
+
+    let status = sandbox
+        .wait_for_phase("rows", Phase::Succeeded, Duration::from_secs(120))
+        .await;
+    let complete = status
+        .conditions
+        .iter()
+        .find(|c| c.kind == "Complete")
+        .expect("condition");
+    assert_eq!(complete.reason, "DataExhausted", "{complete:?}");
+    let read = rows_read(&work);
+    let missing: Vec<u64> = (0..rows).filter(|id| !read.contains_key(id)).collect();
+    assert!(
+        missing.is_empty(),
+        "rows never read: {} (first {:?})",
+        missing.len(),
+        missing.first()
+    );
+    assert_eq!(read.len() as u64, rows, "no row outside the data");
+    // Rows past an interrupted attempt's last report may be read again, nothing else:
+    // at most one report interval (50 rows) per interruption (1 executor + 2 at master kill).
+    let repeats: u32 = read.values().map(|n| n - 1).sum();
+    assert!(repeats <= 3 * 50, "{repeats} rows read twice");
+    assert!(
+        sandbox.pids("rows").values().all(|pid| !alive(*pid)),
+        "executors stopped at job end"
+    );
+    master.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_prefix_fails_the_job_and_deleting_a_running_job_stops_its_processes() {
+    let sandbox = Sandbox::start().await;
+    let missing = sandbox.dir().join("no-such-data");
+    let window = ("2026-11-01T00", "2026-11-02T00");
+    sandbox.apply(id_job("lost", &missing, window, 1)).await;
+    let data = sandbox.dir().join("data");
+    write_partitions(&data, "2026-11-01", 1).await;
+    sandbox.apply(id_job("doomed", &data, window, 1)).await;
+    let master = start_master(&sandbox);
+
+    let status = sandbox
+        .wait_for_phase("lost", Phase::Failed, Duration::from_secs(60))
+        .await;
+    let complete = status
+        .conditions
+        .iter()
+        .find(|c| c.kind == "Complete")
+        .expect("condition");
+    assert_eq!(complete.reason, "DataSourceMissing");
+    assert!(
+        complete.message.contains(missing.to_str().expect("utf-8")),
+        "names the prefix: {complete:?}"
+    );
+
+    sandbox
+        .wait_for_phase("doomed", Phase::Running, Duration::from_secs(60))
+        .await;
+    let pids = sandbox.pids("doomed");
+    assert_eq!(pids.len(), 3, "ps, trainer, data executor: {pids:?}");
+    assert!(pids.values().all(|pid| alive(*pid)));
+    sandbox.delete_job("doomed").await;
+    let leftover: HashSet<String> = HashSet::new();
+    assert_eq!(
+        sandbox
+            .pids("doomed")
+            .keys()
+            .cloned()
+            .collect::<HashSet<_>>(),
+        leftover
+    );
+    master.stop();
+}
+
+/// Real data executors and a real trainer and PS: the job ends once the trainer has
+/// trained on all it was served, and it was served every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_trains_on_every_row_once_through_real_data_executors_and_trainer() {
+    let sandbox = Sandbox::start().await;
+    let data = sandbox.dir().join("data");
+    write_partitions(&data, "2026-11-01", 1).await;
+    // Three hourly windows of one source: three tasks of 2 files (200 rows) each.
+    let rows = 3 * FILES_PER_HOUR * ROWS_PER_FILE;
+    let window = ("2026-11-01T00", "2026-11-01T03");
+    sandbox.apply(id_job("served", &data, window, 2)).await;
+    let master = start_master_with(&sandbox, &data_executor());
+    let status = sandbox
+        .wait_for_phase("served", Phase::Succeeded, Duration::from_secs(120))
+        .await;
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.reason == "DataExhausted" && c.message.contains("1 trainers finished")),
+        "{status:?}"
+    );
+    let progress = status.progress.expect("the trainer reported progress");
+    assert_eq!(
+        progress.samples, rows,
+        "every row trained once: {progress:?}"
+    );
+    assert!(progress.steps >= 1);
+    master.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_does_not_fit_the_schema_fails_the_job_naming_the_feature() {
+    let sandbox = Sandbox::start().await;
+    let data = sandbox.dir().join("data");
+    write_partitions(&data, "2026-11-01", 1).await;
+    let mut model = small_wide_deep();
+    model.tables[0].name = "other".into();
+    let window = ("2026-11-01T00", "2026-11-01T01");
+    sandbox
+        .apply(id_job_with("misfit", &data, window, 1, model))
+        .await;
+    let master = start_master(&sandbox);
+    let status = sandbox
+        .wait_for_phase("misfit", Phase::Failed, Duration::from_secs(60))
+        .await;
+    let complete = status
+        .conditions
+        .iter()
+        .find(|c| c.kind == "Complete")
+        .expect("condition");
+    assert_eq!(complete.reason, "ModelMismatch", "{complete:?}");
+    assert!(
+        complete.message.contains("\"c1\"") && complete.message.contains("\"t\""),
+        "names the feature and its table: {complete:?}"
+    );
+    assert!(sandbox.pids("misfit").is_empty(), "nothing was started");
+    master.stop();
+}
+
+/// The spans received so far that are called `name` (span names; server spans are
+/// named by their gRPC path).
+fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
+    spans.iter().filter(|s| s.span.name == name).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_trace_links_a_data_task_the_trainer_step_on_its_rows_and_the_ps_push() {
+    let receiver = OtlpReceiver::start().await.expect("otlp receiver");
+    let sandbox = Sandbox::start().await;
+    let data = sandbox.dir().join("data");
+    write_partitions(&data, "2026-11-01", 1).await;
+    let window = ("2026-11-01T00", "2026-11-01T01");
+    sandbox.apply(id_job("traced", &data, window, 1)).await;
+    // The master hands its telemetry section to every executor it starts.
+    let mut settings = master_settings(&sandbox, &data_executor());
+    settings.telemetry.otlp_endpoint = Some(receiver.endpoint().to_owned());
+    let master = start(&sandbox, &settings);
+    sandbox
+        .wait_for_phase("traced", Phase::Succeeded, Duration::from_secs(120))
+        .await;
+    master.stop();
+
+    // Executors flush their spans as they stop; the PS push of a step is the last link.
+    let mut spans = Vec::new();
+    for _ in 0..100 {
+        spans = receiver.spans();
+        if !named(&spans, "ps.push").is_empty() && !named(&spans, "trainer.step").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let tasks = named(&spans, "data task clicks");
+    assert!(!tasks.is_empty(), "a data.task span: {:?}", names(&spans));
+    let child_of = |parent: &ReceivedSpan, name: &str| -> Vec<ReceivedSpan> {
+        named(&spans, name)
+            .into_iter()
+            .filter(|s| {
+                s.span.trace_id == parent.span.trace_id
+                    && s.span.parent_span_id == parent.span.span_id
+            })
+            .cloned()
+            .collect()
+    };
+    // Some task's rows were trained in a step whose push reached the PS, all one trace.
+    let linked = tasks.iter().find_map(|task| {
+        let step = child_of(task, "trainer.step").into_iter().next()?;
+        let push = child_of(&step, "trainer.push").into_iter().next()?;
+        let server = child_of(&push, "/primus.v1.ParameterServer/Push")
+            .into_iter()
+            .next()?;
+        let ps_push = child_of(&server, "ps.push").into_iter().next()?;
+        Some((task, step, server, ps_push))
+    });
+    let Some((task, step, server, ps_push)) = linked else {
+        panic!(
+            "no data task -> trainer.step -> trainer.push -> PS Push -> ps.push chain in {:?}",
+            names(&spans)
+        );
+    };
+    assert_eq!(task.service, "primus-data-executor");
+    assert_eq!(step.service, "primus-trainer");
+    assert_eq!(server.service, "primus-ps");
+    assert_eq!(ps_push.service, "primus-ps");
+    assert!(
+        !child_of(&step, "trainer.lookup").is_empty(),
+        "the step's lookups are in the same trace"
+    );
+}
+
+fn names(spans: &[ReceivedSpan]) -> Vec<(String, String)> {
+    spans
+        .iter()
+        .map(|s| (s.service.clone(), s.span.name.clone()))
+        .collect()
+}

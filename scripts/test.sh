@@ -23,6 +23,17 @@ FEATURES=primus-storage/hdfs
 echo "[test] cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --features "$FEATURES" --locked -- -D warnings
 cargo clippy -p primus-model -p primus-trainer --all-targets --features primus-trainer/cuda --locked -- -D warnings
+echo "[test] cargo doc (warnings are errors)"
+RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --features "$FEATURES" --locked
+echo "[test] cargo deny: licenses, duplicate versions, sources"
+cargo deny --locked check licenses bans sources
+# Advisories need the RustSec database, a git repository on GitHub: checked against a local
+# copy when there is one, and said plainly when there is none.
+if ls -d "${CARGO_HOME:-$HOME/.cargo}"/advisory-dbs/*/crates >/dev/null 2>&1; then
+  cargo deny --locked check --disable-fetch advisories
+else
+  echo "[test] cargo deny advisories: NOT CHECKED (no RustSec advisory database under ${CARGO_HOME:-$HOME/.cargo}/advisory-dbs; it cannot be fetched from this machine)"
+fi
 echo "[test] cargo test"
 cargo test --workspace --features "$FEATURES" --locked
 cargo test -p primus-model --features cuda --locked

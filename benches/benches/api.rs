@@ -3,6 +3,12 @@
 //!
 //! `cargo bench -p primus-benches --bench api` (PRIMUS_BENCH_SECONDS sets each run's length).
 
+#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+#![expect(
+    clippy::disallowed_methods,
+    reason = "plain Redis SET and GET are the baseline the API server is measured against"
+)]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -8,6 +8,8 @@
 //!
 //! `cargo bench -p primus-benches --bench data`
 
+#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+
 use std::time::Instant;
 
 use futures::TryStreamExt;

@@ -7,6 +7,8 @@
 //! `cargo bench -p primus-benches --bench dtgg` (PRIMUS_BENCH_FILES, PRIMUS_BENCH_DAYS,
 //! PRIMUS_BENCH_PARALLELISM).
 
+#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -14,6 +14,8 @@
 //! `cargo bench -p primus-benches --bench freshness` (PRIMUS_BENCH_ROWS_PER_HOUR, default
 //! 1024; PRIMUS_BENCH_DRIFT, default 0.6).
 
+#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 

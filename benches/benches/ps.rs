@@ -3,6 +3,8 @@
 //!
 //! `cargo bench -p primus-benches --bench ps` (PRIMUS_BENCH_SECONDS, PRIMUS_BENCH_KEYS).
 
+#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

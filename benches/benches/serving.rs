@@ -11,6 +11,8 @@
 //!
 //! `cargo bench -p primus-benches --bench serving` (PRIMUS_BENCH_SECONDS per phase, default 15).
 
+#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -20,6 +20,8 @@
 //! (PRIMUS_BENCH_ROWS, default 204,800; PRIMUS_BENCH_MODEL=small for a quick run;
 //! PRIMUS_BENCH_SERVICES=0 skips (3) and needs no binaries).
 
+#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -5,6 +5,11 @@
 //! 2 bad input, found locally (a file, a flag, a kind) or by the server (INVALID_ARGUMENT,
 //! FAILED_PRECONDITION).
 
+#![allow(
+    clippy::print_stdout,
+    reason = "the command's output is what it prints"
+)]
+
 pub mod connection;
 pub mod datagen;
 pub mod import;

@@ -2,6 +2,8 @@
 //! trace context with every call, and speaks in [`primus_spec`] resources where it helps.
 //! Used by the `primus` CLI, the master's job controller and the tests.
 
+#![warn(missing_docs)]
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,25 +25,49 @@ use tonic::{Status, Streaming};
 pub struct ClientSettings {
     /// `http://host:port`, or `https://host:port` for a TLS listener.
     pub server: String,
+    /// The bearer token.
     pub token: String,
     /// PEM of the CA that signed the server's certificate (default: the system's roots).
     pub ca_file: Option<PathBuf>,
 }
 
+/// Why a call to the API server failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// The server address is not a URL.
     #[error("server address {server:?}: {message}")]
-    Address { server: String, message: String },
+    Address {
+        /// The address given.
+        server: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The token cannot travel in a header.
     #[error("the token is not a valid header value (printable ASCII only)")]
     Token,
+    /// The CA certificate cannot be read.
     #[error("cannot read CA certificate {path}: {message}")]
-    CaFile { path: String, message: String },
+    CaFile {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The server cannot be reached.
     #[error("cannot connect to the API server at {server}: {message}")]
-    Connect { server: String, message: String },
+    Connect {
+        /// The address.
+        server: String,
+        /// Why.
+        message: String,
+    },
+    /// The server answered with an error.
     #[error("{}", describe(.0))]
     Status(#[from] Status),
+    /// A response lacked its resource.
     #[error("the server sent a response without its resource")]
     MissingResource,
+    /// The token file cannot be read, or holds no token.
     #[error("api.token_file: {0}")]
     TokenFile(String),
 }
@@ -125,6 +151,7 @@ impl ApiClient {
         }
     }
 
+    /// Connects (the channel connects lazily; a bad address or CA file fails here).
     pub async fn connect(settings: &ClientSettings) -> Result<Self, ClientError> {
         let address_error = |message: String| ClientError::Address {
             server: settings.server.clone(),
@@ -180,6 +207,7 @@ impl ApiClient {
         Ok(self.inner.clone().apply(request).await?.into_inner())
     }
 
+    /// Resource `name` of `kind`.
     pub async fn get(&self, kind: Kind, name: &str) -> Result<Resource, ClientError> {
         let request = GetRequest {
             kind: kind.as_str().into(),
@@ -202,6 +230,7 @@ impl ApiClient {
         Ok(self.inner.clone().list(request).await?.into_inner())
     }
 
+    /// Deletes resource `name` of `kind`; `expected_version` > 0 deletes only that version.
     pub async fn delete(
         &self,
         kind: Kind,
@@ -217,6 +246,7 @@ impl ApiClient {
         response.resource.ok_or(ClientError::MissingResource)
     }
 
+    /// Replaces `name`'s status; `expected_version` > 0 replaces only that version's.
     pub async fn update_status(
         &self,
         kind: Kind,

@@ -14,6 +14,7 @@ use crate::kjt::{JaggedFeature, Kjt};
 /// A dedup group: unique rows of its features and, per batch row, the unique row it equals.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IkjtGroup {
+    /// The group's name (the schema's `dedup_group`).
     pub name: String,
     /// Unique rows only; every feature has the same number of them.
     pub features: Vec<JaggedFeature>,
@@ -22,6 +23,7 @@ pub struct IkjtGroup {
 }
 
 impl IkjtGroup {
+    /// Unique rows held.
     pub fn unique_rows(&self) -> usize {
         self.features.first().map_or(0, JaggedFeature::rows)
     }
@@ -35,9 +37,11 @@ impl IkjtGroup {
 /// Sparse features with some of them deduplicated in groups.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Ikjt {
+    /// Rows in the batch.
     pub rows: usize,
     /// Features outside every group, one row per batch row.
     pub jagged: Vec<JaggedFeature>,
+    /// The dedup groups.
     pub groups: Vec<IkjtGroup>,
     /// Feature names in the order of the KJT this came from.
     pub order: Vec<String>,

@@ -1,10 +1,10 @@
 //! The wire format: one Arrow IPC stream holding one record batch.
 //!
-//! Columns: `label` (Float32); `dense` (FixedSizeList<Float32> of the dense features, only
+//! Columns: `label` (Float32); `dense` (`FixedSizeList<Float32>` of the dense features, only
 //! when there are some; their names in the schema metadata); `sparse.<feature>`
-//! (List<UInt64>) per jagged feature; `group.<group>` per dedup group, a dictionary
+//! (`List<UInt64>`) per jagged feature; `group.<group>` per dedup group, a dictionary
 //! column whose keys are the inverse index and whose values are a struct of the group's
-//! unique rows (one List<UInt64> field per feature). Arrow's dictionary is exactly RecD's
+//! unique rows (one `List<UInt64>` field per feature). Arrow's dictionary is exactly RecD's
 //! inverse index, so IKJT crosses the wire without expanding.
 
 use std::collections::HashMap;

@@ -6,13 +6,16 @@ use std::ops::Range;
 /// One sparse feature over a batch: row `i` holds `values[offsets[i]..offsets[i + 1]]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JaggedFeature {
+    /// The feature's name.
     pub name: String,
     /// `rows + 1` entries, starting at 0, never decreasing.
     pub offsets: Vec<u32>,
+    /// Every row's keys, end to end.
     pub values: Vec<u64>,
 }
 
 impl JaggedFeature {
+    /// An empty feature.
     pub fn new(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
@@ -21,6 +24,7 @@ impl JaggedFeature {
         }
     }
 
+    /// An empty feature with room for `rows` rows and `values` keys.
     pub fn with_capacity(name: impl Into<String>, rows: usize, values: usize) -> Self {
         let mut offsets = Vec::with_capacity(rows + 1);
         offsets.push(0);
@@ -31,14 +35,17 @@ impl JaggedFeature {
         }
     }
 
+    /// Rows held.
     pub fn rows(&self) -> usize {
         self.offsets.len() - 1
     }
 
+    /// Row `i`'s keys.
     pub fn row(&self, i: usize) -> &[u64] {
         &self.values[self.offsets[i] as usize..self.offsets[i + 1] as usize]
     }
 
+    /// Appends a row.
     pub fn push_row(&mut self, keys: &[u64]) {
         self.values.extend_from_slice(keys);
         self.close_row();
@@ -77,15 +84,19 @@ impl JaggedFeature {
 /// Sparse features of one batch, every feature with the same number of rows.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Kjt {
+    /// Rows in the batch.
     pub rows: usize,
+    /// The features, in the schema's order.
     pub features: Vec<JaggedFeature>,
 }
 
 impl Kjt {
+    /// The feature called `name`.
     pub fn feature(&self, name: &str) -> Option<&JaggedFeature> {
         self.features.iter().find(|f| f.name == name)
     }
 
+    /// The rows in `range`, as a batch of their own.
     pub fn slice(&self, range: Range<usize>) -> Self {
         Self {
             rows: range.len(),

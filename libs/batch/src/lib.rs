@@ -9,6 +9,8 @@
 //!   with their feature name into u64 keys ([`hash`]), multi-hot lists, dense transforms,
 //!   missing values.
 
+#![warn(missing_docs)]
+
 mod error;
 pub mod hash;
 mod ikjt;

@@ -9,11 +9,14 @@ use crate::kjt::Kjt;
 /// Dense features, row-major: row `i` is `values[i * names.len()..(i + 1) * names.len()]`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DenseMatrix {
+    /// The dense features' names, in column order.
     pub names: Vec<String>,
+    /// Row-major: `names.len()` values per row.
     pub values: Vec<f32>,
 }
 
 impl DenseMatrix {
+    /// Columns (dense features).
     pub fn cols(&self) -> usize {
         self.names.len()
     }
@@ -27,20 +30,28 @@ impl DenseMatrix {
     }
 }
 
+/// A minibatch's sparse features.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Sparse {
+    /// One row of keys per sample (KJT).
     Jagged(Kjt),
+    /// With RecD dedup groups: unique rows and an inverse index (IKJT).
     Grouped(Ikjt),
 }
 
+/// Samples ready to train on: labels, dense features, sparse features.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Minibatch {
+    /// One label per sample, 0 or 1.
     pub labels: Vec<f32>,
+    /// The dense features.
     pub dense: DenseMatrix,
+    /// The sparse features.
     pub sparse: Sparse,
 }
 
 impl Minibatch {
+    /// Samples held.
     pub fn rows(&self) -> usize {
         self.labels.len()
     }

@@ -107,6 +107,7 @@ fn push_strings(array: &StringArray, seed: u64, range: std::ops::Range<usize>, o
 }
 
 impl FeaturePipeline {
+    /// The pipeline of `schema`.
     pub fn new(schema: &FeatureSchema) -> Self {
         let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
         for (i, feature) in schema.sparse.iter().enumerate() {

@@ -8,30 +8,59 @@ use prost::Message;
 
 use crate::Subjects;
 
+/// Why a NATS operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
+    /// NATS could not be reached.
     #[error(
         "cannot connect to NATS at {url} (setting `nats.url`) after {attempts} attempts: {last}"
     )]
     Connect {
+        /// The server.
         url: String,
+        /// Attempts made.
         attempts: u32,
+        /// The last attempt's error.
         last: String,
     },
+    /// A subject token that would change the subject's shape.
     #[error("`{0}` is not a valid subject token (no dots, spaces, `*` or `>`)")]
     InvalidToken(String),
+    /// A publish failed.
     #[error("publish to {subject}: {message}")]
-    Publish { subject: String, message: String },
-    #[error("subscribe to {subject}: {message}")]
-    Subscribe { subject: String, message: String },
-    #[error("message on {subject} is not a valid {type_name}: {message}")]
-    Decode {
+    Publish {
+        /// The subject.
         subject: String,
-        type_name: &'static str,
+        /// Why.
         message: String,
     },
+    /// A subscription failed.
+    #[error("subscribe to {subject}: {message}")]
+    Subscribe {
+        /// The subject.
+        subject: String,
+        /// Why.
+        message: String,
+    },
+    /// A message is not the type expected.
+    #[error("message on {subject} is not a valid {type_name}: {message}")]
+    Decode {
+        /// The subject.
+        subject: String,
+        /// The type expected.
+        type_name: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// A JetStream operation failed.
     #[error("JetStream {what}: {message}")]
-    JetStream { what: String, message: String },
+    JetStream {
+        /// The operation.
+        what: String,
+        /// Why.
+        message: String,
+    },
+    /// Flushing to the server failed.
     #[error("flush: {0}")]
     Flush(String),
 }
@@ -72,6 +101,7 @@ impl Bus {
         })
     }
 
+    /// This cluster's subject names.
     pub fn subjects(&self) -> &Subjects {
         &self.subjects
     }
@@ -81,11 +111,16 @@ impl Bus {
         &self.client
     }
 
+    /// Whether the connection is up.
     pub fn is_connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
     /// Publishes `message` with the current trace context in its headers.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the bus is where every NATS publish happens"
+    )]
     pub async fn publish<M: Message>(&self, subject: String, message: &M) -> Result<(), BusError> {
         let mut headers = HeaderMap::new();
         primus_telemetry::propagation::inject_nats(&mut headers);
@@ -137,8 +172,11 @@ impl Bus {
 
 /// A decoded message and the span it should be handled in (child of the publisher's).
 pub struct Received<M> {
+    /// The subject it came on.
     pub subject: String,
+    /// The decoded message.
     pub message: M,
+    /// A `nats.receive` span, child of the publisher's.
     pub span: tracing::Span,
 }
 

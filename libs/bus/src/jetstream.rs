@@ -23,6 +23,7 @@ pub struct JetStream {
 }
 
 impl Bus {
+    /// The JetStream context of this connection.
     pub fn jetstream(&self) -> JetStream {
         JetStream {
             context: jetstream::new(self.client().clone()),
@@ -49,6 +50,10 @@ impl JetStream {
     }
 
     /// Publishes with trace context and waits for the server's ack; returns the sequence.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the bus is where every JetStream publish happens"
+    )]
     pub async fn publish<M: Message>(&self, subject: String, message: &M) -> Result<u64, BusError> {
         let mut headers = HeaderMap::new();
         primus_telemetry::propagation::inject_nats(&mut headers);
@@ -148,7 +153,9 @@ pub struct Backlog {
 /// What one fetch brought: decoded deliveries, and messages that did not decode (those
 /// were terminated so they are not redelivered forever).
 pub struct Fetched<M> {
+    /// Messages decoded, each to be acked.
     pub deliveries: Vec<Delivery<M>>,
+    /// Messages that did not decode (terminated, so never redelivered).
     pub rejected: Vec<BusError>,
 }
 
@@ -214,6 +221,7 @@ impl<M: Message + Default> Consumer<M> {
 
 /// One delivered message; [`Delivery::ack`] once it is safely handled.
 pub struct Delivery<M> {
+    /// The message.
     pub received: Received<M>,
     raw: jetstream::Message,
 }
@@ -235,6 +243,7 @@ impl<M> Delivery<M> {
             .map_err(|e| js_error("message info")(e.to_string()))
     }
 
+    /// Acknowledges the message: it is not delivered again.
     pub async fn ack(&self) -> Result<(), BusError> {
         self.raw
             .double_ack()

@@ -4,6 +4,8 @@
 //! - [`Bus`]: a connection with retry at start, typed publish/subscribe of prost messages
 //!   that carry W3C trace context in NATS headers, and JetStream stream/consumer helpers.
 
+#![warn(missing_docs)]
+
 mod bus;
 pub mod jetstream;
 pub mod subjects;

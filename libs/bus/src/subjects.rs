@@ -23,6 +23,7 @@ pub struct Subjects {
 pub const ANY: &str = "*";
 
 impl Subjects {
+    /// Subjects under `prefix` (`nats.subject_prefix`).
     pub fn new(prefix: &str) -> Result<Self, BusError> {
         prefix.split('.').try_for_each(check)?;
         Ok(Self {
@@ -30,6 +31,7 @@ impl Subjects {
         })
     }
 
+    /// The first token of every subject.
     pub fn prefix(&self) -> &str {
         &self.prefix
     }

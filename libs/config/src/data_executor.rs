@@ -10,17 +10,23 @@ use primus_spec::job::StreamLoading;
 
 use serde::{Deserialize, Serialize};
 
+/// Settings of `primus-data-executor`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct DataExecutorSettings {
+    /// The gRPC listener (the dataset service trainers read from).
     pub server: ServerSettings,
+    /// The NATS connection (heartbeats, metrics, stream sources).
     pub nats: NatsSettings,
+    /// Logs and traces.
     pub telemetry: TelemetrySettings,
     /// Credentials and endpoints for the sources' object stores.
     pub storage: StorageSettings,
+    /// What the executor reads and how it buffers.
     pub data: DataSettings,
 }
 
+/// What a data executor reads and how it buffers.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct DataSettings {

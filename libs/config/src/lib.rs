@@ -9,6 +9,8 @@
 //! (`PRIMUS_SERVER__GRPC_ADDR=0.0.0.0:7000` sets `server.grpc_addr`). A wrong type or an
 //! unknown key fails the load with an error naming the key and the layer it came from.
 
+#![warn(missing_docs)]
+
 mod data_executor;
 mod load;
 mod master;
@@ -30,6 +32,7 @@ use serde::de::DeserializeOwned;
 
 /// A settings type a service can be launched with.
 pub trait ServiceSettings: Serialize + DeserializeOwned + Send + 'static {
+    /// The logs and traces section.
     fn telemetry(&self) -> &TelemetrySettings;
 }
 

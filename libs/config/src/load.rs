@@ -9,18 +9,36 @@ use serde::de::DeserializeOwned;
 pub const ENV_PREFIX: &str = "PRIMUS_";
 const ENV_SECTION_SEPARATOR: &str = "__";
 
+/// Why settings could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The settings file cannot be read or parsed.
     #[error("settings file {path}: {message}")]
-    File { path: String, message: String },
-    #[error("unknown setting `{key}` (set in {origin})")]
-    UnknownKey { key: String, origin: String },
-    #[error("setting `{key}` (set in {origin}): {message}")]
-    Invalid {
-        key: String,
-        origin: String,
+    File {
+        /// The file.
+        path: String,
+        /// What is wrong.
         message: String,
     },
+    /// A key no setting has.
+    #[error("unknown setting `{key}` (set in {origin})")]
+    UnknownKey {
+        /// The dotted key (`server.grpc_addr`).
+        key: String,
+        /// Where it was set (the file, or the environment variable).
+        origin: String,
+    },
+    /// A key whose value does not fit its setting.
+    #[error("setting `{key}` (set in {origin}): {message}")]
+    Invalid {
+        /// The dotted key (`server.grpc_addr`).
+        key: String,
+        /// Where it was set (the file, or the environment variable).
+        origin: String,
+        /// What is wrong with the value.
+        message: String,
+    },
+    /// Anything else (the message says what).
     #[error("settings: {0}")]
     Other(String),
 }

@@ -12,21 +12,29 @@ use crate::{
 };
 use serde::{Deserialize, Serialize};
 
+/// Settings of `primus-master`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct MasterSettings {
+    /// The gRPC listener (task, checkpoint and topology services).
     pub server: ServerSettings,
+    /// The NATS connection (metrics, heartbeats, and the executors' settings copy it).
     pub nats: NatsSettings,
+    /// Logs and traces (the executors' settings copy it).
     pub telemetry: TelemetrySettings,
     /// Task queues live here (with the API server's resources, under the same prefix).
     pub redis: RedisSettings,
     /// Credentials and endpoints for the Datasets' source URLs.
     pub storage: StorageSettings,
+    /// Where Jobs and Datasets are read and Job status is written.
     pub api: ApiSettings,
+    /// How Jobs are driven.
     pub master: ControllerSettings,
+    /// The local backend: executors as child processes.
     pub local: LocalBackendSettings,
 }
 
+/// How the master drives its Jobs.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct ControllerSettings {
@@ -34,8 +42,11 @@ pub struct ControllerSettings {
     pub shard: String,
     /// How often each job's status and Metric resource are written.
     pub status_interval_ms: u64,
+    /// How Datasets become data tasks.
     pub planner: PlannerSettings,
+    /// How data tasks are handed out and watched.
     pub tasks: TaskSettings,
+    /// How checkpoints are taken and kept.
     pub checkpoint: CheckpointSettings,
 }
 
@@ -64,6 +75,7 @@ impl Default for CheckpointSettings {
     }
 }
 
+/// How a Dataset's windows become data tasks (Primus's DTGG).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct PlannerSettings {
@@ -75,6 +87,7 @@ pub struct PlannerSettings {
     pub poll_interval_ms: u64,
 }
 
+/// How data tasks are handed out and executors watched.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct TaskSettings {

@@ -8,14 +8,19 @@ use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::{Device, ModelSpec, OptimizerSpec, TableSpec};
 use serde::{Deserialize, Serialize};
 
+/// Settings of `primus-ps`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct PsSettings {
+    /// The gRPC listener.
     pub server: ServerSettings,
+    /// The NATS connection (delta notices).
     pub nats: NatsSettings,
+    /// Logs and traces.
     pub telemetry: TelemetrySettings,
     /// Credentials and endpoints for snapshot URLs.
     pub storage: StorageSettings,
+    /// The tables this process holds and how.
     pub ps: TableSettings,
     /// The serving role's model, schema and Predict limits (`ps.role = "serving"`).
     pub serving: ServingSettings,
@@ -41,6 +46,7 @@ pub struct ServingSettings {
     /// The Job's model (`spec.model`) and its Dataset's schema: Predict runs the training
     /// feature transforms on raw features.
     pub model: Option<ModelSpec>,
+    /// The Dataset's feature schema (serving role).
     pub schema: Option<FeatureSchema>,
     /// Negatives were sampled at this rate in training: probabilities get the log-odds
     /// correction (Monolith 2.2.2). Unset: no correction.
@@ -71,6 +77,7 @@ impl Default for ServingSettings {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct TableSettings {
+    /// Training (tables with optimizer state) or serving (replicas and Predict).
     pub role: PsRole,
     /// Tables as in a Job spec (`spec.model.tables`): name, dim, optimizer, initializer,
     /// admission, ttl_seconds.
@@ -97,6 +104,7 @@ pub struct TableSettings {
     /// The job and shard id this PS announces deltas as; empty: the PRIMUS_JOB and
     /// PRIMUS_EXECUTOR_ID the master starts executors with (neither: no notices).
     pub job: String,
+    /// The shard id this PS announces deltas as; empty: `PRIMUS_EXECUTOR_ID`.
     pub shard_id: String,
     /// Least time between two delta notices on NATS.
     pub delta_notice_interval_ms: u64,

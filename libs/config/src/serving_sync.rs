@@ -5,16 +5,23 @@ use crate::ServiceSettings;
 use crate::{ApiSettings, DEFAULT_PORTS, NatsSettings, ServerSettings, TelemetrySettings};
 use serde::{Deserialize, Serialize};
 
+/// Settings of `primus-serving-sync`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct ServingSyncSettings {
+    /// The gRPC listener (health).
     pub server: ServerSettings,
+    /// The NATS connection (delta notices, metrics).
     pub nats: NatsSettings,
+    /// Logs and traces.
     pub telemetry: TelemetrySettings,
+    /// Where Jobs are read.
     pub api: ApiSettings,
+    /// Where the masters are and how often Jobs are looked for.
     pub sync: SyncSettings,
 }
 
+/// What serving-sync follows and how often.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct SyncSettings {

@@ -23,7 +23,9 @@ pub struct ServerSettings {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSettings {
+    /// PEM file of the certificate chain.
     pub cert_file: PathBuf,
+    /// PEM file of the private key.
     pub key_file: PathBuf,
 }
 
@@ -41,9 +43,11 @@ impl ServerSettings {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct NatsSettings {
+    /// `nats://host:port` (credentials as `nats://user:password@host:port`).
     pub url: String,
     /// First token of every subject (`primus.events...`), so clusters can share a server.
     pub subject_prefix: String,
+    /// How long one connection attempt may take.
     pub connect_timeout_ms: u64,
     /// Attempts before giving up at start (a service waits for NATS, not forever).
     pub connect_attempts: u32,
@@ -64,6 +68,7 @@ impl Default for NatsSettings {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct RedisSettings {
+    /// `redis://host:port/db` (password as `redis://:password@host:port`).
     pub url: String,
     /// Every key this cluster writes starts with this.
     pub key_prefix: String,
@@ -78,11 +83,14 @@ impl Default for RedisSettings {
     }
 }
 
+/// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
+    /// Human-readable lines.
     #[default]
     Pretty,
+    /// One JSON object a line (for log collectors).
     Json,
 }
 
@@ -92,6 +100,7 @@ pub enum LogFormat {
 pub struct TelemetrySettings {
     /// An `EnvFilter` directive such as `info,primus_master=debug` (RUST_LOG overrides it).
     pub log_filter: String,
+    /// Pretty lines or JSON objects.
     pub log_format: LogFormat,
     /// OTLP/gRPC collector (`http://127.0.0.1:4317`); traces are exported only when set.
     pub otlp_endpoint: Option<String>,
@@ -113,8 +122,11 @@ impl Default for TelemetrySettings {
 pub struct S3Settings {
     /// Endpoint of an S3-compatible server (MinIO, SeaweedFS); empty means AWS.
     pub endpoint: Option<String>,
+    /// The region (`us-east-1` when unset and no `AWS_REGION`).
     pub region: Option<String>,
+    /// Access key id; unset: `AWS_ACCESS_KEY_ID`.
     pub access_key_id: Option<String>,
+    /// Secret key; unset: `AWS_SECRET_ACCESS_KEY`.
     pub secret_access_key: Option<String>,
     /// Allow plain http endpoints (loopback servers, MinIO in compose); when false,
     /// `AWS_ALLOW_HTTP` decides.
@@ -128,7 +140,9 @@ pub struct HdfsSettings {
     /// Failover attempts against the namenode; the client's own default takes minutes to
     /// give up on a dead namenode, so this stays small.
     pub failover_max_attempts: u32,
+    /// First pause between failover attempts.
     pub failover_sleep_base_ms: u64,
+    /// Longest pause between failover attempts.
     pub failover_sleep_max_ms: u64,
 }
 
@@ -146,7 +160,9 @@ impl Default for HdfsSettings {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default)]
 #[serde(default)]
 pub struct StorageSettings {
+    /// `s3://` URLs.
     pub s3: S3Settings,
+    /// `hdfs://` URLs.
     pub hdfs: HdfsSettings,
 }
 
@@ -184,11 +200,17 @@ impl Default for ResourceStoreSettings {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct ApiServerSettings {
+    /// The gRPC listener.
     pub server: ServerSettings,
+    /// Resource events are published here.
     pub nats: NatsSettings,
+    /// Resources and their change log live here.
     pub redis: RedisSettings,
+    /// Bearer tokens.
     pub auth: AuthSettings,
+    /// The change log kept for Watch.
     pub store: ResourceStoreSettings,
+    /// Logs and traces.
     pub telemetry: TelemetrySettings,
 }
 
@@ -213,6 +235,7 @@ pub struct ApiSettings {
     pub server: String,
     /// File holding the bearer token (first non-comment line).
     pub token_file: Option<PathBuf>,
+    /// PEM file of a CA that signs the API server's certificate (TLS); unset: the system's roots.
     pub ca_file: Option<PathBuf>,
 }
 
@@ -230,8 +253,11 @@ impl Default for ApiSettings {
 /// data-executor, trainer, ps, serving-sync; each gets its own type once it needs more).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct NodeSettings {
+    /// The gRPC listener.
     pub server: ServerSettings,
+    /// The NATS connection.
     pub nats: NatsSettings,
+    /// Logs and traces.
     pub telemetry: TelemetrySettings,
 }
 
@@ -248,14 +274,21 @@ impl NodeSettings {
 
 /// Default gRPC ports of the services on one host (`primus up` uses them too).
 pub struct DefaultPorts {
+    /// `primus-api-server`.
     pub api_server: u16,
+    /// `primus-master`.
     pub master: u16,
+    /// `primus-data-executor`.
     pub data_executor: u16,
+    /// `primus-trainer`.
     pub trainer: u16,
+    /// `primus-ps`.
     pub ps: u16,
+    /// `primus-serving-sync`.
     pub serving_sync: u16,
 }
 
+/// The default ports.
 pub const DEFAULT_PORTS: DefaultPorts = DefaultPorts {
     api_server: 7070,
     master: 7071,

@@ -7,15 +7,21 @@ use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::{Device, HotSetSpec, ModelSpec};
 use serde::{Deserialize, Serialize};
 
+/// Settings of `primus-trainer`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct TrainerSettings {
+    /// The gRPC listener (health).
     pub server: ServerSettings,
+    /// The NATS connection (metrics, hot-set rounds).
     pub nats: NatsSettings,
+    /// Logs and traces.
     pub telemetry: TelemetrySettings,
+    /// What and how the trainer trains.
     pub trainer: TrainSettings,
 }
 
+/// What and how a trainer trains.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct TrainSettings {

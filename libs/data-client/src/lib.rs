@@ -7,6 +7,8 @@
 //! and the stream's business: a file task resumes from its last reported offset, a stream's
 //! buffered rows are lost (acked once buffered) and its unacked messages redelivered.
 
+#![warn(missing_docs)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -18,24 +20,44 @@ use primus_proto::v1::topology_service_client::TopologyServiceClient;
 use primus_proto::v1::{GetTopologyRequest, MinibatchRequest, Role, SourceKind};
 use primus_telemetry::propagation::TraceCarrier;
 
+/// Why minibatches could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ReaderError {
+    /// A data executor cannot be reached.
     #[error("connecting to {addr}: {message}")]
-    Connect { addr: String, message: String },
+    Connect {
+        /// Its address.
+        addr: String,
+        /// Why.
+        message: String,
+    },
+    /// A data executor's stream failed.
     #[error("{addr}: {status}")]
-    Status { addr: String, status: tonic::Status },
+    Status {
+        /// Its address.
+        addr: String,
+        /// What it said.
+        status: tonic::Status,
+    },
+    /// A minibatch does not decode.
     #[error("minibatch from {addr}: {source}")]
     Decode {
+        /// The executor that sent it.
         addr: String,
+        /// What is wrong with it.
         source: primus_batch::BatchError,
     },
 }
 
 /// A decoded minibatch and where it came from.
 pub struct ReceivedBatch {
+    /// The data executor that served it.
     pub executor: String,
+    /// The source its rows came from.
     pub source: String,
+    /// Batch (Parquet) or stream.
     pub kind: SourceKind,
+    /// The minibatch.
     pub batch: Minibatch,
     /// The trace of the data task that read it (see `Minibatch.trace_context`).
     pub trace: TraceCarrier,
@@ -43,6 +65,7 @@ pub struct ReceivedBatch {
 
 /// What the merged streams yield.
 pub enum Received {
+    /// A minibatch.
     Batch(Box<ReceivedBatch>),
     /// Every minibatch served before the data executors paused for this checkpoint has
     /// been yielded; nothing more comes until they resume.
@@ -52,8 +75,11 @@ pub enum Received {
 /// What a trainer asks every data executor for.
 #[derive(Debug, Clone)]
 pub struct ReaderOptions {
+    /// The Job read.
     pub job: String,
+    /// The reading trainer's id.
     pub trainer_id: String,
+    /// Samples per minibatch.
     pub batch_size: u32,
     /// Ask for RecD dedup groups as IKJT.
     pub grouped: bool,

@@ -16,7 +16,9 @@ use primus_spec::dataset::{DenseFeature, DenseTransform, FeatureSchema, SparseFe
 use crate::hidden::{normal, sigmoid};
 use crate::{DatagenError, invalid};
 
+/// Dense columns (`I1`..`I13`).
 pub const DENSE: usize = 13;
+/// Categorical columns (`C1`..`C26`).
 pub const CATEGORICAL: usize = 26;
 
 /// Distinct values per categorical column in the Criteo Kaggle display-ads data.
@@ -36,8 +38,10 @@ const BIAS: f64 = -1.4;
 const CATEGORICAL_SCALE: f64 = 0.27;
 const DENSE_SCALE: f64 = 0.2;
 
+/// How the Criteo-like data is generated.
 #[derive(Debug, Clone)]
 pub struct CriteoOptions {
+    /// Seeds the hidden model and the rows.
     pub seed: u64,
     /// Multiplies every cardinality (at least 2 values per column remain).
     pub cardinality_scale: f64,
@@ -63,12 +67,15 @@ impl Default for CriteoOptions {
 
 /// Rows plus what generated their labels.
 pub struct Generated {
+    /// The rows.
     pub batch: RecordBatch,
     /// The hidden model's click probability per row.
     pub probabilities: Vec<f64>,
+    /// The labels drawn from those probabilities.
     pub labels: Vec<bool>,
 }
 
+/// A generator of Criteo-like rows whose labels come from a hidden logistic model.
 pub struct Criteo {
     options: CriteoOptions,
     ids: Vec<Zipf<f64>>,
@@ -77,6 +84,7 @@ pub struct Criteo {
 }
 
 impl Criteo {
+    /// A generator with `options`.
     pub fn new(options: CriteoOptions) -> Result<Self, DatagenError> {
         if !(options.cardinality_scale > 0.0 && options.cardinality_scale.is_finite()) {
             return Err(invalid("cardinality_scale", "must be a positive number"));
@@ -106,6 +114,7 @@ impl Criteo {
         })
     }
 
+    /// The Arrow schema of the generated rows (`label`, `I1`..`I13`, `C1`..`C26`).
     pub fn schema() -> SchemaRef {
         let mut fields = vec![Field::new("label", DataType::Int64, false)];
         fields.extend((1..=DENSE).map(|i| Field::new(format!("i{i}"), DataType::Int64, true)));

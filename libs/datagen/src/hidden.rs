@@ -9,13 +9,13 @@ fn unit(bits: u64) -> f64 {
 }
 
 /// A standard normal value determined by `(seed, feature, id)` (Box-Muller).
-pub fn normal(seed: u64, feature: u64, id: u64) -> f64 {
+pub(crate) fn normal(seed: u64, feature: u64, id: u64) -> f64 {
     let a = mix64(seed ^ mix64(feature.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ mix64(id)));
     let b = mix64(a ^ 0x5851_f42d_4c95_7f2d);
     (-2.0 * unit(a).ln()).sqrt() * (std::f64::consts::TAU * unit(b)).cos()
 }
 
-pub fn sigmoid(x: f64) -> f64 {
+pub(crate) fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 

@@ -8,8 +8,10 @@
 //! - [`sessions`]: RecD-style sessions (mean ~16.5 samples, heavy tail): user features
 //!   that change between a session's samples with a set probability, item features
 //!   redrawn per sample; rows ordered by time or clustered by session.
-//! - [`write`]: lays batches out as `date=YYYY-MM-DD/hour=HH/part-NNNNN.parquet`.
+//! - [`write`](mod@write): lays batches out as `date=YYYY-MM-DD/hour=HH/part-NNNNN.parquet`.
 //! - [`import`]: public data sets (Adult) into daily partitions with a held-out last day.
+
+#![warn(missing_docs)]
 
 pub mod criteo;
 mod hidden;
@@ -20,15 +22,26 @@ pub mod write;
 /// Generator options that cannot produce data.
 #[derive(Debug, thiserror::Error)]
 pub enum DatagenError {
+    /// An option out of range.
     #[error("{field}: {message}")]
     Option {
+        /// The option.
         field: &'static str,
+        /// What is wrong.
         message: String,
     },
+    /// A source file cannot be imported.
     #[error("{file}: {message}")]
-    Source { file: String, message: String },
+    Source {
+        /// The file.
+        file: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Reading or writing the object store failed.
     #[error(transparent)]
     Storage(#[from] primus_storage::StorageError),
+    /// Arrow refused the rows.
     #[error("building record batch: {0}")]
     Arrow(#[from] arrow::error::ArrowError),
 }

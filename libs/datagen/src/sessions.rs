@@ -34,25 +34,36 @@ pub enum RowOrder {
     Clustered,
 }
 
+/// How long a session is.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SessionLength {
     /// Exactly this many samples per session (controlled experiments).
     Fixed(u32),
     /// 1 + a log-normal draw (sigma 1) with this mean: most sessions short, a few long.
-    HeavyTail { mean: f64 },
+    HeavyTail {
+        /// The mean length.
+        mean: f64,
+    },
 }
 
+/// How session data is generated (RecD's feature duplication within sessions).
 #[derive(Debug, Clone)]
 pub struct SessionOptions {
+    /// Seeds everything.
     pub seed: u64,
+    /// Samples per session.
     pub length: SessionLength,
     /// Probability that the user's features change between consecutive samples.
     pub change_probability: f64,
+    /// Items in a user's history feature.
     pub history_len: usize,
+    /// Distinct items (Zipf-distributed).
     pub items: u64,
+    /// Distinct users.
     pub users: u64,
     /// Mean seconds between a session's samples.
     pub mean_gap_s: f64,
+    /// Time order, or a session's rows written together (RecD's clustering).
     pub order: RowOrder,
 }
 
@@ -71,6 +82,7 @@ impl Default for SessionOptions {
     }
 }
 
+/// A generator of session rows.
 pub struct Sessions {
     options: SessionOptions,
     rng: StdRng,
@@ -92,6 +104,7 @@ struct Row {
 }
 
 impl Sessions {
+    /// A generator with `options`.
     pub fn new(options: SessionOptions) -> Result<Self, DatagenError> {
         if !(0.0..=1.0).contains(&options.change_probability) {
             return Err(invalid("change_probability", "must be in [0, 1]"));
@@ -124,6 +137,7 @@ impl Sessions {
         })
     }
 
+    /// The Arrow schema of the generated rows.
     pub fn schema() -> SchemaRef {
         let item = Arc::new(Field::new("item", DataType::UInt64, false));
         Arc::new(Schema::new(vec![

@@ -16,10 +16,15 @@ use crate::{DatagenError, invalid};
 /// Which windows to fill and how to cut them into files.
 #[derive(Debug, Clone)]
 pub struct Layout {
+    /// Hourly or daily partitions.
     pub unit: WindowUnit,
+    /// Unix seconds of the first window.
     pub start_unix_s: i64,
+    /// Windows written.
     pub windows: usize,
+    /// Files per window.
     pub files_per_window: usize,
+    /// Rows per row group.
     pub row_group_rows: usize,
 }
 
@@ -45,11 +50,15 @@ impl Layout {
 /// What was written.
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
+    /// Rows written.
     pub rows: u64,
+    /// Files written.
     pub files: u64,
+    /// Bytes written.
     pub bytes: u64,
     /// AUC of the hidden model's own probabilities: no model can do better on this data.
     pub best_auc: Option<f64>,
+    /// Sessions written (session data).
     pub sessions: u64,
 }
 

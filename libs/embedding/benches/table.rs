@@ -15,6 +15,8 @@
 //! `PRIMUS_BENCH_KEYS=1000000,10000000 PRIMUS_BENCH_DIMS=16,64 cargo bench -p primus-embedding`
 //! (defaults: 1M keys, dims 16 and 64). Figures are elements (keys) per second.
 
+#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;

@@ -12,32 +12,52 @@ use crate::snapshot::{SnapshotError, open_checked, seal};
 
 const MAGIC: &[u8; 4] = b"PRDN";
 
+/// Why dense tensors were refused; nothing changed.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DenseError {
+    /// A tensor's values do not fill its shape.
     #[error("dense tensor {name:?}: shape {shape:?} holds {want} values, got {got}")]
     Size {
+        /// The tensor.
         name: String,
+        /// Its shape.
         shape: Vec<u64>,
+        /// Values the shape holds.
         want: u64,
+        /// Values given.
         got: usize,
     },
+    /// The tensor exists with another shape.
     #[error("dense tensor {name:?} exists with shape {stored:?}, not {given:?}")]
     Shape {
+        /// The tensor.
         name: String,
+        /// The shape it has.
         stored: Vec<u64>,
+        /// The shape given.
         given: Vec<u64>,
     },
+    /// No tensor of this name.
     #[error("dense tensor {0:?} does not exist (initialise it first)")]
     Unknown(String),
+    /// A gradient value is NaN or infinite.
     #[error("dense tensor {name:?}: value {index} is not finite")]
-    NonFinite { name: String, index: usize },
+    NonFinite {
+        /// The tensor.
+        name: String,
+        /// The value's position.
+        index: usize,
+    },
 }
 
 /// A tensor's current values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DenseValues {
+    /// The tensor's name (the model's parameter name).
     pub name: String,
+    /// Its shape.
     pub shape: Vec<u64>,
+    /// Its values, row-major.
     pub values: Vec<f32>,
 }
 
@@ -52,12 +72,14 @@ struct Inner {
     version: u64,
 }
 
+/// Named dense tensors with their optimizer state, updated by a server-side optimizer.
 pub struct DenseStore {
     optimizer: Optimizer,
     inner: RwLock<Inner>,
 }
 
 impl DenseStore {
+    /// An empty store whose pushes apply `optimizer`.
     pub fn new(optimizer: &OptimizerSpec) -> Self {
         Self {
             optimizer: Optimizer::from_spec(optimizer),

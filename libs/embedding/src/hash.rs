@@ -3,7 +3,7 @@
 
 /// The splitmix64 finalizer: every input bit affects every output bit.
 #[inline]
-pub fn mix(mut x: u64) -> u64 {
+pub(crate) fn mix(mut x: u64) -> u64 {
     x ^= x >> 30;
     x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x ^= x >> 27;
@@ -13,12 +13,12 @@ pub fn mix(mut x: u64) -> u64 {
 
 /// A second, independent hash of the same key (cuckoo's alternative bucket).
 #[inline]
-pub fn mix2(x: u64) -> u64 {
+pub(crate) fn mix2(x: u64) -> u64 {
     mix(x ^ 0x9e37_79b9_7f4a_7c15).rotate_left(32)
 }
 
 /// Mixes a key with a seed (initializers, admission draws).
 #[inline]
-pub fn seeded(key: u64, seed: u64) -> u64 {
+pub(crate) fn seeded(key: u64, seed: u64) -> u64 {
     mix(key ^ mix(seed.wrapping_add(0x632b_e59b_d9b4_e019)))
 }

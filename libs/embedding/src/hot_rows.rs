@@ -97,10 +97,12 @@ impl HotRows {
         })
     }
 
+    /// The table's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// Weights per row.
     pub fn dim(&self) -> usize {
         self.dim
     }
@@ -110,18 +112,22 @@ impl HotRows {
         self.stride - self.dim
     }
 
+    /// Rows held.
     pub fn len(&self) -> usize {
         self.slots.len()
     }
 
+    /// Whether no row is held.
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
 
+    /// Whether `key`'s row is held.
     pub fn contains(&self, key: u64) -> bool {
         self.slots.contains_key(&key)
     }
 
+    /// The keys held, in no order.
     pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
         self.slots.keys().copied()
     }
@@ -363,6 +369,10 @@ mod tests {
     /// apply, weights filled in. Checked on the CPU reference store, and on a GPU's
     /// memory when one is present.
     #[test]
+    #[expect(
+        clippy::print_stdout,
+        reason = "a check that cannot run here says so on stdout, beside the test's name"
+    )]
     fn a_replica_in_a_row_store_trains_like_one_in_host_memory() {
         check_row_store_replica(host_store);
         match primus_gpu::CudaKernels::new(0) {

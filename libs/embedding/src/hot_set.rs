@@ -58,6 +58,7 @@ impl<K: Hash + Eq + Ord + Copy> KeyFrequencies<K> {
         self.batches += 1;
     }
 
+    /// Minibatches observed.
     pub fn batches(&self) -> u64 {
         self.batches
     }
@@ -111,6 +112,7 @@ impl<K: Copy> Coverage<K> {
         self.covered[r.min(self.keys.len())] as f64 / self.accesses as f64
     }
 
+    /// Keys seen at least once.
     pub fn distinct_keys(&self) -> usize {
         self.keys.len()
     }
@@ -194,6 +196,7 @@ impl CostModel {
 /// The replicated keys and the coverage they were chosen for.
 #[derive(Debug, Clone)]
 pub struct HotSet<K> {
+    /// The chosen keys.
     pub keys: HashSet<K>,
     /// `rho` of these keys on the sample they were chosen from.
     pub expected_coverage: f64,

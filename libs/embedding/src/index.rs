@@ -72,6 +72,7 @@ fn prefetch_buckets(buckets: &[Bucket], which: impl Iterator<Item = usize>) {
     }
 }
 
+/// A collisionless hash index from u64 keys to u32 row ids: cuckoo hashing with two buckets of five slots per key, each bucket one cache line.
 pub struct CuckooIndex {
     region: Region,
     bucket_count: usize,
@@ -87,6 +88,7 @@ impl Default for CuckooIndex {
 }
 
 impl CuckooIndex {
+    /// An index sized for `keys` keys without growing.
     pub fn with_capacity(keys: usize) -> Self {
         let buckets = ((keys as f64 / (SLOTS as f64 * 0.9)).ceil() as usize).max(2);
         Self::with_buckets(buckets)
@@ -109,14 +111,17 @@ impl CuckooIndex {
         bytemuck::cast_slice_mut(self.region.words_mut())
     }
 
+    /// Keys held.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Keys the index holds before it grows.
     pub fn capacity(&self) -> usize {
         self.bucket_count * SLOTS
     }
@@ -172,6 +177,7 @@ impl CuckooIndex {
         }
     }
 
+    /// The row id of `key`.
     #[inline]
     pub fn get(&self, key: u64) -> Option<u32> {
         let (first, second) = self.bucket_pair(key);
@@ -258,6 +264,7 @@ impl CuckooIndex {
         }
     }
 
+    /// Removes `key`, returning its row id.
     pub fn remove(&mut self, key: u64) -> Option<u32> {
         let (first, second) = self.bucket_pair(key);
         for bucket in [first, second] {

@@ -22,6 +22,8 @@
 //!
 //! Time is passed in (`now_secs`), never read from the clock here, so behaviour is testable.
 
+#![warn(missing_docs)]
+
 mod admission;
 mod dense;
 mod hash;

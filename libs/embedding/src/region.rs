@@ -14,6 +14,7 @@ const HUGE_PAGE: usize = 2 << 20;
 /// Words in a cache line.
 const LINE_WORDS: usize = 8;
 
+/// Zeroed, 64-byte-aligned memory: a heap allocation, or for 2 MiB and more an anonymous mapping advised for transparent huge pages.
 pub struct Region {
     storage: Storage,
     /// Words from the start of the storage to the aligned start of the region.
@@ -57,6 +58,7 @@ impl Region {
         })
     }
 
+    /// The memory as words.
     pub fn words(&self) -> &[u64] {
         let range = self.offset..self.offset + self.len;
         match &self.storage {
@@ -65,6 +67,7 @@ impl Region {
         }
     }
 
+    /// The memory as words, writable.
     pub fn words_mut(&mut self) -> &mut [u64] {
         let range = self.offset..self.offset + self.len;
         match &mut self.storage {

@@ -33,12 +33,15 @@ struct ReplicaShard {
 /// One delta for one table, as the training PS exported it.
 #[derive(Debug, Clone, Copy)]
 pub struct DeltaRows<'a> {
+    /// Keys whose rows changed.
     pub keys: &'a [u64],
     /// Version of each key's update.
     pub versions: &'a [u64],
     /// `dim` floats per key.
     pub weights: &'a [f32],
+    /// Keys evicted.
     pub evicted: &'a [u64],
+    /// Version of each eviction.
     pub evicted_versions: &'a [u64],
 }
 
@@ -53,6 +56,7 @@ pub struct ApplyOutcome {
     pub removed: u64,
 }
 
+/// A serving replica of one table: weights only, each row tagged with the version of the update it came from.
 pub struct ReplicaTable {
     name: String,
     dim: usize,
@@ -75,10 +79,12 @@ impl ReplicaTable {
         }
     }
 
+    /// The table's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// Weights per row.
     pub fn dim(&self) -> usize {
         self.dim
     }
@@ -187,6 +193,7 @@ impl ReplicaTable {
             .sum()
     }
 
+    /// Whether no row is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

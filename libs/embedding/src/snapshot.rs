@@ -13,34 +13,53 @@ const MAGIC: &[u8; 4] = b"PRSN";
 const FORMAT: u32 = 1;
 const HEADER: usize = 4 + 4 * 5 + 8 * 4;
 
+/// Why a snapshot could not be read or restored.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SnapshotError {
+    /// A dense tensor's optimizer state does not fit this PS's optimizer.
     #[error(
         "dense tensor {name:?} has {got} optimizer-state floats; this PS's optimizer keeps {want}"
     )]
     DenseState {
+        /// The tensor.
         name: String,
+        /// State floats in the snapshot.
         got: usize,
+        /// State floats this optimizer keeps.
         want: usize,
     },
     /// The table could not write restored rows (its GPU row store failed).
     #[error(transparent)]
     Table(#[from] crate::EmbeddingError),
+    /// The bytes do not start as a snapshot does.
     #[error("not a snapshot of this kind (bad magic)")]
     Magic,
+    /// A format this build cannot read.
     #[error("snapshot format {0} is not supported (this build reads {FORMAT})")]
     Format(u32),
+    /// The bytes end early (their count).
     #[error("snapshot is truncated ({0} bytes)")]
     Truncated(usize),
+    /// The bytes changed since they were written.
     #[error("checksum mismatch: stored {stored:08x}, computed {computed:08x}")]
-    Checksum { stored: u32, computed: u32 },
+    Checksum {
+        /// The checksum written with the snapshot.
+        stored: u32,
+        /// The checksum of the bytes read.
+        computed: u32,
+    },
+    /// The snapshot is of a table with other rows.
     #[error(
         "snapshot is of a table with dim {got_dim} and stride {got_stride}; this one has {dim} and {stride}"
     )]
     Shape {
+        /// The snapshot's dim.
         got_dim: u32,
+        /// The snapshot's floats per row.
         got_stride: u32,
+        /// This table's dim.
         dim: u32,
+        /// This table's floats per row.
         stride: u32,
     },
 }
@@ -48,15 +67,21 @@ pub enum SnapshotError {
 /// One shard's rows as taken under its lock.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShardSnapshot {
+    /// Weights per row.
     pub dim: u32,
+    /// Floats per row: weights, then optimizer state.
     pub stride: u32,
+    /// Which shard of the table.
     pub shard: u32,
+    /// The table's shard count.
     pub shards: u32,
     /// Rows changed after this version are included (0: every row, a full snapshot).
     pub since: u64,
     /// The table version when the shard was read: every change up to it is included.
     pub version: u64,
+    /// The rows' keys.
     pub keys: Vec<u64>,
+    /// Each row's metadata (last update, count, version).
     pub meta: Vec<RowMeta>,
     /// `stride` floats per row: weights, then optimizer state.
     pub values: Vec<f32>,
@@ -65,6 +90,7 @@ pub struct ShardSnapshot {
 }
 
 impl ShardSnapshot {
+    /// The snapshot's bytes (header, rows, evicted keys, CRC32).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(
             HEADER + self.keys.len() * (24 + 4 * self.stride as usize) + self.evicted.len() * 8 + 4,
@@ -98,6 +124,7 @@ impl ShardSnapshot {
         seal(out)
     }
 
+    /// Reads a snapshot's bytes, checking magic, format, lengths and checksum.
     pub fn decode(bytes: &[u8]) -> Result<Self, SnapshotError> {
         if bytes.len() < HEADER + 4 {
             return Err(SnapshotError::Truncated(bytes.len()));

@@ -5,6 +5,8 @@
 //!
 //! `cargo bench -p primus-gpu --bench kernels` (PRIMUS_BENCH_QUICK=1 for smaller tables).
 
+#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

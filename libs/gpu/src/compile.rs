@@ -4,6 +4,7 @@ use cudarc::nvrtc::{CompileError, CompileOptions};
 
 use crate::GpuError;
 
+/// The CUDA C++ source of every kernel, compiled by NVRTC at first use.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 
 /// Every `extern "C"` kernel in [`KERNEL_SOURCE`].

@@ -27,7 +27,9 @@ const GATHER_ITEMS: u32 = 4;
 /// Whether this process can run kernels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CudaStatus {
+    /// Kernels can run.
     Ready {
+        /// Devices present.
         devices: usize,
     },
     /// No libcuda.so: no NVIDIA driver on this machine.
@@ -36,6 +38,7 @@ pub enum CudaStatus {
     NoDevice(String),
 }
 
+/// Whether a driver and a device are present (loads nothing when none is).
 pub fn cuda_status() -> CudaStatus {
     // SAFETY: only tries to dlopen libcuda by its candidate names.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
@@ -124,12 +127,15 @@ pub struct CudaKernels {
 pub struct DeviceTables {
     tables: Vec<TableShape>,
     bases: Vec<u64>,
+    /// Every table's floats, end to end.
     pub data: CudaSlice<f32>,
 }
 
 /// One table's rows (weights and optimizer state) on the device.
 pub struct DeviceTable {
+    /// Rows, weights and floats per row.
     pub shape: TableShape,
+    /// The rows' floats.
     pub data: CudaSlice<f32>,
 }
 
@@ -141,10 +147,12 @@ pub struct DeviceIds {
 }
 
 impl DeviceIds {
+    /// Ids held.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether no id is held.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -233,6 +241,7 @@ impl CudaKernels {
         })
     }
 
+    /// The device's name (`NVIDIA H100 80GB HBM3`).
     pub fn device_name(&self) -> Result<String, GpuError> {
         Ok(self.context.name()?)
     }
@@ -242,6 +251,7 @@ impl CudaKernels {
         &self.stream
     }
 
+    /// Waits until every launched kernel has finished.
     pub fn synchronize(&self) -> Result<(), GpuError> {
         Ok(self.stream.synchronize()?)
     }
@@ -257,6 +267,7 @@ impl CudaKernels {
         Ok(self.stream.clone_htod(host)?)
     }
 
+    /// `len` zeroed values on the device.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(
         &self,
         len: usize,
@@ -264,6 +275,7 @@ impl CudaKernels {
         Ok(self.stream.alloc_zeros::<T>(len.max(1))?)
     }
 
+    /// Copies values from the device.
     pub fn download<T: DeviceRepr + Default + Clone>(
         &self,
         device: &CudaSlice<T>,
@@ -274,6 +286,7 @@ impl CudaKernels {
         Ok(host)
     }
 
+    /// Lays `tables` (with their rows) end to end on the device.
     pub fn upload_tables(
         &self,
         tables: &[TableShape],
@@ -292,6 +305,7 @@ impl CudaKernels {
         })
     }
 
+    /// Copies one table's rows to the device.
     pub fn upload_table(&self, shape: TableShape, rows: &[f32]) -> Result<DeviceTable, GpuError> {
         validate_weights(&[shape], &[rows])?;
         Ok(DeviceTable {
@@ -300,6 +314,7 @@ impl CudaKernels {
         })
     }
 
+    /// Copies one table's rows from the device.
     pub fn download_table(&self, table: &DeviceTable) -> Result<Vec<f32>, GpuError> {
         self.download(&table.data, table.shape.floats())
     }

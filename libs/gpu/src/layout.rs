@@ -8,8 +8,11 @@ use crate::GpuError;
 /// `dim` floats are the embedding (the rest is optimizer state, as in the CPU arena).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableShape {
+    /// Rows in the table.
     pub rows: u32,
+    /// Weights per row.
     pub dim: u32,
+    /// Floats per row: weights, then optimizer state.
     pub stride: u32,
 }
 
@@ -31,7 +34,9 @@ impl TableShape {
 /// Sum or mean of a bag's rows. An empty bag pools to zeros either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pooling {
+    /// The rows' sum.
     Sum,
+    /// The rows' mean.
     Mean,
 }
 
@@ -59,6 +64,7 @@ pub struct FeatureBags {
 }
 
 impl FeatureBags {
+    /// Bags (samples, or unique rows with an inverse index).
     pub fn bags(&self) -> usize {
         self.offsets.len().saturating_sub(1)
     }
@@ -70,6 +76,7 @@ impl FeatureBags {
             .map_or(sample, |inverse| inverse[sample] as usize)
     }
 
+    /// The row ids of bag `bag`.
     pub fn bag(&self, bag: usize) -> &[u32] {
         &self.rows[self.offsets[bag] as usize..self.offsets[bag + 1] as usize]
     }
@@ -79,7 +86,9 @@ impl FeatureBags {
 /// Feature `f` fills columns `column(f) .. column(f) + dim` of each sample's output row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolingInput {
+    /// Samples in the minibatch.
     pub samples: usize,
+    /// Each feature's bags, in output order.
     pub features: Vec<FeatureBags>,
 }
 
@@ -192,18 +201,28 @@ fn validate_feature(
 /// Floats of optimizer state per row that each fused update keeps after the weights.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RowOptimizer {
-    /// State: accumulator[dim].
-    Adagrad { lr: f32, epsilon: f32 },
-    /// State: m[dim], v[dim], beta1^t, beta2^t.
-    Adam {
+    /// State: `accumulator[dim]`.
+    Adagrad {
+        /// Step size.
         lr: f32,
+        /// Added to the accumulator's square root.
+        epsilon: f32,
+    },
+    /// State: `m[dim]`, `v[dim]`, `beta1^t`, `beta2^t`.
+    Adam {
+        /// Step size.
+        lr: f32,
+        /// Decay of the first moment.
         beta1: f32,
+        /// Decay of the second moment.
         beta2: f32,
+        /// Added to the second moment's square root.
         epsilon: f32,
     },
 }
 
 impl RowOptimizer {
+    /// Floats of state per row of `dim` weights.
     pub fn state_len(&self, dim: u32) -> u32 {
         match self {
             Self::Adagrad { .. } => dim,

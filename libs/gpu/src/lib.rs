@@ -13,6 +13,8 @@
 //! machines without a GPU. [`cuda_status`] says whether a device can be used; the NVRTC
 //! library alone (PyPI `nvidia-cuda-nvrtc-cu12`) is enough for [`compile_ptx`].
 
+#![warn(missing_docs)]
+
 mod compile;
 // Kernel launches are `unsafe` in cudarc; this is the only module that launches.
 #[allow(unsafe_code)]
@@ -29,18 +31,34 @@ pub use layout::{Accumulation, FeatureBags, Pooling, PoolingInput, RowOptimizer,
 pub use reference::{CpuKernels, EmbeddingKernels, update_row};
 pub use rows::{DeviceRows, HostRows, RowStore};
 
+/// Why a kernel call or a device could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
+    /// Input the host-side checks refused (before any launch).
     #[error("invalid {field}: {reason}")]
-    Invalid { field: String, reason: String },
+    Invalid {
+        /// The input field.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// NVRTC cannot be loaded, so no kernel can be compiled.
     #[error(
         "the NVRTC library (libnvrtc.so) was not found: run scripts/install-deps.sh and source scripts/env.sh, or put a CUDA toolkit's lib64 on LD_LIBRARY_PATH"
     )]
     NoNvrtc,
+    /// No device can be used (the reason).
     #[error("no usable CUDA device: {0}")]
     NoDevice(String),
+    /// NVRTC refused the kernels.
     #[error("NVRTC could not compile the kernels for {arch}: {log}")]
-    Compile { arch: String, log: String },
+    Compile {
+        /// The target architecture (`compute_90`).
+        arch: String,
+        /// NVRTC's log.
+        log: String,
+    },
+    /// The CUDA driver failed a call.
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
 }

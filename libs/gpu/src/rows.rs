@@ -11,6 +11,7 @@ use crate::device::{CudaKernels, DeviceTable};
 use crate::layout::{RowOptimizer, TableShape, validate_grads, validate_read, validate_write};
 use crate::reference::{CpuKernels, EmbeddingKernels};
 
+/// One table shard's rows in one block addressed by row id, read, written and updated in batches.
 pub trait RowStore: Send + Sync {
     /// `rows` is the capacity: row ids below it are valid.
     fn shape(&self) -> TableShape;
@@ -46,6 +47,7 @@ pub struct HostRows {
 }
 
 impl HostRows {
+    /// An empty store of rows of `stride` floats, the first `dim` the weights.
     pub fn new(dim: u32, stride: u32) -> Self {
         Self {
             shape: TableShape {
@@ -105,6 +107,7 @@ pub struct DeviceRows {
 }
 
 impl DeviceRows {
+    /// An empty store on `kernels`' device, of rows of `stride` floats, the first `dim` the weights.
     pub fn new(kernels: Arc<CudaKernels>, dim: u32, stride: u32) -> Result<Self, GpuError> {
         let shape = TableShape {
             rows: 0,

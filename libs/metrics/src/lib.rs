@@ -1,6 +1,8 @@
 //! Evaluation metrics of binary classifiers, shared by the data generator (the best
 //! achievable AUC of a data set), the trainer (progressive validation) and the benchmarks.
 
+#![warn(missing_docs)]
+
 pub mod auc;
 mod window;
 

@@ -14,13 +14,18 @@ pub struct EvalWindow {
 /// Metrics over the window's samples.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Evaluation {
+    /// Samples evaluated.
     pub samples: usize,
+    /// Area under the ROC curve (none without both classes).
     pub auc: Option<f64>,
+    /// Mean log loss.
     pub logloss: Option<f64>,
+    /// Mean prediction over mean label.
     pub calibration: Option<f64>,
 }
 
 impl EvalWindow {
+    /// A window of the last `capacity` samples.
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.max(1),
@@ -28,6 +33,7 @@ impl EvalWindow {
         }
     }
 
+    /// Adds scored samples (each scored before it was trained on).
     pub fn add(&mut self, probabilities: &[f32], labels: &[f32]) {
         for (p, y) in probabilities.iter().zip(labels) {
             if self.pairs.len() == self.capacity {
@@ -37,14 +43,17 @@ impl EvalWindow {
         }
     }
 
+    /// Samples held.
     pub fn len(&self) -> usize {
         self.pairs.len()
     }
 
+    /// Whether no sample is held.
     pub fn is_empty(&self) -> bool {
         self.pairs.is_empty()
     }
 
+    /// AUC, log loss and calibration over the samples held.
     pub fn evaluate(&self) -> Evaluation {
         let (probabilities, labels): (Vec<f64>, Vec<bool>) = self.pairs.iter().copied().unzip();
         Evaluation {

@@ -9,20 +9,20 @@
 
 #[cfg(not(feature = "cuda"))]
 mod chosen {
-    pub use burn::tensor::activation::{relu, sigmoid};
-    pub use burn::tensor::{Device, Int, TensorData};
+    pub(crate) use burn::tensor::activation::{relu, sigmoid};
+    pub(crate) use burn::tensor::{Device, Int, TensorData};
 
-    pub type Tensor<const D: usize, K = burn::tensor::Float> = burn::tensor::Tensor<D, K>;
+    pub(crate) type Tensor<const D: usize, K = burn::tensor::Float> = burn::tensor::Tensor<D, K>;
 
-    pub fn cpu() -> Device {
+    pub(crate) fn cpu() -> Device {
         Device::flex()
     }
 
-    pub fn autodiff(device: Device) -> Device {
+    pub(crate) fn autodiff(device: Device) -> Device {
         device.autodiff()
     }
 
-    pub fn floats(data: TensorData) -> Vec<f32> {
+    pub(crate) fn floats(data: TensorData) -> Vec<f32> {
         data.try_to_vec::<f32>().unwrap_or_default()
     }
 }
@@ -31,26 +31,26 @@ mod chosen {
 mod chosen {
     use burn_cuda_build as burn;
 
-    pub use burn::tensor::activation::{relu, sigmoid};
-    pub use burn::tensor::{Int, TensorData};
+    pub(crate) use burn::tensor::activation::{relu, sigmoid};
+    pub(crate) use burn::tensor::{Int, TensorData};
 
-    pub type Device = burn::DispatchDevice;
-    pub type Tensor<const D: usize, K = burn::tensor::Float> =
+    pub(crate) type Device = burn::DispatchDevice;
+    pub(crate) type Tensor<const D: usize, K = burn::tensor::Float> =
         burn::tensor::Tensor<burn::Dispatch, D, K>;
 
-    pub fn cpu() -> Device {
+    pub(crate) fn cpu() -> Device {
         burn::backend::flex::FlexDevice.into()
     }
 
-    pub fn autodiff(device: Device) -> Device {
+    pub(crate) fn autodiff(device: Device) -> Device {
         Device::autodiff(device)
     }
 
-    pub fn cuda(ordinal: usize) -> Device {
+    pub(crate) fn cuda(ordinal: usize) -> Device {
         burn::backend::cuda::CudaDevice { index: ordinal }.into()
     }
 
-    pub fn floats(data: TensorData) -> Vec<f32> {
+    pub(crate) fn floats(data: TensorData) -> Vec<f32> {
         data.to_vec::<f32>().unwrap_or_default()
     }
 }

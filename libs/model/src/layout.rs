@@ -14,9 +14,11 @@ pub const WIDE_SUFFIX: &str = "_wide";
 /// A sparse feature of the schema as the model sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeatureSlot {
+    /// The feature's name.
     pub name: String,
     /// Index into [`ModelLayout::tables`].
     pub table: usize,
+    /// Floats per key.
     pub dim: usize,
     /// First column of this feature's pooled embedding in a sample's embedding row.
     pub offset: usize,
@@ -25,18 +27,24 @@ pub struct FeatureSlot {
 /// An embedding table the trainer looks keys up in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TableSlot {
+    /// The table's name.
     pub name: String,
+    /// Floats per row.
     pub dim: usize,
     /// Name of the companion table of first-order weights, when the model has a wide part.
     pub wide: Option<String>,
 }
 
+/// A Job's model over its Dataset's schema: the features and tables the dense network sees.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelLayout {
+    /// The dense network's kind.
     pub kind: ModelKind,
+    /// Its layers and optimizer.
     pub dense_spec: DenseSpec,
     /// Dense features per sample, in schema order.
     pub dense_inputs: usize,
+    /// The dense features, in column order.
     pub dense_names: Vec<String>,
     /// Tables the schema's sparse features read, in first-use order.
     pub tables: Vec<TableSlot>,
@@ -48,6 +56,7 @@ pub struct ModelLayout {
 }
 
 impl ModelLayout {
+    /// The layout of `model` over `schema`, or the feature that does not fit.
     pub fn new(model: &ModelSpec, schema: &FeatureSchema) -> Result<Self, ModelError> {
         check_output_layer(model)?;
         let wide = matches!(model.kind, ModelKind::WideDeep | ModelKind::Deepfm);
@@ -160,6 +169,7 @@ impl ModelLayout {
         specs
     }
 
+    /// Whether the model has first-order (wide) weights.
     pub fn has_wide(&self) -> bool {
         self.tables.iter().any(|t| t.wide.is_some())
     }

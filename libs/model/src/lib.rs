@@ -13,6 +13,8 @@
 //! The embedding tables themselves live on the PS (`primus-embedding`); this crate sees
 //! only the rows a minibatch needs.
 
+#![warn(missing_docs)]
+
 mod backend;
 pub mod layout;
 pub mod net;
@@ -32,20 +34,35 @@ use net::{Graph, bce_with_logits, matrix};
 /// Where the dense network computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DenseDevice {
+    /// The host's CPU (burn's flex backend).
     Cpu,
     /// An NVIDIA GPU by CUDA ordinal, through burn's CUDA backend.
     Cuda(usize),
 }
 
+/// Why a model cannot be built or run.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ModelError {
     /// The schema and the model do not fit; names the feature.
     #[error("feature {feature:?}: {message}")]
-    Mismatch { feature: String, message: String },
+    Mismatch {
+        /// The feature.
+        feature: String,
+        /// What does not fit.
+        message: String,
+    },
+    /// The model's spec cannot be built.
     #[error("{field}: {message}")]
-    Spec { field: String, message: String },
+    Spec {
+        /// The spec's field.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Dense parameters that do not fit the network.
     #[error("dense parameters: {0}")]
     Params(String),
+    /// A minibatch that does not fit the network.
     #[error("minibatch: {0}")]
     Inputs(String),
     /// This build has no CUDA backend for the dense network.
@@ -53,8 +70,14 @@ pub enum ModelError {
         "the dense network cannot run on a GPU: this binary was built without primus-model's cuda feature"
     )]
     NoCudaBuild,
+    /// The dense network's device cannot be used.
     #[error("dense network on {device:?}: {reason}")]
-    Device { device: DenseDevice, reason: String },
+    Device {
+        /// The device.
+        device: DenseDevice,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// The result of one training step.
@@ -107,10 +130,12 @@ impl Model {
         }
     }
 
+    /// Where the dense network runs.
     pub fn device(&self) -> DenseDevice {
         self.device
     }
 
+    /// The layout it was built for.
     pub fn layout(&self) -> &ModelLayout {
         &self.layout
     }

@@ -19,6 +19,7 @@ pub enum Tower {
 
 /// One minibatch's model inputs, row-major.
 pub struct Inputs<'a> {
+    /// Samples.
     pub rows: usize,
     /// `rows x layout.dense_inputs`.
     pub dense: &'a [f32],
@@ -43,7 +44,7 @@ pub(crate) fn matrix(values: &[f32], rows: usize, cols: usize, device: &Device) 
 impl Graph {
     /// Places everything on `device`; with `track` the parameters and the sparse inputs
     /// record gradients.
-    pub fn new(
+    pub(crate) fn new(
         layout: &ModelLayout,
         params: &ParamSet,
         inputs: &Inputs<'_>,
@@ -100,7 +101,7 @@ impl Graph {
     }
 
     /// Logits `[rows, 1]` of `layout`'s model for minibatches of `tower`.
-    pub fn logits(&self, layout: &ModelLayout, tower: Tower) -> Tensor<2> {
+    pub(crate) fn logits(&self, layout: &ModelLayout, tower: Tower) -> Tensor<2> {
         let spec = &layout.dense_spec;
         match layout.kind {
             ModelKind::Dlrm => {

@@ -23,9 +23,13 @@ use crate::params::ParamSet;
 const IR_VERSION: i64 = 8;
 const OPSET: i64 = 17;
 
+/// Input: the dense features.
 pub const DENSE_INPUT: &str = "dense";
+/// Input: the pooled embeddings.
 pub const EMBEDDED_INPUT: &str = "embedded";
+/// Input: the summed first-order weights.
 pub const WIDE_INPUT: &str = "wide";
+/// Output: the click probability.
 pub const OUTPUT: &str = "probability";
 
 /// The serialized ONNX model of `layout`'s dense network with `params`, predicting with

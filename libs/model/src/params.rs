@@ -11,8 +11,11 @@ use crate::layout::ModelLayout;
 /// One dense parameter: row-major values of `shape`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamTensor {
+    /// The parameter's name.
     pub name: String,
+    /// Its shape.
     pub shape: Vec<usize>,
+    /// Its values, row-major.
     pub values: Vec<f32>,
 }
 
@@ -119,6 +122,7 @@ impl ParamSet {
         Self { tensors }
     }
 
+    /// Every tensor, in the network's order.
     pub fn tensors(&self) -> &[ParamTensor] {
         &self.tensors
     }
@@ -128,10 +132,12 @@ impl ParamSet {
         self.tensors.iter().map(|t| t.name.clone()).collect()
     }
 
+    /// Tensor `name`.
     pub fn get(&self, name: &str) -> Option<&ParamTensor> {
         self.tensors.iter().find(|t| t.name == name)
     }
 
+    /// Values over all tensors.
     pub fn values(&self) -> usize {
         self.tensors.iter().map(|t| t.values.len()).sum()
     }

@@ -93,6 +93,7 @@ impl BatchKeys {
         })
     }
 
+    /// Samples.
     pub fn rows(&self) -> usize {
         self.input.samples
     }

@@ -1,6 +1,11 @@
 //! The models' gradients against finite differences, the layout's checks, pooling's
 //! backward, and that each model learns a planted signal.
 
+#![allow(
+    clippy::print_stdout,
+    reason = "a check that cannot run here says so on stdout, beside the test's name"
+)]
+
 use primus_batch::{JaggedFeature, Kjt};
 use primus_model::pooling::{BatchKeys, CpuKernels};
 use primus_model::{DenseDevice, Inputs, Model, ModelError, ModelLayout, ParamSet, Tower};

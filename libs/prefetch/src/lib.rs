@@ -9,6 +9,8 @@
 //! On x86_64 this is `prefetcht0`; elsewhere it compiles to nothing (the code that calls it
 //! stays correct, only slower).
 
+#![warn(missing_docs)]
+
 /// Starts loading the cache line holding `value` into every cache level, without waiting.
 #[inline(always)]
 pub fn prefetch<T>(value: &T) {

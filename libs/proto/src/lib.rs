@@ -6,17 +6,33 @@
 //! endpoints every client of a job's shards relies on, and [`packed`], the encoding of
 //! keys and rows in `bytes` fields.
 
+#![warn(missing_docs)]
+
 pub mod packed;
 
 /// `primus.v1`: every service's messages, clients (`*_client`) and servers (`*_server`).
 pub mod v1 {
     #![allow(clippy::all, clippy::unwrap_used, missing_docs)]
+    // The comments come from the .proto files, written for their readers (`<job>` in a
+    // subject is not HTML there).
+    #![allow(
+        rustdoc::invalid_html_tags,
+        rustdoc::broken_intra_doc_links,
+        rustdoc::bare_urls
+    )]
     tonic::include_proto!("primus.v1");
 }
 
 /// `onnx`: the ONNX model messages the dense-network export builds (see proto/onnx/onnx.proto).
 pub mod onnx {
     #![allow(clippy::all, clippy::unwrap_used, missing_docs)]
+    // The comments come from the .proto files, written for their readers (`<job>` in a
+    // subject is not HTML there).
+    #![allow(
+        rustdoc::invalid_html_tags,
+        rustdoc::broken_intra_doc_links,
+        rustdoc::bare_urls
+    )]
     include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
 }
 

@@ -4,7 +4,9 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {len} bytes is not a whole number of {width}-byte {items}")]
 pub struct PackedError {
+    /// The field.
     pub field: String,
+    /// Its length in bytes.
     pub len: usize,
     width: usize,
     items: &'static str,
@@ -17,10 +19,12 @@ impl From<PackedError> for tonic::Status {
     }
 }
 
+/// `keys` as little-endian bytes.
 pub fn encode_keys(keys: &[u64]) -> Vec<u8> {
     keys.iter().flat_map(|k| k.to_le_bytes()).collect()
 }
 
+/// Appends `values` as little-endian bytes to `out`.
 pub fn encode_f32(values: &[f32], out: &mut Vec<u8>) {
     out.reserve(values.len() * 4);
     for v in values {

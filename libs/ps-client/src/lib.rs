@@ -1,6 +1,8 @@
 //! Client of a job's PS shards: routes each key to a shard by jump consistent hash, sends
 //! each shard its unique keys in parallel, and reassembles rows in request order.
 
+#![warn(missing_docs)]
+
 use std::collections::HashMap;
 use std::future::Future;
 
@@ -31,18 +33,44 @@ pub fn jump_consistent_hash(key: u64, shards: u32) -> u32 {
     b as u32
 }
 
+/// Why a call to the PS shards failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PsClientError {
+    /// No shard to call.
     #[error("no PS shard addresses")]
     NoShards,
+    /// A shard cannot be reached.
     #[error("PS shard {addr}: {message}")]
-    Connect { addr: String, message: String },
+    Connect {
+        /// Its address.
+        addr: String,
+        /// Why.
+        message: String,
+    },
+    /// A shard answered with an error.
     #[error("PS shard {shard}: {status}")]
-    Call { shard: usize, status: Status },
+    Call {
+        /// The shard.
+        shard: usize,
+        /// What it said.
+        status: Status,
+    },
+    /// Gradients that are not a whole row per key.
     #[error("{got} gradient floats for {keys} keys is not a whole row per key")]
-    GradientWidth { got: usize, keys: usize },
+    GradientWidth {
+        /// Floats given.
+        got: usize,
+        /// Keys given.
+        keys: usize,
+    },
+    /// A shard lacked a dense tensor it holds.
     #[error("PS shard {shard} did not return dense tensor {name:?}")]
-    MissingDense { shard: usize, name: String },
+    MissingDense {
+        /// The shard.
+        shard: usize,
+        /// The tensor.
+        name: String,
+    },
 }
 
 fn dense_to_proto(tensor: &DenseValues) -> DenseTensor {
@@ -73,11 +101,13 @@ fn dense_from_proto(shard: usize, tensor: DenseTensor) -> Result<DenseValues, Ps
 /// Stored rows with their optimizer state, as `ReadRows` returns them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StoredRows {
+    /// Weights per row.
     pub dim: usize,
     /// Floats per row in `values`: `dim` weights, then the optimizer's state.
     pub stride: usize,
     /// The asked keys that have a row (each once).
     pub keys: Vec<u64>,
+    /// Every row's floats, end to end.
     pub values: Vec<f32>,
 }
 
@@ -93,6 +123,7 @@ impl StoredRows {
 
 type ShardClient = ParameterServerClient<InterceptedService<Channel, TraceInterceptor>>;
 
+/// A client of a Job's PS shards (cheap to clone).
 #[derive(Clone)]
 pub struct PsClient {
     /// Every call carries the caller's trace context (the PS request span continues it).

@@ -3,10 +3,14 @@
 
 use anyhow::Context;
 
+/// Who a Job's executor is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecutorIdentity {
+    /// The Job.
     pub job: String,
+    /// This executor's id (`trainer-0`).
     pub executor_id: String,
+    /// The master's gRPC address.
     pub master_addr: String,
 }
 
@@ -20,10 +24,8 @@ impl ExecutorIdentity {
         master_addr: &str,
     ) -> anyhow::Result<Self> {
         let pick = |set: &str, key: &str, var: &str| -> anyhow::Result<String> {
-            if !set.is_empty() {
-                return Ok(set.to_owned());
-            }
-            std::env::var(var).with_context(|| format!("neither {section}.{key} nor {var} is set"))
+            setting_or_env(set, var)
+                .with_context(|| format!("neither {section}.{key} nor {var} is set"))
         };
         Ok(Self {
             job: pick(job, "job", "PRIMUS_JOB")?,
@@ -31,4 +33,12 @@ impl ExecutorIdentity {
             master_addr: pick(master_addr, "master_addr", "PRIMUS_MASTER_ADDR")?,
         })
     }
+}
+
+/// `setting` when it is set (not empty), else the environment variable `var` the master
+/// starts executors with (`PRIMUS_JOB`, `PRIMUS_EXECUTOR_ID`, `PRIMUS_MASTER_ADDR`).
+pub fn setting_or_env(setting: &str, var: &str) -> Option<String> {
+    Some(setting.to_owned())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var(var).ok())
 }

@@ -6,12 +6,14 @@
 //! [`Node`] is the service's gRPC listener: it always serves `grpc.health.v1.Health`, which
 //! reports NOT_SERVING while a dependency (NATS, Redis) is unreachable or once draining began.
 
+#![warn(missing_docs)]
+
 mod identity;
 mod node;
 mod shutdown;
 pub mod usage;
 
-pub use identity::ExecutorIdentity;
+pub use identity::{ExecutorIdentity, setting_or_env};
 pub use node::{Node, serve_nats_node};
 pub use shutdown::Shutdown;
 
@@ -50,9 +52,11 @@ fn command(service: &'static str, about: &'static str) -> Command {
 
 /// A command-line flag that sets one settings key (it wins over file and environment).
 pub struct SettingFlag {
+    /// The flag (`--shard`).
     pub long: &'static str,
     /// Dotted settings key, e.g. `master.shard`.
     pub key: &'static str,
+    /// Its line in `--help`.
     pub help: &'static str,
 }
 
@@ -109,8 +113,7 @@ where
     let settings: S = primus_config::load(&defaults, file.map(PathBuf::as_path), environment)
         .with_context(|| format!("{service}: invalid settings"))?;
     if matches.get_flag("print-settings") {
-        print!("{}", primus_config::to_toml(&settings)?);
-        return Ok(());
+        return print_settings(&settings);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -130,4 +133,11 @@ where
         telemetry.shutdown();
         result
     })
+}
+
+/// `--print-settings`: the effective settings as TOML, on stdout.
+#[expect(clippy::print_stdout, reason = "--print-settings prints the settings")]
+fn print_settings<S: ServiceSettings>(settings: &S) -> anyhow::Result<()> {
+    print!("{}", primus_config::to_toml(settings)?);
+    Ok(())
 }

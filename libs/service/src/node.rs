@@ -32,6 +32,7 @@ pub struct Node {
 }
 
 impl Node {
+    /// Binds the listener of `service` (health NOT_SERVING until serving starts).
     pub async fn bind(service: &'static str, settings: &ServerSettings) -> anyhow::Result<Self> {
         let tls = settings.tls.as_ref().map(load_tls).transpose()?;
         let listener = TcpListener::bind(settings.grpc_addr)
@@ -51,6 +52,7 @@ impl Node {
         })
     }
 
+    /// The address bound (the port chosen when 0 was asked).
     pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
         Ok(self.listener.local_addr()?)
     }
@@ -77,6 +79,10 @@ impl Node {
     }
 
     /// Connects to Redis (checked with PING) and makes the connection a health dependency.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a PING checks the connection; it reads and writes no store's keys"
+    )]
     pub async fn connect_redis(
         &mut self,
         settings: &RedisSettings,

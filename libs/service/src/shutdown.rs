@@ -13,16 +13,19 @@ impl Default for Shutdown {
 }
 
 impl Shutdown {
+    /// A signal not triggered yet.
     pub fn new() -> Self {
         Self {
             sender: watch::Sender::new(false),
         }
     }
 
+    /// Triggers it: every waiter wakes.
     pub fn trigger(&self) {
         self.sender.send_replace(true);
     }
 
+    /// Whether it was triggered.
     pub fn is_triggered(&self) -> bool {
         *self.sender.borrow()
     }

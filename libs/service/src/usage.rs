@@ -31,6 +31,7 @@ pub fn resident_bytes() -> u64 {
 }
 
 impl UsageSampler {
+    /// Starts measuring from now.
     pub fn new() -> Self {
         Self {
             last: cpu_ticks().map(|t| (Instant::now(), t)),

@@ -10,15 +10,20 @@ use crate::validate::{
     FieldError, Validate, check_name, check_positive, check_unique, fail, field, index,
 };
 
+/// A Dataset (`kind: Dataset`): streams of sources over time windows, and how their rows become features.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetSpec {
+    /// Data streams, each a window sliding over its sources.
     pub streams: Vec<DataStream>,
+    /// Whether streams are served one after the other or together.
     #[serde(default)]
     pub order: StreamOrder,
+    /// Which columns are the label and the features, and how each is transformed.
     pub schema: FeatureSchema,
 }
 
+/// How a Dataset's streams are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum StreamOrder {
@@ -29,11 +34,15 @@ pub enum StreamOrder {
     Simultaneous,
 }
 
+/// A stream: sources read window by window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataStream {
+    /// Unique within the Dataset.
     pub name: String,
+    /// The windows to read, from a start to an optional end.
     pub window: Window,
+    /// The sources read in each window.
     pub sources: Vec<DataSource>,
 }
 
@@ -41,6 +50,7 @@ pub struct DataStream {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Window {
+    /// Hourly or daily windows.
     pub unit: WindowUnit,
     /// First window: `YYYY-MM-DD` (daily) or `YYYY-MM-DDTHH` (hourly), UTC.
     pub start: String,
@@ -49,10 +59,13 @@ pub struct Window {
     pub end: Option<String>,
 }
 
+/// The length of a window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WindowUnit {
+    /// One hour: partitions `date=YYYY-MM-DD/hour=HH`.
     Hourly,
+    /// One day: partitions `date=YYYY-MM-DD`.
     Daily,
 }
 
@@ -60,14 +73,18 @@ pub enum WindowUnit {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataSource {
+    /// Unique within the Dataset; metrics and stream consumers are named after it.
     pub name: String,
     /// Priority weight w_i in the serving policy argmax w_i * sigmoid(q_i) (Primus Eq. 4).
     #[serde(default = "defaults::one")]
     pub weight: f64,
+    /// Parquet files in hourly or daily partitions.
     #[serde(default)]
     pub parquet: Option<ParquetSource>,
+    /// A JetStream subject carrying rows.
     #[serde(default)]
     pub jetstream: Option<JetStreamSource>,
+    /// An online joiner of a features subject and an actions subject.
     #[serde(default)]
     pub join: Option<JoinSource>,
 }
@@ -89,13 +106,17 @@ impl DataSource {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParquetSource {
+    /// Object-store URL of the partitions' parent (`s3://bucket/logs`, `file:///data/logs`, a path).
     pub uri: String,
 }
 
+/// A JetStream subject whose messages carry rows (`SampleRows`: Arrow IPC).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JetStreamSource {
+    /// The JetStream stream (created over the subject when missing).
     pub stream: String,
+    /// The subject (wildcards allowed).
     pub subject: String,
 }
 
@@ -109,10 +130,13 @@ pub struct JetStreamSource {
 pub struct JoinSource {
     /// The JetStream stream holding both subjects.
     pub stream: String,
+    /// Subject of the feature rows (with the request id).
     pub features: String,
+    /// Subject of the actions (request id and label).
     pub actions: String,
     /// Column present in both: integer or string.
     pub request_id: String,
+    /// How long a feature row waits for its action, in seconds after it was stored.
     #[serde(default = "defaults::join_wait_seconds")]
     pub wait_seconds: f64,
     /// Waiting feature rows kept in memory; older messages' rows spill to local disk.
@@ -120,20 +144,26 @@ pub struct JoinSource {
     pub memory_rows: u64,
 }
 
+/// Which columns are the label and the features.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FeatureSchema {
     /// Column holding the 0/1 label.
     pub label: String,
+    /// Dense (numeric) features, in the order the model sees them.
     #[serde(default)]
     pub dense: Vec<DenseFeature>,
+    /// Sparse (id) features, each looked up in an embedding table.
     pub sparse: Vec<SparseFeature>,
 }
 
+/// A numeric column.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DenseFeature {
+    /// The column's name.
     pub name: String,
+    /// How the value is transformed before training.
     #[serde(default)]
     pub transform: DenseTransform,
     /// Value used when the column is null.
@@ -141,26 +171,36 @@ pub struct DenseFeature {
     pub missing: f64,
 }
 
+/// A dense feature's transform (`kind` selects it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DenseTransform {
+    /// The value as it is.
     #[default]
     None,
     /// log(1 + max(x, 0)).
     Log1p,
+    /// (x - mean) / std.
     Standardize {
+        /// Subtracted first.
         mean: f64,
+        /// Divided by then.
         std: f64,
     },
+    /// Clamped to [min, max].
     Clip {
+        /// Lowest value.
         min: f64,
+        /// Highest value.
         max: f64,
     },
 }
 
+/// An id column (or a list of ids with `multi_hot`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SparseFeature {
+    /// The column's name.
     pub name: String,
     /// Embedding table (in the Job's model) this feature's ids are looked up in.
     pub table: String,

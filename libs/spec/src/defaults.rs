@@ -1,52 +1,52 @@
 //! Values of fields a resource file may leave out (serde `default = "..."` targets).
 
-pub fn one() -> f64 {
+pub(crate) fn one() -> f64 {
     1.0
 }
 
-pub fn one_u32() -> u32 {
+pub(crate) fn one_u32() -> u32 {
     1
 }
 
-pub fn memory() -> String {
+pub(crate) fn memory() -> String {
     "1Gi".into()
 }
 
-pub fn initial_accumulator() -> f64 {
+pub(crate) fn initial_accumulator() -> f64 {
     0.1
 }
 
-pub fn epsilon() -> f64 {
+pub(crate) fn epsilon() -> f64 {
     1e-8
 }
 
-pub fn beta1() -> f64 {
+pub(crate) fn beta1() -> f64 {
     0.9
 }
 
-pub fn beta2() -> f64 {
+pub(crate) fn beta2() -> f64 {
     0.999
 }
 
-pub fn ftrl_beta() -> f64 {
+pub(crate) fn ftrl_beta() -> f64 {
     1.0
 }
 
 /// Scale data executors out when their weighted load exceeds this (Primus Eq. 1).
-pub fn load_threshold() -> f64 {
+pub(crate) fn load_threshold() -> f64 {
     0.8
 }
 
-pub fn sparse_interval_ms() -> u64 {
+pub(crate) fn sparse_interval_ms() -> u64 {
     500
 }
 
-pub fn dense_interval_seconds() -> u64 {
+pub(crate) fn dense_interval_seconds() -> u64 {
     60
 }
 
 /// Adam at 0.001: the usual choice for MLP weights.
-pub fn dense_optimizer() -> crate::job::OptimizerSpec {
+pub(crate) fn dense_optimizer() -> crate::job::OptimizerSpec {
     crate::job::OptimizerSpec::Adam {
         learning_rate: 0.001,
         beta1: beta1(),
@@ -55,23 +55,23 @@ pub fn dense_optimizer() -> crate::job::OptimizerSpec {
     }
 }
 
-pub fn full_every() -> u32 {
+pub(crate) fn full_every() -> u32 {
     4
 }
 
-pub fn batch_size() -> u32 {
+pub(crate) fn batch_size() -> u32 {
     2048
 }
 
-pub fn eval_window() -> u32 {
+pub(crate) fn eval_window() -> u32 {
     100_000
 }
 
 /// How long a joiner's feature row waits for its action (Monolith keeps it minutes).
-pub fn join_wait_seconds() -> f64 {
+pub(crate) fn join_wait_seconds() -> f64 {
     600.0
 }
 
-pub fn join_memory_rows() -> u64 {
+pub(crate) fn join_memory_rows() -> u64 {
     100_000
 }

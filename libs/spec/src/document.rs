@@ -15,16 +15,22 @@ use crate::validate::{FieldError, Validate, check_name, fail};
 /// The largest resource file accepted (a spec is configuration, not data).
 pub const MAX_DOCUMENT_BYTES: usize = 1 << 20;
 
+/// The kinds of resource the API server holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Kind {
+    /// A training Job.
     Job,
+    /// A Dataset.
     Dataset,
+    /// A Job's metrics (written by the master).
     Metric,
 }
 
 impl Kind {
+    /// Every kind.
     pub const ALL: [Kind; 3] = [Kind::Job, Kind::Dataset, Kind::Metric];
 
+    /// The kind's name as written in files and subjects (`Job`).
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Job => "Job",
@@ -49,10 +55,13 @@ impl fmt::Display for Kind {
     }
 }
 
+/// A resource's name and labels.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Metadata {
+    /// Unique per kind; a DNS label (lowercase letters, digits, `-`).
     pub name: String,
+    /// Labels to select resources by (`primus get jobs -l team=ads`).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
 }
@@ -60,42 +69,66 @@ pub struct Metadata {
 /// A resource's identity and desired state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Object<S> {
+    /// Name and labels.
     pub metadata: Metadata,
+    /// The desired state.
     pub spec: S,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 /// (Boxed: the specs differ a lot in size.)
 pub enum Resource {
+    /// A Job.
     Job(Box<Object<JobSpec>>),
+    /// A Dataset.
     Dataset(Box<Object<DatasetSpec>>),
+    /// A Metric.
     Metric(Box<Object<MetricSpec>>),
 }
 
+/// Why a resource file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
+    /// The file is larger than a resource may be.
     #[error("{source_name}: {bytes} bytes is over the {limit}-byte limit for a resource file")]
     TooLarge {
+        /// The file's name.
         source_name: String,
+        /// Its size.
         bytes: usize,
+        /// The limit.
         limit: usize,
     },
+    /// A document is not YAML or JSON of a resource.
     #[error("{source_name}, document {document}: {message}")]
     Parse {
+        /// The file's name.
         source_name: String,
+        /// The document's position in the file (1 = first).
         document: usize,
+        /// What is wrong.
         message: String,
     },
+    /// A document is a resource with problems.
     #[error("{source_name}, document {document} ({kind} {name:?}):\n{}", list(.errors))]
     Invalid {
+        /// The file's name.
         source_name: String,
+        /// The document's position in the file (1 = first).
         document: usize,
+        /// The resource's kind.
         kind: Kind,
+        /// The resource's name.
         name: String,
+        /// Every problem, each with its field path.
         errors: Vec<FieldError>,
     },
+    /// The file holds no resource.
     #[error("{source_name}: no resources in it")]
-    Empty { source_name: String },
+    Empty {
+        /// The file's name.
+        source_name: String,
+    },
 }
 
 fn list(errors: &[FieldError]) -> String {
@@ -223,6 +256,7 @@ impl Resource {
         })
     }
 
+    /// The resource's kind.
     pub fn kind(&self) -> Kind {
         match self {
             Resource::Job(_) => Kind::Job,
@@ -231,6 +265,7 @@ impl Resource {
         }
     }
 
+    /// The resource's name and labels.
     pub fn metadata(&self) -> &Metadata {
         match self {
             Resource::Job(o) => &o.metadata,
@@ -239,6 +274,7 @@ impl Resource {
         }
     }
 
+    /// The resource's name.
     pub fn name(&self) -> &str {
         &self.metadata().name
     }

@@ -8,24 +8,33 @@ use crate::validate::{
     index,
 };
 
+/// A training Job (`kind: Job`): what model trains on which Dataset, how, and where.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
+    /// The model: its kind, embedding tables and dense network.
     pub model: ModelSpec,
     /// Name of the Dataset resource the job reads.
     pub dataset: String,
+    /// Which of the Dataset's sources are read, and when.
     pub mode: TrainingMode,
+    /// How many processes of each role run, and what each may use.
     pub topology: Topology,
+    /// Minibatches, evaluation, stream loading and the hot set.
     #[serde(default)]
     pub training: TrainingSpec,
+    /// Horizontal scaling of data executors (validated; the master does not scale Jobs yet).
     #[serde(default)]
     pub scaling: ScalingPolicy,
+    /// Periodic checkpoints of the PS shards and data positions; unset: none (and no restore).
     #[serde(default)]
     pub checkpoint: Option<CheckpointSpec>,
+    /// Whether and how often serving replicas follow training.
     #[serde(default)]
     pub serving_sync: ServingSyncSpec,
 }
 
+/// Which sources a Job reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TrainingMode {
@@ -39,21 +48,29 @@ pub enum TrainingMode {
     Mixture,
 }
 
+/// The dense network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelKind {
+    /// DeepFM: factorization machine plus a deep network, with one-wide first-order weights.
     Deepfm,
+    /// DLRM: a bottom MLP over dense features, dot interactions with the embeddings, a top MLP.
     Dlrm,
+    /// Wide&Deep: one-wide first-order weights plus a deep network over the embeddings.
     WideDeep,
     /// Memory tower on batch data, adapt tower on stream data (Primus MTRM).
     Mtrm,
 }
 
+/// The model: embedding tables (on the PS) and the dense network (on the trainers).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
+    /// The dense network's kind.
     pub kind: ModelKind,
+    /// Embedding tables; every sparse feature of the Dataset's schema names one.
     pub tables: Vec<TableSpec>,
+    /// Layer widths and the dense parameters' optimizer.
     pub dense: DenseSpec,
 }
 
@@ -61,11 +78,16 @@ pub struct ModelSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TableSpec {
+    /// Unique among the model's tables; sparse features refer to it.
     pub name: String,
+    /// Floats per row.
     pub dim: u32,
+    /// The optimizer the PS applies to pushed gradients, its state kept beside each row.
     pub optimizer: OptimizerSpec,
+    /// How a new row's weights start (a pure function of key and seed).
     #[serde(default)]
     pub initializer: Initializer,
+    /// Which keys get a row (Monolith's filters).
     #[serde(default)]
     pub admission: AdmissionSpec,
     /// Rows not updated for this long are evicted; unset keeps rows forever.
@@ -73,45 +95,72 @@ pub struct TableSpec {
     pub ttl_seconds: Option<u64>,
 }
 
+/// An optimizer and its hyperparameters (`kind` selects it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum OptimizerSpec {
+    /// Plain gradient descent.
     Sgd {
+        /// Step size.
         learning_rate: f64,
     },
+    /// Adagrad: per-coordinate steps shrink with the accumulated squared gradients.
     Adagrad {
+        /// Step size.
         learning_rate: f64,
+        /// The accumulator's starting value.
         #[serde(default = "defaults::initial_accumulator")]
         initial_accumulator: f64,
+        /// Added to the accumulator's square root before dividing.
         #[serde(default = "defaults::epsilon")]
         epsilon: f64,
     },
+    /// Adam with per-row bias correction.
     Adam {
+        /// Step size.
         learning_rate: f64,
+        /// Decay of the first moment.
         #[serde(default = "defaults::beta1")]
         beta1: f64,
+        /// Decay of the second moment.
         #[serde(default = "defaults::beta2")]
         beta2: f64,
+        /// Added to the second moment's square root before dividing.
         #[serde(default = "defaults::epsilon")]
         epsilon: f64,
     },
+    /// FTRL-proximal.
     Ftrl {
+        /// Step size (per-coordinate rate alpha / (beta + sqrt(n))).
         alpha: f64,
+        /// Smooths the per-coordinate rate.
         #[serde(default = "defaults::ftrl_beta")]
         beta: f64,
+        /// L1 regularisation (drives weights to exactly zero).
         #[serde(default)]
         l1: f64,
+        /// L2 regularisation.
         #[serde(default)]
         l2: f64,
     },
 }
 
+/// How a new row's weights start.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Initializer {
+    /// All zeros.
     Zeros,
-    Uniform { scale: f64 },
-    Normal { std: f64 },
+    /// Uniform in `[-scale, scale]`.
+    Uniform {
+        /// The largest magnitude.
+        scale: f64,
+    },
+    /// Normal with mean 0 and standard deviation `std`.
+    Normal {
+        /// The standard deviation.
+        std: f64,
+    },
 }
 
 impl Default for Initializer {
@@ -160,8 +209,10 @@ impl OptimizerSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdmissionSpec {
+    /// A key gets a row once seen this many times (0 or 1: at once).
     #[serde(default)]
     pub min_count: u32,
+    /// Then it gets one with this probability per occurrence.
     #[serde(default = "defaults::one")]
     pub probability: f64,
 }
@@ -180,9 +231,12 @@ impl Default for AdmissionSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DenseSpec {
+    /// DLRM and MTRM: the MLP over dense features (its last width is the embedding dim).
     #[serde(default)]
     pub bottom: Vec<u32>,
+    /// The MLP after the interaction; the last width is 1 (the logit).
     pub top: Vec<u32>,
+    /// The optimizer the PS applies to the dense parameters.
     #[serde(default = "defaults::dense_optimizer")]
     pub optimizer: OptimizerSpec,
 }
@@ -202,16 +256,22 @@ impl DenseSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Topology {
+    /// Data executors: read the Dataset and serve minibatches.
     pub data_executors: RoleSpec,
+    /// Trainers: compute gradients, data-parallel.
     pub trainers: RoleSpec,
+    /// PS shards holding the embedding tables and the dense parameters.
     pub ps: RoleSpec,
+    /// Serving replicas answering Predict; unset: none.
     #[serde(default)]
     pub serving: Option<RoleSpec>,
 }
 
+/// The processes of one role.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoleSpec {
+    /// How many processes.
     pub replicas: u32,
     /// CPU cores.
     #[serde(default = "defaults::one")]
@@ -243,8 +303,10 @@ impl RoleSpec {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Device {
+    /// The host's CPU.
     #[default]
     Cpu,
+    /// An NVIDIA GPU (CUDA).
     Cuda,
 }
 
@@ -399,10 +461,13 @@ impl Validate for TrainingSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScalingPolicy {
+    /// Scale data executors by load.
     #[serde(default)]
     pub enabled: bool,
+    /// Fewest data executors.
     #[serde(default = "defaults::one_u32")]
     pub min_data_executors: u32,
+    /// Most data executors.
     #[serde(default = "defaults::one_u32")]
     pub max_data_executors: u32,
     /// Scale out when the weighted load L = w.u exceeds this.
@@ -421,11 +486,13 @@ impl Default for ScalingPolicy {
     }
 }
 
+/// Where and how often checkpoints are taken.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSpec {
     /// Object-store URL under which snapshots and task offsets are written.
     pub uri: String,
+    /// Seconds between checkpoints.
     pub interval_seconds: u64,
     /// One checkpoint in this many writes full PS snapshots; the ones between write only
     /// the rows changed (and keys evicted) since the previous checkpoint, and a restore
@@ -452,10 +519,13 @@ pub const MAX_FULL_EVERY: u32 = 64;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServingSyncSpec {
+    /// Serving replicas follow training.
     #[serde(default)]
     pub enabled: bool,
+    /// Rows changed on the PS reach the replicas at least this often (and on every delta notice).
     #[serde(default = "defaults::sparse_interval_ms")]
     pub sparse_interval_ms: u64,
+    /// A fresh dense network reaches the replicas this often.
     #[serde(default = "defaults::dense_interval_seconds")]
     pub dense_interval_seconds: u64,
     /// Training kept this share of negatives: serving corrects probabilities by the log

@@ -5,6 +5,8 @@
 //! every problem is reported with its field path (`spec.model.tables[2].dim: must be > 0`).
 //! Checks that need other resources (does the Job's dataset exist?) belong to the API server.
 
+#![warn(missing_docs)]
+
 pub mod dataset;
 mod defaults;
 mod document;

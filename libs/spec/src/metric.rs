@@ -4,11 +4,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::validate::{FieldError, Validate, check_name, fail, field, index};
 
+/// A Job's metrics (`kind: Metric`, named like the Job): time series folded from its executors' reports.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricSpec {
     /// Name of the Job these metrics belong to.
     pub job: String,
+    /// One series per gauge and role.
     #[serde(default)]
     pub series: Vec<MetricSeries>,
 }
@@ -18,17 +20,23 @@ pub struct MetricSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricSeries {
+    /// The gauge (`samples_per_second`, `buffer_rows.<source>`, ...).
     pub name: String,
+    /// The role it comes from (`trainer`, `data_executor`, ...); rates are summed over a role's executors, other gauges averaged.
     #[serde(default)]
     pub role: Option<String>,
+    /// The newest points, oldest first.
     #[serde(default)]
     pub points: Vec<MetricPoint>,
 }
 
+/// One value at one time.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricPoint {
+    /// When (Unix milliseconds).
     pub unix_ms: i64,
+    /// The value.
     pub value: f64,
 }
 

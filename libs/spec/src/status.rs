@@ -2,15 +2,22 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Where a resource is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "PascalCase")]
 pub enum Phase {
+    /// Accepted, not started yet.
     #[default]
     Pending,
+    /// Its processes are starting.
     Starting,
+    /// Running.
     Running,
+    /// Finished as asked (a batch Job's data is read and trained).
     Succeeded,
+    /// Stopped by a failure (the `Complete` condition says which).
     Failed,
+    /// Stopped before it finished.
     Cancelled,
 }
 
@@ -25,39 +32,53 @@ impl Phase {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Condition {
+    /// What the condition is about (`Ready`, `Checkpoint`, `Complete`, ...).
     #[serde(rename = "type")]
     pub kind: String,
+    /// Whether it holds.
     pub status: bool,
+    /// Why, in one CamelCase word.
     pub reason: String,
+    /// Why, for a person.
     #[serde(default)]
     pub message: String,
+    /// When `status` or `reason` last changed (Unix milliseconds).
     pub last_transition_unix_ms: i64,
 }
 
+/// How far a Job's training is.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Progress {
+    /// Samples trained.
     pub samples: u64,
+    /// Training steps (minibatches) taken.
     pub steps: u64,
     /// Share of the bounded data consumed (0..=1); unset for open-ended streams.
     #[serde(default)]
     pub fraction: Option<f64>,
+    /// Samples trained per second lately.
     #[serde(default)]
     pub samples_per_second: f64,
+    /// Progressive-validation AUC over the trainers' evaluation windows.
     #[serde(default)]
     pub auc: Option<f64>,
 }
 
+/// A resource's status: phase, conditions, progress.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Status {
+    /// Where the resource is in its life.
     #[serde(default)]
     pub phase: Phase,
+    /// Why it is there, one condition per kind.
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// The spec generation this status describes.
     #[serde(default)]
     pub observed_generation: u64,
+    /// A Job's training progress.
     #[serde(default)]
     pub progress: Option<Progress>,
 }

@@ -3,7 +3,9 @@
 
 use crate::dataset::WindowUnit;
 
+/// Seconds in an hour.
 pub const HOUR: i64 = 3600;
+/// Seconds in a day.
 pub const DAY: i64 = 24 * HOUR;
 
 /// Seconds in one window of `unit`.

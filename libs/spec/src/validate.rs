@@ -3,7 +3,9 @@ use std::fmt;
 /// One problem in a resource, located by its field path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
+    /// The field's path (`spec.model.tables[2].dim`).
     pub path: String,
+    /// What is wrong with it.
     pub message: String,
 }
 
@@ -15,6 +17,7 @@ impl fmt::Display for FieldError {
 
 /// Semantic checks beyond what the types enforce; every problem is collected.
 pub trait Validate {
+    /// Adds every problem of `self`, located under `path`, to `errors`.
     fn validate(&self, path: &str, errors: &mut Vec<FieldError>);
 
     /// All problems, each with its path under `path`.

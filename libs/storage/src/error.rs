@@ -1,27 +1,64 @@
 /// Every error names the object or URL it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
+    /// A URL no store can be opened for.
     #[error("invalid storage URL {url:?}: {message}")]
-    InvalidUrl { url: String, message: String },
+    InvalidUrl {
+        /// The URL.
+        url: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// No object there.
     #[error("{url}: not found")]
-    NotFound { url: String },
+    NotFound {
+        /// The object.
+        url: String,
+    },
+    /// The store refused the credentials.
     #[error("{url}: access denied (check the storage credentials): {message}")]
-    Denied { url: String, message: String },
+    Denied {
+        /// The object.
+        url: String,
+        /// What it said.
+        message: String,
+    },
+    /// The store failed otherwise.
     #[error("{url}: {message}")]
-    Store { url: String, message: String },
+    Store {
+        /// The object.
+        url: String,
+        /// What it said.
+        message: String,
+    },
+    /// The object is not a Parquet file this build reads.
     #[error("{url}: not a readable Parquet file: {message}")]
-    Parquet { url: String, message: String },
+    Parquet {
+        /// The object.
+        url: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A column asked for is not in the file.
     #[error("{url}: no column `{column}` (columns: {available})")]
     MissingColumn {
+        /// The file.
         url: String,
+        /// The column.
         column: String,
+        /// The columns there are.
         available: String,
     },
+    /// Row groups beyond the file's.
     #[error("{url}: row groups {start}..{end} requested, the file has {available}")]
     RowGroupRange {
+        /// The file.
         url: String,
+        /// First row group asked for.
         start: usize,
+        /// Row group after the last asked for.
         end: usize,
+        /// Row groups in the file.
         available: usize,
     },
 }

@@ -7,6 +7,8 @@
 //! `hdfs://namenode:port/dir` with the `hdfs` cargo feature. [`parquet`] reads (streaming,
 //! column projection, row-group ranges) and writes Parquet through any of them.
 
+#![warn(missing_docs)]
+
 mod error;
 mod location;
 pub mod parquet;

@@ -22,10 +22,12 @@ pub struct Location {
 }
 
 impl Location {
+    /// The object store.
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
     }
 
+    /// The prefix inside it.
     pub fn prefix(&self) -> &Path {
         &self.prefix
     }

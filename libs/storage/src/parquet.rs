@@ -40,7 +40,9 @@ impl Default for ReadOptions {
 /// What a write produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
+    /// Rows in the file.
     pub rows: u64,
+    /// Row groups in the file.
     pub row_groups: usize,
 }
 

@@ -5,6 +5,8 @@
 //! [`propagation`] carries W3C trace context across process boundaries: into and out of
 //! tonic metadata and NATS headers, so one trace follows work from service to service.
 
+#![warn(missing_docs)]
+
 pub mod propagation;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -17,14 +19,28 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
+/// Why logs or traces could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
+    /// The log filter does not parse.
     #[error("setting `telemetry.log_filter` = {filter:?} is not a valid filter: {message}")]
-    Filter { filter: String, message: String },
+    Filter {
+        /// The filter.
+        filter: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The OTLP exporter cannot be built.
     #[error(
         "setting `telemetry.otlp_endpoint` = {endpoint:?}: cannot build the OTLP exporter: {message}"
     )]
-    Exporter { endpoint: String, message: String },
+    Exporter {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        message: String,
+    },
+    /// This process installed logging before.
     #[error("a global tracing subscriber is already installed in this process")]
     AlreadyInstalled,
 }

@@ -9,6 +9,8 @@
 //! how to install it; tests call `.expect(..)` on it, so under CI a missing server is a
 //! failure, never a silent skip.
 
+#![warn(missing_docs)]
+
 mod otlp;
 mod process;
 mod servers;

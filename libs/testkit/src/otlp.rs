@@ -17,7 +17,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 /// A received span and the `service.name` of the process that sent it.
 #[derive(Debug, Clone)]
 pub struct ReceivedSpan {
+    /// The exporting service's name.
     pub service: String,
+    /// The span as received.
     pub span: Span,
 }
 

@@ -3,26 +3,44 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+/// Why a test server could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A server binary is not installed.
     #[error("`{binary}` was not found on PATH or in {tools}; install it with: {install}")]
     MissingBinary {
+        /// The binary.
         binary: String,
+        /// Where it was looked for.
         tools: String,
+        /// How to install it.
         install: String,
     },
+    /// A server did not come up in time.
     #[error("{what} did not become ready within {timeout:?}: {detail}")]
     NotReady {
+        /// The server.
         what: String,
+        /// How long it had.
         timeout: Duration,
+        /// The last error seen.
         detail: String,
     },
+    /// An S3 bucket could not be created.
     #[error("creating bucket {bucket}: {detail}")]
-    Bucket { bucket: String, detail: String },
+    Bucket {
+        /// The bucket.
+        bucket: String,
+        /// What the server said.
+        detail: String,
+    },
+    /// A file or process operation failed.
     #[error("{what}: {source}")]
     Io {
+        /// The operation.
         what: String,
         #[source]
+        /// The I/O error.
         source: std::io::Error,
     },
 }
@@ -99,7 +117,7 @@ pub fn restartable_port() -> Result<u16, Error> {
 /// them seconds after they are chosen (SeaweedFS starts its listeners one after another):
 /// a port from the ephemeral range could meanwhile become the source port of some other
 /// test's connection.
-pub fn restartable_ports(count: usize) -> Result<Vec<u16>, Error> {
+pub(crate) fn restartable_ports(count: usize) -> Result<Vec<u16>, Error> {
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())

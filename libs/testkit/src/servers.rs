@@ -130,10 +130,12 @@ impl NatsServer {
         Ok(Self { port, process, dir })
     }
 
+    /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// The port.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -196,14 +198,17 @@ impl RedisServer {
         })
     }
 
+    /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// The port.
     pub fn port(&self) -> u16 {
         self.port
     }
 
+    /// The server's folder.
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
@@ -326,6 +331,7 @@ impl SeaweedS3 {
         })
     }
 
+    /// The S3 endpoint (`http://127.0.0.1:<port>`).
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.s3_port)
     }
@@ -369,15 +375,21 @@ impl SeaweedS3 {
 /// A bucket on a testkit SeaweedFS, with the credentials that open it.
 #[derive(Debug, Clone)]
 pub struct S3Bucket {
+    /// The bucket's name.
     pub name: String,
+    /// The S3 endpoint.
     pub endpoint: String,
 }
 
 impl S3Bucket {
+    /// The region to sign with.
     pub const REGION: &'static str = "us-east-1";
+    /// The access key id.
     pub const ACCESS_KEY: &'static str = ACCESS_KEY;
+    /// The secret key.
     pub const SECRET_KEY: &'static str = SECRET_KEY;
 
+    /// `s3://<bucket>`.
     pub fn url(&self) -> String {
         format!("s3://{}", self.name)
     }

@@ -95,14 +95,17 @@ impl ServiceProcess {
         })
     }
 
+    /// The binary's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// Its address, host:port.
     pub fn addr(&self) -> &str {
         &self.addr
     }
 
+    /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -8,11 +8,11 @@ use tonic::{Request, Status};
 
 /// The tokens that may call the API; cheap to clone into the interceptor.
 #[derive(Clone)]
-pub struct Tokens(Arc<Vec<Vec<u8>>>);
+pub(crate) struct Tokens(Arc<Vec<Vec<u8>>>);
 
 impl Tokens {
     /// Reads one token per line from the file named by `auth.token_file`.
-    pub fn load(token_file: Option<&Path>) -> anyhow::Result<Self> {
+    pub(crate) fn load(token_file: Option<&Path>) -> anyhow::Result<Self> {
         let Some(path) = token_file else {
             bail!("no API tokens: set `auth.token_file` to a file with one bearer token per line");
         };
@@ -30,7 +30,7 @@ impl Tokens {
     }
 
     /// Lets the call through if it carries one of the tokens.
-    pub fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
+    pub(crate) fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
         let header = request
             .metadata()
             .get("authorization")

@@ -31,7 +31,7 @@ const WATCH_PAGE: usize = 256;
 /// Events buffered per Watch before the reader waits for its client.
 const WATCH_BUFFER: usize = 64;
 
-pub struct Api {
+pub(crate) struct Api {
     store: Store,
     bus: Bus,
     /// Latest version known to have been written (by this server or, via NATS, another).
@@ -41,7 +41,7 @@ pub struct Api {
 }
 
 impl Api {
-    pub fn new(
+    pub(crate) fn new(
         store: Store,
         bus: Bus,
         changes: watch::Sender<u64>,

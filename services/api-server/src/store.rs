@@ -11,6 +11,11 @@
 //!   Every version has exactly one entry until retention trims it, so a reader can tell a
 //!   gap (trimmed history) from "nothing happened".
 
+#![expect(
+    clippy::disallowed_methods,
+    reason = "the resource store: the one place that reads and writes the API server's Redis keys"
+)]
+
 use std::sync::Arc;
 
 use primus_proto::v1::{EventType, Resource, ResourceEvent};

@@ -7,6 +7,8 @@
 //! Virtual time, 10 ms ticks, so the figures are the policy's alone, not this machine's:
 //! `cargo bench -p primus-data-executor --bench burst`.
 
+#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 

@@ -8,12 +8,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum BarrierError {
+pub(crate) enum BarrierError {
     #[error("paused for checkpoint {paused}, not {asked}")]
     OtherCheckpoint { paused: u64, asked: u64 },
 }
 
-pub struct Barrier {
+pub(crate) struct Barrier {
     /// The checkpoint paused for, and the pause's generation (so a stale timeout never
     /// ends a later pause).
     paused: Mutex<Option<(u64, u64)>>,
@@ -37,7 +37,7 @@ impl Barrier {
 
     /// Pauses for checkpoint `id` (again: a no-op) and returns the pause's generation,
     /// for [`Barrier::expire`]. Once this returns, no `serve` closure runs until resumed.
-    pub fn pause(&self, id: u64) -> Result<u64, BarrierError> {
+    pub(crate) fn pause(&self, id: u64) -> Result<u64, BarrierError> {
         let mut state = self.state();
         match *state {
             Some((paused, generation)) if paused == id => Ok(generation),
@@ -53,7 +53,7 @@ impl Barrier {
 
     /// Ends the pause for `id`; resuming when not paused is a no-op (the pause may have
     /// expired).
-    pub fn resume(&self, id: u64) -> Result<(), BarrierError> {
+    pub(crate) fn resume(&self, id: u64) -> Result<(), BarrierError> {
         let mut state = self.state();
         match *state {
             Some((paused, _)) if paused != id => {
@@ -69,7 +69,7 @@ impl Barrier {
     }
 
     /// Ends the pause of `generation` after `timeout` unless it ended before.
-    pub async fn expire(&self, generation: u64, timeout: Duration) {
+    pub(crate) async fn expire(&self, generation: u64, timeout: Duration) {
         tokio::time::sleep(timeout).await;
         let mut state = self.state();
         if let Some((id, g)) = *state
@@ -86,7 +86,7 @@ impl Barrier {
 
     /// Runs `serve` unless paused (then returns the checkpoint id). A pause waits for a
     /// running `serve` to finish, so what `serve` takes is counted before the pause returns.
-    pub fn unless_paused<T>(&self, serve: impl FnOnce() -> T) -> Result<T, u64> {
+    pub(crate) fn unless_paused<T>(&self, serve: impl FnOnce() -> T) -> Result<T, u64> {
         let state = self.state();
         match *state {
             Some((id, _)) => Err(id),
@@ -95,7 +95,7 @@ impl Barrier {
     }
 
     /// Wakes on every pause and resume after this call.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
     }
 }

@@ -35,7 +35,7 @@ use crate::stream::{Fetching, StreamGauges, StreamInputs, StreamRunner};
 use primus_config::DataSettings;
 
 /// State shared by the work loop, the runners and the dataset server.
-pub struct Executor {
+pub(crate) struct Executor {
     pub identity: ExecutorIdentity,
     pub buffers: Buffers,
     pub pipeline: FeaturePipeline,
@@ -99,7 +99,7 @@ fn partitions(job: &str, dataset: &DatasetSpec, buffers: &Buffers) -> Vec<Stream
 }
 
 impl Executor {
-    pub fn new(
+    pub(crate) fn new(
         identity: ExecutorIdentity,
         dataset: &DatasetSpec,
         storage: StorageSettings,
@@ -128,7 +128,7 @@ impl Executor {
     }
 
     /// NOT_FOUND unless `job` is the job this executor serves.
-    pub fn check_job(&self, job: &str) -> Result<(), tonic::Status> {
+    pub(crate) fn check_job(&self, job: &str) -> Result<(), tonic::Status> {
         if job == self.identity.job {
             return Ok(());
         }
@@ -139,7 +139,7 @@ impl Executor {
     }
 
     /// Rows served so far of every task this executor holds.
-    pub fn served_offsets(&self) -> HashMap<String, u64> {
+    pub(crate) fn served_offsets(&self) -> HashMap<String, u64> {
         self.ledgers()
             .iter()
             .map(|(id, ledger)| (id.clone(), ledger.served()))
@@ -147,12 +147,12 @@ impl Executor {
     }
 
     /// Nothing of this executor is waiting to be served: no buffered row, no open task.
-    pub fn idle(&self) -> bool {
+    pub(crate) fn idle(&self) -> bool {
         self.buffers.is_empty() && self.ledgers().is_empty()
     }
 
     /// No more rows will arrive: the data is exhausted and the buffers are drained.
-    pub fn drained(&self) -> bool {
+    pub(crate) fn drained(&self) -> bool {
         self.exhausted.load(Ordering::Acquire) && self.buffers.is_empty()
     }
 
@@ -193,7 +193,7 @@ impl Executor {
     }
 
     /// Registers, then runs tasks until the data is exhausted or `shutdown`.
-    pub async fn work(self: Arc<Self>, grpc_addr: String, bus: Bus) -> anyhow::Result<()> {
+    pub(crate) async fn work(self: Arc<Self>, grpc_addr: String, bus: Bus) -> anyhow::Result<()> {
         let shutdown = self.shutdown.clone();
         let mut client = connect(&self.identity.master_addr, &shutdown).await?;
         let registered = client

@@ -22,13 +22,13 @@ use crate::stream::{StreamGauges, StreamInputs, StreamRunner};
 
 /// A stream source another executor may hold.
 #[derive(Clone)]
-pub struct StreamPartition {
+pub(crate) struct StreamPartition {
     pub name: String,
     pub buffer: SourceIndex,
     pub work: StreamWork,
 }
 
-pub struct Rebalancer<'a> {
+pub(crate) struct Rebalancer<'a> {
     pub inputs: StreamInputs<'a>,
     pub partitions: Vec<StreamPartition>,
 }
@@ -49,7 +49,7 @@ impl Rebalancer<'_> {
 
     /// Helps until the future is dropped. `gauges` are the executor's per-source stream
     /// gauges; `holds` says whether this executor holds a source's binding.
-    pub async fn run(
+    pub(crate) async fn run(
         &self,
         gauges: impl Fn(&str) -> Arc<StreamGauges>,
         holds: impl Fn(&str) -> bool,

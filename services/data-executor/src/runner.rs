@@ -14,7 +14,7 @@ use primus_storage::{Location, ObjectPath};
 use crate::buffer::{Buffers, Chunk, SourceIndex};
 use crate::ledger::{ReadEnd, TaskLedger};
 
-pub struct BatchRunner<'a> {
+pub(crate) struct BatchRunner<'a> {
     pub buffers: &'a Buffers,
     pub pipeline: &'a FeaturePipeline,
     pub storage: &'a StorageSettings,
@@ -37,7 +37,7 @@ fn row_groups(meta: &parquet::file::metadata::ParquetMetaData, file: &TaskFile) 
 
 impl BatchRunner<'_> {
     /// Reads the whole task; records on the ledger how reading ended.
-    pub async fn run(
+    pub(crate) async fn run(
         &self,
         source: SourceIndex,
         work: &BatchWork,

@@ -19,7 +19,7 @@ use crate::barrier::BarrierError;
 use crate::buffer::Served;
 use crate::executor::Executor;
 
-pub struct DatasetServer {
+pub(crate) struct DatasetServer {
     pub executor: Arc<Executor>,
 }
 

@@ -21,7 +21,7 @@ use crate::ledger::{ReadEnd, TaskLedger};
 
 /// How far a stream source is behind its stream, for the executor's metrics.
 #[derive(Default)]
-pub struct StreamGauges {
+pub(crate) struct StreamGauges {
     /// Messages not yet delivered plus delivered and not yet acked, at the last check.
     pending: AtomicU64,
     /// When the stream stored the newest buffered message (unix ms; 0: none yet).
@@ -29,7 +29,7 @@ pub struct StreamGauges {
 }
 
 impl StreamGauges {
-    pub fn pending(&self) -> u64 {
+    pub(crate) fn pending(&self) -> u64 {
         self.pending.load(Ordering::Relaxed)
     }
 
@@ -45,7 +45,7 @@ impl StreamGauges {
 
     /// Seconds between now and the newest buffered message's arrival in the stream while
     /// messages are pending; 0 when caught up (a quiet stream is not a lagging one).
-    pub fn lag_seconds(&self, now_ms: i64) -> f64 {
+    pub(crate) fn lag_seconds(&self, now_ms: i64) -> f64 {
         let newest = self.newest_buffered_ms.load(Ordering::Relaxed);
         if self.pending() == 0 || newest == 0 {
             return 0.0;
@@ -59,7 +59,7 @@ const BACKLOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How stream runners fetch from JetStream (`data.stream_*` settings).
 #[derive(Debug, Clone, Copy)]
-pub struct Fetching {
+pub(crate) struct Fetching {
     /// Messages asked for per fetch.
     pub messages: usize,
     /// How long one fetch waits for messages.
@@ -70,7 +70,7 @@ pub struct Fetching {
 
 impl Fetching {
     /// The stream fetch settings, each raised to a workable minimum.
-    pub fn from_settings(settings: &primus_config::DataSettings) -> Self {
+    pub(crate) fn from_settings(settings: &primus_config::DataSettings) -> Self {
         Self {
             messages: settings.stream_fetch_messages.max(1),
             wait: Duration::from_millis(settings.stream_fetch_wait_ms.max(10)),
@@ -82,7 +82,7 @@ impl Fetching {
 /// What every stream consumer of an executor (forward, rebalancing helper, joiner) reads
 /// from and writes to.
 #[derive(Clone, Copy)]
-pub struct StreamInputs<'a> {
+pub(crate) struct StreamInputs<'a> {
     pub buffers: &'a Buffers,
     pub pipeline: &'a FeaturePipeline,
     pub jetstream: &'a JetStream,
@@ -91,7 +91,7 @@ pub struct StreamInputs<'a> {
     pub rejected: &'a AtomicU64,
 }
 
-pub struct StreamRunner<'a> {
+pub(crate) struct StreamRunner<'a> {
     pub inputs: StreamInputs<'a>,
     pub gauges: &'a StreamGauges,
 }
@@ -99,7 +99,7 @@ pub struct StreamRunner<'a> {
 impl StreamRunner<'_> {
     /// Consumes until the binding is taken back or the future is dropped (the executor
     /// stops). A stream has no end; a consumer that cannot be opened fails the task.
-    pub async fn run(
+    pub(crate) async fn run(
         &self,
         source: SourceIndex,
         work: &StreamWork,

@@ -84,6 +84,10 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
     let identity =
         ExecutorIdentity::resolve("data", &data.job, &data.executor_id, &data.master_addr)?;
     let master = format!("http://{}", identity.master_addr);
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a test's knob for this stand-in executor, not a setting of a service"
+    )]
     let delay = Duration::from_millis(
         std::env::var("PRIMUS_TASK_READER_DELAY_MS")
             .ok()

@@ -317,7 +317,12 @@ impl Coordinator<'_> {
 
     /// Whether checkpoint `id` may be incremental to `previous`: its chain stays within
     /// `full_every` checkpoints and the same PS shards took it.
-    fn extends(&self, id: u64, previous: &CheckpointRecord, participants: &Participants) -> bool {
+    fn extends(
+        &self,
+        id: u64,
+        previous: &CheckpointRecord,
+        participants: &Participants<'_>,
+    ) -> bool {
         let shards: BTreeSet<&str> = participants.ps.iter().map(|e| e.id.as_str()).collect();
         previous.chain_start > 0
             && id.saturating_sub(previous.chain_start) < self.full_every

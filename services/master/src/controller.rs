@@ -1,6 +1,6 @@
 //! The job controller: follows Jobs through the API server's Watch (listing again when the
 //! watch falls behind, resuming from its last version when the stream drops), and runs one
-//! [`job::drive`] task per Job of this master's shard. A driver moves its Job through
+//! `job::drive` task per Job of this master's shard. A driver moves its Job through
 //! Pending -> Starting -> Running -> Succeeded | Failed, with a condition saying why;
 //! deleting the Job stops its executors and drops its task queue.
 

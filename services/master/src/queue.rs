@@ -17,6 +17,11 @@
 //!   (JSON); `checkpoint:<id>:offset` and `checkpoint:<id>:succeeded`: copies of `offset`
 //!   and `succeeded` taken with the record, for [`TaskQueue::rollback`]
 
+#![expect(
+    clippy::disallowed_methods,
+    reason = "the task queue: the one place that reads and writes a Job's queue keys"
+)]
+
 use primus_proto::v1::DataTask;
 use prost::Message;
 use redis::Script;

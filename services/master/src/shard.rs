@@ -1,7 +1,7 @@
 //! Sharded masters (`master.shard = "i/n"`): which Jobs this master drives.
 
 /// This master's shard `(i, n)` of `master.shard`, or why it is not one.
-pub fn parse_shard(text: &str) -> Result<(u32, u32), String> {
+pub(crate) fn parse_shard(text: &str) -> Result<(u32, u32), String> {
     let parsed = text
         .split_once('/')
         .and_then(|(i, n)| Some((i.trim().parse().ok()?, n.trim().parse().ok()?)));
@@ -14,6 +14,6 @@ pub fn parse_shard(text: &str) -> Result<(u32, u32), String> {
 }
 
 /// Whether a job belongs to shard `i` of `n` (CRC-32 of its name, stable across restarts).
-pub fn owns_job(shard: (u32, u32), job: &str) -> bool {
+pub(crate) fn owns_job(shard: (u32, u32), job: &str) -> bool {
     crc32fast::hash(job.as_bytes()) % shard.1 == shard.0
 }

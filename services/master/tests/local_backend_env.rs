@@ -3,6 +3,11 @@
 //! environment, as on Kubernetes, would otherwise start executors that refuse an unknown
 //! setting). The test runs itself again as a child process whose environment holds such
 //! settings (this crate forbids `unsafe`, so `set_var` is not an option).
+
+#![expect(
+    clippy::disallowed_methods,
+    reason = "the test runs itself again and tells the two runs apart by a variable"
+)]
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;

@@ -90,13 +90,8 @@ async fn evict_periodically(tables: Arc<service::Tables>, interval: Duration) {
 
 /// The job and shard this PS announces deltas as, from settings or the master's environment.
 fn delta_identity(settings: &primus_config::TableSettings) -> Option<(String, String)> {
-    let pick = |set: &str, var: &str| {
-        Some(set.to_owned())
-            .filter(|s| !s.is_empty())
-            .or_else(|| std::env::var(var).ok())
-    };
-    let job = pick(&settings.job, "PRIMUS_JOB");
-    let shard = pick(&settings.shard_id, "PRIMUS_EXECUTOR_ID");
+    let job = primus_service::setting_or_env(&settings.job, "PRIMUS_JOB");
+    let shard = primus_service::setting_or_env(&settings.shard_id, "PRIMUS_EXECUTOR_ID");
     match (job, shard) {
         (Some(job), Some(shard)) => Some((job, shard)),
         _ => {

@@ -26,13 +26,13 @@ use primus_proto::packed::{decode_f32, decode_keys, encode_f32, encode_keys};
 use primus_spec::job::Device;
 
 /// The tables of one PS process, sharing one change-version sequence.
-pub struct Tables {
+pub(crate) struct Tables {
     tables: HashMap<String, Table>,
 }
 
 impl Tables {
     /// Builds every table; a bad table spec fails start naming `ps.tables[i]...`.
-    pub fn new(settings: &TableSettings) -> anyhow::Result<Self> {
+    pub(crate) fn new(settings: &TableSettings) -> anyhow::Result<Self> {
         // Versions start at the start time in microseconds, so a restarted PS (which makes
         // far fewer than a million changes a second) never reuses a version its previous
         // life handed out: serving replicas compare versions across restarts.
@@ -81,14 +81,14 @@ impl Tables {
     }
 
     /// Tables in name order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Table)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &Table)> {
         let mut all: Vec<(&str, &Table)> =
             self.tables.iter().map(|(n, t)| (n.as_str(), t)).collect();
         all.sort_unstable_by_key(|(name, _)| *name);
         all.into_iter()
     }
 
-    pub fn get(&self, name: &str) -> Result<&Table, Status> {
+    pub(crate) fn get(&self, name: &str) -> Result<&Table, Status> {
         self.tables.get(name).ok_or_else(|| {
             let mut known: Vec<&str> = self.tables.keys().map(String::as_str).collect();
             known.sort_unstable();
@@ -100,24 +100,24 @@ impl Tables {
     }
 
     /// The latest change version (the tables share one sequence).
-    pub fn version(&self) -> u64 {
+    pub(crate) fn version(&self) -> u64 {
         self.tables.values().map(Table::version).max().unwrap_or(0)
     }
 
-    pub fn evict_expired(&self) -> usize {
+    pub(crate) fn evict_expired(&self) -> usize {
         let now = now_secs();
         self.tables.values().map(|t| t.evict_expired(now)).sum()
     }
 }
 
-pub struct Ps {
+pub(crate) struct Ps {
     tables: Arc<Tables>,
     dense: Arc<DenseStore>,
     storage: StorageSettings,
 }
 
 impl Ps {
-    pub fn new(tables: Arc<Tables>, dense: DenseStore, storage: StorageSettings) -> Self {
+    pub(crate) fn new(tables: Arc<Tables>, dense: DenseStore, storage: StorageSettings) -> Self {
         Self {
             tables,
             dense: Arc::new(dense),

@@ -52,14 +52,14 @@ struct ShardFile {
     crc32: u32,
 }
 
-pub struct Taken {
+pub(crate) struct Taken {
     pub manifest_uri: String,
     pub version: u64,
     pub rows: u64,
 }
 
 /// Writes a full snapshot (`base_manifest` empty) or one incremental to that manifest.
-pub async fn snapshot(
+pub(crate) async fn snapshot(
     tables: Arc<Tables>,
     dense: &DenseStore,
     storage: &StorageSettings,
@@ -160,7 +160,7 @@ pub async fn snapshot(
 
 /// Replaces every table's rows with the snapshot at `manifest_uri` (and its bases).
 /// Returns (version, rows written).
-pub async fn restore(
+pub(crate) async fn restore(
     tables: Arc<Tables>,
     dense: Arc<DenseStore>,
     storage: &StorageSettings,

@@ -1,5 +1,10 @@
 //! PS processes over real gRPC: several shards behind the routing client answer exactly as
 //! one in-process table; bad input is refused and changes nothing.
+
+#![allow(
+    clippy::print_stdout,
+    reason = "a check that cannot run here says so on stdout, beside the test's name"
+)]
 use std::time::Duration;
 
 use primus_config::PsSettings;

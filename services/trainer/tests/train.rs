@@ -2,6 +2,11 @@
 //! pushes reach the tables and the dense store, and every minibatch is scored before it
 //! is trained on.
 
+#![allow(
+    clippy::print_stdout,
+    reason = "a check that cannot run here says so on stdout, beside the test's name"
+)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

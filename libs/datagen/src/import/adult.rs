@@ -48,10 +48,12 @@ pub const ADULT_CATEGORICAL: [&str; 8] = [
     "native-country",
 ];
 
+/// How the Adult data is laid out as daily partitions.
 #[derive(Debug, Clone)]
 pub struct AdultOptions {
     /// Unix seconds of the first training day.
     pub start_unix_s: i64,
+    /// Days the training rows are spread over (the held-out rows are the day after).
     pub train_days: usize,
     /// Share of the rows held out for the last day.
     pub holdout_fraction: f64,
@@ -62,9 +64,13 @@ pub struct AdultOptions {
 /// What an import wrote.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Imported {
+    /// Rows in the training days.
     pub train_rows: usize,
+    /// Rows in the held-out day.
     pub holdout_rows: usize,
+    /// Files written.
     pub files: usize,
+    /// Bytes written.
     pub bytes: u64,
     /// The held-out day's partition, e.g. `date=2026-01-05`.
     pub holdout_partition: String,

@@ -24,12 +24,17 @@ pub const MOVIELENS_LABEL: &str = "rating_ge_4";
 /// What a MovieLens import wrote.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MovieLensImported {
+    /// Ratings written.
     pub rows: usize,
+    /// Ratings of 4 or 5 (the positives).
     pub positives: usize,
+    /// Files written (one per day).
     pub files: usize,
+    /// Bytes written.
     pub bytes: u64,
     /// Partitions of the first and the last day, e.g. `date=1997-09-20`.
     pub first_day: String,
+    /// The last day's partition.
     pub last_day: String,
 }
 
@@ -156,7 +161,7 @@ pub async fn movielens(dir: &Path, location: &Location) -> Result<MovieLensImpor
         first_day: partition(WindowUnit::Daily, first.unix_s),
         last_day: partition(WindowUnit::Daily, last.unix_s),
     };
-    let day_of = |r: &Rating| r.unix_s.div_euclid(window_seconds(WindowUnit::Daily));
+    let day_of = |r: &Rating<'_>| r.unix_s.div_euclid(window_seconds(WindowUnit::Daily));
     for day in ratings.chunk_by(|a, b| day_of(a) == day_of(b)) {
         let name = format!(
             "{}/part-00000.parquet",
@@ -209,7 +214,7 @@ fn join<'a>(
 }
 
 /// One day's rows: label, timestamp, user and movie features (genres as a list).
-fn to_batch(day: &[Rating], c: &Columns) -> Result<RecordBatch, DatagenError> {
+fn to_batch(day: &[Rating<'_>], c: &Columns) -> Result<RecordBatch, DatagenError> {
     let mut label = Int64Builder::new();
     let mut timestamp = Int64Builder::new();
     let mut age = Int64Builder::new();

@@ -45,33 +45,71 @@ const SHARD_SALT: u64 = 0x5348_4152_4453_414c;
 /// Evictions remembered for deltas (per shard); older ones are dropped.
 const EVICTION_LOG: usize = 1 << 20;
 
+/// Why a table refused a call; nothing changed.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum EmbeddingError {
+    /// A table needs at least one float per row.
     #[error("table {table}: dim must be > 0")]
-    ZeroDim { table: String },
+    ZeroDim {
+        /// The table.
+        table: String,
+    },
+    /// The shard count is not a power of two in range.
     #[error("table {table}: shard count {shards} must be a power of two between 1 and 4096")]
-    Shards { table: String, shards: usize },
+    Shards {
+        /// The table.
+        table: String,
+        /// The shard count asked for.
+        shards: usize,
+    },
+    /// Values that are not a whole row per key.
     #[error("{what} has {got} floats; {keys} keys of dim {dim} need {want}")]
     Width {
+        /// What the values are (`gradients`, `rows`).
         what: &'static str,
+        /// Floats given.
         got: usize,
+        /// Keys given.
         keys: usize,
+        /// Floats per key.
         dim: usize,
+        /// Floats needed.
         want: usize,
     },
+    /// A gradient value is NaN or infinite.
     #[error("gradient for key {key} (position {position}) is not finite")]
-    NonFinite { key: u64, position: usize },
+    NonFinite {
+        /// The key.
+        key: u64,
+        /// Its position in the call.
+        position: usize,
+    },
+    /// A hot-row replica was asked for a key it does not hold.
     #[error("table {table}: key {key} is not among the replicated hot rows")]
-    NotHot { table: String, key: u64 },
+    NotHot {
+        /// The table.
+        table: String,
+        /// The key.
+        key: u64,
+    },
+    /// Rows on a device need an optimizer with a device kernel.
     #[error(
         "table {table}: optimizer {optimizer} has no device kernel; a table whose rows live on a device needs adagrad or adam"
     )]
     NoKernel {
+        /// The table.
         table: String,
+        /// Its optimizer.
         optimizer: &'static str,
     },
+    /// The device holding the rows failed.
     #[error("table {table}: device: {reason}")]
-    Device { table: String, reason: String },
+    Device {
+        /// The table.
+        table: String,
+        /// What the device said.
+        reason: String,
+    },
 }
 
 /// A row's weights, optimizer state and metadata.
@@ -129,8 +167,10 @@ impl RowMeta {
     }
 }
 
+/// What a table holds and did, for reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TableStats {
+    /// Rows held.
     pub rows: u64,
     /// Memory held: arena rows handed out, row metadata, index, admission sketches, change
     /// log entries. Arena space reserved ahead of the rows is not counted: it is committed
@@ -140,6 +180,7 @@ pub struct TableStats {
     pub admitted: u64,
     /// Gradients dropped because their key was not admitted (yet).
     pub rejected: u64,
+    /// Rows evicted for idling past the table's TTL.
     pub evicted: u64,
     /// Lookups of keys without a row (answered with the initial value).
     pub missing_reads: u64,
@@ -153,16 +194,19 @@ pub struct TableStats {
 pub struct Delta {
     /// Pass this as `since` next time; every change up to it is included.
     pub version: u64,
+    /// Keys whose rows changed.
     pub keys: Vec<u64>,
     /// Weights of `keys`, `dim` floats each.
     pub weights: Vec<f32>,
     /// Version of each key's last update (a replica keeps the newest of two copies).
     pub versions: Vec<u64>,
+    /// Keys evicted.
     pub evicted: Vec<u64>,
     /// Version of each eviction.
     pub evicted_versions: Vec<u64>,
 }
 
+/// One collisionless embedding table: shards, each behind its own lock, each a cuckoo index over its rows.
 pub struct Table {
     name: String,
     dim: usize,
@@ -192,6 +236,7 @@ pub struct PushOutcome {
 }
 
 impl Table {
+    /// An empty table as `spec` describes it.
     pub fn new(spec: &TableSpec, options: TableOptions) -> Result<Self, EmbeddingError> {
         Self::with_versions(spec, options, Arc::new(AtomicU64::new(0)))
     }
@@ -211,7 +256,7 @@ impl Table {
         spec: &TableSpec,
         options: TableOptions,
         versions: Arc<AtomicU64>,
-        stores: RowStores,
+        stores: RowStores<'_>,
     ) -> Result<Self, EmbeddingError> {
         Self::build(spec, options, versions, Some(stores))
     }
@@ -220,7 +265,7 @@ impl Table {
         spec: &TableSpec,
         options: TableOptions,
         versions: Arc<AtomicU64>,
-        stores: Option<RowStores>,
+        stores: Option<RowStores<'_>>,
     ) -> Result<Self, EmbeddingError> {
         let dim = spec.dim as usize;
         if dim == 0 {
@@ -293,6 +338,7 @@ impl Table {
         device_error(&self.name, error)
     }
 
+    /// The table's name.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -302,6 +348,7 @@ impl Table {
         self.stride
     }
 
+    /// Weights per row.
     pub fn dim(&self) -> usize {
         self.dim
     }
@@ -657,6 +704,7 @@ impl Table {
         }
     }
 
+    /// Independently locked shards.
     pub fn shard_count(&self) -> usize {
         self.shards.len()
     }
@@ -750,16 +798,19 @@ impl Table {
         Ok(snapshot.keys.len())
     }
 
+    /// Rows held.
     pub fn len(&self) -> usize {
         (0..self.shards.len())
             .map(|s| self.read(s).index.len())
             .sum()
     }
 
+    /// Whether no row is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// What the table holds and did.
     pub fn stats(&self) -> TableStats {
         let mut stats = TableStats {
             missing_reads: self.missing_reads.load(Ordering::Relaxed),

@@ -6,26 +6,26 @@ use primus_gpu::{FeatureBags, PoolingInput, RowOptimizer, TableShape};
 use rand::Rng;
 use rand::rngs::StdRng;
 
-pub struct Case {
+pub(crate) struct Case {
     pub tables: Vec<TableShape>,
     pub weights: Vec<Vec<f32>>,
     pub input: PoolingInput,
 }
 
 impl Case {
-    pub fn weight_slices(&self) -> Vec<&[f32]> {
+    pub(crate) fn weight_slices(&self) -> Vec<&[f32]> {
         self.weights.iter().map(Vec::as_slice).collect()
     }
 }
 
-pub fn random_floats(rng: &mut StdRng, n: usize) -> Vec<f32> {
+pub(crate) fn random_floats(rng: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
 /// Tables of `dims` (odd tables carry as many floats of state after the weights), one
 /// feature per table plus one more reading table 0; with `ikjt`, every other feature's
 /// samples share deduplicated bags.
-pub fn random_case(
+pub(crate) fn random_case(
     rng: &mut StdRng,
     dims: &[u32],
     rows: u32,
@@ -88,7 +88,7 @@ pub fn random_case(
 }
 
 /// A table whose rows hold weights and `optimizer`'s state (valid starting state).
-pub fn random_optimizer_table(
+pub(crate) fn random_optimizer_table(
     rng: &mut StdRng,
     rows: u32,
     dim: u32,
@@ -115,7 +115,7 @@ pub fn random_optimizer_table(
 }
 
 /// `n` distinct rows of `rows`, always including the last one.
-pub fn distinct_ids(rng: &mut StdRng, rows: u32, n: usize) -> Vec<u32> {
+pub(crate) fn distinct_ids(rng: &mut StdRng, rows: u32, n: usize) -> Vec<u32> {
     let mut ids = rand::seq::index::sample(rng, rows as usize, n.min(rows as usize))
         .into_iter()
         .map(|i| i as u32)

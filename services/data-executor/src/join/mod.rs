@@ -35,7 +35,7 @@ use spill::SpillStore;
 use table::{JoinTable, MessageId, Output};
 
 #[derive(Debug, thiserror::Error)]
-pub enum JoinError {
+pub(crate) enum JoinError {
     /// A message's rows cannot be joined (the message is refused whole).
     #[error("{0}")]
     Rows(String),
@@ -45,7 +45,7 @@ pub enum JoinError {
 
 /// Delivered, unacked messages one join consumer may hold: a wait of minutes at hundreds
 /// of messages a second.
-pub const MAX_HELD_MESSAGES: i64 = 1_000_000;
+pub(crate) const MAX_HELD_MESSAGES: i64 = 1_000_000;
 
 /// Spill segments roll over at this size, so drained ones can be deleted.
 const SEGMENT_BYTES: u64 = 64 << 20;
@@ -55,7 +55,7 @@ const BACKLOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A join source's counters, for the executor's metrics.
 #[derive(Default)]
-pub struct JoinGauges {
+pub(crate) struct JoinGauges {
     pub joined_rows: AtomicU64,
     pub negative_rows: AtomicU64,
     pub dropped_actions: AtomicU64,
@@ -90,7 +90,7 @@ enum Side {
     Actions,
 }
 
-pub struct JoinRunner<'a> {
+pub(crate) struct JoinRunner<'a> {
     pub inputs: StreamInputs<'a>,
     /// Where feature rows beyond the memory budget go (a directory per binding below it).
     pub spill_dir: PathBuf,
@@ -112,7 +112,7 @@ struct Joining<'a> {
 impl JoinRunner<'_> {
     /// Joins until the binding is taken back or the future is dropped. Consumers that
     /// cannot be opened, or a spill that fails, fail the task.
-    pub async fn run(
+    pub(crate) async fn run(
         &self,
         source: SourceIndex,
         work: &JoinWork,

@@ -18,7 +18,7 @@ use super::JoinError;
 
 /// Where one spilled message lies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpillRef {
+pub(super) struct SpillRef {
     segment: u64,
     offset: u64,
     len: u64,
@@ -31,7 +31,7 @@ struct Segment {
     live: usize,
 }
 
-pub struct SpillStore {
+pub(super) struct SpillStore {
     dir: PathBuf,
     segment_bytes: u64,
     segments: HashMap<u64, Segment>,
@@ -41,7 +41,7 @@ pub struct SpillStore {
 impl SpillStore {
     /// Spills into a fresh `dir` (created; emptied of earlier segments, which belonged to a
     /// joiner that died and whose messages JetStream delivers again).
-    pub fn open(dir: PathBuf, segment_bytes: u64) -> Result<Self, JoinError> {
+    pub(super) fn open(dir: PathBuf, segment_bytes: u64) -> Result<Self, JoinError> {
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(|e| spill_error(&dir, "clear", e))?;
         }
@@ -58,7 +58,7 @@ impl SpillStore {
         self.dir.join(format!("segment-{segment:06}.arrows"))
     }
 
-    pub fn write(&mut self, rows: &RecordBatch) -> Result<SpillRef, JoinError> {
+    pub(super) fn write(&mut self, rows: &RecordBatch) -> Result<SpillRef, JoinError> {
         let bytes = ipc::encode_rows(rows).map_err(|e| JoinError::Spill(e.to_string()))?;
         let full = self
             .segments
@@ -99,7 +99,7 @@ impl SpillStore {
         Ok(at)
     }
 
-    pub fn read(&self, at: SpillRef) -> Result<RecordBatch, JoinError> {
+    pub(super) fn read(&self, at: SpillRef) -> Result<RecordBatch, JoinError> {
         let path = self.path(at.segment);
         let segment = self
             .segments
@@ -114,7 +114,7 @@ impl SpillStore {
     }
 
     /// The message at `at` is no longer needed.
-    pub fn release(&mut self, at: SpillRef) -> Result<(), JoinError> {
+    pub(super) fn release(&mut self, at: SpillRef) -> Result<(), JoinError> {
         if let Some(segment) = self.segments.get_mut(&at.segment) {
             segment.live = segment.live.saturating_sub(1);
         }
@@ -134,7 +134,7 @@ impl SpillStore {
 
     /// Segment files on disk now.
     #[cfg(test)]
-    pub fn segments(&self) -> usize {
+    pub(super) fn segments(&self) -> usize {
         self.segments.len()
     }
 }

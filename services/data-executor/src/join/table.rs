@@ -21,10 +21,10 @@ use super::JoinError;
 use super::spill::{SpillRef, SpillStore};
 
 /// A message's stream sequence: unique across both subjects of the one stream.
-pub type MessageId = u64;
+pub(super) type MessageId = u64;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum RequestId {
+pub(super) enum RequestId {
     Int(u64),
     Text(Box<str>),
 }
@@ -66,7 +66,7 @@ struct ActionMessage {
 
 /// What [`JoinTable::take_output`] hands out.
 #[derive(Default)]
-pub struct Output {
+pub(super) struct Output {
     /// Feature rows with the label column appended, one batch per feature message.
     pub batches: Vec<RecordBatch>,
     /// Messages fully handled once `batches` are buffered: ack them then.
@@ -75,13 +75,13 @@ pub struct Output {
 
 /// Running totals, for metrics and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct JoinTotals {
+pub(super) struct JoinTotals {
     pub joined_rows: u64,
     pub negative_rows: u64,
     pub dropped_actions: u64,
 }
 
-pub struct JoinTable {
+pub(super) struct JoinTable {
     request_id: String,
     label: String,
     wait_ms: i64,
@@ -102,7 +102,7 @@ pub struct JoinTable {
 }
 
 impl JoinTable {
-    pub fn new(
+    pub(super) fn new(
         request_id: String,
         label: String,
         wait_ms: u64,
@@ -127,17 +127,17 @@ impl JoinTable {
         }
     }
 
-    pub fn totals(&self) -> JoinTotals {
+    pub(super) fn totals(&self) -> JoinTotals {
         self.totals
     }
 
     /// Whether `message` is still held (a redelivery of it carries nothing new).
-    pub fn holds(&self, message: MessageId) -> bool {
+    pub(super) fn holds(&self, message: MessageId) -> bool {
         self.feature_messages.contains_key(&message) || self.action_messages.contains_key(&message)
     }
 
     /// Feature rows waiting, in memory and on disk.
-    pub fn waiting_rows(&self) -> (usize, usize) {
+    pub(super) fn waiting_rows(&self) -> (usize, usize) {
         self.feature_messages
             .values()
             .fold((0, 0), |(memory, disk), m| match m.rows {
@@ -148,7 +148,7 @@ impl JoinTable {
 
     /// Takes in a feature message stored at `stored_ms`. A message without a usable
     /// request id column is refused whole, before anything of it is kept.
-    pub fn add_features(
+    pub(super) fn add_features(
         &mut self,
         message: MessageId,
         stored_ms: i64,
@@ -197,7 +197,7 @@ impl JoinTable {
     }
 
     /// Takes in an action message stored at `stored_ms`: request ids and labels.
-    pub fn add_actions(
+    pub(super) fn add_actions(
         &mut self,
         message: MessageId,
         stored_ms: i64,
@@ -260,7 +260,7 @@ impl JoinTable {
 
     /// Times out every message whose deadline is at or before `now_ms`: waiting feature
     /// rows become negatives, waiting actions are dropped.
-    pub fn expire(&mut self, now_ms: i64) {
+    pub(super) fn expire(&mut self, now_ms: i64) {
         while let Some(&(deadline, message)) = self.deadlines.first() {
             if deadline > now_ms {
                 break;
@@ -305,7 +305,7 @@ impl JoinTable {
     }
 
     /// The rows joined or timed out since the last call, and the messages now done.
-    pub fn take_output(&mut self) -> Result<Output, JoinError> {
+    pub(super) fn take_output(&mut self) -> Result<Output, JoinError> {
         let mut output = Output {
             done: std::mem::take(&mut self.done_actions),
             ..Output::default()

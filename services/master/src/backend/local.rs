@@ -315,7 +315,12 @@ impl Launch {
         // The master's own PRIMUS_<SECTION>__<KEY> settings are not the executor's: its
         // settings file holds everything it needs, and an inherited `local.*` or `api.*`
         // would be an unknown setting that stops it from starting.
-        for (name, _) in std::env::vars_os() {
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "the master's own settings variables are found to be left out, not read"
+        )]
+        let inherited = std::env::vars_os();
+        for (name, _) in inherited {
             if name
                 .to_str()
                 .is_some_and(primus_config::is_settings_variable)

@@ -23,13 +23,13 @@ use primus_spec::job::{ModelKind, ModelSpec, OptimizerSpec, TableSpec, TrainingM
 use primus_spec::status::{Phase, Status};
 use primus_spec::time;
 
-pub const ROWS_PER_FILE: u64 = 100;
-pub const FILES_PER_HOUR: u64 = 2;
+pub(crate) const ROWS_PER_FILE: u64 = 100;
+pub(crate) const FILES_PER_HOUR: u64 = 2;
 
 /// Writes `days` of hourly partitions under `root`, ids counting up in time order (columns
 /// `id`, `label` = id mod 2, `c1` = id), plus a `_SUCCESS` marker per hour. Returns the
 /// number of rows.
-pub async fn write_partitions(root: &Path, first_day: &str, days: i64) -> u64 {
+pub(crate) async fn write_partitions(root: &Path, first_day: &str, days: i64) -> u64 {
     let location = primus_storage::open(root.to_str().expect("utf-8"), &StorageSettings::default())
         .expect("location");
     let schema = Arc::new(Schema::new(vec![
@@ -69,7 +69,7 @@ pub async fn write_partitions(root: &Path, first_day: &str, days: i64) -> u64 {
 }
 
 /// Plans every window of `dataset` into `queue` as tasks of about 1 MiB.
-pub async fn plan_dataset(queue: &TaskQueue, dataset: &DatasetSpec, job: &str) {
+pub(crate) async fn plan_dataset(queue: &TaskQueue, dataset: &DatasetSpec, job: &str) {
     let cache = Arc::new(ListingCache::new(
         Arc::new(StoreCatalog::new(StorageSettings::default())),
         8,
@@ -93,7 +93,7 @@ pub async fn plan_dataset(queue: &TaskQueue, dataset: &DatasetSpec, job: &str) {
 }
 
 /// The task queue `job` of the Redis at `url`.
-pub async fn queue_at(url: &str, job: &str) -> TaskQueue {
+pub(crate) async fn queue_at(url: &str, job: &str) -> TaskQueue {
     let client = redis::Client::open(url).expect("redis url");
     TaskQueue::new(
         client.get_connection_manager().await.expect("redis"),
@@ -104,7 +104,7 @@ pub async fn queue_at(url: &str, job: &str) -> TaskQueue {
 
 /// A master whose data executors are `data_executor`: tasks of about 1 MiB, quick
 /// heartbeats (an executor silent for 2 s is lost), five attempts per task.
-pub fn master_settings(sandbox: &Sandbox, data_executor: &Path) -> MasterSettings {
+pub(crate) fn master_settings(sandbox: &Sandbox, data_executor: &Path) -> MasterSettings {
     assert!(
         data_executor.is_file(),
         "{} is not built",
@@ -126,38 +126,43 @@ pub fn master_settings(sandbox: &Sandbox, data_executor: &Path) -> MasterSetting
 }
 
 /// The `task_reader` example: a data executor that records the ids it reads.
-pub fn task_reader() -> PathBuf {
+pub(crate) fn task_reader() -> PathBuf {
     binary("examples/task_reader")
 }
 
-pub fn data_executor() -> PathBuf {
+pub(crate) fn data_executor() -> PathBuf {
     binary("primus-data-executor")
 }
 
 /// Starts the master with `settings`; the task reader reads a row every 40 ms.
-pub fn start(sandbox: &Sandbox, settings: &MasterSettings) -> MasterProcess {
+pub(crate) fn start(sandbox: &Sandbox, settings: &MasterSettings) -> MasterProcess {
     MasterProcess::start(sandbox, settings, &[("PRIMUS_TASK_READER_DELAY_MS", "40")])
 }
 
 /// A master whose data executors are the task reader.
-pub fn start_master(sandbox: &Sandbox) -> MasterProcess {
+pub(crate) fn start_master(sandbox: &Sandbox) -> MasterProcess {
     start(sandbox, &master_settings(sandbox, &task_reader()))
 }
 
 /// A master whose data executors are `data_executor`.
-pub fn start_master_with(sandbox: &Sandbox, data_executor: &Path) -> MasterProcess {
+pub(crate) fn start_master_with(sandbox: &Sandbox, data_executor: &Path) -> MasterProcess {
     start(sandbox, &master_settings(sandbox, data_executor))
 }
 
 /// Dataset `<job>-data` (hourly windows from `start` up to `end` of the Parquet files
 /// under `uri`) and batch Job `job` training the smallest model on it with `executors`
 /// data executors.
-pub fn id_job(job: &str, uri: &Path, (start, end): (&str, &str), executors: u32) -> [Resource; 2] {
+pub(crate) fn id_job(
+    job: &str,
+    uri: &Path,
+    (start, end): (&str, &str),
+    executors: u32,
+) -> [Resource; 2] {
     id_job_with(job, uri, (start, end), executors, small_wide_deep())
 }
 
 /// [`id_job`] training `model`.
-pub fn id_job_with(
+pub(crate) fn id_job_with(
     name: &str,
     uri: &Path,
     (start, end): (&str, &str),
@@ -180,7 +185,7 @@ pub fn id_job_with(
 }
 
 /// Ids read by all executors of a job (its work folder), with how often each was read.
-pub fn rows_read(work: &Path) -> HashMap<u64, u32> {
+pub(crate) fn rows_read(work: &Path) -> HashMap<u64, u32> {
     let mut counts = HashMap::new();
     for file in std::fs::read_dir(work).expect("job folder").flatten() {
         let name = file.file_name();
@@ -195,7 +200,7 @@ pub fn rows_read(work: &Path) -> HashMap<u64, u32> {
 }
 
 /// Waits until `executor` (a task reader) recorded some rows.
-pub async fn wait_until_rows(work: &Path, executor: &str) {
+pub(crate) async fn wait_until_rows(work: &Path, executor: &str) {
     let path = work.join(format!("rows-{executor}.txt"));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while std::fs::metadata(&path).map_or(0, |m| m.len()) < 20 {
@@ -208,7 +213,7 @@ pub async fn wait_until_rows(work: &Path, executor: &str) {
 }
 
 /// Publishes rows with c1 ids `ids` (label: odd ids) on `subject` as `SampleRows`.
-pub async fn publish_rows(js: &JetStream, subject: &str, ids: std::ops::Range<u64>) {
+pub(crate) async fn publish_rows(js: &JetStream, subject: &str, ids: std::ops::Range<u64>) {
     let labels: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids.clone().map(|i| i % 2)));
     let values: ArrayRef = Arc::new(UInt64Array::from_iter_values(ids));
     let rows = RecordBatch::try_from_iter([("label", labels), ("c1", values)]).expect("rows");
@@ -221,7 +226,7 @@ pub async fn publish_rows(js: &JetStream, subject: &str, ids: std::ops::Range<u6
 /// Publishes rows 0..500 on `clicks.live` (stream CLICKS) and applies a stream-mode
 /// Job `job` over them (Dataset `live-data`, the smallest model, batches of 64, one of
 /// each executor) after `change`. Returns the JetStream context for later rows.
-pub async fn apply_online_job(
+pub(crate) async fn apply_online_job(
     sandbox: &Sandbox,
     name: &str,
     change: impl FnOnce(&mut primus_spec::job::JobSpec),
@@ -246,13 +251,13 @@ pub async fn apply_online_job(
 }
 
 /// Hours and rows per hour of the Criteo-like data of the DLRM tests.
-pub const DLRM_HOURS: usize = 4;
-pub const DLRM_ROWS_PER_HOUR: usize = 100_000;
-pub const DLRM_ROWS: u64 = (DLRM_HOURS * DLRM_ROWS_PER_HOUR) as u64;
+pub(crate) const DLRM_HOURS: usize = 4;
+pub(crate) const DLRM_ROWS_PER_HOUR: usize = 100_000;
+pub(crate) const DLRM_ROWS: u64 = (DLRM_HOURS * DLRM_ROWS_PER_HOUR) as u64;
 
 /// Writes the Criteo-like data of the DLRM tests and applies its Dataset `criteo`. Returns
 /// the data's best achievable AUC.
-pub async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
+pub(crate) async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
     use primus_datagen::criteo::{CriteoOptions, feature_schema};
     use primus_datagen::write::{Layout, criteo};
 
@@ -289,7 +294,7 @@ pub async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
 
 /// A small DLRM Job on Dataset `criteo` with `trainers` trainers and two PS shards,
 /// checkpointed every `checkpoint_seconds` under the sandbox's `checkpoints/<job>`.
-pub fn dlrm_job(
+pub(crate) fn dlrm_job(
     sandbox: &Sandbox,
     name: &str,
     trainers: u32,
@@ -320,7 +325,7 @@ pub fn dlrm_job(
 
 /// Applies a small DLRM Job on Dataset `criteo` with `trainers` trainers and waits for it
 /// to succeed: every row trained on once.
-pub async fn train_dlrm(sandbox: &Sandbox, job: &str, trainers: u32) -> Status {
+pub(crate) async fn train_dlrm(sandbox: &Sandbox, job: &str, trainers: u32) -> Status {
     sandbox
         .apply([dlrm_job(sandbox, job, trainers, 3600).build()])
         .await;
@@ -333,12 +338,12 @@ pub async fn train_dlrm(sandbox: &Sandbox, job: &str, trainers: u32) -> Status {
 }
 
 /// The task queue of `job` in the sandbox's Redis.
-pub async fn job_queue(sandbox: &Sandbox, job: &str) -> TaskQueue {
+pub(crate) async fn job_queue(sandbox: &Sandbox, job: &str) -> TaskQueue {
     queue_at(&sandbox.redis.url(), job).await
 }
 
 /// Waits for a committed checkpoint of a running job that `wanted` accepts.
-pub async fn checkpoint_where(
+pub(crate) async fn checkpoint_where(
     sandbox: &Sandbox,
     queue: &TaskQueue,
     job: &str,
@@ -364,7 +369,7 @@ pub async fn checkpoint_where(
 /// Runs the applied `job` to the end under a master that starts a window's tasks only
 /// after the previous window's (so the last window is trained last), checks that it
 /// trained `samples` samples, and returns its reported AUC.
-pub async fn train_in_window_order(sandbox: &Sandbox, job: &str, samples: u64) -> f64 {
+pub(crate) async fn train_in_window_order(sandbox: &Sandbox, job: &str, samples: u64) -> f64 {
     let mut settings = master_settings(sandbox, &data_executor());
     settings.master.tasks.max_lead_hours = 1;
     let master = start(sandbox, &settings);

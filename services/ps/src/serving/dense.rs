@@ -141,12 +141,12 @@ impl DenseModel {
 
 /// The model being served, replaced whole by newer versions.
 #[derive(Default)]
-pub struct DenseSlot {
+pub(super) struct DenseSlot {
     current: RwLock<Option<Arc<DenseModel>>>,
 }
 
 impl DenseSlot {
-    pub fn get(&self) -> Result<Arc<DenseModel>, DenseError> {
+    pub(super) fn get(&self) -> Result<Arc<DenseModel>, DenseError> {
         self.current
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -154,13 +154,13 @@ impl DenseSlot {
             .ok_or(DenseError::NotLoaded)
     }
 
-    pub fn version(&self) -> u64 {
+    pub(super) fn version(&self) -> u64 {
         self.get().map_or(0, |m| m.version)
     }
 
     /// Installs `model` unless a model as new or newer is already served; returns the
     /// version served afterwards.
-    pub fn install(&self, model: DenseModel) -> u64 {
+    pub(super) fn install(&self, model: DenseModel) -> u64 {
         let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
         match current.as_ref() {
             Some(held) if held.version >= model.version => held.version,

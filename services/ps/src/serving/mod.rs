@@ -70,6 +70,10 @@ impl Replica {
         {
             anyhow::bail!("serving.negative_sample_rate: {rate} is not in (0, 1]");
         }
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "ORT_DYLIB_PATH is ONNX Runtime's own variable for its library, the fallback of serving.onnxruntime_library"
+        )]
         let library = match &serving.onnxruntime_library {
             Some(path) => path.clone(),
             None => std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from).ok_or_else(|| {

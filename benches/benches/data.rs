@@ -1,4 +1,4 @@
-//! Data path figures (issue 6), each next to a baseline measured in the same run:
+//! Data path figures, each next to a baseline measured in the same run:
 //! 1. Parquet -> minibatch rows/s on one core for Criteo-like rows, from the local file
 //!    system and from S3 (SeaweedFS on loopback); baseline: the same reads without the
 //!    feature pipeline (Parquet decode alone).

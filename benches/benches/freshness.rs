@@ -1,4 +1,4 @@
-//! Serving freshness (Monolith Table 2, issue 9): how much a serving copy gains from being
+//! Serving freshness (Monolith Table 2): how much a serving copy gains from being
 //! synced more often. Drift data from the Criteo-like generator (the hidden weights rotate
 //! by `PRIMUS_BENCH_DRIFT` radians a day): 5 days of hourly windows trained as batch, then
 //! 2 days as a stream. On the stream, each minibatch is first scored by the serving copy

@@ -1,4 +1,4 @@
-//! Training figures (issue 7): the issue's DLRM (13 dense + 26 sparse features, dim 16,
+//! Training figures: the reference DLRM (13 dense + 26 sparse features, dim 16,
 //! bottom 512-256-64-16, top 512-256-1, batch 2048) on the same Criteo-like rows, three
 //! ways in one run, each with samples/s, the share of time per stage and the progressive
 //! AUC next to the data's best achievable AUC:
@@ -63,10 +63,10 @@ fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// The issue's DLRM or a small one for quick runs.
+/// The reference DLRM or a small one for quick runs.
 fn model_spec(size: &str) -> ModelSpec {
     let (bottom, top) = match size {
-        "issue" => (vec![512, 256, 64, 16], vec![512, 256, 1]),
+        "reference" => (vec![512, 256, 64, 16], vec![512, 256, 1]),
         _ => (vec![64, 16], vec![64, 1]),
     };
     ModelSpec {
@@ -192,7 +192,7 @@ fn options() -> CriteoOptions {
 async fn main() {
     let rows = env_or("PRIMUS_BENCH_ROWS", 204_800);
     let batch = env_or("PRIMUS_BENCH_BATCH", 2048);
-    let size = std::env::var("PRIMUS_BENCH_MODEL").unwrap_or_else(|_| "issue".into());
+    let size = std::env::var("PRIMUS_BENCH_MODEL").unwrap_or_else(|_| "reference".into());
     let services = std::env::var("PRIMUS_BENCH_SERVICES").map_or(true, |v| v != "0");
     let bin_dir = release_bin_dir();
     if services {

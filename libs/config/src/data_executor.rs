@@ -8,10 +8,11 @@ use crate::{
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::StreamLoading;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Settings of `primus-data-executor`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct DataExecutorSettings {
     /// The gRPC listener (the dataset service trainers read from).
@@ -27,7 +28,7 @@ pub struct DataExecutorSettings {
 }
 
 /// What a data executor reads and how it buffers.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct DataSettings {
     /// The job served; empty: `PRIMUS_JOB` (set by the master that starts the executor).

@@ -10,10 +10,11 @@ use crate::{
     ApiSettings, DEFAULT_PORTS, NatsSettings, RedisSettings, ServerSettings, StorageSettings,
     TelemetrySettings,
 };
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Settings of `primus-master`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct MasterSettings {
     /// The gRPC listener (task, checkpoint and topology services).
@@ -35,7 +36,7 @@ pub struct MasterSettings {
 }
 
 /// How the master drives its Jobs.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct ControllerSettings {
     /// `i/n`: this master drives the jobs whose name hashes to `i` modulo `n`.
@@ -51,7 +52,7 @@ pub struct ControllerSettings {
 }
 
 /// The checkpoint coordinator (a Job's `spec.checkpoint` says where and how often).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct CheckpointSettings {
     /// Trainers have this long to finish what was served before a barrier; otherwise
@@ -76,7 +77,7 @@ impl Default for CheckpointSettings {
 }
 
 /// How a Dataset's windows become data tasks (Primus's DTGG).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct PlannerSettings {
     /// Files are grouped (and large files split) into tasks of about this many bytes.
@@ -88,7 +89,7 @@ pub struct PlannerSettings {
 }
 
 /// How data tasks are handed out and executors watched.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct TaskSettings {
     /// Attempts a task gets before it fails (and with it, the job).
@@ -104,7 +105,7 @@ pub struct TaskSettings {
 }
 
 /// The `local` backend: a job's executors are child processes of the master.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct LocalBackendSettings {
     /// Where the service binaries are (default: next to `primus-master`).

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 
 use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::{Device, ModelSpec, OptimizerSpec, TableSpec};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Settings of `primus-ps`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct PsSettings {
     /// The gRPC listener.
@@ -27,7 +28,7 @@ pub struct PsSettings {
 }
 
 /// Which half of Monolith's PS this process is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PsRole {
     /// Tables with optimizer state, trained by Push (the ParameterServer API).
@@ -38,7 +39,7 @@ pub enum PsRole {
 }
 
 /// What a serving replica needs besides its tables (the master writes these from the Job).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct ServingSettings {
     /// The Job this replica serves (Predict requests naming another job are refused).
@@ -74,7 +75,7 @@ impl Default for ServingSettings {
 }
 
 /// The embedding tables of this PS (the master writes them from the Job's model).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct TableSettings {
     /// Training (tables with optimizer state) or serving (replicas and Predict).

@@ -3,10 +3,11 @@
 
 use crate::ServiceSettings;
 use crate::{ApiSettings, DEFAULT_PORTS, NatsSettings, ServerSettings, TelemetrySettings};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Settings of `primus-serving-sync`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct ServingSyncSettings {
     /// The gRPC listener (health).
@@ -22,7 +23,7 @@ pub struct ServingSyncSettings {
 }
 
 /// What serving-sync follows and how often.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct SyncSettings {
     /// gRPC addresses (`host:port`) of the masters; each job's topology is asked of them.

@@ -5,10 +5,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The gRPC listener and how long to drain on shutdown.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 pub struct ServerSettings {
     /// host:port to listen on; port 0 picks a free one (logged at start).
     pub grpc_addr: SocketAddr,
@@ -20,7 +21,7 @@ pub struct ServerSettings {
 }
 
 /// PEM files of the gRPC listener's certificate chain and private key.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSettings {
     /// PEM file of the certificate chain.
@@ -40,7 +41,7 @@ impl ServerSettings {
 }
 
 /// Connection to the NATS server that carries events, heartbeats, metrics and streams.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct NatsSettings {
     /// `nats://host:port` (credentials as `nats://user:password@host:port`).
@@ -65,7 +66,7 @@ impl Default for NatsSettings {
 }
 
 /// Connection to the Redis server holding resources and task queues.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct RedisSettings {
     /// `redis://host:port/db` (password as `redis://:password@host:port`).
@@ -84,7 +85,7 @@ impl Default for RedisSettings {
 }
 
 /// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
@@ -95,7 +96,7 @@ pub enum LogFormat {
 }
 
 /// Logs and traces.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct TelemetrySettings {
     /// An `EnvFilter` directive such as `info,primus_master=debug` (RUST_LOG overrides it).
@@ -117,7 +118,7 @@ impl Default for TelemetrySettings {
 }
 
 /// Credentials and endpoint for `s3://` URLs (others need none).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default, JsonSchema)]
 #[serde(default)]
 pub struct S3Settings {
     /// Endpoint of an S3-compatible server (MinIO, SeaweedFS); empty means AWS.
@@ -134,7 +135,7 @@ pub struct S3Settings {
 }
 
 /// Settings for `hdfs://` URLs.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct HdfsSettings {
     /// Failover attempts against the namenode; the client's own default takes minutes to
@@ -157,7 +158,7 @@ impl Default for HdfsSettings {
 }
 
 /// How object-store URLs are opened.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default, JsonSchema)]
 #[serde(default)]
 pub struct StorageSettings {
     /// `s3://` URLs.
@@ -168,7 +169,7 @@ pub struct StorageSettings {
 
 /// Who may call the API: bearer tokens read from a file, so no secret is ever part of the
 /// settings (which `--print-settings` shows and logs may echo).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default, JsonSchema)]
 #[serde(default)]
 pub struct AuthSettings {
     /// One token per line; blank lines and lines starting with `#` are skipped. Required:
@@ -177,7 +178,7 @@ pub struct AuthSettings {
 }
 
 /// How the API server keeps resources and their change log.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct ResourceStoreSettings {
     /// Changes kept for Watch replay; a watch from an older version must re-list.
@@ -197,7 +198,7 @@ impl Default for ResourceStoreSettings {
 }
 
 /// Settings of `primus-api-server`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct ApiServerSettings {
     /// The gRPC listener.
@@ -228,7 +229,7 @@ impl Default for ApiServerSettings {
 }
 
 /// How a service reaches the API server (the master and serving-sync read resources).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct ApiSettings {
     /// `http://host:port` or `https://host:port`.
@@ -251,7 +252,7 @@ impl Default for ApiSettings {
 
 /// Settings of a service that needs only its listener, NATS and telemetry (today: master,
 /// data-executor, trainer, ps, serving-sync; each gets its own type once it needs more).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 pub struct NodeSettings {
     /// The gRPC listener.
     pub server: ServerSettings,

@@ -5,10 +5,11 @@ use crate::ServiceSettings;
 use crate::{DEFAULT_PORTS, NatsSettings, NodeSettings, ServerSettings, TelemetrySettings};
 use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::{Device, HotSetSpec, ModelSpec};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Settings of `primus-trainer`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct TrainerSettings {
     /// The gRPC listener (health).
@@ -22,7 +23,7 @@ pub struct TrainerSettings {
 }
 
 /// What and how a trainer trains.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct TrainSettings {
     /// The job trained; empty: `PRIMUS_JOB` (set by the master that starts the trainer).

@@ -1,5 +1,5 @@
 //! The dense network's cost per minibatch on burn's CPU backend (the trainer's compute
-//! stage without pooling): the DLRM (13 dense + 26 sparse features, dim 16,
+//! stage without pooling): the reference DLRM (13 dense + 26 sparse features, dim 16,
 //! bottom 512-256-64-16, top 512-256-1) at batch 2048, forward and backward
 //! (`train_step`), next to the forward alone (`predict`) measured in the same run.
 //!

@@ -3,7 +3,7 @@
 //! The default build uses burn 0.22 and its flex CPU backend. The `cuda` feature builds
 //! against burn 0.21 instead (`burn-cuda-build`), whose run-time dispatch backend adds
 //! CUDA: burn 0.22's CUDA backend depends on an LLVM bundle its build script downloads
-//! from GitHub, which cannot be fetched here. 0.21's flex path trains the DLRM
+//! from GitHub, which cannot be fetched here. 0.21's flex path trains the reference DLRM
 //! ~25% slower (`cargo bench -p primus-model --bench step`), so it is not the default.
 //! The rest of the crate sees only these names.
 

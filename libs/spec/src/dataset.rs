@@ -3,6 +3,7 @@
 //! window; a source is a time-partitioned Parquet prefix or a JetStream subject.
 //! The feature schema says how rows become samples.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::defaults;
@@ -11,7 +12,7 @@ use crate::validate::{
 };
 
 /// A Dataset (`kind: Dataset`): streams of sources over time windows, and how their rows become features.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetSpec {
     /// Data streams, each a window sliding over its sources.
@@ -24,7 +25,7 @@ pub struct DatasetSpec {
 }
 
 /// How a Dataset's streams are ordered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StreamOrder {
     /// Each stream is served after the previous one is exhausted.
@@ -35,7 +36,7 @@ pub enum StreamOrder {
 }
 
 /// A stream: sources read window by window.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DataStream {
     /// Unique within the Dataset.
@@ -47,7 +48,7 @@ pub struct DataStream {
 }
 
 /// The time window that slides over a stream's sources.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Window {
     /// Hourly or daily windows.
@@ -60,7 +61,7 @@ pub struct Window {
 }
 
 /// The length of a window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WindowUnit {
     /// One hour: partitions `date=YYYY-MM-DD/hour=HH`.
@@ -70,7 +71,7 @@ pub enum WindowUnit {
 }
 
 /// Exactly one of `parquet`, `jetstream` and `join`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DataSource {
     /// Unique within the Dataset; metrics and stream consumers are named after it.
@@ -103,7 +104,7 @@ impl DataSource {
 }
 
 /// Files under `<uri>/date=YYYY-MM-DD/hour=HH/*.parquet` (hourly) or `<uri>/date=YYYY-MM-DD/` (daily).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ParquetSource {
     /// Object-store URL of the partitions' parent (`s3://bucket/logs`, `file:///data/logs`, a path).
@@ -111,7 +112,7 @@ pub struct ParquetSource {
 }
 
 /// A JetStream subject whose messages carry rows (`SampleRows`: Arrow IPC).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JetStreamSource {
     /// The JetStream stream (created over the subject when missing).
@@ -125,7 +126,7 @@ pub struct JetStreamSource {
 /// action up to `wait_seconds` after it was stored in the stream (in memory, then on disk
 /// beyond `memory_rows`), is trained with the action's label when it comes, and as a
 /// negative (label 0) when it does not. An action waits as long for its features.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JoinSource {
     /// The JetStream stream holding both subjects.
@@ -145,7 +146,7 @@ pub struct JoinSource {
 }
 
 /// Which columns are the label and the features.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FeatureSchema {
     /// Column holding the 0/1 label.
@@ -158,7 +159,7 @@ pub struct FeatureSchema {
 }
 
 /// A numeric column.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DenseFeature {
     /// The column's name.
@@ -172,7 +173,7 @@ pub struct DenseFeature {
 }
 
 /// A dense feature's transform (`kind` selects it).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DenseTransform {
     /// The value as it is.
@@ -197,7 +198,7 @@ pub enum DenseTransform {
 }
 
 /// An id column (or a list of ids with `multi_hot`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SparseFeature {
     /// The column's name.

@@ -1,5 +1,6 @@
 //! A training job: the model, its data, how it trains, where it runs.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::defaults;
@@ -9,7 +10,7 @@ use crate::validate::{
 };
 
 /// A training Job (`kind: Job`): what model trains on which Dataset, how, and where.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     /// The model: its kind, embedding tables and dense network.
@@ -35,7 +36,7 @@ pub struct JobSpec {
 }
 
 /// Which sources a Job reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum TrainingMode {
     /// Bounded batch data only.
@@ -49,7 +50,7 @@ pub enum TrainingMode {
 }
 
 /// The dense network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelKind {
     /// DeepFM: factorization machine plus a deep network, with one-wide first-order weights.
@@ -63,7 +64,7 @@ pub enum ModelKind {
 }
 
 /// The model: embedding tables (on the PS) and the dense network (on the trainers).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     /// The dense network's kind.
@@ -75,7 +76,7 @@ pub struct ModelSpec {
 }
 
 /// One embedding table (Monolith's collisionless table).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TableSpec {
     /// Unique among the model's tables; sparse features refer to it.
@@ -96,7 +97,7 @@ pub struct TableSpec {
 }
 
 /// An optimizer and its hyperparameters (`kind` selects it).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum OptimizerSpec {
     /// Plain gradient descent.
@@ -146,7 +147,7 @@ pub enum OptimizerSpec {
 }
 
 /// How a new row's weights start.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Initializer {
     /// All zeros.
@@ -206,7 +207,7 @@ impl OptimizerSpec {
 
 /// Monolith's admission filters: a key gets a row only once seen `min_count` times
 /// (counted in a count-min sketch), and then only with `probability`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdmissionSpec {
     /// A key gets a row once seen this many times (0 or 1: at once).
@@ -228,7 +229,7 @@ impl Default for AdmissionSpec {
 
 /// Hidden layer widths of the dense network (`bottom` is DLRM's and MTRM's dense-feature MLP)
 /// and the optimizer the PS applies to its parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DenseSpec {
     /// DLRM and MTRM: the MLP over dense features (its last width is the embedding dim).
@@ -253,7 +254,7 @@ impl DenseSpec {
 }
 
 /// How many processes of each role the job runs, and what each may use.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Topology {
     /// Data executors: read the Dataset and serve minibatches.
@@ -268,7 +269,7 @@ pub struct Topology {
 }
 
 /// The processes of one role.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RoleSpec {
     /// How many processes.
@@ -300,7 +301,7 @@ impl RoleSpec {
 }
 
 /// Host CPU, or an NVIDIA GPU through CUDA.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Device {
     /// The host's CPU.
@@ -336,7 +337,7 @@ pub fn parse_memory(quantity: &str) -> Result<u64, String> {
 }
 
 /// How each trainer steps and what its progressive metrics cover.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TrainingSpec {
     /// Samples per minibatch.
@@ -360,7 +361,7 @@ pub struct TrainingSpec {
 /// When and how a job's trainers replicate their most accessed rows (HypeReca's
 /// two-fold parallelism): those rows skip the PS, and every trainer applies the sum of
 /// all trainers' gradients to them after each step.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct HotSetSpec {
     /// Off: every row goes through the PS (the default).
@@ -418,7 +419,7 @@ impl Validate for HotSetSpec {
 }
 
 /// Primus's two stream loading modes (Table 2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StreamLoading {
     /// Each executor pre-processes only the stream partitions bound to it.
@@ -458,7 +459,7 @@ impl Validate for TrainingSpec {
 }
 
 /// Primus's horizontal scaling of data executors by load (Eq. 1).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ScalingPolicy {
     /// Scale data executors by load.
@@ -487,7 +488,7 @@ impl Default for ScalingPolicy {
 }
 
 /// Where and how often checkpoints are taken.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSpec {
     /// Object-store URL under which snapshots and task offsets are written.
@@ -516,7 +517,7 @@ impl CheckpointSpec {
 pub const MAX_FULL_EVERY: u32 = 64;
 
 /// How the serving copy follows training (Monolith 2.2.3).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServingSyncSpec {
     /// Serving replicas follow training.

@@ -1,10 +1,14 @@
-//! What the deployment files tell each Primus service, checked against the service's own
-//! settings type, so a renamed or removed setting cannot silently break a deployment.
+//! The files that describe the Primus services, checked against the services' own types:
+//! what the deployment files tell each service (so a renamed or removed setting cannot
+//! silently break a deployment), and the reference pages under `docs/reference/`
+//! ([`reference`], generated from the Job, Dataset and settings types).
 //!
 //! A [`Launch`] is one container that runs a service: the settings file it is given
 //! (`--config`) and the `PRIMUS_<SECTION>__<KEY>` variables set for it. [`compose_launches`]
 //! reads `deploy/docker-compose.yaml`; [`kubernetes_launches`] reads every manifest and
 //! kustomization under `k8s/`. [`Launch::check`] loads the settings as the service would.
+
+pub mod reference;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -72,12 +76,12 @@ impl Launch {
     /// in the manifest must at least name an existing setting.
     pub fn check(&self) -> Result<(), DeployError> {
         match self.service {
-            Service::ApiServer => self.check_as(&primus_api_server::default_settings()),
-            Service::Master => self.check_as(&primus_master::default_settings()),
-            Service::DataExecutor => self.check_as(&primus_data_executor::default_settings()),
-            Service::Trainer => self.check_as(&primus_trainer::default_settings()),
-            Service::Ps => self.check_as(&primus_ps::default_settings()),
-            Service::ServingSync => self.check_as(&primus_serving_sync::default_settings()),
+            Service::ApiServer => self.check_as(&primus_config::ApiServerSettings::default()),
+            Service::Master => self.check_as(&primus_config::MasterSettings::default()),
+            Service::DataExecutor => self.check_as(&primus_config::DataExecutorSettings::default()),
+            Service::Trainer => self.check_as(&primus_config::TrainerSettings::default()),
+            Service::Ps => self.check_as(&primus_config::PsSettings::default()),
+            Service::ServingSync => self.check_as(&primus_config::ServingSyncSettings::default()),
         }
     }
 

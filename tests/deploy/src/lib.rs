@@ -1,7 +1,7 @@
 //! The files that describe the Primus services, checked against the services' own types:
 //! what the deployment files tell each service (so a renamed or removed setting cannot
 //! silently break a deployment), and the reference pages under `docs/reference/`
-//! ([`reference`], generated from the Job, Dataset and settings types).
+//! ([`mod@reference`], generated from the Job, Dataset and settings types).
 //!
 //! A [`Launch`] is one container that runs a service: the settings file it is given
 //! (`--config`) and the `PRIMUS_<SECTION>__<KEY>` variables set for it. [`compose_launches`]

@@ -122,7 +122,10 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(failure) => {
-            eprintln!("error: {:#}", failure.error);
+            eprintln!(
+                "error: {}",
+                primus_telemetry::error_chain(failure.error.as_ref())
+            );
             ExitCode::from(failure.exit_code)
         }
     }

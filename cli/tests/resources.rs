@@ -337,3 +337,32 @@ async fn watch_exits_1_when_the_job_fails() {
         "{stderr}"
     );
 }
+
+/// An error names each cause once: the server's message of a refused call, and an
+/// unreachable server's connect error (tonic, hyper and the OS each wrap the last).
+#[tokio::test(flavor = "multi_thread")]
+async fn errors_state_each_cause_once() {
+    let cluster = Cluster::start().await;
+    let example = example("criteo-like.yaml");
+    expect_exit(
+        &cluster
+            .run(&["apply", "-f", example.to_str().expect("utf-8")])
+            .await,
+        0,
+    );
+    let (_, stderr) = expect_exit(&cluster.run(&["delete", "dataset", "criteo-like"]).await, 2);
+    assert_eq!(stderr.matches("Job/ctr-demo").count(), 1, "{stderr}");
+    assert_eq!(stderr.matches("FailedPrecondition").count(), 1, "{stderr}");
+
+    let unused = primus_testkit::free_port().expect("a free port");
+    let server = format!("http://127.0.0.1:{unused}");
+    let (_, stderr) = expect_exit(&cluster.run(&["get", "jobs", "--server", &server]).await, 1);
+    assert!(stderr.contains(&server), "{stderr}");
+    for cause in ["tcp connect error", "Connection refused"] {
+        assert_eq!(
+            stderr.matches(cause).count(),
+            1,
+            "{cause:?} once in: {stderr}"
+        );
+    }
+}

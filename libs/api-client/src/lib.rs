@@ -61,9 +61,10 @@ pub enum ClientError {
         /// Why.
         message: String,
     },
-    /// The server answered with an error.
+    /// The server answered with an error. (Not a `source`: the message already says the
+    /// status's code and message, and a source would say them again.)
     #[error("{}", describe(.0))]
-    Status(#[from] Status),
+    Status(Status),
     /// A response lacked its resource.
     #[error("the server sent a response without its resource")]
     MissingResource,
@@ -74,6 +75,12 @@ pub enum ClientError {
 
 fn describe(status: &Status) -> String {
     format!("{:?}: {}", status.code(), status.message())
+}
+
+impl From<Status> for ClientError {
+    fn from(status: Status) -> Self {
+        Self::Status(status)
+    }
 }
 
 impl ClientError {
@@ -172,7 +179,7 @@ impl ApiClient {
             .map_err(|_| ClientError::Token)?;
         let channel = endpoint.connect().await.map_err(|e| ClientError::Connect {
             server: settings.server.clone(),
-            message: error_chain(&e),
+            message: primus_telemetry::error_chain(&e),
         })?;
         let inner = ApiServiceClient::with_interceptor(channel, Credentials { authorization })
             .max_decoding_message_size(64 << 20);
@@ -304,16 +311,4 @@ fn tls_config(settings: &ClientSettings) -> Result<ClientTlsConfig, ClientError>
         }
         None => Ok(config.with_native_roots()),
     }
-}
-
-/// A transport error with its causes (tonic's top-level message is just "transport error").
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -89,7 +89,7 @@ pub struct ReaderOptions {
 pub async fn data_executors(master_addr: &str, job: &str) -> Result<Vec<String>, ReaderError> {
     let connect_error = |e: tonic::transport::Error| ReaderError::Connect {
         addr: master_addr.to_owned(),
-        message: e.to_string(),
+        message: primus_telemetry::error_chain(&e),
     };
     let mut client = TopologyServiceClient::connect(format!("http://{master_addr}"))
         .await
@@ -130,7 +130,7 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Items, ReaderE
         .await
         .map_err(|e| ReaderError::Connect {
             addr: addr.clone(),
-            message: e.to_string(),
+            message: primus_telemetry::error_chain(&e),
         })?
         .max_decoding_message_size(usize::MAX);
     let request = MinibatchRequest {

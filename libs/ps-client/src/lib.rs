@@ -153,7 +153,7 @@ impl PsClient {
                 .map_err(|e| failed(e.to_string()))?
                 .connect()
                 .await
-                .map_err(|e| failed(e.to_string()))?;
+                .map_err(|e| failed(primus_telemetry::error_chain(&e)))?;
             shards.push(
                 ParameterServerClient::with_interceptor(channel, TraceInterceptor)
                     .max_decoding_message_size(256 << 20)

@@ -4,10 +4,14 @@
 //! `telemetry.otlp_endpoint` is set, an OpenTelemetry layer exporting spans over OTLP/gRPC.
 //! [`propagation`] carries W3C trace context across process boundaries: into and out of
 //! tonic metadata and NATS headers, so one trace follows work from service to service.
+//! [`error_chain`] reports an error with its causes on one line, each cause once.
 
 #![warn(missing_docs)]
 
 pub mod propagation;
+mod report;
+
+pub use report::error_chain;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;

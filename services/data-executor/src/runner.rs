@@ -72,9 +72,9 @@ impl BatchRunner<'_> {
         let location = primus_storage::open(&work.dir, self.storage).map_err(|e| e.to_string())?;
         for file in &work.files {
             let path = location.path(&file.name);
+            // Storage errors name the file's URL already; the others get it here.
             self.read_file(&location, &path, file, source, start_offset, ledger, offset)
-                .await
-                .map_err(|e| format!("{}: {e}", location.url_of(&path)))?;
+                .await?;
         }
         Ok(())
     }
@@ -123,7 +123,7 @@ impl BatchRunner<'_> {
                 let batch = self
                     .pipeline
                     .minibatch(&record)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| format!("{}: {e}", location.url_of(path)))?;
                 let chunk = Chunk {
                     batch,
                     task: ledger.clone(),

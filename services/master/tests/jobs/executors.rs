@@ -250,3 +250,33 @@ fn names(spans: &[ReceivedSpan]) -> Vec<(String, String)> {
         .map(|s| (s.service.clone(), s.span.name.clone()))
         .collect()
 }
+
+/// A Parquet file that does not read fails its task and so the Job, and the Job's
+/// condition names the file once: each cause of the error appears once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_does_not_read_fails_the_job_naming_it_once() {
+    let sandbox = Sandbox::start().await;
+    let data = sandbox.dir().join("data");
+    write_partitions(&data, "2026-11-01", 1).await;
+    let broken = data.join("date=2026-11-01/hour=00/part-1.parquet");
+    std::fs::write(&broken, b"not a parquet file").expect("overwrite a file");
+    let window = ("2026-11-01T00", "2026-11-01T01");
+    sandbox.apply(id_job("broken", &data, window, 1)).await;
+    let master = start_master_with(&sandbox, &data_executor());
+    let status = sandbox
+        .wait_for_phase("broken", Phase::Failed, Duration::from_secs(120))
+        .await;
+    let complete = status
+        .conditions
+        .iter()
+        .find(|c| c.kind == "Complete")
+        .expect("condition");
+    assert_eq!(complete.reason, "TaskFailed", "{complete:?}");
+    let file = broken.to_str().expect("utf-8");
+    assert_eq!(
+        complete.message.matches(file).count(),
+        1,
+        "the file is named once: {complete:?}"
+    );
+    master.stop();
+}

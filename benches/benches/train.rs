@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use futures::{StreamExt, TryStreamExt};
 use primus_batch::{FeaturePipeline, Minibatch};
 use primus_bus::{Bus, Subscription};

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
-use arrow::datatypes::DataType;
+use arrow_array::{Array, ArrayRef, RecordBatch, UInt64Array};
+use arrow_schema::DataType;
 use clap::Args;
 use futures::TryStreamExt;
 use primus_bus::Bus;
@@ -98,11 +98,11 @@ impl JoinLogs {
         let labels = rows
             .column_by_name(&self.label)
             .with_context(|| format!("--label {}: no such column in the data set", self.label))?;
-        let labels = arrow::compute::cast(labels, &DataType::Float64)
+        let labels = arrow_cast::cast(labels, &DataType::Float64)
             .with_context(|| format!("--label {}: not numeric", self.label))?;
         let labels = labels
             .as_any()
-            .downcast_ref::<arrow::array::Float64Array>()
+            .downcast_ref::<arrow_array::Float64Array>()
             .context("the label as f64")?;
         let ids =
             UInt64Array::from_iter_values(self.next_id..self.next_id + rows.num_rows() as u64);
@@ -112,8 +112,8 @@ impl JoinLogs {
             .collect();
         if !positive.is_empty() {
             let picked = UInt64Array::from_iter_values(positive.iter().map(|&i| i as u64));
-            let action_ids = arrow::compute::take(&ids, &picked, None)?;
-            let action_labels = arrow::compute::take(labels, &picked, None)?;
+            let action_ids = arrow_select::take::take(&ids, &picked, None)?;
+            let action_labels = arrow_select::take::take(labels, &picked, None)?;
             let actions = RecordBatch::try_from_iter([
                 (self.request_id.as_str(), action_ids),
                 (self.label.as_str(), action_labels),

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
+use arrow_array::{Array, ArrayRef, RecordBatch, UInt64Array};
 use primus_bus::Bus;
 use primus_config::NatsSettings;
 use primus_proto::v1::SampleRows;
@@ -73,7 +73,7 @@ async fn published(nats: &NatsServer, stream: &str, subject: &str) -> Vec<Record
 
 fn u64s(rows: &RecordBatch, column: &str) -> Vec<u64> {
     let values = rows.column_by_name(column).expect(column);
-    let values = arrow::compute::cast(values, &arrow::datatypes::DataType::UInt64).expect("u64");
+    let values = arrow_cast::cast(values, &arrow_schema::DataType::UInt64).expect("u64");
     let values = values
         .as_any()
         .downcast_ref::<UInt64Array>()

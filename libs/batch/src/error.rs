@@ -37,8 +37,8 @@ pub enum BatchError {
     Encoding(String),
 }
 
-impl From<arrow::error::ArrowError> for BatchError {
-    fn from(e: arrow::error::ArrowError) -> Self {
+impl From<arrow_schema::ArrowError> for BatchError {
+    fn from(e: arrow_schema::ArrowError) -> Self {
         Self::Encoding(e.to_string())
     }
 }

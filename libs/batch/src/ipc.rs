@@ -10,14 +10,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, DictionaryArray, FixedSizeListArray, Float32Array, ListArray,
-    RecordBatch, StructArray, UInt32Array, UInt64Array,
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, UInt32Type, UInt64Type};
+use arrow_array::{
+    Array, ArrayRef, DictionaryArray, FixedSizeListArray, Float32Array, ListArray, RecordBatch,
+    StructArray, UInt32Array, UInt64Array,
 };
-use arrow::buffer::{OffsetBuffer, ScalarBuffer};
-use arrow::datatypes::{DataType, Field, Fields, Float32Type, Schema, UInt32Type, UInt64Type};
-use arrow::ipc::reader::StreamReader;
-use arrow::ipc::writer::StreamWriter;
+use arrow_buffer::{OffsetBuffer, ScalarBuffer};
+use arrow_ipc::reader::StreamReader;
+use arrow_ipc::writer::StreamWriter;
+use arrow_schema::{DataType, Field, Fields, Schema};
 
 use crate::BatchError;
 use crate::ikjt::{Ikjt, IkjtGroup};
@@ -169,7 +171,7 @@ pub fn decode_rows(bytes: &[u8]) -> Result<RecordBatch, BatchError> {
     let reader = StreamReader::try_new(bytes, None)?;
     let schema = reader.schema();
     let batches = reader.collect::<Result<Vec<_>, _>>()?;
-    Ok(arrow::compute::concat_batches(&schema, &batches)?)
+    Ok(arrow_select::concat::concat_batches(&schema, &batches)?)
 }
 
 /// Decodes bytes written by [`encode`].

@@ -1,9 +1,11 @@
 //! Rows (an Arrow record batch read from Parquet or a stream) to a [`Minibatch`], as the
 //! Dataset's feature schema says.
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
-use arrow::compute::cast;
-use arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type, UInt64Type};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Float64Type, Int64Type, UInt64Type};
+use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
+use arrow_cast::cast;
+use arrow_schema::DataType;
 use primus_spec::dataset::{DenseFeature, DenseTransform, FeatureSchema};
 
 use crate::BatchError;
@@ -79,8 +81,8 @@ impl Ids {
     }
 }
 
-fn push_ints<T: arrow::datatypes::ArrowPrimitiveType>(
-    array: &arrow::array::PrimitiveArray<T>,
+fn push_ints<T: arrow_array::ArrowPrimitiveType>(
+    array: &arrow_array::PrimitiveArray<T>,
     seed: u64,
     range: std::ops::Range<usize>,
     out: &mut Vec<u64>,

@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{
-    ArrayRef, Float64Array, Int64Array, ListBuilder, RecordBatch, StringArray, UInt64Builder,
-};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow_array::builder::{ListBuilder, UInt64Builder};
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
 use primus_batch::{
     BatchError, DenseMatrix, FeaturePipeline, Ikjt, JaggedFeature, Kjt, Minibatch, Sparse, hash,
     ipc,

@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int64Array, Int64Builder, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow_array::builder::Int64Builder;
+use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal, Zipf};

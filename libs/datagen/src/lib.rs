@@ -43,7 +43,7 @@ pub enum DatagenError {
     Storage(#[from] primus_storage::StorageError),
     /// Arrow refused the rows.
     #[error("building record batch: {0}")]
-    Arrow(#[from] arrow::error::ArrowError),
+    Arrow(#[from] arrow_schema::ArrowError),
 }
 
 pub(crate) fn invalid(field: &'static str, message: impl Into<String>) -> DatagenError {

@@ -10,11 +10,10 @@
 
 use std::sync::Arc;
 
-use arrow::array::{
-    ArrayRef, Float64Array, Int64Array, ListBuilder, RecordBatch, UInt64Array, UInt64Builder,
-};
-use arrow::compute::take;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow_array::builder::{ListBuilder, UInt64Builder};
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, UInt64Array};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_select::take::take;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, LogNormal, Zipf};
@@ -213,7 +212,7 @@ impl Sessions {
             RowOrder::Time => {
                 let mut order: Vec<u32> = (0..rows.len() as u32).collect();
                 order.sort_by_key(|&i| rows[i as usize].ts_ms);
-                let indices = arrow::array::UInt32Array::from(order);
+                let indices = arrow_array::UInt32Array::from(order);
                 let columns = batch
                     .columns()
                     .iter()

@@ -1,7 +1,7 @@
 //! Generated data laid out the way Parquet sources are read (`date=YYYY-MM-DD/hour=HH` or
 //! `date=YYYY-MM-DD`, files `part-NNNNN.parquet`, zstd), one window at a time.
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use primus_metrics::auc;

@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
 use futures::TryStreamExt;
 use primus_datagen::DatagenError;
 use primus_datagen::import::{
@@ -219,7 +219,7 @@ async fn movielens_ratings_become_daily_rows_in_time_order_with_user_and_movie_f
         };
         let genres = column("genres")
             .as_any()
-            .downcast_ref::<arrow::array::ListArray>()
+            .downcast_ref::<arrow_array::ListArray>()
             .expect("list");
         let (labels, times, ages) = (ints(MOVIELENS_LABEL), ints("timestamp"), ints("age"));
         let (users, items, years) = (

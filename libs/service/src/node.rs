@@ -176,8 +176,8 @@ fn load_tls(settings: &TlsSettings) -> anyhow::Result<ServerTlsConfig> {
     };
     let cert = read(&settings.cert_file, "cert_file")?;
     let key = read(&settings.key_file, "key_file")?;
-    // rustls has both ring and aws-lc-rs compiled in (via different dependencies) and then
-    // needs the process-wide choice made explicitly; an earlier install is fine.
+    // rustls is built with ring only; tonic, like reqwest, takes the process-wide provider.
+    // An earlier install is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
     Ok(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
 }

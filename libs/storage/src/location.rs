@@ -209,6 +209,9 @@ fn s3_store(
     bucket: &str,
     settings: &StorageSettings,
 ) -> Result<Arc<dyn ObjectStore>, StorageError> {
+    // The HTTP client's TLS (rustls) needs the process's crypto provider: ring, the one
+    // rustls is built with here. Installed once; a provider installed before is kept.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let s3 = &settings.s3;
     let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
     // `false` leaves the choice to AWS_ALLOW_HTTP (the CLI has no settings file).

@@ -3,8 +3,8 @@
 
 use std::ops::Range;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use futures::{Stream, TryStreamExt};
 use object_store::buffered::BufWriter;
 use object_store::path::Path;

@@ -2,8 +2,8 @@
 //! (SeaweedFS, started by primus-testkit).
 use std::sync::Arc;
 
-use arrow::array::{Array, Float32Array, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow_array::{Array, Float32Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use futures::TryStreamExt;
 use parquet::file::properties::WriterProperties;
 use primus_config::StorageSettings;

@@ -142,7 +142,7 @@ impl BatchRunner<'_> {
 pub(crate) mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{ArrayRef, Float64Array, RecordBatch, UInt64Array};
+    use arrow_array::{ArrayRef, Float64Array, RecordBatch, UInt64Array};
     use primus_proto::v1::SourceKind;
     use primus_spec::dataset::{FeatureSchema, SparseFeature};
 

@@ -269,7 +269,7 @@ impl StreamRunner<'_> {
 pub(crate) mod tests {
     use std::collections::BTreeMap;
 
-    use arrow::array::{ArrayRef, RecordBatch, UInt64Array};
+    use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
     use primus_bus::Bus;
     use primus_config::NatsSettings;
     use primus_proto::v1::SourceKind;

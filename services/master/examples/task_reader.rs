@@ -193,7 +193,7 @@ async fn read_task(
             let ids = batch
                 .column(0)
                 .as_any()
-                .downcast_ref::<arrow::array::UInt64Array>()
+                .downcast_ref::<arrow_array::UInt64Array>()
                 .context("column `id` is not UInt64")?;
             for id in ids.values() {
                 offset += 1;

@@ -430,8 +430,8 @@ async fn members_reaching_a_barrier_at_different_steps_wait_for_each_other_in_ro
 }
 
 /// `batch` with every categorical id moved by `offset`: traffic on other keys.
-fn shifted(batch: &arrow::array::RecordBatch, offset: i64) -> arrow::array::RecordBatch {
-    use arrow::array::{Array, ArrayRef, Int64Array};
+fn shifted(batch: &arrow_array::RecordBatch, offset: i64) -> arrow_array::RecordBatch {
+    use arrow_array::{Array, ArrayRef, Int64Array};
     let columns: Vec<ArrayRef> = batch
         .schema()
         .fields()
@@ -447,7 +447,7 @@ fn shifted(batch: &arrow::array::RecordBatch, offset: i64) -> arrow::array::Reco
             },
         )
         .collect();
-    arrow::array::RecordBatch::try_new(batch.schema(), columns).expect("shifted batch")
+    arrow_array::RecordBatch::try_new(batch.schema(), columns).expect("shifted batch")
 }
 
 /// When traffic moves to other keys, the leader sees the hot rows' share of accesses fall

@@ -6,11 +6,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{
+use arrow_array::{
     Array, ArrayRef, Int64Array, RecordBatch, RecordBatchReader, StringArray, UInt32Array,
 };
-use arrow::compute::{concat_batches, take};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow_schema::{DataType, Field, Schema};
+use arrow_select::concat::concat_batches;
+use arrow_select::take::take;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use primus_spec::dataset::WindowUnit;
 use primus_spec::time::{partition, window_seconds};
@@ -171,7 +172,7 @@ fn normalise_adult(source: &Path, rows: RecordBatch) -> Result<RecordBatch, Data
         (&ADULT_CATEGORICAL[..], DataType::Utf8),
     ] {
         for name in names {
-            let values = arrow::compute::cast(column(name)?, &data_type).map_err(|e| {
+            let values = arrow_cast::cast(column(name)?, &data_type).map_err(|e| {
                 source_error(source, format!("column {name:?} as {data_type}: {e}"))
             })?;
             fields.push(Field::new(name.replace('-', "_"), data_type.clone(), true));

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int64Builder, ListBuilder, RecordBatch, StringBuilder};
+use arrow_array::builder::{Int64Builder, ListBuilder, StringBuilder};
+use arrow_array::{ArrayRef, RecordBatch};
 use primus_spec::dataset::WindowUnit;
 use primus_spec::time::{partition, window_seconds};
 use primus_storage::Location;

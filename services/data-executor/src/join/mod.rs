@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use primus_batch::{Minibatch, ipc};
 use primus_bus::jetstream::{Consumer, Delivery, Fetched};
 use primus_proto::v1::{JoinWork, SampleRows};
@@ -428,7 +428,7 @@ fn feature_rows(
 mod tests {
     use std::collections::BTreeMap;
 
-    use arrow::array::{ArrayRef, UInt64Array};
+    use arrow_array::{ArrayRef, UInt64Array};
     use primus_batch::FeaturePipeline;
     use primus_bus::jetstream::JetStream;
     use primus_proto::v1::SourceKind;

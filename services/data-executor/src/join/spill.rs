@@ -11,7 +11,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use primus_batch::ipc;
 
 use super::JoinError;
@@ -154,7 +154,7 @@ fn spill_error(path: &Path, what: &str, e: std::io::Error) -> JoinError {
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{ArrayRef, UInt64Array};
+    use arrow_array::{ArrayRef, UInt64Array};
 
     use super::*;
 

@@ -14,8 +14,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, Float32Array, RecordBatch, UInt32Array};
-use arrow::datatypes::{DataType, Field, Float32Type, Int64Type, UInt64Type};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Int64Type, UInt64Type};
+use arrow_array::{Array, ArrayRef, Float32Array, RecordBatch, UInt32Array};
+use arrow_schema::{DataType, Field};
 
 use super::JoinError;
 use super::spill::{SpillRef, SpillStore};
@@ -370,14 +372,14 @@ fn labelled(all: &RecordBatch, rows: &[(u32, f32)], label: &str) -> Result<Recor
         if field.name() == label {
             continue;
         }
-        let taken = arrow::compute::take(column.as_ref(), &indices, None)
+        let taken = arrow_select::take::take(column.as_ref(), &indices, None)
             .map_err(|e| JoinError::Rows(format!("taking joined rows: {e}")))?;
         fields.push(field.as_ref().clone());
         columns.push(taken);
     }
     fields.push(Field::new(label, DataType::Float32, false));
     columns.push(labels);
-    let schema = Arc::new(arrow::datatypes::Schema::new(fields));
+    let schema = Arc::new(arrow_schema::Schema::new(fields));
     RecordBatch::try_new(schema, columns)
         .map_err(|e| JoinError::Rows(format!("building joined rows: {e}")))
 }
@@ -444,7 +446,7 @@ fn labels(rows: &RecordBatch, name: &str) -> Result<Vec<f32>, JoinError> {
 }
 
 fn cast(array: &ArrayRef, name: &str, to: &DataType) -> Result<ArrayRef, JoinError> {
-    arrow::compute::cast(array.as_ref(), to)
+    arrow_cast::cast(array.as_ref(), to)
         .map_err(|e| JoinError::Rows(format!("column `{name}` as {to}: {e}")))
 }
 
@@ -452,7 +454,7 @@ fn cast(array: &ArrayRef, name: &str, to: &DataType) -> Result<ArrayRef, JoinErr
 mod tests {
     use std::collections::BTreeMap;
 
-    use arrow::array::{StringArray, UInt64Array};
+    use arrow_array::{StringArray, UInt64Array};
 
     use super::*;
 

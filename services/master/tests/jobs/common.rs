@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{ArrayRef, RecordBatch, UInt64Array};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
+use arrow_schema::{DataType, Field, Schema};
 use primus_bus::jetstream::JetStream;
 use primus_config::{MasterSettings, StorageSettings};
 use primus_harness::resources::{dataset, hourly, jetstream, job, parquet, small_wide_deep};

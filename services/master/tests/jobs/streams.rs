@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{ArrayRef, RecordBatch, UInt64Array};
+use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
 use primus_harness::Sandbox;
 use primus_harness::resources::{dataset, hourly, jetstream, job, join, parquet, small_wide_deep};
 use primus_spec::Kind;

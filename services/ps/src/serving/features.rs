@@ -3,12 +3,10 @@
 
 use std::sync::Arc;
 
-use arrow::array::Int64Builder;
-use arrow::array::{
-    ArrayRef, Float32Array, Float64Array, Int64Array, ListBuilder, RecordBatch, StringArray,
-    StringBuilder,
-};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow_array::builder::Int64Builder;
+use arrow_array::builder::{ListBuilder, StringBuilder};
+use arrow_array::{ArrayRef, Float32Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
 use primus_proto::v1::feature_value::Value;
 use primus_proto::v1::{FeatureValue, Sample};
 use primus_spec::dataset::{FeatureSchema, SparseFeature};

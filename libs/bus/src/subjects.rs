@@ -1,4 +1,4 @@
-//! Subject names (DESIGN.md §6). The prefix (default `primus`) comes from
+//! Subject names: the only place a subject is formatted. The prefix (default `primus`) comes from
 //! `nats.subject_prefix`, so several clusters can share one NATS server.
 //!
 //! | subject | carries |
@@ -6,7 +6,6 @@
 //! | `<p>.events.<kind>.<name>` | resource changes from the api-server |
 //! | `<p>.job.<job>.heartbeat.<role>.<id>` | executor heartbeats |
 //! | `<p>.job.<job>.metrics.<role>.<id>` | executor metrics |
-//! | `<p>.job.<job>.control` | stop and scale signals (checkpoint barriers are gRPC calls) |
 //! | `<p>.job.<job>.delta.<shard>` | "new delta available" notices from training PS shards |
 //! | `<p>.job.<job>.hot` | hot-row plans, rounds and probes between the job's trainers |
 
@@ -54,11 +53,6 @@ impl Subjects {
     /// `<p>.job.<job>.metrics.<role>.<id>`; `role` and `id` may be [`ANY`].
     pub fn metrics(&self, job: &str, role: &str, id: &str) -> Result<String, BusError> {
         self.build(&["job", job, "metrics", role, id])
-    }
-
-    /// `<p>.job.<job>.control`.
-    pub fn control(&self, job: &str) -> Result<String, BusError> {
-        self.build(&["job", job, "control"])
     }
 
     /// `<p>.job.<job>.delta.<shard>`; `shard` may be [`ANY`].
@@ -112,17 +106,16 @@ mod tests {
             s.metrics("ctr", ANY, ANY).expect("ok"),
             "primus.job.ctr.metrics.*.*"
         );
-        assert_eq!(s.control("ctr").expect("ok"), "primus.job.ctr.control");
         assert_eq!(s.delta("ctr", "3").expect("ok"), "primus.job.ctr.delta.3");
         let nested = Subjects::new("team.a").expect("dotted prefix");
-        assert_eq!(nested.control("j").expect("ok"), "team.a.job.j.control");
+        assert_eq!(nested.hot("j").expect("ok"), "team.a.job.j.hot");
     }
 
     #[test]
     fn tokens_that_change_matching_are_refused() {
         let s = Subjects::new("primus").expect("prefix");
         for bad in ["a.b", "a b", "*x", ">", "", "tab\t"] {
-            let err = s.control(bad).expect_err(bad);
+            let err = s.hot(bad).expect_err(bad);
             assert!(err.to_string().contains("subject token"), "{err}");
         }
         assert!(Subjects::new("pri mus").is_err());

@@ -56,7 +56,7 @@ async fn typed_publish_reaches_a_wildcard_subscriber() {
 async fn undecodable_message_is_an_error_and_the_stream_goes_on() {
     let nats = NatsServer::start().expect("nats-server");
     let bus = Bus::connect(&settings(nats.url())).await.expect("connect");
-    let subject = bus.subjects().control("ctr").expect("subject");
+    let subject = bus.subjects().hot("ctr").expect("subject");
     let mut sub = bus
         .subscribe::<Heartbeat>(subject.clone())
         .await

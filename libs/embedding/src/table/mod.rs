@@ -11,8 +11,13 @@
 //! eviction stay on the host, and rows are read, written and updated in batches by row id.
 //! New rows' initial values are staged and written in one batch before a write-locked call
 //! returns, so a reader never finds a staged row.
+//!
+//! `shard` is one shard, `change_log` its log of changed rows, `export` deltas and
+//! snapshots, `error` what a table refuses.
 
 mod change_log;
+mod error;
+mod export;
 mod shard;
 
 use std::collections::{HashMap, HashSet};
@@ -30,6 +35,8 @@ use crate::optimizer::Optimizer;
 use crate::region::Region;
 use crate::snapshot::{ShardSnapshot, SnapshotError};
 use change_log::ChangeLog;
+pub use error::EmbeddingError;
+pub(crate) use error::{check_gradients, check_width, device_error};
 use shard::{Shard, Staged};
 
 /// log2 of the rows in a shard's first arena chunk (chunk k > 0 holds 1024 << (k - 1)).
@@ -44,73 +51,6 @@ const META_WORDS: usize = 2;
 const SHARD_SALT: u64 = 0x5348_4152_4453_414c;
 /// Evictions remembered for deltas (per shard); older ones are dropped.
 const EVICTION_LOG: usize = 1 << 20;
-
-/// Why a table refused a call; nothing changed.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum EmbeddingError {
-    /// A table needs at least one float per row.
-    #[error("table {table}: dim must be > 0")]
-    ZeroDim {
-        /// The table.
-        table: String,
-    },
-    /// The shard count is not a power of two in range.
-    #[error("table {table}: shard count {shards} must be a power of two between 1 and 4096")]
-    Shards {
-        /// The table.
-        table: String,
-        /// The shard count asked for.
-        shards: usize,
-    },
-    /// Values that are not a whole row per key.
-    #[error("{what} has {got} floats; {keys} keys of dim {dim} need {want}")]
-    Width {
-        /// What the values are (`gradients`, `rows`).
-        what: &'static str,
-        /// Floats given.
-        got: usize,
-        /// Keys given.
-        keys: usize,
-        /// Floats per key.
-        dim: usize,
-        /// Floats needed.
-        want: usize,
-    },
-    /// A gradient value is NaN or infinite.
-    #[error("gradient for key {key} (position {position}) is not finite")]
-    NonFinite {
-        /// The key.
-        key: u64,
-        /// Its position in the call.
-        position: usize,
-    },
-    /// A hot-row replica was asked for a key it does not hold.
-    #[error("table {table}: key {key} is not among the replicated hot rows")]
-    NotHot {
-        /// The table.
-        table: String,
-        /// The key.
-        key: u64,
-    },
-    /// Rows on a device need an optimizer with a device kernel.
-    #[error(
-        "table {table}: optimizer {optimizer} has no device kernel; a table whose rows live on a device needs adagrad or adam"
-    )]
-    NoKernel {
-        /// The table.
-        table: String,
-        /// Its optimizer.
-        optimizer: &'static str,
-    },
-    /// The device holding the rows failed.
-    #[error("table {table}: device: {reason}")]
-    Device {
-        /// The table.
-        table: String,
-        /// What the device said.
-        reason: String,
-    },
-}
 
 /// A row's weights, optimizer state and metadata.
 pub type RowValues = (Vec<f32>, Vec<f32>, RowMeta);
@@ -616,38 +556,6 @@ impl Table {
         total
     }
 
-    /// Rows updated and keys evicted after version `since`.
-    ///
-    /// Every change with a version up to the returned `Delta::version` is included: versions
-    /// are taken under the shard's write lock, so by the time this reads a shard (under its
-    /// read lock) every change of that shard with a version below the watermark is done.
-    /// A change newer than the watermark may be included too; applying it twice is harmless.
-    pub fn export_delta(&self, since: u64) -> Result<Delta, EmbeddingError> {
-        let watermark = self.version();
-        let mut delta = Delta {
-            version: watermark,
-            ..Delta::default()
-        };
-        let mut rows = Vec::new();
-        for shard in 0..self.shards.len() {
-            let guard = self.read(shard);
-            rows.clear();
-            for (key, row) in guard.changed_since(since, &self.change_scans) {
-                delta.keys.push(key);
-                delta.versions.push(guard.meta(row).version);
-                rows.push(row);
-            }
-            guard
-                .copy_values(&rows, self.stride, self.dim, &mut delta.weights)
-                .map_err(|e| self.device_error(e))?;
-            for (version, key) in guard.eviction_log.iter().filter(|(v, _)| *v > since) {
-                delta.evicted.push(*key);
-                delta.evicted_versions.push(*version);
-            }
-        }
-        Ok(delta)
-    }
-
     /// The row of `key`: weights, optimizer state and metadata read together, under one lock.
     pub fn row(&self, key: u64) -> Result<Option<RowValues>, EmbeddingError> {
         let guard = self.read(self.shard_of(key));
@@ -707,95 +615,6 @@ impl Table {
     /// Independently locked shards.
     pub fn shard_count(&self) -> usize {
         self.shards.len()
-    }
-
-    /// Copies one shard's rows changed after `since` (0: all rows) under its read lock:
-    /// weights, optimizer state and metadata of each row from the same moment.
-    pub fn snapshot_shard(
-        &self,
-        shard: usize,
-        since: u64,
-    ) -> Result<ShardSnapshot, EmbeddingError> {
-        let guard = self.read(shard);
-        // Read under the lock: no change of this shard up to this version is missing.
-        let version = self.version();
-        let mut snapshot = ShardSnapshot {
-            dim: self.dim as u32,
-            stride: self.stride as u32,
-            shard: shard as u32,
-            shards: self.shards.len() as u32,
-            since,
-            version,
-            keys: Vec::new(),
-            meta: Vec::new(),
-            values: Vec::new(),
-            evicted: Vec::new(),
-        };
-        let mut rows = Vec::new();
-        for (key, row) in guard.changed_since(since, &self.change_scans) {
-            snapshot.keys.push(key);
-            snapshot.meta.push(guard.meta(row));
-            rows.push(row);
-        }
-        guard
-            .copy_values(&rows, self.stride, self.stride, &mut snapshot.values)
-            .map_err(|e| self.device_error(e))?;
-        if since > 0 {
-            snapshot.evicted = guard
-                .eviction_log
-                .iter()
-                .filter(|(v, _)| *v > since)
-                .map(|(_, key)| *key)
-                .collect();
-        }
-        Ok(snapshot)
-    }
-
-    /// Writes a shard snapshot's rows into this table (any shard count: each key goes to its
-    /// own shard here) and removes the keys it lists as evicted. Returns the rows written.
-    pub fn restore_shard(&self, snapshot: &ShardSnapshot) -> Result<usize, SnapshotError> {
-        if snapshot.dim as usize != self.dim || snapshot.stride as usize != self.stride {
-            return Err(SnapshotError::Shape {
-                got_dim: snapshot.dim,
-                got_stride: snapshot.stride,
-                dim: self.dim as u32,
-                stride: self.stride as u32,
-            });
-        }
-        for key in &snapshot.evicted {
-            let mut guard = self.write(self.shard_of(*key));
-            if let Some(row) = guard.index.remove(*key) {
-                guard.set_meta(row, RowMeta::default());
-                guard.free.push(row);
-            }
-        }
-        let (order, starts) = self.group_by_shard(&snapshot.keys);
-        for shard in 0..self.shards.len() {
-            let positions = &order[starts[shard]..starts[shard + 1]];
-            if positions.is_empty() {
-                continue;
-            }
-            let mut guard = self.write(shard);
-            guard.start_changes(self.version());
-            for &position in positions {
-                let position = position as usize;
-                let key = snapshot.keys[position];
-                let row = match guard.index.get(key) {
-                    Some(row) => row,
-                    None => guard.new_row(key, self),
-                };
-                let values = &snapshot.values[position * self.stride..(position + 1) * self.stride];
-                guard.write_values(row, values, self.stride);
-                let (old, new) = (guard.meta(row).version, snapshot.meta[position].version);
-                guard.set_meta(row, snapshot.meta[position]);
-                guard.changes.note(key, old);
-                guard.changes.gave(new);
-            }
-            guard.flush_staged().map_err(|e| self.device_error(e))?;
-        }
-        // Later changes must get versions above everything restored.
-        self.version.fetch_max(snapshot.version, Ordering::AcqRel);
-        Ok(snapshot.keys.len())
     }
 
     /// Rows held.
@@ -866,49 +685,5 @@ impl UpdateWaves {
         self.waves
             .iter()
             .try_for_each(|(ids, grads)| store.update(kernel, ids, grads))
-    }
-}
-
-pub(crate) fn device_error(table: &str, error: GpuError) -> EmbeddingError {
-    EmbeddingError::Device {
-        table: table.to_owned(),
-        reason: error.to_string(),
-    }
-}
-
-/// `dim` finite gradient floats for each of `keys`.
-pub(crate) fn check_gradients(
-    keys: &[u64],
-    grads: &[f32],
-    dim: usize,
-) -> Result<(), EmbeddingError> {
-    check_width("gradients", keys.len(), grads.len(), dim)?;
-    match grads.iter().position(|g| !g.is_finite()) {
-        Some(bad) => Err(EmbeddingError::NonFinite {
-            key: keys[bad / dim],
-            position: bad / dim,
-        }),
-        None => Ok(()),
-    }
-}
-
-/// `got` floats must be `per_key` for each of `keys` keys.
-pub(crate) fn check_width(
-    what: &'static str,
-    keys: usize,
-    got: usize,
-    per_key: usize,
-) -> Result<(), EmbeddingError> {
-    let want = keys * per_key;
-    if got == want {
-        Ok(())
-    } else {
-        Err(EmbeddingError::Width {
-            what,
-            got,
-            keys,
-            dim: per_key,
-            want,
-        })
     }
 }

@@ -30,6 +30,7 @@ esac
 ./scripts/install-deps.sh
 # shellcheck source=scripts/env.sh
 . scripts/env.sh
+./scripts/free-target-space.sh
 
 echo "[quickstart] building (first build takes several minutes)"
 cargo build --workspace --bins --locked

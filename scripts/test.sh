@@ -9,6 +9,7 @@ cd "$ROOT"
 ./scripts/install-deps.sh
 # shellcheck source=scripts/env.sh
 . scripts/env.sh
+./scripts/free-target-space.sh
 echo "[test] CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
 
 ./scripts/check-deploy.sh

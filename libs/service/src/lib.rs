@@ -19,6 +19,7 @@ pub use shutdown::Shutdown;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 
 use anyhow::Context;
 use clap::{Arg, ArgAction, Command};
@@ -60,35 +61,30 @@ pub struct SettingFlag {
     pub help: &'static str,
 }
 
+/// A service's whole life, from binding its ports to the end of its drain. Each service's
+/// library boxes its own: the state machine is then compiled once, in that library, not
+/// again (optimised) in its binary and in every test binary that runs the service.
+pub type ServiceFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
+
 /// Runs a service binary: `run` gets its settings and a [`Shutdown`] that fires on
 /// SIGTERM/SIGINT, and should return once it has drained.
-pub fn main<S, F, Fut>(
+pub fn main<S: ServiceSettings>(
     service: &'static str,
     about: &'static str,
     defaults: S,
-    run: F,
-) -> anyhow::Result<()>
-where
-    S: ServiceSettings,
-    F: FnOnce(S, Shutdown) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
-{
+    run: fn(S, Shutdown) -> ServiceFuture,
+) -> anyhow::Result<()> {
     main_with_flags(service, about, defaults, &[], run)
 }
 
 /// [`main`] with service-specific flags that set settings keys.
-pub fn main_with_flags<S, F, Fut>(
+pub fn main_with_flags<S: ServiceSettings>(
     service: &'static str,
     about: &'static str,
     defaults: S,
     flags: &[SettingFlag],
-    run: F,
-) -> anyhow::Result<()>
-where
-    S: ServiceSettings,
-    F: FnOnce(S, Shutdown) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
-{
+    run: fn(S, Shutdown) -> ServiceFuture,
+) -> anyhow::Result<()> {
     let command = flags.iter().fold(command(service, about), |command, flag| {
         command.arg(
             Arg::new(flag.long)

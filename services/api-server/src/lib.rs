@@ -13,7 +13,7 @@ use primus_bus::Bus;
 use primus_config::ApiServerSettings;
 use primus_proto::v1::ResourceEvent;
 use primus_proto::v1::api_service_server::ApiServiceServer;
-use primus_service::{Node, Shutdown};
+use primus_service::{Node, ServiceFuture, Shutdown};
 use tokio::sync::watch;
 use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
@@ -35,7 +35,11 @@ pub fn default_settings() -> ApiServerSettings {
 }
 
 /// Runs until `shutdown`, then drains and returns.
-pub async fn run(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+pub fn run(settings: ApiServerSettings, shutdown: Shutdown) -> ServiceFuture {
+    Box::pin(serve(settings, shutdown))
+}
+
+async fn serve(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     let tokens = auth::Tokens::load(settings.auth.token_file.as_deref())?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let bus = node.connect_nats(&settings.nats).await?;

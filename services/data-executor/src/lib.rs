@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use primus_proto::v1::dataset_service_server::DatasetServiceServer;
-use primus_service::{ExecutorIdentity, Node, Shutdown};
+use primus_service::{ExecutorIdentity, Node, ServiceFuture, Shutdown};
 use tonic::service::Routes;
 
 pub use buffer::priority;
@@ -51,7 +51,11 @@ pub fn default_settings() -> DataExecutorSettings {
 }
 
 /// Runs until `shutdown` (or until the work loop fails), then drains and returns.
-pub async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+pub fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> ServiceFuture {
+    Box::pin(serve(settings, shutdown))
+}
+
+async fn serve(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     let data = &settings.data;
     let identity =
         ExecutorIdentity::resolve("data", &data.job, &data.executor_id, &data.master_addr)?;

@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
         "task-reader",
         "Test data executor: reads its tasks' ids and records them",
         DataExecutorSettings::default(),
-        run,
+        |settings, shutdown| Box::pin(run(settings, shutdown)),
     )
 }
 

@@ -31,7 +31,7 @@ use primus_api_client::{ApiClient, ClientSettings};
 use primus_proto::v1::checkpoint_service_server::CheckpointServiceServer;
 use primus_proto::v1::task_service_server::TaskServiceServer;
 use primus_proto::v1::topology_service_server::TopologyServiceServer;
-use primus_service::{Node, SettingFlag, Shutdown};
+use primus_service::{Node, ServiceFuture, SettingFlag, Shutdown};
 use tonic::service::Routes;
 
 use primus_config::MasterSettings;
@@ -54,7 +54,11 @@ pub fn default_settings() -> MasterSettings {
 }
 
 /// Runs until `shutdown`, then stops every executor it started and returns.
-pub async fn run(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+pub fn run(settings: MasterSettings, shutdown: Shutdown) -> ServiceFuture {
+    Box::pin(serve(settings, shutdown))
+}
+
+async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     let shard = shard::parse_shard(&settings.master.shard).map_err(anyhow::Error::msg)?;
     let client = ClientSettings::from_settings(&settings.api)?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use primus_embedding::DenseStore;
 use primus_proto::v1::parameter_server_server::ParameterServerServer;
-use primus_service::{Node, Shutdown};
+use primus_service::{Node, ServiceFuture, Shutdown};
 use tonic::service::Routes;
 
 use primus_config::{PsRole, PsSettings};
@@ -34,7 +34,11 @@ pub fn default_settings() -> PsSettings {
 }
 
 /// Runs the role of `ps.role` until `shutdown`, then drains and returns.
-pub async fn run(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+pub fn run(settings: PsSettings, shutdown: Shutdown) -> ServiceFuture {
+    Box::pin(serve(settings, shutdown))
+}
+
+async fn serve(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     match settings.ps.role {
         PsRole::Training => run_training(settings, shutdown).await,
         PsRole::Serving if settings.ps.device != Device::Cpu => anyhow::bail!(

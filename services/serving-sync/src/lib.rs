@@ -21,7 +21,7 @@ use primus_bus::Bus;
 use primus_model::{ModelLayout, Tower};
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
 use primus_proto::v1::{DeltaNotice, Endpoint, GetTopologyRequest, MetricsReport, Role};
-use primus_service::{Node, Shutdown};
+use primus_service::{Node, ServiceFuture, Shutdown};
 use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::{JobSpec, TrainingMode};
@@ -44,7 +44,11 @@ pub fn default_settings() -> ServingSyncSettings {
 }
 
 /// Runs until `shutdown`, then stops every job's sync and returns.
-pub async fn run(settings: ServingSyncSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+pub fn run(settings: ServingSyncSettings, shutdown: Shutdown) -> ServiceFuture {
+    Box::pin(serve(settings, shutdown))
+}
+
+async fn serve(settings: ServingSyncSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     let client = ClientSettings::from_settings(&settings.api)?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let bus = node.connect_nats(&settings.nats).await?;

@@ -39,7 +39,7 @@ use primus_proto::v1::{
     TrainerTotalsResponse,
 };
 use primus_ps_client::PsClient;
-use primus_service::{ExecutorIdentity, Node, Shutdown};
+use primus_service::{ExecutorIdentity, Node, ServiceFuture, Shutdown};
 use primus_spec::job::Device;
 use tonic::service::Routes;
 use tonic::transport::Channel;
@@ -64,7 +64,11 @@ pub fn default_settings() -> TrainerSettings {
 }
 
 /// Runs until the job's data ends (then exits cleanly) or `shutdown`.
-pub async fn run(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Result<()> {
+pub fn run(settings: TrainerSettings, shutdown: Shutdown) -> ServiceFuture {
+    Box::pin(serve(settings, shutdown))
+}
+
+async fn serve(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     let train = &settings.trainer;
     let identity = ExecutorIdentity::resolve(
         "trainer",

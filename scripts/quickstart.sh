@@ -27,7 +27,7 @@ case "$STORE" in
   *) echo "[quickstart] $STORE: give a file:// or s3:// URL" >&2; exit 2 ;;
 esac
 
-./scripts/install-deps.sh
+./scripts/install-deps.sh --without-check-tools
 # shellcheck source=scripts/env.sh
 . scripts/env.sh
 ./scripts/free-target-space.sh

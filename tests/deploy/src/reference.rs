@@ -182,11 +182,7 @@ impl Walker<'_> {
         let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
             return;
         };
-        let required: Vec<&str> = schema
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|names| names.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        let required = required_names(schema);
         let ordered: BTreeMap<&String, &Value> = properties.iter().collect();
         for (name, property) in ordered {
             let path = join(prefix, name);
@@ -257,11 +253,7 @@ impl Walker<'_> {
                 continue;
             };
             let prefix = format!("{path} ({tag}: {value})");
-            let required: Vec<&str> = variant
-                .get("required")
-                .and_then(Value::as_array)
-                .map(|names| names.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
+            let required = required_names(variant);
             let ordered: BTreeMap<&String, &Value> = properties.iter().collect();
             for (name, property) in ordered {
                 if name == tag {
@@ -386,4 +378,13 @@ fn one_line(text: &str) -> String {
 
 fn escape(text: &str) -> String {
     text.replace('|', "\\|")
+}
+
+/// The names a JSON schema object lists as `required`.
+fn required_names(schema: &Value) -> Vec<&str> {
+    schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|names| names.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }

@@ -7,4 +7,4 @@ pub mod resources;
 pub mod rows;
 mod sandbox;
 
-pub use sandbox::{MasterProcess, Sandbox, TOKEN, alive, bin_dir, binary};
+pub use sandbox::{MasterProcess, Sandbox, TOKEN, alive, bin_dir, binary, condition};

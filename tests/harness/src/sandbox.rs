@@ -13,7 +13,7 @@ use primus_bus::jetstream::JetStream;
 use primus_config::{ApiServerSettings, MasterSettings, NatsSettings};
 use primus_service::Shutdown;
 use primus_spec::metric::MetricSpec;
-use primus_spec::status::{Phase, Status};
+use primus_spec::status::{Condition, Phase, Status};
 use primus_spec::{Kind, Resource};
 use primus_testkit::service::{ServingStatus, signal, wait_for_health};
 use primus_testkit::{NatsServer, RedisServer, free_port};
@@ -348,4 +348,13 @@ impl Drop for MasterProcess {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The status's condition `kind`; a test that expects one fails naming those it has.
+pub fn condition<'a>(status: &'a Status, kind: &str) -> &'a Condition {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.kind == kind)
+        .unwrap_or_else(|| panic!("no {kind} condition in {:?}", status.conditions))
 }

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use primus_harness::Sandbox;
+use primus_harness::{Sandbox, condition};
 use primus_master::checkpoint;
 use primus_spec::status::{Phase, Status};
 use primus_testkit::service::signal;
@@ -53,11 +53,7 @@ async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_
     let status = sandbox
         .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
         .await;
-    let restored = status
-        .conditions
-        .iter()
-        .find(|c| c.kind == "Restored")
-        .expect("a Restored condition");
+    let restored = condition(&status, "Restored");
     assert!(
         restored
             .message

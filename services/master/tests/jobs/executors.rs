@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use primus_harness::resources::small_wide_deep;
-use primus_harness::{Sandbox, alive};
+use primus_harness::{Sandbox, alive, condition};
 use primus_spec::status::Phase;
 use primus_testkit::service::signal;
 use primus_testkit::{OtlpReceiver, ReceivedSpan};
@@ -44,11 +44,7 @@ async fn a_job_reads_every_row_through_executor_and_master_kills() {
     let status = sandbox
         .wait_for_phase("rows", Phase::Succeeded, Duration::from_secs(120))
         .await;
-    let complete = status
-        .conditions
-        .iter()
-        .find(|c| c.kind == "Complete")
-        .expect("condition");
+    let complete = condition(&status, "Complete");
     assert_eq!(complete.reason, "DataExhausted", "{complete:?}");
     let read = rows_read(&work);
     let missing: Vec<u64> = (0..rows).filter(|id| !read.contains_key(id)).collect();
@@ -84,11 +80,7 @@ async fn a_missing_prefix_fails_the_job_and_deleting_a_running_job_stops_its_pro
     let status = sandbox
         .wait_for_phase("lost", Phase::Failed, Duration::from_secs(60))
         .await;
-    let complete = status
-        .conditions
-        .iter()
-        .find(|c| c.kind == "Complete")
-        .expect("condition");
+    let complete = condition(&status, "Complete");
     assert_eq!(complete.reason, "DataSourceMissing");
     assert!(
         complete.message.contains(missing.to_str().expect("utf-8")),
@@ -160,11 +152,7 @@ async fn a_model_that_does_not_fit_the_schema_fails_the_job_naming_the_feature()
     let status = sandbox
         .wait_for_phase("misfit", Phase::Failed, Duration::from_secs(60))
         .await;
-    let complete = status
-        .conditions
-        .iter()
-        .find(|c| c.kind == "Complete")
-        .expect("condition");
+    let complete = condition(&status, "Complete");
     assert_eq!(complete.reason, "ModelMismatch", "{complete:?}");
     assert!(
         complete.message.contains("\"c1\"") && complete.message.contains("\"t\""),
@@ -266,11 +254,7 @@ async fn a_file_that_does_not_read_fails_the_job_naming_it_once() {
     let status = sandbox
         .wait_for_phase("broken", Phase::Failed, Duration::from_secs(120))
         .await;
-    let complete = status
-        .conditions
-        .iter()
-        .find(|c| c.kind == "Complete")
-        .expect("condition");
+    let complete = condition(&status, "Complete");
     assert_eq!(complete.reason, "TaskFailed", "{complete:?}");
     let file = broken.to_str().expect("utf-8");
     assert_eq!(

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use primus_config::StorageSettings;
-use primus_harness::Sandbox;
 use primus_harness::resources::{daily, dataset, job, parquet};
+use primus_harness::{Sandbox, condition};
 use primus_spec::dataset::{DenseFeature, DenseTransform, FeatureSchema, SparseFeature};
 use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec, TrainingMode};
 use primus_spec::status::Phase;
@@ -29,11 +29,7 @@ async fn a_small_dlrm_job_learns_criteo_like_data_with_one_or_two_trainers_and_c
         auc_one > best - 0.02,
         "progressive AUC {auc_one:.4} is not within 0.02 of the best achievable {best:.4}"
     );
-    let complete = one
-        .conditions
-        .iter()
-        .find(|c| c.kind == "Complete")
-        .expect("condition");
+    let complete = condition(&one, "Complete");
     assert!(
         complete.message.contains("checkpoint:") && complete.message.contains("ps-1"),
         "{complete:?}"
@@ -44,11 +40,7 @@ async fn a_small_dlrm_job_learns_criteo_like_data_with_one_or_two_trainers_and_c
     // samples as the single trainer (equal windows of 20,000 each made two trainers look
     // 0.05 worse only because they covered twice as much, earlier, data).
     let two = train_dlrm(&sandbox, "dlrm-two", 2).await;
-    let scheduled = two
-        .conditions
-        .iter()
-        .find(|c| c.kind == "Scheduled")
-        .expect("condition");
+    let scheduled = condition(&two, "Scheduled");
     assert!(scheduled.message.contains("2 trainers"), "{scheduled:?}");
     let auc_two = two.progress.as_ref().and_then(|p| p.auc).expect("an AUC");
     // The same band as one trainer. Measured 0.004 below it alone and 0.012 below it

@@ -243,6 +243,16 @@ pub fn describe(resource: &Resource) -> anyhow::Result<String> {
         }
         field("Progress:", parts.join(", "));
     }
+    if let Some(r) = &status.replicas {
+        let mut running = format!(
+            "{} PS, {} data executors, {} trainers",
+            r.ps, r.data_executors, r.trainers
+        );
+        if r.serving > 0 {
+            running.push_str(&format!(", {} serving", r.serving));
+        }
+        field("Running:", running);
+    }
     if !status.conditions.is_empty() {
         text.push_str("Conditions:\n");
         let rows: Vec<Vec<String>> = status
@@ -259,6 +269,17 @@ pub fn describe(resource: &Resource) -> anyhow::Result<String> {
             })
             .collect();
         for line in align(&["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"], &rows).lines() {
+            text.push_str(&format!("  {line}\n"));
+        }
+    }
+    if !status.events.is_empty() {
+        text.push_str("Events:\n");
+        let rows: Vec<Vec<String>> = status
+            .events
+            .iter()
+            .map(|e| vec![age(e.unix_ms, now), e.reason.clone(), e.message.clone()])
+            .collect();
+        for line in align(&["AGE", "REASON", "MESSAGE"], &rows).lines() {
             text.push_str(&format!("  {line}\n"));
         }
     }
@@ -316,6 +337,37 @@ mod tests {
         assert_eq!(
             text,
             "NAME         PHASE\na            Running\nlonger-name  Pending\n"
+        );
+    }
+
+    #[test]
+    fn a_job_page_shows_what_runs_now_and_its_events() {
+        let mut status = Status::default();
+        status.replicas = Some(primus_spec::status::Replicas {
+            ps: 2,
+            data_executors: 3,
+            trainers: 1,
+            serving: 0,
+        });
+        let at = now_ms() - 5_000;
+        status.push_event(at, "ScaledOut", "started data_executor-2".into());
+        let resource = Resource {
+            kind: "Job".into(),
+            name: "ctr".into(),
+            spec_json: "{}".into(),
+            status_json: serde_json::to_string(&status).expect("status as JSON"),
+            ..Resource::default()
+        };
+        let page = describe(&resource).expect("a page");
+        assert!(
+            page.contains("Running:     2 PS, 3 data executors, 1 trainers\n"),
+            "{page}"
+        );
+        assert!(page.contains("Events:\n"), "{page}");
+        assert!(
+            page.lines()
+                .any(|l| l.contains("ScaledOut") && l.contains("started data_executor-2")),
+            "{page}"
         );
     }
 }

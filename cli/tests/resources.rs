@@ -255,6 +255,7 @@ fn job_status(phase: Phase, fraction: f64, reason: &str) -> Status {
             samples_per_second: 500.0,
             auc: Some(0.75),
         }),
+        ..Status::default()
     }
 }
 

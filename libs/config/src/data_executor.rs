@@ -63,6 +63,9 @@ pub struct DataSettings {
     /// `rebalance`: also take raw messages of other executors' stream partitions that
     /// are behind, while this executor's own are caught up (Primus Table 2).
     pub stream_loading: StreamLoading,
+    /// Fault injection for tests and benchmarks: a pause before each Parquet read of
+    /// `read_batch_rows`, as a slow object store adds. 0 (the default) outside them.
+    pub read_delay_ms: u64,
 }
 
 impl Default for DataSettings {
@@ -82,6 +85,7 @@ impl Default for DataSettings {
             stream_ack_wait_ms: 30_000,
             join_spill_dir: None,
             stream_loading: StreamLoading::Forward,
+            read_delay_ms: 0,
         }
     }
 }

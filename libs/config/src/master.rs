@@ -49,6 +49,18 @@ pub struct ControllerSettings {
     pub tasks: TaskSettings,
     /// How checkpoints are taken and kept.
     pub checkpoint: CheckpointSettings,
+    /// Faults the master injects into its Jobs' executors, for tests and benchmarks.
+    pub fault_injection: FaultInjectionSettings,
+}
+
+/// Faults injected into every Job's executors, for tests and benchmarks only: they make a
+/// Job slower on purpose. All off by default.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(default)]
+pub struct FaultInjectionSettings {
+    /// Each data executor pauses this long before each Parquet read (its
+    /// `data.read_delay_ms`), as a slow object store would.
+    pub data_read_delay_ms: u64,
 }
 
 /// The checkpoint coordinator (a Job's `spec.checkpoint` says where and how often).
@@ -134,6 +146,7 @@ impl Default for ControllerSettings {
             planner: PlannerSettings::default(),
             tasks: TaskSettings::default(),
             checkpoint: CheckpointSettings::default(),
+            fault_injection: FaultInjectionSettings::default(),
         }
     }
 }

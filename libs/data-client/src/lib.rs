@@ -6,18 +6,27 @@
 //! up to [`RECONNECT_FOR`]. What becomes of the dead executor's rows is the task queue's
 //! and the stream's business: a file task resumes from its last reported offset, a stream's
 //! buffered rows are lost (acked once buffered) and its unacked messages redelivered.
+//!
+//! The set of executors may change while reading ([`Membership`]): a joining executor's
+//! stream is merged in; a leaving one sends `leaving` and its stream ends without ending
+//! the read (its unserved rows reach another executor through the task queue); and when
+//! the trainer itself leaves, every executor is told to end its streams, and the read ends
+//! once they have, so every minibatch sent to this trainer is one it receives.
 
 #![warn(missing_docs)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream, SelectAll};
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use primus_batch::Minibatch;
 use primus_proto::v1::dataset_service_client::DatasetServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
-use primus_proto::v1::{GetTopologyRequest, MinibatchRequest, Role, SourceKind};
+use primus_proto::v1::{
+    EndMinibatchesRequest, GetTopologyRequest, MinibatchRequest, Role, SourceKind,
+};
 use primus_telemetry::propagation::TraceCarrier;
 
 /// Why minibatches could not be read.
@@ -121,6 +130,8 @@ enum Tagged {
 enum Item {
     Batch(Box<ReceivedBatch>),
     Marker(u64),
+    /// The executor is leaving the job; its stream ends next.
+    Leaving,
 }
 
 type Items = BoxStream<'static, Result<Item, ReaderError>>;
@@ -153,6 +164,9 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Items, ReaderE
                 addr: addr.clone(),
                 status,
             })?;
+            if message.leaving {
+                return Ok(Item::Leaving);
+            }
             if message.barrier != 0 {
                 return Ok(Item::Marker(message.barrier));
             }
@@ -272,6 +286,8 @@ impl Alignment {
         match tagged {
             Ok((_, Ok(Item::Batch(batch)))) => vec![Ok(Received::Batch(batch))],
             Ok((_, Err(e))) => vec![Err(e)],
+            // Its stream ends right after; a leaving executor awaits no barrier.
+            Ok((stream, Ok(Item::Leaving))) => self.end(stream),
             Ok((stream, Ok(Item::Marker(id)))) => {
                 self.marked.entry(id).or_default().insert(stream);
                 self.complete()
@@ -279,39 +295,233 @@ impl Alignment {
                     .map(|id| Ok(Received::Barrier(id)))
                     .collect()
             }
-            Err(stream) => {
-                self.ended.insert(stream);
-                self.complete()
-                    .into_iter()
-                    .map(|id| Ok(Received::Barrier(id)))
-                    .collect()
-            }
+            Err(stream) => self.end(stream),
+        }
+    }
+
+    fn end(&mut self, stream: usize) -> Vec<Result<Received, ReaderError>> {
+        self.ended.insert(stream);
+        self.complete()
+            .into_iter()
+            .map(|id| Ok(Received::Barrier(id)))
+            .collect()
+    }
+}
+
+/// How the job's data executors change while a trainer reads.
+pub struct Membership {
+    /// Addresses of executors that joined the job, each once.
+    pub joined: BoxStream<'static, String>,
+    /// Resolves when the trainer leaves the job.
+    pub leave: BoxFuture<'static, ()>,
+}
+
+impl Membership {
+    /// The executors never change and the trainer never leaves.
+    pub fn fixed() -> Self {
+        Self {
+            joined: stream::pending().boxed(),
+            leave: std::future::pending().boxed(),
         }
     }
 }
 
-/// Minibatches from every executor in `addrs`, in arrival order, and the checkpoint
-/// barriers once aligned; ends when all streams end.
+/// Minibatches from every executor in `addrs` and every one that joins, in arrival order,
+/// and the checkpoint barriers once aligned. Ends when the data is: every stream ended and
+/// the last did so because its executor's data ran out (not because it left); or, after
+/// `membership.leave`, once every executor ended this trainer's streams.
 pub async fn read(
     addrs: &[String],
     options: &ReaderOptions,
+    membership: Membership,
 ) -> Result<impl Stream<Item = Result<Received, ReaderError>> + use<>, ReaderError> {
-    let mut merged: SelectAll<BoxStream<'static, Tagged>> = SelectAll::new();
-    for (index, addr) in addrs.iter().enumerate() {
+    let mut merged = Merged::new(options.clone(), membership);
+    for addr in addrs {
         let items = open_one(addr.clone(), options.clone()).await?;
-        let items = reconnecting(addr.clone(), options.clone(), items);
+        merged.add(
+            addr.clone(),
+            reconnecting(addr.clone(), options.clone(), items),
+        );
+    }
+    Ok(stream::unfold(merged, |mut merged| async move {
+        let item = merged.next().await?;
+        Some((item, merged))
+    }))
+}
+
+/// The state of [`read`]: the executors' streams and what joins or leaves.
+struct Merged {
+    streams: SelectAll<BoxStream<'static, Tagged>>,
+    /// Each stream's executor, by stream index.
+    addrs: Vec<String>,
+    alignment: Alignment,
+    /// Streams whose executor said it is leaving.
+    leaving_streams: BTreeSet<usize>,
+    /// A stream ended because its executor's data ran out.
+    data_ended: bool,
+    /// Until this trainer leaves.
+    joined: Option<BoxStream<'static, String>>,
+    leave: Option<BoxFuture<'static, ()>>,
+    options: ReaderOptions,
+    ready: std::collections::VecDeque<Result<Received, ReaderError>>,
+}
+
+impl Merged {
+    fn new(options: ReaderOptions, membership: Membership) -> Self {
+        Self {
+            streams: SelectAll::new(),
+            addrs: Vec::new(),
+            alignment: Alignment {
+                streams: 0,
+                ended: BTreeSet::new(),
+                marked: BTreeMap::new(),
+            },
+            leaving_streams: BTreeSet::new(),
+            data_ended: false,
+            joined: Some(membership.joined),
+            leave: Some(membership.leave),
+            options,
+            ready: std::collections::VecDeque::new(),
+        }
+    }
+
+    fn add(&mut self, addr: String, items: Items) {
+        let index = self.addrs.len();
         let tagged = items
             .map(move |item| Tagged::Item(index, Box::new(item)))
             .chain(stream::once(async move { Tagged::Ended(index) }));
-        merged.push(tagged.boxed());
+        self.streams.push(tagged.boxed());
+        self.addrs.push(addr);
+        self.alignment.streams += 1;
     }
-    let mut alignment = Alignment {
-        streams: addrs.len(),
-        ended: BTreeSet::new(),
-        marked: BTreeMap::new(),
-    };
-    Ok(merged.flat_map(move |tagged| stream::iter(alignment.take(tagged))))
+
+    /// Addresses of the executors whose streams are open.
+    fn open_addrs(&self) -> Vec<String> {
+        (0..self.addrs.len())
+            .filter(|i| !self.alignment.ended.contains(i))
+            .map(|i| self.addrs[i].clone())
+            .collect()
+    }
+
+    /// The read is over: this trainer left, or the data ran out, and no stream is open.
+    fn finished(&self) -> bool {
+        self.streams.is_empty() && (self.leave.is_none() || self.data_ended)
+    }
+
+    async fn next(&mut self) -> Option<Result<Received, ReaderError>> {
+        loop {
+            if let Some(item) = self.ready.pop_front() {
+                return Some(item);
+            }
+            if self.finished() {
+                return None;
+            }
+            let open = !self.streams.is_empty();
+            let (streams, joined, leave) = (&mut self.streams, &mut self.joined, &mut self.leave);
+            let step = tokio::select! {
+                tagged = streams.next(), if open => Step::Item(tagged),
+                addr = next_join(joined) => Step::Joined(addr),
+                () = until_leave(leave) => Step::Leave,
+            };
+            match step {
+                Step::Item(Some(tagged)) => self.take(tagged),
+                // The last stream ended: whether the read is over is decided above.
+                Step::Item(None) => {}
+                Step::Joined(Some(addr)) => self.join(addr),
+                Step::Joined(None) => self.joined = None,
+                Step::Leave => self.depart().await,
+            }
+        }
+    }
+
+    fn take(&mut self, tagged: Tagged) {
+        match &tagged {
+            Tagged::Item(stream, item) if matches!(**item, Ok(Item::Leaving)) => {
+                tracing::info!(addr = %self.addrs[*stream], "data executor leaving the job");
+                self.leaving_streams.insert(*stream);
+            }
+            Tagged::Ended(stream) if !self.leaving_streams.contains(stream) => {
+                self.data_ended = true;
+            }
+            _ => {}
+        }
+        self.ready.extend(self.alignment.take(tagged));
+    }
+
+    fn join(&mut self, addr: String) {
+        if self.open_addrs().contains(&addr) {
+            return;
+        }
+        tracing::info!(%addr, "data executor joined the job");
+        let options = self.options.clone();
+        let opening = addr.clone();
+        let items = stream::once(async move { reopen(&opening, &options).await })
+            .flat_map({
+                let (addr, options) = (addr.clone(), self.options.clone());
+                move |opened| match opened {
+                    Ok(items) => reconnecting(addr.clone(), options.clone(), items),
+                    Err(e) => stream::once(async move { Err(e) }).boxed(),
+                }
+            })
+            .boxed();
+        self.add(addr, items);
+    }
+
+    /// This trainer leaves: no executor joins any more, and each open one is asked to
+    /// end this trainer's streams.
+    async fn depart(&mut self) {
+        self.joined = None;
+        self.leave = None;
+        let (job, trainer_id) = (self.options.job.clone(), self.options.trainer_id.clone());
+        let asks = self.open_addrs().into_iter().map(|addr| {
+            let request = EndMinibatchesRequest {
+                job: job.clone(),
+                trainer_id: trainer_id.clone(),
+            };
+            async move {
+                let ended = async {
+                    let mut client =
+                        DatasetServiceClient::connect(format!("http://{addr}")).await?;
+                    client.end_minibatches(request).await?;
+                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+                };
+                match tokio::time::timeout(END_ASK_TIMEOUT, ended).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!(%addr, error = %e, "asking to end the streams"),
+                    Err(_) => tracing::warn!(%addr, "asking to end the streams timed out"),
+                }
+            }
+        });
+        futures::future::join_all(asks).await;
+        tracing::info!("leaving: every data executor was asked to end its streams");
+    }
 }
+
+/// What [`Merged::next`] woke up for.
+enum Step {
+    Item(Option<Tagged>),
+    Joined(Option<String>),
+    Leave,
+}
+
+/// The next joined executor; never, once joins are no longer followed.
+async fn next_join(joined: &mut Option<BoxStream<'static, String>>) -> Option<String> {
+    match joined.as_mut() {
+        Some(joined) => joined.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves when the trainer leaves; never once it has.
+async fn until_leave(leave: &mut Option<BoxFuture<'static, ()>>) {
+    match leave.as_mut() {
+        Some(leave) => leave.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How long a leaving trainer waits for one executor to take its EndMinibatches.
+const END_ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
@@ -340,5 +550,65 @@ mod tests {
         assert_eq!(barriers(alignment.take(Tagged::Ended(2))), vec![5]);
         assert!(barriers(alignment.take(marker(0, 6))).is_empty());
         assert_eq!(barriers(alignment.take(marker(1, 6))), vec![6]);
+    }
+
+    fn merged() -> Merged {
+        let options = ReaderOptions {
+            job: "j".into(),
+            trainer_id: "trainer-0".into(),
+            batch_size: 1,
+            grouped: false,
+        };
+        Merged::new(options, Membership::fixed())
+    }
+
+    fn items(items: Vec<Item>) -> Items {
+        stream::iter(items.into_iter().map(Ok)).boxed()
+    }
+
+    async fn next_within(merged: &mut Merged) -> Option<Option<Result<Received, ReaderError>>> {
+        tokio::time::timeout(Duration::from_millis(200), merged.next())
+            .await
+            .ok()
+    }
+
+    #[tokio::test]
+    async fn a_leaving_executor_does_not_end_the_read_and_the_data_running_out_does() {
+        let mut merged = merged();
+        merged.add("a".into(), items(vec![Item::Leaving]));
+        assert!(
+            next_within(&mut merged).await.is_none(),
+            "waiting for an executor to join"
+        );
+        // One joins: its marker passes alone (the leaving one awaits no barrier), and its
+        // end is the data's.
+        merged.add("b".into(), items(vec![Item::Marker(4)]));
+        match next_within(&mut merged).await {
+            Some(Some(Ok(Received::Barrier(4)))) => {}
+            _ => panic!("barrier 4 expected"),
+        }
+        assert!(
+            matches!(next_within(&mut merged).await, Some(None)),
+            "the read ended"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_leaving_trainer_reads_until_every_stream_ended() {
+        let (leave, left) = tokio::sync::oneshot::channel::<()>();
+        let membership = Membership {
+            joined: stream::pending().boxed(),
+            leave: async move {
+                let _ = left.await;
+            }
+            .boxed(),
+        };
+        let mut merged = Merged::new(merged().options, membership);
+        // An executor whose stream stays open until it is told (here: never) is asked to
+        // end it; one that can no longer be reached is given up on.
+        merged.add("127.0.0.1:1".into(), stream::pending().boxed());
+        let _ = leave.send(());
+        assert!(next_within(&mut merged).await.is_none(), "still reading");
+        assert!(merged.leave.is_none() && merged.joined.is_none(), "left");
     }
 }

@@ -1,5 +1,6 @@
-//! The process's own CPU and memory use, as executors report them in heartbeats (Linux
-//! `/proc/self`; elsewhere both read as 0).
+//! CPU and memory use of this process (as executors report them in heartbeats) or of
+//! another one (as the master's local backend measures its executors): Linux
+//! `/proc/<pid>`; elsewhere, or for a process that is gone, both read as 0.
 
 use std::time::Instant;
 
@@ -7,13 +8,15 @@ use std::time::Instant;
 const TICKS_PER_SECOND: f64 = 100.0;
 const PAGE_BYTES: u64 = 4096;
 
-/// Turns successive CPU-time readings into cores in use.
+/// Turns successive CPU-time readings of one process into cores in use.
 pub struct UsageSampler {
+    /// `self` or a pid: the process's folder under `/proc`.
+    process: String,
     last: Option<(Instant, u64)>,
 }
 
-fn cpu_ticks() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+fn cpu_ticks(process: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).ok()?;
     // Fields after the command name (which may hold spaces, hence the last ')').
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
@@ -24,23 +27,42 @@ fn cpu_ticks() -> Option<u64> {
 
 /// Resident memory of this process in bytes.
 pub fn resident_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
+    resident_bytes_of("self")
+}
+
+fn resident_bytes_of(process: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{process}/statm"))
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .map_or(0, |pages| pages * PAGE_BYTES)
 }
 
 impl UsageSampler {
-    /// Starts measuring from now.
+    /// Starts measuring this process from now.
     pub fn new() -> Self {
+        Self::of("self")
+    }
+
+    /// Starts measuring process `pid` from now.
+    pub fn of_process(pid: u32) -> Self {
+        Self::of(&pid.to_string())
+    }
+
+    fn of(process: &str) -> Self {
         Self {
-            last: cpu_ticks().map(|t| (Instant::now(), t)),
+            process: process.to_owned(),
+            last: cpu_ticks(process).map(|t| (Instant::now(), t)),
         }
     }
 
-    /// Cores used on average since the previous call (or since `new`).
+    /// Resident memory of the measured process in bytes.
+    pub fn resident_bytes(&self) -> u64 {
+        resident_bytes_of(&self.process)
+    }
+
+    /// Cores used on average since the previous call (or since the sampler was made).
     pub fn cpu_cores(&mut self) -> f64 {
-        let (Some(ticks), now) = (cpu_ticks(), Instant::now()) else {
+        let (Some(ticks), now) = (cpu_ticks(&self.process), Instant::now()) else {
             return 0.0;
         };
         let cores = match self.last {
@@ -81,5 +103,27 @@ mod tests {
         let cores = sampler.cpu_cores();
         assert!(cores > 0.3, "busy loop measured as {cores} cores");
         assert!(resident_bytes() > 1 << 20);
+    }
+
+    #[test]
+    fn another_process_is_measured_by_its_pid() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("sleep runs");
+        let mut sampler = UsageSampler::of_process(child.id());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            sampler.resident_bytes() > 0,
+            "a running process has resident pages"
+        );
+        assert!(sampler.cpu_cores() < 0.5, "a sleeping process uses no CPU");
+        child.kill().expect("kill");
+        child.wait().expect("reaped");
+        assert_eq!(
+            sampler.resident_bytes(),
+            0,
+            "a process that is gone reads as 0"
+        );
     }
 }

@@ -34,7 +34,29 @@ pub(crate) fn ftrl_beta() -> f64 {
 
 /// Scale data executors out when their weighted load exceeds this (Primus Eq. 1).
 pub(crate) fn load_threshold() -> f64 {
-    0.8
+    0.6
+}
+
+/// Scale data executors in when their weighted load is below this.
+pub(crate) fn scale_in_threshold() -> f64 {
+    0.25
+}
+
+pub(crate) fn cooldown_seconds() -> u64 {
+    30
+}
+
+/// Starving trainers are the main reason for more data executors.
+pub(crate) fn starvation_weight() -> f64 {
+    0.7
+}
+
+pub(crate) fn cpu_weight() -> f64 {
+    0.2
+}
+
+pub(crate) fn memory_weight() -> f64 {
+    0.1
 }
 
 pub(crate) fn sparse_interval_ms() -> u64 {

@@ -65,6 +65,38 @@ pub struct Progress {
     pub auc: Option<f64>,
 }
 
+/// How many executors of each role a Job runs now (its spec's replicas are where it
+/// started; scaling moves these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Replicas {
+    /// PS shards.
+    pub ps: u32,
+    /// Data executors.
+    pub data_executors: u32,
+    /// Trainers.
+    pub trainers: u32,
+    /// Serving replicas.
+    #[serde(default)]
+    pub serving: u32,
+}
+
+/// Something that happened to a resource, such as a scaling decision and the figures it
+/// was made on. A status keeps the latest [`MAX_EVENTS`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    /// When (Unix milliseconds).
+    pub unix_ms: i64,
+    /// What, in one CamelCase word (`ScaledOut`, `ScaledIn`, ...).
+    pub reason: String,
+    /// What and why, for a person.
+    pub message: String,
+}
+
+/// How many events a status keeps.
+pub const MAX_EVENTS: usize = 20;
+
 /// A resource's status: phase, conditions, progress.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -81,4 +113,23 @@ pub struct Status {
     /// A Job's training progress.
     #[serde(default)]
     pub progress: Option<Progress>,
+    /// A Job's executors now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<Replicas>,
+    /// The latest events, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
+}
+
+impl Status {
+    /// Records an event, dropping the oldest beyond [`MAX_EVENTS`].
+    pub fn push_event(&mut self, unix_ms: i64, reason: &str, message: String) {
+        self.events.push(Event {
+            unix_ms,
+            reason: reason.to_owned(),
+            message,
+        });
+        let excess = self.events.len().saturating_sub(MAX_EVENTS);
+        self.events.drain(..excess);
+    }
 }

@@ -471,3 +471,63 @@ fn incremental_checkpoints_default_to_one_full_in_four_and_refuse_bad_lengths() 
         );
     }
 }
+
+#[test]
+fn a_scaling_policy_with_impossible_bounds_or_weights_names_each_field() {
+    let scaling = |policy: &str| {
+        JOB.replace(
+            "  mode: batch\n",
+            &format!("  mode: batch\n  scaling: {policy}\n"),
+        )
+    };
+    let resources = parse_documents(
+        "job.yaml",
+        &scaling("{enabled: true, min_data_executors: 1, max_data_executors: 3}"),
+    )
+    .expect("valid");
+    let [Resource::Job(job)] = &resources[..] else {
+        panic!("one job expected")
+    };
+    let policy = &job.spec.scaling;
+    assert_eq!(
+        (
+            policy.load_threshold,
+            policy.scale_in_threshold,
+            policy.cooldown_seconds
+        ),
+        (0.6, 0.25, 30)
+    );
+    assert_eq!(
+        (
+            policy.weights.starvation,
+            policy.weights.cpu,
+            policy.weights.memory
+        ),
+        (0.7, 0.2, 0.1)
+    );
+
+    let err = error_text(&scaling(
+        "{enabled: true, min_data_executors: 3, max_data_executors: 2, weights: {starvation: -1, cpu: 0, memory: 0}, load_threshold: 0.2, scale_in_threshold: 0.5}",
+    ));
+    for expected in [
+        "spec.scaling.max_data_executors: must be >= min_data_executors (2 < 3)",
+        "spec.scaling.weights.starvation: must be >= 0 (got -1)",
+        "spec.scaling.scale_in_threshold: must be below load_threshold (0.5 >= 0.2)",
+    ] {
+        assert!(err.contains(expected), "{expected}: {err}");
+    }
+    let err = error_text(&scaling("{weights: {starvation: 0, cpu: 0, memory: 0}}"));
+    assert!(
+        err.contains("spec.scaling.weights: are all 0: at least one must be > 0"),
+        "{err}"
+    );
+    let err = error_text(&scaling(
+        "{enabled: true, min_data_executors: 2, max_data_executors: 4}",
+    ));
+    assert!(
+        err.contains(
+            "spec.topology.data_executors.replicas: must be within spec.scaling's 2..=4 while scaling is enabled (got 1)"
+        ),
+        "{err}"
+    );
+}

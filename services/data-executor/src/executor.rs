@@ -2,7 +2,7 @@
 //! a runner slot is free, report served offsets and finish tasks once their rows are
 //! served, and publish heartbeats and metrics on NATS.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +21,7 @@ use primus_service::usage::{UsageSampler, resident_bytes};
 use primus_service::{ExecutorIdentity, Shutdown};
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::StreamLoading;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tonic::transport::Channel;
 use tracing::Instrument;
 
@@ -33,6 +33,9 @@ use crate::rebalance::{Rebalancer, StreamPartition};
 use crate::runner::BatchRunner;
 use crate::stream::{Fetching, StreamGauges, StreamInputs, StreamRunner};
 use primus_config::DataSettings;
+
+/// How long a leaving executor waits for its streams to end before its final report.
+const FINAL_REPORT_WAIT: Duration = Duration::from_secs(10);
 
 /// State shared by the work loop, the runners and the dataset server.
 pub(crate) struct Executor {
@@ -58,7 +61,20 @@ pub(crate) struct Executor {
     held_streams: Mutex<std::collections::HashSet<String>>,
     /// The master's checkpoint pause.
     pub barrier: Barrier,
+    /// Trainers that asked their streams to end (they are leaving the job).
+    departed: watch::Sender<BTreeSet<String>>,
+    /// Minibatch streams open now: the final offsets are reported once none is.
+    open_streams: watch::Sender<usize>,
     pub shutdown: Shutdown,
+}
+
+/// Holds one minibatch stream open; dropped when the stream ends.
+pub(crate) struct OpenStream(watch::Sender<usize>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.send_modify(|open| *open = open.saturating_sub(1));
+    }
 }
 
 fn sources(dataset: &DatasetSpec) -> Vec<(String, SourceKind, f64)> {
@@ -123,8 +139,32 @@ impl Executor {
             streams: Mutex::new(HashMap::new()),
             joins: Mutex::new(HashMap::new()),
             barrier: Barrier::default(),
+            departed: watch::channel(BTreeSet::new()).0,
+            open_streams: watch::channel(0).0,
             shutdown,
         }
+    }
+
+    /// `trainer` is leaving: its streams end.
+    pub(crate) fn depart(&self, trainer: &str) {
+        self.departed
+            .send_if_modified(|departed| departed.insert(trainer.to_owned()));
+    }
+
+    /// `trainer` opens a stream again (started again under its id): it is served.
+    pub(crate) fn rejoin(&self, trainer: &str) {
+        self.departed
+            .send_if_modified(|departed| departed.remove(trainer));
+    }
+
+    pub(crate) fn departures(&self) -> watch::Receiver<BTreeSet<String>> {
+        self.departed.subscribe()
+    }
+
+    /// Counts a minibatch stream as open until the returned guard drops.
+    pub(crate) fn open_stream(&self) -> OpenStream {
+        self.open_streams.send_modify(|open| *open += 1);
+        OpenStream(self.open_streams.clone())
     }
 
     /// NOT_FOUND unless `job` is the job this executor serves.
@@ -144,11 +184,6 @@ impl Executor {
             .iter()
             .map(|(id, ledger)| (id.clone(), ledger.served()))
             .collect()
-    }
-
-    /// Nothing of this executor is waiting to be served: no buffered row, no open task.
-    pub(crate) fn idle(&self) -> bool {
-        self.buffers.is_empty() && self.ledgers().is_empty()
     }
 
     /// No more rows will arrive: the data is exhausted and the buffers are drained.
@@ -195,7 +230,12 @@ impl Executor {
     /// Registers, then runs tasks until the data is exhausted or `shutdown`.
     pub(crate) async fn work(self: Arc<Self>, grpc_addr: String, bus: Bus) -> anyhow::Result<()> {
         let shutdown = self.shutdown.clone();
-        let mut client = connect(&self.identity.master_addr, &shutdown).await?;
+        let mut client = match connect(&self.identity.master_addr, &shutdown).await {
+            Ok(client) => client,
+            // Stopped before the master could be reached: nothing to hand back.
+            Err(_) if shutdown.is_triggered() => return Ok(()),
+            Err(e) => return Err(e),
+        };
         let registered = client
             .register_executor(RegisterExecutorRequest {
                 job: self.identity.job.clone(),
@@ -222,6 +262,9 @@ impl Executor {
             }
         }
         reporter.abort();
+        if shutdown.is_triggered() {
+            self.report_final(&mut client).await;
+        }
         beats.abort();
         if let Some(helper) = helper {
             helper.abort();
@@ -255,7 +298,12 @@ impl Executor {
         let slots = Arc::new(Semaphore::new(self.settings.runners.max(1)));
         let idle = Duration::from_millis(self.settings.idle_poll_ms.max(10));
         while !shutdown.is_triggered() {
-            let Ok(slot) = slots.clone().acquire_owned().await else {
+            // Batch runners finish their task before freeing a slot: a stop does not wait.
+            let slot = tokio::select! {
+                slot = slots.clone().acquire_owned() => slot,
+                _ = shutdown.wait() => break,
+            };
+            let Ok(slot) = slot else {
                 break;
             };
             let request = AcquireTaskRequest {
@@ -339,6 +387,7 @@ impl Executor {
                         .settings
                         .read_batch_rows
                         .clamp(1, self.buffers.capacity_rows()),
+                    read_delay: Duration::from_millis(self.settings.read_delay_ms),
                 };
                 runner.run(source, work, task.start_offset, &ledger).await;
             }
@@ -402,6 +451,26 @@ impl Executor {
                 }
             }
         }
+    }
+
+    /// Leaving: once no stream is open (every served row is final), reports each task's
+    /// served offset, so the master puts the rest back in the queue from there.
+    async fn report_final(&self, client: &mut TaskServiceClient<Channel>) {
+        let mut open = self.open_streams.subscribe();
+        let closed = open.wait_for(|open| *open == 0);
+        if tokio::time::timeout(FINAL_REPORT_WAIT, closed)
+            .await
+            .is_err()
+        {
+            tracing::warn!("minibatch streams still open; reporting the offsets served so far");
+        }
+        let ledgers: Vec<Arc<TaskLedger>> = self.ledgers().values().cloned().collect();
+        for ledger in ledgers {
+            if let Err(status) = self.report_one(client, &ledger).await {
+                tracing::warn!(task = %ledger.id, %status, "reporting the final offset");
+            }
+        }
+        tracing::info!("final offsets reported");
     }
 
     async fn report_one(
@@ -474,12 +543,15 @@ impl Executor {
             }
             let served = self.rows_served.load(Ordering::Acquire);
             let elapsed = last_served.0.elapsed().as_secs_f64().max(1e-3);
-            let mut gauges: HashMap<String, f64> = self
-                .buffers
-                .fill()
+            let fill = self.buffers.fill();
+            // Trainers starve only when every buffer is empty: the fullest one counts.
+            let capacity = self.buffers.capacity_rows().max(1) as f64;
+            let fullest = fill.iter().map(|(_, rows)| *rows).max().unwrap_or(0);
+            let mut gauges: HashMap<String, f64> = fill
                 .into_iter()
                 .map(|(source, rows)| (format!("buffer_rows.{source}"), rows as f64))
                 .collect();
+            gauges.insert("buffer_fill".into(), fullest as f64 / capacity);
             for (source, stream) in self
                 .streams
                 .lock()

@@ -50,6 +50,9 @@ pub fn default_settings() -> DataExecutorSettings {
     DataExecutorSettings::default()
 }
 
+/// How long the work loop has, after the server stopped, to report its final offsets.
+const WORKER_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Runs until `shutdown` (or until the work loop fails), then drains and returns.
 pub fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> ServiceFuture {
     Box::pin(serve(settings, shutdown))
@@ -74,7 +77,7 @@ async fn serve(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Re
         settings.data.clone(),
         shutdown.clone(),
     ));
-    let worker = {
+    let mut worker = {
         let (executor, bus, shutdown) = (executor.clone(), bus.clone(), shutdown.clone());
         tokio::spawn(async move {
             let result = executor.work(grpc_addr, bus).await;
@@ -89,11 +92,14 @@ async fn serve(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Re
     }));
     node.serve(routes, shutdown).await?;
     bus.drain().await?;
-    if worker.is_finished() {
+    // The work loop reports the final served offsets once the streams have ended.
+    match tokio::time::timeout(WORKER_STOP_WAIT, &mut worker).await {
         // A failed work loop is the process's failure; a finished one is not.
-        worker.await??;
-    } else {
-        worker.abort();
+        Ok(finished) => finished??,
+        Err(_) => {
+            tracing::warn!("the work loop did not stop in time");
+            worker.abort();
+        }
     }
     Ok(())
 }

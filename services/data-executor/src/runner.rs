@@ -19,6 +19,8 @@ pub(crate) struct BatchRunner<'a> {
     pub pipeline: &'a FeaturePipeline,
     pub storage: &'a StorageSettings,
     pub read_batch_rows: usize,
+    /// Injected before each read (`data.read_delay_ms`, tests and benchmarks only).
+    pub read_delay: std::time::Duration,
 }
 
 /// Row groups of `file` whose first byte lies in its split (all when the split is 0..0).
@@ -114,7 +116,13 @@ impl BatchRunner<'_> {
                 .await
                 .map_err(|e| e.to_string())?
         );
-        while let Some(record) = records.try_next().await.map_err(|e| e.to_string())? {
+        loop {
+            if !self.read_delay.is_zero() {
+                tokio::time::sleep(self.read_delay).await;
+            }
+            let Some(record) = records.try_next().await.map_err(|e| e.to_string())? else {
+                break;
+            };
             let first_offset = *offset;
             let next = first_offset + record.num_rows() as u64;
             if next > start_offset {
@@ -190,6 +198,7 @@ pub(crate) mod tests {
             pipeline,
             storage: &STORAGE,
             read_batch_rows: 7,
+            read_delay: std::time::Duration::ZERO,
         }
     }
 

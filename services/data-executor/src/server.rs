@@ -1,6 +1,8 @@
 //! The dataset server (Primus §5.2): streams minibatches to trainers, each from the serving
 //! buffer Algorithm 2 picks, encoded as Arrow IPC (jagged, or IKJT when asked), and pauses
 //! for the master's checkpoint barrier (a marker on every stream, then nothing until resumed).
+//! Membership changes end streams cleanly: a stopping executor sends `leaving` on each (its
+//! unserved rows go back to the queue), and a leaving trainer's streams end once it asks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -9,7 +11,8 @@ use std::time::Duration;
 use primus_batch::ipc;
 use primus_proto::v1::dataset_service_server::DatasetService;
 use primus_proto::v1::{
-    Minibatch, MinibatchRequest, PauseRequest, PauseResponse, ResumeRequest, ResumeResponse,
+    EndMinibatchesRequest, EndMinibatchesResponse, Minibatch, MinibatchRequest, PauseRequest,
+    PauseResponse, ResumeRequest, ResumeResponse,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -33,14 +36,34 @@ enum Next {
     Barrier(u64),
     /// No more data from here: the stream ends cleanly.
     End,
+    /// The executor is stopping: a `leaving` message, then the stream ends.
+    Leaving,
 }
 
 impl DatasetServer {
-    /// The next minibatch or barrier marker. `marked` is the last checkpoint whose marker
-    /// this stream sent: a paused stream sends it once and then waits for the resume.
-    async fn next(executor: &Executor, rows: usize, marked: &mut u64) -> Result<Next, Status> {
+    /// The next minibatch or barrier marker for `trainer`. `marked` is the last checkpoint
+    /// whose marker this stream sent: a paused stream sends it once and then waits for the
+    /// resume.
+    async fn next(
+        executor: &Executor,
+        trainer: &str,
+        rows: usize,
+        marked: &mut u64,
+    ) -> Result<Next, Status> {
         let mut changes = executor.barrier.subscribe();
+        let mut departures = executor.departures();
         loop {
+            if departures.borrow_and_update().contains(trainer) {
+                return Ok(Next::End);
+            }
+            if executor.shutdown.is_triggered() {
+                // Nothing more leaves the buffers: what is unserved goes back to the queue
+                // at the served offsets this executor reports before it exits.
+                return Ok(match executor.drained() {
+                    true => Next::End,
+                    false => Next::Leaving,
+                });
+            }
             let popped = executor
                 .barrier
                 .unless_paused(|| executor.buffers.try_pop(rows));
@@ -56,19 +79,10 @@ impl DatasetServer {
             if !paused && executor.drained() {
                 return Ok(Next::End);
             }
-            if executor.shutdown.is_triggered() {
-                // Stopping with nothing of ours unserved is a clean end; otherwise the
-                // trainer must know that rows remain (their tasks go to another executor).
-                return match executor.idle() {
-                    true => Ok(Next::End),
-                    false => Err(Status::unavailable(
-                        "data executor stopping; its unserved rows will be served by another",
-                    )),
-                };
-            }
             tokio::select! {
                 _ = executor.buffers.wait_for_rows(), if !paused => {}
                 _ = changes.changed() => {}
+                _ = departures.changed() => {}
                 _ = executor.shutdown.wait() => {}
             }
         }
@@ -95,12 +109,20 @@ fn encode(executor: &Executor, served: Served, grouped: bool) -> Result<Minibatc
         arrow_ipc,
         trace_context: served.trace,
         barrier: 0,
+        leaving: false,
     })
 }
 
 fn barrier_marker(id: u64) -> Minibatch {
     Minibatch {
         barrier: id,
+        ..Minibatch::default()
+    }
+}
+
+fn leaving_marker() -> Minibatch {
+    Minibatch {
+        leaving: true,
         ..Minibatch::default()
     }
 }
@@ -124,18 +146,26 @@ impl DatasetService for DatasetServer {
             return Err(Status::invalid_argument("batch_size: must be at least 1"));
         }
         let (tx, rx) = mpsc::channel(PREFETCH);
+        // A trainer started again under a departed id is served again.
+        executor.rejoin(&request.trainer_id);
+        let open = executor.open_stream();
         tokio::spawn(async move {
             // Reserve the slot first: rows leave the buffer only when they can be sent.
             let mut marked = 0;
+            let trainer = request.trainer_id.as_str();
             while let Ok(permit) = tx.reserve().await {
                 let rows = request.batch_size as usize;
-                let served = match Self::next(&executor, rows, &mut marked).await {
+                let served = match Self::next(&executor, trainer, rows, &mut marked).await {
                     Ok(Next::Batch(served)) => served,
                     Ok(Next::Barrier(id)) => {
                         permit.send(Ok(barrier_marker(id)));
                         continue;
                     }
                     Ok(Next::End) => break,
+                    Ok(Next::Leaving) => {
+                        permit.send(Ok(leaving_marker()));
+                        break;
+                    }
                     Err(status) => {
                         permit.send(Err(status));
                         break;
@@ -150,7 +180,8 @@ impl DatasetService for DatasetServer {
                     break;
                 }
             }
-            tracing::info!(trainer = %request.trainer_id, "minibatch stream ended");
+            drop(open);
+            tracing::info!(%trainer, "minibatch stream ended");
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -198,5 +229,16 @@ impl DatasetService for DatasetServer {
             "resumed after a checkpoint"
         );
         Ok(Response::new(ResumeResponse {}))
+    }
+
+    async fn end_minibatches(
+        &self,
+        request: Request<EndMinibatchesRequest>,
+    ) -> Result<Response<EndMinibatchesResponse>, Status> {
+        let request = request.into_inner();
+        self.executor.check_job(&request.job)?;
+        self.executor.depart(&request.trainer_id);
+        tracing::info!(trainer = %request.trainer_id, "trainer leaving: its streams end");
+        Ok(Response::new(EndMinibatchesResponse {}))
     }
 }

@@ -3,7 +3,7 @@
 //! appends every id to `rows-<executor>.txt` in its working folder, reports its offset
 //! every `REPORT_EVERY` rows (after the ids are flushed), finishes the task, and exits 0
 //! once the job's data is exhausted. It serves no minibatches: a trainer's stream stays
-//! open, empty, until then and ends cleanly at exit. `PRIMUS_TASK_READER_DELAY_MS` slows each batch down
+//! open, empty, until then (or until the trainer leaves) and ends cleanly at exit. `PRIMUS_TASK_READER_DELAY_MS` slows each batch down
 //! so a test can kill it mid-task. The real data executor (minibatches for trainers) is
 //! `primus-data-executor`.
 
@@ -17,9 +17,9 @@ use primus_config::{DataExecutorSettings, NodeSettings, StorageSettings};
 use primus_proto::v1::dataset_service_server::{DatasetService, DatasetServiceServer};
 use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::{
-    AcquireTaskRequest, DataTask, Endpoint, FinishTaskRequest, Minibatch, MinibatchRequest,
-    PauseRequest, PauseResponse, RegisterExecutorRequest, ReportProgressRequest, ResumeRequest,
-    ResumeResponse, Role, data_task,
+    AcquireTaskRequest, DataTask, EndMinibatchesRequest, EndMinibatchesResponse, Endpoint,
+    FinishTaskRequest, Minibatch, MinibatchRequest, PauseRequest, PauseResponse,
+    RegisterExecutorRequest, ReportProgressRequest, ResumeRequest, ResumeResponse, Role, data_task,
 };
 use primus_service::ExecutorIdentity;
 use primus_service::Shutdown;
@@ -28,9 +28,11 @@ use tonic::transport::Channel;
 
 const REPORT_EVERY: u64 = 50;
 
-/// Streams nothing and ends each stream when the reader shuts down.
+/// Streams nothing and ends each stream when the reader shuts down or its trainer leaves.
 struct NoMinibatches {
     shutdown: Shutdown,
+    /// Trainers that left.
+    departed: tokio::sync::watch::Sender<Vec<String>>,
 }
 
 #[tonic::async_trait]
@@ -39,12 +41,28 @@ impl DatasetService for NoMinibatches {
 
     async fn stream_minibatches(
         &self,
-        _request: tonic::Request<MinibatchRequest>,
+        request: tonic::Request<MinibatchRequest>,
     ) -> Result<tonic::Response<Self::StreamMinibatchesStream>, tonic::Status> {
         let shutdown = self.shutdown.clone();
-        let ended = futures::stream::once(async move { shutdown.wait().await })
-            .filter_map(|()| async { None });
+        let trainer = request.into_inner().trainer_id;
+        let mut departed = self.departed.subscribe();
+        let ended = futures::stream::once(async move {
+            tokio::select! {
+                () = shutdown.wait() => {}
+                _ = departed.wait_for(|left| left.contains(&trainer)) => {}
+            }
+        })
+        .filter_map(|()| async { None });
         Ok(tonic::Response::new(ended.boxed()))
+    }
+
+    async fn end_minibatches(
+        &self,
+        request: tonic::Request<EndMinibatchesRequest>,
+    ) -> Result<tonic::Response<EndMinibatchesResponse>, tonic::Status> {
+        let trainer = request.into_inner().trainer_id;
+        self.departed.send_modify(|left| left.push(trainer));
+        Ok(tonic::Response::new(EndMinibatchesResponse {}))
     }
 
     async fn pause(
@@ -108,6 +126,7 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
                 &settings,
                 tonic::service::Routes::new(DatasetServiceServer::new(NoMinibatches {
                     shutdown: shutdown.clone(),
+                    departed: tokio::sync::watch::channel(Vec::new()).0,
                 })),
                 shutdown,
             )

@@ -1,6 +1,7 @@
 //! The job controller: follows Jobs through the API server's Watch (listing again when the
 //! watch falls behind, resuming from its last version when the stream drops), and runs one
-//! `job::drive` task per Job of this master's shard. A driver moves its Job through
+//! `job::drive` task per Job of this master's shard, passing it each new generation of the
+//! Job's spec (a running Job applies the replicas it asks for). A driver moves its Job through
 //! Pending -> Starting -> Running -> Succeeded | Failed, with a condition saying why;
 //! deleting the Job stops its executors and drops its task queue.
 
@@ -42,6 +43,8 @@ pub struct Context<B, C> {
 
 struct Running {
     cancel: watch::Sender<bool>,
+    /// The Job's resource as last seen: a new generation reaches the running driver.
+    spec: watch::Sender<Resource>,
     task: JoinHandle<()>,
 }
 
@@ -143,7 +146,14 @@ async fn observe<B: ResourceBackend, C: Catalog>(
         tracing::info!(job = %name, "Job deleted: executors stopped, task queue dropped");
         return;
     }
-    if drivers.get(&name).is_some_and(|r| !r.task.is_finished()) {
+    if let Some(running) = drivers.get(&name).filter(|r| !r.task.is_finished()) {
+        running.spec.send_if_modified(|seen| {
+            let newer = resource.generation > seen.generation;
+            if newer {
+                *seen = resource;
+            }
+            newer
+        });
         return;
     }
     let status: Status = serde_json::from_str(&resource.status_json).unwrap_or_default();
@@ -151,6 +161,13 @@ async fn observe<B: ResourceBackend, C: Catalog>(
         return;
     }
     let (cancel, cancelled) = watch::channel(false);
-    let task = tokio::spawn(job::drive(context.clone(), resource, status, cancelled));
-    drivers.insert(name, Running { cancel, task });
+    let (spec, specs) = watch::channel(resource.clone());
+    let task = tokio::spawn(job::drive(
+        context.clone(),
+        resource,
+        status,
+        specs,
+        cancelled,
+    ));
+    drivers.insert(name, Running { cancel, spec, task });
 }

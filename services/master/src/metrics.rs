@@ -2,11 +2,11 @@
 //! [`MetricsFold`] folds them into its Metric resource series and its progress, and
 //! [`write()`] applies the Metric resource.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use primus_api_client::ApiClient;
 use primus_bus::Bus;
-use primus_proto::v1::{MetricsReport, Role};
+use primus_proto::v1::{Endpoint, MetricsReport, Role};
 use primus_spec::metric::{MetricPoint, MetricSeries, MetricSpec};
 use primus_spec::status::Progress;
 
@@ -17,6 +17,10 @@ pub const MAX_POINTS: usize = 720;
 pub struct MetricsFold {
     /// Latest report per executor id.
     latest: HashMap<String, MetricsReport>,
+    /// Executors the Job no longer runs: their totals count, their gauges no longer do.
+    retired: HashSet<String>,
+    /// What the backend measured of each executor, as gauges of a report.
+    usage: HashMap<String, MetricsReport>,
     fresh: bool,
     series: BTreeMap<(String, String), Vec<MetricPoint>>,
 }
@@ -33,14 +37,59 @@ fn role_name(report: &MetricsReport) -> String {
 }
 
 impl MetricsFold {
-    pub fn add(&mut self, report: MetricsReport) {
+    pub fn add(&mut self, mut report: MetricsReport) {
         let id = report
             .endpoint
             .as_ref()
             .map(|e| e.id.clone())
             .unwrap_or_default();
+        if self.retired.contains(&id) {
+            report.gauges.clear();
+        }
         self.latest.insert(id, report);
         self.fresh = true;
+    }
+
+    /// Executor `id` left the Job: its samples and steps stay in the totals; its gauges
+    /// (rates, buffer fill) leave the series, now and in a report still on its way.
+    pub fn retire(&mut self, id: &str) {
+        self.retired.insert(id.to_owned());
+        self.usage.remove(id);
+        if let Some(report) = self.latest.get_mut(id) {
+            report.gauges.clear();
+        }
+        self.fresh = true;
+    }
+
+    /// The backend's measurement of executor `endpoint`: `cpu_cores` and `memory_bytes`
+    /// series of its role.
+    pub fn add_usage(&mut self, endpoint: Endpoint, cpu_cores: f64, memory_bytes: u64) {
+        if self.retired.contains(&endpoint.id) {
+            return;
+        }
+        let report = MetricsReport {
+            job: String::new(),
+            gauges: [
+                ("cpu_cores".to_owned(), cpu_cores),
+                ("memory_bytes".to_owned(), memory_bytes as f64),
+            ]
+            .into(),
+            endpoint: Some(endpoint.clone()),
+            ..MetricsReport::default()
+        };
+        self.usage.insert(endpoint.id, report);
+        self.fresh = true;
+    }
+
+    /// The latest value of gauge `name` executor `id` reported.
+    pub fn gauge(&self, id: &str, name: &str) -> Option<f64> {
+        self.latest.get(id)?.gauges.get(name).copied()
+    }
+
+    /// Executor `id` runs again (started under a retired id; a trainer continues its
+    /// totals, so its reports replace the retired one's).
+    pub fn rejoin(&mut self, id: &str) {
+        self.retired.remove(id);
     }
 
     /// Appends one point per (gauge, role) from the latest reports, if any arrived since
@@ -50,7 +99,7 @@ impl MetricsFold {
             return false;
         }
         let mut values: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
-        for report in self.latest.values() {
+        for report in self.latest.values().chain(self.usage.values()) {
             let role = role_name(report);
             for (name, value) in &report.gauges {
                 if value.is_finite() {
@@ -162,7 +211,6 @@ pub async fn write(api: &ApiClient, job: &str, fold: &MetricsFold) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use primus_proto::v1::Endpoint;
 
     fn report(id: &str, sps: f64, auc: f64, samples: u64) -> MetricsReport {
         MetricsReport {
@@ -199,5 +247,25 @@ mod tests {
         assert_eq!(progress.samples, 1500);
         assert_eq!(progress.samples_per_second, 150.0);
         assert!(!fold.tick(3), "no new report, no new point");
+    }
+
+    #[test]
+    fn a_retired_trainer_keeps_its_samples_but_not_its_rate() {
+        let mut fold = MetricsFold::default();
+        fold.add(report("t0", 100.0, 0.7, 1000));
+        fold.add(report("t1", 50.0, 0.8, 500));
+        fold.retire("t1");
+        // Its last report arrives after it was stopped.
+        fold.add(report("t1", 40.0, 0.9, 600));
+        let progress = fold.progress(None).expect("trainers reported");
+        assert_eq!(progress.samples, 1600);
+        assert_eq!(progress.samples_per_second, 100.0);
+        assert_eq!(progress.auc, Some(0.7));
+        // Started again under its id, it continues its totals and counts again.
+        fold.rejoin("t1");
+        fold.add(report("t1", 30.0, 0.8, 700));
+        let progress = fold.progress(None).expect("trainers reported");
+        assert_eq!(progress.samples, 1700);
+        assert_eq!(progress.samples_per_second, 130.0);
     }
 }

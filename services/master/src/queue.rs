@@ -519,6 +519,12 @@ impl TaskQueue {
         self.take_back(executor, max_attempts, false).await
     }
 
+    /// Takes every task and stream binding back from an executor the Job no longer runs
+    /// (scaled in): its tasks go back to pending at their offsets, the attempt refunded.
+    pub async fn release_executor(&self, executor: &str) -> Result<u64, QueueError> {
+        self.take_back(executor, u32::MAX, true).await
+    }
+
     /// Takes back the work of every executor recorded by a previous master, refunding the
     /// interrupted attempts. Returns how many tasks went back to pending.
     pub async fn requeue_previous_executors(&self) -> Result<u64, QueueError> {

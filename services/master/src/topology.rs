@@ -25,6 +25,15 @@ impl Topologies {
         *version += 1;
     }
 
+    /// Takes executor `id` out of `job`'s endpoints.
+    pub fn remove(&self, job: &str, id: &str) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        if let Some((version, endpoints)) = inner.get_mut(job) {
+            endpoints.retain(|e| e.id != id);
+            *version += 1;
+        }
+    }
+
     pub fn remove_job(&self, job: &str) {
         self.inner
             .write()

@@ -8,6 +8,11 @@
 //! `eval_window` samples, each scored before it was trained on), samples/s and the time
 //! shares of lookup/compute/push go to NATS. The process exits 0 when the data ends.
 //!
+//! Membership: data executors that join the job (the topology is polled) are read too; one
+//! that leaves ends its stream. On SIGTERM the trainer leaves: it asks every executor to
+//! end its streams, trains on what they had already sent, reports its totals and exits 0,
+//! so a trainer scaled in loses no minibatch.
+//!
 //! Checkpoint barrier: once every data executor's stream has delivered checkpoint N's
 //! marker and every minibatch before it is trained and pushed, the trainer tells the
 //! master (`CheckpointService.TrainerAligned`) its step and sample totals, so the PS
@@ -28,9 +33,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use futures::FutureExt;
 use futures::StreamExt;
+use futures::stream::{self, BoxStream};
 use primus_bus::Bus;
-use primus_data_client::{ReaderOptions, Received};
+use primus_data_client::{Membership, ReaderOptions, Received};
 use primus_model::{DenseDevice, Model, ModelError, ModelLayout};
 use primus_proto::v1::checkpoint_service_client::CheckpointServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
@@ -94,19 +101,33 @@ async fn serve(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Result<
     let worker = {
         let (bus, shutdown, settings) = (bus.clone(), shutdown.clone(), settings.clone());
         tokio::spawn(async move {
-            let result = tokio::select! {
-                result = work(&identity, model, device, &settings, &bus, grpc_addr) => result,
-                _ = shutdown.wait() => Ok(()),
-            };
+            let result = work(
+                &identity, model, device, &settings, &bus, grpc_addr, &shutdown,
+            )
+            .await;
             // Done or failed, the process ends: the master sees its exit status.
             shutdown.trigger();
             result
         })
     };
     node.serve(Routes::default(), shutdown).await?;
+    // A leaving trainer trains on what was sent to it and reports before the bus closes.
+    let result = match tokio::time::timeout(LEAVE_TIMEOUT, worker).await {
+        Ok(joined) => joined.context("the training task")?,
+        Err(_) => Err(anyhow::anyhow!(
+            "the trainer did not finish leaving within {}s",
+            LEAVE_TIMEOUT.as_secs()
+        )),
+    };
     bus.drain().await?;
-    worker.await.context("the training task")?
+    result
 }
+
+/// How long a stopping trainer has to train on what it was sent and report.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often a trainer looks for data executors that joined the job.
+const TOPOLOGY_POLL: Duration = Duration::from_secs(1);
 
 /// The dense network on the trainer's device. A GPU trainer whose binary has no CUDA
 /// backend for it (built without the `cuda` feature) keeps it on the CPU and says so.
@@ -213,6 +234,47 @@ where
     Err(last.unwrap_or_else(|| anyhow::anyhow!("gave up"))).with_context(|| what.to_owned())
 }
 
+/// Addresses of data executors that join the job after `initial`, polled from the master's
+/// topology (an address that left and comes back joins again).
+fn joined_data_executors(
+    identity: &ExecutorIdentity,
+    initial: &[String],
+) -> BoxStream<'static, String> {
+    struct Polling {
+        master_addr: String,
+        job: String,
+        known: std::collections::HashSet<String>,
+        found: std::collections::VecDeque<String>,
+    }
+    let polling = Polling {
+        master_addr: identity.master_addr.clone(),
+        job: identity.job.clone(),
+        known: initial.iter().cloned().collect(),
+        found: Default::default(),
+    };
+    stream::unfold(polling, |mut polling| async move {
+        loop {
+            if let Some(addr) = polling.found.pop_front() {
+                return Some((addr, polling));
+            }
+            tokio::time::sleep(TOPOLOGY_POLL).await;
+            let listed = primus_data_client::data_executors(&polling.master_addr, &polling.job);
+            match listed.await {
+                Ok(addrs) => {
+                    polling.known.retain(|addr| addrs.contains(addr));
+                    for addr in addrs {
+                        if polling.known.insert(addr.clone()) {
+                            polling.found.push_back(addr);
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "polling the topology"),
+            }
+        }
+    })
+    .boxed()
+}
+
 async fn work(
     identity: &ExecutorIdentity,
     model: Model,
@@ -220,9 +282,13 @@ async fn work(
     settings: &TrainerSettings,
     bus: &Bus,
     grpc_addr: String,
+    shutdown: &Shutdown,
 ) -> anyhow::Result<()> {
     let train = &settings.trainer;
-    let (ps_addrs, data_addrs) = topology(identity).await?;
+    let (ps_addrs, data_addrs) = tokio::select! {
+        topology = topology(identity) => topology?,
+        _ = shutdown.wait() => return Ok(()),
+    };
     let client = retry("connecting to the PS shards", || async {
         Ok(PsClient::connect(&ps_addrs).await?)
     })
@@ -262,7 +328,12 @@ async fn work(
         grouped: false,
     };
     let batches = retry("opening the data executors' minibatch streams", || async {
-        Ok(primus_data_client::read(&data_addrs, &options).await?)
+        let leaving = shutdown.clone();
+        let membership = Membership {
+            joined: joined_data_executors(identity, &data_addrs),
+            leave: async move { leaving.wait().await }.boxed(),
+        };
+        Ok(primus_data_client::read(&data_addrs, &options, membership).await?)
     })
     .await?
     .map(|item| {

@@ -167,6 +167,24 @@ impl Sandbox {
         }
     }
 
+    /// Waits (120 s at most) until `job`'s trainers report at least `samples`, while it
+    /// runs; returns its status then.
+    pub async fn wait_for_at_least(&self, job: &str, samples: u64) -> Status {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let status = self.status(job).await;
+            if status.progress.as_ref().map_or(0, |p| p.samples) >= samples {
+                return status;
+            }
+            assert!(
+                !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+                "{job}: waiting for {samples} samples: {status:?}\n{}",
+                self.logs(job)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// `job`'s trained samples are still `samples` 3 s later.
     pub async fn assert_samples_stay(&self, job: &str, samples: u64) {
         tokio::time::sleep(Duration::from_secs(3)).await;

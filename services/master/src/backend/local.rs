@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
@@ -16,8 +17,9 @@ use tokio::process::{Child, Command};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
-use super::{BackendError, BackendEvent, Executor, ExecutorSpec, ResourceBackend};
+use super::{BackendError, BackendEvent, Executor, ExecutorSpec, ExecutorUsage, ResourceBackend};
 use primus_config::LocalBackendSettings;
+use primus_service::usage::UsageSampler;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -29,6 +31,27 @@ pub const ENV_MASTER_ADDR: &str = "PRIMUS_MASTER_ADDR";
 struct Supervised {
     stop: watch::Sender<bool>,
     supervisor: JoinHandle<()>,
+    /// The running process's pid (0 while none runs), kept by the supervisor.
+    pid: Arc<AtomicU32>,
+    /// Measures the process with that pid.
+    usage: Mutex<Option<(u32, UsageSampler)>>,
+}
+
+impl Supervised {
+    /// CPU cores used since the previous call and resident bytes; none while no process
+    /// runs.
+    fn measure(&self) -> Option<(f64, u64)> {
+        let pid = self.pid.load(Ordering::Acquire);
+        if pid == 0 {
+            return None;
+        }
+        let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        if usage.as_ref().is_none_or(|(measured, _)| *measured != pid) {
+            *usage = Some((pid, UsageSampler::of_process(pid)));
+        }
+        let (_, sampler) = usage.as_mut()?;
+        Some((sampler.cpu_cores(), sampler.resident_bytes()))
+    }
 }
 
 pub struct LocalBackend {
@@ -198,11 +221,13 @@ impl ResourceBackend for LocalBackend {
             message,
         })?;
         let (stop, stopped) = watch::channel(false);
+        let pid = Arc::new(AtomicU32::new(child.id().unwrap_or(0)));
         let supervisor = tokio::spawn(supervise(
             launch,
             child,
             log_start,
             stopped,
+            pid.clone(),
             Restarts {
                 job: spec.job.clone(),
                 id: id.clone(),
@@ -212,10 +237,15 @@ impl ResourceBackend for LocalBackend {
                 events: self.events.clone(),
             },
         ));
-        let previous = self.lock().insert(
-            (spec.job.clone(), id.clone()),
-            Supervised { stop, supervisor },
-        );
+        let supervised = Supervised {
+            stop,
+            supervisor,
+            pid,
+            usage: Mutex::new(None),
+        };
+        let previous = self
+            .lock()
+            .insert((spec.job.clone(), id.clone()), supervised);
         if let Some(previous) = previous {
             stop_all(vec![previous]).await;
         }
@@ -277,6 +307,23 @@ impl ResourceBackend for LocalBackend {
 
     fn events(&self) -> broadcast::Receiver<BackendEvent> {
         self.events.subscribe()
+    }
+
+    /// From `/proc/<pid>` of each running child.
+    async fn usage(&self, job: &str) -> Vec<ExecutorUsage> {
+        let processes = self.lock();
+        processes
+            .iter()
+            .filter(|((j, _), _)| j == job)
+            .filter_map(|((_, id), supervised)| {
+                let (cpu_cores, memory_bytes) = supervised.measure()?;
+                Some(ExecutorUsage {
+                    id: id.clone(),
+                    cpu_cores,
+                    memory_bytes,
+                })
+            })
+            .collect()
     }
 }
 
@@ -413,6 +460,7 @@ async fn supervise(
     mut child: Child,
     mut log_start: u64,
     mut stop: watch::Receiver<bool>,
+    pid: Arc<AtomicU32>,
     restarts: Restarts,
 ) {
     let mut crashes = 0;
@@ -425,6 +473,7 @@ async fn supervise(
                 break;
             }
         };
+        pid.store(0, Ordering::Release);
         let status = match status {
             Ok(status) if status.success() => {
                 let _ = restarts.events.send(BackendEvent::Completed {
@@ -462,7 +511,10 @@ async fn supervise(
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
         (child, log_start) = match launch.spawn() {
-            Ok(started) => started,
+            Ok(started) => {
+                pid.store(started.0.id().unwrap_or(0), Ordering::Release);
+                started
+            }
             Err(message) => {
                 let _ = restarts.events.send(BackendEvent::GaveUp {
                     job: restarts.job.clone(),
@@ -583,5 +635,52 @@ mod tests {
             );
             assert!(report.starts_with("exit status: 3"), "{report}");
         }
+    }
+
+    /// The backend measures a running executor's CPU and memory from /proc, and nothing
+    /// once it was released.
+    #[tokio::test]
+    async fn a_running_executor_is_measured_and_a_released_one_is_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = dir.path().join("busy-data-executor");
+        std::fs::write(
+            &script,
+            "#!/bin/sh
+while :; do :; done
+",
+        )
+        .expect("script");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let settings = LocalBackendSettings {
+            binaries: [("data_executor".to_owned(), script)].into(),
+            work_dir: dir.path().join("work"),
+            stop_grace_ms: 200,
+            ..LocalBackendSettings::default()
+        };
+        let backend = LocalBackend::new(settings, "127.0.0.1:1".into());
+        backend
+            .request(ExecutorSpec {
+                job: "j".into(),
+                role: ExecutorRole::DataExecutor,
+                index: 0,
+                settings: ExecutorSettings::DataExecutor(Box::default()),
+                cpu: 1.0,
+                memory_bytes: 1 << 20,
+            })
+            .await
+            .expect("started");
+        backend.usage("j").await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let usage = backend.usage("j").await;
+        assert_eq!(usage.len(), 1, "{usage:?}");
+        assert_eq!(usage[0].id, "data_executor-0");
+        assert!(usage[0].cpu_cores > 0.2, "a busy loop: {usage:?}");
+        assert!(usage[0].memory_bytes > 0, "{usage:?}");
+        assert!(backend.usage("other").await.is_empty());
+        backend
+            .release("j", "data_executor-0")
+            .await
+            .expect("released");
+        assert!(backend.usage("j").await.is_empty());
     }
 }

@@ -111,6 +111,16 @@ pub struct Executor {
     pub grpc_addr: SocketAddr,
 }
 
+/// What one running executor uses, as the backend measures it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutorUsage {
+    pub id: String,
+    /// CPU cores in use (averaged since the previous measurement).
+    pub cpu_cores: f64,
+    /// Resident memory.
+    pub memory_bytes: u64,
+}
+
 /// What happened to an executor after it started.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BackendEvent {
@@ -176,4 +186,7 @@ pub trait ResourceBackend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     fn events(&self) -> broadcast::Receiver<BackendEvent>;
+
+    /// CPU and memory of each running executor of `job`.
+    fn usage(&self, job: &str) -> impl Future<Output = Vec<ExecutorUsage>> + Send;
 }

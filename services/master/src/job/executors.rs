@@ -11,10 +11,10 @@ use primus_config::{
 use primus_model::ModelLayout;
 use primus_proto::v1::{Endpoint, Role};
 use primus_spec::dataset::DatasetSpec;
-use primus_spec::job::{Device, JobSpec};
+use primus_spec::job::{Device, JobSpec, RoleSpec};
 
 use super::Outcome;
-use crate::backend::{ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend};
+use crate::backend::{BackendError, ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend};
 use crate::controller::Context;
 use crate::plan::Catalog;
 
@@ -87,6 +87,7 @@ pub(crate) fn executor_settings(
             };
             executor.data.dataset = Some(dataset.clone());
             executor.data.stream_loading = spec.training.stream_loading;
+            executor.data.read_delay_ms = settings.master.fault_injection.data_read_delay_ms;
             ExecutorSettings::DataExecutor(Box::new(executor))
         }
         ExecutorRole::Trainer => {
@@ -109,48 +110,63 @@ pub(crate) fn executor_settings(
     }
 }
 
+/// The topology entry of `role` in `spec`, or none (a Job without serving replicas).
+pub(crate) fn role_spec(spec: &JobSpec, role: ExecutorRole) -> Option<&RoleSpec> {
+    let topology = &spec.topology;
+    match role {
+        ExecutorRole::Ps => Some(&topology.ps),
+        ExecutorRole::DataExecutor => Some(&topology.data_executors),
+        ExecutorRole::Trainer => Some(&topology.trainers),
+        ExecutorRole::Serving => topology.serving.as_ref(),
+    }
+}
+
 /// Starts every replica of `roles` and adds each to the Job's topology.
 pub(crate) async fn start_executors<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
     job: &JobParts<'_>,
     roles: &[ExecutorRole],
 ) -> Result<(), Outcome> {
-    let topology = &job.spec.topology;
     for &role in roles {
-        let role_spec = match role {
-            ExecutorRole::Ps => &topology.ps,
-            ExecutorRole::DataExecutor => &topology.data_executors,
-            ExecutorRole::Trainer => &topology.trainers,
-            ExecutorRole::Serving => match &topology.serving {
-                Some(serving) => serving,
-                None => continue,
-            },
+        let Some(role_spec) = role_spec(job.spec, role) else {
+            continue;
         };
         for index in 0..role_spec.replicas {
-            let request = ExecutorSpec {
-                job: job.name.to_owned(),
-                role,
-                index,
-                settings: executor_settings(&context.settings, role, job),
-                cpu: role_spec.cpu,
-                memory_bytes: primus_spec::job::parse_memory(&role_spec.memory).unwrap_or(0),
-            };
-            let executor = context
-                .backend
-                .request(request)
+            start_executor(context, job, role, index)
                 .await
                 .map_err(|e| Outcome::failed("ExecutorStartFailed", e.to_string()))?;
-            context.topologies.add(
-                job.name,
-                Endpoint {
-                    role: role.proto() as i32,
-                    id: executor.id,
-                    grpc_addr: executor.grpc_addr.to_string(),
-                },
-            );
         }
     }
     Ok(())
+}
+
+/// Starts executor `index` of `role` and adds it to the Job's topology.
+pub(crate) async fn start_executor<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    job: &JobParts<'_>,
+    role: ExecutorRole,
+    index: u32,
+) -> Result<Endpoint, BackendError> {
+    let (cpu, memory_bytes) = role_spec(job.spec, role).map_or((0.0, 0), |spec| {
+        let memory = primus_spec::job::parse_memory(&spec.memory).unwrap_or(0);
+        (spec.cpu, memory)
+    });
+    let request = ExecutorSpec {
+        job: job.name.to_owned(),
+        role,
+        index,
+        settings: executor_settings(&context.settings, role, job),
+        cpu,
+        memory_bytes,
+    };
+    let executor = context.backend.request(request).await?;
+    let endpoint = Endpoint {
+        role: role.proto() as i32,
+        id: executor.id,
+        grpc_addr: executor.grpc_addr.to_string(),
+    };
+    context.topologies.add(job.name, endpoint.clone());
+    Ok(endpoint)
 }
 
 /// Waits until every executor of the Job's topology serves; returns how many there are.
@@ -159,24 +175,29 @@ pub(crate) async fn wait_ready<B: ResourceBackend, C: Catalog>(
     job: &str,
 ) -> Result<usize, Outcome> {
     let endpoints = endpoints(context, job);
-    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
     for endpoint in &endpoints {
-        while !serving(&endpoint.grpc_addr).await {
-            if tokio::time::Instant::now() > deadline {
-                return Err(Outcome::failed(
-                    "ExecutorsNotReady",
-                    format!(
-                        "{} at {} did not report SERVING within {}s",
-                        endpoint.id,
-                        endpoint.grpc_addr,
-                        READY_TIMEOUT.as_secs()
-                    ),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_serving(endpoint)
+            .await
+            .map_err(|message| Outcome::failed("ExecutorsNotReady", message))?;
     }
     Ok(endpoints.len())
+}
+
+/// Waits until `endpoint`'s gRPC health says SERVING, for up to [`READY_TIMEOUT`].
+pub(crate) async fn wait_serving(endpoint: &Endpoint) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    while !serving(&endpoint.grpc_addr).await {
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!(
+                "{} at {} did not report SERVING within {}s",
+                endpoint.id,
+                endpoint.grpc_addr,
+                READY_TIMEOUT.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
 
 /// Every executor of the Job's topology.

@@ -3,12 +3,14 @@
 //! Dataset, sets up its task queue (rolled back to the latest checkpoint), starts its PS
 //! shards, restores them, and starts its data executors and trainers; [`JobRun::follow`]
 //! then waits for events (a status tick, a checkpoint tick, a metrics report, a restarted
-//! PS shard's recovery, a backend event), each with its own handler. Any handler may end
-//! the Job with an [`Outcome`].
+//! PS shard's recovery, a backend event, a new generation of the spec), each with its own
+//! handler. Any handler may end the Job with an [`Outcome`].
 
+mod autoscale;
 mod checkpoints;
 mod executors;
 mod recovery;
+mod scaling;
 mod status;
 
 use std::collections::BTreeSet;
@@ -47,6 +49,7 @@ pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
     context: Arc<Context<B, C>>,
     resource: Resource,
     status: Status,
+    specs: watch::Receiver<Resource>,
     mut cancelled: watch::Receiver<bool>,
 ) {
     let name = resource.name.clone();
@@ -57,7 +60,7 @@ pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
         resource.generation,
     );
     let outcome = tokio::select! {
-        outcome = run(&context, &resource, &mut writer) => Some(outcome),
+        outcome = run(&context, &resource, specs, &mut writer) => Some(outcome),
         _ = cancelled.wait_for(|c| *c) => None,
     };
     context.backend.release_job(&name).await;
@@ -78,9 +81,10 @@ pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
 async fn run<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
     resource: &Resource,
+    specs: watch::Receiver<Resource>,
     writer: &mut JobStatus,
 ) -> Outcome {
-    match JobRun::start(context, resource, writer).await {
+    match JobRun::start(context, resource, specs, writer).await {
         Ok(mut job) => job.follow().await,
         Err(outcome) => outcome,
     }
@@ -176,6 +180,9 @@ pub(crate) struct JobRun<'a, B, C> {
     reports: mpsc::Receiver<MetricsReport>,
     recovered: mpsc::Receiver<Recovered>,
     backend_events: broadcast::Receiver<BackendEvent>,
+    /// The Job's resource as last applied (a new generation may change its replicas).
+    specs: watch::Receiver<Resource>,
+    autoscaler: autoscale::Autoscaler,
     trainers_done: BTreeSet<String>,
     batch_done_declared: bool,
     committed: Option<CheckpointRecord>,
@@ -189,6 +196,7 @@ enum Event {
     Report(MetricsReport),
     ShardRecovered(Recovered),
     Backend(Result<BackendEvent, broadcast::error::RecvError>),
+    SpecChanged(Resource),
 }
 
 impl<B, C> Drop for JobRun<'_, B, C> {
@@ -208,6 +216,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
     async fn start(
         context: &'a Arc<Context<B, C>>,
         resource: &Resource,
+        specs: watch::Receiver<Resource>,
         writer: &'a mut JobStatus,
     ) -> Result<Self, Outcome> {
         let name = resource.name.clone();
@@ -225,7 +234,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 requested,
             )
             .await;
-        let mut run = Self::open(context, writer, name, checked).await?;
+        let mut run = Self::open(context, writer, name, checked, specs).await?;
         // PS shards (and serving replicas) first: a restored checkpoint must be in them
         // before any trainer offers its initial parameters or reads a row.
         let parts = run.job.parts(&run.name);
@@ -239,6 +248,8 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         start_executors(context, &parts, &roles).await?;
         let ready = wait_ready(context, &run.name).await?;
         let message = format!("{ready} executors serving");
+        run.show_replicas();
+        run.autoscaler = autoscale::Autoscaler::new(Instant::now());
         run.writer
             .set(Phase::Running, "Ready", "ExecutorsReady", message)
             .await;
@@ -254,6 +265,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         writer: &'a mut JobStatus,
         name: String,
         mut checked: CheckedJob,
+        specs: watch::Receiver<Resource>,
     ) -> Result<Self, Outcome> {
         let tasks = JobTasks {
             queue: TaskQueue::new(
@@ -339,6 +351,8 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             reports,
             recovered,
             backend_events,
+            specs,
+            autoscaler: autoscale::Autoscaler::new(Instant::now()),
             trainers_done: BTreeSet::new(),
             batch_done_declared: false,
             next_checkpoint: restored.as_ref().map_or(0, |r| r.id) + 1,
@@ -360,6 +374,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 Some(report) = self.reports.recv() => Event::Report(report),
                 Some(recovered) = self.recovered.recv() => Event::ShardRecovered(recovered),
                 event = self.backend_events.recv() => Event::Backend(event),
+                Ok(()) = self.specs.changed() => Event::SpecChanged(self.specs.borrow_and_update().clone()),
             };
             let flow = match event {
                 Event::StatusTick => self.on_status_tick().await,
@@ -367,6 +382,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 Event::Report(report) => self.on_report(report),
                 Event::ShardRecovered(recovered) => self.on_shard_recovered(recovered).await,
                 Event::Backend(event) => self.on_backend_event(event),
+                Event::SpecChanged(resource) => self.on_spec_changed(resource).await,
             };
             if let ControlFlow::Break(outcome) = flow {
                 return outcome;
@@ -457,14 +473,14 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let batch_finished = all_planned && counts.pending == 0 && counts.running == 0;
         // A batch Job ends when its data is read and every trainer has trained on all it
         // was served (a trainer exits 0 when its minibatch streams end).
-        let trainers = self.job.spec.topology.trainers.replicas as usize;
-        if batch_finished && !self.has_streams && self.trainers_done.len() >= trainers {
+        if batch_finished && !self.has_streams && self.trainers_finished() {
             return ControlFlow::Break(self.succeed(&counts).await);
         }
         if batch_finished && self.job.spec.mode == TrainingMode::BatchThenStream {
             self.declare_stream_bindings().await;
         }
         self.report_progress(&counts, all_planned).await;
+        self.measure_and_scale(&counts).await;
         ControlFlow::Continue(())
     }
 
@@ -531,7 +547,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
     /// folded in, and the PS shards are snapshotted when the Job has a checkpoint.
     async fn succeed(&mut self, counts: &QueueCounts) -> Outcome {
         self.write_final_metrics().await;
-        let trainers = self.job.spec.topology.trainers.replicas;
+        let trainers = self.members(ExecutorRole::Trainer).len();
         let mut message = format!(
             "all {} data tasks succeeded; {trainers} trainers finished",
             counts.succeeded

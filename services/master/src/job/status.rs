@@ -1,5 +1,5 @@
-//! The status writer of one Job: its phase, conditions and progress, written through the
-//! API server's UpdateStatus.
+//! The status writer of one Job: its phase, conditions, progress, replicas and events,
+//! written through the API server's UpdateStatus.
 
 use primus_api_client::ApiClient;
 use primus_spec::Kind;
@@ -41,6 +41,12 @@ impl JobStatus {
                 last_transition_unix_ms: now,
             }),
         }
+    }
+
+    /// Records an event in the status (written with the next write) and the log.
+    pub(crate) fn event(&mut self, reason: &str, message: String) {
+        tracing::info!(job = %self.name, reason, %message, "Job event");
+        self.status.push_event(now_ms(), reason, message);
     }
 
     /// Moves the Job to `phase` with condition `kind` saying why, and writes the status.

@@ -9,6 +9,7 @@ mod checkpoints;
 mod common;
 mod executors;
 mod planning;
+mod scaling;
 mod serving;
 mod streams;
 mod training;

@@ -1,0 +1,194 @@
+//! A running Job's executors change while it runs: `apply` with other replicas scales it
+//! live, and with `spec.scaling` its data executors follow their load.
+
+use std::time::Duration;
+
+use primus_spec::status::{Phase, Replicas, Status};
+
+use crate::common::{
+    DLRM_ROWS, apply_criteo_dataset, data_executor, dlrm_job, master_settings, start,
+};
+use primus_harness::{Sandbox, condition};
+
+/// Waits until the Job reports `data_executors` data executors and `trainers` trainers.
+async fn wait_for_replicas(
+    sandbox: &Sandbox,
+    job: &str,
+    data_executors: u32,
+    trainers: u32,
+) -> Status {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let status = sandbox.status(job).await;
+        let now = status.replicas.map(|r| (r.data_executors, r.trainers));
+        if now == Some((data_executors, trainers)) {
+            return status;
+        }
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "expected {data_executors} data executors and {trainers} trainers: {status:?}\n{}",
+            sandbox.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn events<'a>(status: &'a Status, reason: &str) -> Vec<&'a str> {
+    status
+        .events
+        .iter()
+        .filter(|e| e.reason == reason)
+        .map(|e| e.message.as_str())
+        .collect()
+}
+
+/// A DLRM Job started with one data executor and one trainer goes to two of each and back
+/// to one while it trains (the data executors read slowly, as from a slow object store, so
+/// it is still training): `status.replicas` and the events follow each step, and the
+/// Job trains on every row exactly once, the rows of the removed data executor's
+/// unfinished tasks included, the samples of the removed trainer counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_job_scaled_out_and_in_trains_on_every_row_once() {
+    let sandbox = Sandbox::start().await;
+    apply_criteo_dataset(&sandbox).await;
+    let job = |data_executors, trainers| {
+        dlrm_job(&sandbox, "elastic", 1, 3600)
+            .replicas(data_executors, trainers, 2)
+            .build()
+    };
+    sandbox.apply([job(1, 1)]).await;
+    let mut settings = master_settings(&sandbox, &data_executor());
+    settings.master.status_interval_ms = 200;
+    settings.master.fault_injection.data_read_delay_ms = 1_500;
+    let master = start(&sandbox, &settings);
+    let started = wait_for_replicas(&sandbox, "elastic", 1, 1).await;
+    assert_eq!(
+        started.replicas,
+        Some(Replicas {
+            ps: 2,
+            data_executors: 1,
+            trainers: 1,
+            serving: 0
+        })
+    );
+    sandbox.wait_for_at_least("elastic", 20_000).await;
+
+    sandbox.apply([job(2, 2)]).await;
+    let scaled_out = wait_for_replicas(&sandbox, "elastic", 2, 2).await;
+    let out = events(&scaled_out, "ScaledOut");
+    assert!(
+        out.iter()
+            .any(|m| m.starts_with("started data_executor-1: data_executors 1 -> 2"))
+            && out
+                .iter()
+                .any(|m| m.starts_with("started trainer-1: trainers 1 -> 2")),
+        "{scaled_out:?}"
+    );
+    assert_eq!(condition(&scaled_out, "SpecChange").reason, "Applied");
+    let samples = scaled_out.progress.map_or(0, |p| p.samples);
+    sandbox.wait_for_at_least("elastic", samples + 40_000).await;
+
+    sandbox.apply([job(1, 1)]).await;
+    let scaled_in = wait_for_replicas(&sandbox, "elastic", 1, 1).await;
+    let stopped = events(&scaled_in, "ScaledIn");
+    assert!(
+        stopped
+            .iter()
+            .any(|m| m.starts_with("stopped data_executor-1: data_executors 2 -> 1"))
+            && stopped
+                .iter()
+                .any(|m| m.starts_with("stopped trainer-1: trainers 2 -> 1")),
+        "{scaled_in:?}"
+    );
+    assert_ne!(
+        scaled_in.phase,
+        Phase::Succeeded,
+        "scaled in while training"
+    );
+
+    let done = sandbox
+        .wait_for_phase("elastic", Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let progress = done.progress.clone().expect("trainer progress");
+    assert_eq!(
+        progress.samples,
+        DLRM_ROWS,
+        "every row trained once: {done:?}\n{}",
+        sandbox.logs("elastic")
+    );
+    master.stop();
+}
+
+/// A DLRM Job whose one data executor reads slowly (as from a slow object store) starves its
+/// trainer: with `spec.scaling` on, the master adds data executors by their load, says so
+/// with the figures it used, and the Job still trains on every row exactly once. The
+/// backend's measurements of each executor are in the Metric resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starving_trainers_make_the_master_add_data_executors_by_load() {
+    let sandbox = Sandbox::start().await;
+    apply_criteo_dataset(&sandbox).await;
+    let autoscaled = dlrm_job(&sandbox, "autoscaled", 1, 3600).with(|spec| {
+        let policy = &mut spec.scaling;
+        policy.enabled = true;
+        policy.min_data_executors = 1;
+        policy.max_data_executors = 3;
+        policy.cooldown_seconds = 2;
+    });
+    sandbox.apply([autoscaled.build()]).await;
+    let mut settings = master_settings(&sandbox, &data_executor());
+    settings.master.status_interval_ms = 200;
+    settings.master.fault_injection.data_read_delay_ms = 2_000;
+    let master = start(&sandbox, &settings);
+    let scaled = wait_for_replicas(&sandbox, "autoscaled", 2, 1).await;
+    let out = events(&scaled, "ScaledOut");
+    assert!(
+        out.iter().any(
+            |m| m.starts_with("started data_executor-1: data_executors 1 -> 2 (load ")
+                && m.contains(" > 0.60 over the last ")
+                && m.contains("starvation ")
+                && m.contains("tasks pending")
+        ),
+        "{scaled:?}"
+    );
+    let done = sandbox
+        .wait_for_phase("autoscaled", Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let progress = done.progress.clone().expect("trainer progress");
+    assert_eq!(
+        progress.samples,
+        DLRM_ROWS,
+        "every row trained once: {done:?}\n{}",
+        sandbox.logs("autoscaled")
+    );
+    let metric = sandbox
+        .client()
+        .await
+        .get(primus_spec::Kind::Metric, "autoscaled")
+        .await
+        .expect("the Job's Metric resource");
+    let spec: primus_spec::metric::MetricSpec =
+        serde_json::from_str(&metric.spec_json).expect("metric spec");
+    let measured = |name: &str, role: &str| {
+        spec.series.iter().any(|s| {
+            s.name == name
+                && s.role.as_deref() == Some(role)
+                && s.points.iter().any(|p| p.value > 0.0)
+        })
+    };
+    assert!(
+        measured("cpu_cores", "trainer")
+            && measured("memory_bytes", "data_executor")
+            && measured("memory_bytes", "ps"),
+        "{:?}",
+        spec.series
+            .iter()
+            .map(|s| (
+                &s.name,
+                &s.role,
+                s.points.iter().map(|p| p.value).collect::<Vec<_>>()
+            ))
+            .collect::<Vec<_>>()
+    );
+
+    master.stop();
+}

@@ -14,7 +14,7 @@
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use primus_config::StorageSettings;
@@ -65,26 +65,6 @@ struct Run {
     data_executors: u32,
     samples: u64,
     status: Status,
-}
-
-/// The bench's executables' folder (`target/<profile>`): it runs from `.../deps`.
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf();
-    for binary in ["primus-data-executor", "primus-ps", "primus-trainer"] {
-        if !dir.join(binary).is_file() {
-            eprintln!(
-                "{} is missing: build the binaries with the bench's profile first (`cargo build --release --bins`)",
-                dir.join(binary).display()
-            );
-            std::process::exit(2);
-        }
-    }
-    dir
 }
 
 fn resources(data: &Path, hours: usize, scaling: bool) -> [Resource; 2] {
@@ -162,7 +142,8 @@ fn row(name: &str, run: &Run) {
 
 #[tokio::main]
 async fn main() {
-    let bin_dir = bin_dir();
+    let bin_dir = primus_benches::service_bin_dir();
+    primus_benches::require_service_binaries(&bin_dir, "");
     let hours = hours();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("criteo");

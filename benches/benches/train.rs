@@ -22,7 +22,7 @@
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -194,9 +194,9 @@ async fn main() {
     let batch = env_or("PRIMUS_BENCH_BATCH", 2048);
     let size = std::env::var("PRIMUS_BENCH_MODEL").unwrap_or_else(|_| "reference".into());
     let services = std::env::var("PRIMUS_BENCH_SERVICES").map_or(true, |v| v != "0");
-    let bin_dir = release_bin_dir();
+    let bin_dir = primus_benches::service_bin_dir();
     if services {
-        check_binaries(&bin_dir);
+        primus_benches::require_service_binaries(&bin_dir, " (or PRIMUS_BENCH_SERVICES=0)");
     }
     let rows_per_hour = rows.div_ceil(HOURS);
     let spec = model_spec(&size);
@@ -326,27 +326,6 @@ fn dense_only(layout: &ModelLayout, batches: &[Minibatch]) -> f64 {
         samples += batch.rows();
     }
     samples as f64 / started.elapsed().as_secs_f64()
-}
-
-/// `target/release`: the bench runs from `target/release/deps`.
-fn release_bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/release")
-        .to_path_buf()
-}
-
-fn check_binaries(bin_dir: &Path) {
-    for binary in ["primus-data-executor", "primus-ps", "primus-trainer"] {
-        if !bin_dir.join(binary).is_file() {
-            eprintln!(
-                "{} is missing: run `cargo build --release --bins` first (or PRIMUS_BENCH_SERVICES=0)",
-                bin_dir.join(binary).display()
-            );
-            std::process::exit(2);
-        }
-    }
 }
 
 /// Runs the Job through the services; returns the trainer's reports folded into stages

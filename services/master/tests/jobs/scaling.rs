@@ -33,6 +33,20 @@ async fn wait_for_replicas(
     }
 }
 
+/// Waits until the DLRM Job `job` succeeds and checks it trained on every row exactly once.
+async fn succeeds_with_every_row_once(sandbox: &Sandbox, job: &str) {
+    let done = sandbox
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let samples = done.progress.as_ref().map(|p| p.samples);
+    assert_eq!(
+        samples,
+        Some(DLRM_ROWS),
+        "every row trained once: {done:?}\n{}",
+        sandbox.logs(job)
+    );
+}
+
 fn events<'a>(status: &'a Status, reason: &str) -> Vec<&'a str> {
     status
         .events
@@ -106,16 +120,7 @@ async fn a_running_job_scaled_out_and_in_trains_on_every_row_once() {
         "scaled in while training"
     );
 
-    let done = sandbox
-        .wait_for_phase("elastic", Phase::Succeeded, Duration::from_secs(600))
-        .await;
-    let progress = done.progress.clone().expect("trainer progress");
-    assert_eq!(
-        progress.samples,
-        DLRM_ROWS,
-        "every row trained once: {done:?}\n{}",
-        sandbox.logs("elastic")
-    );
+    succeeds_with_every_row_once(&sandbox, "elastic").await;
     master.stop();
 }
 
@@ -150,16 +155,7 @@ async fn starving_trainers_make_the_master_add_data_executors_by_load() {
         ),
         "{scaled:?}"
     );
-    let done = sandbox
-        .wait_for_phase("autoscaled", Phase::Succeeded, Duration::from_secs(600))
-        .await;
-    let progress = done.progress.clone().expect("trainer progress");
-    assert_eq!(
-        progress.samples,
-        DLRM_ROWS,
-        "every row trained once: {done:?}\n{}",
-        sandbox.logs("autoscaled")
-    );
+    succeeds_with_every_row_once(&sandbox, "autoscaled").await;
     let metric = sandbox
         .client()
         .await

@@ -34,13 +34,6 @@ const READ_DELAY_MS: u64 = 2_000;
 const MAX_DATA_EXECUTORS: u32 = 4;
 const START: &str = "2026-11-01T00";
 
-fn hours() -> usize {
-    std::env::var("PRIMUS_BENCH_HOURS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(24)
-}
-
 /// Busy and total jiffies of all cores (`/proc/stat`).
 fn cpu_jiffies() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -144,7 +137,7 @@ fn row(name: &str, run: &Run) {
 async fn main() {
     let bin_dir = primus_benches::service_bin_dir();
     primus_benches::require_service_binaries(&bin_dir, "");
-    let hours = hours();
+    let hours: usize = primus_benches::env_or("PRIMUS_BENCH_HOURS", 24);
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("criteo");
     let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())

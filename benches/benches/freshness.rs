@@ -35,13 +35,6 @@ const STREAM_DAYS: usize = 2;
 const MINIBATCH: usize = 256;
 const START: &str = "2026-11-01T00";
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn model_spec(kind: ModelKind) -> ModelSpec {
     ModelSpec {
         kind,
@@ -195,8 +188,8 @@ async fn run(hours: &[Hour], kind: ModelKind, every: Option<usize>) -> Vec<f64> 
 
 #[tokio::main]
 async fn main() {
-    let rows_per_hour: usize = env_or("PRIMUS_BENCH_ROWS_PER_HOUR", 1024);
-    let drift: f64 = env_or("PRIMUS_BENCH_DRIFT", 0.6);
+    let rows_per_hour: usize = primus_benches::env_or("PRIMUS_BENCH_ROWS_PER_HOUR", 1024);
+    let drift: f64 = primus_benches::env_or("PRIMUS_BENCH_DRIFT", 0.6);
     let hours = generate(rows_per_hour, drift);
     let per_hour = rows_per_hour.div_ceil(MINIBATCH);
     println!(

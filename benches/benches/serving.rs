@@ -40,13 +40,6 @@ use tonic::transport::Channel;
 const JOB: &str = "bench";
 const KEYS_PER_MINUTE: usize = 100_000;
 
-fn seconds() -> u64 {
-    std::env::var("PRIMUS_BENCH_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(15)
-}
-
 fn example() -> (JobSpec, FeatureSchema) {
     let path = primus_testkit::repo_root().join("examples/criteo-like.yaml");
     let text = std::fs::read_to_string(&path).expect("examples/criteo-like.yaml");
@@ -371,7 +364,7 @@ fn main() {
     runtime.block_on(async {
         let nats = NatsServer::start().expect("nats-server");
         let bench = Bench::start(&nats).await;
-        let seconds = seconds();
+        let seconds: u64 = primus_benches::env_or("PRIMUS_BENCH_SECONDS", 15);
         println!(
             "serving bench: examples/criteo-like.yaml (DLRM, 26 sparse, dim 16), 2 training shards, 1 replica, sparse interval {} ms, background {} distinct keys/min",
             bench.job.serving_sync.sparse_interval_ms, KEYS_PER_MINUTE

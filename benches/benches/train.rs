@@ -56,13 +56,6 @@ const EVAL_WINDOW: u32 = 100_000;
 const CARDINALITY_SCALE: f64 = 0.001;
 const START: &str = "2026-11-01T00";
 
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The reference DLRM or a small one for quick runs.
 fn model_spec(size: &str) -> ModelSpec {
     let (bottom, top) = match size {
@@ -190,8 +183,8 @@ fn options() -> CriteoOptions {
 
 #[tokio::main]
 async fn main() {
-    let rows = env_or("PRIMUS_BENCH_ROWS", 204_800);
-    let batch = env_or("PRIMUS_BENCH_BATCH", 2048);
+    let rows: usize = primus_benches::env_or("PRIMUS_BENCH_ROWS", 204_800);
+    let batch: usize = primus_benches::env_or("PRIMUS_BENCH_BATCH", 2048);
     let size = std::env::var("PRIMUS_BENCH_MODEL").unwrap_or_else(|_| "reference".into());
     let services = std::env::var("PRIMUS_BENCH_SERVICES").map_or(true, |v| v != "0");
     let bin_dir = primus_benches::service_bin_dir();

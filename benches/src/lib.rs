@@ -2,6 +2,15 @@
 
 use std::path::{Path, PathBuf};
 
+/// The value of environment variable `name` (a bench's size knob), or `default` when it is
+/// unset or does not parse.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The binaries of the bench's own profile (`target/<profile>`: a bench runs from its
 /// `deps`), which the master of a bench starts as its executors.
 pub fn service_bin_dir() -> PathBuf {

@@ -552,6 +552,26 @@ mod tests {
     use super::*;
     use crate::backend::{ExecutorRole, ExecutorSettings};
 
+    /// An executable shell script `name` in `dir` running `body`.
+    fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let script = dir.join(name);
+        std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).expect("script");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        script
+    }
+
+    /// Executor 0 of `role` in job `j`.
+    fn first_of_job_j(role: ExecutorRole, settings: ExecutorSettings) -> ExecutorSpec {
+        ExecutorSpec {
+            job: "j".into(),
+            role,
+            index: 0,
+            settings,
+            cpu: 1.0,
+            memory_bytes: 1 << 20,
+        }
+    }
+
     #[test]
     fn picked_ports_are_below_the_ephemeral_range_and_skip_taken_ones() {
         let picker = PortPicker::new(Ipv4Addr::LOCALHOST.into());
@@ -582,13 +602,11 @@ mod tests {
     #[tokio::test]
     async fn a_crash_report_quotes_the_last_lines_the_process_wrote() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let script = dir.path().join("crashing-trainer");
-        std::fs::write(
-            &script,
-            "#!/bin/sh\necho 'starting'\nprintf '\\033[31mError:\\033[0m cannot reach ps-1\\n' >&2\nexit 3\n",
-        )
-        .expect("script");
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let script = script(
+            dir.path(),
+            "crashing-trainer",
+            "echo 'starting'\nprintf '\\033[31mError:\\033[0m cannot reach ps-1\\n' >&2\nexit 3",
+        );
         let settings = LocalBackendSettings {
             binaries: [("trainer".to_owned(), script)].into(),
             work_dir: dir.path().join("work"),
@@ -599,14 +617,10 @@ mod tests {
         let backend = LocalBackend::new(settings, "127.0.0.1:1".into());
         let mut events = backend.events();
         backend
-            .request(ExecutorSpec {
-                job: "j".into(),
-                role: ExecutorRole::Trainer,
-                index: 0,
-                settings: ExecutorSettings::Trainer(Box::default()),
-                cpu: 1.0,
-                memory_bytes: 1 << 20,
-            })
+            .request(first_of_job_j(
+                ExecutorRole::Trainer,
+                ExecutorSettings::Trainer(Box::default()),
+            ))
             .await
             .expect("started");
         let mut reports = Vec::new();
@@ -642,15 +656,7 @@ mod tests {
     #[tokio::test]
     async fn a_running_executor_is_measured_and_a_released_one_is_not() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let script = dir.path().join("busy-data-executor");
-        std::fs::write(
-            &script,
-            "#!/bin/sh
-while :; do :; done
-",
-        )
-        .expect("script");
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let script = script(dir.path(), "busy-data-executor", "while :; do :; done");
         let settings = LocalBackendSettings {
             binaries: [("data_executor".to_owned(), script)].into(),
             work_dir: dir.path().join("work"),
@@ -658,15 +664,9 @@ while :; do :; done
             ..LocalBackendSettings::default()
         };
         let backend = LocalBackend::new(settings, "127.0.0.1:1".into());
+        let settings = ExecutorSettings::DataExecutor(Box::default());
         backend
-            .request(ExecutorSpec {
-                job: "j".into(),
-                role: ExecutorRole::DataExecutor,
-                index: 0,
-                settings: ExecutorSettings::DataExecutor(Box::default()),
-                cpu: 1.0,
-                memory_bytes: 1 << 20,
-            })
+            .request(first_of_job_j(ExecutorRole::DataExecutor, settings))
             .await
             .expect("started");
         backend.usage("j").await;

@@ -184,13 +184,23 @@ impl DenseStore {
     /// Every tensor with its optimizer state, in a checksummed binary form (magic `PRDN`,
     /// format, version, count; per tensor name, shape, weights, state; CRC32).
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_where(|_| true)
+    }
+
+    /// The tensors whose name `keep` accepts, in [`DenseStore::encode`]'s form.
+    pub fn encode_where(&self, keep: impl Fn(&str) -> bool) -> Vec<u8> {
         let inner = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        let kept: Vec<(&String, &Tensor)> = inner
+            .tensors
+            .iter()
+            .filter(|(name, _)| keep(name))
+            .collect();
         let mut out = Vec::new();
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&1u32.to_le_bytes());
         out.extend_from_slice(&inner.version.to_le_bytes());
-        out.extend_from_slice(&(inner.tensors.len() as u64).to_le_bytes());
-        for (name, tensor) in &inner.tensors {
+        out.extend_from_slice(&(kept.len() as u64).to_le_bytes());
+        for (name, tensor) in kept {
             out.extend_from_slice(&(name.len() as u64).to_le_bytes());
             out.extend_from_slice(name.as_bytes());
             out.extend_from_slice(&(tensor.shape.len() as u64).to_le_bytes());
@@ -210,6 +220,53 @@ impl DenseStore {
     /// Replaces every tensor with those in `bytes` (from [`DenseStore::encode`]); nothing
     /// changes unless all of it decodes and fits this store's optimizer. Returns the count.
     pub fn restore(&self, bytes: &[u8]) -> Result<usize, SnapshotError> {
+        self.restore_where(bytes, |_| true)
+    }
+
+    /// Replaces every tensor with those in `bytes` whose name `keep` accepts.
+    pub fn restore_where(
+        &self,
+        bytes: &[u8],
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<usize, SnapshotError> {
+        let (version, mut tensors) = self.decode(bytes)?;
+        tensors.retain(|name, _| keep(name));
+        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        let restored = tensors.len();
+        inner.tensors = tensors;
+        inner.version = inner.version.max(version);
+        Ok(restored)
+    }
+
+    /// Adds the tensors in `bytes` (from [`DenseStore::encode_where`]) whose name `keep`
+    /// accepts, with their optimizer state, replacing those of the same name and keeping the
+    /// others: tensors moving here from another PS process. Nothing changes unless all of it
+    /// decodes. Returns how many were added.
+    pub fn merge_where(
+        &self,
+        bytes: &[u8],
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<usize, SnapshotError> {
+        let (version, mut tensors) = self.decode(bytes)?;
+        tensors.retain(|name, _| keep(name));
+        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        let merged = tensors.len();
+        inner.tensors.extend(tensors);
+        inner.version = inner.version.max(version) + 1;
+        Ok(merged)
+    }
+
+    /// Drops the tensors whose name `keep` rejects (they moved to another PS process).
+    /// Returns how many went.
+    pub fn forget(&self, keep: impl Fn(&str) -> bool) -> usize {
+        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        let before = inner.tensors.len();
+        inner.tensors.retain(|name, _| keep(name));
+        before - inner.tensors.len()
+    }
+
+    /// The version and tensors in `bytes`, checked against this store's optimizer.
+    fn decode(&self, bytes: &[u8]) -> Result<(u64, BTreeMap<String, Tensor>), SnapshotError> {
         let mut reader = open_checked(bytes, MAGIC)?;
         let truncated = || SnapshotError::Truncated(bytes.len());
         let version = reader.u64()?;
@@ -255,11 +312,7 @@ impl DenseStore {
         if !reader.done() {
             return Err(truncated());
         }
-        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
-        let restored = tensors.len();
-        inner.tensors = tensors;
-        inner.version = inner.version.max(version);
-        Ok(restored)
+        Ok((version, tensors))
     }
 }
 

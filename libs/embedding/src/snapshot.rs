@@ -90,6 +90,26 @@ pub struct ShardSnapshot {
 }
 
 impl ShardSnapshot {
+    /// Keeps only the rows and evicted keys whose key `keep` accepts.
+    pub fn retain(&mut self, keep: impl Fn(u64) -> bool) {
+        let stride = self.stride as usize;
+        let mut kept = 0;
+        for i in 0..self.keys.len() {
+            if !keep(self.keys[i]) {
+                continue;
+            }
+            self.keys[kept] = self.keys[i];
+            self.meta[kept] = self.meta[i];
+            self.values
+                .copy_within(i * stride..(i + 1) * stride, kept * stride);
+            kept += 1;
+        }
+        self.keys.truncate(kept);
+        self.meta.truncate(kept);
+        self.values.truncate(kept * stride);
+        self.evicted.retain(|key| keep(*key));
+    }
+
     /// The snapshot's bytes (header, rows, evicted keys, CRC32).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(

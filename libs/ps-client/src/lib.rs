@@ -1,12 +1,22 @@
-//! Client of a job's PS shards: routes each key to a shard by jump consistent hash, sends
-//! each shard its unique keys in parallel, and reassembles rows in request order.
+//! Client of a job's PS shards: routes each key to a shard by jump consistent hash
+//! ([`layout`]), sends each shard its unique keys in parallel, and reassembles rows in
+//! request order. When a shard answers that its keys moved (the Job is being resharded), the
+//! client asks its [`ShardSource`] for the new shard list and retries what was refused, so
+//! every gradient is applied exactly once. [`reshard`] moves a Job's parameters from one
+//! shard list to another.
 
 #![warn(missing_docs)]
 
+pub mod layout;
+pub mod reshard;
+
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
-use futures::future::try_join_all;
+use futures::future::{BoxFuture, join_all, try_join_all};
+pub use layout::{Layout, jump_consistent_hash};
 pub use primus_embedding::DenseValues;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{
@@ -19,19 +29,6 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use primus_proto::packed::{decode_f32, decode_keys, encode_f32, encode_keys};
-
-/// Lamping & Veach's jump consistent hash: the shard of `key` among `shards`; growing the
-/// shard count moves only the keys the new shards take.
-pub fn jump_consistent_hash(key: u64, shards: u32) -> u32 {
-    let mut key = key;
-    let (mut b, mut j) = (-1i64, 0i64);
-    while j < i64::from(shards) {
-        b = j;
-        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
-        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
-    }
-    b as u32
-}
 
 /// Why a call to the PS shards failed.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +60,14 @@ pub enum PsClientError {
         /// Keys given.
         keys: usize,
     },
+    /// A shard kept refusing moved keys and no new shard list came.
+    #[error("PS shard {shard} refused moved parameters for {waited:?} and no new shard list came")]
+    MovedTooLong {
+        /// The refusing shard.
+        shard: usize,
+        /// How long the client waited.
+        waited: Duration,
+    },
     /// A shard lacked a dense tensor it holds.
     #[error("PS shard {shard} did not return dense tensor {name:?}")]
     MissingDense {
@@ -71,6 +76,21 @@ pub enum PsClientError {
         /// The tensor.
         name: String,
     },
+}
+
+impl PsClientError {
+    /// Whether a shard refused the call because the parameters it touches moved.
+    pub fn is_moved(&self) -> bool {
+        matches!(self, Self::Call { status, .. } if is_moved(status))
+    }
+}
+
+/// The metadata key of a shard's refusal of moved parameters.
+pub const MOVED_METADATA: &str = "primus-ps-moved";
+
+/// Whether `status` is a shard's refusal of parameters that moved to another shard.
+pub fn is_moved(status: &Status) -> bool {
+    status.code() == tonic::Code::Aborted && status.metadata().get(MOVED_METADATA).is_some()
 }
 
 fn dense_to_proto(tensor: &DenseValues) -> DenseTensor {
@@ -123,48 +143,45 @@ impl StoredRows {
 
 type ShardClient = ParameterServerClient<InterceptedService<Channel, TraceInterceptor>>;
 
-/// A client of a Job's PS shards (cheap to clone).
-#[derive(Clone)]
-pub struct PsClient {
-    /// Every call carries the caller's trace context (the PS request span continues it).
-    shards: Vec<ShardClient>,
+/// Where the Job's PS shards are now, in shard order: a client asks when a shard says the
+/// parameters it was asked for moved.
+pub type ShardSource =
+    Arc<dyn Fn() -> BoxFuture<'static, Result<Vec<String>, String>> + Send + Sync>;
+
+/// How often a refused client asks its source for a new shard list, and how long it waits
+/// before it tries the refused call again with the list it has.
+const MOVE_POLL: Duration = Duration::from_millis(10);
+const MOVE_RETRY: Duration = Duration::from_millis(250);
+/// A refused call gives up after this long (a resharding that never finished).
+const MOVE_GIVE_UP: Duration = Duration::from_secs(300);
+
+/// The shards a client routes over, in shard order.
+struct Shards {
+    addrs: Vec<String>,
+    clients: Vec<ShardClient>,
 }
 
-/// The keys one shard gets: unique keys and where each came from in the request.
-struct Route {
-    keys: Vec<u64>,
-    /// For each request position routed here: index into `keys`.
-    positions: Vec<(usize, usize)>,
-}
-
-impl PsClient {
-    /// Connects to every shard (`host:port`, in the job topology's shard order).
-    pub async fn connect(addrs: &[String]) -> Result<Self, PsClientError> {
+impl Shards {
+    async fn connect(addrs: &[String]) -> Result<Self, PsClientError> {
         if addrs.is_empty() {
             return Err(PsClientError::NoShards);
         }
-        let mut shards = Vec::with_capacity(addrs.len());
+        let mut clients = Vec::with_capacity(addrs.len());
         for addr in addrs {
-            let failed = |message: String| PsClientError::Connect {
-                addr: addr.clone(),
-                message,
-            };
-            let channel = Endpoint::from_shared(format!("http://{addr}"))
-                .map_err(|e| failed(e.to_string()))?
-                .connect()
-                .await
-                .map_err(|e| failed(primus_telemetry::error_chain(&e)))?;
-            shards.push(
-                ParameterServerClient::with_interceptor(channel, TraceInterceptor)
-                    .max_decoding_message_size(256 << 20)
-                    .max_encoding_message_size(256 << 20),
-            );
+            clients.push(connect_shard(addr).await?);
         }
-        Ok(Self { shards })
+        Ok(Self {
+            addrs: addrs.to_vec(),
+            clients,
+        })
+    }
+
+    fn count(&self) -> u32 {
+        self.clients.len() as u32
     }
 
     fn route(&self, keys: &[u64]) -> Vec<Route> {
-        let n = self.shards.len() as u32;
+        let n = self.count();
         let mut routes: Vec<Route> = (0..n)
             .map(|_| Route {
                 keys: Vec::new(),
@@ -174,7 +191,7 @@ impl PsClient {
         let mut seen: HashMap<u64, (usize, usize)> = HashMap::with_capacity(keys.len());
         for (position, key) in keys.iter().enumerate() {
             let (shard, index) = *seen.entry(*key).or_insert_with(|| {
-                let shard = jump_consistent_hash(*key, n) as usize;
+                let shard = layout::key_shard(*key, n) as usize;
                 routes[shard].keys.push(*key);
                 (shard, routes[shard].keys.len() - 1)
             });
@@ -199,7 +216,7 @@ impl PsClient {
             .enumerate()
             .filter(|(_, r)| !r.keys.is_empty())
             .map(|(shard, route)| {
-                let answer = call(self.shards[shard].clone(), encode_keys(&route.keys));
+                let answer = call(self.clients[shard].clone(), encode_keys(&route.keys));
                 async move {
                     answer
                         .await
@@ -210,75 +227,192 @@ impl PsClient {
         try_join_all(calls).await
     }
 
+    /// Groups `items` by the shard of their dense tensor name.
+    fn by_dense_shard<T>(&self, items: impl IntoIterator<Item = (String, T)>) -> Vec<Vec<T>> {
+        let mut groups: Vec<Vec<T>> = (0..self.clients.len()).map(|_| Vec::new()).collect();
+        for (name, item) in items {
+            groups[layout::dense_shard(&name, self.count()) as usize].push(item);
+        }
+        groups
+    }
+}
+
+async fn connect_shard(addr: &str) -> Result<ShardClient, PsClientError> {
+    let failed = |message: String| PsClientError::Connect {
+        addr: addr.to_owned(),
+        message,
+    };
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| failed(e.to_string()))?
+        .connect()
+        .await
+        .map_err(|e| failed(primus_telemetry::error_chain(&e)))?;
+    Ok(
+        ParameterServerClient::with_interceptor(channel, TraceInterceptor)
+            .max_decoding_message_size(256 << 20)
+            .max_encoding_message_size(256 << 20),
+    )
+}
+
+/// A client of a Job's PS shards (cheap to clone; clones share the shard list).
+#[derive(Clone)]
+pub struct PsClient {
+    /// Every call carries the caller's trace context (the PS request span continues it).
+    shards: Arc<RwLock<Arc<Shards>>>,
+    source: Option<ShardSource>,
+    /// How long each call that met moved parameters waited before it was answered.
+    move_waits: Arc<Mutex<Vec<Duration>>>,
+}
+
+/// The keys one shard gets: unique keys and where each came from in the request.
+struct Route {
+    keys: Vec<u64>,
+    /// For each request position routed here: index into `keys`.
+    positions: Vec<(usize, usize)>,
+}
+
+/// A call that met moved parameters: when, and how long it may still wait.
+#[derive(Default)]
+struct Refusals {
+    first: Option<Instant>,
+}
+
+impl PsClient {
+    /// Connects to every shard (`host:port`, in the job topology's shard order).
+    pub async fn connect(addrs: &[String]) -> Result<Self, PsClientError> {
+        Ok(Self {
+            shards: Arc::new(RwLock::new(Arc::new(Shards::connect(addrs).await?))),
+            source: None,
+            move_waits: Arc::default(),
+        })
+    }
+
+    /// Follows resharding: when a shard refuses moved parameters, asks `source` for the
+    /// shard list and retries what was refused. Without a source a refusal is an error.
+    pub fn following(mut self, source: ShardSource) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    /// The shard addresses this client routes over now.
+    pub fn addrs(&self) -> Vec<String> {
+        self.current().addrs.clone()
+    }
+
+    /// How long each call that met moved parameters waited, oldest first (drained).
+    pub fn take_move_waits(&self) -> Vec<Duration> {
+        std::mem::take(
+            &mut *self
+                .move_waits
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    fn current(&self) -> Arc<Shards> {
+        self.shards
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// After `refused` on `seen`: waits for a new shard list (or a while, to try again),
+    /// or gives up after [`MOVE_GIVE_UP`] or without a source.
+    async fn follow_move(
+        &self,
+        seen: &Arc<Shards>,
+        refused: PsClientError,
+        refusals: &mut Refusals,
+    ) -> Result<(), PsClientError> {
+        let first = *refusals.first.get_or_insert_with(Instant::now);
+        let (Some(source), true) = (&self.source, refused.is_moved()) else {
+            return Err(refused);
+        };
+        if first.elapsed() > MOVE_GIVE_UP {
+            let shard = match refused {
+                PsClientError::Call { shard, .. } => shard,
+                _ => 0,
+            };
+            return Err(PsClientError::MovedTooLong {
+                shard,
+                waited: first.elapsed(),
+            });
+        }
+        if !Arc::ptr_eq(&self.current(), seen) {
+            return Ok(());
+        }
+        let retry_at = Instant::now() + MOVE_RETRY;
+        while Instant::now() < retry_at {
+            tokio::time::sleep(MOVE_POLL).await;
+            let addrs = match source().await {
+                Ok(addrs) if !addrs.is_empty() && addrs != seen.addrs => addrs,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::debug!(error = %e, "asking for the PS shard list");
+                    continue;
+                }
+            };
+            let shards = Arc::new(Shards::connect(&addrs).await?);
+            let mut current = self.shards.write().unwrap_or_else(PoisonError::into_inner);
+            if Arc::ptr_eq(&current, seen) {
+                tracing::info!(shards = ?addrs, "PS shards changed");
+                *current = shards;
+            }
+            return Ok(());
+        }
+        Ok(())
+    }
+
+    fn answered(&self, refusals: &Refusals) {
+        if let Some(first) = refusals.first {
+            self.move_waits
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(first.elapsed());
+        }
+    }
+
+    /// Runs `call` (which must be safe to repeat whole) until no shard refuses it for
+    /// moved parameters.
+    async fn repeatable<T, F, Fut>(&self, call: F) -> Result<T, PsClientError>
+    where
+        F: Fn(Arc<Shards>) -> Fut,
+        Fut: Future<Output = Result<T, PsClientError>>,
+    {
+        let mut refusals = Refusals::default();
+        loop {
+            let shards = self.current();
+            match call(shards.clone()).await {
+                Ok(answer) => {
+                    self.answered(&refusals);
+                    return Ok(answer);
+                }
+                Err(e) => self.follow_move(&shards, e, &mut refusals).await?,
+            }
+        }
+    }
+
     /// Rows of `keys` in request order (`dim` floats each), and `dim`.
     pub async fn lookup(
         &self,
         table: &str,
         keys: &[u64],
     ) -> Result<(Vec<f32>, usize), PsClientError> {
-        let routes = self.route(keys);
-        let answers = self
-            .per_shard(&routes, |mut client, keys| async move {
-                let request = LookupRequest {
-                    table: table.to_owned(),
-                    keys,
-                };
-                let response = client.lookup(request).await?.into_inner();
-                let rows = decode_f32("rows", &response.rows)?;
-                Ok((response.dim as usize, rows))
-            })
-            .await?;
-        let dim = answers.first().map_or(0, |(_, (dim, _))| *dim);
-        let mut out = vec![0.0f32; keys.len() * dim];
-        for (shard, (_, rows)) in answers {
-            for &(position, index) in &routes[shard].positions {
-                out[position * dim..(position + 1) * dim]
-                    .copy_from_slice(&rows[index * dim..(index + 1) * dim]);
-            }
-        }
-        Ok((out, dim))
+        self.repeatable(|shards| lookup_on(shards, table, keys))
+            .await
     }
 
     /// The stored rows of `keys` with their optimizer state, from every shard at once.
     /// Keys without a row are left out.
     pub async fn read_rows(&self, table: &str, keys: &[u64]) -> Result<StoredRows, PsClientError> {
-        let routes = self.route(keys);
-        let answers = self
-            .per_shard(&routes, |mut client, keys| async move {
-                let request = ReadRowsRequest {
-                    table: table.to_owned(),
-                    keys,
-                };
-                let response = client.read_rows(request).await?.into_inner();
-                let keys = decode_keys("keys", &response.keys)?;
-                let values = decode_f32("values", &response.values)?;
-                let stride = response.stride as usize;
-                if values.len() != keys.len() * stride {
-                    return Err(Status::internal(format!(
-                        "{} floats for {} rows of {stride}",
-                        values.len(),
-                        keys.len()
-                    )));
-                }
-                Ok(StoredRows {
-                    dim: response.dim as usize,
-                    stride,
-                    keys,
-                    values,
-                })
-            })
-            .await?;
-        let mut all = StoredRows::default();
-        for (_, answer) in answers {
-            (all.dim, all.stride) = (answer.dim, answer.stride);
-            all.keys.extend(answer.keys);
-            all.values.extend(answer.values);
-        }
-        Ok(all)
+        self.repeatable(|shards| read_rows_on(shards, table, keys))
+            .await
     }
 
     /// Pushes `grads` (`dim` floats per key, in key order); duplicate keys have their
     /// gradients applied one after another, as one table would. Returns (applied, dropped).
+    /// A shard's part that is refused because its keys moved is pushed again to their new
+    /// shards, and only that part: every gradient is applied once.
     pub async fn push(
         &self,
         table: &str,
@@ -295,169 +429,305 @@ impl PsClient {
             });
         }
         let dim = grads.len() / keys.len();
-        let n = self.shards.len() as u32;
-        let mut per_shard: Vec<(Vec<u64>, Vec<u8>)> =
-            vec![(Vec::new(), Vec::new()); self.shards.len()];
-        for (position, key) in keys.iter().enumerate() {
-            let shard = jump_consistent_hash(*key, n) as usize;
-            per_shard[shard].0.push(*key);
-            encode_f32(
-                &grads[position * dim..(position + 1) * dim],
-                &mut per_shard[shard].1,
-            );
-        }
-        let calls = per_shard
-            .into_iter()
-            .enumerate()
-            .filter(|(_, (k, _))| !k.is_empty())
-            .map(|(shard, (shard_keys, shard_grads))| {
-                let mut client = self.shards[shard].clone();
-                let request = PushRequest {
-                    table: table.to_owned(),
-                    keys: encode_keys(&shard_keys),
-                    grads: shard_grads,
-                };
-                async move {
-                    let response = client
-                        .push(request)
-                        .await
-                        .map_err(|status| PsClientError::Call { shard, status })?
-                        .into_inner();
-                    Ok::<_, PsClientError>((response.applied, response.dropped))
+        let (mut applied, mut dropped) = (0, 0);
+        let mut refusals = Refusals::default();
+        let mut pending: Option<Gradients> = None;
+        loop {
+            let shards = self.current();
+            let (keys, grads) = pending
+                .as_ref()
+                .map_or((keys, grads), |(k, g)| (k.as_slice(), g.as_slice()));
+            let outcome = push_on(&shards, table, keys, grads, dim).await;
+            applied += outcome.applied;
+            dropped += outcome.dropped;
+            match outcome.refused {
+                None => {
+                    self.answered(&refusals);
+                    return Ok((applied, dropped));
                 }
-            });
-        let outcomes = try_join_all(calls).await?;
-        Ok(outcomes
-            .into_iter()
-            .fold((0, 0), |(a, d), (x, y)| (a + x, d + y)))
-    }
-
-    /// The shard holding dense tensor `name` (spread by a hash of the name).
-    fn dense_shard(&self, name: &str) -> usize {
-        let key = primus_batch::hash::hash_bytes(name.as_bytes());
-        jump_consistent_hash(key, self.shards.len() as u32) as usize
-    }
-
-    /// Groups `items` by the shard of their dense tensor name.
-    fn by_dense_shard<T>(&self, items: impl IntoIterator<Item = (String, T)>) -> Vec<Vec<T>> {
-        let mut groups: Vec<Vec<T>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
-        for (name, item) in items {
-            groups[self.dense_shard(&name)].push(item);
+                Some((error, left)) => {
+                    self.follow_move(&shards, error, &mut refusals).await?;
+                    pending = Some(left);
+                }
+            }
         }
-        groups
     }
 
     /// Offers initial values; tensors that exist keep theirs (the first trainer wins).
     /// Returns the names this call created.
     pub async fn init_dense(&self, tensors: &[DenseValues]) -> Result<Vec<String>, PsClientError> {
-        let groups =
-            self.by_dense_shard(tensors.iter().map(|t| (t.name.clone(), dense_to_proto(t))));
-        let calls = groups
-            .into_iter()
-            .enumerate()
-            .filter(|(_, g)| !g.is_empty())
-            .map(|(shard, tensors)| {
-                let mut client = self.shards[shard].clone();
-                async move {
-                    let response = client
-                        .init_dense(InitDenseRequest { tensors })
-                        .await
-                        .map_err(|status| PsClientError::Call { shard, status })?;
-                    Ok::<_, PsClientError>(response.into_inner().created)
-                }
-            });
-        Ok(try_join_all(calls).await?.into_iter().flatten().collect())
+        self.repeatable(|shards| init_dense_on(shards, tensors))
+            .await
     }
 
     /// Current values of `names`, in that order.
     pub async fn pull_dense(&self, names: &[String]) -> Result<Vec<DenseValues>, PsClientError> {
-        let groups = self.by_dense_shard(names.iter().map(|n| (n.clone(), n.clone())));
-        let calls = groups
-            .into_iter()
-            .enumerate()
-            .filter(|(_, g)| !g.is_empty())
-            .map(|(shard, names)| {
-                let mut client = self.shards[shard].clone();
-                async move {
-                    let response = client
-                        .pull_dense(PullDenseRequest { names })
-                        .await
-                        .map_err(|status| PsClientError::Call { shard, status })?;
-                    response
-                        .into_inner()
-                        .tensors
-                        .into_iter()
-                        .map(|t| dense_from_proto(shard, t))
-                        .collect::<Result<Vec<_>, _>>()
-                }
-            });
-        let mut pulled: HashMap<String, DenseValues> = try_join_all(calls)
-            .await?
-            .into_iter()
-            .flatten()
-            .map(|t| (t.name.clone(), t))
-            .collect();
-        names
-            .iter()
-            .map(|name| {
-                pulled
-                    .remove(name)
-                    .ok_or_else(|| PsClientError::MissingDense {
-                        shard: self.dense_shard(name),
-                        name: name.clone(),
-                    })
-            })
-            .collect()
+        self.repeatable(|shards| pull_dense_on(shards, names)).await
     }
 
-    /// Applies gradients with each shard's dense optimizer.
+    /// Applies gradients with each shard's dense optimizer; a shard's part refused because
+    /// its tensors moved is pushed again to their new shards, and only that part.
     pub async fn push_dense(&self, grads: &[DenseValues]) -> Result<(), PsClientError> {
-        let groups = self.by_dense_shard(grads.iter().map(|g| (g.name.clone(), dense_to_proto(g))));
-        let calls = groups
-            .into_iter()
-            .enumerate()
-            .filter(|(_, g)| !g.is_empty())
-            .map(|(shard, grads)| {
-                let mut client = self.shards[shard].clone();
-                async move {
-                    client
-                        .push_dense(PushDenseRequest { grads })
-                        .await
-                        .map_err(|status| PsClientError::Call { shard, status })?;
-                    Ok::<_, PsClientError>(())
+        let mut refusals = Refusals::default();
+        let mut pending: Vec<DenseValues> = grads.to_vec();
+        loop {
+            let shards = self.current();
+            match push_dense_on(&shards, pending).await {
+                None => {
+                    self.answered(&refusals);
+                    return Ok(());
                 }
-            });
-        try_join_all(calls).await?;
-        Ok(())
+                Some((error, left)) => {
+                    self.follow_move(&shards, error, &mut refusals).await?;
+                    pending = left;
+                }
+            }
+        }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn jump_hash_spreads_keys_and_moves_few_on_growth() {
-        let keys: Vec<u64> = (0..10_000u64)
-            .map(|k| k.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-            .collect();
-        let mut counts = [0usize; 4];
-        for k in &keys {
-            counts[jump_consistent_hash(*k, 4) as usize] += 1;
+async fn lookup_on(
+    shards: Arc<Shards>,
+    table: &str,
+    keys: &[u64],
+) -> Result<(Vec<f32>, usize), PsClientError> {
+    let routes = shards.route(keys);
+    let answers = shards
+        .per_shard(&routes, |mut client, keys| async move {
+            let request = LookupRequest {
+                table: table.to_owned(),
+                keys,
+            };
+            let response = client.lookup(request).await?.into_inner();
+            let rows = decode_f32("rows", &response.rows)?;
+            Ok((response.dim as usize, rows))
+        })
+        .await?;
+    let dim = answers.first().map_or(0, |(_, (dim, _))| *dim);
+    let mut out = vec![0.0f32; keys.len() * dim];
+    for (shard, (_, rows)) in answers {
+        for &(position, index) in &routes[shard].positions {
+            out[position * dim..(position + 1) * dim]
+                .copy_from_slice(&rows[index * dim..(index + 1) * dim]);
         }
-        assert!(
-            counts.iter().all(|c| (2_200..2_800).contains(c)),
-            "{counts:?}"
-        );
-        let moved = keys
-            .iter()
-            .filter(|k| jump_consistent_hash(**k, 4) != jump_consistent_hash(**k, 5))
-            .count();
-        // Growing 4 -> 5 shards moves about a fifth of the keys, all to the new shard.
-        assert!((1_700..2_300).contains(&moved), "{moved}");
-        assert!(keys.iter().all(|k| {
-            let (before, after) = (jump_consistent_hash(*k, 4), jump_consistent_hash(*k, 5));
-            before == after || after == 4
-        }));
+    }
+    Ok((out, dim))
+}
+
+async fn read_rows_on(
+    shards: Arc<Shards>,
+    table: &str,
+    keys: &[u64],
+) -> Result<StoredRows, PsClientError> {
+    let routes = shards.route(keys);
+    let answers = shards
+        .per_shard(&routes, |mut client, keys| async move {
+            let request = ReadRowsRequest {
+                table: table.to_owned(),
+                keys,
+            };
+            let response = client.read_rows(request).await?.into_inner();
+            let keys = decode_keys("keys", &response.keys)?;
+            let values = decode_f32("values", &response.values)?;
+            let stride = response.stride as usize;
+            if values.len() != keys.len() * stride {
+                return Err(Status::internal(format!(
+                    "{} floats for {} rows of {stride}",
+                    values.len(),
+                    keys.len()
+                )));
+            }
+            Ok(StoredRows {
+                dim: response.dim as usize,
+                stride,
+                keys,
+                values,
+            })
+        })
+        .await?;
+    let mut all = StoredRows::default();
+    for (_, answer) in answers {
+        (all.dim, all.stride) = (answer.dim, answer.stride);
+        all.keys.extend(answer.keys);
+        all.values.extend(answer.values);
+    }
+    Ok(all)
+}
+
+/// Keys and their gradients (`dim` floats per key).
+type Gradients = (Vec<u64>, Vec<f32>);
+
+/// What one push over a shard list did, and the part refused for moved keys (with the first
+/// refusal) that must go again.
+struct PushOutcome {
+    applied: u64,
+    dropped: u64,
+    refused: Option<(PsClientError, Gradients)>,
+}
+
+async fn push_on(
+    shards: &Shards,
+    table: &str,
+    keys: &[u64],
+    grads: &[f32],
+    dim: usize,
+) -> PushOutcome {
+    let n = shards.count();
+    let mut per_shard: Vec<(Vec<u64>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); n as usize];
+    for (position, key) in keys.iter().enumerate() {
+        let shard = layout::key_shard(*key, n) as usize;
+        per_shard[shard].0.push(*key);
+        per_shard[shard]
+            .1
+            .extend_from_slice(&grads[position * dim..(position + 1) * dim]);
+    }
+    let calls = per_shard
+        .into_iter()
+        .enumerate()
+        .filter(|(_, (k, _))| !k.is_empty())
+        .map(|(shard, (shard_keys, shard_grads))| {
+            let mut client = shards.clients[shard].clone();
+            let mut packed = Vec::with_capacity(shard_grads.len() * 4);
+            encode_f32(&shard_grads, &mut packed);
+            let request = PushRequest {
+                table: table.to_owned(),
+                keys: encode_keys(&shard_keys),
+                grads: packed,
+            };
+            async move {
+                let answer = client.push(request).await.map(tonic::Response::into_inner);
+                (shard, answer, (shard_keys, shard_grads))
+            }
+        });
+    let mut outcome = PushOutcome {
+        applied: 0,
+        dropped: 0,
+        refused: None,
+    };
+    let mut failed = None;
+    for (shard, answer, part) in join_all(calls).await {
+        match answer {
+            Ok(response) => {
+                outcome.applied += response.applied;
+                outcome.dropped += response.dropped;
+            }
+            Err(status) if is_moved(&status) => {
+                let (_, (left_keys, left_grads)) = outcome.refused.get_or_insert_with(|| {
+                    (PsClientError::Call { shard, status }, Default::default())
+                });
+                left_keys.extend(part.0);
+                left_grads.extend(part.1);
+            }
+            Err(status) => failed = failed.or(Some(PsClientError::Call { shard, status })),
+        }
+    }
+    if let Some(error) = failed {
+        // Not a move: the caller fails as a whole.
+        outcome.refused = Some((error, Default::default()));
+    }
+    outcome
+}
+
+async fn init_dense_on(
+    shards: Arc<Shards>,
+    tensors: &[DenseValues],
+) -> Result<Vec<String>, PsClientError> {
+    let groups = shards.by_dense_shard(tensors.iter().map(|t| (t.name.clone(), dense_to_proto(t))));
+    let calls = groups
+        .into_iter()
+        .enumerate()
+        .filter(|(_, g)| !g.is_empty())
+        .map(|(shard, tensors)| {
+            let mut client = shards.clients[shard].clone();
+            async move {
+                let response = client
+                    .init_dense(InitDenseRequest { tensors })
+                    .await
+                    .map_err(|status| PsClientError::Call { shard, status })?;
+                Ok::<_, PsClientError>(response.into_inner().created)
+            }
+        });
+    Ok(try_join_all(calls).await?.into_iter().flatten().collect())
+}
+
+async fn pull_dense_on(
+    shards: Arc<Shards>,
+    names: &[String],
+) -> Result<Vec<DenseValues>, PsClientError> {
+    let groups = shards.by_dense_shard(names.iter().map(|n| (n.clone(), n.clone())));
+    let calls = groups
+        .into_iter()
+        .enumerate()
+        .filter(|(_, g)| !g.is_empty())
+        .map(|(shard, names)| {
+            let mut client = shards.clients[shard].clone();
+            async move {
+                let response = client
+                    .pull_dense(PullDenseRequest { names })
+                    .await
+                    .map_err(|status| PsClientError::Call { shard, status })?;
+                response
+                    .into_inner()
+                    .tensors
+                    .into_iter()
+                    .map(|t| dense_from_proto(shard, t))
+                    .collect::<Result<Vec<_>, _>>()
+            }
+        });
+    let mut pulled: HashMap<String, DenseValues> = try_join_all(calls)
+        .await?
+        .into_iter()
+        .flatten()
+        .map(|t| (t.name.clone(), t))
+        .collect();
+    names
+        .iter()
+        .map(|name| {
+            pulled
+                .remove(name)
+                .ok_or_else(|| PsClientError::MissingDense {
+                    shard: layout::dense_shard(name, shards.count()) as usize,
+                    name: name.clone(),
+                })
+        })
+        .collect()
+}
+
+/// Pushes dense gradients over `shards`; `None` when every part was applied, else the first
+/// error and the gradients to push again (none unless the error is a move).
+async fn push_dense_on(
+    shards: &Shards,
+    grads: Vec<DenseValues>,
+) -> Option<(PsClientError, Vec<DenseValues>)> {
+    let groups = shards.by_dense_shard(grads.into_iter().map(|g| (g.name.clone(), g)));
+    let calls = groups
+        .into_iter()
+        .enumerate()
+        .filter(|(_, g)| !g.is_empty())
+        .map(|(shard, part)| {
+            let mut client = shards.clients[shard].clone();
+            let grads = part.iter().map(dense_to_proto).collect();
+            async move {
+                let answer = client.push_dense(PushDenseRequest { grads }).await;
+                (shard, answer, part)
+            }
+        });
+    let mut refused: Option<(PsClientError, Vec<DenseValues>)> = None;
+    let mut failed = None;
+    for (shard, answer, part) in join_all(calls).await {
+        match answer {
+            Ok(_) => {}
+            Err(status) if is_moved(&status) => {
+                refused
+                    .get_or_insert_with(|| (PsClientError::Call { shard, status }, Vec::new()))
+                    .1
+                    .extend(part);
+            }
+            Err(status) => failed = failed.or(Some(PsClientError::Call { shard, status })),
+        }
+    }
+    match failed {
+        Some(error) => Some((error, Vec::new())),
+        None => refused,
     }
 }

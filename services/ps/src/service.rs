@@ -1,20 +1,25 @@
 //! The ParameterServer RPCs over this process's tables.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use primus_embedding::{DenseError, DenseStore, DenseValues, EmbeddingError, Table, TableOptions};
+use primus_embedding::{
+    DenseError, DenseStore, DenseValues, EmbeddingError, ShardSnapshot, Table, TableOptions,
+};
 use primus_gpu::{CudaKernels, DeviceRows, RowStore};
 use primus_proto::v1::parameter_server_server::ParameterServer;
 use primus_proto::v1::{
-    DenseTensor, ExportDeltaRequest, ExportDeltaResponse, InitDenseRequest, InitDenseResponse,
-    LookupRequest, LookupResponse, PullDenseRequest, PullDenseResponse, PushDenseRequest,
-    PushDenseResponse, PushRequest, PushResponse, ReadRowsRequest, ReadRowsResponse,
-    RestoreRequest, RestoreResponse, SnapshotRequest, SnapshotResponse, StatsRequest,
-    StatsResponse, TableDelta, TableStats,
+    DenseTensor, DropMovedRequest, DropMovedResponse, ExportDeltaRequest, ExportDeltaResponse,
+    ExportMovedRequest, ExportMovedResponse, FenceRequest, FenceResponse, ImportDenseRequest,
+    ImportDenseResponse, ImportRowsRequest, ImportRowsResponse, InitDenseRequest,
+    InitDenseResponse, LookupRequest, LookupResponse, PullDenseRequest, PullDenseResponse,
+    PushDenseRequest, PushDenseResponse, PushRequest, PushResponse, ReadRowsRequest,
+    ReadRowsResponse, RestoreRequest, RestoreResponse, SnapshotRequest, SnapshotResponse,
+    StatsRequest, StatsResponse, TableDelta, TableStats,
 };
+use primus_ps_client::Layout;
 use primus_spec::Validate;
 use tonic::{Request, Response, Status};
 
@@ -114,6 +119,10 @@ pub(crate) struct Ps {
     tables: Arc<Tables>,
     dense: Arc<DenseStore>,
     storage: StorageSettings,
+    /// Set by Fence while the Job is resharded: calls touching what this layout places on
+    /// another shard are refused. Every read and write holds it shared while it runs, so a
+    /// fence waits for the calls in flight and nothing changes a moved row after it.
+    fence: RwLock<Option<Layout>>,
 }
 
 impl Ps {
@@ -122,8 +131,51 @@ impl Ps {
             tables,
             dense: Arc::new(dense),
             storage,
+            fence: RwLock::new(None),
         }
     }
+
+    /// The fence, held shared, if no key of `keys` moved away.
+    fn keys_here(&self, keys: &[u64]) -> Result<RwLockReadGuard<'_, Option<Layout>>, Status> {
+        let fence = self.fence.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(layout) = *fence
+            && let Some(key) = keys.iter().find(|k| !layout.holds_key(**k))
+        {
+            return Err(moved(&layout, &format!("key {key}")));
+        }
+        Ok(fence)
+    }
+
+    /// The fence, held shared, if no tensor of `names` moved away.
+    fn dense_here<'a>(
+        &self,
+        mut names: impl Iterator<Item = &'a str>,
+    ) -> Result<RwLockReadGuard<'_, Option<Layout>>, Status> {
+        let fence = self.fence.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(layout) = *fence
+            && let Some(name) = names.find(|n| !layout.holds_dense(n))
+        {
+            return Err(moved(&layout, &format!("dense tensor {name:?}")));
+        }
+        Ok(fence)
+    }
+}
+
+/// ABORTED with the metadata a client follows to the new shard list.
+fn moved(layout: &Layout, what: &str) -> Status {
+    let mut status = Status::aborted(format!(
+        "{what} moved to another PS shard (the Job now has {} shards)",
+        layout.shard_count
+    ));
+    status.metadata_mut().insert(
+        primus_ps_client::MOVED_METADATA,
+        tonic::metadata::MetadataValue::from(layout.shard_count),
+    );
+    status
+}
+
+fn layout_status(error: primus_ps_client::layout::LayoutError) -> Status {
+    Status::invalid_argument(error.to_string())
 }
 
 #[tonic::async_trait]
@@ -145,7 +197,9 @@ impl ParameterServer for Ps {
         let (unique, positions) = dedup(&keys);
         let dim = table.dim();
         let mut rows = vec![0.0f32; unique.len() * dim];
+        let fence = self.keys_here(&unique)?;
         table.lookup(&unique, &mut rows).map_err(table_status)?;
+        drop(fence);
         let mut out = Vec::with_capacity(keys.len() * dim * 4);
         for &p in &positions {
             encode_f32(&rows[p * dim..(p + 1) * dim], &mut out);
@@ -169,7 +223,9 @@ impl ParameterServer for Ps {
             primus.keys = keys.len(),
         )
         .entered();
+        let fence = self.keys_here(&keys)?;
         let (found, rows) = table.read_rows(&keys).map_err(table_status)?;
+        drop(fence);
         let mut values = Vec::with_capacity(rows.len() * 4);
         encode_f32(&rows, &mut values);
         Ok(Response::new(ReadRowsResponse {
@@ -192,9 +248,11 @@ impl ParameterServer for Ps {
             primus.applied = tracing::field::Empty,
             primus.dropped = tracing::field::Empty,
         );
+        let fence = self.keys_here(&keys)?;
         let outcome = span
             .in_scope(|| table.push(&keys, &grads, now_secs()))
             .map_err(table_status)?;
+        drop(fence);
         span.record("primus.applied", outcome.applied);
         span.record("primus.dropped", outcome.dropped);
         Ok(Response::new(PushResponse {
@@ -208,7 +266,9 @@ impl ParameterServer for Ps {
         request: Request<InitDenseRequest>,
     ) -> Result<Response<InitDenseResponse>, Status> {
         let tensors = decode_tensors(request.into_inner().tensors)?;
+        let fence = self.dense_here(tensors.iter().map(|t| t.name.as_str()))?;
         let created = self.dense.init(&tensors).map_err(dense_status)?;
+        drop(fence);
         let (_, version) = self.dense.pull(&[]).map_err(dense_status)?;
         Ok(Response::new(InitDenseResponse { created, version }))
     }
@@ -217,10 +277,10 @@ impl ParameterServer for Ps {
         &self,
         request: Request<PullDenseRequest>,
     ) -> Result<Response<PullDenseResponse>, Status> {
-        let (tensors, version) = self
-            .dense
-            .pull(&request.into_inner().names)
-            .map_err(dense_status)?;
+        let names = request.into_inner().names;
+        let fence = self.dense_here(names.iter().map(String::as_str))?;
+        let (tensors, version) = self.dense.pull(&names).map_err(dense_status)?;
+        drop(fence);
         let tensors = tensors
             .into_iter()
             .map(|t| {
@@ -241,7 +301,9 @@ impl ParameterServer for Ps {
         request: Request<PushDenseRequest>,
     ) -> Result<Response<PushDenseResponse>, Status> {
         let grads = decode_tensors(request.into_inner().grads)?;
+        let fence = self.dense_here(grads.iter().map(|g| g.name.as_str()))?;
         let version = self.dense.push(&grads).map_err(dense_status)?;
+        drop(fence);
         Ok(Response::new(PushDenseResponse { version }))
     }
 
@@ -270,12 +332,21 @@ impl ParameterServer for Ps {
         &self,
         request: Request<RestoreRequest>,
     ) -> Result<Response<RestoreResponse>, Status> {
-        let manifest_uri = request.into_inner().manifest_uri;
+        let request = request.into_inner();
+        let layout = match &request.layout {
+            None => None,
+            Some(layout) => Some(Layout::from_proto(Some(layout)).map_err(layout_status)?),
+        };
+        let manifest_uri = request.manifest_uri.clone();
+        let manifests: Vec<String> = std::iter::once(request.manifest_uri)
+            .chain(request.more_manifest_uris)
+            .collect();
         let (version, rows) = snapshots::restore(
             self.tables.clone(),
             self.dense.clone(),
             &self.storage,
-            &manifest_uri,
+            &manifests,
+            layout,
         )
         .await?;
         tracing::info!(manifest = %manifest_uri, version, rows, "restored");
@@ -334,6 +405,112 @@ impl ParameterServer for Ps {
             })
             .collect();
         Ok(Response::new(StatsResponse { tables }))
+    }
+
+    async fn export_moved(
+        &self,
+        request: Request<ExportMovedRequest>,
+    ) -> Result<Response<ExportMovedResponse>, Status> {
+        let request = request.into_inner();
+        let layout = Layout::from_proto(request.layout.as_ref()).map_err(layout_status)?;
+        let table = self.tables.get(&request.table)?;
+        let parts = table.shard_count() as u32;
+        if request.part >= parts {
+            return Err(Status::invalid_argument(format!(
+                "part: {} is not below the table's {parts} parts",
+                request.part
+            )));
+        }
+        let mut snapshot = table
+            .snapshot_shard(request.part as usize, request.since_version)
+            .map_err(table_status)?;
+        snapshot.retain(|key| !layout.holds_key(key));
+        Ok(Response::new(ExportMovedResponse {
+            rows: snapshot.encode(),
+            parts,
+            version: snapshot.version,
+        }))
+    }
+
+    async fn import_rows(
+        &self,
+        request: Request<ImportRowsRequest>,
+    ) -> Result<Response<ImportRowsResponse>, Status> {
+        let request = request.into_inner();
+        let table = self.tables.get(&request.table)?;
+        let snapshot = ShardSnapshot::decode(&request.rows)
+            .map_err(|e| Status::invalid_argument(format!("rows: {e}")))?;
+        let rows = table
+            .restore_shard(&snapshot)
+            .map_err(|e| Status::invalid_argument(format!("rows: {e}")))?;
+        Ok(Response::new(ImportRowsResponse { rows: rows as u64 }))
+    }
+
+    async fn fence(
+        &self,
+        request: Request<FenceRequest>,
+    ) -> Result<Response<FenceResponse>, Status> {
+        let layout =
+            Layout::from_proto(request.into_inner().layout.as_ref()).map_err(layout_status)?;
+        let mut fence = self.fence.write().unwrap_or_else(PoisonError::into_inner);
+        *fence = Some(layout);
+        let version = self.tables.version();
+        let moved_any = self
+            .dense
+            .pull(&[])
+            .map_err(dense_status)?
+            .0
+            .iter()
+            .any(|t| !layout.holds_dense(&t.name));
+        let dense = if moved_any {
+            self.dense.encode_where(|name| !layout.holds_dense(name))
+        } else {
+            Vec::new()
+        };
+        drop(fence);
+        tracing::info!(shards = layout.shard_count, index = ?layout.index, version, "fenced");
+        Ok(Response::new(FenceResponse { version, dense }))
+    }
+
+    async fn import_dense(
+        &self,
+        request: Request<ImportDenseRequest>,
+    ) -> Result<Response<ImportDenseResponse>, Status> {
+        let request = request.into_inner();
+        let layout = Layout::from_proto(request.layout.as_ref()).map_err(layout_status)?;
+        let tensors = self
+            .dense
+            .merge_where(&request.dense, |name| layout.holds_dense(name))
+            .map_err(|e| Status::invalid_argument(format!("dense: {e}")))?;
+        Ok(Response::new(ImportDenseResponse {
+            tensors: tensors as u64,
+        }))
+    }
+
+    async fn drop_moved(
+        &self,
+        _request: Request<DropMovedRequest>,
+    ) -> Result<Response<DropMovedResponse>, Status> {
+        let Some(layout) = *self.fence.read().unwrap_or_else(PoisonError::into_inner) else {
+            return Err(Status::failed_precondition(
+                "no fence set: nothing is known to have moved",
+            ));
+        };
+        let tables = self.tables.clone();
+        let rows = tokio::task::spawn_blocking(move || {
+            tables
+                .iter()
+                .map(|(_, table)| table.forget(|key| layout.holds_key(key)))
+                .sum::<usize>()
+        })
+        .await
+        .map_err(|e| Status::internal(format!("dropping moved rows: {e}")))?;
+        let tensors = self.dense.forget(|name| layout.holds_dense(name));
+        tracing::info!(rows, tensors, "dropped what moved to other shards");
+        Ok(Response::new(DropMovedResponse {
+            rows: rows as u64,
+            tensors: tensors as u64,
+        }))
     }
 }
 

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tonic::Status;
 
 use crate::service::Tables;
+use primus_ps_client::Layout;
 
 const MANIFEST: &str = "manifest.json";
 const DENSE: &str = "dense.bin";
@@ -158,14 +159,77 @@ pub(crate) async fn snapshot(
     })
 }
 
-/// Replaces every table's rows with the snapshot at `manifest_uri` (and its bases).
-/// Returns (version, rows written).
+/// Replaces every table's rows with the snapshots at `manifest_uris` (and their bases):
+/// one, or with `layout` every shard's snapshot of a checkpoint taken with another shard
+/// count, of which only what `layout` places here is kept. Returns (version, rows written).
 pub(crate) async fn restore(
     tables: Arc<Tables>,
     dense: Arc<DenseStore>,
     storage: &StorageSettings,
-    manifest_uri: &str,
+    manifest_uris: &[String],
+    layout: Option<Layout>,
 ) -> Result<(u64, u64), Status> {
+    if manifest_uris.len() > 1 && layout.is_none() {
+        return Err(Status::invalid_argument(
+            "layout: required to restore from more than one manifest",
+        ));
+    }
+    // Read and verify every file before touching a table.
+    let mut loaded = Vec::new();
+    let mut denses = Vec::new();
+    let mut version = 0;
+    for manifest_uri in manifest_uris {
+        let chain = load_chain(&tables, storage, manifest_uri).await?;
+        version = version.max(chain.version);
+        loaded.extend(chain.shards);
+        denses.push(chain.dense);
+    }
+    let rows = tokio::task::spawn_blocking(move || {
+        let keeps_key = |key: u64| layout.is_none_or(|l| l.holds_key(key));
+        let keeps_dense = |name: &str| layout.is_none_or(|l| l.holds_dense(name));
+        // First the part that can still refuse (an optimizer that keeps other state).
+        for (i, bytes) in denses.iter().enumerate() {
+            let restored = if i == 0 {
+                dense.restore_where(bytes, keeps_dense)
+            } else {
+                dense.merge_where(bytes, keeps_dense)
+            };
+            restored.map_err(|e| Status::failed_precondition(format!("{DENSE}: {e}")))?;
+        }
+        for (_, table) in tables.iter() {
+            table.clear();
+        }
+        let mut rows = 0u64;
+        for (name, mut shard) in loaded {
+            if layout.is_some() {
+                shard.retain(keeps_key);
+            }
+            rows += tables
+                .get(&name)?
+                .restore_shard(&shard)
+                .map_err(|e| Status::failed_precondition(format!("table {name:?}: {e}")))?
+                as u64;
+        }
+        Ok::<_, Status>(rows)
+    })
+    .await
+    .map_err(|e| Status::internal(format!("restore task: {e}")))??;
+    Ok((version, rows))
+}
+
+/// A snapshot with its chain of bases, read and verified: shards oldest first, the newest
+/// dense parameters, the newest version.
+struct Chain {
+    shards: Vec<(String, ShardSnapshot)>,
+    dense: Bytes,
+    version: u64,
+}
+
+async fn load_chain(
+    tables: &Tables,
+    storage: &StorageSettings,
+    manifest_uri: &str,
+) -> Result<Chain, Status> {
     // The chain, newest first, back to the full snapshot.
     let mut chain = vec![read_manifest(storage, manifest_uri).await?];
     while let Some(base) = chain.last().and_then(|(_, m)| m.base.clone()) {
@@ -176,8 +240,7 @@ pub(crate) async fn restore(
         }
         chain.push(read_manifest(storage, &base).await?);
     }
-    // Read and verify every file before touching a table.
-    let mut loaded = Vec::new();
+    let mut shards = Vec::new();
     for (folder, manifest) in chain.iter().rev() {
         for entry in &manifest.tables {
             let table = tables.get(&entry.name).map_err(|_| {
@@ -197,37 +260,19 @@ pub(crate) async fn restore(
                 )));
             }
             for file in &entry.shards {
-                loaded.push((entry.name.clone(), read_shard(folder, file).await?));
+                shards.push((entry.name.clone(), read_shard(folder, file).await?));
             }
         }
     }
     // Dense parameters as of the newest snapshot in the chain.
-    let dense_bytes = match chain.first() {
-        Some((folder, manifest)) => read_verified(folder, &manifest.dense).await?,
-        None => return Err(Status::internal("empty snapshot chain")),
+    let Some((folder, newest)) = chain.first() else {
+        return Err(Status::internal("empty snapshot chain"));
     };
-    let version = chain.first().map_or(0, |(_, m)| m.version);
-    let rows = tokio::task::spawn_blocking(move || {
-        // First the part that can still refuse (an optimizer that keeps other state).
-        dense
-            .restore(&dense_bytes)
-            .map_err(|e| Status::failed_precondition(format!("{DENSE}: {e}")))?;
-        for (_, table) in tables.iter() {
-            table.clear();
-        }
-        let mut rows = 0u64;
-        for (name, shard) in &loaded {
-            rows += tables
-                .get(name)?
-                .restore_shard(shard)
-                .map_err(|e| Status::failed_precondition(format!("table {name:?}: {e}")))?
-                as u64;
-        }
-        Ok::<_, Status>(rows)
+    Ok(Chain {
+        shards,
+        dense: read_verified(folder, &newest.dense).await?,
+        version: newest.version,
     })
-    .await
-    .map_err(|e| Status::internal(format!("restore task: {e}")))??;
-    Ok((version, rows))
 }
 
 async fn read_shard(folder: &Location, file: &ShardFile) -> Result<ShardSnapshot, Status> {

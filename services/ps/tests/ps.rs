@@ -22,6 +22,9 @@ use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, S3Bucket, SeaweedS3, free_port};
 use tonic::Code;
 
+#[path = "ps/reshard.rs"]
+mod reshard;
+
 const DIM: usize = 8;
 const SEED: u64 = 5;
 
@@ -410,6 +413,7 @@ async fn snapshot_and_restore(nats: &NatsServer, storage: StorageSettings, uri: 
     copy_raw
         .restore(RestoreRequest {
             manifest_uri: incremental.manifest_uri.clone(),
+            ..RestoreRequest::default()
         })
         .await
         .expect("restore");
@@ -514,6 +518,7 @@ async fn a_damaged_snapshot_file_is_data_loss_and_restores_nothing() {
     let status = raw
         .restore(RestoreRequest {
             manifest_uri: taken.manifest_uri,
+            ..RestoreRequest::default()
         })
         .await
         .expect_err("damaged");

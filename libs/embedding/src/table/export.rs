@@ -124,4 +124,21 @@ impl Table {
         self.version.fetch_max(snapshot.version, Ordering::AcqRel);
         Ok(snapshot.keys.len())
     }
+
+    /// Removes the rows whose key `keep` rejects without logging evictions: they moved to
+    /// another PS process, which serves them from now on. Returns how many went.
+    pub fn forget(&self, keep: impl Fn(u64) -> bool) -> usize {
+        let mut total = 0;
+        for shard in 0..self.shards.len() {
+            let mut guard = self.write(shard);
+            let gone: Vec<(u64, u32)> = guard.index.iter().filter(|(key, _)| !keep(*key)).collect();
+            for &(key, row) in &gone {
+                guard.index.remove(key);
+                guard.set_meta(row, RowMeta::default());
+                guard.free.push(row);
+            }
+            total += gone.len();
+        }
+        total
+    }
 }

@@ -83,6 +83,11 @@ impl PsClientError {
     pub fn is_moved(&self) -> bool {
         matches!(self, Self::Call { status, .. } if is_moved(status))
     }
+
+    /// Whether a shard could not be reached (a shard that left refuses connections).
+    fn is_unreachable(&self) -> bool {
+        matches!(self, Self::Call { status, .. } if status.code() == tonic::Code::Unavailable)
+    }
 }
 
 /// The metadata key of a shard's refusal of moved parameters.
@@ -317,17 +322,19 @@ impl PsClient {
     }
 
     /// After `refused` on `seen`: waits for a new shard list (or a while, to try again),
-    /// or gives up after [`MOVE_GIVE_UP`] or without a source.
+    /// or gives up after [`MOVE_GIVE_UP`] or without a source. A shard that cannot be
+    /// reached may have left in a resharding: the call is retried if the list changed.
     async fn follow_move(
         &self,
         seen: &Arc<Shards>,
         refused: PsClientError,
         refusals: &mut Refusals,
     ) -> Result<(), PsClientError> {
-        let first = *refusals.first.get_or_insert_with(Instant::now);
-        let (Some(source), true) = (&self.source, refused.is_moved()) else {
+        let gone = !refused.is_moved() && refused.is_unreachable();
+        let (Some(source), true) = (&self.source, refused.is_moved() || gone) else {
             return Err(refused);
         };
+        let first = *refusals.first.get_or_insert_with(Instant::now);
         if first.elapsed() > MOVE_GIVE_UP {
             let shard = match refused {
                 PsClientError::Call { shard, .. } => shard,
@@ -346,6 +353,8 @@ impl PsClient {
             tokio::time::sleep(MOVE_POLL).await;
             let addrs = match source().await {
                 Ok(addrs) if !addrs.is_empty() && addrs != seen.addrs => addrs,
+                // Down, and not because it left: the caller's error.
+                _ if gone => return Err(refused),
                 Ok(_) => continue,
                 Err(e) => {
                     tracing::debug!(error = %e, "asking for the PS shard list");

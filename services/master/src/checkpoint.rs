@@ -62,12 +62,6 @@ pub enum CheckpointError {
         addr: String,
         message: String,
     },
-    #[error("checkpoint {id} names PS shards {recorded:?}, the job has {running:?}")]
-    ShardsChanged {
-        id: u64,
-        recorded: Vec<String>,
-        running: Vec<String>,
-    },
     #[error("{url}: {message}")]
     Storage { url: String, message: String },
     #[error("checkpoint record in Redis: {0}")]
@@ -509,47 +503,67 @@ async fn snapshot(
         .collect()
 }
 
-/// Restores every PS shard from `record`; the job's shards must be the recorded ones
-/// (keys are placed by shard count, so a different count would misplace them).
+/// Restores every PS shard of `shards` (the Job's, in shard order) from `record`.
 pub async fn restore_ps(
     record: &CheckpointRecord,
     shards: &[&Endpoint],
 ) -> Result<(), CheckpointError> {
-    let running: Vec<String> = shards.iter().map(|s| s.id.clone()).collect();
-    let recorded: Vec<String> = record.ps.keys().cloned().collect();
-    let mut sorted = running.clone();
-    sorted.sort();
-    if sorted != recorded {
-        return Err(CheckpointError::ShardsChanged {
-            id: record.id,
-            recorded,
-            running,
-        });
-    }
-    for restored in join_all(shards.iter().map(|shard| restore_shard(record, shard))).await {
+    let restores = shards
+        .iter()
+        .map(|shard| restore_shard(record, shard, shards));
+    for restored in join_all(restores).await {
         restored?;
     }
     Ok(())
 }
 
-/// Restores one PS shard from `record`; returns the rows it wrote.
+/// Restores `shard`, one of `shards` (the Job's, in shard order), from `record`; returns
+/// the rows it wrote. A checkpoint of the same shards restores each from its own snapshot;
+/// one taken with other shards (the Job was resharded since) restores each shard from
+/// every snapshot, keeping what the Job's layout places on it.
 pub async fn restore_shard(
     record: &CheckpointRecord,
     shard: &Endpoint,
+    shards: &[&Endpoint],
 ) -> Result<u64, CheckpointError> {
     let failed = |message: String| CheckpointError::Ps {
         id: shard.id.clone(),
         addr: shard.grpc_addr.clone(),
         message,
     };
-    let manifest_uri = record
-        .ps
-        .get(&shard.id)
-        .cloned()
-        .ok_or_else(|| failed(format!("checkpoint {} has no snapshot of it", record.id)))?;
+    let mut running: Vec<&str> = shards.iter().map(|s| s.id.as_str()).collect();
+    running.sort_unstable();
+    let same_shards = record.ps.keys().map(String::as_str).eq(running);
+    let request = if same_shards {
+        let manifest_uri = record
+            .ps
+            .get(&shard.id)
+            .cloned()
+            .ok_or_else(|| failed(format!("checkpoint {} has no snapshot of it", record.id)))?;
+        RestoreRequest {
+            manifest_uri,
+            ..RestoreRequest::default()
+        }
+    } else {
+        let index = shards
+            .iter()
+            .position(|s| s.id == shard.id)
+            .ok_or_else(|| failed("not one of the Job's PS shards".to_owned()))?;
+        let mut manifests = record.ps.values().cloned();
+        RestoreRequest {
+            manifest_uri: manifests
+                .next()
+                .ok_or_else(|| failed(format!("checkpoint {} has no PS snapshot", record.id)))?,
+            more_manifest_uris: manifests.collect(),
+            layout: Some(primus_proto::v1::Layout {
+                shard_count: shards.len() as u32,
+                index: Some(index as u32),
+            }),
+        }
+    };
     let mut client = ParameterServerClient::new(channel(&shard.grpc_addr).map_err(failed)?);
     client
-        .restore(RestoreRequest { manifest_uri })
+        .restore(request)
         .await
         .map(|response| response.into_inner().rows)
         .map_err(|status| failed(status.message().to_owned()))

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use primus_proto::v1::topology_service_server::TopologyService;
-use primus_proto::v1::{Endpoint, GetTopologyRequest, GetTopologyResponse};
+use primus_proto::v1::{Endpoint, GetTopologyRequest, GetTopologyResponse, Role};
 use tonic::{Request, Response, Status};
 
 /// A job's endpoints and the version of that list.
@@ -22,6 +22,16 @@ impl Topologies {
         let (version, endpoints) = inner.entry(job.to_owned()).or_default();
         endpoints.retain(|e| e.id != endpoint.id);
         endpoints.push(endpoint);
+        *version += 1;
+    }
+
+    /// Replaces `job`'s endpoints of `role` with `endpoints` in one change: clients see the
+    /// old set or the new one, never a mix.
+    pub fn replace_role(&self, job: &str, role: Role, endpoints: Vec<Endpoint>) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        let (version, listed) = inner.entry(job.to_owned()).or_default();
+        listed.retain(|e| e.role != role as i32);
+        listed.extend(endpoints);
         *version += 1;
     }
 

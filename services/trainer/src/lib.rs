@@ -45,7 +45,7 @@ use primus_proto::v1::{
     Endpoint, GetTopologyRequest, MetricsReport, Role, TrainerAlignedRequest, TrainerTotalsRequest,
     TrainerTotalsResponse,
 };
-use primus_ps_client::PsClient;
+use primus_ps_client::{PsClient, ShardSource};
 use primus_service::{ExecutorIdentity, Node, ServiceFuture, Shutdown};
 use primus_spec::job::Device;
 use tonic::service::Routes;
@@ -185,6 +185,27 @@ async fn topology(identity: &ExecutorIdentity) -> anyhow::Result<(Vec<String>, V
     })
 }
 
+/// The Job's PS shards as the master's topology lists them now: a resharded Job's new list,
+/// asked for when a shard refuses parameters that moved.
+fn ps_shard_source(identity: &ExecutorIdentity) -> ShardSource {
+    let (url, job) = (
+        format!("http://{}", identity.master_addr),
+        identity.job.clone(),
+    );
+    Arc::new(move || {
+        let (url, job) = (url.clone(), job.clone());
+        Box::pin(async move {
+            let mut client = TopologyServiceClient::connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let request = GetTopologyRequest { job };
+            let response = client.get_topology(request).await;
+            let endpoints = response.map_err(|s| s.to_string())?.into_inner().endpoints;
+            Ok(primus_proto::role_addrs(&endpoints, Role::Ps))
+        })
+    })
+}
+
 /// The job's trainers as the master's topology lists them (the hot set's members).
 fn trainer_directory(identity: &ExecutorIdentity) -> TrainerDirectory {
     let (url, job) = (
@@ -292,7 +313,8 @@ async fn work(
     let client = retry("connecting to the PS shards", || async {
         Ok(PsClient::connect(&ps_addrs).await?)
     })
-    .await?;
+    .await?
+    .following(ps_shard_source(identity));
     let store = Arc::new(RemoteStore::new(client));
     let hot = if train.hot_set.enabled {
         let directory = trainer_directory(identity);

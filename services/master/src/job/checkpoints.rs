@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
-use primus_proto::v1::{Role, SnapshotRequest};
+use primus_proto::v1::{Endpoint, Role, SnapshotRequest};
 
 use super::executors::with_role;
 use super::{JobRun, Outcome};
@@ -34,7 +34,8 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
     /// Restores every PS shard from `record` and says so in the `Restored` condition.
     pub(super) async fn restore_ps(&mut self, record: &CheckpointRecord) -> Result<(), Outcome> {
         let endpoints = self.endpoints();
-        let shards = with_role(&endpoints, Role::Ps);
+        let shards = primus_proto::role_endpoints(&endpoints, Role::Ps);
+        let shards: Vec<&Endpoint> = shards.iter().collect();
         checkpoint::restore_ps(record, &shards)
             .await
             .map_err(|e| Outcome::failed("CheckpointRestoreFailed", e.to_string()))?;

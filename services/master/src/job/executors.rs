@@ -147,6 +147,18 @@ pub(crate) async fn start_executor<B: ResourceBackend, C: Catalog>(
     role: ExecutorRole,
     index: u32,
 ) -> Result<Endpoint, BackendError> {
+    let endpoint = request_executor(context, job, role, index).await?;
+    context.topologies.add(job.name, endpoint.clone());
+    Ok(endpoint)
+}
+
+/// Starts executor `index` of `role`, not yet in the Job's topology.
+pub(crate) async fn request_executor<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    job: &JobParts<'_>,
+    role: ExecutorRole,
+    index: u32,
+) -> Result<Endpoint, BackendError> {
     let (cpu, memory_bytes) = role_spec(job.spec, role).map_or((0.0, 0), |spec| {
         let memory = primus_spec::job::parse_memory(&spec.memory).unwrap_or(0);
         (spec.cpu, memory)
@@ -160,13 +172,11 @@ pub(crate) async fn start_executor<B: ResourceBackend, C: Catalog>(
         memory_bytes,
     };
     let executor = context.backend.request(request).await?;
-    let endpoint = Endpoint {
+    Ok(Endpoint {
         role: role.proto() as i32,
         id: executor.id,
         grpc_addr: executor.grpc_addr.to_string(),
-    };
-    context.topologies.add(job.name, endpoint.clone());
-    Ok(endpoint)
+    })
 }
 
 /// Waits until every executor of the Job's topology serves; returns how many there are.

@@ -10,6 +10,7 @@ mod autoscale;
 mod checkpoints;
 mod executors;
 mod recovery;
+mod reshard;
 mod scaling;
 mod status;
 

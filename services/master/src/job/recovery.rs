@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use primus_proto::v1::Endpoint;
+use primus_proto::v1::{Endpoint, Role};
 use tokio::sync::{broadcast, mpsc};
 
 use super::executors::{READY_TIMEOUT, serving};
@@ -46,11 +46,12 @@ pub(crate) async fn recover_restarted_shards(
             Err(broadcast::error::RecvError::Closed) => return,
         };
         let endpoints = topologies.get(&job).map(|(_, e)| e).unwrap_or_default();
-        let Some(endpoint) = endpoints.into_iter().find(|e| e.id == shard) else {
+        let shards = primus_proto::role_endpoints(&endpoints, Role::Ps);
+        let Some(endpoint) = shards.iter().find(|e| e.id == shard) else {
             continue;
         };
         recovery.restarting(&shard);
-        let outcome = recover_shard(&queue, &endpoint).await;
+        let outcome = recover_shard(&queue, endpoint, &shards).await;
         recovery.restored();
         if outcomes.send(outcome).await.is_err() {
             return;
@@ -58,7 +59,7 @@ pub(crate) async fn recover_restarted_shards(
     }
 }
 
-async fn recover_shard(queue: &TaskQueue, shard: &Endpoint) -> Recovered {
+async fn recover_shard(queue: &TaskQueue, shard: &Endpoint, shards: &[Endpoint]) -> Recovered {
     // The crashed process is gone once the backend reports the restart, so the first
     // SERVING answer comes from its successor.
     let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
@@ -79,7 +80,8 @@ async fn recover_shard(queue: &TaskQueue, shard: &Endpoint) -> Recovered {
             format!("{} restarted empty: no checkpoint committed yet", shard.id),
         ));
     };
-    let rows = checkpoint::restore_shard(&record, shard)
+    let shards: Vec<&Endpoint> = shards.iter().collect();
+    let rows = checkpoint::restore_shard(&record, shard, &shards)
         .await
         .map_err(|e| e.to_string())?;
     Ok((

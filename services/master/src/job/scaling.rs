@@ -9,7 +9,7 @@
 //! out of the topology, then stopped: a data executor ends its streams with `leaving` and
 //! reports its served offsets, and the queue takes its tasks back at those offsets; a
 //! trainer ends its streams, trains on what it was sent, and its totals stay in the Job's
-//! progress. Other fields of a new spec do not apply to a running Job: the `SpecChange`
+//! progress. A new PS shard count reshards the Job live ([`super::reshard`]). Other fields of a new spec do not apply to a running Job: the `SpecChange`
 //! condition names them. With `spec.scaling.enabled`, the data executors are also scaled
 //! by their load ([`super::autoscale`]) from the executors' usage measured every status
 //! tick.
@@ -29,9 +29,10 @@ use crate::queue::QueueCounts;
 
 /// The roles a running Job scales, and the spec fields that apply live.
 const SCALED_ROLES: [ExecutorRole; 2] = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];
-const LIVE_FIELDS: [&str; 3] = [
+const LIVE_FIELDS: [&str; 4] = [
     "topology.data_executors.replicas",
     "topology.trainers.replicas",
+    "topology.ps.replicas",
     "scaling",
 ];
 
@@ -78,10 +79,16 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             .into_iter()
             .filter(|&role| replicas(&self.job.spec, role) != replicas(&spec, role))
             .collect();
+        let reshard = (spec.topology.ps.replicas != self.job.spec.topology.ps.replicas)
+            .then_some(spec.topology.ps.replicas);
         let topology = &mut self.job.spec.topology;
         topology.data_executors.replicas = spec.topology.data_executors.replicas;
         topology.trainers.replicas = spec.topology.trainers.replicas;
+        topology.ps.replicas = spec.topology.ps.replicas;
         self.job.spec.scaling = spec.scaling;
+        if let Some(shards) = reshard {
+            self.reshard_ps(shards).await;
+        }
         self.reconcile_replicas(&changed).await;
         self.writer.write().await;
         ControlFlow::Continue(())
@@ -364,7 +371,15 @@ mod tests {
         assert_ne!(resharded, scaled, "the example's ps line changed");
         assert_eq!(
             fixed_changes(&running, &job(&resharded)),
-            vec!["spec.topology.ps.replicas".to_owned()]
+            Vec::<String>::new()
+        );
+        let bigger = resharded.replace(
+            "ps: {replicas: 3, cpu: 0.5, memory: 2Gi}",
+            "ps: {replicas: 3, cpu: 1, memory: 2Gi}",
+        );
+        assert_eq!(
+            fixed_changes(&running, &job(&bigger)),
+            vec!["spec.topology.ps.cpu".to_owned()]
         );
     }
 

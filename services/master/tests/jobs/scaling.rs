@@ -10,23 +10,27 @@ use crate::common::{
 };
 use primus_harness::{Sandbox, condition};
 
-/// Waits until the Job reports `data_executors` data executors and `trainers` trainers.
+/// Waits until the Job reports `data_executors` data executors and `trainers` trainers
+/// (and `ps` PS shards, when given).
 async fn wait_for_replicas(
     sandbox: &Sandbox,
     job: &str,
     data_executors: u32,
     trainers: u32,
+    ps: Option<u32>,
 ) -> Status {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let status = sandbox.status(job).await;
-        let now = status.replicas.map(|r| (r.data_executors, r.trainers));
-        if now == Some((data_executors, trainers)) {
+        let now = status
+            .replicas
+            .map(|r| (r.data_executors, r.trainers, ps.map(|_| r.ps)));
+        if now == Some((data_executors, trainers, ps)) {
             return status;
         }
         assert!(
             !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
-            "expected {data_executors} data executors and {trainers} trainers: {status:?}\n{}",
+            "expected {data_executors} data executors, {trainers} trainers, {ps:?} PS shards: {status:?}\n{}",
             sandbox.logs(job)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -56,26 +60,27 @@ fn events<'a>(status: &'a Status, reason: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// A DLRM Job started with one data executor and one trainer goes to two of each and back
-/// to one while it trains (the data executors read slowly, as from a slow object store, so
-/// it is still training): `status.replicas` and the events follow each step, and the
-/// Job trains on every row exactly once, the rows of the removed data executor's
-/// unfinished tasks included, the samples of the removed trainer counted.
+/// A DLRM Job started with one data executor, one trainer and two PS shards goes to two,
+/// two and three and back while it trains (the data executors read slowly, as from a slow
+/// object store, so it is still training): `status.replicas` and the events follow each
+/// step, the PS is resharded live both ways, and the Job trains on every row exactly once,
+/// the rows of the removed data executor's unfinished tasks included, the samples of the
+/// removed trainer counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_job_scaled_out_and_in_trains_on_every_row_once() {
     let sandbox = Sandbox::start().await;
     apply_criteo_dataset(&sandbox).await;
-    let job = |data_executors, trainers| {
+    let job = |data_executors, trainers, ps| {
         dlrm_job(&sandbox, "elastic", 1, 3600)
-            .replicas(data_executors, trainers, 2)
+            .replicas(data_executors, trainers, ps)
             .build()
     };
-    sandbox.apply([job(1, 1)]).await;
+    sandbox.apply([job(1, 1, 2)]).await;
     let mut settings = master_settings(&sandbox, &data_executor());
     settings.master.status_interval_ms = 200;
     settings.master.fault_injection.data_read_delay_ms = 1_500;
     let master = start(&sandbox, &settings);
-    let started = wait_for_replicas(&sandbox, "elastic", 1, 1).await;
+    let started = wait_for_replicas(&sandbox, "elastic", 1, 1, None).await;
     assert_eq!(
         started.replicas,
         Some(Replicas {
@@ -87,8 +92,13 @@ async fn a_running_job_scaled_out_and_in_trains_on_every_row_once() {
     );
     sandbox.wait_for_at_least("elastic", 20_000).await;
 
-    sandbox.apply([job(2, 2)]).await;
-    let scaled_out = wait_for_replicas(&sandbox, "elastic", 2, 2).await;
+    sandbox.apply([job(2, 2, 3)]).await;
+    let scaled_out = wait_for_replicas(&sandbox, "elastic", 2, 2, Some(3)).await;
+    let resharded = events(&scaled_out, "Resharded");
+    assert!(
+        resharded.iter().any(|m| m.starts_with("ps 2 -> 3")),
+        "{scaled_out:?}"
+    );
     let out = events(&scaled_out, "ScaledOut");
     assert!(
         out.iter()
@@ -102,8 +112,13 @@ async fn a_running_job_scaled_out_and_in_trains_on_every_row_once() {
     let samples = scaled_out.progress.map_or(0, |p| p.samples);
     sandbox.wait_for_at_least("elastic", samples + 40_000).await;
 
-    sandbox.apply([job(1, 1)]).await;
-    let scaled_in = wait_for_replicas(&sandbox, "elastic", 1, 1).await;
+    sandbox.apply([job(1, 1, 2)]).await;
+    let scaled_in = wait_for_replicas(&sandbox, "elastic", 1, 1, Some(2)).await;
+    let resharded = events(&scaled_in, "Resharded");
+    assert!(
+        resharded.iter().any(|m| m.starts_with("ps 3 -> 2")),
+        "{scaled_in:?}"
+    );
     let stopped = events(&scaled_in, "ScaledIn");
     assert!(
         stopped
@@ -144,7 +159,7 @@ async fn starving_trainers_make_the_master_add_data_executors_by_load() {
     settings.master.status_interval_ms = 200;
     settings.master.fault_injection.data_read_delay_ms = 2_000;
     let master = start(&sandbox, &settings);
-    let scaled = wait_for_replicas(&sandbox, "autoscaled", 2, 1).await;
+    let scaled = wait_for_replicas(&sandbox, "autoscaled", 2, 1, None).await;
     let out = events(&scaled, "ScaledOut");
     assert!(
         out.iter().any(

@@ -16,11 +16,12 @@ use crate::common::{
 };
 
 /// Checkpoint and restore through the real services: the job is stopped with its master
-/// after an incremental checkpoint was committed, and the next master restores the PS
-/// shards (through the chain back to the full snapshot), rolls the task queue back to the
-/// checkpoint's offsets and starts the trainer from its totals. The sample count ends at
-/// exactly the data set's rows: the rows trained before the barrier are the ones the
-/// offsets skip, no more and no fewer.
+/// after an incremental checkpoint of its two PS shards was committed and applied again
+/// with three; the next master restores the three shards from the two snapshots (through
+/// the chain back to the full snapshot, each keeping the rows the new layout gives it),
+/// rolls the task queue back to the checkpoint's offsets and starts the trainer from its
+/// totals. The sample count ends at exactly the data set's rows: the rows trained before
+/// the barrier are the ones the offsets skip, no more and no fewer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_over() {
     let sandbox = Sandbox::start().await;
@@ -49,10 +50,14 @@ async fn a_dlrm_job_restarted_from_its_checkpoint_continues_instead_of_starting_
         assert!(Path::new(file).is_file(), "{manifest}");
     }
 
+    sandbox
+        .apply([dlrm_job(&sandbox, job, 1, 1).replicas(1, 1, 3).build()])
+        .await;
     let master = start_master_with(&sandbox, &data_executor);
     let status = sandbox
         .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
         .await;
+    assert_eq!(status.replicas.map(|r| r.ps), Some(3), "{status:?}");
     let restored = condition(&status, "Restored");
     assert!(
         restored

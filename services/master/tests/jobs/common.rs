@@ -11,7 +11,9 @@ use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
 use arrow_schema::{DataType, Field, Schema};
 use primus_bus::jetstream::JetStream;
 use primus_config::{MasterSettings, StorageSettings};
-use primus_harness::resources::{dataset, hourly, jetstream, job, parquet, small_wide_deep};
+use primus_harness::resources::{
+    JobBuilder, dataset, hourly, jetstream, job, parquet, small_wide_deep,
+};
 use primus_harness::{MasterProcess, Sandbox, binary};
 use primus_master::checkpoint::{self, CheckpointRecord};
 use primus_master::plan::{ListingCache, StoreCatalog};
@@ -243,11 +245,20 @@ pub(crate) async fn apply_online_job(
         hourly("2026-11-01T00", None),
         vec![jetstream("clicks", "CLICKS", "clicks.>")],
     );
-    let online = job(name, "live-data", TrainingMode::Stream, small_wide_deep())
-        .batch_size(64)
-        .with(change);
-    sandbox.apply([live.build(), online.build()]).await;
+    sandbox
+        .apply([live.build(), online_job(name, change).build()])
+        .await;
     js
+}
+
+/// The stream Job of [`apply_online_job`], changed by `change` (to apply again).
+pub(crate) fn online_job(
+    name: &str,
+    change: impl FnOnce(&mut primus_spec::job::JobSpec),
+) -> JobBuilder {
+    job(name, "live-data", TrainingMode::Stream, small_wide_deep())
+        .batch_size(64)
+        .with(change)
 }
 
 /// Hours and rows per hour of the Criteo-like data of the DLRM tests.

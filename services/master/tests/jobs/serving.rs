@@ -6,35 +6,70 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use primus_harness::Sandbox;
-use primus_harness::rows::{replica_rows, training_rows};
+use primus_harness::rows::{Rows, replica_rows, training_rows};
 use primus_proto::v1::serving_service_client::ServingServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
 use primus_proto::v1::{
-    FeatureValue, GetTopologyRequest, PredictRequest, Role, Sample, feature_value::Value,
+    Endpoint, FeatureValue, GetTopologyRequest, PredictRequest, Role, Sample, feature_value::Value,
 };
 use primus_service::Shutdown;
-use primus_spec::job::RoleSpec;
+use primus_spec::job::{JobSpec, RoleSpec};
 use primus_testkit::free_port;
 
-use crate::common::{apply_online_job, data_executor, publish_rows, start_master_with};
+use crate::common::{apply_online_job, data_executor, online_job, publish_rows, start_master_with};
+
+/// The Job's serving replica and a fast serving-sync.
+fn served(spec: &mut JobSpec) {
+    spec.topology.serving = Some(RoleSpec::new(1));
+    let sync = &mut spec.serving_sync;
+    (
+        sync.enabled,
+        sync.sparse_interval_ms,
+        sync.dense_interval_seconds,
+    ) = (true, 200, 1);
+}
+
+/// The training rows of every PS shard of `job` and the rows of its serving replica, once
+/// they are equal (or after 30 s).
+async fn converged(master: &str, job: &str) -> (Rows, Rows) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let endpoints = topology(master, job).await;
+        let mut trained = Rows::new();
+        for shard in primus_proto::role_addrs(&endpoints, Role::Ps) {
+            trained.extend(training_rows(&shard).await);
+        }
+        let [replica] = &primus_proto::role_addrs(&endpoints, Role::Serving)[..] else {
+            panic!("one serving replica expected: {endpoints:?}");
+        };
+        let held = replica_rows(replica).await;
+        if trained == held || tokio::time::Instant::now() > deadline {
+            return (trained, held);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn topology(master: &str, job: &str) -> Vec<Endpoint> {
+    TopologyServiceClient::connect(format!("http://{master}"))
+        .await
+        .expect("master")
+        .get_topology(GetTopologyRequest { job: job.into() })
+        .await
+        .expect("topology")
+        .into_inner()
+        .endpoints
+}
 
 /// The whole serving path through real processes: the master starts the Job's training
 /// PS, trainer, data executor and serving replica; serving-sync (in-process, the real
 /// service) finds the Job through the API server and the master's topology; the replica
-/// ends up holding exactly the training rows, and Predict follows new stream rows.
+/// ends up holding exactly the training rows, and Predict follows new stream rows, also
+/// after the Job's PS was resharded from one shard to two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_online_job_with_serving_predicts_from_the_rows_it_trains() {
     let sandbox = Sandbox::start().await;
-    let js = apply_online_job(&sandbox, "served", |spec| {
-        spec.topology.serving = Some(RoleSpec::new(1));
-        let sync = &mut spec.serving_sync;
-        (
-            sync.enabled,
-            sync.sparse_interval_ms,
-            sync.dense_interval_seconds,
-        ) = (true, 200, 1);
-    })
-    .await;
+    let js = apply_online_job(&sandbox, "served", served).await;
     let master = start_master_with(&sandbox, &data_executor());
     let mut settings = primus_serving_sync::default_settings();
     settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
@@ -127,6 +162,28 @@ async fn an_online_job_with_serving_predicts_from_the_rows_it_trains() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+
+    // Resharded to two PS shards: the replica follows the rows on both.
+    sandbox
+        .apply([online_job("served", |spec| {
+            served(spec);
+            spec.topology.ps.replicas = 2;
+        })
+        .build()])
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while primus_proto::role_addrs(&topology(master.addr(), "served").await, Role::Ps).len() != 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not resharded: {}",
+            sandbox.logs("served")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    publish_rows(&js, "clicks.live", 10_064..10_128).await;
+    sandbox.wait_for_samples("served", 628).await;
+    let (trained, held) = converged(master.addr(), "served").await;
+    assert_eq!(held, trained, "{}", sandbox.logs("served"));
 
     sync_shutdown.trigger();
     sync.await

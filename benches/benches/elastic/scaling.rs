@@ -1,18 +1,12 @@
-//! Elastic Jobs. (a) Horizontal scaling by load (Primus Eq. 1): a batch Job on
-//! Criteo-like hourly Parquet files starts with one data executor that cannot keep its
-//! trainer busy, because every Parquet read waits `READ_DELAY_MS` as from a slow object
-//! store (`master.fault_injection.data_read_delay_ms`, a fault injected for tests and
-//! benchmarks). It runs twice in this process's sandbox (NATS, Redis, the API server and
-//! the master here; the executors as processes of the binaries built beside this bench):
-//! with `spec.scaling` off, the baseline, and on (1 to `MAX_DATA_EXECUTORS` data executors).
-//! Each run prints its time from apply to Succeeded, the data executors it ended with and
-//! this machine's mean CPU utilisation meanwhile.
-//!
-//! `cargo build --release --bins && cargo bench -p primus-benches --bench elastic`
-//! (or `--profile dev` for both; PRIMUS_BENCH_HOURS sets the data size, 24 hourly files of
-//! 16,384 rows by default).
-
-#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+//! (a) Horizontal scaling by load (Primus Eq. 1): a batch Job on Criteo-like hourly Parquet
+//! files starts with one data executor that cannot keep its trainer busy, because every
+//! Parquet read waits `READ_DELAY_MS` as from a slow object store
+//! (`master.fault_injection.data_read_delay_ms`, a fault injected for tests and benchmarks).
+//! It runs twice in this process's sandbox (NATS, Redis, the API server and the master here;
+//! the executors as processes of the binaries built beside this bench): with
+//! `spec.scaling` off, the baseline, and on (1 to `MAX_DATA_EXECUTORS` data executors). Each
+//! run prints its time from apply to Succeeded, the data executors it ended with and this
+//! machine's mean CPU utilisation meanwhile.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -133,11 +127,10 @@ fn row(name: &str, run: &Run) {
     );
 }
 
-#[tokio::main]
-async fn main() {
+/// Runs (a) on `hours` hourly files; returns the speed-up of scaling on over off.
+pub(crate) async fn scale_out(hours: usize) -> f64 {
     let bin_dir = primus_benches::service_bin_dir();
     primus_benches::require_service_binaries(&bin_dir, "");
-    let hours: usize = primus_benches::env_or("PRIMUS_BENCH_HOURS", 24);
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("criteo");
     let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
@@ -174,8 +167,5 @@ async fn main() {
     for event in &on.status.events {
         println!("  {}: {}", event.reason, event.message);
     }
-    println!(
-        "elastic: scale-out speed-up {:.2}x",
-        off.seconds / on.seconds
-    );
+    off.seconds / on.seconds
 }

@@ -61,6 +61,11 @@ pub struct FaultInjectionSettings {
     /// Each data executor pauses this long before each Parquet read (its
     /// `data.read_delay_ms`), as a slow object store would.
     pub data_read_delay_ms: u64,
+    /// Data executor `slow_data_executor` (its index, `data_executor-<index>`) pauses
+    /// `slow_read_delay_ms` more before each Parquet read: a straggler.
+    pub slow_data_executor: Option<u32>,
+    /// The straggler's extra pause before each Parquet read.
+    pub slow_read_delay_ms: u64,
 }
 
 /// The checkpoint coordinator (a Job's `spec.checkpoint` says where and how often).

@@ -46,6 +46,15 @@ pub(crate) fn cooldown_seconds() -> u64 {
     30
 }
 
+pub(crate) fn true_bool() -> bool {
+    true
+}
+
+/// A data executor at a third of its peers' rate is a straggler.
+pub(crate) fn straggler_slowdown() -> f64 {
+    3.0
+}
+
 /// Starving trainers are the main reason for more data executors.
 pub(crate) fn starvation_weight() -> f64 {
     0.7

@@ -521,6 +521,16 @@ fn a_scaling_policy_with_impossible_bounds_or_weights_names_each_field() {
         err.contains("spec.scaling.weights: are all 0: at least one must be > 0"),
         "{err}"
     );
+    assert_eq!(
+        (policy.stragglers.enabled, policy.stragglers.slowdown),
+        (true, 3.0),
+        "stragglers are handled by default"
+    );
+    let err = error_text(&scaling("{stragglers: {slowdown: 1}}"));
+    assert!(
+        err.contains("spec.scaling.stragglers.slowdown: must be > 1 (got 1)"),
+        "{err}"
+    );
     let err = error_text(&scaling(
         "{enabled: true, min_data_executors: 2, max_data_executors: 4}",
     ));

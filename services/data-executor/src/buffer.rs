@@ -122,11 +122,20 @@ impl Buffers {
             // Given back by `pop` as the rows leave.
             permits.forget();
         }
-        self.with_queue(source, |q| {
+        let taken_back = self.with_queue(source, |q| {
+            // Checked under the lock `discard_task` takes: a chunk of a task taken back
+            // never becomes servable after its rows were discarded.
+            if chunk.task.is_taken_back() {
+                q.space.add_permits(rows);
+                return true;
+            }
             q.rows += chunk.batch.rows();
             q.chunks.push_back(chunk);
+            false
         });
-        self.arrived.notify_waiters();
+        if !taken_back {
+            self.arrived.notify_waiters();
+        }
     }
 
     /// [`Self::push`], calling `waiting` every `interval` while a full buffer holds the
@@ -343,5 +352,23 @@ mod tests {
         assert_eq!(buffers.fill(), [("a".to_owned(), 40)]);
         let served = buffers.try_pop(100).expect("the kept rows");
         assert_eq!(served.batch.labels, vec![1.0; 40]);
+    }
+
+    #[tokio::test]
+    async fn a_chunk_of_a_task_taken_back_is_not_buffered_and_frees_its_space() {
+        let buffers = Buffers::new(vec![("a".into(), SourceKind::Batch, 1.0)], 100);
+        let gone = Arc::new(TaskLedger::new("gone".into(), 0));
+        gone.take_back();
+        buffers.push(0, chunk(100, 0.0, &gone, 0)).await;
+        assert!(buffers.is_empty());
+        let kept = Arc::new(TaskLedger::new("kept".into(), 0));
+        // Would wait forever if the refused chunk kept its space.
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            buffers.push(0, chunk(100, 1.0, &kept, 0)),
+        )
+        .await
+        .expect("the space is free");
+        assert_eq!(buffers.fill(), [("a".to_owned(), 100)]);
     }
 }

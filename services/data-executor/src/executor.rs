@@ -179,6 +179,26 @@ impl Executor {
     }
 
     /// Rows served so far of every task this executor holds.
+    /// Gives task `task_id` back to the master: no more of it is read or served, its
+    /// buffered rows are dropped; returns the offset served to, where another executor
+    /// continues.
+    pub(crate) fn yield_task(&self, task_id: &str) -> Result<u64, tonic::Status> {
+        let ledger = self.ledgers().get(task_id).cloned().ok_or_else(|| {
+            tonic::Status::not_found(format!("task_id: {task_id:?} is not held here"))
+        })?;
+        if ledger.finished().is_some() {
+            return Err(tonic::Status::failed_precondition(format!(
+                "task {task_id}: every row is served; it finishes here"
+            )));
+        }
+        // First no chunk of it enters the buffers, then none leaves: the served offset is
+        // final once both hold.
+        ledger.take_back();
+        self.buffers.discard_task(task_id);
+        self.ledgers().remove(task_id);
+        Ok(ledger.served())
+    }
+
     pub(crate) fn served_offsets(&self) -> HashMap<String, u64> {
         self.ledgers()
             .iter()

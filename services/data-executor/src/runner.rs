@@ -73,6 +73,9 @@ impl BatchRunner<'_> {
     ) -> Result<(), String> {
         let location = primus_storage::open(&work.dir, self.storage).map_err(|e| e.to_string())?;
         for file in &work.files {
+            if ledger.is_taken_back() {
+                return Ok(());
+            }
             let path = location.path(&file.name);
             // Storage errors name the file's URL already; the others get it here.
             self.read_file(&location, &path, file, source, start_offset, ledger, offset)
@@ -119,6 +122,10 @@ impl BatchRunner<'_> {
         loop {
             if !self.read_delay.is_zero() {
                 tokio::time::sleep(self.read_delay).await;
+            }
+            if ledger.is_taken_back() {
+                // Another executor continues it from the rows served here.
+                return Ok(());
             }
             let Some(record) = records.try_next().await.map_err(|e| e.to_string())? else {
                 break;

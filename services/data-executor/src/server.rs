@@ -12,7 +12,7 @@ use primus_batch::ipc;
 use primus_proto::v1::dataset_service_server::DatasetService;
 use primus_proto::v1::{
     EndMinibatchesRequest, EndMinibatchesResponse, Minibatch, MinibatchRequest, PauseRequest,
-    PauseResponse, ResumeRequest, ResumeResponse,
+    PauseResponse, ResumeRequest, ResumeResponse, YieldTaskRequest, YieldTaskResponse,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -240,5 +240,16 @@ impl DatasetService for DatasetServer {
         self.executor.depart(&request.trainer_id);
         tracing::info!(trainer = %request.trainer_id, "trainer leaving: its streams end");
         Ok(Response::new(EndMinibatchesResponse {}))
+    }
+
+    async fn yield_task(
+        &self,
+        request: Request<YieldTaskRequest>,
+    ) -> Result<Response<YieldTaskResponse>, Status> {
+        let request = request.into_inner();
+        self.executor.check_job(&request.job)?;
+        let served_offset = self.executor.yield_task(&request.task_id)?;
+        tracing::info!(task = %request.task_id, served_offset, "task taken back by the master");
+        Ok(Response::new(YieldTaskResponse { served_offset }))
     }
 }

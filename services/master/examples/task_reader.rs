@@ -19,7 +19,8 @@ use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::{
     AcquireTaskRequest, DataTask, EndMinibatchesRequest, EndMinibatchesResponse, Endpoint,
     FinishTaskRequest, Minibatch, MinibatchRequest, PauseRequest, PauseResponse,
-    RegisterExecutorRequest, ReportProgressRequest, ResumeRequest, ResumeResponse, Role, data_task,
+    RegisterExecutorRequest, ReportProgressRequest, ResumeRequest, ResumeResponse, Role,
+    YieldTaskRequest, YieldTaskResponse, data_task,
 };
 use primus_service::ExecutorIdentity;
 use primus_service::Shutdown;
@@ -77,6 +78,15 @@ impl DatasetService for NoMinibatches {
         _request: tonic::Request<ResumeRequest>,
     ) -> Result<tonic::Response<ResumeResponse>, tonic::Status> {
         Err(no_barrier())
+    }
+
+    async fn yield_task(
+        &self,
+        _request: tonic::Request<YieldTaskRequest>,
+    ) -> Result<tonic::Response<YieldTaskResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "the test task reader keeps the tasks it takes",
+        ))
     }
 }
 

@@ -190,6 +190,19 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 return requeued
 "#;
 
+const YIELD_TASK: &str = r#"
+-- KEYS: running offset attempts pending order; ARGV: id executor served_offset
+-- A task taken back from a straggler goes back to pending at the rows it served; the
+-- attempt does not count.
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+local current = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if tonumber(ARGV[3]) > current then redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) end
+redis.call('HINCRBY', KEYS[3], ARGV[1], -1)
+redis.call('ZADD', KEYS[4], redis.call('HGET', KEYS[5], ARGV[1]), ARGV[1])
+return 1
+"#;
+
 const TOUCH_KNOWN: &str = r#"
 -- KEYS: executors; ARGV: executor now_ms
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
@@ -269,6 +282,7 @@ struct Scripts {
     progress: Script,
     finish: Script,
     requeue_executor: Script,
+    yield_task: Script,
     counts: Script,
     touch_known: Script,
 }
@@ -294,6 +308,7 @@ impl TaskQueue {
                 progress: Script::new(PROGRESS),
                 finish: Script::new(FINISH),
                 requeue_executor: Script::new(REQUEUE_EXECUTOR),
+                yield_task: Script::new(YIELD_TASK),
                 counts: Script::new(COUNTS),
                 touch_known: Script::new(TOUCH_KNOWN),
             }),
@@ -565,6 +580,32 @@ impl TaskQueue {
             ))
             .arg(if refund { "1" } else { "0" });
         Ok(script.invoke_async(&mut self.redis.clone()).await?)
+    }
+
+    /// Puts task `task_id`, which `executor` gave back after serving its rows up to
+    /// `served_offset`, back to pending from there (the attempt refunded). False when the
+    /// executor no longer held it.
+    pub async fn yield_task(
+        &self,
+        executor: &str,
+        task_id: &str,
+        served_offset: u64,
+    ) -> Result<bool, QueueError> {
+        let mut script = self.invoke(
+            &self.scripts.yield_task,
+            &["running", "offset", "attempts", "pending", "order"],
+        );
+        script.arg(task_id).arg(executor).arg(served_offset);
+        let yielded: i64 = script.invoke_async(&mut self.redis.clone()).await?;
+        Ok(yielded == 1)
+    }
+
+    /// Running tasks (task id -> the executor holding it).
+    pub async fn running(&self) -> Result<HashMap<String, String>, QueueError> {
+        Ok(redis::cmd("HGETALL")
+            .arg(self.key("running"))
+            .query_async(&mut self.redis.clone())
+            .await?)
     }
 
     pub async fn counts(&self) -> Result<QueueCounts, QueueError> {

@@ -3,7 +3,7 @@
 //! same jobs' `CheckpointService` takes trainers' barrier alignments and tells a starting
 //! trainer the totals to continue from.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
 use primus_proto::v1::checkpoint_service_server::CheckpointService;
@@ -32,6 +32,26 @@ pub struct JobTasks {
     pub alignments: Arc<Alignments>,
     /// Each trainer's highest totals so far.
     pub trainer_totals: Arc<KnownTotals>,
+    /// The data executors found much slower than their peers: they get fewer tasks.
+    pub stragglers: Arc<Stragglers>,
+}
+
+/// The data executors of a job that are stragglers now.
+#[derive(Debug, Default)]
+pub struct Stragglers(RwLock<BTreeSet<String>>);
+
+impl Stragglers {
+    /// Makes `now` the stragglers; returns the previous ones.
+    pub fn replace(&self, now: BTreeSet<String>) -> BTreeSet<String> {
+        std::mem::replace(&mut *self.0.write().unwrap_or_else(|p| p.into_inner()), now)
+    }
+
+    pub fn contains(&self, executor: &str) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(executor)
+    }
 }
 
 /// The jobs this master drives, by name.
@@ -55,6 +75,26 @@ impl Tasks {
             .cloned()
             .ok_or_else(|| Status::not_found(format!("job {job:?} is not driven by this master")))
     }
+}
+
+/// A straggler takes a task only while more than one is waiting and it holds none: the
+/// last tasks go to faster executors. The answer to a straggler that may not take one now.
+async fn straggler_refused(
+    job: &JobTasks,
+    executor: &str,
+) -> Result<Option<AcquireTaskResponse>, Status> {
+    let counts = job.queue.counts().await.map_err(unavailable)?;
+    let refused = if counts.pending > 1 {
+        let running = job.queue.running().await.map_err(unavailable)?;
+        running.values().any(|holder| holder == executor)
+    } else {
+        true
+    };
+    let bounded = job.bounded.load(std::sync::atomic::Ordering::Acquire);
+    Ok(refused.then_some(AcquireTaskResponse {
+        task: None,
+        exhausted: bounded && counts.pending == 0 && counts.running == 0,
+    }))
 }
 
 fn unavailable(error: QueueError) -> Status {
@@ -103,6 +143,11 @@ impl TaskService for Tasks {
         let request = request.into_inner();
         let executor = required("executor_id", &request.executor_id)?;
         let job = self.job(&request.job)?;
+        if job.stragglers.contains(executor)
+            && let Some(refused) = straggler_refused(&job, executor).await?
+        {
+            return Ok(Response::new(refused));
+        }
         let acquired = job
             .queue
             .acquire(executor, now_ms(), self.settings.max_lead_hours)

@@ -163,11 +163,18 @@ pub(crate) async fn request_executor<B: ResourceBackend, C: Catalog>(
         let memory = primus_spec::job::parse_memory(&spec.memory).unwrap_or(0);
         (spec.cpu, memory)
     });
+    let mut settings = executor_settings(&context.settings, role, job);
+    let faults = &context.settings.master.fault_injection;
+    if let ExecutorSettings::DataExecutor(executor) = &mut settings
+        && faults.slow_data_executor == Some(index)
+    {
+        executor.data.read_delay_ms += faults.slow_read_delay_ms;
+    }
     let request = ExecutorSpec {
         job: job.name.to_owned(),
         role,
         index,
-        settings: executor_settings(&context.settings, role, job),
+        settings,
         cpu,
         memory_bytes,
     };

@@ -13,6 +13,7 @@ mod recovery;
 mod reshard;
 mod scaling;
 mod status;
+mod stragglers;
 
 use std::collections::BTreeSet;
 use std::ops::ControlFlow;
@@ -184,6 +185,7 @@ pub(crate) struct JobRun<'a, B, C> {
     /// The Job's resource as last applied (a new generation may change its replicas).
     specs: watch::Receiver<Resource>,
     autoscaler: autoscale::Autoscaler,
+    throughputs: stragglers::Throughputs,
     trainers_done: BTreeSet<String>,
     batch_done_declared: bool,
     committed: Option<CheckpointRecord>,
@@ -277,6 +279,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             bounded: Arc::new(AtomicBool::new(false)),
             alignments: Arc::new(Alignments::default()),
             trainer_totals: Arc::new(KnownTotals::default()),
+            stragglers: Arc::default(),
         };
         context
             .jobs
@@ -354,6 +357,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             backend_events,
             specs,
             autoscaler: autoscale::Autoscaler::new(Instant::now()),
+            throughputs: stragglers::Throughputs::default(),
             trainers_done: BTreeSet::new(),
             batch_done_declared: false,
             next_checkpoint: restored.as_ref().map_or(0, |r| r.id) + 1,
@@ -482,6 +486,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         }
         self.report_progress(&counts, all_planned).await;
         self.measure_and_scale(&counts).await;
+        self.handle_stragglers(&counts).await;
         ControlFlow::Continue(())
     }
 

@@ -239,3 +239,67 @@ async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
     queue.delete().await.expect("delete");
     assert_eq!(queue.latest_checkpoint().await.expect("latest"), None);
 }
+
+/// A task taken back from a straggler goes back to pending at the rows it served, its
+/// attempt refunded, and only from the executor that holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_yielded_task_is_pending_again_from_its_served_offset() {
+    let redis = RedisServer::start().expect("redis-server");
+    let data = tempfile::tempdir().expect("tempdir");
+    let clicks = data.path().join("clicks");
+    write_partitions(&clicks, "2026-11-01", 1).await;
+    let dataset = dataset("yield-data")
+        .stream(
+            "logs",
+            hourly("2026-11-01T00", Some("2026-11-02T00")),
+            vec![parquet("clicks", clicks.display())],
+        )
+        .spec();
+    let queue = queue_at(&redis.url(), "yield").await;
+    plan_dataset(&queue, &dataset, "yield").await;
+    let Acquired::Task(task) = queue.acquire("slow", 0, 0).await.expect("acquire") else {
+        panic!("a task expected");
+    };
+    assert_eq!(
+        queue.running().await.expect("running").get(&task.id),
+        Some(&"slow".to_owned())
+    );
+    assert!(
+        queue
+            .report_progress("slow", &task.id, 10, 0)
+            .await
+            .expect("progress")
+    );
+    assert!(
+        !queue.yield_task("fast", &task.id, 30).await.expect("yield"),
+        "only its holder gives a task back"
+    );
+    assert!(queue.yield_task("slow", &task.id, 30).await.expect("yield"));
+    assert!(
+        !queue
+            .running()
+            .await
+            .expect("running")
+            .contains_key(&task.id)
+    );
+    let mut again = None;
+    while let Acquired::Task(next) = queue.acquire("fast", 0, 0).await.expect("acquire") {
+        if next.id == task.id {
+            again = Some(next);
+            break;
+        }
+    }
+    let again = again.expect("the yielded task is pending again");
+    assert_eq!(again.start_offset, 30, "from the rows the straggler served");
+    assert_eq!(
+        again.attempt, task.attempt,
+        "the yielded attempt does not count"
+    );
+    assert!(
+        !queue
+            .report_progress("slow", &task.id, 40, 0)
+            .await
+            .expect("progress"),
+        "the straggler no longer owns it"
+    );
+}

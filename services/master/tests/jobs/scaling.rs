@@ -203,3 +203,37 @@ async fn starving_trainers_make_the_master_add_data_executors_by_load() {
 
     master.stop();
 }
+
+/// A DLRM Job with two data executors, one of which reads much slower than the other (a
+/// straggler, by fault injection): the master finds it, says so with the rates it compared,
+/// takes its task back once the faster executor is idle, and the Job trains on every row
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_straggling_data_executor_gives_its_task_to_a_faster_one() {
+    let sandbox = Sandbox::start().await;
+    apply_criteo_dataset(&sandbox).await;
+    let straggling = dlrm_job(&sandbox, "straggling", 1, 3600).replicas(2, 1, 2);
+    sandbox.apply([straggling.build()]).await;
+    let mut settings = master_settings(&sandbox, &data_executor());
+    settings.master.status_interval_ms = 200;
+    let faults = &mut settings.master.fault_injection;
+    (faults.slow_data_executor, faults.slow_read_delay_ms) = (Some(1), 6_000);
+    let master = start(&sandbox, &settings);
+    succeeds_with_every_row_once(&sandbox, "straggling").await;
+    let status = sandbox.status("straggling").await;
+    let found = events(&status, "Straggler");
+    assert!(
+        found
+            .iter()
+            .any(|m| m.starts_with("data_executor-1 served ") && m.contains("median")),
+        "{status:?}"
+    );
+    let moved = events(&status, "StragglerTaskMoved");
+    assert!(
+        moved
+            .iter()
+            .any(|m| m.contains("taken back from data_executor-1 at offset ")),
+        "{status:?}"
+    );
+    master.stop();
+}

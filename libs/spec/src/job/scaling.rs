@@ -1,0 +1,189 @@
+//! How a running Job's data executors are scaled and how their stragglers are handled.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::defaults;
+use crate::validate::{FieldError, Validate, fail, field};
+
+/// Primus's horizontal scaling of data executors by load (Eq. 1): every status interval the
+/// master computes `L = w.u / sum(w)` over the data executors' utilisation `u` (buffer
+/// starvation, CPU, memory; each 0..1, averaged over the executors) and adds one data
+/// executor when `L` is above `load_threshold` and tasks are waiting, or removes one when it
+/// is below `scale_in_threshold`; one action at a time, at least `cooldown_seconds` apart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScalingPolicy {
+    /// Scale data executors by load.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Fewest data executors.
+    #[serde(default = "defaults::one_u32")]
+    pub min_data_executors: u32,
+    /// Most data executors.
+    #[serde(default = "defaults::one_u32")]
+    pub max_data_executors: u32,
+    /// Add a data executor when the load `L` is above this (0..1).
+    #[serde(default = "defaults::load_threshold")]
+    pub load_threshold: f64,
+    /// Remove a data executor when the load `L` is below this (0..1, under
+    /// `load_threshold`).
+    #[serde(default = "defaults::scale_in_threshold")]
+    pub scale_in_threshold: f64,
+    /// The weights `w` of the utilisations in `L`.
+    #[serde(default)]
+    pub weights: LoadWeights,
+    /// Seconds after a scaling action before the next one.
+    #[serde(default = "defaults::cooldown_seconds")]
+    pub cooldown_seconds: u64,
+    /// Data executors much slower than their peers (DLRover-RM §5.1).
+    #[serde(default)]
+    pub stragglers: StragglerPolicy,
+}
+
+impl Default for ScalingPolicy {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            min_data_executors: defaults::one_u32(),
+            max_data_executors: defaults::one_u32(),
+            load_threshold: defaults::load_threshold(),
+            scale_in_threshold: defaults::scale_in_threshold(),
+            weights: LoadWeights::default(),
+            cooldown_seconds: defaults::cooldown_seconds(),
+            stragglers: StragglerPolicy::default(),
+        }
+    }
+}
+
+/// The weights of the data executors' utilisations in their load (Primus Eq. 1). Each is
+/// >= 0 and at least one is > 0; only their ratios matter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoadWeights {
+    /// Buffer starvation: 1 - the share of the serving buffers filled. Empty buffers mean
+    /// the trainers take minibatches faster than the executors make them.
+    #[serde(default = "defaults::starvation_weight")]
+    pub starvation: f64,
+    /// CPU used / `topology.data_executors.cpu`.
+    #[serde(default = "defaults::cpu_weight")]
+    pub cpu: f64,
+    /// Resident memory / `topology.data_executors.memory`.
+    #[serde(default = "defaults::memory_weight")]
+    pub memory: f64,
+}
+
+impl Default for LoadWeights {
+    fn default() -> Self {
+        Self {
+            starvation: defaults::starvation_weight(),
+            cpu: defaults::cpu_weight(),
+            memory: defaults::memory_weight(),
+        }
+    }
+}
+
+/// Straggler handling (DLRover-RM §5.1). A data executor that serves rows at less than
+/// `1 / slowdown` of its peers' median rate (each measured over the time it held a task) is
+/// a straggler: it takes a task only while more than one is waiting, and once nothing is
+/// waiting and a faster executor is idle, the task it reads is taken back at the rows it
+/// served and the faster one continues it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StragglerPolicy {
+    /// Handle stragglers.
+    #[serde(default = "defaults::true_bool")]
+    pub enabled: bool,
+    /// How many times slower than the median of its peers a straggler is (> 1).
+    #[serde(default = "defaults::straggler_slowdown")]
+    pub slowdown: f64,
+}
+
+impl Default for StragglerPolicy {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            slowdown: defaults::straggler_slowdown(),
+        }
+    }
+}
+
+impl Validate for ScalingPolicy {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        if self.min_data_executors == 0 {
+            fail(errors, field(path, "min_data_executors"), "must be >= 1");
+        }
+        if self.max_data_executors < self.min_data_executors {
+            fail(
+                errors,
+                field(path, "max_data_executors"),
+                format!(
+                    "must be >= min_data_executors ({} < {})",
+                    self.max_data_executors, self.min_data_executors
+                ),
+            );
+        }
+        for (name, value) in [
+            ("load_threshold", self.load_threshold),
+            ("scale_in_threshold", self.scale_in_threshold),
+        ] {
+            if !(value.is_finite() && value > 0.0 && value <= 1.0) {
+                fail(
+                    errors,
+                    field(path, name),
+                    format!("must be within (0, 1] (got {value})"),
+                );
+            }
+        }
+        if self.scale_in_threshold >= self.load_threshold {
+            fail(
+                errors,
+                field(path, "scale_in_threshold"),
+                format!(
+                    "must be below load_threshold ({} >= {})",
+                    self.scale_in_threshold, self.load_threshold
+                ),
+            );
+        }
+        self.weights.validate(&field(path, "weights"), errors);
+        self.stragglers.validate(&field(path, "stragglers"), errors);
+    }
+}
+
+impl Validate for StragglerPolicy {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        if !(self.slowdown.is_finite() && self.slowdown > 1.0) {
+            fail(
+                errors,
+                field(path, "slowdown"),
+                format!("must be > 1 (got {})", self.slowdown),
+            );
+        }
+    }
+}
+
+impl Validate for LoadWeights {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        let weights = [
+            ("starvation", self.starvation),
+            ("cpu", self.cpu),
+            ("memory", self.memory),
+        ];
+        for (name, value) in weights {
+            if !(value.is_finite() && value >= 0.0) {
+                fail(
+                    errors,
+                    field(path, name),
+                    format!("must be >= 0 (got {value})"),
+                );
+            }
+        }
+        if weights.iter().all(|(_, value)| *value == 0.0) {
+            fail(
+                errors,
+                path.to_owned(),
+                "are all 0: at least one must be > 0",
+            );
+        }
+    }
+}

@@ -1,21 +1,25 @@
 //! Elastic Jobs, all in one run: (a) horizontal scaling by load ([`scaling`]), (b) live PS
-//! resharding ([`reshard`]). The last line sums them up.
+//! resharding ([`reshard`]), (c) straggler handling ([`straggler`]). The last line sums them
+//! up.
 //!
 //! `cargo build --release --bins && cargo bench -p primus-benches --bench elastic`
-//! (or `--profile dev` for both). PRIMUS_BENCH_HOURS sets (a)'s data (24 hourly files of
-//! 16,384 rows by default), PRIMUS_BENCH_RESHARD_ROWS (b)'s table (1,000,000 rows), and
-//! PRIMUS_BENCH_PARTS the parts to run (`ab`).
+//! (or `--profile dev` for both). PRIMUS_BENCH_HOURS sets the data of (a) and (c) (24 hourly
+//! files of 16,384 rows by default), PRIMUS_BENCH_RESHARD_ROWS the table of (b) (1,000,000
+//! rows), and PRIMUS_BENCH_PARTS the parts to run (`abc`).
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
 
+mod jobs;
 mod reshard;
 mod scaling;
+mod straggler;
 
 #[tokio::main]
 async fn main() {
-    let parts: String = primus_benches::env_or("PRIMUS_BENCH_PARTS", "ab".to_owned());
+    let parts: String = primus_benches::env_or("PRIMUS_BENCH_PARTS", "abc".to_owned());
+    let hours = primus_benches::env_or("PRIMUS_BENCH_HOURS", 24);
     let speed_up = match parts.contains('a') {
-        true => Some(scaling::scale_out(primus_benches::env_or("PRIMUS_BENCH_HOURS", 24)).await),
+        true => Some(scaling::scale_out(hours).await),
         false => None,
     };
     let resharding = match parts.contains('b') {
@@ -28,10 +32,15 @@ async fn main() {
         ),
         false => None,
     };
+    let straggling = match parts.contains('c') {
+        true => Some(straggler::stragglers(hours).await),
+        false => None,
+    };
     let figure = |value: Option<String>| value.unwrap_or_else(|| "not run".to_owned());
     println!(
-        "elastic: scale-out speed-up {}, reshard pause p99 {}",
+        "elastic: scale-out speed-up {}, reshard pause p99 {}, straggler speed-up {}",
         figure(speed_up.map(|x| format!("{x:.2}x"))),
-        figure(resharding.map(|r| format!("{} ms", r.pause_p99.as_millis())))
+        figure(resharding.map(|r| format!("{} ms", r.pause_p99.as_millis()))),
+        figure(straggling.map(|x| format!("{x:.2}x")))
     );
 }

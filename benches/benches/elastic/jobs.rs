@@ -1,0 +1,158 @@
+//! What (a) and (c) share: Criteo-like hourly Parquet data, a DLRM Job on it, and one run
+//! of it in a fresh sandbox (NATS, Redis, the API server and the master in this process; the
+//! executors as processes of the binaries built beside this bench).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use primus_config::{MasterSettings, StorageSettings};
+use primus_datagen::criteo::CriteoOptions;
+use primus_datagen::write::Layout;
+use primus_harness::Sandbox;
+use primus_harness::resources::{dataset, hourly, job, parquet};
+use primus_service::Shutdown;
+use primus_spec::Resource;
+use primus_spec::dataset::WindowUnit;
+use primus_spec::job::{
+    DenseSpec, JobSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec, TrainingMode,
+};
+use primus_spec::status::{Phase, Status};
+
+pub(crate) const ROWS_PER_HOUR: usize = 16_384;
+pub(crate) const ROW_GROUP_ROWS: usize = 8_192;
+const START: &str = "2026-11-01T00";
+
+/// Busy and total jiffies of all cores (`/proc/stat`).
+fn cpu_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().sum();
+    // idle and iowait are the 4th and 5th fields.
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// `hours` hourly files of `ROWS_PER_HOUR` rows under a temporary folder (kept while the
+/// returned guard lives).
+pub(crate) async fn criteo_data(hours: usize) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("criteo");
+    let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
+        .expect("location");
+    let layout = Layout {
+        unit: WindowUnit::Hourly,
+        start_unix_s: primus_spec::time::parse_window_time(START).expect("start"),
+        windows: hours,
+        files_per_window: 1,
+        row_group_rows: ROW_GROUP_ROWS,
+    };
+    let options = CriteoOptions {
+        cardinality_scale: 0.001,
+        ..CriteoOptions::default()
+    };
+    primus_datagen::write::criteo(&location, &layout, ROWS_PER_HOUR, options)
+        .await
+        .expect("generate");
+    (dir, data)
+}
+
+/// The Dataset over `data` and a DLRM batch Job `elastic` on it with `data_executors` data
+/// executors, one trainer and two PS shards, changed by `change`.
+pub(crate) fn resources(
+    data: &Path,
+    hours: usize,
+    data_executors: u32,
+    change: impl FnOnce(&mut JobSpec),
+) -> [Resource; 2] {
+    let end = format!("2026-11-{:02}T{:02}", 1 + hours / 24, hours % 24);
+    let criteo = dataset("criteo")
+        .schema(primus_datagen::criteo::feature_schema("categorical"))
+        .stream(
+            "clicks",
+            hourly(START, Some(&end)),
+            vec![parquet("criteo", data.display())],
+        );
+    let model = ModelSpec {
+        kind: ModelKind::Dlrm,
+        tables: vec![TableSpec::new(
+            "categorical",
+            16,
+            OptimizerSpec::adagrad(0.05),
+        )],
+        dense: DenseSpec::new(vec![64, 16], vec![64, 1]),
+    };
+    let trained = job("elastic", "criteo", TrainingMode::Batch, model)
+        .replicas(data_executors, 1, 2)
+        .batch_size(1024)
+        .with(change);
+    [criteo.build(), trained.build()]
+}
+
+/// What one run measured.
+pub(crate) struct Run {
+    pub(crate) seconds: f64,
+    pub(crate) cpu_utilisation: f64,
+    pub(crate) data_executors: u32,
+    pub(crate) samples: u64,
+    pub(crate) status: Status,
+}
+
+/// Runs `resources` to Succeeded under a master with one task per row group, its settings
+/// changed by `faults`.
+pub(crate) async fn run(resources: [Resource; 2], faults: impl FnOnce(&mut MasterSettings)) -> Run {
+    let bin_dir = primus_benches::service_bin_dir();
+    primus_benches::require_service_binaries(&bin_dir, "");
+    let sandbox = Sandbox::start().await;
+    let mut settings = sandbox.master_settings();
+    settings.local.bin_dir = Some(bin_dir);
+    settings.master.status_interval_ms = 500;
+    // One task per row group, so that more executors have more to read at once.
+    settings.master.planner.target_task_bytes = 64 << 10;
+    faults(&mut settings);
+    let shutdown = Shutdown::new();
+    let master = tokio::spawn(primus_master::run(settings, shutdown.clone()));
+    let (busy, total) = cpu_jiffies();
+    let started = Instant::now();
+    sandbox.apply(resources).await;
+    let status = sandbox
+        .wait_for_phase("elastic", Phase::Succeeded, Duration::from_secs(3600))
+        .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let (busy_after, total_after) = cpu_jiffies();
+    shutdown.trigger();
+    master
+        .await
+        .expect("master task")
+        .expect("master stops cleanly");
+    Run {
+        seconds,
+        cpu_utilisation: (busy_after - busy) as f64 / (total_after - total).max(1) as f64,
+        data_executors: status.replicas.map_or(0, |r| r.data_executors),
+        samples: status.progress.as_ref().map_or(0, |p| p.samples),
+        status,
+    }
+}
+
+/// Prints runs as a table: time to finish, data executors at the end, mean CPU, samples.
+pub(crate) fn table(runs: &[(&str, &Run)]) {
+    println!(
+        "{:<32} {:>10} {:>14} {:>13} {:>10}",
+        "run", "finished", "data executors", "mean CPU", "samples"
+    );
+    for (name, run) in runs {
+        println!(
+            "{name:<32} {:>8.1} s {:>14} {:>12.0}% {:>10}",
+            run.seconds,
+            run.data_executors,
+            100.0 * run.cpu_utilisation,
+            run.samples
+        );
+    }
+}

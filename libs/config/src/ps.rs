@@ -109,6 +109,11 @@ pub struct TableSettings {
     pub shard_id: String,
     /// Least time between two delta notices on NATS.
     pub delta_notice_interval_ms: u64,
+    /// Bytes the tables (rows, index, optimizer state, admission sketches) and dense
+    /// parameters may hold; at it, new keys are refused (their gradients dropped and
+    /// counted) while existing rows keep training. Unset: no limit. The master sets it from
+    /// `topology.ps.memory`.
+    pub memory_limit_bytes: Option<u64>,
 }
 
 impl Default for TableSettings {
@@ -131,6 +136,7 @@ impl Default for TableSettings {
             job: String::new(),
             shard_id: String::new(),
             delta_notice_interval_ms: 100,
+            memory_limit_bytes: None,
         }
     }
 }

@@ -181,6 +181,16 @@ impl DenseStore {
 }
 
 impl DenseStore {
+    /// Bytes of the weights and optimizer state held.
+    pub fn bytes(&self) -> u64 {
+        let inner = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        inner
+            .tensors
+            .values()
+            .map(|t| ((t.weights.len() + t.state.len()) * 4) as u64)
+            .sum()
+    }
+
     /// Every tensor with its optimizer state, in a checksummed binary form (magic `PRDN`,
     /// format, version, count; per tensor name, shape, weights, state; CRC32).
     pub fn encode(&self) -> Vec<u8> {

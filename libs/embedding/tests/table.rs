@@ -164,6 +164,29 @@ fn keys_below_the_count_threshold_read_initial_and_drop_gradients() {
 }
 
 #[test]
+fn a_table_refusing_new_rows_keeps_training_the_rows_it_has() {
+    let table = table(4, &spec(0, 1.0, None));
+    let grad = vec![1.0; DIM];
+    table
+        .push(&[1, 2], &[grad.clone(), grad.clone()].concat(), 1)
+        .expect("push");
+    table.refuse_new_rows(true);
+    let outcome = table
+        .push(
+            &[1, 3, 4],
+            &[grad.clone(), grad.clone(), grad.clone()].concat(),
+            2,
+        )
+        .expect("push");
+    assert_eq!((outcome.applied, outcome.refused), (1, 2));
+    let stats = table.stats();
+    assert_eq!((stats.rows, stats.refused), (2, 2));
+    table.refuse_new_rows(false);
+    let outcome = table.push(&[3], &grad, 3).expect("push");
+    assert_eq!((outcome.applied, outcome.refused), (1, 0), "new rows again");
+}
+
+#[test]
 fn admission_probability_admits_about_that_share() {
     let table = table(4, &spec(0, 0.2, None));
     let keys: Vec<u64> = (0..10_000).collect();

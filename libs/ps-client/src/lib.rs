@@ -419,7 +419,9 @@ impl PsClient {
     }
 
     /// Pushes `grads` (`dim` floats per key, in key order); duplicate keys have their
-    /// gradients applied one after another, as one table would. Returns (applied, dropped).
+    /// gradients applied one after another, as one table would. Returns (applied, dropped):
+    /// dropped gradients are those of keys not admitted yet or refused a row by a shard at
+    /// its memory limit.
     /// A shard's part that is refused because its keys moved is pushed again to their new
     /// shards, and only that part: every gradient is applied once.
     pub async fn push(
@@ -618,7 +620,7 @@ async fn push_on(
         match answer {
             Ok(response) => {
                 outcome.applied += response.applied;
-                outcome.dropped += response.dropped;
+                outcome.dropped += response.dropped + response.refused;
             }
             Err(status) if is_moved(&status) => {
                 let (_, (left_keys, left_grads)) = outcome.refused.get_or_insert_with(|| {

@@ -65,15 +65,24 @@ async fn run_training(settings: PsSettings, shutdown: Shutdown) -> anyhow::Resul
         tables.clone(),
         Duration::from_millis(settings.ps.eviction_interval_ms.max(100)),
     ));
+    let dense = Arc::new(DenseStore::new(&settings.ps.dense_optimizer));
+    let limiter = settings
+        .ps
+        .memory_limit_bytes
+        .map(|limit| tokio::spawn(hold_memory_limit(tables.clone(), dense.clone(), limit)));
     let ps = ParameterServerServer::new(service::Ps::new(
         tables,
-        DenseStore::new(&settings.ps.dense_optimizer),
+        dense,
         settings.storage.clone(),
+        settings.ps.memory_limit_bytes,
     ))
     .max_decoding_message_size(settings.ps.max_request_bytes)
     .max_encoding_message_size(usize::MAX);
     node.serve(Routes::new(ps), shutdown).await?;
     evictor.abort();
+    if let Some(limiter) = limiter {
+        limiter.abort();
+    }
     if let Some(notifier) = notifier {
         notifier.abort();
     }
@@ -88,6 +97,38 @@ async fn evict_periodically(tables: Arc<service::Tables>, interval: Duration) {
         let evicted = tables.evict_expired();
         if evicted > 0 {
             tracing::info!(evicted, "evicted rows idle past their TTL");
+        }
+    }
+}
+
+/// How often the bytes held are checked against `ps.memory_limit_bytes`.
+const MEMORY_CHECK: Duration = Duration::from_millis(100);
+
+/// Keeps the tables refusing new rows while they and the dense parameters hold `limit`
+/// bytes or more: a PS at its limit drops new keys' gradients instead of growing until the
+/// system kills it.
+async fn hold_memory_limit(tables: Arc<service::Tables>, dense: Arc<DenseStore>, limit: u64) {
+    let mut ticks = tokio::time::interval(MEMORY_CHECK);
+    let mut refusing = false;
+    loop {
+        ticks.tick().await;
+        let bytes = tables.bytes() + dense.bytes();
+        let at_limit = bytes >= limit;
+        if at_limit != refusing {
+            refusing = at_limit;
+            tables.refuse_new_rows(refusing);
+            match refusing {
+                true => tracing::warn!(
+                    bytes,
+                    limit,
+                    "at ps.memory_limit_bytes ({limit} bytes): new keys are refused, existing rows keep training"
+                ),
+                false => tracing::info!(
+                    bytes,
+                    limit,
+                    "under ps.memory_limit_bytes again: new keys get rows"
+                ),
+            }
         }
     }
 }

@@ -109,6 +109,18 @@ impl Tables {
         self.tables.values().map(Table::version).max().unwrap_or(0)
     }
 
+    /// Bytes the tables hold.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.tables.values().map(|t| t.stats().bytes).sum()
+    }
+
+    /// Makes every table refuse new rows, or take them again.
+    pub(crate) fn refuse_new_rows(&self, refuse: bool) {
+        for table in self.tables.values() {
+            table.refuse_new_rows(refuse);
+        }
+    }
+
     pub(crate) fn evict_expired(&self) -> usize {
         let now = now_secs();
         self.tables.values().map(|t| t.evict_expired(now)).sum()
@@ -123,15 +135,22 @@ pub(crate) struct Ps {
     /// another shard are refused. Every read and write holds it shared while it runs, so a
     /// fence waits for the calls in flight and nothing changes a moved row after it.
     fence: RwLock<Option<Layout>>,
+    memory_limit: Option<u64>,
 }
 
 impl Ps {
-    pub(crate) fn new(tables: Arc<Tables>, dense: DenseStore, storage: StorageSettings) -> Self {
+    pub(crate) fn new(
+        tables: Arc<Tables>,
+        dense: Arc<DenseStore>,
+        storage: StorageSettings,
+        memory_limit: Option<u64>,
+    ) -> Self {
         Self {
             tables,
-            dense: Arc::new(dense),
+            dense,
             storage,
             fence: RwLock::new(None),
+            memory_limit,
         }
     }
 
@@ -258,6 +277,7 @@ impl ParameterServer for Ps {
         Ok(Response::new(PushResponse {
             applied: outcome.applied,
             dropped: outcome.dropped,
+            refused: outcome.refused,
         }))
     }
 
@@ -401,10 +421,15 @@ impl ParameterServer for Ps {
                     dim: table.dim() as u32,
                     missing_reads: stats.missing_reads,
                     change_scans: stats.change_scans,
+                    refused: stats.refused,
                 }
             })
             .collect();
-        Ok(Response::new(StatsResponse { tables }))
+        Ok(Response::new(StatsResponse {
+            memory_bytes: tables.iter().map(|t| t.bytes).sum::<u64>() + self.dense.bytes(),
+            memory_limit_bytes: self.memory_limit.unwrap_or(0),
+            tables,
+        }))
     }
 
     async fn export_moved(

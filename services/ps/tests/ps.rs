@@ -639,3 +639,65 @@ async fn dense_parameters_are_initialised_once_and_updated_by_the_server_optimiz
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     shard.shutdown.trigger();
 }
+
+/// A PS at `ps.memory_limit_bytes` refuses new keys (counted, the push still answers) and
+/// keeps training the rows it has; it never aborts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ps_at_its_memory_limit_refuses_new_keys_and_keeps_serving() {
+    let nats = NatsServer::start().expect("nats-server");
+    let empty = start_shard(&nats, vec![table_spec("items")]).await;
+    let mut raw = ParameterServerClient::connect(format!("http://{}", empty.addr))
+        .await
+        .expect("connect");
+    let base = raw
+        .stats(StatsRequest {})
+        .await
+        .expect("stats")
+        .into_inner()
+        .memory_bytes;
+    empty.shutdown.trigger();
+    // Room for a few thousand rows above what an empty PS holds.
+    let limit = base + 400_000;
+    let mut settings = shard_settings(&nats, vec![table_spec("items")]);
+    settings.ps.memory_limit_bytes = Some(limit);
+    let shard = start(settings).await;
+    let client = PsClient::connect(std::slice::from_ref(&shard.addr))
+        .await
+        .expect("connect");
+    let mut raw = ParameterServerClient::connect(format!("http://{}", shard.addr))
+        .await
+        .expect("connect");
+    let first: Vec<u64> = (0..100u64).collect();
+    client
+        .push("items", &first, &grads_for(0, first.len()))
+        .await
+        .expect("push");
+    let mut dropped = 0;
+    for step in 1..60u64 {
+        let keys: Vec<u64> = (step * 1_000..step * 1_000 + 1_000).collect();
+        let (_, refused) = client
+            .push("items", &keys, &grads_for(step, keys.len()))
+            .await
+            .expect("a push at the limit still answers");
+        dropped += refused;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = raw
+        .stats(StatsRequest {})
+        .await
+        .expect("stats")
+        .into_inner();
+    assert_eq!(stats.memory_limit_bytes, limit);
+    assert!(stats.tables[0].refused > 0 && dropped > 0, "{stats:?}");
+    // The limit is checked every 100 ms: it may be passed by what came in meanwhile.
+    assert!(stats.memory_bytes < limit + 400_000, "{stats:?}");
+    let (before, _) = client.lookup("items", &first).await.expect("lookup");
+    let (applied, refused) = client
+        .push("items", &first, &grads_for(99, first.len()))
+        .await
+        .expect("push");
+    assert_eq!((applied, refused), (100, 0), "existing rows keep training");
+    let (after, _) = client.lookup("items", &first).await.expect("lookup");
+    assert_ne!(before, after);
+    shard.shutdown.trigger();
+}

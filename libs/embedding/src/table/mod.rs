@@ -21,7 +21,7 @@ mod export;
 mod shard;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use primus_gpu::{GpuError, RowOptimizer, RowStore};
@@ -122,6 +122,9 @@ pub struct TableStats {
     pub rejected: u64,
     /// Rows evicted for idling past the table's TTL.
     pub evicted: u64,
+    /// Gradients dropped because their key had no row while new rows were refused (the
+    /// PS at its memory limit).
+    pub refused: u64,
     /// Lookups of keys without a row (answered with the initial value).
     pub missing_reads: u64,
     /// Shards a delta or an incremental snapshot scanned whole because their change logs
@@ -162,6 +165,8 @@ pub struct Table {
     version: Arc<AtomicU64>,
     missing_reads: AtomicU64,
     change_scans: AtomicU64,
+    /// Set while no new row may be made (the PS holding it is at its memory limit).
+    refusing_new_rows: AtomicBool,
     /// Set when rows live in row stores: the kernel form of `optimizer`.
     kernel: Option<RowOptimizer>,
 }
@@ -173,6 +178,8 @@ pub struct PushOutcome {
     pub applied: u64,
     /// Gradients dropped because their key is not admitted (yet).
     pub dropped: u64,
+    /// Gradients dropped because their key has no row and new rows are refused.
+    pub refused: u64,
 }
 
 impl Table {
@@ -253,6 +260,7 @@ impl Table {
                 admitted: 0,
                 rejected: 0,
                 evicted: 0,
+                refused: 0,
                 eviction_log: Vec::new(),
                 changes: ChangeLog::default(),
             }));
@@ -270,6 +278,7 @@ impl Table {
             version: versions,
             missing_reads: AtomicU64::new(0),
             change_scans: AtomicU64::new(0),
+            refusing_new_rows: AtomicBool::new(false),
             kernel,
         })
     }
@@ -291,6 +300,16 @@ impl Table {
     /// Weights per row.
     pub fn dim(&self) -> usize {
         self.dim
+    }
+
+    /// While `refuse` holds, a push makes no new row: gradients of keys without one are
+    /// refused (counted in [`PushOutcome::refused`]); rows that exist keep training.
+    pub fn refuse_new_rows(&self, refuse: bool) {
+        self.refusing_new_rows.store(refuse, Ordering::Release);
+    }
+
+    pub(crate) fn refusing_new_rows(&self) -> bool {
+        self.refusing_new_rows.load(Ordering::Acquire)
     }
 
     /// The version of the latest update.
@@ -456,6 +475,7 @@ impl Table {
                 )?;
                 outcome.applied += stored.applied;
                 outcome.dropped += stored.dropped;
+                outcome.refused += stored.refused;
                 continue;
             }
             for (positions, rows) in order[span]
@@ -642,6 +662,7 @@ impl Table {
             stats.admitted += guard.admitted;
             stats.rejected += guard.rejected;
             stats.evicted += guard.evicted;
+            stats.refused += guard.refused;
             let row_bytes = match &guard.store {
                 Some(store) => store.bytes() as usize,
                 None => guard.rows * self.stride * 4,

@@ -27,6 +27,7 @@ pub(super) struct Shard {
     pub(super) admitted: u64,
     pub(super) rejected: u64,
     pub(super) evicted: u64,
+    pub(super) refused: u64,
     pub(super) eviction_log: Vec<(u64, u64)>,
     pub(super) changes: ChangeLog,
 }
@@ -210,6 +211,11 @@ impl Shard {
     ) -> Option<u32> {
         if let Some(row) = known.or_else(|| self.index.get(key)) {
             return Some(row);
+        }
+        if table.refusing_new_rows() {
+            self.refused += 1;
+            outcome.refused += 1;
+            return None;
         }
         if !self.admission.admit(key) {
             self.rejected += 1;

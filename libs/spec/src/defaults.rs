@@ -50,6 +50,18 @@ pub(crate) fn true_bool() -> bool {
     true
 }
 
+pub(crate) fn memory_samples() -> u32 {
+    10
+}
+
+pub(crate) fn memory_horizon_seconds() -> u64 {
+    60
+}
+
+pub(crate) fn memory_safety_margin() -> f64 {
+    0.1
+}
+
 /// A data executor at a third of its peers' rate is a straggler.
 pub(crate) fn straggler_slowdown() -> f64 {
     3.0

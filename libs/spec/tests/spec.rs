@@ -531,6 +531,17 @@ fn a_scaling_policy_with_impossible_bounds_or_weights_names_each_field() {
         err.contains("spec.scaling.stragglers.slowdown: must be > 1 (got 1)"),
         "{err}"
     );
+    assert!(
+        policy.memory.oom_prevention,
+        "OOM prevention is on by default"
+    );
+    let err = error_text(&scaling("{memory: {samples: 1, safety_margin: 1}}"));
+    for expected in [
+        "spec.scaling.memory.samples: must be >= 2 (got 1)",
+        "spec.scaling.memory.safety_margin: must be within [0, 1) (got 1)",
+    ] {
+        assert!(err.contains(expected), "{expected}: {err}");
+    }
     let err = error_text(&scaling(
         "{enabled: true, min_data_executors: 2, max_data_executors: 4}",
     ));

@@ -39,6 +39,9 @@ pub struct ScalingPolicy {
     /// Data executors much slower than their peers (DLRover-RM §5.1).
     #[serde(default)]
     pub stragglers: StragglerPolicy,
+    /// PS shards about to outgrow `topology.ps.memory` (DLRover-RM §5.3).
+    #[serde(default)]
+    pub memory: MemoryPolicy,
 }
 
 impl Default for ScalingPolicy {
@@ -52,6 +55,7 @@ impl Default for ScalingPolicy {
             weights: LoadWeights::default(),
             cooldown_seconds: defaults::cooldown_seconds(),
             stragglers: StragglerPolicy::default(),
+            memory: MemoryPolicy::default(),
         }
     }
 }
@@ -147,6 +151,60 @@ impl Validate for ScalingPolicy {
         }
         self.weights.validate(&field(path, "weights"), errors);
         self.stragglers.validate(&field(path, "stragglers"), errors);
+        self.memory.validate(&field(path, "memory"), errors);
+    }
+}
+
+/// OOM prevention for PS shards (Primus Eq. 2-3, DLRover-RM §5.3). Every status interval
+/// the master samples the bytes each PS shard holds; from the last `samples` it forecasts
+/// the change per interval (recent changes weighted most) and the memory the shard needs
+/// within `horizon_seconds`: the most it held, plus the forecast change, plus
+/// `safety_margin` of `topology.ps.memory`. When that crosses `topology.ps.memory`, the
+/// master adds a PS shard (a live resharding) before the limit is reached.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryPolicy {
+    /// Add PS shards before one reaches its memory.
+    #[serde(default = "defaults::true_bool")]
+    pub oom_prevention: bool,
+    /// Samples the forecast uses (at least 2).
+    #[serde(default = "defaults::memory_samples")]
+    pub samples: u32,
+    /// How far ahead the forecast looks.
+    #[serde(default = "defaults::memory_horizon_seconds")]
+    pub horizon_seconds: u64,
+    /// Head room kept below `topology.ps.memory`, as a share of it (0..1).
+    #[serde(default = "defaults::memory_safety_margin")]
+    pub safety_margin: f64,
+}
+
+impl Default for MemoryPolicy {
+    fn default() -> Self {
+        Self {
+            oom_prevention: true,
+            samples: defaults::memory_samples(),
+            horizon_seconds: defaults::memory_horizon_seconds(),
+            safety_margin: defaults::memory_safety_margin(),
+        }
+    }
+}
+
+impl Validate for MemoryPolicy {
+    fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
+        if self.samples < 2 {
+            fail(
+                errors,
+                field(path, "samples"),
+                format!("must be >= 2 (got {})", self.samples),
+            );
+        }
+        if !(self.safety_margin.is_finite() && (0.0..1.0).contains(&self.safety_margin)) {
+            fail(
+                errors,
+                field(path, "safety_margin"),
+                format!("must be within [0, 1) (got {})", self.safety_margin),
+            );
+        }
     }
 }
 

@@ -59,6 +59,8 @@ pub(crate) fn executor_settings(
                         Device::Cuda => GPU_SHARDS_PER_TABLE,
                         Device::Cpu => defaults.shards_per_table,
                     },
+                    memory_limit_bytes: primus_spec::job::parse_memory(&spec.topology.ps.memory)
+                        .ok(),
                     ..defaults
                 },
                 ..PsSettings::default()
@@ -316,6 +318,11 @@ mod tests {
         ));
         assert_eq!(on_gpu.device, Device::Cuda);
         assert_eq!(on_gpu.shards_per_table, 4);
+        assert_eq!(
+            on_cpu.memory_limit_bytes,
+            Some(2 << 30),
+            "topology.ps.memory is the PS's memory limit"
+        );
     }
 
     #[test]

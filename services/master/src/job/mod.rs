@@ -9,6 +9,7 @@
 mod autoscale;
 mod checkpoints;
 mod executors;
+mod memory;
 mod recovery;
 mod reshard;
 mod scaling;
@@ -186,6 +187,7 @@ pub(crate) struct JobRun<'a, B, C> {
     specs: watch::Receiver<Resource>,
     autoscaler: autoscale::Autoscaler,
     throughputs: stragglers::Throughputs,
+    ps_memory: memory::PsMemory,
     trainers_done: BTreeSet<String>,
     batch_done_declared: bool,
     committed: Option<CheckpointRecord>,
@@ -358,6 +360,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             specs,
             autoscaler: autoscale::Autoscaler::new(Instant::now()),
             throughputs: stragglers::Throughputs::default(),
+            ps_memory: memory::PsMemory::default(),
             trainers_done: BTreeSet::new(),
             batch_done_declared: false,
             next_checkpoint: restored.as_ref().map_or(0, |r| r.id) + 1,
@@ -487,6 +490,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         self.report_progress(&counts, all_planned).await;
         self.measure_and_scale(&counts).await;
         self.handle_stragglers(&counts).await;
+        self.watch_ps_memory().await;
         ControlFlow::Continue(())
     }
 

@@ -6,9 +6,16 @@ use std::time::Duration;
 use primus_spec::status::{Phase, Replicas, Status};
 
 use crate::common::{
-    DLRM_ROWS, apply_criteo_dataset, data_executor, dlrm_job, master_settings, start,
+    DLRM_ROWS, apply_criteo_dataset, apply_online_job, data_executor, dlrm_job, master_settings,
+    publish_rows, start,
 };
 use primus_harness::{Sandbox, condition};
+use primus_proto::v1::parameter_server_client::ParameterServerClient;
+use primus_proto::v1::topology_service_client::TopologyServiceClient;
+use primus_proto::v1::{GetTopologyRequest, Role, StatsRequest};
+
+/// One PS shard's memory in the OOM prevention test, under what the Job's keys grow to.
+const PS_MEMORY: &str = "200Ki";
 
 /// Waits until the Job reports `data_executors` data executors and `trainers` trainers
 /// (and `ps` PS shards, when given).
@@ -236,4 +243,107 @@ async fn a_straggling_data_executor_gives_its_task_to_a_faster_one() {
         "{status:?}"
     );
     master.stop();
+}
+
+/// New ids published after the first 500 rows, `NEW_IDS_PER_BATCH` at a time.
+const NEW_IDS: u64 = 3_000;
+const NEW_IDS_PER_BATCH: u64 = 100;
+
+/// Runs the stream Job `name` on one PS shard with `topology.ps.memory` `PS_MEMORY` and OOM
+/// prevention on or off while its key space grows: a batch of new ids every 300 ms. Returns
+/// its status once every row is trained, and the most bytes any PS shard held.
+async fn run_with_growing_keys(name: &str, prevention: bool) -> (Status, u64) {
+    let sandbox = Sandbox::start().await;
+    let js = apply_online_job(&sandbox, name, |spec| {
+        spec.topology.ps.memory = PS_MEMORY.to_owned();
+        let policy = &mut spec.scaling.memory;
+        (
+            policy.oom_prevention,
+            policy.samples,
+            policy.horizon_seconds,
+        ) = (prevention, 5, 5);
+    })
+    .await;
+    let mut settings = master_settings(&sandbox, &data_executor());
+    settings.master.status_interval_ms = 200;
+    let master = start(&sandbox, &settings);
+    sandbox.wait_for_samples(name, 500).await;
+    let mut most = 0;
+    for batch in 0..NEW_IDS / NEW_IDS_PER_BATCH {
+        let first = 1_000 + batch * NEW_IDS_PER_BATCH;
+        publish_rows(&js, "clicks.live", first..first + NEW_IDS_PER_BATCH).await;
+        most = most.max(most_held(master.addr(), name).await);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    sandbox.wait_for_samples(name, 500 + NEW_IDS).await;
+    most = most.max(most_held(master.addr(), name).await);
+    let status = sandbox.status(name).await;
+    assert_eq!(
+        status.phase,
+        Phase::Running,
+        "{status:?}\n{}",
+        sandbox.logs(name)
+    );
+    sandbox.delete_job(name).await;
+    master.stop();
+    (status, most)
+}
+
+/// The most bytes any PS shard of `job` holds now.
+async fn most_held(master: &str, job: &str) -> u64 {
+    let Ok(mut client) = TopologyServiceClient::connect(format!("http://{master}")).await else {
+        return 0;
+    };
+    let Ok(answer) = client
+        .get_topology(GetTopologyRequest { job: job.into() })
+        .await
+    else {
+        return 0;
+    };
+    let mut most = 0;
+    for shard in primus_proto::role_addrs(&answer.into_inner().endpoints, Role::Ps) {
+        if let Ok(mut client) = ParameterServerClient::connect(format!("http://{shard}")).await
+            && let Ok(stats) = client.stats(StatsRequest {}).await
+        {
+            most = most.max(stats.into_inner().memory_bytes);
+        }
+    }
+    most
+}
+
+/// A Job whose key space outgrows one PS shard's `topology.ps.memory`: with OOM prevention
+/// off the shard refuses new keys at its limit (the `PsMemory` condition names it) and
+/// never aborts; with it on, the master forecasts the growth and adds shards before the
+/// limit, and no key is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ps_outgrowing_its_memory_gets_another_shard_before_it_refuses_keys() {
+    let limit = primus_spec::job::parse_memory(PS_MEMORY).expect("memory");
+    let (unprevented, most) = run_with_growing_keys("unprevented", false).await;
+    let refused = condition(&unprevented, "PsMemory");
+    assert!(
+        refused.reason == "NewKeysRefused" && refused.message.contains(&format!("{limit} bytes")),
+        "{unprevented:?}"
+    );
+    assert!(most >= limit, "{most} bytes held, limit {limit}");
+    assert_eq!(unprevented.replicas.map(|r| r.ps), Some(1));
+
+    let (prevented, most) = run_with_growing_keys("prevented", true).await;
+    let forecasts = events(&prevented, "MemoryForecast");
+    assert!(
+        forecasts
+            .iter()
+            .any(|m| m.starts_with("ps-0 holds ") && m.contains("adding a PS shard")),
+        "{prevented:?}"
+    );
+    assert!(
+        events(&prevented, "Resharded")
+            .iter()
+            .any(|m| m.starts_with("ps 1 -> 2")),
+        "{prevented:?}"
+    );
+    assert!(
+        prevented.conditions.iter().all(|c| c.kind != "PsMemory"),
+        "no key refused: {prevented:?}"
+    );
+    assert!(most < limit, "{most} bytes held, limit {limit}");
 }

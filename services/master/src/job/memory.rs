@@ -1,0 +1,211 @@
+//! PS memory (Primus Eq. 2-3, DLRover-RM §5.3 OOM prevention). Every status tick the master
+//! asks each PS shard how many bytes its tables and dense parameters hold, keeps the last
+//! `N` samples, forecasts the change over the next ones with Primus's weights
+//! `w(i) = 1 / (N - i + 1)` (the newest counts most):
+//!
+//!     D = sum_i w(i) * (R_i - R_(i-1)) / N
+//!
+//! and the allocation it needs, `R_used + D * horizon + R_s` (the most used of the samples,
+//! the forecast change over the horizon, a safety margin). When that crosses the shard's
+//! `topology.ps.memory` and the shard holds at least half of it, the master adds a PS shard (a live resharding) before the limit is
+//! reached: no backend here can raise a running process's memory (the local backend runs
+//! plain processes), so more memory comes as another shard. A shard at its limit refuses
+//! new keys (it never aborts); the `PsMemory` condition names the limit and how many keys
+//! were refused.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use primus_proto::v1::parameter_server_client::ParameterServerClient;
+use primus_proto::v1::{Role, StatsRequest};
+
+use super::JobRun;
+use crate::backend::ResourceBackend;
+use crate::plan::Catalog;
+
+/// The PS shards' memory samples, and how many refused keys were reported already.
+#[derive(Debug, Default)]
+pub(crate) struct PsMemory {
+    samples: HashMap<String, MemorySamples>,
+    refused_reported: u64,
+}
+
+/// The last samples of one executor's memory, oldest first.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MemorySamples {
+    samples: VecDeque<u64>,
+    capacity: usize,
+}
+
+impl MemorySamples {
+    pub(crate) fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(2);
+        Self {
+            samples: VecDeque::with_capacity(capacity + 1),
+            capacity,
+        }
+    }
+
+    pub(crate) fn push(&mut self, bytes: u64) {
+        self.samples.push_back(bytes);
+        while self.samples.len() > self.capacity {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The newest sample.
+    pub(crate) fn latest(&self) -> u64 {
+        self.samples.back().copied().unwrap_or(0)
+    }
+
+    /// Whether enough samples came in to forecast.
+    pub(crate) fn full(&self) -> bool {
+        self.samples.len() >= self.capacity
+    }
+
+    /// Primus Eq. 2: the weighted mean change per sample, recent changes weighted most.
+    pub(crate) fn forecast_change(&self) -> f64 {
+        let n = self.samples.len().saturating_sub(1);
+        if n == 0 {
+            return 0.0;
+        }
+        let sum: f64 = self
+            .samples
+            .iter()
+            .zip(self.samples.iter().skip(1))
+            .enumerate()
+            .map(|(i, (before, now))| {
+                let weight = 1.0 / (n - (i + 1) + 1) as f64;
+                weight * (*now as f64 - *before as f64)
+            })
+            .sum();
+        sum / n as f64
+    }
+
+    /// Primus Eq. 3: the most used of the samples, the forecast change over `horizon`
+    /// samples and `margin`.
+    pub(crate) fn needed(&self, horizon: u32, margin: u64) -> u64 {
+        let used = self.samples.iter().copied().max().unwrap_or(0) as f64;
+        let change = self.forecast_change() * f64::from(horizon);
+        (used + change.max(0.0) + margin as f64) as u64
+    }
+}
+
+impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
+    /// Samples every PS shard's bytes, reports refused keys, and adds a shard when one's
+    /// forecast crosses `topology.ps.memory`.
+    pub(super) async fn watch_ps_memory(&mut self) {
+        let Ok(limit) = primus_spec::job::parse_memory(&self.job.spec.topology.ps.memory) else {
+            return;
+        };
+        let policy = self.job.spec.scaling.memory.clone();
+        let endpoints = self.endpoints();
+        let shards = primus_proto::role_endpoints(&endpoints, Role::Ps);
+        let mut refused = 0;
+        for shard in &shards {
+            let Some((bytes, shard_refused)) = held(&shard.grpc_addr).await else {
+                continue;
+            };
+            refused += shard_refused;
+            self.ps_memory
+                .samples
+                .entry(shard.id.clone())
+                .or_insert_with(|| MemorySamples::new(policy.samples as usize))
+                .push(bytes);
+        }
+        if refused > self.ps_memory.refused_reported {
+            self.ps_memory.refused_reported = refused;
+            let message = format!(
+                "{refused} gradients of new keys refused: a PS shard reached its memory limit of {limit} bytes (spec.topology.ps.memory {})",
+                self.job.spec.topology.ps.memory
+            );
+            self.writer
+                .condition("PsMemory", false, "NewKeysRefused", message);
+        }
+        if !policy.oom_prevention {
+            return;
+        }
+        let interval =
+            Duration::from_millis(self.context.settings.master.status_interval_ms.max(1));
+        let horizon = (Duration::from_secs(policy.horizon_seconds).as_millis()
+            / interval.as_millis().max(1))
+        .max(1) as u32;
+        let margin = (limit as f64 * policy.safety_margin) as u64;
+        // A shard far from its limit is left alone however it grows: a forecast over a
+        // long horizon from early growth would add shards a Job never needs.
+        let outgrowing = shards.iter().find_map(|shard| {
+            let samples = self.ps_memory.samples.get(&shard.id)?;
+            let needed = samples.needed(horizon, margin);
+            (samples.full() && samples.latest() >= limit / 2 && needed > limit)
+                .then(|| (shard.id.clone(), samples.clone(), needed))
+        });
+        let Some((id, samples, needed)) = outgrowing else {
+            return;
+        };
+        let count = shards.len() as u32;
+        let message = format!(
+            "{id} holds {} bytes, changing {:.0} per status interval: it needs {needed} within {}s (with a {margin}-byte margin), over spec.topology.ps.memory ({limit} bytes); adding a PS shard",
+            samples.latest(),
+            samples.forecast_change(),
+            policy.horizon_seconds
+        );
+        tracing::info!(job = self.name, %message, "PS memory forecast");
+        self.writer.event("MemoryForecast", message);
+        self.reshard_ps(count + 1).await;
+        // The shards hold less now: forecast from fresh samples.
+        self.ps_memory.samples.clear();
+        self.writer.write().await;
+    }
+}
+
+/// The bytes a PS shard holds and the gradients it refused at its limit.
+async fn held(addr: &str) -> Option<(u64, u64)> {
+    let mut client = ParameterServerClient::connect(format!("http://{addr}"))
+        .await
+        .ok()?;
+    let stats = client.stats(StatsRequest {}).await.ok()?.into_inner();
+    let refused = stats.tables.iter().map(|t| t.refused).sum();
+    Some((stats.memory_bytes, refused))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples(values: &[u64]) -> MemorySamples {
+        let mut samples = MemorySamples::new(values.len());
+        for v in values {
+            samples.push(*v);
+        }
+        samples
+    }
+
+    #[test]
+    fn the_forecast_weights_recent_changes_most() {
+        // Primus Eq. 2 over 4 samples (3 changes): (1/3 * 10 + 1/2 * 10 + 1 * 40) / 3.
+        let growing = samples(&[100, 110, 120, 160]);
+        let expected = (10.0 / 3.0 + 10.0 / 2.0 + 40.0) / 3.0;
+        assert!((growing.forecast_change() - expected).abs() < 1e-9);
+        // The same changes in the other order forecast less: old changes count less.
+        let slowing = samples(&[100, 140, 150, 160]);
+        assert!(slowing.forecast_change() < growing.forecast_change());
+        assert_eq!(samples(&[5, 5, 5]).forecast_change(), 0.0);
+    }
+
+    #[test]
+    fn the_memory_needed_is_the_most_held_plus_the_forecast_change_and_the_margin() {
+        let growing = samples(&[100, 110, 120, 160]);
+        let change = growing.forecast_change();
+        assert_eq!(growing.needed(3, 50), (160.0 + 3.0 * change + 50.0) as u64);
+        // A shrinking shard needs what it held most, not less.
+        let shrinking = samples(&[200, 150, 100]);
+        assert_eq!(shrinking.needed(10, 0), 200);
+        let mut window = MemorySamples::new(3);
+        for v in [1, 2, 3, 4] {
+            window.push(v);
+        }
+        assert!(window.full());
+        assert_eq!(window.latest(), 4);
+        assert_eq!(window.needed(0, 0), 4, "only the last 3 samples are kept");
+    }
+}

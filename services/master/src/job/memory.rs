@@ -3,15 +3,17 @@
 //! `N` samples, forecasts the change over the next ones with Primus's weights
 //! `w(i) = 1 / (N - i + 1)` (the newest counts most):
 //!
-//!     D = sum_i w(i) * (R_i - R_(i-1)) / N
+//! ```text
+//! D = sum_i w(i) * (R_i - R_(i-1)) / N
+//! ```
 //!
 //! and the allocation it needs, `R_used + D * horizon + R_s` (the most used of the samples,
 //! the forecast change over the horizon, a safety margin). When that crosses the shard's
-//! `topology.ps.memory` and the shard holds at least half of it, the master adds a PS shard (a live resharding) before the limit is
-//! reached: no backend here can raise a running process's memory (the local backend runs
-//! plain processes), so more memory comes as another shard. A shard at its limit refuses
-//! new keys (it never aborts); the `PsMemory` condition names the limit and how many keys
-//! were refused.
+//! `topology.ps.memory` and the shard holds at least half of it, the master adds a PS shard
+//! (a live resharding) before the limit is reached: no backend here can raise a running
+//! process's memory (the local backend runs plain processes), so more memory comes as
+//! another shard. A shard at its limit refuses new keys (it never aborts); the `PsMemory`
+//! condition names the limit and how many keys were refused.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;

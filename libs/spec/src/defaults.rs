@@ -62,6 +62,10 @@ pub(crate) fn memory_safety_margin() -> f64 {
     0.1
 }
 
+pub(crate) fn memory_min_change() -> String {
+    "16Mi".to_owned()
+}
+
 /// A data executor at a third of its peers' rate is a straggler.
 pub(crate) fn straggler_slowdown() -> f64 {
     3.0

@@ -12,6 +12,7 @@ mod snapshots;
 
 use primus_spec::job::Device;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use primus_embedding::DenseStore;
@@ -66,23 +67,23 @@ async fn run_training(settings: PsSettings, shutdown: Shutdown) -> anyhow::Resul
         Duration::from_millis(settings.ps.eviction_interval_ms.max(100)),
     ));
     let dense = Arc::new(DenseStore::new(&settings.ps.dense_optimizer));
-    let limiter = settings
-        .ps
-        .memory_limit_bytes
-        .map(|limit| tokio::spawn(hold_memory_limit(tables.clone(), dense.clone(), limit)));
+    let memory_limit = Arc::new(AtomicU64::new(settings.ps.memory_limit_bytes.unwrap_or(0)));
+    let limiter = tokio::spawn(hold_memory_limit(
+        tables.clone(),
+        dense.clone(),
+        memory_limit.clone(),
+    ));
     let ps = ParameterServerServer::new(service::Ps::new(
         tables,
         dense,
         settings.storage.clone(),
-        settings.ps.memory_limit_bytes,
+        memory_limit,
     ))
     .max_decoding_message_size(settings.ps.max_request_bytes)
     .max_encoding_message_size(usize::MAX);
     node.serve(Routes::new(ps), shutdown).await?;
     evictor.abort();
-    if let Some(limiter) = limiter {
-        limiter.abort();
-    }
+    limiter.abort();
     if let Some(notifier) = notifier {
         notifier.abort();
     }
@@ -105,15 +106,23 @@ async fn evict_periodically(tables: Arc<service::Tables>, interval: Duration) {
 const MEMORY_CHECK: Duration = Duration::from_millis(100);
 
 /// Keeps the tables refusing new rows while they and the dense parameters hold `limit`
-/// bytes or more: a PS at its limit drops new keys' gradients instead of growing until the
-/// system kills it.
-async fn hold_memory_limit(tables: Arc<service::Tables>, dense: Arc<DenseStore>, limit: u64) {
+/// bytes or more (0: no limit): a PS at its limit drops new keys' gradients instead of
+/// growing until the system kills it.
+async fn hold_memory_limit(
+    tables: Arc<service::Tables>,
+    dense: Arc<DenseStore>,
+    limit: Arc<AtomicU64>,
+) {
     let mut ticks = tokio::time::interval(MEMORY_CHECK);
     let mut refusing = false;
     loop {
         ticks.tick().await;
+        let limit = limit.load(Ordering::Acquire);
+        if limit == 0 && !refusing {
+            continue;
+        }
         let bytes = tables.bytes() + dense.bytes();
-        let at_limit = bytes >= limit;
+        let at_limit = limit > 0 && bytes >= limit;
         if at_limit != refusing {
             refusing = at_limit;
             tables.refuse_new_rows(refusing);

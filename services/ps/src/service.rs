@@ -1,7 +1,7 @@
 //! The ParameterServer RPCs over this process's tables.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -16,8 +16,9 @@ use primus_proto::v1::{
     ImportDenseResponse, ImportRowsRequest, ImportRowsResponse, InitDenseRequest,
     InitDenseResponse, LookupRequest, LookupResponse, PullDenseRequest, PullDenseResponse,
     PushDenseRequest, PushDenseResponse, PushRequest, PushResponse, ReadRowsRequest,
-    ReadRowsResponse, RestoreRequest, RestoreResponse, SnapshotRequest, SnapshotResponse,
-    StatsRequest, StatsResponse, TableDelta, TableStats,
+    ReadRowsResponse, RestoreRequest, RestoreResponse, SetMemoryLimitRequest,
+    SetMemoryLimitResponse, SnapshotRequest, SnapshotResponse, StatsRequest, StatsResponse,
+    TableDelta, TableStats,
 };
 use primus_ps_client::Layout;
 use primus_spec::Validate;
@@ -135,7 +136,8 @@ pub(crate) struct Ps {
     /// another shard are refused. Every read and write holds it shared while it runs, so a
     /// fence waits for the calls in flight and nothing changes a moved row after it.
     fence: RwLock<Option<Layout>>,
-    memory_limit: Option<u64>,
+    /// `ps.memory_limit_bytes` as it is now (0: none); the memory limiter reads it.
+    memory_limit: Arc<AtomicU64>,
 }
 
 impl Ps {
@@ -143,7 +145,7 @@ impl Ps {
         tables: Arc<Tables>,
         dense: Arc<DenseStore>,
         storage: StorageSettings,
-        memory_limit: Option<u64>,
+        memory_limit: Arc<AtomicU64>,
     ) -> Self {
         Self {
             tables,
@@ -427,7 +429,7 @@ impl ParameterServer for Ps {
             .collect();
         Ok(Response::new(StatsResponse {
             memory_bytes: tables.iter().map(|t| t.bytes).sum::<u64>() + self.dense.bytes(),
-            memory_limit_bytes: self.memory_limit.unwrap_or(0),
+            memory_limit_bytes: self.memory_limit.load(Ordering::Acquire),
             tables,
         }))
     }
@@ -510,6 +512,16 @@ impl ParameterServer for Ps {
         Ok(Response::new(ImportDenseResponse {
             tensors: tensors as u64,
         }))
+    }
+
+    async fn set_memory_limit(
+        &self,
+        request: Request<SetMemoryLimitRequest>,
+    ) -> Result<Response<SetMemoryLimitResponse>, Status> {
+        let bytes = request.into_inner().bytes;
+        let before = self.memory_limit.swap(bytes, Ordering::AcqRel);
+        tracing::info!(before, bytes, "memory limit changed");
+        Ok(Response::new(SetMemoryLimitResponse {}))
     }
 
     async fn drop_moved(

@@ -699,5 +699,16 @@ async fn a_ps_at_its_memory_limit_refuses_new_keys_and_keeps_serving() {
     assert_eq!((applied, refused), (100, 0), "existing rows keep training");
     let (after, _) = client.lookup("items", &first).await.expect("lookup");
     assert_ne!(before, after);
+    // Given more memory, it takes new keys again.
+    raw.set_memory_limit(primus_proto::v1::SetMemoryLimitRequest { bytes: 0 })
+        .await
+        .expect("no limit");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let new: Vec<u64> = (900_000..901_000).collect();
+    let (applied, refused) = client
+        .push("items", &new, &grads_for(7, new.len()))
+        .await
+        .expect("push");
+    assert_eq!((applied, refused), (1_000, 0), "new keys get rows again");
     shard.shutdown.trigger();
 }

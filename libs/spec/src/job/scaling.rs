@@ -159,8 +159,10 @@ impl Validate for ScalingPolicy {
 /// the master samples the bytes each PS shard holds; from the last `samples` it forecasts
 /// the change per interval (recent changes weighted most) and the memory the shard needs
 /// within `horizon_seconds`: the most it held, plus the forecast change, plus
-/// `safety_margin` of `topology.ps.memory`. When that crosses `topology.ps.memory`, the
-/// master adds a PS shard (a live resharding) before the limit is reached.
+/// `safety_margin` of its memory. When that crosses the shard's memory (at first
+/// `topology.ps.memory`) and it holds at least half of it, the master gives the shard that
+/// much memory where the backend can (`vertical`) and otherwise adds a PS shard (a live
+/// resharding), before the limit is reached.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryPolicy {
@@ -173,9 +175,16 @@ pub struct MemoryPolicy {
     /// How far ahead the forecast looks.
     #[serde(default = "defaults::memory_horizon_seconds")]
     pub horizon_seconds: u64,
-    /// Head room kept below `topology.ps.memory`, as a share of it (0..1).
+    /// Head room kept below a shard's memory, as a share of it (0..1).
     #[serde(default = "defaults::memory_safety_margin")]
     pub safety_margin: f64,
+    /// Give a shard more memory before adding a shard.
+    #[serde(default = "defaults::true_bool")]
+    pub vertical: bool,
+    /// A shard is not given more memory for less than this (Primus's minimum adjustment,
+    /// a quantity like `16Mi`): the safety margin covers such growth.
+    #[serde(default = "defaults::memory_min_change")]
+    pub min_change: String,
 }
 
 impl Default for MemoryPolicy {
@@ -185,6 +194,8 @@ impl Default for MemoryPolicy {
             samples: defaults::memory_samples(),
             horizon_seconds: defaults::memory_horizon_seconds(),
             safety_margin: defaults::memory_safety_margin(),
+            vertical: true,
+            min_change: defaults::memory_min_change(),
         }
     }
 }
@@ -204,6 +215,9 @@ impl Validate for MemoryPolicy {
                 field(path, "safety_margin"),
                 format!("must be within [0, 1) (got {})", self.safety_margin),
             );
+        }
+        if let Err(e) = super::parse_memory(&self.min_change) {
+            fail(errors, field(path, "min_change"), e);
         }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,6 +35,8 @@ struct Supervised {
     pid: Arc<AtomicU32>,
     /// Measures the process with that pid.
     usage: Mutex<Option<(u32, UsageSampler)>>,
+    /// The memory it is allotted: what it started with, or its last resize.
+    memory_bytes: AtomicU64,
 }
 
 impl Supervised {
@@ -242,6 +244,7 @@ impl ResourceBackend for LocalBackend {
             supervisor,
             pid,
             usage: Mutex::new(None),
+            memory_bytes: AtomicU64::new(spec.memory_bytes),
         };
         let previous = self
             .lock()
@@ -283,6 +286,8 @@ impl ResourceBackend for LocalBackend {
         stop_all(mine).await;
     }
 
+    /// Executors here are processes of this host sharing its memory: one may be given more
+    /// while the host has that much more available (`MemAvailable` in `/proc/meminfo`).
     async fn resize(
         &self,
         job: &str,
@@ -290,12 +295,25 @@ impl ResourceBackend for LocalBackend {
         cpu: f64,
         memory_bytes: u64,
     ) -> Result<(), BackendError> {
-        if !self.lock().contains_key(&(job.to_owned(), id.to_owned())) {
-            return Err(BackendError::Unknown {
+        let processes = self.lock();
+        let supervised = processes
+            .get(&(job.to_owned(), id.to_owned()))
+            .ok_or_else(|| BackendError::Unknown {
                 job: job.into(),
                 id: id.into(),
+            })?;
+        let allotted = supervised.memory_bytes.load(Ordering::Acquire);
+        let more = memory_bytes.saturating_sub(allotted);
+        let available = host_memory_available().unwrap_or(0);
+        if more > available {
+            return Err(BackendError::Capacity {
+                id: id.into(),
+                message: format!("{more} more bytes asked, the host has {available} available"),
             });
         }
+        supervised
+            .memory_bytes
+            .store(memory_bytes, Ordering::Release);
         let _ = self.events.send(BackendEvent::Resized {
             job: job.into(),
             id: id.into(),
@@ -542,6 +560,14 @@ async fn terminate(child: &mut Child, grace: Duration) {
         }
     }
     let _ = child.kill().await;
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+fn host_memory_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 #[cfg(test)]

@@ -160,6 +160,8 @@ pub enum BackendError {
     Io(String),
     #[error("no executor {id} in job {job}")]
     Unknown { job: String, id: String },
+    #[error("cannot resize {id}: {message}")]
+    Capacity { id: String, message: String },
 }
 
 /// Starts, stops, resizes and watches executors.
@@ -176,7 +178,7 @@ pub trait ResourceBackend: Send + Sync + 'static {
     /// Stops every executor of `job`.
     fn release_job(&self, job: &str) -> impl Future<Output = ()> + Send;
 
-    /// Changes an executor's CPU and memory.
+    /// Changes an executor's CPU and memory; refused when the pool cannot give it.
     fn resize(
         &self,
         job: &str,

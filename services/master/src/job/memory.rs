@@ -9,26 +9,30 @@
 //!
 //! and the allocation it needs, `R_used + D * horizon + R_s` (the most used of the samples,
 //! the forecast change over the horizon, a safety margin). When that crosses the shard's
-//! `topology.ps.memory` and the shard holds at least half of it, the master adds a PS shard
-//! (a live resharding) before the limit is reached: no backend here can raise a running
-//! process's memory (the local backend runs plain processes), so more memory comes as
-//! another shard. A shard at its limit refuses new keys (it never aborts); the `PsMemory`
+//! memory (at first `topology.ps.memory`) and the shard holds at least half of it, the
+//! master gives it the memory it needs where the backend can (the backend's `resize`, then
+//! the shard's own limit through `SetMemoryLimit`), skipping increases under
+//! `min_change`, and otherwise adds a PS shard (a live resharding) before the limit is
+//! reached. A shard at its limit refuses new keys (it never aborts); the `PsMemory`
 //! condition names the limit and how many keys were refused.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
-use primus_proto::v1::{Role, StatsRequest};
+use primus_proto::v1::{Endpoint, Role, SetMemoryLimitRequest, StatsRequest};
 
 use super::JobRun;
 use crate::backend::ResourceBackend;
 use crate::plan::Catalog;
 
-/// The PS shards' memory samples, and how many refused keys were reported already.
+/// The PS shards' memory samples and allotments, and how many refused keys were reported
+/// already.
 #[derive(Debug, Default)]
 pub(crate) struct PsMemory {
     samples: HashMap<String, MemorySamples>,
+    /// Memory given to a shard since it started (else `topology.ps.memory`).
+    allotted: HashMap<String, u64>,
     refused_reported: u64,
 }
 
@@ -132,31 +136,73 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         let horizon = (Duration::from_secs(policy.horizon_seconds).as_millis()
             / interval.as_millis().max(1))
         .max(1) as u32;
-        let margin = (limit as f64 * policy.safety_margin) as u64;
+        let allotted = |id: &str| *self.ps_memory.allotted.get(id).unwrap_or(&limit);
         // A shard far from its limit is left alone however it grows: a forecast over a
-        // long horizon from early growth would add shards a Job never needs.
+        // long horizon from early growth would add memory a Job never needs.
         let outgrowing = shards.iter().find_map(|shard| {
             let samples = self.ps_memory.samples.get(&shard.id)?;
+            let memory = allotted(&shard.id);
+            let margin = (memory as f64 * policy.safety_margin) as u64;
             let needed = samples.needed(horizon, margin);
-            (samples.full() && samples.latest() >= limit / 2 && needed > limit)
-                .then(|| (shard.id.clone(), samples.clone(), needed))
+            (samples.full() && samples.latest() >= memory / 2 && needed > memory)
+                .then(|| (shard.clone(), samples.clone(), memory, needed))
         });
-        let Some((id, samples, needed)) = outgrowing else {
+        let Some((shard, samples, memory, needed)) = outgrowing else {
             return;
         };
-        let count = shards.len() as u32;
-        let message = format!(
-            "{id} holds {} bytes, changing {:.0} per status interval: it needs {needed} within {}s (with a {margin}-byte margin), over spec.topology.ps.memory ({limit} bytes); adding a PS shard",
+        let min_change = primus_spec::job::parse_memory(&policy.min_change).unwrap_or(0);
+        if needed - memory <= min_change {
+            return;
+        }
+        let figures = format!(
+            "{} holds {} bytes, changing {:.0} per status interval: it needs {needed} within {}s (Primus Eq. 3, margin {}), over its {memory}",
+            shard.id,
             samples.latest(),
             samples.forecast_change(),
-            policy.horizon_seconds
+            policy.horizon_seconds,
+            policy.safety_margin
         );
+        let raised = match policy.vertical {
+            true => self.raise_memory(&shard, needed).await,
+            false => Err("spec.scaling.memory.vertical is off".to_owned()),
+        };
+        let message = match raised {
+            Ok(()) => {
+                self.ps_memory.allotted.insert(shard.id.clone(), needed);
+                let message = format!("{figures}: given {needed} bytes");
+                tracing::info!(job = self.name, %message, "PS memory raised");
+                self.writer.event("MemoryRaised", message);
+                self.writer.write().await;
+                return;
+            }
+            Err(why) => format!("{figures}; not given more ({why}): adding a PS shard"),
+        };
         tracing::info!(job = self.name, %message, "PS memory forecast");
         self.writer.event("MemoryForecast", message);
+        let count = shards.len() as u32;
         self.reshard_ps(count + 1).await;
         // The shards hold less now: forecast from fresh samples.
         self.ps_memory.samples.clear();
         self.writer.write().await;
+    }
+
+    /// Gives PS shard `shard` `bytes` of memory: the backend's allotment, then the shard's
+    /// own limit.
+    async fn raise_memory(&self, shard: &Endpoint, bytes: u64) -> Result<(), String> {
+        let cpu = self.job.spec.topology.ps.cpu;
+        self.context
+            .backend
+            .resize(&self.name, &shard.id, cpu, bytes)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut client = ParameterServerClient::connect(format!("http://{}", shard.grpc_addr))
+            .await
+            .map_err(|e| e.to_string())?;
+        client
+            .set_memory_limit(SetMemoryLimitRequest { bytes })
+            .await
+            .map_err(|s| s.message().to_owned())?;
+        Ok(())
     }
 }
 

@@ -249,19 +249,28 @@ async fn a_straggling_data_executor_gives_its_task_to_a_faster_one() {
 const NEW_IDS: u64 = 3_000;
 const NEW_IDS_PER_BATCH: u64 = 100;
 
-/// Runs the stream Job `name` on one PS shard with `topology.ps.memory` `PS_MEMORY` and OOM
-/// prevention on or off while its key space grows: a batch of new ids every 300 ms. Returns
-/// its status once every row is trained, and the most bytes any PS shard held.
-async fn run_with_growing_keys(name: &str, prevention: bool) -> (Status, u64) {
+/// How the OOM prevention test's Jobs handle PS memory.
+#[derive(Clone, Copy)]
+enum Prevention {
+    Off,
+    /// More shards only.
+    Horizontal,
+    /// More memory for the shard, where the backend can give it.
+    Vertical,
+}
+
+/// Runs the stream Job `name` on one PS shard with `topology.ps.memory` `PS_MEMORY` while its
+/// key space grows: a batch of new ids every 300 ms. Returns its status once every row is
+/// trained, and the most bytes any PS shard held.
+async fn run_with_growing_keys(name: &str, prevention: Prevention) -> (Status, u64) {
     let sandbox = Sandbox::start().await;
     let js = apply_online_job(&sandbox, name, |spec| {
         spec.topology.ps.memory = PS_MEMORY.to_owned();
         let policy = &mut spec.scaling.memory;
-        (
-            policy.oom_prevention,
-            policy.samples,
-            policy.horizon_seconds,
-        ) = (prevention, 5, 5);
+        (policy.samples, policy.horizon_seconds) = (5, 5);
+        policy.min_change = "1Ki".to_owned();
+        policy.oom_prevention = !matches!(prevention, Prevention::Off);
+        policy.vertical = matches!(prevention, Prevention::Vertical);
     })
     .await;
     let mut settings = master_settings(&sandbox, &data_executor());
@@ -313,12 +322,12 @@ async fn most_held(master: &str, job: &str) -> u64 {
 
 /// A Job whose key space outgrows one PS shard's `topology.ps.memory`: with OOM prevention
 /// off the shard refuses new keys at its limit (the `PsMemory` condition names it) and
-/// never aborts; with it on, the master forecasts the growth and adds shards before the
-/// limit, and no key is refused.
+/// never aborts; with it on, the master forecasts the growth and, before the limit, adds a
+/// shard, or gives the shard more memory (this host has it); no key is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_ps_outgrowing_its_memory_gets_another_shard_before_it_refuses_keys() {
+async fn a_ps_outgrowing_its_memory_gets_another_shard_or_more_memory_before_it_refuses_keys() {
     let limit = primus_spec::job::parse_memory(PS_MEMORY).expect("memory");
-    let (unprevented, most) = run_with_growing_keys("unprevented", false).await;
+    let (unprevented, most) = run_with_growing_keys("unprevented", Prevention::Off).await;
     let refused = condition(&unprevented, "PsMemory");
     assert!(
         refused.reason == "NewKeysRefused" && refused.message.contains(&format!("{limit} bytes")),
@@ -326,24 +335,36 @@ async fn a_ps_outgrowing_its_memory_gets_another_shard_before_it_refuses_keys() 
     );
     assert!(most >= limit, "{most} bytes held, limit {limit}");
     assert_eq!(unprevented.replicas.map(|r| r.ps), Some(1));
+    let no_refusal = |status: &Status| status.conditions.iter().all(|c| c.kind != "PsMemory");
 
-    let (prevented, most) = run_with_growing_keys("prevented", true).await;
-    let forecasts = events(&prevented, "MemoryForecast");
+    let (resharded, most) = run_with_growing_keys("resharded", Prevention::Horizontal).await;
     assert!(
-        forecasts
+        events(&resharded, "MemoryForecast")
             .iter()
             .any(|m| m.starts_with("ps-0 holds ") && m.contains("adding a PS shard")),
-        "{prevented:?}"
+        "{resharded:?}"
     );
     assert!(
-        events(&prevented, "Resharded")
+        events(&resharded, "Resharded")
             .iter()
             .any(|m| m.starts_with("ps 1 -> 2")),
-        "{prevented:?}"
+        "{resharded:?}"
     );
-    assert!(
-        prevented.conditions.iter().all(|c| c.kind != "PsMemory"),
-        "no key refused: {prevented:?}"
-    );
+    assert!(no_refusal(&resharded), "{resharded:?}");
     assert!(most < limit, "{most} bytes held, limit {limit}");
+
+    let (raised, most) = run_with_growing_keys("raised", Prevention::Vertical).await;
+    let given = events(&raised, "MemoryRaised");
+    assert!(
+        given
+            .iter()
+            .any(|m| m.starts_with("ps-0 holds ") && m.contains("Primus Eq. 3")),
+        "{raised:?}"
+    );
+    assert!(no_refusal(&raised), "{raised:?}");
+    assert_eq!(raised.replicas.map(|r| r.ps), Some(1), "{raised:?}");
+    assert!(
+        most > limit,
+        "grew past its first memory: {most} bytes, {limit}"
+    );
 }

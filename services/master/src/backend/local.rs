@@ -709,4 +709,39 @@ mod tests {
             .expect("released");
         assert!(backend.usage("j").await.is_empty());
     }
+
+    /// A process may be given more memory while the host has that much available, and is
+    /// refused, naming the figures, beyond it.
+    #[tokio::test]
+    async fn an_executor_gets_more_memory_only_while_the_host_has_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = script(dir.path(), "idle-ps", "sleep 30");
+        let settings = LocalBackendSettings {
+            binaries: [("ps".to_owned(), script)].into(),
+            work_dir: dir.path().join("work"),
+            stop_grace_ms: 200,
+            ..LocalBackendSettings::default()
+        };
+        let backend = LocalBackend::new(settings, "127.0.0.1:1".into());
+        let settings = ExecutorSettings::Ps(Box::default());
+        let spec = first_of_job_j(ExecutorRole::Ps, settings);
+        let started = spec.memory_bytes;
+        backend.request(spec).await.expect("started");
+        let mut events = backend.events();
+        backend
+            .resize("j", "ps-0", 1.0, started + (1 << 20))
+            .await
+            .expect("a MiB more");
+        assert!(matches!(
+            events.try_recv(),
+            Ok(BackendEvent::Resized { memory_bytes, .. }) if memory_bytes == started + (1 << 20)
+        ));
+        let available = host_memory_available().expect("/proc/meminfo");
+        let refused = backend
+            .resize("j", "ps-0", 1.0, started + (1 << 20) + available * 2)
+            .await
+            .expect_err("more than the host has");
+        assert!(refused.to_string().contains("available"), "{refused}");
+        backend.release("j", "ps-0").await.expect("released");
+    }
 }

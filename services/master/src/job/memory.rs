@@ -16,24 +16,25 @@
 //! reached. A shard at its limit refuses new keys (it never aborts); the `PsMemory`
 //! condition names the limit and how many keys were refused.
 
-use std::collections::{HashMap, VecDeque};
-use std::time::Duration;
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{Endpoint, Role, SetMemoryLimitRequest, StatsRequest};
 
 use super::JobRun;
-use crate::backend::ResourceBackend;
+use super::executors::role_spec;
+use crate::backend::{ExecutorRole, ExecutorUsage, ResourceBackend};
 use crate::plan::Catalog;
 
-/// The PS shards' memory samples and allotments, and how many refused keys were reported
-/// already.
+/// The executors' memory samples and allotments, how many refused keys were reported
+/// already, and which executors were reported short of memory.
 #[derive(Debug, Default)]
-pub(crate) struct PsMemory {
+pub(crate) struct MemoryWatch {
     samples: HashMap<String, MemorySamples>,
-    /// Memory given to a shard since it started (else `topology.ps.memory`).
+    /// Memory given to an executor since it started (else its `topology.<role>.memory`).
     allotted: HashMap<String, u64>,
     refused_reported: u64,
+    short: HashSet<String>,
 }
 
 /// The last samples of one executor's memory, oldest first.
@@ -88,6 +89,23 @@ impl MemorySamples {
         sum / n as f64
     }
 
+    /// The memory to give an executor allotted `memory`, if it needs more by over
+    /// `min_change` within `horizon` samples (with `safety_margin` of `memory` to spare) and
+    /// already uses at least half of it: an executor far from its memory is left alone
+    /// however it grows, since a long horizon over early growth would ask for memory a Job
+    /// never needs.
+    pub(crate) fn more_needed(
+        &self,
+        memory: u64,
+        horizon: u32,
+        safety_margin: f64,
+        min_change: u64,
+    ) -> Option<u64> {
+        let needed = self.needed(horizon, (memory as f64 * safety_margin) as u64);
+        (self.full() && self.latest() >= memory / 2 && needed > memory.saturating_add(min_change))
+            .then_some(needed)
+    }
+
     /// Primus Eq. 3: the most used of the samples, the forecast change over `horizon`
     /// samples and `margin`.
     pub(crate) fn needed(&self, horizon: u32, margin: u64) -> u64 {
@@ -113,14 +131,14 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
                 continue;
             };
             refused += shard_refused;
-            self.ps_memory
+            self.memory
                 .samples
                 .entry(shard.id.clone())
                 .or_insert_with(|| MemorySamples::new(policy.samples as usize))
                 .push(bytes);
         }
-        if refused > self.ps_memory.refused_reported {
-            self.ps_memory.refused_reported = refused;
+        if refused > self.memory.refused_reported {
+            self.memory.refused_reported = refused;
             let message = format!(
                 "{refused} gradients of new keys refused: a PS shard reached its memory limit of {limit} bytes (spec.topology.ps.memory {})",
                 self.job.spec.topology.ps.memory
@@ -131,44 +149,26 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         if !policy.oom_prevention {
             return;
         }
-        let interval =
-            Duration::from_millis(self.context.settings.master.status_interval_ms.max(1));
-        let horizon = (Duration::from_secs(policy.horizon_seconds).as_millis()
-            / interval.as_millis().max(1))
-        .max(1) as u32;
-        let allotted = |id: &str| *self.ps_memory.allotted.get(id).unwrap_or(&limit);
-        // A shard far from its limit is left alone however it grows: a forecast over a
-        // long horizon from early growth would add memory a Job never needs.
+        let horizon = self.horizon_samples();
+        let min_change = primus_spec::job::parse_memory(&policy.min_change).unwrap_or(0);
+        let allotted = |id: &str| *self.memory.allotted.get(id).unwrap_or(&limit);
         let outgrowing = shards.iter().find_map(|shard| {
-            let samples = self.ps_memory.samples.get(&shard.id)?;
+            let samples = self.memory.samples.get(&shard.id)?;
             let memory = allotted(&shard.id);
-            let margin = (memory as f64 * policy.safety_margin) as u64;
-            let needed = samples.needed(horizon, margin);
-            (samples.full() && samples.latest() >= memory / 2 && needed > memory)
-                .then(|| (shard.clone(), samples.clone(), memory, needed))
+            let needed = samples.more_needed(memory, horizon, policy.safety_margin, min_change)?;
+            Some((shard.clone(), samples.clone(), memory, needed))
         });
         let Some((shard, samples, memory, needed)) = outgrowing else {
             return;
         };
-        let min_change = primus_spec::job::parse_memory(&policy.min_change).unwrap_or(0);
-        if needed - memory <= min_change {
-            return;
-        }
-        let figures = format!(
-            "{} holds {} bytes, changing {:.0} per status interval: it needs {needed} within {}s (Primus Eq. 3, margin {}), over its {memory}",
-            shard.id,
-            samples.latest(),
-            samples.forecast_change(),
-            policy.horizon_seconds,
-            policy.safety_margin
-        );
+        let figures = figures(&shard.id, &samples, memory, needed, &policy);
         let raised = match policy.vertical {
             true => self.raise_memory(&shard, needed).await,
             false => Err("spec.scaling.memory.vertical is off".to_owned()),
         };
         let message = match raised {
             Ok(()) => {
-                self.ps_memory.allotted.insert(shard.id.clone(), needed);
+                self.memory.allotted.insert(shard.id.clone(), needed);
                 let message = format!("{figures}: given {needed} bytes");
                 tracing::info!(job = self.name, %message, "PS memory raised");
                 self.writer.event("MemoryRaised", message);
@@ -182,8 +182,88 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         let count = shards.len() as u32;
         self.reshard_ps(count + 1).await;
         // The shards hold less now: forecast from fresh samples.
-        self.ps_memory.samples.clear();
+        for shard in &shards {
+            self.memory.samples.remove(&shard.id);
+        }
         self.writer.write().await;
+    }
+
+    /// Primus's vertical scaling of the other executors: each one's resident memory (as
+    /// the backend measured it, `usage`) is sampled, and one whose forecast crosses its
+    /// memory is given more where the backend can; where it cannot, the `MemoryShort`
+    /// event says so once.
+    pub(super) async fn watch_executor_memory(&mut self, usage: &[ExecutorUsage]) {
+        let policy = self.job.spec.scaling.memory.clone();
+        let endpoints = self.endpoints();
+        for used in usage {
+            let Some(endpoint) = endpoints.iter().find(|e| e.id == used.id) else {
+                continue;
+            };
+            if endpoint.role == Role::Ps as i32 {
+                continue;
+            }
+            self.memory
+                .samples
+                .entry(used.id.clone())
+                .or_insert_with(|| MemorySamples::new(policy.samples as usize))
+                .push(used.memory_bytes);
+        }
+        if !(policy.oom_prevention && policy.vertical) {
+            return;
+        }
+        let horizon = self.horizon_samples();
+        let min_change = primus_spec::job::parse_memory(&policy.min_change).unwrap_or(0);
+        for endpoint in endpoints.iter().filter(|e| e.role != Role::Ps as i32) {
+            let Some(samples) = self.memory.samples.get(&endpoint.id).cloned() else {
+                continue;
+            };
+            let Some(memory) = self.allotted(endpoint) else {
+                continue;
+            };
+            let Some(needed) =
+                samples.more_needed(memory, horizon, policy.safety_margin, min_change)
+            else {
+                continue;
+            };
+            let figures = figures(&endpoint.id, &samples, memory, needed, &policy);
+            let cpu = role_of(endpoint)
+                .and_then(|role| role_spec(&self.job.spec, role))
+                .map_or(0.0, |spec| spec.cpu);
+            let resized = self
+                .context
+                .backend
+                .resize(&self.name, &endpoint.id, cpu, needed)
+                .await;
+            match resized {
+                Ok(()) => {
+                    self.memory.allotted.insert(endpoint.id.clone(), needed);
+                    self.writer
+                        .event("MemoryRaised", format!("{figures}: given {needed} bytes"));
+                }
+                Err(e) if self.memory.short.insert(endpoint.id.clone()) => {
+                    self.writer.event("MemoryShort", format!("{figures}; {e}"));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// The memory `endpoint` is allotted now: its last raise, else its role's
+    /// `topology.<role>.memory`.
+    fn allotted(&self, endpoint: &Endpoint) -> Option<u64> {
+        if let Some(memory) = self.memory.allotted.get(&endpoint.id) {
+            return Some(*memory);
+        }
+        let spec = role_spec(&self.job.spec, role_of(endpoint)?)?;
+        primus_spec::job::parse_memory(&spec.memory).ok()
+    }
+
+    /// `horizon_seconds` in status intervals.
+    fn horizon_samples(&self) -> u32 {
+        let policy = &self.job.spec.scaling.memory;
+        let interval = self.context.settings.master.status_interval_ms.max(1);
+        (policy.horizon_seconds.saturating_mul(1_000) / interval).clamp(1, u64::from(u32::MAX))
+            as u32
     }
 
     /// Gives PS shard `shard` `bytes` of memory: the backend's allotment, then the shard's
@@ -204,6 +284,30 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             .map_err(|s| s.message().to_owned())?;
         Ok(())
     }
+}
+
+/// How a memory decision came about, for its event.
+fn figures(
+    id: &str,
+    samples: &MemorySamples,
+    memory: u64,
+    needed: u64,
+    policy: &primus_spec::job::MemoryPolicy,
+) -> String {
+    format!(
+        "{id} holds {} bytes, changing {:.0} per status interval: it needs {needed} within {}s (Primus Eq. 3, margin {}), over its {memory}",
+        samples.latest(),
+        samples.forecast_change(),
+        policy.horizon_seconds,
+        policy.safety_margin
+    )
+}
+
+/// The role of an executor the topology lists.
+fn role_of(endpoint: &Endpoint) -> Option<ExecutorRole> {
+    ExecutorRole::ALL
+        .into_iter()
+        .find(|role| role.proto() as i32 == endpoint.role)
 }
 
 /// The bytes a PS shard holds and the gradients it refused at its limit.
@@ -255,5 +359,37 @@ mod tests {
         assert!(window.full());
         assert_eq!(window.latest(), 4);
         assert_eq!(window.needed(0, 0), 4, "only the last 3 samples are kept");
+    }
+
+    #[test]
+    fn more_memory_is_asked_only_near_the_limit_and_for_more_than_the_minimum_change() {
+        // Growing 100 a sample towards 1,000: needs 900 + 5 * 100 + 100 = 1,500.
+        let near = samples(&[500, 600, 700, 800, 900]);
+        let change = near.forecast_change();
+        let needed = (900.0 + 5.0 * change + 100.0) as u64;
+        assert_eq!(near.more_needed(1_000, 5, 0.1, 0), Some(needed));
+        assert_eq!(
+            near.more_needed(1_000, 5, 0.1, needed - 1_000),
+            None,
+            "under min_change"
+        );
+        let far = samples(&[100, 200, 300, 400, 450]);
+        assert_eq!(
+            far.more_needed(1_000, 50, 0.1, 0),
+            None,
+            "under half its memory"
+        );
+        let partial = samples(&[900, 950]);
+        let mut waiting = MemorySamples::new(5);
+        waiting.push(partial.latest());
+        assert_eq!(
+            waiting.more_needed(1_000, 5, 0.1, 0),
+            None,
+            "too few samples"
+        );
+        assert_eq!(
+            samples(&[900, 900, 900]).more_needed(1_000, 5, 0.05, 0),
+            None
+        );
     }
 }

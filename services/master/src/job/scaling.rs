@@ -206,6 +206,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
                     .add_usage(endpoint.clone(), used.cpu_cores, used.memory_bytes);
             }
         }
+        self.watch_executor_memory(&usage).await;
         let policy = self.job.spec.scaling.clone();
         if !policy.enabled {
             return;

@@ -363,7 +363,7 @@ mod tests {
 
     #[test]
     fn more_memory_is_asked_only_near_the_limit_and_for_more_than_the_minimum_change() {
-        // Growing 100 a sample towards 1,000: needs 900 + 5 * 100 + 100 = 1,500.
+        // Growing 100 a sample towards 1,000: needs 900, plus 5 forecast changes, plus 100.
         let near = samples(&[500, 600, 700, 800, 900]);
         let change = near.forecast_change();
         let needed = (900.0 + 5.0 * change + 100.0) as u64;

@@ -12,16 +12,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::ShardClient;
+use crate::layout::{self, Layout};
 use futures::future::try_join_all;
 use primus_embedding::ShardSnapshot;
-use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{
     DropMovedRequest, ExportMovedRequest, FenceRequest, ImportDenseRequest, ImportRowsRequest,
     StatsRequest,
 };
-use tonic::transport::{Channel, Endpoint};
-
-use crate::layout::{self, Layout};
 
 /// A copy round smaller than this many rows ends the background copying.
 const SMALL_ROUND: u64 = 2_000;
@@ -67,7 +65,7 @@ pub struct ReshardReport {
 
 struct Source {
     addr: String,
-    client: ParameterServerClient<Channel>,
+    client: ShardClient,
     /// Its place in the old list and in the new one.
     old: Layout,
     new: Layout,
@@ -167,19 +165,17 @@ impl Source {
     }
 }
 
-async fn connect(addr: &str) -> Result<ParameterServerClient<Channel>, ReshardError> {
-    let failed = |message: String| ReshardError::Shard {
-        addr: addr.to_owned(),
-        message,
-    };
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| failed(e.to_string()))?
-        .connect()
-        .await
-        .map_err(|e| failed(primus_telemetry::error_chain(&e)))?;
-    Ok(ParameterServerClient::new(channel)
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX))
+async fn connect(addr: &str) -> Result<ShardClient, ReshardError> {
+    crate::connect_shard(addr).await.map_err(|e| {
+        let message = match e {
+            crate::PsClientError::Connect { message, .. } => message,
+            other => other.to_string(),
+        };
+        ReshardError::Shard {
+            addr: addr.to_owned(),
+            message,
+        }
+    })
 }
 
 async fn table_names(source: &Source) -> Result<Vec<String>, ReshardError> {
@@ -221,7 +217,7 @@ async fn copy_round(
     sources: &mut [Source],
     tables: &[String],
     to: &[String],
-    targets: &HashMap<String, ParameterServerClient<Channel>>,
+    targets: &HashMap<String, ShardClient>,
 ) -> Result<u64, ReshardError> {
     let calls = sources
         .iter_mut()
@@ -233,7 +229,7 @@ async fn copy_source(
     source: &mut Source,
     tables: &[String],
     to: &[String],
-    targets: &HashMap<String, ParameterServerClient<Channel>>,
+    targets: &HashMap<String, ShardClient>,
 ) -> Result<u64, ReshardError> {
     let mut copied = 0;
     for table in tables {
@@ -275,7 +271,7 @@ async fn import_rows(
     table: &str,
     snapshot: ShardSnapshot,
     to: &[String],
-    targets: &HashMap<String, ParameterServerClient<Channel>>,
+    targets: &HashMap<String, ShardClient>,
 ) -> Result<u64, ReshardError> {
     let count = snapshot.keys.len() as u64;
     if count == 0 && snapshot.evicted.is_empty() {
@@ -312,7 +308,7 @@ async fn import_rows(
 async fn import_dense(
     handed_over: &[Vec<u8>],
     to: &[String],
-    targets: &HashMap<String, ParameterServerClient<Channel>>,
+    targets: &HashMap<String, ShardClient>,
 ) -> Result<u64, ReshardError> {
     let mut moved = 0;
     for dense in handed_over.iter().filter(|d| !d.is_empty()) {

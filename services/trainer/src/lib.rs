@@ -185,6 +185,13 @@ async fn topology(identity: &ExecutorIdentity) -> anyhow::Result<(Vec<String>, V
     })
 }
 
+/// The Job's endpoints as the master's topology lists them now.
+async fn endpoints_now(master: String, job: String) -> anyhow::Result<Vec<Endpoint>> {
+    let mut client = TopologyServiceClient::connect(master).await?;
+    let request = GetTopologyRequest { job };
+    Ok(client.get_topology(request).await?.into_inner().endpoints)
+}
+
 /// The Job's PS shards as the master's topology lists them now: a resharded Job's new list,
 /// asked for when a shard refuses parameters that moved.
 fn ps_shard_source(identity: &ExecutorIdentity) -> ShardSource {
@@ -193,14 +200,9 @@ fn ps_shard_source(identity: &ExecutorIdentity) -> ShardSource {
         identity.job.clone(),
     );
     Arc::new(move || {
-        let (url, job) = (url.clone(), job.clone());
+        let endpoints = endpoints_now(url.clone(), job.clone());
         Box::pin(async move {
-            let mut client = TopologyServiceClient::connect(url)
-                .await
-                .map_err(|e| e.to_string())?;
-            let request = GetTopologyRequest { job };
-            let response = client.get_topology(request).await;
-            let endpoints = response.map_err(|s| s.to_string())?.into_inner().endpoints;
+            let endpoints = endpoints.await.map_err(|e| format!("{e:#}"))?;
             Ok(primus_proto::role_addrs(&endpoints, Role::Ps))
         })
     })
@@ -213,12 +215,9 @@ fn trainer_directory(identity: &ExecutorIdentity) -> TrainerDirectory {
         identity.job.clone(),
     );
     Arc::new(move || {
-        let (url, job) = (url.clone(), job.clone());
+        let endpoints = endpoints_now(url.clone(), job.clone());
         Box::pin(async move {
-            let mut client = TopologyServiceClient::connect(url).await?;
-            let request = GetTopologyRequest { job };
-            let endpoints = client.get_topology(request).await?.into_inner().endpoints;
-            let trainers = primus_proto::role_endpoints(&endpoints, Role::Trainer);
+            let trainers = primus_proto::role_endpoints(&endpoints.await?, Role::Trainer);
             Ok(trainers.into_iter().map(|e| e.id).collect())
         })
     })

@@ -100,6 +100,18 @@ async fn push_all_dense(client: PsClient, reference: Arc<DenseStore>, progress: 
     }
 }
 
+/// The dense tensors both sides start from.
+fn initial_dense() -> Vec<DenseValues> {
+    DENSE_NAMES
+        .iter()
+        .map(|name| DenseValues {
+            name: (*name).into(),
+            shape: vec![3],
+            values: vec![0.5, -0.5, 0.25],
+        })
+        .collect()
+}
+
 fn reference_tables() -> (Arc<Table>, Arc<DenseStore>) {
     let options = TableOptions {
         shards: 1,
@@ -108,15 +120,7 @@ fn reference_tables() -> (Arc<Table>, Arc<DenseStore>) {
     };
     let table = Table::new(&table_spec("items"), options).expect("table");
     let dense = DenseStore::new(&PsSettings::default().ps.dense_optimizer);
-    let initial: Vec<DenseValues> = DENSE_NAMES
-        .iter()
-        .map(|name| DenseValues {
-            name: (*name).into(),
-            shape: vec![3],
-            values: vec![0.5, -0.5, 0.25],
-        })
-        .collect();
-    dense.init(&initial).expect("reference dense init");
+    dense.init(&initial_dense()).expect("reference dense init");
     (Arc::new(table), Arc::new(dense))
 }
 
@@ -177,15 +181,10 @@ async fn reshard_while_pushing(shard_count: usize, from: &[usize], to: &[usize])
     let published = Arc::new(RwLock::new(from.clone()));
     let client = following(PsClient::connect(&from).await.expect("connect"), &published);
     let (reference, dense_reference) = reference_tables();
-    let initial: Vec<DenseValues> = DENSE_NAMES
-        .iter()
-        .map(|name| DenseValues {
-            name: (*name).into(),
-            shape: vec![3],
-            values: vec![0.5, -0.5, 0.25],
-        })
-        .collect();
-    client.init_dense(&initial).await.expect("init dense");
+    client
+        .init_dense(&initial_dense())
+        .await
+        .expect("init dense");
 
     let (halfway_tx, halfway) = tokio::sync::oneshot::channel();
     let progress = Arc::new(AtomicU64::new(0));

@@ -314,7 +314,7 @@ async fn work(
     })
     .await?
     .following(ps_shard_source(identity));
-    let store = Arc::new(RemoteStore::new(client));
+    let store = Arc::new(RemoteStore::new(client.clone()));
     let hot = if train.hot_set.enabled {
         let directory = trainer_directory(identity);
         let (job, id) = (&identity.job, &identity.executor_id);
@@ -374,7 +374,7 @@ async fn work(
         id: identity.executor_id.clone(),
         grpc_addr,
     };
-    let publisher = Publisher::new(bus, identity, endpoint)?;
+    let publisher = Publisher::new(bus, identity, endpoint, client)?;
     tracing::info!(ps = ?ps_addrs, data_executors = ?data_addrs, "training");
     let interval = Duration::from_millis(train.metrics_interval_ms.max(100));
     let result = trainer.train(batches, interval, &publisher).await;
@@ -391,6 +391,12 @@ async fn work(
     result
 }
 
+/// The longest a PS call waited on a resharding since the last report, in milliseconds.
+fn longest_move_wait(ps: &PsClient) -> Option<f64> {
+    let longest = ps.take_move_waits().into_iter().max()?;
+    Some(longest.as_secs_f64() * 1_000.0)
+}
+
 /// Publishes a trainer's reports as `MetricsReport`s on its job's metrics subject and
 /// tells the master when a checkpoint barrier is aligned.
 pub struct Publisher {
@@ -399,10 +405,17 @@ pub struct Publisher {
     job: String,
     endpoint: Endpoint,
     master: CheckpointServiceClient<Channel>,
+    /// The PS client the trainer calls through: how long its calls waited on a resharding.
+    ps: PsClient,
 }
 
 impl Publisher {
-    fn new(bus: &Bus, identity: &ExecutorIdentity, endpoint: Endpoint) -> anyhow::Result<Self> {
+    fn new(
+        bus: &Bus,
+        identity: &ExecutorIdentity,
+        endpoint: Endpoint,
+        ps: PsClient,
+    ) -> anyhow::Result<Self> {
         let subject = bus
             .subjects()
             .metrics(&identity.job, "trainer", &identity.executor_id)?;
@@ -416,6 +429,7 @@ impl Publisher {
             job: identity.job.clone(),
             endpoint,
             master: CheckpointServiceClient::new(master),
+            ps,
         })
     }
 }
@@ -435,6 +449,7 @@ impl Reporter for Publisher {
             ("push_share", Some(report.push_share)),
             ("hot_rows", Some(report.hot_rows as f64)),
             ("hot_share", report.hot_share),
+            ("ps_move_wait_ms", longest_move_wait(&self.ps)),
         ] {
             if let Some(value) = value {
                 gauges.insert(name.to_owned(), value);

@@ -40,8 +40,16 @@ fn cpu_jiffies() -> (u64, u64) {
 }
 
 /// `hours` hourly files of `ROWS_PER_HOUR` rows under a temporary folder (kept while the
-/// returned guard lives).
+/// returned guard lives), with few distinct ids.
 pub(crate) async fn criteo_data(hours: usize) -> (tempfile::TempDir, PathBuf) {
+    criteo_data_with(hours, 0.001).await
+}
+
+/// [`criteo_data`] with every column's cardinality scaled by `cardinality_scale`.
+pub(crate) async fn criteo_data_with(
+    hours: usize,
+    cardinality_scale: f64,
+) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("criteo");
     let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
@@ -54,7 +62,7 @@ pub(crate) async fn criteo_data(hours: usize) -> (tempfile::TempDir, PathBuf) {
         row_group_rows: ROW_GROUP_ROWS,
     };
     let options = CriteoOptions {
-        cardinality_scale: 0.001,
+        cardinality_scale,
         ..CriteoOptions::default()
     };
     primus_datagen::write::criteo(&location, &layout, ROWS_PER_HOUR, options)
@@ -104,33 +112,58 @@ pub(crate) struct Run {
     pub(crate) status: Status,
 }
 
-/// Runs `resources` to Succeeded under a master with one task per row group, its settings
-/// changed by `faults`.
+/// A sandbox and a master running in this process, its executors as processes of the
+/// binaries built beside this bench.
+pub(crate) struct Cluster {
+    pub(crate) sandbox: Sandbox,
+    shutdown: Shutdown,
+    master: tokio::task::JoinHandle<()>,
+    pub(crate) master_addr: String,
+}
+
+impl Cluster {
+    /// Starts a master with one task per row group, its settings changed by `faults`.
+    pub(crate) async fn start(faults: impl FnOnce(&mut MasterSettings)) -> Self {
+        let bin_dir = primus_benches::service_bin_dir();
+        primus_benches::require_service_binaries(&bin_dir, "");
+        let sandbox = Sandbox::start().await;
+        let mut settings = sandbox.master_settings();
+        settings.local.bin_dir = Some(bin_dir);
+        settings.master.status_interval_ms = 500;
+        // One task per row group, so that more executors have more to read at once.
+        settings.master.planner.target_task_bytes = 64 << 10;
+        faults(&mut settings);
+        let master_addr = settings.server.grpc_addr.to_string();
+        let shutdown = Shutdown::new();
+        let run = primus_master::run(settings, shutdown.clone());
+        let master = tokio::spawn(async move { run.await.expect("master stops cleanly") });
+        Self {
+            sandbox,
+            shutdown,
+            master,
+            master_addr,
+        }
+    }
+
+    pub(crate) async fn stop(self) {
+        self.shutdown.trigger();
+        self.master.await.expect("master task");
+    }
+}
+
+/// Runs `resources` to Succeeded under a [`Cluster`] whose settings `faults` changes.
 pub(crate) async fn run(resources: [Resource; 2], faults: impl FnOnce(&mut MasterSettings)) -> Run {
-    let bin_dir = primus_benches::service_bin_dir();
-    primus_benches::require_service_binaries(&bin_dir, "");
-    let sandbox = Sandbox::start().await;
-    let mut settings = sandbox.master_settings();
-    settings.local.bin_dir = Some(bin_dir);
-    settings.master.status_interval_ms = 500;
-    // One task per row group, so that more executors have more to read at once.
-    settings.master.planner.target_task_bytes = 64 << 10;
-    faults(&mut settings);
-    let shutdown = Shutdown::new();
-    let master = tokio::spawn(primus_master::run(settings, shutdown.clone()));
+    let cluster = Cluster::start(faults).await;
     let (busy, total) = cpu_jiffies();
     let started = Instant::now();
-    sandbox.apply(resources).await;
-    let status = sandbox
+    cluster.sandbox.apply(resources).await;
+    let status = cluster
+        .sandbox
         .wait_for_phase("elastic", Phase::Succeeded, Duration::from_secs(3600))
         .await;
     let seconds = started.elapsed().as_secs_f64();
     let (busy_after, total_after) = cpu_jiffies();
-    shutdown.trigger();
-    master
-        .await
-        .expect("master task")
-        .expect("master stops cleanly");
+    cluster.stop().await;
     Run {
         seconds,
         cpu_utilisation: (busy_after - busy) as f64 / (total_after - total).max(1) as f64,

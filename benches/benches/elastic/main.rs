@@ -1,11 +1,13 @@
 //! Elastic Jobs, all in one run: (a) horizontal scaling by load ([`scaling`]), (b) live PS
-//! resharding ([`reshard`]), (c) straggler handling ([`straggler`]). The last line sums them
-//! up.
+//! resharding ([`reshard`]: `b` between PS processes under load, `j` in a running Job),
+//! (c) straggler handling ([`straggler`]). The last line sums them up.
 //!
 //! `cargo build --release --bins && cargo bench -p primus-benches --bench elastic`
 //! (or `--profile dev` for both). PRIMUS_BENCH_HOURS sets the data of (a) and (c) (24 hourly
 //! files of 16,384 rows by default), PRIMUS_BENCH_RESHARD_ROWS the table of (b) (1,000,000
-//! rows), and PRIMUS_BENCH_PARTS the parts to run (`abc`).
+//! rows), PRIMUS_BENCH_RESHARD_HOURS and PRIMUS_BENCH_RESHARD_CARDINALITY the Job's data in
+//! (b) (72 files, Criteo cardinalities times 8), and PRIMUS_BENCH_PARTS the parts to run
+//! (`abjc`).
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
 
@@ -16,7 +18,7 @@ mod straggler;
 
 #[tokio::main]
 async fn main() {
-    let parts: String = primus_benches::env_or("PRIMUS_BENCH_PARTS", "abc".to_owned());
+    let parts: String = primus_benches::env_or("PRIMUS_BENCH_PARTS", "abjc".to_owned());
     let hours = primus_benches::env_or("PRIMUS_BENCH_HOURS", 24);
     let speed_up = match parts.contains('a') {
         true => Some(scaling::scale_out(hours).await),
@@ -32,10 +34,27 @@ async fn main() {
         ),
         false => None,
     };
+    let in_a_job = match parts.contains('j') {
+        true => Some(
+            reshard::reshard_a_running_job(
+                primus_benches::env_or("PRIMUS_BENCH_RESHARD_HOURS", 72),
+                primus_benches::env_or("PRIMUS_BENCH_RESHARD_CARDINALITY", 8.0),
+                primus_benches::env_or("PRIMUS_BENCH_RESHARD_ROWS", 1_000_000),
+            )
+            .await,
+        ),
+        false => None,
+    };
     let straggling = match parts.contains('c') {
         true => Some(straggler::stragglers(hours).await),
         false => None,
     };
+    if let Some(resharded) = in_a_job {
+        let pause = resharded
+            .pause
+            .map_or("none".to_owned(), |p| format!("{} ms", p.as_millis()));
+        println!("(b) in a Job: longest trainer wait on the fence {pause}");
+    }
     let figure = |value: Option<String>| value.unwrap_or_else(|| "not run".to_owned());
     println!(
         "elastic: scale-out speed-up {}, reshard pause p99 {}, straggler speed-up {}",

@@ -10,12 +10,18 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use primus_config::PsSettings;
+use primus_proto::v1::parameter_server_client::ParameterServerClient;
+use primus_proto::v1::topology_service_client::TopologyServiceClient;
+use primus_proto::v1::{GetTopologyRequest, Role, StatsRequest};
 use primus_ps_client::reshard::reshard;
 use primus_ps_client::{PsClient, ShardSource};
 use primus_service::Shutdown;
 use primus_spec::job::{OptimizerSpec, TableSpec};
+use primus_spec::status::{Phase, Status};
 use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, free_port};
+
+use crate::jobs::{Cluster, ROWS_PER_HOUR, criteo_data_with, resources};
 
 const DIM: usize = 16;
 const KEYS_PER_STEP: usize = 4_096;
@@ -185,4 +191,165 @@ pub(crate) async fn reshard_two_to_four(rows: u64) -> Resharding {
     );
     shutdown.trigger();
     Resharding { pause_p99: p99 }
+}
+
+/// What resharding a running Job measured.
+pub(crate) struct JobResharding {
+    /// The longest a trainer's PS call waited on the fence.
+    pub(crate) pause: Option<Duration>,
+}
+
+/// (b) in a Job: the batch DLRM Job of (a) over `hours` files of ids with every Criteo
+/// cardinality scaled by `cardinality_scale`, on two PS shards, is applied again with four
+/// once its table holds `rows` rows (or two thirds of its data is trained). Prints the rows
+/// the shards held then, the trainer's samples/s in the 5 s before, during the resharding
+/// and in the 5 s after, and the longest a trainer's PS call waited on the fence
+/// (`ps_move_wait_ms` in the Metric resource).
+pub(crate) async fn reshard_a_running_job(
+    hours: usize,
+    cardinality_scale: f64,
+    rows: u64,
+) -> JobResharding {
+    let (_dir, data) = criteo_data_with(hours, cardinality_scale).await;
+    let total = (hours * ROWS_PER_HOUR) as u64;
+    let cluster = Cluster::start(|_| {}).await;
+    let job = |ps: u32| {
+        resources(&data, hours, 1, |spec| {
+            spec.topology.ps.replicas = ps;
+        })
+    };
+    cluster.sandbox.apply(job(2)).await;
+    let mut trace: Vec<(Instant, u64)> = Vec::new();
+    let sample = |status: &Status| status.progress.as_ref().map_or(0, |p| p.samples);
+    let rows = loop {
+        let status = cluster.sandbox.status("elastic").await;
+        trace.push((Instant::now(), sample(&status)));
+        let held = rows_held(&cluster.master_addr).await;
+        if held >= rows || sample(&status) >= total * 2 / 3 {
+            break held;
+        }
+        tokio::time::sleep(PROGRESS_POLL).await;
+    };
+    let applied = Instant::now();
+    cluster.sandbox.apply(job(4)).await;
+    let (resharded, message) = loop {
+        let status = cluster.sandbox.status("elastic").await;
+        trace.push((Instant::now(), sample(&status)));
+        let event = status
+            .events
+            .iter()
+            .find(|e| e.reason.starts_with("Reshard"));
+        if let Some(event) = event {
+            break (
+                Instant::now(),
+                format!("{}: {}", event.reason, event.message),
+            );
+        }
+        assert!(
+            !status.phase.is_terminal(),
+            "ended before resharding: {status:?}"
+        );
+        tokio::time::sleep(PROGRESS_POLL).await;
+    };
+    let status = loop {
+        let status = cluster.sandbox.status("elastic").await;
+        trace.push((Instant::now(), sample(&status)));
+        if status.phase.is_terminal() {
+            break status;
+        }
+        tokio::time::sleep(PROGRESS_POLL).await;
+    };
+    assert_eq!(status.phase, Phase::Succeeded, "{status:?}");
+    assert_eq!(sample(&status), total, "every row trained once");
+    let pause = longest_trainer_wait(&cluster).await;
+    cluster.stop().await;
+    let window = Duration::from_secs(5);
+    println!(
+        "(b) in a Job: the DLRM Job of (a) over {total} rows, applied with 4 PS shards instead of 2 once its table held {rows} rows"
+    );
+    println!(
+        "{:<36} {:>10} {:>10} {:>10}",
+        "", "before", "during", "after"
+    );
+    println!(
+        "{:<36} {:>10.0} {:>10.0} {:>10.0}",
+        "trainer samples/s",
+        samples_per_second(&trace, applied - window, applied),
+        samples_per_second(&trace, applied, resharded),
+        samples_per_second(&trace, resharded, resharded + window)
+    );
+    println!("  {message}");
+    match pause {
+        Some(pause) => println!(
+            "longest trainer PS call wait on the fence: {} ms",
+            pause.as_millis()
+        ),
+        None => println!("no trainer PS call met the fence"),
+    }
+    JobResharding { pause }
+}
+
+/// How often the Job's progress is read.
+const PROGRESS_POLL: Duration = Duration::from_millis(250);
+
+/// Samples per second between `from` and `to`, from the progress readings around them.
+fn samples_per_second(trace: &[(Instant, u64)], from: Instant, to: Instant) -> f64 {
+    let at = |t: Instant| {
+        trace
+            .iter()
+            .min_by_key(|(seen, _)| if *seen > t { *seen - t } else { t - *seen })
+            .copied()
+    };
+    match (at(from), at(to)) {
+        (Some((t0, s0)), Some((t1, s1))) if t1 > t0 => {
+            s1.saturating_sub(s0) as f64 / (t1 - t0).as_secs_f64()
+        }
+        _ => 0.0,
+    }
+}
+
+/// Rows every PS shard of the Job holds (0 before it has shards).
+async fn rows_held(master: &str) -> u64 {
+    let Ok(mut topology) = TopologyServiceClient::connect(format!("http://{master}")).await else {
+        return 0;
+    };
+    let request = GetTopologyRequest {
+        job: "elastic".into(),
+    };
+    let Ok(answer) = topology.get_topology(request).await else {
+        return 0;
+    };
+    let mut held = 0;
+    for shard in primus_proto::role_addrs(&answer.into_inner().endpoints, Role::Ps) {
+        let Ok(mut client) = ParameterServerClient::connect(format!("http://{shard}")).await else {
+            continue;
+        };
+        if let Ok(stats) = client.stats(StatsRequest {}).await {
+            held += stats
+                .into_inner()
+                .tables
+                .iter()
+                .map(|t| t.rows)
+                .sum::<u64>();
+        }
+    }
+    held
+}
+
+/// The longest wait a trainer reported as `ps_move_wait_ms`.
+async fn longest_trainer_wait(cluster: &Cluster) -> Option<Duration> {
+    let metric = cluster
+        .sandbox
+        .client()
+        .await
+        .get(primus_spec::Kind::Metric, "elastic")
+        .await
+        .ok()?;
+    let spec: primus_spec::metric::MetricSpec = serde_json::from_str(&metric.spec_json).ok()?;
+    spec.series
+        .iter()
+        .filter(|s| s.name == "ps_move_wait_ms")
+        .flat_map(|s| s.points.iter().map(|p| p.value))
+        .max_by(f64::total_cmp)
+        .map(|ms| Duration::from_secs_f64(ms / 1_000.0))
 }

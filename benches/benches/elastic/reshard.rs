@@ -202,8 +202,9 @@ pub(crate) struct JobResharding {
 /// (b) in a Job: the batch DLRM Job of (a) over `hours` files of ids with every Criteo
 /// cardinality scaled by `cardinality_scale`, on two PS shards, is applied again with four
 /// once its table holds `rows` rows (or two thirds of its data is trained). Prints the rows
-/// the shards held then, the trainer's samples/s in the 5 s before, during the resharding
-/// and in the 5 s after, and the longest a trainer's PS call waited on the fence
+/// the shards held then, the trainer's samples/s (from its metrics reports, every 2 s) in
+/// the 6 s before, during the resharding (from the apply to the `Resharded` event) and in
+/// the 6 s after, and the longest a trainer's PS call waited on the fence
 /// (`ps_move_wait_ms` in the Metric resource).
 pub(crate) async fn reshard_a_running_job(
     hours: usize,
@@ -213,35 +214,33 @@ pub(crate) async fn reshard_a_running_job(
     let (_dir, data) = criteo_data_with(hours, cardinality_scale).await;
     let total = (hours * ROWS_PER_HOUR) as u64;
     let cluster = Cluster::start(|_| {}).await;
+    let reports = trainer_reports(&cluster).await;
     let job = |ps: u32| {
         resources(&data, hours, 1, |spec| {
             spec.topology.ps.replicas = ps;
         })
     };
     cluster.sandbox.apply(job(2)).await;
-    let mut trace: Vec<(Instant, u64)> = Vec::new();
     let sample = |status: &Status| status.progress.as_ref().map_or(0, |p| p.samples);
     let rows = loop {
         let status = cluster.sandbox.status("elastic").await;
-        trace.push((Instant::now(), sample(&status)));
         let held = rows_held(&cluster.master_addr).await;
         if held >= rows || sample(&status) >= total * 2 / 3 {
             break held;
         }
         tokio::time::sleep(PROGRESS_POLL).await;
     };
-    let applied = Instant::now();
+    let applied = unix_ms();
     cluster.sandbox.apply(job(4)).await;
     let (resharded, message) = loop {
         let status = cluster.sandbox.status("elastic").await;
-        trace.push((Instant::now(), sample(&status)));
         let event = status
             .events
             .iter()
             .find(|e| e.reason.starts_with("Reshard"));
         if let Some(event) = event {
             break (
-                Instant::now(),
+                event.unix_ms,
                 format!("{}: {}", event.reason, event.message),
             );
         }
@@ -253,7 +252,6 @@ pub(crate) async fn reshard_a_running_job(
     };
     let status = loop {
         let status = cluster.sandbox.status("elastic").await;
-        trace.push((Instant::now(), sample(&status)));
         if status.phase.is_terminal() {
             break status;
         }
@@ -263,7 +261,8 @@ pub(crate) async fn reshard_a_running_job(
     assert_eq!(sample(&status), total, "every row trained once");
     let pause = longest_trainer_wait(&cluster).await;
     cluster.stop().await;
-    let window = Duration::from_secs(5);
+    let trace = reports.lock().map(|r| r.clone()).unwrap_or_default();
+    let window = 6_000;
     println!(
         "(b) in a Job: the DLRM Job of (a) over {total} rows, applied with 4 PS shards instead of 2 once its table held {rows} rows"
     );
@@ -289,20 +288,52 @@ pub(crate) async fn reshard_a_running_job(
     JobResharding { pause }
 }
 
-/// How often the Job's progress is read.
+/// How often the Job's status is read.
 const PROGRESS_POLL: Duration = Duration::from_millis(250);
 
-/// Samples per second between `from` and `to`, from the progress readings around them.
-fn samples_per_second(trace: &[(Instant, u64)], from: Instant, to: Instant) -> f64 {
-    let at = |t: Instant| {
-        trace
-            .iter()
-            .min_by_key(|(seen, _)| if *seen > t { *seen - t } else { t - *seen })
-            .copied()
+/// Now, in Unix milliseconds.
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The trainer's metrics reports as they come: (unix ms, samples trained).
+async fn trainer_reports(cluster: &Cluster) -> Arc<std::sync::Mutex<Vec<(i64, u64)>>> {
+    let settings = primus_config::NatsSettings {
+        url: cluster.sandbox.nats.url(),
+        ..primus_config::NatsSettings::default()
     };
-    match (at(from), at(to)) {
+    let bus = primus_bus::Bus::connect(&settings).await.expect("nats");
+    let subject = bus
+        .subjects()
+        .metrics("elastic", "trainer", primus_bus::subjects::ANY)
+        .expect("subject");
+    let mut reports = bus
+        .subscribe::<primus_proto::v1::MetricsReport>(subject)
+        .await
+        .expect("subscribe");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let collected = seen.clone();
+    tokio::spawn(async move {
+        let _bus = bus;
+        while let Some(report) = reports.next().await {
+            if let (Ok(report), Ok(mut seen)) = (report, collected.lock()) {
+                seen.push((report.message.unix_ms, report.message.samples));
+            }
+        }
+    });
+    seen
+}
+
+/// Samples per second between `from` and `to` (unix ms), from the reports at or just
+/// outside them.
+fn samples_per_second(reports: &[(i64, u64)], from: i64, to: i64) -> f64 {
+    let before = reports.iter().rfind(|(at, _)| *at <= from);
+    let after = reports.iter().find(|(at, _)| *at >= to);
+    match (before, after) {
         (Some((t0, s0)), Some((t1, s1))) if t1 > t0 => {
-            s1.saturating_sub(s0) as f64 / (t1 - t0).as_secs_f64()
+            s1.saturating_sub(*s0) as f64 * 1_000.0 / (t1 - t0) as f64
         }
         _ => 0.0,
     }

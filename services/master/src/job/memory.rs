@@ -295,7 +295,7 @@ fn figures(
     policy: &primus_spec::job::MemoryPolicy,
 ) -> String {
     format!(
-        "{id} holds {} bytes, changing {:.0} per status interval: it needs {needed} within {}s (Primus Eq. 3, margin {}), over its {memory}",
+        "{id} holds {} bytes, changing {:.0} per status interval: it needs {needed} within {}s (Primus Eq. 3, margin {}), over its {memory} bytes",
         samples.latest(),
         samples.forecast_change(),
         policy.horizon_seconds,

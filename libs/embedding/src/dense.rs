@@ -239,8 +239,7 @@ impl DenseStore {
         bytes: &[u8],
         keep: impl Fn(&str) -> bool,
     ) -> Result<usize, SnapshotError> {
-        let (version, mut tensors) = self.decode(bytes)?;
-        tensors.retain(|name, _| keep(name));
+        let (version, tensors) = self.decode_kept(bytes, keep)?;
         let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
         let restored = tensors.len();
         inner.tensors = tensors;
@@ -257,8 +256,7 @@ impl DenseStore {
         bytes: &[u8],
         keep: impl Fn(&str) -> bool,
     ) -> Result<usize, SnapshotError> {
-        let (version, mut tensors) = self.decode(bytes)?;
-        tensors.retain(|name, _| keep(name));
+        let (version, tensors) = self.decode_kept(bytes, keep)?;
         let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
         let merged = tensors.len();
         inner.tensors.extend(tensors);
@@ -273,6 +271,17 @@ impl DenseStore {
         let before = inner.tensors.len();
         inner.tensors.retain(|name, _| keep(name));
         before - inner.tensors.len()
+    }
+
+    /// [`Self::decode`], keeping the tensors whose name `keep` accepts.
+    fn decode_kept(
+        &self,
+        bytes: &[u8],
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<(u64, BTreeMap<String, Tensor>), SnapshotError> {
+        let (version, mut tensors) = self.decode(bytes)?;
+        tensors.retain(|name, _| keep(name));
+        Ok((version, tensors))
     }
 
     /// The version and tensors in `bytes`, checked against this store's optimizer.

@@ -84,6 +84,13 @@ async fn start(settings: PsSettings) -> Shard {
     Shard { addr, shutdown }
 }
 
+/// A raw gRPC client of the shard at `addr`.
+async fn raw_client(addr: &str) -> ParameterServerClient<tonic::transport::Channel> {
+    ParameterServerClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
+}
+
 /// Gradients for `keys` keys at `step`, in [-0.5, 0.5).
 fn grads_for(step: u64, keys: usize) -> Vec<f32> {
     (0..keys * DIM)
@@ -646,9 +653,7 @@ async fn dense_parameters_are_initialised_once_and_updated_by_the_server_optimiz
 async fn a_ps_at_its_memory_limit_refuses_new_keys_and_keeps_serving() {
     let nats = NatsServer::start().expect("nats-server");
     let empty = start_shard(&nats, vec![table_spec("items")]).await;
-    let mut raw = ParameterServerClient::connect(format!("http://{}", empty.addr))
-        .await
-        .expect("connect");
+    let mut raw = raw_client(&empty.addr).await;
     let base = raw
         .stats(StatsRequest {})
         .await
@@ -664,9 +669,7 @@ async fn a_ps_at_its_memory_limit_refuses_new_keys_and_keeps_serving() {
     let client = PsClient::connect(std::slice::from_ref(&shard.addr))
         .await
         .expect("connect");
-    let mut raw = ParameterServerClient::connect(format!("http://{}", shard.addr))
-        .await
-        .expect("connect");
+    let mut raw = raw_client(&shard.addr).await;
     let first: Vec<u64> = (0..100u64).collect();
     client
         .push("items", &first, &grads_for(0, first.len()))

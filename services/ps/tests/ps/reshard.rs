@@ -153,9 +153,7 @@ fn assert_rows_equal(got: &StoredRows, reference: &Table) {
 async fn rows_per_shard(addrs: &[String]) -> Vec<u64> {
     let mut rows = Vec::new();
     for addr in addrs {
-        let mut raw = ParameterServerClient::connect(format!("http://{addr}"))
-            .await
-            .expect("connect");
+        let mut raw = raw_client(addr).await;
         let stats = raw
             .stats(StatsRequest {})
             .await
@@ -287,9 +285,7 @@ async fn a_checkpoint_of_two_shards_restores_into_three() {
     }
     let mut manifests = Vec::new();
     for (i, shard) in old.iter().enumerate() {
-        let mut raw = ParameterServerClient::connect(format!("http://{}", shard.addr))
-            .await
-            .expect("connect");
+        let mut raw = raw_client(&shard.addr).await;
         let name = DENSE_NAMES[i];
         raw.init_dense(primus_proto::v1::InitDenseRequest {
             tensors: vec![tensor(name)],
@@ -308,9 +304,7 @@ async fn a_checkpoint_of_two_shards_restores_into_three() {
         manifests.push(taken.manifest_uri);
     }
     for (index, shard) in new.iter().enumerate() {
-        let mut raw = ParameterServerClient::connect(format!("http://{}", shard.addr))
-            .await
-            .expect("connect");
+        let mut raw = raw_client(&shard.addr).await;
         let request = RestoreRequest {
             manifest_uri: manifests[0].clone(),
             more_manifest_uris: manifests[1..].to_vec(),
@@ -349,9 +343,7 @@ async fn a_checkpoint_of_two_shards_restores_into_three() {
     let dense = restored.pull_dense(&names).await.expect("dense restored");
     assert!(dense.iter().all(|t| t.values == [0.5, -1.0]), "{dense:?}");
     // One manifest of several without a layout is refused, naming the field.
-    let mut raw = ParameterServerClient::connect(format!("http://{}", new[0].addr))
-        .await
-        .expect("connect");
+    let mut raw = raw_client(&new[0].addr).await;
     let status = raw
         .restore(RestoreRequest {
             manifest_uri: manifests[0].clone(),

@@ -1,7 +1,8 @@
-//! The dense network's cost per minibatch on burn's CPU backend (the trainer's compute
-//! stage without pooling): the reference DLRM (13 dense + 26 sparse features, dim 16,
-//! bottom 512-256-64-16, top 512-256-1) at batch 2048, forward and backward
-//! (`train_step`), next to the forward alone (`predict`) measured in the same run.
+//! The dense network's cost per minibatch (the trainer's compute stage without pooling):
+//! the reference DLRM (13 dense + 26 sparse features, dim 16, bottom 512-256-64-16, top
+//! 512-256-1) at batch 2048, forward and backward (`train_step`) and the forward alone
+//! (`predict`), on the CPU networks and, as the baseline in the same run, on burn's CPU
+//! backend.
 //!
 //! `cargo bench -p primus-model --bench step`
 
@@ -54,7 +55,6 @@ fn values(len: usize, seed: u32) -> Vec<f32> {
 
 fn step(c: &mut Criterion) {
     let layout = issue_dlrm();
-    let model = Model::new(layout.clone());
     let params = ParamSet::init(&layout, 0);
     let dense = values(ROWS * layout.dense_inputs, 1);
     let embedded = values(ROWS * layout.embedding_width, 2);
@@ -68,21 +68,27 @@ fn step(c: &mut Criterion) {
     let mut group = c.benchmark_group("dlrm_issue_batch_2048");
     group.throughput(Throughput::Elements(ROWS as u64));
     group.sample_size(20);
-    group.bench_function("predict (baseline: forward alone)", |b| {
-        b.iter(|| {
-            black_box(
-                model
-                    .predict(&params, &inputs, Tower::Memory)
-                    .expect("predict"),
-            )
-        })
-    });
-    group.bench_function("train_step (forward + backward)", |b| {
-        b.iter(|| {
-            let out = model.train_step(&params, &inputs, &labels, Tower::Memory);
-            black_box(out.expect("step"))
-        })
-    });
+    let engines = [
+        ("cpu networks", Model::new(layout.clone())),
+        ("burn (baseline)", Model::burn_cpu(layout.clone())),
+    ];
+    for (engine, model) in &engines {
+        group.bench_function(format!("{engine}: predict"), |b| {
+            b.iter(|| {
+                black_box(
+                    model
+                        .predict(&params, &inputs, Tower::Memory)
+                        .expect("predict"),
+                )
+            })
+        });
+        group.bench_function(format!("{engine}: train_step"), |b| {
+            b.iter(|| {
+                let out = model.train_step(&params, &inputs, &labels, Tower::Memory);
+                black_box(out.expect("step"))
+            })
+        });
+    }
     group.finish();
 }
 

@@ -5,7 +5,9 @@
 //!   feature, embedding row layout, the PS's tables) and the checks that they fit.
 //! - [`params`]: dense parameters as named flat tensors (held by the PS between steps).
 //! - [`net`]: DLRM (dot interaction), DeepFM, Wide&Deep and MTRM (Primus Alg. 1) written as
-//!   functions of those tensors on burn; [`Model`] trains and predicts with them.
+//!   functions of those tensors on burn (GPU, MTRM, and the reference for the rest).
+//! - `cpu`: DLRM, DeepFM and Wide&Deep written out over a tuned sgemm, what [`Model`] runs
+//!   them with on the CPU.
 //! - [`onnx`]: the dense network with its parameters as an ONNX model (for serving).
 //! - [`pooling`]: unique keys per table of a minibatch, sum pooling of looked-up rows into
 //!   embedding rows, and the backward scatter of pooled gradients onto unique keys.
@@ -16,11 +18,14 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod cpu;
 pub mod layout;
 pub mod net;
 pub mod onnx;
 pub mod params;
 pub mod pooling;
+
+use std::sync::{Arc, Mutex, PoisonError};
 
 use primus_batch::Minibatch;
 
@@ -96,38 +101,79 @@ pub struct StepOutput {
     pub wide_grad: Vec<f32>,
 }
 
-/// A model of one layout, computing on the CPU (burn's flex backend) or a GPU.
+/// A model of one layout, computing on the CPU or a GPU.
 #[derive(Clone)]
 pub struct Model {
     layout: ModelLayout,
     device: DenseDevice,
-    train_device: Device,
-    predict_device: Device,
+    engine: Engine,
+}
+
+/// What computes the dense network.
+#[derive(Clone)]
+enum Engine {
+    /// The CPU networks (`cpu`), with workspaces reused across steps (one per concurrent
+    /// caller).
+    Cpu(Arc<Mutex<Vec<cpu::Workspace>>>),
+    /// burn on a device, with autodiff for training.
+    Burn {
+        train_device: Device,
+        predict_device: Device,
+    },
 }
 
 impl Model {
-    /// On the CPU.
+    /// On the CPU: DLRM, DeepFM and Wide&Deep on the CPU networks, MTRM on burn.
     pub fn new(layout: ModelLayout) -> Self {
-        Self::with_device(layout, DenseDevice::Cpu, backend::cpu())
+        if cpu::supports(layout.kind) {
+            Self {
+                layout,
+                device: DenseDevice::Cpu,
+                engine: Engine::Cpu(Arc::default()),
+            }
+        } else {
+            Self::burn_cpu(layout)
+        }
+    }
+
+    /// Every model kind on burn's CPU backend: the reference the CPU networks are tested
+    /// against, and the dense step bench's baseline.
+    pub fn burn_cpu(layout: ModelLayout) -> Self {
+        Self::on_burn(layout, DenseDevice::Cpu, backend::cpu())
     }
 
     /// On `device`. A GPU needs the `cuda` feature and a usable CUDA device; without them
     /// this says which is missing.
     pub fn on(layout: ModelLayout, device: DenseDevice) -> Result<Self, ModelError> {
-        let backend_device = match device {
-            DenseDevice::Cpu => backend::cpu(),
-            DenseDevice::Cuda(ordinal) => cuda_device(ordinal)?,
-        };
-        Ok(Self::with_device(layout, device, backend_device))
+        match device {
+            DenseDevice::Cpu => Ok(Self::new(layout)),
+            DenseDevice::Cuda(ordinal) => Ok(Self::on_burn(layout, device, cuda_device(ordinal)?)),
+        }
     }
 
-    fn with_device(layout: ModelLayout, device: DenseDevice, backend_device: Device) -> Self {
+    fn on_burn(layout: ModelLayout, device: DenseDevice, backend_device: Device) -> Self {
         Self {
             layout,
             device,
-            train_device: backend::autodiff(backend_device.clone()),
-            predict_device: backend_device,
+            engine: Engine::Burn {
+                train_device: backend::autodiff(backend_device.clone()),
+                predict_device: backend_device,
+            },
         }
+    }
+
+    /// Runs `f` with a workspace of the CPU networks, returned to the pool after.
+    fn with_workspace<T>(
+        pool: &Mutex<Vec<cpu::Workspace>>,
+        f: impl FnOnce(&mut cpu::Workspace) -> T,
+    ) -> T {
+        let taken = pool.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let mut workspace = taken.unwrap_or_default();
+        let out = f(&mut workspace);
+        pool.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(workspace);
+        out
     }
 
     /// Where the dense network runs.
@@ -180,7 +226,24 @@ impl Model {
         tower: Tower,
     ) -> Result<StepOutput, ModelError> {
         self.check(inputs, Some(labels))?;
-        let device = &self.train_device;
+        match &self.engine {
+            Engine::Cpu(pool) => Self::with_workspace(pool, |ws| {
+                cpu::train_step(&self.layout, params, inputs, labels, ws)
+            }),
+            Engine::Burn { train_device, .. } => {
+                Ok(self.burn_train_step(train_device, params, inputs, labels, tower))
+            }
+        }
+    }
+
+    fn burn_train_step(
+        &self,
+        device: &Device,
+        params: &ParamSet,
+        inputs: &Inputs<'_>,
+        labels: &[f32],
+        tower: Tower,
+    ) -> StepOutput {
         let graph = Graph::new(&self.layout, params, inputs, device, true);
         let logits = graph.logits(&self.layout, tower);
         let probabilities = sigmoid(logits.clone().detach());
@@ -209,7 +272,7 @@ impl Model {
                 .map_or_else(|| zeros(wide.shape().num_elements()), to_vec),
             None => Vec::new(),
         };
-        Ok(StepOutput {
+        StepOutput {
             loss: to_vec(loss.reshape([1]))
                 .first()
                 .copied()
@@ -218,7 +281,7 @@ impl Model {
             dense_grads,
             embedded_grad,
             wide_grad,
-        })
+        }
     }
 
     /// Probabilities of the minibatch, with the tower that serves it.
@@ -229,8 +292,15 @@ impl Model {
         tower: Tower,
     ) -> Result<Vec<f32>, ModelError> {
         self.check(inputs, None)?;
-        let graph = Graph::new(&self.layout, params, inputs, &self.predict_device, false);
-        Ok(to_vec(sigmoid(graph.logits(&self.layout, tower))))
+        match &self.engine {
+            Engine::Cpu(pool) => {
+                Self::with_workspace(pool, |ws| cpu::predict(&self.layout, params, inputs, ws))
+            }
+            Engine::Burn { predict_device, .. } => {
+                let graph = Graph::new(&self.layout, params, inputs, predict_device, false);
+                Ok(to_vec(sigmoid(graph.logits(&self.layout, tower))))
+            }
+        }
     }
 
     /// The minibatch's dense features, checked against the layout's names.

@@ -208,6 +208,84 @@ fn gradients_match_finite_differences_for_every_model() {
     }
 }
 
+/// The CPU networks against burn's graph of the same model: losses, probabilities and
+/// every gradient, at shapes that split rows into blocks and run products on every core.
+#[test]
+fn cpu_networks_compute_what_burn_computes() {
+    let cases = [
+        (ModelKind::Dlrm, 5, &[64, 8][..]),
+        (ModelKind::Deepfm, 5, &[][..]),
+        (ModelKind::WideDeep, 5, &[][..]),
+        (ModelKind::WideDeep, 0, &[][..]),
+    ];
+    for (kind, dense_features, bottom) in cases {
+        let spec = model(kind, vec![table("t", 8)], bottom, &[128, 64, 1]);
+        let features = [("a", "t"), ("b", "t"), ("c", "t")];
+        let layout = ModelLayout::new(&spec, &schema(dense_features, &features)).expect("layout");
+        let rows = 1000;
+        let (dense, embedded, wide, labels) = random_batch(&layout, rows);
+        let params = ParamSet::init(&layout, 11);
+        let inputs = Inputs {
+            rows,
+            dense: &dense,
+            embedded: &embedded,
+            wide: &wide,
+        };
+        let tower = Tower::Memory;
+        let cpu = Model::new(layout.clone());
+        let burn = Model::burn_cpu(layout.clone());
+        let got = cpu
+            .train_step(&params, &inputs, &labels, tower)
+            .expect("cpu step");
+        let want = burn
+            .train_step(&params, &inputs, &labels, tower)
+            .expect("burn step");
+        let case = format!("{kind:?} with {dense_features} dense features");
+        assert!(
+            (got.loss - want.loss).abs() < 1e-5,
+            "{case}: loss {} vs {}",
+            got.loss,
+            want.loss
+        );
+        close(
+            &got.probabilities,
+            &want.probabilities,
+            &format!("{case}: probabilities"),
+        );
+        close(
+            &got.embedded_grad,
+            &want.embedded_grad,
+            &format!("{case}: embedded grad"),
+        );
+        close(
+            &got.wide_grad,
+            &want.wide_grad,
+            &format!("{case}: wide grad"),
+        );
+        let names =
+            |s: &[primus_model::ParamTensor]| s.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&got.dense_grads), names(&want.dense_grads), "{case}");
+        for (g, w) in got.dense_grads.iter().zip(&want.dense_grads) {
+            assert_eq!(g.shape, w.shape, "{case}: {}", g.name);
+            close(&g.values, &w.values, &format!("{case}: {}", g.name));
+        }
+        let predicted = cpu.predict(&params, &inputs, tower).expect("cpu predict");
+        close(&predicted, &want.probabilities, &format!("{case}: predict"));
+    }
+}
+
+/// Equal up to float summation order: relative to the largest magnitude of `want`.
+fn close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * scale,
+            "{what}[{i}]: {g} vs {w} (scale {scale})"
+        );
+    }
+}
+
 #[test]
 fn mtrm_trains_each_tower_only_on_its_own_data() {
     let layout = small(ModelKind::Mtrm);

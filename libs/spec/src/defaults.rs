@@ -13,7 +13,7 @@ pub(crate) fn memory() -> String {
 }
 
 pub(crate) fn initial_accumulator() -> f64 {
-    0.1
+    0.0
 }
 
 pub(crate) fn epsilon() -> f64 {

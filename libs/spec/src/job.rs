@@ -9,8 +9,8 @@ pub use scaling::{LoadWeights, MemoryPolicy, ScalingPolicy, StragglerPolicy};
 
 use crate::defaults;
 use crate::validate::{
-    FieldError, Validate, check_name, check_positive, check_probability, check_unique, fail, field,
-    index,
+    FieldError, Validate, check_name, check_non_negative, check_positive, check_probability,
+    check_unique, fail, field, index,
 };
 
 /// A training Job (`kind: Job`): what model trains on which Dataset, how, and where.
@@ -113,7 +113,10 @@ pub enum OptimizerSpec {
     Adagrad {
         /// Step size.
         learning_rate: f64,
-        /// The accumulator's starting value.
+        /// The accumulator's starting value. 0, like PyTorch's and fbgemm's: the gradients of
+        /// a mean loss are small (~1/batch per occurrence), and a starting value far above
+        /// their squares shrinks every early step of a new row, so embeddings barely move
+        /// from their initialisation for thousands of steps.
         #[serde(default = "defaults::initial_accumulator")]
         initial_accumulator: f64,
         /// Added to the accumulator's square root before dividing.
@@ -681,7 +684,7 @@ impl Validate for OptimizerSpec {
                 epsilon,
             } => {
                 check_positive(errors, field(path, "learning_rate"), *learning_rate);
-                check_positive(
+                check_non_negative(
                     errors,
                     field(path, "initial_accumulator"),
                     *initial_accumulator,
@@ -715,13 +718,7 @@ impl Validate for OptimizerSpec {
                 check_positive(errors, field(path, "alpha"), *alpha);
                 check_positive(errors, field(path, "beta"), *beta);
                 for (name, value) in [("l1", l1), ("l2", l2)] {
-                    if !(value.is_finite() && *value >= 0.0) {
-                        fail(
-                            errors,
-                            field(path, name),
-                            format!("must be >= 0 (got {value})"),
-                        );
-                    }
+                    check_non_negative(errors, field(path, name), *value);
                 }
             }
         }

@@ -108,6 +108,12 @@ pub(crate) fn check_positive(errors: &mut Vec<FieldError>, path: String, value: 
     }
 }
 
+pub(crate) fn check_non_negative(errors: &mut Vec<FieldError>, path: String, value: f64) {
+    if !(value.is_finite() && value >= 0.0) {
+        fail(errors, path, format!("must be >= 0 (got {value})"));
+    }
+}
+
 pub(crate) fn check_probability(errors: &mut Vec<FieldError>, path: String, value: f64) {
     if !(0.0..=1.0).contains(&value) {
         fail(errors, path, format!("must be within 0..=1 (got {value})"));

@@ -66,7 +66,7 @@ fn a_valid_job_parses_with_defaults_filled() {
         OptimizerSpec::Adagrad {
             initial_accumulator,
             ..
-        } => assert_eq!(*initial_accumulator, 0.1),
+        } => assert_eq!(*initial_accumulator, 0.0),
         other => panic!("{other:?}"),
     }
     assert_eq!(job.spec.model.tables[0].admission.probability, 1.0);

@@ -24,6 +24,7 @@
 //! and train them in lockstep over NATS ([`hot`], HypeReca §5); the rest stays on the PS.
 
 pub mod device;
+mod fresh;
 pub mod hot;
 pub mod store;
 pub mod train;

@@ -1,9 +1,11 @@
 //! One trainer's loop (Primus §5.1, Monolith §2.2): for each minibatch, the unique keys of
-//! each table are looked up (the next minibatch's lookups run while this one computes),
-//! pooled, the dense network runs forward and backward, and the sparse gradients of unique
-//! keys and the dense gradients go to the parameter store, whose optimizers apply them.
+//! each table are looked up (the next minibatch's lookups run while this one computes; the
+//! rows a push changed since are read again, [`crate::fresh`]), pooled, the dense network
+//! runs forward and backward, and the sparse gradients of unique keys and the dense
+//! gradients go to the parameter store, whose optimizers apply them.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use crate::device::EmbeddingDevice;
+use crate::fresh::{PushCount, RecentPushes, Stale};
 use crate::hot::{HotKeys, HotSync, Share};
 use crate::store::ParameterStore;
 
@@ -76,6 +79,8 @@ pub struct Prepared {
     fetched: Vec<Fetched>,
     wide: Vec<Vec<f32>>,
     lookup_time: Duration,
+    /// Pushes completed when the lookup began.
+    looked_up_at: u64,
 }
 
 impl Prepared {
@@ -197,6 +202,7 @@ pub struct Trainer<S> {
     hot: Option<HotSync>,
     hot_keys: watch::Receiver<Arc<HotKeys>>,
     device: EmbeddingDevice,
+    pushes: RecentPushes,
     pub meter: Meter,
 }
 
@@ -230,6 +236,7 @@ impl<S: ParameterStore> Trainer<S> {
             hot: None,
             hot_keys: watch::channel(Arc::new(HotKeys::default())).1,
             device: EmbeddingDevice::Cpu,
+            pushes: RecentPushes::default(),
             meter: Meter::new(eval_window),
         };
         trainer.pull_dense().await?;
@@ -276,7 +283,8 @@ impl<S: ParameterStore> Trainer<S> {
     /// Looks `incoming`'s keys up, leaving out the rows the hot set holds now.
     pub async fn prepare(&self, incoming: Incoming) -> anyhow::Result<Prepared> {
         let hot = self.hot_keys.borrow().clone();
-        prepare(&*self.store, &self.model, &hot, incoming).await
+        let pushes = self.pushes.count();
+        prepare(&*self.store, &self.model, &hot, &pushes, incoming).await
     }
 
     async fn pull_dense(&mut self) -> anyhow::Result<()> {
@@ -307,6 +315,7 @@ impl<S: ParameterStore> Trainer<S> {
             self.store.clone(),
             self.model.clone(),
             self.hot_keys.clone(),
+            self.pushes.count(),
             prepared_tx,
         ));
         // A report after each step once `interval` has passed (every step for a zero
@@ -400,6 +409,7 @@ impl<S: ParameterStore> Trainer<S> {
             .push(&prepared.keys, &grads, &wide_grads, &output)
             .instrument(push_span)
             .await?;
+        self.pushes.record(self.pushed_keys(&prepared.keys));
         if let Some(hot) = &mut self.hot {
             let remote = lookup_time + computed.elapsed();
             let counts = access_counts.unwrap_or_default();
@@ -425,10 +435,13 @@ impl<S: ParameterStore> Trainer<S> {
 
     /// Each table's rows with the values this step computes with: hot rows from the
     /// replica (updated by the previous round), the others from the PS as prefetched, and
-    /// any key that left the hot set since the prefetch looked up now.
+    /// any key that left the hot set since the prefetch, or that a push changed since,
+    /// looked up now.
     async fn rows(&self, prepared: &mut Prepared) -> anyhow::Result<Vec<Vec<f32>>> {
         let layout = self.model.layout();
+        let stale = self.pushes.since(prepared.looked_up_at);
         let mut all = Vec::with_capacity(layout.tables.len());
+        let mut wide = prepared.wide.iter_mut();
         for (t, slot) in layout.tables.iter().enumerate() {
             let fetched = std::mem::replace(
                 &mut prepared.fetched[t],
@@ -450,8 +463,88 @@ impl<S: ParameterStore> Trainer<S> {
                 }
             };
             all.push(rows);
+            let wide_rows = match &slot.wide {
+                Some(name) => wide.next().map(|rows| (name, rows)),
+                None => None,
+            };
+            self.refresh(
+                t,
+                slot,
+                &prepared.keys.tables[t],
+                &stale,
+                &mut all[t],
+                wide_rows,
+            )
+            .await?;
         }
         Ok(all)
+    }
+
+    /// Reads again table `t`'s rows (and first-order weights) that `stale` says a push
+    /// changed since they were looked up; hot rows come from the replica, which is current.
+    async fn refresh(
+        &self,
+        t: usize,
+        slot: &TableSlot,
+        keys: &[u64],
+        stale: &Stale<'_>,
+        rows: &mut [f32],
+        wide: Option<(&String, &mut Vec<f32>)>,
+    ) -> anyhow::Result<()> {
+        if stale.is_nothing() {
+            return Ok(());
+        }
+        let replica = self.hot_replica(t);
+        let positions: Vec<usize> = (0..keys.len())
+            .filter(|&p| {
+                stale.contains(t, keys[p]) && !replica.is_some_and(|r| r.contains(keys[p]))
+            })
+            .collect();
+        if positions.is_empty() {
+            return Ok(());
+        }
+        let stale_keys: Vec<u64> = positions.iter().map(|&p| keys[p]).collect();
+        let lookup = |table: &str| {
+            let (store, stale_keys) = (&self.store, &stale_keys);
+            let table = table.to_owned();
+            async move {
+                store
+                    .lookup(&table, stale_keys)
+                    .await
+                    .with_context(|| format!("looking up table {table:?} again"))
+            }
+        };
+        let (fresh, fresh_wide) = futures::try_join!(lookup(&slot.name), async {
+            match &wide {
+                Some((name, _)) => lookup(name).await.map(Some),
+                None => Ok(None),
+            }
+        })?;
+        let dim = slot.dim;
+        for (i, &p) in positions.iter().enumerate() {
+            rows[p * dim..][..dim].copy_from_slice(&fresh[i * dim..][..dim]);
+        }
+        if let (Some((_, wide)), Some(fresh_wide)) = (wide, fresh_wide) {
+            for (i, &p) in positions.iter().enumerate() {
+                wide[p] = fresh_wide[i];
+            }
+        }
+        Ok(())
+    }
+
+    /// The keys a push of `keys` changed on the store: all but the hot set's.
+    fn pushed_keys(&self, keys: &BatchKeys) -> Vec<HashSet<u64>> {
+        keys.tables
+            .iter()
+            .enumerate()
+            .map(|(t, keys)| {
+                let replica = self.hot_replica(t);
+                keys.iter()
+                    .filter(|k| !replica.is_some_and(|r| r.contains(**k)))
+                    .copied()
+                    .collect()
+            })
+            .collect()
     }
 
     /// Layout table `t`'s hot rows, when the hot set holds any.
@@ -626,11 +719,13 @@ async fn prepare<S: ParameterStore>(
     store: &S,
     model: &Model,
     hot: &HotKeys,
+    pushes: &PushCount,
     incoming: Incoming,
 ) -> anyhow::Result<Prepared> {
     let Incoming { batch, kind, span } = incoming;
     let lookup_span = tracing::info_span!(parent: &span, "trainer.lookup");
     let started = Instant::now();
+    let looked_up_at = pushes.now();
     let layout = model.layout();
     let kjt = batch.to_kjt()?;
     let keys = BatchKeys::collect(layout, &kjt)?;
@@ -687,6 +782,7 @@ async fn prepare<S: ParameterStore>(
         fetched: rows,
         wide,
         lookup_time: started.elapsed(),
+        looked_up_at,
     })
 }
 
@@ -695,6 +791,7 @@ async fn prefetch<S: ParameterStore, B>(
     store: Arc<S>,
     model: Arc<Model>,
     hot: watch::Receiver<Arc<HotKeys>>,
+    pushes: PushCount,
     out: mpsc::Sender<anyhow::Result<Ready>>,
 ) where
     B: Stream<Item = anyhow::Result<Feed>> + Send + 'static,
@@ -704,7 +801,7 @@ async fn prefetch<S: ParameterStore, B>(
         let ready = match next {
             Ok(Feed::Batch(incoming)) => {
                 let hot = hot.borrow().clone();
-                prepare(&*store, &model, &hot, incoming)
+                prepare(&*store, &model, &hot, &pushes, incoming)
                     .await
                     .map(|prepared| Ready::Step(Box::new(prepared)))
             }

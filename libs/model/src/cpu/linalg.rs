@@ -88,55 +88,123 @@ pub(crate) fn matmul(
     }
 }
 
+/// Work to run compiled for the widest SIMD instructions this CPU has ([`simd`]).
+pub(crate) trait Kernel {
+    type Output;
+    /// Implementations are `#[inline(always)]`, as is everything they call: only code
+    /// inlined into the dispatching function is compiled for its instructions.
+    fn run(self) -> Self::Output;
+}
+
+struct Dispatch<K>(K);
+
+impl<K: Kernel> pulp::WithSimd for Dispatch<K> {
+    type Output = K::Output;
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) -> K::Output {
+        self.0.run()
+    }
+}
+
+/// Runs `kernel` compiled for AVX-512, AVX2 with FMA, or the build's baseline, whichever
+/// this CPU has (chosen at run time): its loops vectorize to those instructions.
+pub(crate) fn simd<K: Kernel>(kernel: K) -> K::Output {
+    pulp::Arch::new().dispatch(Dispatch(kernel))
+}
+
 /// `values (rows x cols) += bias` per row, then ReLU with `relu`: the bias and the
 /// activation in one pass over the product.
 pub(crate) fn bias_activation(values: &mut [f32], bias: &[f32], relu: bool) {
-    let cols = bias.len();
-    values.par_chunks_mut(cols * ROW_BLOCK).for_each(|block| {
-        for row in block.chunks_exact_mut(cols) {
-            for (v, b) in row.iter_mut().zip(bias) {
+    values
+        .par_chunks_mut(bias.len() * ROW_BLOCK)
+        .for_each(|rows| simd(BiasActivation { rows, bias, relu }));
+}
+
+struct BiasActivation<'a> {
+    rows: &'a mut [f32],
+    bias: &'a [f32],
+    relu: bool,
+}
+
+impl Kernel for BiasActivation<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        for row in self.rows.chunks_exact_mut(self.bias.len()) {
+            for (v, b) in row.iter_mut().zip(self.bias) {
                 let x = *v + b;
-                *v = if relu { x.max(0.0) } else { x };
+                *v = if self.relu { x.max(0.0) } else { x };
             }
         }
-    });
+    }
 }
 
-/// Zeroes the gradient where ReLU's output was zero (its derivative there).
-pub(crate) fn relu_backward(grad: &mut [f32], output: &[f32]) {
-    grad.par_chunks_mut(4096)
-        .zip(output.par_chunks(4096))
-        .for_each(|(g, y)| {
-            for (g, y) in g.iter_mut().zip(y) {
-                if *y <= 0.0 {
-                    *g = 0.0;
-                }
-            }
-        });
+/// A bias's gradient: the per-column sums of `grad (rows x cols)`. With `relu_output`,
+/// first zeroes `grad` where that ReLU output was zero (the derivative there), in the same
+/// pass.
+pub(crate) fn bias_grad(grad: &mut [f32], relu_output: Option<&[f32]>, cols: usize) -> Vec<f32> {
+    let block = cols * ROW_BLOCK;
+    let add = |mut a: Vec<f32>, b: Vec<f32>| {
+        for (x, y) in a.iter_mut().zip(&b) {
+            *x += y;
+        }
+        a
+    };
+    let zeros = || vec![0.0f32; cols];
+    match relu_output {
+        Some(output) => grad
+            .par_chunks_mut(block)
+            .zip(output.par_chunks(block))
+            .map(|(grad, output)| {
+                simd(BiasGrad {
+                    grad,
+                    output: Some(output),
+                    cols,
+                })
+            })
+            .reduce(zeros, add),
+        None => grad
+            .par_chunks_mut(block)
+            .map(|grad| {
+                simd(BiasGrad {
+                    grad,
+                    output: None,
+                    cols,
+                })
+            })
+            .reduce(zeros, add),
+    }
 }
 
-/// Per-column sums of `values (rows x cols)` (a bias's gradient).
-pub(crate) fn column_sums(values: &[f32], cols: usize) -> Vec<f32> {
-    values
-        .par_chunks(cols * ROW_BLOCK)
-        .map(|block| {
-            let mut sums = vec![0.0f32; cols];
-            for row in block.chunks_exact(cols) {
-                for (s, v) in sums.iter_mut().zip(row) {
-                    *s += v;
+struct BiasGrad<'a> {
+    grad: &'a mut [f32],
+    output: Option<&'a [f32]>,
+    cols: usize,
+}
+
+impl Kernel for BiasGrad<'_> {
+    type Output = Vec<f32>;
+
+    #[inline(always)]
+    fn run(self) -> Vec<f32> {
+        let cols = self.cols;
+        let mut sums = vec![0.0f32; cols];
+        for (r, row) in self.grad.chunks_exact_mut(cols).enumerate() {
+            if let Some(output) = self.output {
+                let y = &output[r * cols..(r + 1) * cols];
+                // A select rather than a conditional store, so that it vectorizes.
+                for (g, y) in row.iter_mut().zip(y) {
+                    *g = if *y > 0.0 { *g } else { 0.0 };
                 }
             }
-            sums
-        })
-        .reduce(
-            || vec![0.0f32; cols],
-            |mut a, b| {
-                for (x, y) in a.iter_mut().zip(&b) {
-                    *x += y;
-                }
-                a
-            },
-        )
+            for (s, g) in sums.iter_mut().zip(row.iter()) {
+                *s += g;
+            }
+        }
+        sums
+    }
 }
 
 /// Resizes a reused buffer to `len` values; its contents are to be overwritten.
@@ -192,7 +260,7 @@ mod tests {
     }
 
     #[test]
-    fn bias_relu_and_column_sums() {
+    fn bias_relu_and_its_gradient() {
         let mut values: Vec<f32> = (0..1000 * 3).map(|i| (i % 5) as f32 - 2.0).collect();
         let original = values.clone();
         bias_activation(&mut values, &[0.5, -0.5, 0.0], true);
@@ -200,15 +268,26 @@ mod tests {
             let b = [0.5, -0.5, 0.0][i % 3];
             assert_eq!(*v, (o + b).max(0.0));
         }
-        let sums = column_sums(&original, 3);
+        let mut grad = original.clone();
+        let sums = bias_grad(&mut grad, None, 3);
+        assert_eq!(grad, original);
         for (c, sum) in sums.iter().enumerate() {
             let want: f32 = original.iter().skip(c).step_by(3).sum();
             assert_eq!(*sum, want);
         }
         let mut grad = vec![1.0; values.len()];
-        relu_backward(&mut grad, &values);
+        let sums = bias_grad(&mut grad, Some(&values), 3);
         for (g, y) in grad.iter().zip(&values) {
             assert_eq!(*g, if *y > 0.0 { 1.0 } else { 0.0 });
+        }
+        for (c, sum) in sums.iter().enumerate() {
+            let want = values
+                .iter()
+                .skip(c)
+                .step_by(3)
+                .filter(|y| **y > 0.0)
+                .count();
+            assert_eq!(*sum, want as f32);
         }
     }
 }

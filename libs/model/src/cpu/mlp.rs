@@ -4,7 +4,7 @@
 use crate::ModelError;
 use crate::params::{ParamSet, ParamTensor};
 
-use super::linalg::{Stored, bias_activation, column_sums, matmul, relu_backward, sized};
+use super::linalg::{Stored, bias_activation, bias_grad, matmul, sized};
 
 /// One linear layer's parameters: `weight [inputs, outputs]`, `bias [1, outputs]`.
 struct Layer<'p> {
@@ -121,9 +121,9 @@ impl<'p> Stack<'p> {
         sized(&mut buffers.current, grad_output.len()).copy_from_slice(grad_output);
         for (i, layer) in self.layers.iter().enumerate().rev() {
             let grad = &mut buffers.current[..rows * layer.outputs];
-            if self.relu_after(i) {
-                relu_backward(grad, &acts.outputs[i]);
-            }
+            let relu_output = self.relu_after(i).then(|| &acts.outputs[i][..]);
+            let bias_grad = bias_grad(grad, relu_output, layer.outputs);
+            let grad = &buffers.current[..rows * layer.outputs];
             let x = if i == 0 {
                 input
             } else {
@@ -145,7 +145,7 @@ impl<'p> Stack<'p> {
             grads.push(ParamTensor {
                 name: format!("{}.bias", layer.name),
                 shape: vec![1, layer.outputs],
-                values: column_sums(grad, layer.outputs),
+                values: bias_grad,
             });
             let shape = [rows, layer.outputs, layer.inputs];
             let weight = (layer.weight, Stored::Transposed);

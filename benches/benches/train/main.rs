@@ -5,9 +5,12 @@
 //!
 //! 1. baseline: the dense network's forward/backward alone (no lookups, pooling, pushes);
 //! 2. in-process: the trainer's own step loop against tables and a dense store in this
-//!    process (lookup, pooling, burn forward/backward, push); then the same with pooling and
+//!    process (lookup, pooling, forward/backward, push); then the same with pooling and
 //!    its backward on a GPU (`trainer.device: cuda`; the dense network stays on the CPU),
 //!    printed as SKIPPED where no GPU is present;
+//!    the peer, right after on the same minibatches and as many threads as cores: TorchRec's
+//!    DLRM of the same shape, optimizers and initialisation ([`peer`]), where
+//!    `benches/peer/install-torchrec.sh` installed it (said plainly where it did not);
 //! 3. through the services: NATS and Redis (testkit), the API server and the master in
 //!    this process; the master starts the data executor, two PS shards and the trainer as
 //!    processes from the release binaries, which read the rows as hourly Parquet files.
@@ -18,9 +21,13 @@
 //!
 //! `cargo build --release --bins && cargo bench -p primus-benches --bench train`
 //! (PRIMUS_BENCH_ROWS, default 204,800; PRIMUS_BENCH_MODEL=small for a quick run;
-//! PRIMUS_BENCH_SERVICES=0 skips (3) and needs no binaries).
-
+//! PRIMUS_BENCH_SERVICES=0 skips (3) and needs no binaries). The last line:
+//! `train: in-process X samples/s = R.RRx TorchRec (AUC a vs b), services S.SSx in-process`.
+//! The machine's load average is printed beside each figure: the peer's OpenMP threads
+//! spin, and on a busy machine it slows several times over.
 #![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
+
+mod peer;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -50,11 +57,15 @@ use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::store::LocalStore;
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
 
+use peer::PeerFigures;
+
 const JOB: &str = "train-bench";
 const HOURS: usize = 4;
 const EVAL_WINDOW: u32 = 100_000;
 const CARDINALITY_SCALE: f64 = 0.001;
 const START: &str = "2026-11-01T00";
+/// Minibatches the dense network alone is timed on (after one to warm up).
+const DENSE_RUNS: usize = 20;
 
 /// The reference DLRM or a small one for quick runs.
 fn model_spec(size: &str) -> ModelSpec {
@@ -212,17 +223,74 @@ async fn main() {
     let batches = minibatches(&location, batch).await;
     let schema = primus_datagen::criteo::feature_schema("categorical");
     let model_layout = ModelLayout::new(&spec, &schema).expect("layout");
-    let baseline = dense_only(&model_layout, &batches[..batches.len().min(20)]);
-    println!("baseline, dense forward/backward alone: {baseline:.0} samples/s");
-    let cpu = (EmbeddingDevice::Cpu, Model::new(model_layout.clone()));
-    let in_process = train_in_process(&spec, batches.clone(), cpu).await;
+    let dense = dense_only(&model_layout, &batches[..batches.len().min(DENSE_RUNS)]);
+    let baseline = 1000.0 * batch as f64 / dense.step_ms;
     println!(
-        "in-process trainer: {:.0} samples/s ({:.2}x of the dense network alone), AUC {:.4} vs best {best:.4}; {}",
-        in_process.rate(),
-        in_process.rate() / baseline,
-        in_process.auc.unwrap_or(f64::NAN),
-        in_process.shares()
+        "baseline, dense network alone: forward {:.1} ms, forward+backward {:.1} ms per minibatch (median of {DENSE_RUNS}), {baseline:.0} samples/s",
+        dense.forward_ms, dense.step_ms
     );
+    // Each side `rounds` times, alternating, best of each: the machine's noise shows as the
+    // spread between rounds.
+    let rounds: usize = primus_benches::env_or("PRIMUS_BENCH_ROUNDS", 3).max(1);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut ours: Vec<Stages> = Vec::with_capacity(rounds);
+    let mut theirs: Vec<PeerFigures> = Vec::with_capacity(rounds);
+    for round in 1..=rounds {
+        let cpu = (EmbeddingDevice::Cpu, Model::new(model_layout.clone()));
+        let run = train_in_process(&spec, batches.clone(), cpu).await;
+        println!(
+            "round {round}: in-process trainer: {:.0} samples/s ({:.2}x of the dense network alone), AUC {:.4} vs best {best:.4}; {}; load {}",
+            run.rate(),
+            run.rate() / baseline,
+            run.auc.unwrap_or(f64::NAN),
+            run.shares(),
+            load_average()
+        );
+        ours.push(run);
+        let Some(peer) = peer::run(&spec, &batches, EVAL_WINDOW, cores) else {
+            if round == 1 {
+                println!(
+                    "peer, TorchRec: NOT INSTALLED, not run (benches/peer/install-torchrec.sh installs it into .tools/torchrec)"
+                );
+            }
+            continue;
+        };
+        println!(
+            "round {round}: peer, TorchRec ({}): {:.0} samples/s, AUC {:.4}; its dense network alone: forward {:.1} ms, forward+backward {:.1} ms per minibatch; load {}",
+            peer.describe,
+            peer.samples_per_second,
+            peer.auc,
+            peer.dense_forward_ms,
+            peer.dense_step_ms,
+            load_average()
+        );
+        theirs.push(peer);
+    }
+    let in_process = best_of(ours, Stages::rate).expect("at least one round");
+    let peer = best_of(theirs, |p| p.samples_per_second);
+    let peak = primus_model::peak::fma_peak_gflops(cores);
+    let flops = step_flops(&model_layout, batch);
+    let share = |ms: f64| format!("{:.0}% of peak", 100.0 * flops / (ms / 1000.0) / 1e9 / peak);
+    let whole_ms = 1000.0 * batch as f64 / in_process.rate();
+    println!(
+        "FMA peak {peak:.0} GFLOP/s ({cores} cores, measured); a minibatch's dense forward+backward is {:.2} GFLOP: ours {:.1} ms ({}), whole step {whole_ms:.1} ms ({})",
+        flops / 1e9,
+        dense.step_ms,
+        share(dense.step_ms),
+        share(whole_ms)
+    );
+    if let Some(peer) = &peer {
+        let peer_whole_ms = 1000.0 * batch as f64 / peer.samples_per_second;
+        println!(
+            "against TorchRec: dense forward {:.1} vs {:.1} ms, forward+backward {:.1} vs {:.1} ms ({}), whole step {whole_ms:.1} vs {peer_whole_ms:.1} ms ({})",
+            dense.forward_ms,
+            peer.dense_forward_ms,
+            dense.step_ms,
+            peer.dense_step_ms,
+            share(peer.dense_step_ms),
+            share(peer_whole_ms)
+        );
+    }
     match EmbeddingDevice::open(Device::Cuda, 0) {
         Ok(gpu) => {
             // The dense network too where this build has burn's CUDA backend
@@ -242,6 +310,7 @@ async fn main() {
         Err(e) => println!("in-process trainer, pooling on the GPU: SKIPPED ({e:#})"),
     }
     if !services {
+        last_line(&in_process, peer.as_ref(), None);
         return;
     }
     let (through, wall) = train_through_services(&bin_dir, &data, &spec, batch, false).await;
@@ -269,6 +338,41 @@ async fn main() {
         hot.shares(),
         hot.rate() / through.rate()
     );
+    last_line(&in_process, peer.as_ref(), Some(&through));
+}
+
+/// The bench's last line.
+fn last_line(in_process: &Stages, peer: Option<&PeerFigures>, through: Option<&Stages>) {
+    let against_peer = match peer {
+        Some(peer) => format!(
+            "{:.2}x TorchRec (AUC {:.4} vs {:.4})",
+            in_process.rate() / peer.samples_per_second,
+            in_process.auc.unwrap_or(f64::NAN),
+            peer.auc
+        ),
+        None => "TorchRec NOT RUN (peer not installed)".into(),
+    };
+    let services = match through {
+        Some(through) => format!("{:.2}x in-process", through.rate() / in_process.rate()),
+        None => "NOT RUN (PRIMUS_BENCH_SERVICES=0)".into(),
+    };
+    println!(
+        "train: in-process {:.0} samples/s = {against_peer}, services {services}",
+        in_process.rate()
+    );
+}
+
+/// The run with the highest `rate`.
+fn best_of<T>(runs: Vec<T>, rate: impl Fn(&T) -> f64) -> Option<T> {
+    runs.into_iter().max_by(|a, b| rate(a).total_cmp(&rate(b)))
+}
+
+/// The 1-minute load average, to judge whether the machine was quiet.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 async fn train_in_process(
@@ -299,13 +403,46 @@ async fn train_in_process(
     collect.0.into_inner().expect("stages")
 }
 
-/// Samples/s of the dense network's forward/backward alone on pooled constants.
-fn dense_only(layout: &ModelLayout, batches: &[Minibatch]) -> f64 {
+/// Floating-point operations of one minibatch's dense forward and backward: per linear
+/// layer, 2 x rows x inputs x outputs for the forward, the weights' gradient and the
+/// inputs' gradient (none for the first bottom layer, whose inputs are data); and the dot
+/// interaction's pairs, forward (one dot product each) and backward (two).
+fn step_flops(layout: &ModelLayout, rows: usize) -> f64 {
+    let spec = &layout.dense_spec;
+    let mut products = 0.0;
+    for (widths, inputs) in [(&spec.bottom, layout.dense_inputs), (&spec.top, 0)] {
+        let vectors = layout.features.len() + 1;
+        let dim = spec.bottom.last().copied().unwrap_or(0) as usize;
+        let mut fan_in = if inputs > 0 {
+            inputs
+        } else {
+            dim + vectors * (vectors - 1) / 2
+        };
+        for (i, width) in widths.iter().enumerate() {
+            let passes = if i == 0 && inputs > 0 { 2.0 } else { 3.0 };
+            products += passes * (fan_in * *width as usize) as f64;
+            fan_in = *width as usize;
+        }
+    }
+    let vectors = layout.features.len() + 1;
+    let pairs = (vectors * (vectors - 1) / 2) as f64;
+    let dim = layout.features.first().map_or(0, |f| f.dim) as f64;
+    2.0 * rows as f64 * (products + 3.0 * pairs * dim)
+}
+
+/// The dense network alone on pooled constants, milliseconds per minibatch.
+struct DenseTimes {
+    forward_ms: f64,
+    step_ms: f64,
+}
+
+/// Median forward and forward+backward times of the dense network alone (no lookups,
+/// pooling or optimizer) over `batches`, after one of each to warm up.
+fn dense_only(layout: &ModelLayout, batches: &[Minibatch]) -> DenseTimes {
     let model = Model::new(layout.clone());
     let params = ParamSet::init(layout, 0);
-    let started = Instant::now();
-    let mut samples = 0;
-    for batch in batches {
+    let (mut forward, mut step) = (Vec::new(), Vec::new());
+    for (i, batch) in batches.iter().enumerate() {
         let embedded = vec![0.01f32; batch.rows() * layout.embedding_width];
         let inputs = Inputs {
             rows: batch.rows(),
@@ -313,12 +450,29 @@ fn dense_only(layout: &ModelLayout, batches: &[Minibatch]) -> f64 {
             embedded: &embedded,
             wide: &[],
         };
+        let started = Instant::now();
+        model
+            .predict(&params, &inputs, Tower::Memory)
+            .expect("predict");
+        let predicted = Instant::now();
         model
             .train_step(&params, &inputs, &batch.labels, Tower::Memory)
             .expect("step");
-        samples += batch.rows();
+        if i > 0 {
+            forward.push(predicted - started);
+            step.push(predicted.elapsed());
+        }
     }
-    samples as f64 / started.elapsed().as_secs_f64()
+    let median_ms = |mut times: Vec<Duration>| {
+        times.sort();
+        times
+            .get(times.len() / 2)
+            .map_or(f64::NAN, |t| t.as_secs_f64() * 1000.0)
+    };
+    DenseTimes {
+        forward_ms: median_ms(forward),
+        step_ms: median_ms(step),
+    }
 }
 
 /// Runs the Job through the services; returns the trainer's reports folded into stages

@@ -9,6 +9,7 @@
 //! - `cpu`: DLRM, DeepFM and Wide&Deep written out over a tuned sgemm, what [`Model`] runs
 //!   them with on the CPU.
 //! - [`onnx`]: the dense network with its parameters as an ONNX model (for serving).
+//! - [`peak`]: the machine's measured FMA peak, the ceiling of the networks' speed.
 //! - [`pooling`]: unique keys per table of a minibatch, sum pooling of looked-up rows into
 //!   embedding rows, and the backward scatter of pooled gradients onto unique keys.
 //!
@@ -23,6 +24,7 @@ pub mod layout;
 pub mod net;
 pub mod onnx;
 pub mod params;
+pub mod peak;
 pub mod pooling;
 
 use std::sync::{Arc, Mutex, PoisonError};

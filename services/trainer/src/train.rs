@@ -381,13 +381,29 @@ impl<S: ParameterStore> Trainer<S> {
 
     /// Computes and pushes one looked-up minibatch.
     pub async fn step(&mut self, prepared: Prepared) -> anyhow::Result<StepOutput> {
-        if self.meter.steps.is_multiple_of(self.dense_pull_every) && self.meter.steps > 0 {
-            let pull_span = tracing::info_span!(parent: &prepared.span, "trainer.pull_dense");
-            self.pull_dense().instrument(pull_span).await?;
-        }
         let mut prepared = prepared;
         let late_lookup = Instant::now();
-        let rows = self.rows(&mut prepared).await?;
+        // The dense pull and the rows' late lookups, both waiting on the last push, at once.
+        let pull = self.meter.steps.is_multiple_of(self.dense_pull_every) && self.meter.steps > 0;
+        let pull_span = tracing::info_span!(parent: &prepared.span, "trainer.pull_dense");
+        let names = self.params.names();
+        let pulled = async {
+            match pull {
+                true => self
+                    .store
+                    .pull_dense(&names)
+                    .instrument(pull_span)
+                    .await
+                    .map(Some),
+                false => Ok(None),
+            }
+        };
+        let (pulled, rows) = futures::try_join!(pulled, self.rows(&mut prepared))?;
+        if let Some(pulled) = pulled {
+            let mut params = (*self.params).clone();
+            params.assign(pulled)?;
+            self.params = Arc::new(params);
+        }
         let lookup_time = prepared.lookup_time + late_lookup.elapsed();
         // Counted once, for the hot share and the hot set's samples.
         let access_counts = self.hot.is_some().then(|| prepared.keys.access_counts());

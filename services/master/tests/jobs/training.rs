@@ -186,9 +186,9 @@ async fn wide_deep_on_adult_reaches_auc_090_on_the_held_out_day() {
 
 /// The shipped MovieLens example, run as written on the imported ratings: DeepFM over
 /// the days in time order; the reported AUC covers the last 20,000 ratings, each scored
-/// before it was trained on. Measured 0.70; an online count of each user's and item's
-/// positive rate scores 0.74 on the same ratings, so the bar guards against regressions
-/// rather than marking a goal.
+/// before it was trained on. Measured 0.744; an online count of each user's and item's
+/// positive rate scores 0.741 counted after every rating and 0.731 after every minibatch
+/// of 16 (docs/benchmarks.md), so a model below 0.72 learns its per-id biases too slowly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deepfm_on_movielens_learns_the_later_ratings_from_the_earlier_ones() {
     use primus_datagen::import::movielens;
@@ -216,5 +216,5 @@ async fn deepfm_on_movielens_learns_the_later_ratings_from_the_earlier_ones() {
         .await;
     let auc = train_in_window_order(&sandbox, "movielens-deepfm", 100_000).await;
     eprintln!("DeepFM on MovieLens-100k: AUC over the last 20000 ratings {auc:.4}");
-    assert!(auc >= 0.68, "AUC {auc:.4} < 0.68");
+    assert!(auc >= 0.72, "AUC {auc:.4} < 0.72");
 }

@@ -1,6 +1,6 @@
 //! One trainer's loop (Primus §5.1, Monolith §2.2): for each minibatch, the unique keys of
 //! each table are looked up (the next minibatch's lookups run while this one computes; the
-//! rows a push changed since are read again, [`crate::fresh`]), pooled, the dense network
+//! rows a push changed since are read again, `fresh.rs`), pooled, the dense network
 //! runs forward and backward, and the sparse gradients of unique keys and the dense
 //! gradients go to the parameter store, whose optimizers apply them.
 

@@ -117,7 +117,8 @@ pub struct Report {
     /// Mean training loss of the interval's steps.
     pub loss: Option<f64>,
     pub evaluation: Evaluation,
-    /// Shares of the interval's wall time spent looking up, computing and pushing.
+    /// Shares of the interval's wall time spent looking up (the prefetch, and the late
+    /// lookups with the dense pull beside them), computing and pushing.
     pub lookup_share: f64,
     pub compute_share: f64,
     pub push_share: f64,

@@ -5,7 +5,7 @@
 //! primus-gpu's kernels over the batch's unique rows, run by the caller's
 //! [`EmbeddingKernels`]: the CPU references, or the CUDA kernels.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use primus_batch::Kjt;
@@ -18,7 +18,7 @@ use crate::layout::ModelLayout;
 
 /// Keys are hashes already; one multiply-xorshift round is enough to spread them.
 #[derive(Default)]
-struct KeyHasher(u64);
+pub struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {
@@ -37,6 +37,9 @@ impl Hasher for KeyHasher {
 }
 
 type KeyMap = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
+
+/// A set of keys, hashed as cheaply as a minibatch's key maps hash them.
+pub type KeySet = HashSet<u64, BuildHasherDefault<KeyHasher>>;
 
 /// A minibatch's sparse features, resolved to unique keys per table.
 #[derive(Debug, Clone)]

@@ -4,9 +4,11 @@
 //! minibatch re-reads, just before it computes, the rows pushed since its lookup began, and
 //! so computes with every row as fresh as a lookup at that moment would give.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use primus_model::pooling::KeySet;
 
 /// Pushes remembered; a minibatch looked up before the oldest re-reads all its rows.
 const REMEMBERED: usize = 4;
@@ -26,7 +28,7 @@ impl PushCount {
 pub(crate) struct RecentPushes {
     count: PushCount,
     /// `(index of the push, its keys per table)`, oldest first.
-    pushes: VecDeque<(u64, Vec<HashSet<u64>>)>,
+    pushes: VecDeque<(u64, Vec<KeySet>)>,
 }
 
 impl RecentPushes {
@@ -35,7 +37,7 @@ impl RecentPushes {
     }
 
     /// A push of `tables` (each table's pushed keys) has completed.
-    pub(crate) fn record(&mut self, tables: Vec<HashSet<u64>>) {
+    pub(crate) fn record(&mut self, tables: Vec<KeySet>) {
         let index = self.count.now();
         if self.pushes.len() == REMEMBERED {
             self.pushes.pop_front();
@@ -67,7 +69,7 @@ impl RecentPushes {
 pub(crate) enum Stale<'a> {
     Nothing,
     /// The keys of these pushes.
-    Keys(Vec<&'a Vec<HashSet<u64>>>),
+    Keys(Vec<&'a Vec<KeySet>>),
     /// Every row (looked up before the pushes remembered).
     Everything,
 }
@@ -93,7 +95,7 @@ impl Stale<'_> {
 mod tests {
     use super::*;
 
-    fn keys(values: &[u64]) -> Vec<HashSet<u64>> {
+    fn keys(values: &[u64]) -> Vec<KeySet> {
         vec![values.iter().copied().collect()]
     }
 

@@ -5,7 +5,6 @@
 //! gradients go to the parameter store, whose optimizers apply them.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,7 @@ use futures::{Stream, StreamExt};
 use primus_batch::Minibatch;
 use primus_embedding::HotRows;
 use primus_metrics::{EvalWindow, Evaluation};
-use primus_model::pooling::{BatchKeys, EmbeddingKernels};
+use primus_model::pooling::{BatchKeys, EmbeddingKernels, KeySet};
 use primus_model::{Inputs, Model, ParamSet, StepOutput, TableSlot, Tower};
 use primus_proto::v1::SourceKind;
 use primus_telemetry::propagation::{TraceCarrier, set_parent_from_carrier};
@@ -550,7 +549,7 @@ impl<S: ParameterStore> Trainer<S> {
     }
 
     /// The keys a push of `keys` changed on the store: all but the hot set's.
-    fn pushed_keys(&self, keys: &BatchKeys) -> Vec<HashSet<u64>> {
+    fn pushed_keys(&self, keys: &BatchKeys) -> Vec<KeySet> {
         keys.tables
             .iter()
             .enumerate()

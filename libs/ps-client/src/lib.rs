@@ -9,6 +9,7 @@
 
 pub mod layout;
 pub mod reshard;
+mod tables;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -24,6 +25,7 @@ use primus_proto::v1::{
     ReadRowsRequest,
 };
 use primus_telemetry::propagation::TraceInterceptor;
+pub use tables::{TableGrads, TableKeys, TableRows};
 use tonic::Status;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};

@@ -14,11 +14,11 @@ use primus_proto::v1::{
     DenseTensor, DropMovedRequest, DropMovedResponse, ExportDeltaRequest, ExportDeltaResponse,
     ExportMovedRequest, ExportMovedResponse, FenceRequest, FenceResponse, ImportDenseRequest,
     ImportDenseResponse, ImportRowsRequest, ImportRowsResponse, InitDenseRequest,
-    InitDenseResponse, LookupRequest, LookupResponse, PullDenseRequest, PullDenseResponse,
-    PushDenseRequest, PushDenseResponse, PushRequest, PushResponse, ReadRowsRequest,
-    ReadRowsResponse, RestoreRequest, RestoreResponse, SetMemoryLimitRequest,
-    SetMemoryLimitResponse, SnapshotRequest, SnapshotResponse, StatsRequest, StatsResponse,
-    TableDelta, TableStats,
+    InitDenseResponse, LookupRequest, LookupResponse, LookupTablesRequest, LookupTablesResponse,
+    PullDenseRequest, PullDenseResponse, PushDenseRequest, PushDenseResponse, PushRequest,
+    PushResponse, PushTablesRequest, PushTablesResponse, ReadRowsRequest, ReadRowsResponse,
+    RestoreRequest, RestoreResponse, SetMemoryLimitRequest, SetMemoryLimitResponse,
+    SnapshotRequest, SnapshotResponse, StatsRequest, StatsResponse, TableDelta, TableStats,
 };
 use primus_ps_client::Layout;
 use primus_spec::Validate;
@@ -167,6 +167,20 @@ impl Ps {
         Ok(fence)
     }
 
+    /// The fence, held shared, if no key of any of `tables` moved away.
+    fn all_keys_here<'a>(
+        &self,
+        mut tables: impl Iterator<Item = &'a [u64]>,
+    ) -> Result<RwLockReadGuard<'_, Option<Layout>>, Status> {
+        let fence = self.fence.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(layout) = *fence
+            && let Some(key) = tables.find_map(|keys| keys.iter().find(|k| !layout.holds_key(**k)))
+        {
+            return Err(moved(&layout, &format!("key {key}")));
+        }
+        Ok(fence)
+    }
+
     /// The fence, held shared, if no tensor of `names` moved away.
     fn dense_here<'a>(
         &self,
@@ -180,6 +194,44 @@ impl Ps {
         }
         Ok(fence)
     }
+}
+
+/// `keys`' rows of `table`, in request order.
+fn rows_of(table: &Table, keys: &[u64]) -> Result<LookupResponse, Status> {
+    // Duplicates are looked up once, then copied to every position that asked.
+    let (unique, positions) = dedup(keys);
+    let dim = table.dim();
+    let mut rows = vec![0.0f32; unique.len() * dim];
+    table.lookup(&unique, &mut rows).map_err(table_status)?;
+    let mut out = Vec::with_capacity(keys.len() * dim * 4);
+    for &p in &positions {
+        encode_f32(&rows[p * dim..(p + 1) * dim], &mut out);
+    }
+    Ok(LookupResponse {
+        dim: dim as u32,
+        rows: out,
+    })
+}
+
+/// Applies `grads` to `table` (called `name`).
+fn push_to(name: &str, table: &Table, keys: &[u64], grads: &[f32]) -> Result<PushResponse, Status> {
+    let span = tracing::info_span!(
+        "ps.push",
+        primus.table = %name,
+        primus.keys = keys.len(),
+        primus.applied = tracing::field::Empty,
+        primus.dropped = tracing::field::Empty,
+    );
+    let outcome = span
+        .in_scope(|| table.push(keys, grads, now_secs()))
+        .map_err(table_status)?;
+    span.record("primus.applied", outcome.applied);
+    span.record("primus.dropped", outcome.dropped);
+    Ok(PushResponse {
+        applied: outcome.applied,
+        dropped: outcome.dropped,
+        refused: outcome.refused,
+    })
 }
 
 /// ABORTED with the metadata a client follows to the new shard list.
@@ -214,21 +266,32 @@ impl ParameterServer for Ps {
             primus.keys = keys.len(),
         )
         .entered();
-        // Duplicates are looked up once, then copied to every position that asked.
-        let (unique, positions) = dedup(&keys);
-        let dim = table.dim();
-        let mut rows = vec![0.0f32; unique.len() * dim];
-        let fence = self.keys_here(&unique)?;
-        table.lookup(&unique, &mut rows).map_err(table_status)?;
+        let fence = self.keys_here(&keys)?;
+        let rows = rows_of(table, &keys)?;
         drop(fence);
-        let mut out = Vec::with_capacity(keys.len() * dim * 4);
-        for &p in &positions {
-            encode_f32(&rows[p * dim..(p + 1) * dim], &mut out);
+        Ok(Response::new(rows))
+    }
+
+    async fn lookup_tables(
+        &self,
+        request: Request<LookupTablesRequest>,
+    ) -> Result<Response<LookupTablesResponse>, Status> {
+        let requests = request.into_inner().tables;
+        let _span =
+            tracing::info_span!("ps.lookup_tables", primus.tables = requests.len()).entered();
+        let mut asked = Vec::with_capacity(requests.len());
+        for (i, request) in requests.iter().enumerate() {
+            let table = self.tables.get(&request.table)?;
+            let keys = decode_keys(&format!("tables[{i}].keys"), &request.keys)?;
+            asked.push((table, keys));
         }
-        Ok(Response::new(LookupResponse {
-            dim: dim as u32,
-            rows: out,
-        }))
+        let fence = self.all_keys_here(asked.iter().map(|(_, keys)| keys.as_slice()))?;
+        let tables = asked
+            .iter()
+            .map(|(table, keys)| rows_of(table, keys))
+            .collect::<Result<_, _>>()?;
+        drop(fence);
+        Ok(Response::new(LookupTablesResponse { tables }))
     }
 
     async fn read_rows(
@@ -262,25 +325,37 @@ impl ParameterServer for Ps {
         let table = self.tables.get(&request.table)?;
         let keys = decode_keys("keys", &request.keys)?;
         let grads = decode_f32("grads", &request.grads)?;
-        let span = tracing::info_span!(
-            "ps.push",
-            primus.table = %request.table,
-            primus.keys = keys.len(),
-            primus.applied = tracing::field::Empty,
-            primus.dropped = tracing::field::Empty,
-        );
         let fence = self.keys_here(&keys)?;
-        let outcome = span
-            .in_scope(|| table.push(&keys, &grads, now_secs()))
-            .map_err(table_status)?;
+        let pushed = push_to(&request.table, table, &keys, &grads)?;
         drop(fence);
-        span.record("primus.applied", outcome.applied);
-        span.record("primus.dropped", outcome.dropped);
-        Ok(Response::new(PushResponse {
-            applied: outcome.applied,
-            dropped: outcome.dropped,
-            refused: outcome.refused,
-        }))
+        Ok(Response::new(pushed))
+    }
+
+    async fn push_tables(
+        &self,
+        request: Request<PushTablesRequest>,
+    ) -> Result<Response<PushTablesResponse>, Status> {
+        let requests = request.into_inner().tables;
+        let _span = tracing::info_span!("ps.push_tables", primus.tables = requests.len()).entered();
+        let mut pushed = Vec::with_capacity(requests.len());
+        for (i, request) in requests.iter().enumerate() {
+            let table = self.tables.get(&request.table)?;
+            let keys = decode_keys(&format!("tables[{i}].keys"), &request.keys)?;
+            let grads = decode_f32(&format!("tables[{i}].grads"), &request.grads)?;
+            table
+                .check_push(&keys, &grads)
+                .map_err(|e| Status::invalid_argument(format!("tables[{i}]: {e}")))?;
+            pushed.push((request.table.as_str(), table, keys, grads));
+        }
+        // Checked whole, then applied under one hold of the fence: a shard that refuses
+        // moved keys has applied none of the call.
+        let fence = self.all_keys_here(pushed.iter().map(|(_, _, keys, _)| keys.as_slice()))?;
+        let tables = pushed
+            .iter()
+            .map(|(name, table, keys, grads)| push_to(name, table, keys, grads))
+            .collect::<Result<_, _>>()?;
+        drop(fence);
+        Ok(Response::new(PushTablesResponse { tables }))
     }
 
     async fn init_dense(

@@ -24,6 +24,8 @@ use tonic::Code;
 
 #[path = "ps/reshard.rs"]
 mod reshard;
+#[path = "ps/tables.rs"]
+mod tables;
 
 const DIM: usize = 8;
 const SEED: u64 = 5;

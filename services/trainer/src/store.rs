@@ -9,7 +9,7 @@ use anyhow::Context;
 use primus_embedding::DenseValues;
 use primus_embedding::{DenseStore, Table, TableOptions};
 use primus_model::ParamTensor;
-use primus_ps_client::{PsClient, StoredRows};
+use primus_ps_client::{PsClient, StoredRows, TableGrads, TableKeys};
 use primus_spec::job::{OptimizerSpec, TableSpec};
 
 /// Embedding rows and dense parameters, with server-side optimizers.
@@ -27,6 +27,18 @@ pub trait ParameterStore: Send + Sync + 'static {
         table: &str,
         keys: &[u64],
         grads: &[f32],
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Rows of several tables' keys at once, in the order of `tables`.
+    fn lookup_tables(
+        &self,
+        tables: &[TableKeys<'_>],
+    ) -> impl Future<Output = anyhow::Result<Vec<Vec<f32>>>> + Send;
+
+    /// Applies several tables' gradients at once.
+    fn push_tables(
+        &self,
+        tables: &[TableGrads<'_>],
     ) -> impl Future<Output = anyhow::Result<()>> + Send;
 
     /// The stored rows of `keys` with their optimizer state (keys without a row are left
@@ -85,6 +97,16 @@ impl ParameterStore for RemoteStore {
 
     async fn push(&self, table: &str, keys: &[u64], grads: &[f32]) -> anyhow::Result<()> {
         self.client.push(table, keys, grads).await?;
+        Ok(())
+    }
+
+    async fn lookup_tables(&self, tables: &[TableKeys<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let looked_up = self.client.lookup_tables(tables).await?;
+        Ok(looked_up.into_iter().map(|t| t.rows).collect())
+    }
+
+    async fn push_tables(&self, tables: &[TableGrads<'_>]) -> anyhow::Result<()> {
+        self.client.push_tables(tables).await?;
         Ok(())
     }
 
@@ -163,6 +185,23 @@ impl ParameterStore for LocalStore {
 
     async fn push(&self, table: &str, keys: &[u64], grads: &[f32]) -> anyhow::Result<()> {
         self.table(table)?.push(keys, grads, now_secs())?;
+        Ok(())
+    }
+
+    async fn lookup_tables(&self, tables: &[TableKeys<'_>]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let mut all = Vec::with_capacity(tables.len());
+        for asked in tables {
+            all.push(self.lookup(asked.table, asked.keys).await?);
+        }
+        Ok(all)
+    }
+
+    async fn push_tables(&self, tables: &[TableGrads<'_>]) -> anyhow::Result<()> {
+        for pushed in tables {
+            self.push(pushed.table, pushed.keys, pushed.grads)
+                .await
+                .with_context(|| format!("pushing table {:?}", pushed.table))?;
+        }
         Ok(())
     }
 

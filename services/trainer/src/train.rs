@@ -15,14 +15,15 @@ use primus_batch::Minibatch;
 use primus_embedding::HotRows;
 use primus_metrics::{EvalWindow, Evaluation};
 use primus_model::pooling::{BatchKeys, EmbeddingKernels, KeySet};
-use primus_model::{Inputs, Model, ParamSet, StepOutput, TableSlot, Tower};
+use primus_model::{Inputs, Model, ModelLayout, ParamSet, StepOutput, TableSlot, Tower};
 use primus_proto::v1::SourceKind;
+use primus_ps_client::{TableGrads, TableKeys};
 use primus_telemetry::propagation::{TraceCarrier, set_parent_from_carrier};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use crate::device::EmbeddingDevice;
-use crate::fresh::{PushCount, RecentPushes, Stale};
+use crate::fresh::{PushCount, RecentPushes};
 use crate::hot::{HotKeys, HotSync, Share};
 use crate::store::ParameterStore;
 
@@ -455,94 +456,92 @@ impl<S: ParameterStore> Trainer<S> {
     /// looked up now.
     async fn rows(&self, prepared: &mut Prepared) -> anyhow::Result<Vec<Vec<f32>>> {
         let layout = self.model.layout();
-        let stale = self.pushes.since(prepared.looked_up_at);
-        let mut all = Vec::with_capacity(layout.tables.len());
-        let mut wide = prepared.wide.iter_mut();
-        for (t, slot) in layout.tables.iter().enumerate() {
-            let fetched = std::mem::replace(
-                &mut prepared.fetched[t],
-                Fetched {
-                    positions: None,
-                    rows: Vec::new(),
-                },
-            );
-            let replica = self.hot_replica(t);
-            let rows = match (fetched.positions, replica) {
-                (None, None) => fetched.rows,
-                (positions, replica) => {
-                    let keys = &prepared.keys.tables[t];
-                    let fetched = Fetched {
-                        positions,
-                        rows: fetched.rows,
-                    };
-                    self.merge_rows(slot, keys, fetched, replica).await?
-                }
-            };
-            all.push(rows);
-            let wide_rows = match &slot.wide {
-                Some(name) => wide.next().map(|rows| (name, rows)),
-                None => None,
-            };
-            self.refresh(
-                t,
-                slot,
-                &prepared.keys.tables[t],
-                &stale,
-                &mut all[t],
-                wide_rows,
-            )
-            .await?;
-        }
+        let fetched = std::mem::take(&mut prepared.fetched);
+        let keys = &prepared.keys;
+        let merged = (layout.tables.iter().zip(fetched).enumerate())
+            .map(|(t, (slot, fetched))| self.table_rows(t, slot, &keys.tables[t], fetched));
+        let mut all = try_join_all(merged).await?;
+        self.refresh(prepared, &mut all).await?;
         Ok(all)
     }
 
-    /// Reads again table `t`'s rows (and first-order weights) that `stale` says a push
-    /// changed since they were looked up; hot rows come from the replica, which is current.
-    async fn refresh(
+    /// Table `t`'s rows for `keys` as looked up (with the hot set's current ones).
+    async fn table_rows(
         &self,
         t: usize,
         slot: &TableSlot,
         keys: &[u64],
-        stale: &Stale<'_>,
-        rows: &mut [f32],
-        wide: Option<(&String, &mut Vec<f32>)>,
-    ) -> anyhow::Result<()> {
+        fetched: Fetched,
+    ) -> anyhow::Result<Vec<f32>> {
+        match (fetched.positions, self.hot_replica(t)) {
+            (None, None) => Ok(fetched.rows),
+            (positions, replica) => {
+                let fetched = Fetched {
+                    positions,
+                    rows: fetched.rows,
+                };
+                self.merge_rows(slot, keys, fetched, replica).await
+            }
+        }
+    }
+
+    /// Reads again, in one call, the rows (and first-order weights) of `prepared` that a
+    /// push changed since they were looked up; hot rows come from the replica, which is
+    /// current.
+    async fn refresh(&self, prepared: &mut Prepared, rows: &mut [Vec<f32>]) -> anyhow::Result<()> {
+        let stale = self.pushes.since(prepared.looked_up_at);
         if stale.is_nothing() {
             return Ok(());
         }
-        let replica = self.hot_replica(t);
-        let positions: Vec<usize> = (0..keys.len())
-            .filter(|&p| {
-                stale.contains(t, keys[p]) && !replica.is_some_and(|r| r.contains(keys[p]))
-            })
-            .collect();
-        if positions.is_empty() {
+        let layout = self.model.layout();
+        // Per table with stale rows: their positions among its keys, and the keys.
+        let mut changed: Vec<(usize, Vec<usize>, Vec<u64>)> = Vec::new();
+        for (t, keys) in prepared.keys.tables.iter().enumerate() {
+            let replica = self.hot_replica(t);
+            let positions: Vec<usize> = (0..keys.len())
+                .filter(|&p| {
+                    stale.contains(t, keys[p]) && !replica.is_some_and(|r| r.contains(keys[p]))
+                })
+                .collect();
+            if !positions.is_empty() {
+                let stale_keys = positions.iter().map(|&p| keys[p]).collect();
+                changed.push((t, positions, stale_keys));
+            }
+        }
+        if changed.is_empty() {
             return Ok(());
         }
-        let stale_keys: Vec<u64> = positions.iter().map(|&p| keys[p]).collect();
-        let lookup = |table: &str| {
-            let (store, stale_keys) = (&self.store, &stale_keys);
-            let table = table.to_owned();
-            async move {
-                store
-                    .lookup(&table, stale_keys)
-                    .await
-                    .with_context(|| format!("looking up table {table:?} again"))
+        let mut asked = Vec::new();
+        for (t, _, keys) in &changed {
+            let slot = &layout.tables[*t];
+            asked.push(TableKeys {
+                table: &slot.name,
+                keys,
+            });
+            if let Some(wide) = &slot.wide {
+                asked.push(TableKeys { table: wide, keys });
             }
-        };
-        let (fresh, fresh_wide) = futures::try_join!(lookup(&slot.name), async {
-            match &wide {
-                Some((name, _)) => lookup(name).await.map(Some),
-                None => Ok(None),
-            }
-        })?;
-        let dim = slot.dim;
-        for (i, &p) in positions.iter().enumerate() {
-            rows[p * dim..][..dim].copy_from_slice(&fresh[i * dim..][..dim]);
         }
-        if let (Some((_, wide)), Some(fresh_wide)) = (wide, fresh_wide) {
+        let fresh = self
+            .store
+            .lookup_tables(&asked)
+            .await
+            .context("looking up pushed rows again")?;
+        let wide_of = wide_positions(layout);
+        let mut fresh = asked_of(&asked).into_iter().zip(fresh);
+        for (t, positions, _) in changed {
+            let dim = layout.tables[t].dim;
+            let (asked, table_rows) = fresh.next().context("an answer per table")?;
+            check_rows(&asked, &table_rows, dim)?;
             for (i, &p) in positions.iter().enumerate() {
-                wide[p] = fresh_wide[i];
+                rows[t][p * dim..][..dim].copy_from_slice(&table_rows[i * dim..][..dim]);
+            }
+            if let Some(w) = wide_of[t] {
+                let (asked, weights) = fresh.next().context("an answer per wide table")?;
+                check_rows(&asked, &weights, 1)?;
+                for (i, &p) in positions.iter().enumerate() {
+                    prepared.wide[w][p] = weights[i];
+                }
             }
         }
         Ok(())
@@ -664,17 +663,16 @@ impl<S: ParameterStore> Trainer<S> {
                 ));
             }
         }
-        let sparse = try_join_all(pushes.into_iter().filter(|(_, k, _)| !k.is_empty()).map(
-            |(table, keys, grads)| {
-                let store = &self.store;
-                async move {
-                    store
-                        .push(table, &keys, &grads)
-                        .await
-                        .with_context(|| format!("pushing table {table:?}"))
-                }
-            },
-        ));
+        let pushed: Vec<TableGrads<'_>> = (pushes.iter())
+            .filter(|(_, keys, _)| !keys.is_empty())
+            .map(|(table, keys, grads)| TableGrads { table, keys, grads })
+            .collect();
+        let sparse = async {
+            self.store
+                .push_tables(&pushed)
+                .await
+                .context("pushing sparse gradients")
+        };
         let dense = async {
             self.store
                 .push_dense(&output.dense_grads)
@@ -684,6 +682,37 @@ impl<S: ParameterStore> Trainer<S> {
         futures::try_join!(sparse, dense)?;
         Ok(hot_share)
     }
+}
+
+/// For each layout table, the index of its first-order weights among a minibatch's wide
+/// rows (tables with a first-order part, in layout order).
+fn wide_positions(layout: &ModelLayout) -> Vec<Option<usize>> {
+    let mut next = 0;
+    (layout.tables.iter())
+        .map(|slot| {
+            slot.wide.as_ref().map(|_| {
+                next += 1;
+                next - 1
+            })
+        })
+        .collect()
+}
+
+/// What a multi-table lookup asked of each table: its name and how many keys.
+fn asked_of(asked: &[TableKeys<'_>]) -> Vec<(String, usize)> {
+    (asked.iter())
+        .map(|a| (a.table.to_owned(), a.keys.len()))
+        .collect()
+}
+
+/// Fails unless the store answered `width` floats for each key `asked`.
+fn check_rows((table, keys): &(String, usize), rows: &[f32], width: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        rows.len() == keys * width,
+        "table {table:?}: the store answered {} floats for {keys} keys of width {width}",
+        rows.len(),
+    );
+    Ok(())
 }
 
 /// Resolves when the other members of `hot`'s group wait for this trainer's share.
@@ -745,57 +774,52 @@ async fn prepare<S: ParameterStore>(
     let layout = model.layout();
     let kjt = batch.to_kjt()?;
     let keys = BatchKeys::collect(layout, &kjt)?;
-    let lookup = |table: String, keys: Vec<u64>| async move {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        store
-            .lookup(&table, &keys)
-            .await
-            .with_context(|| format!("looking up table {table:?}"))
-    };
-    let fetch = |t: usize, name: String, keys: &Vec<u64>| {
-        let positions = (!hot.is_empty()).then(|| {
-            (0..keys.len())
-                .filter(|p| !hot.contains(t, keys[*p]))
-                .collect::<Vec<usize>>()
-        });
-        let cold = match &positions {
-            Some(positions) => positions.iter().map(|p| keys[*p]).collect(),
-            None => keys.clone(),
-        };
-        let rows = lookup(name, cold);
-        async move {
-            Ok::<_, anyhow::Error>(Fetched {
-                positions,
-                rows: rows.await?,
-            })
-        }
-    };
-    let rows = try_join_all(
-        layout
-            .tables
-            .iter()
-            .zip(&keys.tables)
-            .enumerate()
-            .map(|(i, (t, k))| fetch(i, t.name.clone(), k)),
-    );
-    let wide = try_join_all(
-        layout
-            .tables
-            .iter()
-            .zip(&keys.tables)
-            .filter_map(|(t, k)| t.wide.clone().map(|w| lookup(w, k.clone()))),
-    );
-    let (rows, wide) = async { futures::try_join!(rows, wide) }
+    // Each table's keys not in the hot set (positions among its keys when some are).
+    let cold: Vec<(Option<Vec<usize>>, Vec<u64>)> = (keys.tables.iter().enumerate())
+        .map(|(t, keys)| {
+            let positions = (!hot.is_empty()).then(|| {
+                (0..keys.len())
+                    .filter(|p| !hot.contains(t, keys[*p]))
+                    .collect::<Vec<usize>>()
+            });
+            let cold = match &positions {
+                Some(positions) => positions.iter().map(|p| keys[*p]).collect(),
+                None => keys.clone(),
+            };
+            (positions, cold)
+        })
+        .collect();
+    // One call for every table's rows, then every first-order table's weights.
+    let rows_asked = (layout.tables.iter().zip(&cold)).map(|(slot, (_, cold))| TableKeys {
+        table: &slot.name,
+        keys: cold,
+    });
+    let wide_asked = (layout.tables.iter().zip(&keys.tables))
+        .filter_map(|(slot, keys)| slot.wide.as_ref().map(|table| TableKeys { table, keys }));
+    let asked: Vec<TableKeys<'_>> = rows_asked.chain(wide_asked).collect();
+    let looked_up = store
+        .lookup_tables(&asked)
         .instrument(lookup_span)
-        .await?;
+        .await
+        .context("looking up the minibatch's rows")?;
+    let mut looked_up = asked_of(&asked).into_iter().zip(looked_up);
+    let mut fetched = Vec::with_capacity(cold.len());
+    for ((positions, _), slot) in cold.into_iter().zip(&layout.tables) {
+        let (asked, rows) = looked_up.next().context("an answer per table")?;
+        check_rows(&asked, &rows, slot.dim)?;
+        fetched.push(Fetched { positions, rows });
+    }
+    let mut wide = Vec::new();
+    for (asked, weights) in looked_up {
+        check_rows(&asked, &weights, 1)?;
+        wide.push(weights);
+    }
     Ok(Prepared {
         batch,
         tower: tower(kind),
         span,
         keys,
-        fetched: rows,
+        fetched,
         wide,
         lookup_time: started.elapsed(),
         looked_up_at,

@@ -438,6 +438,12 @@ impl Table {
         Ok(missing)
     }
 
+    /// What [`Self::push`] checks before it changes anything: a whole row of finite
+    /// gradients per key.
+    pub fn check_push(&self, keys: &[u64], grads: &[f32]) -> Result<(), EmbeddingError> {
+        check_gradients(keys, grads, self.dim)
+    }
+
     /// Applies `grads` (`dim` floats per key) with the table's optimizer at time `now_secs`.
     /// A key without a row gets one if admission lets it in; otherwise its gradient is
     /// dropped. Any non-finite gradient refuses the whole call before anything changes.
@@ -447,7 +453,7 @@ impl Table {
         grads: &[f32],
         now_secs: u32,
     ) -> Result<PushOutcome, EmbeddingError> {
-        check_gradients(keys, grads, self.dim)?;
+        self.check_push(keys, grads)?;
         let dim = self.dim;
         let (order, starts) = self.group_by_shard(keys);
         let grouped_keys: Vec<u64> = order.iter().map(|p| keys[*p as usize]).collect();

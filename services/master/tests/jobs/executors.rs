@@ -210,15 +210,16 @@ async fn one_trace_links_a_data_task_the_trainer_step_on_its_rows_and_the_ps_pus
     let linked = tasks.iter().find_map(|task| {
         let step = child_of(task, "trainer.step").into_iter().next()?;
         let push = child_of(&step, "trainer.push").into_iter().next()?;
-        let server = child_of(&push, "/primus.v1.ParameterServer/Push")
+        let server = child_of(&push, "/primus.v1.ParameterServer/PushTables")
             .into_iter()
             .next()?;
-        let ps_push = child_of(&server, "ps.push").into_iter().next()?;
+        let tables = child_of(&server, "ps.push_tables").into_iter().next()?;
+        let ps_push = child_of(&tables, "ps.push").into_iter().next()?;
         Some((task, step, server, ps_push))
     });
     let Some((task, step, server, ps_push)) = linked else {
         panic!(
-            "no data task -> trainer.step -> trainer.push -> PS Push -> ps.push chain in {:?}",
+            "no data task -> trainer.step -> trainer.push -> PS PushTables -> ps.push_tables -> ps.push chain in {:?}",
             names(&spans)
         );
     };

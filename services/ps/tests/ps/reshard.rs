@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use primus_embedding::DenseStore;
 use primus_proto::v1::{DenseTensor, Layout as WireLayout};
 use primus_ps_client::reshard::reshard;
-use primus_ps_client::{DenseValues, ShardSource, StoredRows, layout};
+use primus_ps_client::{DenseValues, ShardSource, StoredRows, TableGrads, layout};
 
 use super::*;
 
@@ -68,7 +68,25 @@ async fn push_all(
         }
         let keys = keys_at(step);
         let grads = grads_for(step, keys.len());
-        client.push("items", &keys, &grads).await.expect("push");
+        // Every other step goes as a push of several tables (the table twice).
+        if step % 2 == 0 {
+            client.push("items", &keys, &grads).await.expect("push");
+        } else {
+            let half = keys.len() / 2;
+            let parts = [
+                TableGrads {
+                    table: "items",
+                    keys: &keys[..half],
+                    grads: &grads[..half * DIM],
+                },
+                TableGrads {
+                    table: "items",
+                    keys: &keys[half..],
+                    grads: &grads[half * DIM..],
+                },
+            ];
+            client.push_tables(&parts).await.expect("push tables");
+        }
         reference.push(&keys, &grads, 1).expect("reference push");
         progress.store(step + 1, Ordering::Release);
         if step == STEPS / 3 {

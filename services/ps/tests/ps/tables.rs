@@ -1,0 +1,182 @@
+//! Several tables in one call: answers and effects equal one call per table, and a push
+//! with one bad table applies nothing.
+
+use primus_embedding::{Table, TableOptions};
+use primus_proto::v1::parameter_server_client::ParameterServerClient;
+use primus_proto::v1::{PushRequest, PushTablesRequest, StatsRequest};
+use primus_ps_client::{PsClient, TableGrads, TableKeys, TableRows};
+use primus_testkit::NatsServer;
+use tonic::Code;
+
+use super::{DIM, SEED, batch, grads_for, start_shard, table_spec};
+
+fn reference(name: &str) -> Table {
+    let options = TableOptions {
+        shards: 1,
+        seed: SEED,
+        ..TableOptions::default()
+    };
+    Table::new(&table_spec(name), options).expect("table")
+}
+
+fn expected_rows(table: &Table, keys: &[u64]) -> TableRows {
+    let mut rows = vec![0.0; keys.len() * DIM];
+    table.lookup(keys, &mut rows).expect("reference lookup");
+    let dim = if keys.is_empty() { 0 } else { DIM };
+    TableRows { dim, rows }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn several_tables_in_one_call_answer_like_one_call_each() {
+    let nats = NatsServer::start().expect("nats-server");
+    let mut shards = Vec::new();
+    for _ in 0..3 {
+        shards.push(start_shard(&nats, vec![table_spec("items"), table_spec("users")]).await);
+    }
+    let addrs: Vec<String> = shards.iter().map(|s| s.addr.clone()).collect();
+    let client = PsClient::connect(&addrs).await.expect("connect");
+    let (items, users) = (reference("items"), reference("users"));
+
+    for step in 0..20 {
+        let (item_keys, user_keys) = (batch(step, 211), batch(step + 500, 97));
+        let (item_grads, user_grads) = (
+            grads_for(step, item_keys.len()),
+            grads_for(step + 1, user_keys.len()),
+        );
+        // The same table twice in one call: its parts apply in order.
+        let (first, second) = item_keys.split_at(100);
+        let pushed = client
+            .push_tables(&[
+                TableGrads {
+                    table: "items",
+                    keys: first,
+                    grads: &item_grads[..100 * DIM],
+                },
+                TableGrads {
+                    table: "users",
+                    keys: &user_keys,
+                    grads: &user_grads,
+                },
+                TableGrads {
+                    table: "items",
+                    keys: second,
+                    grads: &item_grads[100 * DIM..],
+                },
+            ])
+            .await
+            .expect("push tables");
+        assert_eq!(
+            pushed,
+            vec![(100, 0), (user_keys.len() as u64, 0), (111, 0)],
+            "applied per table, in request order"
+        );
+        items.push(&item_keys, &item_grads, 1).expect("reference");
+        users.push(&user_keys, &user_grads, 1).expect("reference");
+
+        let (item_probe, user_probe) = (batch(step + 1_000, 300), batch(step + 2_000, 50));
+        let looked_up = client
+            .lookup_tables(&[
+                TableKeys {
+                    table: "users",
+                    keys: &user_probe,
+                },
+                TableKeys {
+                    table: "items",
+                    keys: &[],
+                },
+                TableKeys {
+                    table: "items",
+                    keys: &item_probe,
+                },
+            ])
+            .await
+            .expect("lookup tables");
+        let expected = vec![
+            expected_rows(&users, &user_probe),
+            expected_rows(&items, &[]),
+            expected_rows(&items, &item_probe),
+        ];
+        assert_eq!(looked_up, expected, "step {step}");
+        let (single, _) = client.lookup("items", &item_probe).await.expect("lookup");
+        assert_eq!(single, expected[2].rows);
+    }
+    assert!(client.lookup_tables(&[]).await.expect("nothing").is_empty());
+    for shard in shards {
+        shard.shutdown.trigger();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_of_several_tables_with_one_bad_table_applies_none() {
+    let nats = NatsServer::start().expect("nats-server");
+    let shard = start_shard(&nats, vec![table_spec("items"), table_spec("users")]).await;
+    let mut raw = ParameterServerClient::connect(format!("http://{}", shard.addr))
+        .await
+        .expect("connect");
+    let keys: Vec<u8> = [1u64, 2].iter().flat_map(|k| k.to_le_bytes()).collect();
+    let floats =
+        |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let good = PushRequest {
+        table: "items".into(),
+        keys: keys.clone(),
+        grads: floats(&[0.1; 2 * DIM]),
+    };
+    let mut nan = vec![0.1f32; 2 * DIM];
+    nan[DIM] = f32::NAN;
+    let cases = [
+        (
+            PushRequest {
+                table: "users".into(),
+                keys: keys.clone(),
+                grads: floats(&nan),
+            },
+            "tables[1]",
+        ),
+        (
+            PushRequest {
+                table: "users".into(),
+                keys: keys.clone(),
+                grads: floats(&[0.1; DIM]),
+            },
+            "tables[1]",
+        ),
+        (
+            PushRequest {
+                table: "nope".into(),
+                keys: keys.clone(),
+                grads: floats(&[0.1; 2 * DIM]),
+            },
+            "\"nope\" is not held",
+        ),
+        (
+            PushRequest {
+                table: "users".into(),
+                keys: vec![1, 2, 3],
+                grads: floats(&[0.1; 2 * DIM]),
+            },
+            "tables[1].keys",
+        ),
+    ];
+    for (bad, names) in cases {
+        let request = PushTablesRequest {
+            tables: vec![good.clone(), bad],
+        };
+        let status = raw.push_tables(request).await.expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(names), "{status:?}");
+    }
+    let stats = raw
+        .stats(StatsRequest {})
+        .await
+        .expect("stats")
+        .into_inner();
+    for table in stats.tables {
+        assert_eq!(table.rows, 0, "table {} changed", table.table);
+    }
+    // The good part alone is applied.
+    let request = PushTablesRequest { tables: vec![good] };
+    let pushed = raw.push_tables(request).await.expect("push").into_inner();
+    assert_eq!(pushed.tables.len(), 1);
+    assert_eq!(pushed.tables[0].applied, 2);
+    shard.shutdown.trigger();
+}

@@ -1,11 +1,15 @@
 //! Every setting the compose file and the Kubernetes manifests give a service exists in
 //! that service's settings type, with a value of the right type where the file holds one.
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use primus_deploy_check::{EnvSetting, Launch, Service, compose_launches, kubernetes_launches};
 
+/// Found at run time (Cargo sets the package folder for tests too): the compile-time path
+/// goes stale when a shared target folder serves a checkout at another path.
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let package = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    package.join("../..")
 }
 
 fn check_all(launches: &[Launch]) {

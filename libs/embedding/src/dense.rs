@@ -74,6 +74,7 @@ struct Inner {
 
 /// Named dense tensors with their optimizer state, updated by a server-side optimizer.
 pub struct DenseStore {
+    spec: OptimizerSpec,
     optimizer: Optimizer,
     inner: RwLock<Inner>,
 }
@@ -82,6 +83,7 @@ impl DenseStore {
     /// An empty store whose pushes apply `optimizer`.
     pub fn new(optimizer: &OptimizerSpec) -> Self {
         Self {
+            spec: optimizer.clone(),
             optimizer: Optimizer::from_spec(optimizer),
             inner: RwLock::new(Inner {
                 tensors: BTreeMap::new(),
@@ -131,6 +133,25 @@ impl DenseStore {
             inner.version += 1;
         }
         Ok(created)
+    }
+
+    /// The optimizer pushes apply.
+    pub fn optimizer(&self) -> &OptimizerSpec {
+        &self.spec
+    }
+
+    /// `names` (every tensor when empty) with their optimizer state in
+    /// [`DenseStore::encode`]'s form, and the version they are at: what a copy that applies
+    /// the same pushes starts from.
+    pub fn export(&self, names: &[String]) -> Result<(Vec<u8>, u64), DenseError> {
+        let inner = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(unknown) = names.iter().find(|n| !inner.tensors.contains_key(*n)) {
+            return Err(DenseError::Unknown(unknown.clone()));
+        }
+        let bytes = encode_kept(&inner, |name| {
+            names.is_empty() || names.iter().any(|n| n == name)
+        });
+        Ok((bytes, inner.version))
     }
 
     /// Current values of `names` (every tensor when empty) and the version they are at.
@@ -200,31 +221,7 @@ impl DenseStore {
     /// The tensors whose name `keep` accepts, in [`DenseStore::encode`]'s form.
     pub fn encode_where(&self, keep: impl Fn(&str) -> bool) -> Vec<u8> {
         let inner = self.inner.read().unwrap_or_else(PoisonError::into_inner);
-        let kept: Vec<(&String, &Tensor)> = inner
-            .tensors
-            .iter()
-            .filter(|(name, _)| keep(name))
-            .collect();
-        let mut out = Vec::new();
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&1u32.to_le_bytes());
-        out.extend_from_slice(&inner.version.to_le_bytes());
-        out.extend_from_slice(&(kept.len() as u64).to_le_bytes());
-        for (name, tensor) in kept {
-            out.extend_from_slice(&(name.len() as u64).to_le_bytes());
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(&(tensor.shape.len() as u64).to_le_bytes());
-            for d in &tensor.shape {
-                out.extend_from_slice(&d.to_le_bytes());
-            }
-            for floats in [&tensor.weights, &tensor.state] {
-                out.extend_from_slice(&(floats.len() as u64).to_le_bytes());
-                for v in floats {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
-            }
-        }
-        seal(out)
+        encode_kept(&inner, keep)
     }
 
     /// Replaces every tensor with those in `bytes` (from [`DenseStore::encode`]); nothing
@@ -356,6 +353,35 @@ fn check_finite(name: &str, values: &[f32]) -> Result<(), DenseError> {
         }),
         None => Ok(()),
     }
+}
+
+/// The tensors of `inner` whose name `keep` accepts, in [`DenseStore::encode`]'s form.
+fn encode_kept(inner: &Inner, keep: impl Fn(&str) -> bool) -> Vec<u8> {
+    let kept: Vec<(&String, &Tensor)> = inner
+        .tensors
+        .iter()
+        .filter(|(name, _)| keep(name))
+        .collect();
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&inner.version.to_le_bytes());
+    out.extend_from_slice(&(kept.len() as u64).to_le_bytes());
+    for (name, tensor) in kept {
+        out.extend_from_slice(&(name.len() as u64).to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&(tensor.shape.len() as u64).to_le_bytes());
+        for d in &tensor.shape {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        for floats in [&tensor.weights, &tensor.state] {
+            out.extend_from_slice(&(floats.len() as u64).to_le_bytes());
+            for v in floats {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    seal(out)
 }
 
 #[cfg(test)]

@@ -7,15 +7,17 @@
 
 #![warn(missing_docs)]
 
+mod dense;
 pub mod layout;
 pub mod reshard;
 mod tables;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
+pub use dense::{DensePushed, DenseState};
 use futures::future::{BoxFuture, join_all, try_join_all};
 pub use layout::{Layout, jump_consistent_hash};
 pub use primus_embedding::DenseValues;
@@ -479,19 +481,22 @@ impl PsClient {
     }
 
     /// Applies gradients with each shard's dense optimizer; a shard's part refused because
-    /// its tensors moved is pushed again to their new shards, and only that part.
-    pub async fn push_dense(&self, grads: &[DenseValues]) -> Result<(), PsClientError> {
+    /// its tensors moved is pushed again to their new shards, and only that part. Returns
+    /// the version each shard's dense store reached.
+    pub async fn push_dense(&self, grads: &[DenseValues]) -> Result<DensePushed, PsClientError> {
         let mut refusals = Refusals::default();
         let mut pending: Vec<DenseValues> = grads.to_vec();
+        let mut pushed = DensePushed::default();
         loop {
             let shards = self.current();
-            match push_dense_on(&shards, pending).await {
+            match push_dense_on(&shards, pending, &mut pushed.versions).await {
                 None => {
                     self.answered(&refusals);
-                    return Ok(());
+                    return Ok(pushed);
                 }
                 Some((error, left)) => {
                     self.follow_move(&shards, error, &mut refusals).await?;
+                    pushed.moved = true;
                     pending = left;
                 }
             }
@@ -676,7 +681,10 @@ async fn pull_dense_on(
             let mut client = shards.clients[shard].clone();
             async move {
                 let response = client
-                    .pull_dense(PullDenseRequest { names })
+                    .pull_dense(PullDenseRequest {
+                        names,
+                        with_state: false,
+                    })
                     .await
                     .map_err(|status| PsClientError::Call { shard, status })?;
                 response
@@ -711,6 +719,7 @@ async fn pull_dense_on(
 async fn push_dense_on(
     shards: &Shards,
     grads: Vec<DenseValues>,
+    versions: &mut BTreeMap<String, u64>,
 ) -> Option<(PsClientError, Vec<DenseValues>)> {
     let groups = shards.by_dense_shard(grads.into_iter().map(|g| (g.name.clone(), g)));
     let calls = groups
@@ -729,7 +738,10 @@ async fn push_dense_on(
     let mut failed = None;
     for (shard, answer, part) in join_all(calls).await {
         match answer {
-            Ok(_) => {}
+            Ok(response) => {
+                let version = response.into_inner().version;
+                versions.insert(shards.addrs[shard].clone(), version);
+            }
             Err(status) if is_moved(&status) => {
                 refused
                     .get_or_insert_with(|| (PsClientError::Call { shard, status }, Vec::new()))

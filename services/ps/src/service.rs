@@ -374,8 +374,20 @@ impl ParameterServer for Ps {
         &self,
         request: Request<PullDenseRequest>,
     ) -> Result<Response<PullDenseResponse>, Status> {
-        let names = request.into_inner().names;
+        let PullDenseRequest { names, with_state } = request.into_inner();
         let fence = self.dense_here(names.iter().map(String::as_str))?;
+        if with_state {
+            let (state, version) = self.dense.export(&names).map_err(dense_status)?;
+            drop(fence);
+            let optimizer_json = serde_json::to_string(self.dense.optimizer())
+                .map_err(|e| Status::internal(format!("the dense optimizer: {e}")))?;
+            return Ok(Response::new(PullDenseResponse {
+                tensors: Vec::new(),
+                version,
+                state,
+                optimizer_json,
+            }));
+        }
         let (tensors, version) = self.dense.pull(&names).map_err(dense_status)?;
         drop(fence);
         let tensors = tensors
@@ -390,7 +402,11 @@ impl ParameterServer for Ps {
                 }
             })
             .collect();
-        Ok(Response::new(PullDenseResponse { tensors, version }))
+        Ok(Response::new(PullDenseResponse {
+            tensors,
+            version,
+            ..Default::default()
+        }))
     }
 
     async fn push_dense(

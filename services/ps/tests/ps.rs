@@ -433,16 +433,21 @@ async fn snapshot_and_restore(nats: &NatsServer, storage: StorageSettings, uri: 
     let (want, _) = client.lookup("items", &probe).await.expect("lookup");
     let (got, _) = copy_client.lookup("items", &probe).await.expect("lookup");
     assert_eq!(got, want);
-    let pull = primus_proto::v1::PullDenseRequest { names: Vec::new() };
-    assert_eq!(
-        copy_raw
-            .pull_dense(pull.clone())
-            .await
-            .expect("pull")
-            .into_inner(),
-        raw.pull_dense(pull).await.expect("pull").into_inner(),
-        "dense parameters and their version restored too"
-    );
+    for with_state in [false, true] {
+        let pull = primus_proto::v1::PullDenseRequest {
+            names: Vec::new(),
+            with_state,
+        };
+        assert_eq!(
+            copy_raw
+                .pull_dense(pull.clone())
+                .await
+                .expect("pull")
+                .into_inner(),
+            raw.pull_dense(pull).await.expect("pull").into_inner(),
+            "dense parameters, their optimizer state and version restored too"
+        );
+    }
     let rows = |stats: primus_proto::v1::StatsResponse| stats.tables[0].rows;
     assert_eq!(
         rows(
@@ -611,6 +616,7 @@ async fn dense_parameters_are_initialised_once_and_updated_by_the_server_optimiz
     let pulled = raw
         .pull_dense(PullDenseRequest {
             names: vec!["top.w".into()],
+            with_state: false,
         })
         .await
         .expect("pull")
@@ -623,6 +629,21 @@ async fn dense_parameters_are_initialised_once_and_updated_by_the_server_optimiz
     let (want, version) = local.pull(&[]).expect("local pull");
     assert_eq!(values, want[0].values);
     assert_eq!(pulled.version, version);
+    // With their optimizer state: what the local store would encode, and its optimizer.
+    let with_state = raw
+        .pull_dense(PullDenseRequest {
+            names: vec!["top.w".into()],
+            with_state: true,
+        })
+        .await
+        .expect("pull with state")
+        .into_inner();
+    assert!(with_state.tensors.is_empty());
+    assert_eq!(with_state.state, local.encode());
+    assert_eq!(with_state.version, version);
+    let optimizer: primus_spec::job::OptimizerSpec =
+        serde_json::from_str(&with_state.optimizer_json).expect("optimizer json");
+    assert_eq!(&optimizer, local.optimizer());
 
     // Wrong size, wrong shape, unknown name: refused with codes a trainer can act on.
     let status = raw
@@ -642,6 +663,7 @@ async fn dense_parameters_are_initialised_once_and_updated_by_the_server_optimiz
     let status = raw
         .pull_dense(PullDenseRequest {
             names: vec!["bottom.w".into()],
+            with_state: true,
         })
         .await
         .expect_err("unknown");

@@ -4,7 +4,8 @@
 //! unique keys of each table, pools them (on the CPU or a GPU, `trainer.device`), runs
 //! the dense network forward and backward (burn, CPU) and pushes sparse gradients of unique keys and dense gradients to the PS,
 //! whose optimizers apply them. Dense parameters are pulled every `dense_pull_every`
-//! steps. Progressive-validation metrics (AUC, logloss, calibration over the last
+//! steps; while the trainer is their only writer the pulls read its own exact copy and the
+//! pushes go out in the background (`mirror`). Progressive-validation metrics (AUC, logloss, calibration over the last
 //! `eval_window` samples, each scored before it was trained on), samples/s and the time
 //! shares of lookup/compute/push go to NATS. The process exits 0 when the data ends.
 //!
@@ -26,6 +27,7 @@
 pub mod device;
 mod fresh;
 pub mod hot;
+mod mirror;
 pub mod store;
 pub mod train;
 

@@ -12,6 +12,8 @@ use primus_model::ParamTensor;
 use primus_ps_client::{PsClient, StoredRows, TableGrads, TableKeys};
 use primus_spec::job::{OptimizerSpec, TableSpec};
 
+use crate::mirror::DenseMirror;
+
 /// Embedding rows and dense parameters, with server-side optimizers.
 pub trait ParameterStore: Send + Sync + 'static {
     /// Rows of `keys` (`dim` floats each, request order).
@@ -60,7 +62,11 @@ pub trait ParameterStore: Send + Sync + 'static {
         names: &[String],
     ) -> impl Future<Output = anyhow::Result<Vec<ParamTensor>>> + Send;
 
+    /// Applies dense gradients; the store may send them on after it returns, in order.
     fn push_dense(&self, grads: &[ParamTensor]) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Waits until every push has reached the store (a checkpoint barrier, the end).
+    fn flush(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
 
 fn to_wire(tensor: &ParamTensor) -> DenseValues {
@@ -79,14 +85,19 @@ fn from_wire(tensor: DenseValues) -> ParamTensor {
     }
 }
 
-/// The job's PS shards.
+/// The job's PS shards, and this trainer's copy of the dense parameters while it is
+/// their only writer ([`DenseMirror`]).
 pub struct RemoteStore {
     client: PsClient,
+    dense: tokio::sync::Mutex<DenseMirror>,
 }
 
 impl RemoteStore {
     pub fn new(client: PsClient) -> Self {
-        Self { client }
+        Self {
+            client,
+            dense: tokio::sync::Mutex::default(),
+        }
     }
 }
 
@@ -121,14 +132,17 @@ impl ParameterStore for RemoteStore {
     }
 
     async fn pull_dense(&self, names: &[String]) -> anyhow::Result<Vec<ParamTensor>> {
-        let pulled = self.client.pull_dense(names).await?;
+        let pulled = self.dense.lock().await.pull(&self.client, names).await?;
         Ok(pulled.into_iter().map(from_wire).collect())
     }
 
     async fn push_dense(&self, grads: &[ParamTensor]) -> anyhow::Result<()> {
         let wire: Vec<DenseValues> = grads.iter().map(to_wire).collect();
-        self.client.push_dense(&wire).await?;
-        Ok(())
+        self.dense.lock().await.push(&self.client, wire).await
+    }
+
+    async fn flush(&self) -> anyhow::Result<()> {
+        self.dense.lock().await.flush().await
     }
 }
 
@@ -230,6 +244,10 @@ impl ParameterStore for LocalStore {
     async fn push_dense(&self, grads: &[ParamTensor]) -> anyhow::Result<()> {
         let values: Vec<DenseValues> = grads.iter().map(to_wire).collect();
         self.dense.push(&values)?;
+        Ok(())
+    }
+
+    async fn flush(&self) -> anyhow::Result<()> {
         Ok(())
     }
 }

@@ -271,10 +271,11 @@ impl<S: ParameterStore> Trainer<S> {
         self.hot.as_ref()
     }
 
-    /// Waits for work that outlives a step: the hot set's push of its latest round.
-    /// `train` does this before it returns; a caller of `step` does it before reading the
-    /// PS.
+    /// Waits for work that outlives a step: the dense push in flight and the hot set's push
+    /// of its latest round. `train` does this before it returns and at a checkpoint
+    /// barrier; a caller of `step` does it before reading the PS.
     pub async fn settle(&mut self) -> anyhow::Result<()> {
+        self.store.flush().await?;
         match &mut self.hot {
             Some(hot) => hot.settle().await,
             None => Ok(()),
@@ -360,6 +361,8 @@ impl<S: ParameterStore> Trainer<S> {
                     if let Some(hot) = &mut self.hot {
                         hot.wait_at_barrier(&self.store, id).await?;
                     }
+                    // Aligned means pushed: the snapshot that follows holds every step.
+                    self.store.flush().await?;
                     let meter = &self.meter;
                     reporter.aligned(id, meter.steps, meter.samples).await;
                     if let Some(hot) = &mut self.hot

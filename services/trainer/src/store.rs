@@ -86,7 +86,7 @@ fn from_wire(tensor: DenseValues) -> ParamTensor {
 }
 
 /// The job's PS shards, and this trainer's copy of the dense parameters while it is
-/// their only writer ([`DenseMirror`]).
+/// their only writer (see the `mirror` module).
 pub struct RemoteStore {
     client: PsClient,
     dense: tokio::sync::Mutex<DenseMirror>,

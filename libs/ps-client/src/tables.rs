@@ -61,19 +61,14 @@ impl PsClient {
         &self,
         tables: &[TableGrads<'_>],
     ) -> Result<Vec<(u64, u64)>, PsClientError> {
-        let mut dims = Vec::with_capacity(tables.len());
-        for table in tables {
-            let keys = table.keys.len().max(1);
-            if !table.grads.len().is_multiple_of(keys)
-                || (table.keys.is_empty() && !table.grads.is_empty())
-            {
-                return Err(PsClientError::GradientWidth {
-                    got: table.grads.len(),
-                    keys: table.keys.len(),
-                });
-            }
-            dims.push(table.grads.len() / keys);
-        }
+        let dims = (tables.iter())
+            .map(|t| {
+                row_width(t.keys.len(), t.grads.len()).ok_or(PsClientError::GradientWidth {
+                    got: t.grads.len(),
+                    keys: t.keys.len(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let names: Vec<&str> = tables.iter().map(|t| t.table).collect();
         let mut totals = vec![(0, 0); tables.len()];
         let mut refusals = Refusals::default();
@@ -100,6 +95,14 @@ impl PsClient {
                 }
             }
         }
+    }
+}
+
+/// Floats per key, when `grads` floats are a whole row for each of `keys` keys.
+fn row_width(keys: usize, grads: usize) -> Option<usize> {
+    match keys {
+        0 => (grads == 0).then_some(0),
+        _ => grads.is_multiple_of(keys).then(|| grads / keys),
     }
 }
 

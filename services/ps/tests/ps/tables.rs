@@ -101,6 +101,18 @@ async fn several_tables_in_one_call_answer_like_one_call_each() {
         assert_eq!(single, expected[2].rows);
     }
     assert!(client.lookup_tables(&[]).await.expect("nothing").is_empty());
+    let ragged = client
+        .push_tables(&[TableGrads {
+            table: "items",
+            keys: &[1, 2],
+            grads: &[0.1; 5],
+        }])
+        .await
+        .expect_err("not a whole row per key");
+    assert!(
+        ragged.to_string().contains("5 gradient floats for 2 keys"),
+        "{ragged}"
+    );
     for shard in shards {
         shard.shutdown.trigger();
     }

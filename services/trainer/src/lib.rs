@@ -28,6 +28,7 @@ pub mod device;
 mod fresh;
 pub mod hot;
 mod mirror;
+mod prefetch;
 pub mod store;
 pub mod train;
 

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use futures::Stream;
 use futures::future::try_join_all;
-use futures::{Stream, StreamExt};
 use primus_batch::Minibatch;
 use primus_embedding::HotRows;
 use primus_metrics::{EvalWindow, Evaluation};
 use primus_model::pooling::{BatchKeys, EmbeddingKernels, KeySet};
-use primus_model::{Inputs, Model, ModelLayout, ParamSet, StepOutput, TableSlot, Tower};
+use primus_model::{Inputs, Model, ParamSet, StepOutput, TableSlot};
 use primus_proto::v1::SourceKind;
 use primus_ps_client::{TableGrads, TableKeys};
 use primus_telemetry::propagation::{TraceCarrier, set_parent_from_carrier};
@@ -23,8 +23,10 @@ use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use crate::device::EmbeddingDevice;
-use crate::fresh::{PushCount, RecentPushes};
+use crate::fresh::RecentPushes;
 use crate::hot::{HotKeys, HotSync, Share};
+pub use crate::prefetch::Prepared;
+use crate::prefetch::{Fetched, Ready, asked_of, check_rows, prefetch, prepare, wide_positions};
 use crate::store::ParameterStore;
 
 /// A minibatch to train on and the `trainer.step` span its lookups, compute and pushes
@@ -55,39 +57,6 @@ pub enum Feed {
     Batch(Incoming),
     /// Every minibatch served before checkpoint `id`'s barrier came before this.
     Barrier(u64),
-}
-
-/// What the prefetcher hands the step loop, in the order it was fed.
-enum Ready {
-    Step(Box<Prepared>),
-    Barrier(u64),
-}
-
-/// Rows of one table looked up on the PS: for the keys at `positions` among the table's
-/// unique keys, or for all of them (`None`). Hot keys are left out.
-struct Fetched {
-    positions: Option<Vec<usize>>,
-    rows: Vec<f32>,
-}
-
-/// A minibatch with its rows looked up, ready to compute.
-pub struct Prepared {
-    pub batch: Minibatch,
-    pub tower: Tower,
-    span: tracing::Span,
-    keys: BatchKeys,
-    fetched: Vec<Fetched>,
-    wide: Vec<Vec<f32>>,
-    lookup_time: Duration,
-    /// Pushes completed when the lookup began.
-    looked_up_at: u64,
-}
-
-impl Prepared {
-    /// The minibatch's unique keys per table (what it looked up and will push).
-    pub fn keys(&self) -> &BatchKeys {
-        &self.keys
-    }
 }
 
 /// Counters since the trainer started and since the last report.
@@ -205,13 +174,6 @@ pub struct Trainer<S> {
     device: EmbeddingDevice,
     pushes: RecentPushes,
     pub meter: Meter,
-}
-
-fn tower(kind: SourceKind) -> Tower {
-    match kind {
-        SourceKind::Stream => Tower::Adapt,
-        _ => Tower::Memory,
-    }
 }
 
 impl<S: ParameterStore> Trainer<S> {
@@ -687,37 +649,6 @@ impl<S: ParameterStore> Trainer<S> {
     }
 }
 
-/// For each layout table, the index of its first-order weights among a minibatch's wide
-/// rows (tables with a first-order part, in layout order).
-fn wide_positions(layout: &ModelLayout) -> Vec<Option<usize>> {
-    let mut next = 0;
-    (layout.tables.iter())
-        .map(|slot| {
-            slot.wide.as_ref().map(|_| {
-                next += 1;
-                next - 1
-            })
-        })
-        .collect()
-}
-
-/// What a multi-table lookup asked of each table: its name and how many keys.
-fn asked_of(asked: &[TableKeys<'_>]) -> Vec<(String, usize)> {
-    (asked.iter())
-        .map(|a| (a.table.to_owned(), a.keys.len()))
-        .collect()
-}
-
-/// Fails unless the store answered `width` floats for each key `asked`.
-fn check_rows((table, keys): &(String, usize), rows: &[f32], width: usize) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        rows.len() == keys * width,
-        "table {table:?}: the store answered {} floats for {keys} keys of width {width}",
-        rows.len(),
-    );
-    Ok(())
-}
-
 /// Resolves when the other members of `hot`'s group wait for this trainer's share.
 async fn wanted(hot: &mut Option<HotSync>) {
     match hot {
@@ -759,101 +690,4 @@ fn compute(
         Vec::new()
     };
     Ok((prepared, output, grads, wide_grads))
-}
-
-/// Looks up one minibatch's unique keys in every table (and wide companion) at once,
-/// except the keys `hot` replicates.
-async fn prepare<S: ParameterStore>(
-    store: &S,
-    model: &Model,
-    hot: &HotKeys,
-    pushes: &PushCount,
-    incoming: Incoming,
-) -> anyhow::Result<Prepared> {
-    let Incoming { batch, kind, span } = incoming;
-    let lookup_span = tracing::info_span!(parent: &span, "trainer.lookup");
-    let started = Instant::now();
-    let looked_up_at = pushes.now();
-    let layout = model.layout();
-    let kjt = batch.to_kjt()?;
-    let keys = BatchKeys::collect(layout, &kjt)?;
-    // Each table's keys not in the hot set (positions among its keys when some are).
-    let cold: Vec<(Option<Vec<usize>>, Vec<u64>)> = (keys.tables.iter().enumerate())
-        .map(|(t, keys)| {
-            let positions = (!hot.is_empty()).then(|| {
-                (0..keys.len())
-                    .filter(|p| !hot.contains(t, keys[*p]))
-                    .collect::<Vec<usize>>()
-            });
-            let cold = match &positions {
-                Some(positions) => positions.iter().map(|p| keys[*p]).collect(),
-                None => keys.clone(),
-            };
-            (positions, cold)
-        })
-        .collect();
-    // One call for every table's rows, then every first-order table's weights.
-    let rows_asked = (layout.tables.iter().zip(&cold)).map(|(slot, (_, cold))| TableKeys {
-        table: &slot.name,
-        keys: cold,
-    });
-    let wide_asked = (layout.tables.iter().zip(&keys.tables))
-        .filter_map(|(slot, keys)| slot.wide.as_ref().map(|table| TableKeys { table, keys }));
-    let asked: Vec<TableKeys<'_>> = rows_asked.chain(wide_asked).collect();
-    let looked_up = store
-        .lookup_tables(&asked)
-        .instrument(lookup_span)
-        .await
-        .context("looking up the minibatch's rows")?;
-    let mut looked_up = asked_of(&asked).into_iter().zip(looked_up);
-    let mut fetched = Vec::with_capacity(cold.len());
-    for ((positions, _), slot) in cold.into_iter().zip(&layout.tables) {
-        let (asked, rows) = looked_up.next().context("an answer per table")?;
-        check_rows(&asked, &rows, slot.dim)?;
-        fetched.push(Fetched { positions, rows });
-    }
-    let mut wide = Vec::new();
-    for (asked, weights) in looked_up {
-        check_rows(&asked, &weights, 1)?;
-        wide.push(weights);
-    }
-    Ok(Prepared {
-        batch,
-        tower: tower(kind),
-        span,
-        keys,
-        fetched,
-        wide,
-        lookup_time: started.elapsed(),
-        looked_up_at,
-    })
-}
-
-async fn prefetch<S: ParameterStore, B>(
-    batches: B,
-    store: Arc<S>,
-    model: Arc<Model>,
-    hot: watch::Receiver<Arc<HotKeys>>,
-    pushes: PushCount,
-    out: mpsc::Sender<anyhow::Result<Ready>>,
-) where
-    B: Stream<Item = anyhow::Result<Feed>> + Send + 'static,
-{
-    let mut batches = std::pin::pin!(batches);
-    while let Some(next) = batches.next().await {
-        let ready = match next {
-            Ok(Feed::Batch(incoming)) => {
-                let hot = hot.borrow().clone();
-                prepare(&*store, &model, &hot, &pushes, incoming)
-                    .await
-                    .map(|prepared| Ready::Step(Box::new(prepared)))
-            }
-            Ok(Feed::Barrier(id)) => Ok(Ready::Barrier(id)),
-            Err(e) => Err(e),
-        };
-        let failed = ready.is_err();
-        if out.send(ready).await.is_err() || failed {
-            return;
-        }
-    }
 }

@@ -1,0 +1,193 @@
+//! The lookup side of a step: resolves each minibatch to unique keys per table and looks
+//! them up on the store (every table in one call) ahead of its step, in the order the
+//! minibatches and checkpoint barriers were fed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::{Stream, StreamExt};
+use primus_batch::Minibatch;
+use primus_model::pooling::BatchKeys;
+use primus_model::{Model, ModelLayout, Tower};
+use primus_proto::v1::SourceKind;
+use primus_ps_client::TableKeys;
+use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
+
+use crate::fresh::PushCount;
+use crate::hot::HotKeys;
+use crate::store::ParameterStore;
+use crate::train::{Feed, Incoming};
+
+/// What the prefetcher hands the step loop, in the order it was fed.
+pub(crate) enum Ready {
+    Step(Box<Prepared>),
+    Barrier(u64),
+}
+
+/// Rows of one table looked up on the PS: for the keys at `positions` among the table's
+/// unique keys, or for all of them (`None`). Hot keys are left out.
+pub(crate) struct Fetched {
+    pub(crate) positions: Option<Vec<usize>>,
+    pub(crate) rows: Vec<f32>,
+}
+
+/// A minibatch with its rows looked up, ready to compute.
+pub struct Prepared {
+    pub batch: Minibatch,
+    pub tower: Tower,
+    pub(crate) span: tracing::Span,
+    pub(crate) keys: BatchKeys,
+    pub(crate) fetched: Vec<Fetched>,
+    pub(crate) wide: Vec<Vec<f32>>,
+    pub(crate) lookup_time: Duration,
+    /// Pushes completed when the lookup began.
+    pub(crate) looked_up_at: u64,
+}
+
+impl Prepared {
+    /// The minibatch's unique keys per table (what it looked up and will push).
+    pub fn keys(&self) -> &BatchKeys {
+        &self.keys
+    }
+}
+
+pub(crate) fn tower(kind: SourceKind) -> Tower {
+    match kind {
+        SourceKind::Stream => Tower::Adapt,
+        _ => Tower::Memory,
+    }
+}
+
+/// For each layout table, the index of its first-order weights among a minibatch's wide
+/// rows (tables with a first-order part, in layout order).
+pub(crate) fn wide_positions(layout: &ModelLayout) -> Vec<Option<usize>> {
+    let mut next = 0;
+    (layout.tables.iter())
+        .map(|slot| {
+            slot.wide.as_ref().map(|_| {
+                next += 1;
+                next - 1
+            })
+        })
+        .collect()
+}
+
+/// What a multi-table lookup asked of each table: its name and how many keys.
+pub(crate) fn asked_of(asked: &[TableKeys<'_>]) -> Vec<(String, usize)> {
+    (asked.iter())
+        .map(|a| (a.table.to_owned(), a.keys.len()))
+        .collect()
+}
+
+/// Fails unless the store answered `width` floats for each key `asked`.
+pub(crate) fn check_rows(
+    (table, keys): &(String, usize),
+    rows: &[f32],
+    width: usize,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        rows.len() == keys * width,
+        "table {table:?}: the store answered {} floats for {keys} keys of width {width}",
+        rows.len(),
+    );
+    Ok(())
+}
+
+/// Looks up one minibatch's unique keys in every table (and wide companion) at once,
+/// except the keys `hot` replicates.
+pub(crate) async fn prepare<S: ParameterStore>(
+    store: &S,
+    model: &Model,
+    hot: &HotKeys,
+    pushes: &PushCount,
+    incoming: Incoming,
+) -> anyhow::Result<Prepared> {
+    let Incoming { batch, kind, span } = incoming;
+    let lookup_span = tracing::info_span!(parent: &span, "trainer.lookup");
+    let started = Instant::now();
+    let looked_up_at = pushes.now();
+    let layout = model.layout();
+    let kjt = batch.to_kjt()?;
+    let keys = BatchKeys::collect(layout, &kjt)?;
+    // Each table's keys not in the hot set (positions among its keys when some are).
+    let cold: Vec<(Option<Vec<usize>>, Vec<u64>)> = (keys.tables.iter().enumerate())
+        .map(|(t, keys)| {
+            let positions = (!hot.is_empty()).then(|| {
+                (0..keys.len())
+                    .filter(|p| !hot.contains(t, keys[*p]))
+                    .collect::<Vec<usize>>()
+            });
+            let cold = match &positions {
+                Some(positions) => positions.iter().map(|p| keys[*p]).collect(),
+                None => keys.clone(),
+            };
+            (positions, cold)
+        })
+        .collect();
+    // One call for every table's rows, then every first-order table's weights.
+    let rows_asked = (layout.tables.iter().zip(&cold)).map(|(slot, (_, cold))| TableKeys {
+        table: &slot.name,
+        keys: cold,
+    });
+    let wide_asked = (layout.tables.iter().zip(&keys.tables))
+        .filter_map(|(slot, keys)| slot.wide.as_ref().map(|table| TableKeys { table, keys }));
+    let asked: Vec<TableKeys<'_>> = rows_asked.chain(wide_asked).collect();
+    let looked_up = store
+        .lookup_tables(&asked)
+        .instrument(lookup_span)
+        .await
+        .context("looking up the minibatch's rows")?;
+    let mut looked_up = asked_of(&asked).into_iter().zip(looked_up);
+    let mut fetched = Vec::with_capacity(cold.len());
+    for ((positions, _), slot) in cold.into_iter().zip(&layout.tables) {
+        let (asked, rows) = looked_up.next().context("an answer per table")?;
+        check_rows(&asked, &rows, slot.dim)?;
+        fetched.push(Fetched { positions, rows });
+    }
+    let mut wide = Vec::new();
+    for (asked, weights) in looked_up {
+        check_rows(&asked, &weights, 1)?;
+        wide.push(weights);
+    }
+    Ok(Prepared {
+        batch,
+        tower: tower(kind),
+        span,
+        keys,
+        fetched,
+        wide,
+        lookup_time: started.elapsed(),
+        looked_up_at,
+    })
+}
+
+pub(crate) async fn prefetch<S: ParameterStore, B>(
+    batches: B,
+    store: Arc<S>,
+    model: Arc<Model>,
+    hot: watch::Receiver<Arc<HotKeys>>,
+    pushes: PushCount,
+    out: mpsc::Sender<anyhow::Result<Ready>>,
+) where
+    B: Stream<Item = anyhow::Result<Feed>> + Send + 'static,
+{
+    let mut batches = std::pin::pin!(batches);
+    while let Some(next) = batches.next().await {
+        let ready = match next {
+            Ok(Feed::Batch(incoming)) => {
+                let hot = hot.borrow().clone();
+                prepare(&*store, &model, &hot, &pushes, incoming)
+                    .await
+                    .map(|prepared| Ready::Step(Box::new(prepared)))
+            }
+            Ok(Feed::Barrier(id)) => Ok(Ready::Barrier(id)),
+            Err(e) => Err(e),
+        };
+        let failed = ready.is_err();
+        if out.send(ready).await.is_err() || failed {
+            return;
+        }
+    }
+}

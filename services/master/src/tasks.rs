@@ -158,8 +158,10 @@ impl TaskService for Tasks {
             Acquired::Throttled => (None, false),
             Acquired::Empty => {
                 let bounded = job.bounded.load(std::sync::atomic::Ordering::Acquire);
+                // Counted after the acquire: a task that failed in between went back to
+                // pending, and the data is not exhausted while it waits there.
                 let counts = job.queue.counts().await.map_err(unavailable)?;
-                (None, bounded && counts.running == 0)
+                (None, bounded && counts.pending == 0 && counts.running == 0)
             }
         };
         Ok(Response::new(AcquireTaskResponse { task, exhausted }))

@@ -110,24 +110,34 @@ fn batch(step: u64, len: usize) -> Vec<u64> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn three_shards_answer_like_one_table() {
-    let nats = NatsServer::start().expect("nats-server");
+/// Three shards of tables "items" and "users", and a client of all three.
+async fn three_shards(nats: &NatsServer) -> (Vec<Shard>, PsClient) {
     let mut shards = Vec::new();
     for _ in 0..3 {
-        shards.push(start_shard(&nats, vec![table_spec("items"), table_spec("users")]).await);
+        shards.push(start_shard(nats, vec![table_spec("items"), table_spec("users")]).await);
     }
     let addrs: Vec<String> = shards.iter().map(|s| s.addr.clone()).collect();
     let client = PsClient::connect(&addrs).await.expect("connect");
-    let reference = Table::new(
-        &table_spec("items"),
-        TableOptions {
-            shards: 1,
-            seed: SEED,
-            ..TableOptions::default()
-        },
-    )
-    .expect("table");
+    (shards, client)
+}
+
+/// Table `name` in one piece in this process, seeded like the shards: what they must
+/// answer together.
+fn reference_table(name: &str) -> Table {
+    let options = TableOptions {
+        shards: 1,
+        seed: SEED,
+        ..TableOptions::default()
+    };
+    Table::new(&table_spec(name), options).expect("table")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_shards_answer_like_one_table() {
+    let nats = NatsServer::start().expect("nats-server");
+    let (shards, client) = three_shards(&nats).await;
+    let addrs: Vec<String> = shards.iter().map(|s| s.addr.clone()).collect();
+    let reference = reference_table("items");
 
     for step in 0..30 {
         let keys = batch(step, 257);

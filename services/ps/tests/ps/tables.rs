@@ -1,23 +1,14 @@
 //! Several tables in one call: answers and effects equal one call per table, and a push
 //! with one bad table applies nothing.
 
-use primus_embedding::{Table, TableOptions};
+use primus_embedding::Table;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{PushRequest, PushTablesRequest, StatsRequest};
-use primus_ps_client::{PsClient, TableGrads, TableKeys, TableRows};
+use primus_ps_client::{TableGrads, TableKeys, TableRows};
 use primus_testkit::NatsServer;
 use tonic::Code;
 
-use super::{DIM, SEED, batch, grads_for, start_shard, table_spec};
-
-fn reference(name: &str) -> Table {
-    let options = TableOptions {
-        shards: 1,
-        seed: SEED,
-        ..TableOptions::default()
-    };
-    Table::new(&table_spec(name), options).expect("table")
-}
+use super::{DIM, batch, grads_for, reference_table, start_shard, table_spec, three_shards};
 
 fn expected_rows(table: &Table, keys: &[u64]) -> TableRows {
     let mut rows = vec![0.0; keys.len() * DIM];
@@ -29,13 +20,8 @@ fn expected_rows(table: &Table, keys: &[u64]) -> TableRows {
 #[tokio::test(flavor = "multi_thread")]
 async fn several_tables_in_one_call_answer_like_one_call_each() {
     let nats = NatsServer::start().expect("nats-server");
-    let mut shards = Vec::new();
-    for _ in 0..3 {
-        shards.push(start_shard(&nats, vec![table_spec("items"), table_spec("users")]).await);
-    }
-    let addrs: Vec<String> = shards.iter().map(|s| s.addr.clone()).collect();
-    let client = PsClient::connect(&addrs).await.expect("connect");
-    let (items, users) = (reference("items"), reference("users"));
+    let (shards, client) = three_shards(&nats).await;
+    let (items, users) = (reference_table("items"), reference_table("users"));
 
     for step in 0..20 {
         let (item_keys, user_keys) = (batch(step, 211), batch(step + 500, 97));

@@ -15,7 +15,8 @@
 //!    this process; the master starts the data executor, two PS shards and the trainer as
 //!    processes from the release binaries, which read the rows as hourly Parquet files.
 //!    Its ratio to (2) is the overhead of distribution. Everything shares this machine's
-//!    cores;
+//!    cores. (2), the peer and (3) run in turn, PRIMUS_BENCH_ROUNDS times (default 3), and
+//!    each side's best round is compared, so the machine's noise weighs on all alike;
 //! 4. the same through the services with the Job's hot set on (HypeReca 2FP, size chosen
 //!    by the trainer's cost model): the rows it replicates skip the PS lookups.
 //!
@@ -123,7 +124,7 @@ impl Stages {
         let of = |s: f64| 100.0 * s / self.seconds.max(1e-9);
         let (compute, push) = (of(self.compute), of(self.push));
         format!(
-            "step loop: compute {compute:.0}%, push {push:.0}%, rest {:.0}% (dense pulls, waiting for the next looked-up minibatch); lookups {:.0}% (prefetched beside compute)",
+            "step loop: compute {compute:.0}%, push {push:.0}% (with the next minibatch's rows where no hot set is on), rest {:.0}% (dense pulls, waiting for the next minibatch); lookups {:.0}% (the prefetcher's, beside compute)",
             (100.0 - compute - push).max(0.0),
             of(self.lookup),
         )
@@ -235,6 +236,7 @@ async fn main() {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let mut ours: Vec<Stages> = Vec::with_capacity(rounds);
     let mut theirs: Vec<PeerFigures> = Vec::with_capacity(rounds);
+    let mut distributed: Vec<(Stages, f64)> = Vec::with_capacity(rounds);
     for round in 1..=rounds {
         let cpu = (EmbeddingDevice::Cpu, Model::new(model_layout.clone()));
         let run = train_in_process(&spec, batches.clone(), cpu).await;
@@ -247,24 +249,36 @@ async fn main() {
             load_average()
         );
         ours.push(run);
-        let Some(peer) = peer::run(&spec, &batches, EVAL_WINDOW, cores) else {
-            if round == 1 {
+        match peer::run(&spec, &batches, EVAL_WINDOW, cores) {
+            Some(peer) => {
                 println!(
-                    "peer, TorchRec: NOT INSTALLED, not run (benches/peer/install-torchrec.sh installs it into .tools/torchrec)"
+                    "round {round}: peer, TorchRec ({}): {:.0} samples/s, AUC {:.4}; its dense network alone: forward {:.1} ms, forward+backward {:.1} ms per minibatch; load {}",
+                    peer.describe,
+                    peer.samples_per_second,
+                    peer.auc,
+                    peer.dense_forward_ms,
+                    peer.dense_step_ms,
+                    load_average()
                 );
+                theirs.push(peer);
             }
-            continue;
-        };
-        println!(
-            "round {round}: peer, TorchRec ({}): {:.0} samples/s, AUC {:.4}; its dense network alone: forward {:.1} ms, forward+backward {:.1} ms per minibatch; load {}",
-            peer.describe,
-            peer.samples_per_second,
-            peer.auc,
-            peer.dense_forward_ms,
-            peer.dense_step_ms,
-            load_average()
-        );
-        theirs.push(peer);
+            None if round == 1 => println!(
+                "peer, TorchRec: NOT INSTALLED, not run (benches/peer/install-torchrec.sh installs it into .tools/torchrec)"
+            ),
+            None => {}
+        }
+        if services {
+            let (through, wall) = train_through_services(&bin_dir, &data, &spec, batch, false).await;
+            println!(
+                "round {round}: through the services (1 data executor, 2 PS shards, 1 trainer): {:.0} samples/s while training ({:.0} over the Job's {wall:.1} s from apply to Succeeded), AUC {:.4} vs best {best:.4}; {}; load {}",
+                through.rate(),
+                through.samples as f64 / wall,
+                through.auc.unwrap_or(f64::NAN),
+                through.shares(),
+                load_average()
+            );
+            distributed.push((through, wall));
+        }
     }
     let in_process = best_of(ours, Stages::rate).expect("at least one round");
     let peer = best_of(theirs, |p| p.samples_per_second);
@@ -313,9 +327,10 @@ async fn main() {
         last_line(&in_process, peer.as_ref(), None);
         return;
     }
-    let (through, wall) = train_through_services(&bin_dir, &data, &spec, batch, false).await;
+    let (through, wall) =
+        best_of(distributed, |(run, _)| run.rate()).expect("a services run per round");
     println!(
-        "through the services (1 data executor, 2 PS shards, 1 trainer): {:.0} samples/s while training ({:.0} over the Job's {:.1} s from apply to Succeeded), AUC {:.4} vs best {best:.4}; {}",
+        "through the services (1 data executor, 2 PS shards, 1 trainer), best of {rounds}: {:.0} samples/s while training ({:.0} over the Job's {:.1} s from apply to Succeeded), AUC {:.4} vs best {best:.4}; {}",
         through.rate(),
         through.samples as f64 / wall,
         wall,

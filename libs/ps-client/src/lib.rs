@@ -483,9 +483,9 @@ impl PsClient {
     /// Applies gradients with each shard's dense optimizer; a shard's part refused because
     /// its tensors moved is pushed again to their new shards, and only that part. Returns
     /// the version each shard's dense store reached.
-    pub async fn push_dense(&self, grads: &[DenseValues]) -> Result<DensePushed, PsClientError> {
+    pub async fn push_dense(&self, grads: Vec<DenseValues>) -> Result<DensePushed, PsClientError> {
         let mut refusals = Refusals::default();
-        let mut pending: Vec<DenseValues> = grads.to_vec();
+        let mut pending = grads;
         let mut pushed = DensePushed::default();
         loop {
             let shards = self.current();

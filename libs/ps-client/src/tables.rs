@@ -4,10 +4,12 @@
 
 use futures::future::{join_all, try_join_all};
 use primus_proto::packed::{decode_f32, encode_f32, encode_keys};
-use primus_proto::v1::{LookupRequest, LookupTablesRequest, PushRequest, PushTablesRequest};
+use primus_proto::v1::{
+    LookupRequest, LookupResponse, LookupTablesRequest, PushRequest, PushTablesRequest,
+};
 use tonic::Status;
 
-use crate::{PsClient, PsClientError, Refusals, Shards, is_moved, layout};
+use crate::{PsClient, PsClientError, Refusals, Route, Shards, is_moved, layout};
 
 /// One table's keys in [`PsClient::lookup_tables`].
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +63,17 @@ impl PsClient {
         &self,
         tables: &[TableGrads<'_>],
     ) -> Result<Vec<(u64, u64)>, PsClientError> {
+        Ok(self.push_tables_then_lookup(tables, &[]).await?.0)
+    }
+
+    /// [`PsClient::push_tables`], then the rows of `then_lookup` as
+    /// [`PsClient::lookup_tables`] would give them once the push is applied, read by the
+    /// same calls. After a move the rows are looked up by a call of their own.
+    pub async fn push_tables_then_lookup(
+        &self,
+        tables: &[TableGrads<'_>],
+        then_lookup: &[TableKeys<'_>],
+    ) -> Result<(Vec<(u64, u64)>, Vec<TableRows>), PsClientError> {
         let dims = (tables.iter())
             .map(|t| {
                 row_width(t.keys.len(), t.grads.len()).ok_or(PsClientError::GradientWidth {
@@ -75,21 +88,37 @@ impl PsClient {
         let mut pending: Option<Vec<Part>> = None;
         loop {
             let shards = self.current();
-            let parts: Vec<(usize, &[u64], &[f32])> = match &pending {
-                None => (tables.iter().enumerate())
-                    .map(|(i, t)| (i, t.keys, t.grads))
-                    .collect(),
-                Some(left) => (left.iter())
-                    .map(|(i, k, g)| (*i, k.as_slice(), g.as_slice()))
-                    .collect(),
+            let (parts, reads): (Vec<(usize, &[u64], &[f32])>, &[TableKeys<'_>]) = match &pending
+            {
+                None => (
+                    (tables.iter().enumerate())
+                        .map(|(i, t)| (i, t.keys, t.grads))
+                        .collect(),
+                    then_lookup,
+                ),
+                Some(left) => (
+                    (left.iter())
+                        .map(|(i, k, g)| (*i, k.as_slice(), g.as_slice()))
+                        .collect(),
+                    &[],
+                ),
             };
-            let refused = push_tables_on(&shards, &names, &dims, &parts, &mut totals).await;
-            match refused {
-                None => {
+            let pushes = Pushes {
+                names: &names,
+                dims: &dims,
+                parts: &parts,
+            };
+            match push_tables_on(&shards, &pushes, reads, &mut totals).await {
+                Ok(rows) => {
                     self.answered(&refusals);
-                    return Ok(totals);
+                    let rows = match pending {
+                        None => rows,
+                        // Read after the part pushed again, by a call of its own.
+                        Some(_) => self.lookup_tables(then_lookup).await?,
+                    };
+                    return Ok((totals, rows));
                 }
-                Some((error, left)) => {
+                Err((error, left)) => {
                     self.follow_move(&shards, error, &mut refusals).await?;
                     pending = Some(left);
                 }
@@ -110,36 +139,18 @@ async fn lookup_tables_on(
     shards: std::sync::Arc<Shards>,
     tables: &[TableKeys<'_>],
 ) -> Result<Vec<TableRows>, PsClientError> {
-    let routes: Vec<_> = tables.iter().map(|t| shards.route(t.keys)).collect();
+    let reads = Reads::route(&shards, tables);
     let calls = (0..shards.clients.len()).filter_map(|shard| {
-        let asked: Vec<usize> = (0..tables.len())
-            .filter(|&t| !routes[t][shard].keys.is_empty())
-            .collect();
+        let (asked, lookups) = reads.on_shard(shard);
         if asked.is_empty() {
             return None;
         }
-        let request = LookupTablesRequest {
-            tables: (asked.iter())
-                .map(|&t| LookupRequest {
-                    table: tables[t].table.to_owned(),
-                    keys: encode_keys(&routes[t][shard].keys),
-                })
-                .collect(),
-        };
+        let request = LookupTablesRequest { tables: lookups };
         let mut client = shards.clients[shard].clone();
         Some(async move {
             let call = async {
                 let answers = client.lookup_tables(request).await?.into_inner().tables;
-                if answers.len() != asked.len() {
-                    return Err(Status::internal(format!(
-                        "{} tables answered for {} asked",
-                        answers.len(),
-                        asked.len()
-                    )));
-                }
-                let rows = (answers.iter())
-                    .map(|a| Ok((a.dim as usize, decode_f32("rows", &a.rows)?)))
-                    .collect::<Result<Vec<_>, Status>>()?;
+                let rows = decode_rows(&answers, asked.len())?;
                 Ok((shard, asked, rows))
             };
             call.await
@@ -148,89 +159,170 @@ async fn lookup_tables_on(
     });
     let mut out = vec![TableRows::default(); tables.len()];
     for (shard, asked, answers) in try_join_all(calls).await? {
-        for (t, (dim, rows)) in asked.into_iter().zip(answers) {
-            let table = &mut out[t];
-            if table.rows.is_empty() {
-                *table = TableRows {
-                    dim,
-                    rows: vec![0.0; tables[t].keys.len() * dim],
-                };
-            }
-            if dim != table.dim || rows.len() != routes[t][shard].keys.len() * dim {
-                let status = Status::internal(format!(
-                    "table {:?}: {} floats of width {dim} for {} keys (width {} elsewhere)",
-                    tables[t].table,
-                    rows.len(),
-                    routes[t][shard].keys.len(),
-                    table.dim
-                ));
-                return Err(PsClientError::Call { shard, status });
-            }
-            for &(position, index) in &routes[t][shard].positions {
-                table.rows[position * dim..(position + 1) * dim]
-                    .copy_from_slice(&rows[index * dim..(index + 1) * dim]);
-            }
-        }
+        reads.place(&mut out, shard, asked, answers)?;
     }
     Ok(out)
 }
 
-/// Pushes `parts` over `shards`, adding what each table's pushes applied and dropped to
-/// `totals`; `None` when every part was applied, else the first error and the parts to push
-/// again (none unless the error is a move).
-async fn push_tables_on(
-    shards: &Shards,
-    names: &[&str],
-    dims: &[usize],
-    parts: &[(usize, &[u64], &[f32])],
-    totals: &mut [(u64, u64)],
-) -> Option<(PsClientError, Vec<Part>)> {
-    let n = shards.count();
-    let mut per_shard: Vec<Vec<Part>> = (0..n).map(|_| Vec::new()).collect();
-    for &(t, keys, grads) in parts {
-        let dim = dims[t];
-        let mut split: Vec<Part> = (0..n).map(|_| (t, Vec::new(), Vec::new())).collect();
-        for (position, key) in keys.iter().enumerate() {
-            let (_, shard_keys, shard_grads) = &mut split[layout::key_shard(*key, n) as usize];
-            shard_keys.push(*key);
-            shard_grads.extend_from_slice(&grads[position * dim..(position + 1) * dim]);
-        }
-        for (shard, part) in split.into_iter().enumerate() {
-            if !part.1.is_empty() {
-                per_shard[shard].push(part);
+/// Several tables' keys routed to the shards that hold them.
+struct Reads<'a, 'b> {
+    tables: &'a [TableKeys<'b>],
+    routes: Vec<Vec<Route>>,
+}
+
+impl<'a, 'b> Reads<'a, 'b> {
+    fn route(shards: &Shards, tables: &'a [TableKeys<'b>]) -> Self {
+        let routes = tables.iter().map(|t| shards.route(t.keys)).collect();
+        Self { tables, routes }
+    }
+
+    /// The tables that ask `shard` for keys (indices into the call's tables), with their
+    /// requests.
+    fn on_shard(&self, shard: usize) -> (Vec<usize>, Vec<LookupRequest>) {
+        let asked: Vec<usize> = (0..self.tables.len())
+            .filter(|&t| !self.routes[t][shard].keys.is_empty())
+            .collect();
+        let requests = (asked.iter())
+            .map(|&t| LookupRequest {
+                table: self.tables[t].table.to_owned(),
+                keys: encode_keys(&self.routes[t][shard].keys),
+            })
+            .collect();
+        (asked, requests)
+    }
+
+    /// Copies `shard`'s answers for the tables `asked` into their request positions.
+    fn place(
+        &self,
+        out: &mut [TableRows],
+        shard: usize,
+        asked: Vec<usize>,
+        answers: Vec<(usize, Vec<f32>)>,
+    ) -> Result<(), PsClientError> {
+        for (t, (dim, rows)) in asked.into_iter().zip(answers) {
+            let route = &self.routes[t][shard];
+            let table = &mut out[t];
+            if table.rows.is_empty() {
+                *table = TableRows {
+                    dim,
+                    rows: vec![0.0; self.tables[t].keys.len() * dim],
+                };
+            }
+            if dim != table.dim || rows.len() != route.keys.len() * dim {
+                let status = Status::internal(format!(
+                    "table {:?}: {} floats of width {dim} for {} keys (width {} elsewhere)",
+                    self.tables[t].table,
+                    rows.len(),
+                    route.keys.len(),
+                    table.dim
+                ));
+                return Err(PsClientError::Call { shard, status });
+            }
+            for &(position, index) in &route.positions {
+                table.rows[position * dim..(position + 1) * dim]
+                    .copy_from_slice(&rows[index * dim..(index + 1) * dim]);
             }
         }
+        Ok(())
     }
-    let calls = (per_shard.into_iter().enumerate())
-        .filter(|(_, shard_parts)| !shard_parts.is_empty())
-        .map(|(shard, shard_parts)| {
+}
+
+/// Each answered table's width and rows, when a shard answered each of `asked` tables.
+fn decode_rows(answers: &[LookupResponse], asked: usize) -> Result<Vec<(usize, Vec<f32>)>, Status> {
+    if answers.len() != asked {
+        return Err(Status::internal(format!(
+            "{} tables answered for {asked} asked",
+            answers.len()
+        )));
+    }
+    (answers.iter())
+        .map(|a| Ok((a.dim as usize, decode_f32("rows", &a.rows)?)))
+        .collect()
+}
+
+/// Gradients to push: table `names` and row widths (`dims`) by the call's table index, and
+/// the parts still to push.
+struct Pushes<'a> {
+    names: &'a [&'a str],
+    dims: &'a [usize],
+    parts: &'a [(usize, &'a [u64], &'a [f32])],
+}
+
+impl Pushes<'_> {
+    /// The parts split by the shard that holds each key, over `n` shards.
+    fn per_shard(&self, n: u32) -> Vec<Vec<Part>> {
+        let mut per_shard: Vec<Vec<Part>> = (0..n).map(|_| Vec::new()).collect();
+        for &(t, keys, grads) in self.parts {
+            let dim = self.dims[t];
+            let mut split: Vec<Part> = (0..n).map(|_| (t, Vec::new(), Vec::new())).collect();
+            for (position, key) in keys.iter().enumerate() {
+                let (_, shard_keys, shard_grads) = &mut split[layout::key_shard(*key, n) as usize];
+                shard_keys.push(*key);
+                shard_grads.extend_from_slice(&grads[position * dim..(position + 1) * dim]);
+            }
+            for (shard, part) in split.into_iter().enumerate() {
+                if !part.1.is_empty() {
+                    per_shard[shard].push(part);
+                }
+            }
+        }
+        per_shard
+    }
+
+    fn requests(&self, parts: &[Part]) -> Vec<PushRequest> {
+        (parts.iter())
+            .map(|(t, keys, grads)| {
+                let mut packed = Vec::with_capacity(grads.len() * 4);
+                encode_f32(grads, &mut packed);
+                PushRequest {
+                    table: self.names[*t].to_owned(),
+                    keys: encode_keys(keys),
+                    grads: packed,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Pushes `pushes` over `shards`, adding what each table's pushes applied and dropped to
+/// `totals`, and reads `then_lookup` after them in the same calls. Fails with the first
+/// error and the parts to push again (none unless the error is a move).
+async fn push_tables_on(
+    shards: &Shards,
+    pushes: &Pushes<'_>,
+    then_lookup: &[TableKeys<'_>],
+    totals: &mut [(u64, u64)],
+) -> Result<Vec<TableRows>, (PsClientError, Vec<Part>)> {
+    let reads = Reads::route(shards, then_lookup);
+    let calls = (pushes.per_shard(shards.count()).into_iter().enumerate())
+        .map(|(shard, shard_parts)| (shard, shard_parts, reads.on_shard(shard)))
+        .filter(|(_, shard_parts, (asked, _))| !shard_parts.is_empty() || !asked.is_empty())
+        .map(|(shard, shard_parts, (asked, lookups))| {
             let request = PushTablesRequest {
-                tables: (shard_parts.iter())
-                    .map(|(t, keys, grads)| {
-                        let mut packed = Vec::with_capacity(grads.len() * 4);
-                        encode_f32(grads, &mut packed);
-                        PushRequest {
-                            table: names[*t].to_owned(),
-                            keys: encode_keys(keys),
-                            grads: packed,
-                        }
-                    })
-                    .collect(),
+                tables: pushes.requests(&shard_parts),
+                then_lookup: lookups,
             };
             let mut client = shards.clients[shard].clone();
             async move {
                 let answer = client.push_tables(request).await;
-                (shard, answer.map(tonic::Response::into_inner), shard_parts)
+                (shard, answer.map(tonic::Response::into_inner), shard_parts, asked)
             }
         });
+    let mut out = vec![TableRows::default(); then_lookup.len()];
     let mut refused: Option<(PsClientError, Vec<Part>)> = None;
     let mut failed = None;
-    for (shard, answer, shard_parts) in join_all(calls).await {
+    for (shard, answer, shard_parts, asked) in join_all(calls).await {
         match answer {
             Ok(response) if response.tables.len() == shard_parts.len() => {
                 for ((t, _, _), pushed) in shard_parts.iter().zip(&response.tables) {
                     totals[*t].0 += pushed.applied;
                     totals[*t].1 += pushed.dropped + pushed.refused;
+                }
+                let placed = decode_rows(&response.looked_up, asked.len())
+                    .map_err(|status| PsClientError::Call { shard, status })
+                    .and_then(|rows| reads.place(&mut out, shard, asked, rows));
+                if let Err(e) = placed {
+                    failed = failed.or(Some(e));
                 }
             }
             Ok(response) => {
@@ -250,9 +342,10 @@ async fn push_tables_on(
             Err(status) => failed = failed.or(Some(PsClientError::Call { shard, status })),
         }
     }
-    match failed {
+    match (failed, refused) {
         // Not a move: the caller fails as a whole.
-        Some(error) => Some((error, Vec::new())),
-        None => refused,
+        (Some(error), _) => Err((error, Vec::new())),
+        (None, Some(refused)) => Err(refused),
+        (None, None) => Ok(out),
     }
 }

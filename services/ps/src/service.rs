@@ -335,8 +335,16 @@ impl ParameterServer for Ps {
         &self,
         request: Request<PushTablesRequest>,
     ) -> Result<Response<PushTablesResponse>, Status> {
-        let requests = request.into_inner().tables;
-        let _span = tracing::info_span!("ps.push_tables", primus.tables = requests.len()).entered();
+        let PushTablesRequest {
+            tables: requests,
+            then_lookup,
+        } = request.into_inner();
+        let _span = tracing::info_span!(
+            "ps.push_tables",
+            primus.tables = requests.len(),
+            primus.then_lookup = then_lookup.len(),
+        )
+        .entered();
         let mut pushed = Vec::with_capacity(requests.len());
         for (i, request) in requests.iter().enumerate() {
             let table = self.tables.get(&request.table)?;
@@ -347,15 +355,27 @@ impl ParameterServer for Ps {
                 .map_err(|e| Status::invalid_argument(format!("tables[{i}]: {e}")))?;
             pushed.push((request.table.as_str(), table, keys, grads));
         }
+        let mut asked = Vec::with_capacity(then_lookup.len());
+        for (i, request) in then_lookup.iter().enumerate() {
+            let table = self.tables.get(&request.table)?;
+            let keys = decode_keys(&format!("then_lookup[{i}].keys"), &request.keys)?;
+            asked.push((table, keys));
+        }
         // Checked whole, then applied under one hold of the fence: a shard that refuses
-        // moved keys has applied none of the call.
-        let fence = self.all_keys_here(pushed.iter().map(|(_, _, keys, _)| keys.as_slice()))?;
+        // moved keys has applied none of the call, and the rows read after see every push.
+        let all_keys = (pushed.iter().map(|(_, _, keys, _)| keys.as_slice()))
+            .chain(asked.iter().map(|(_, keys)| keys.as_slice()));
+        let fence = self.all_keys_here(all_keys)?;
         let tables = pushed
             .iter()
             .map(|(name, table, keys, grads)| push_to(name, table, keys, grads))
             .collect::<Result<_, _>>()?;
+        let looked_up = asked
+            .iter()
+            .map(|(table, keys)| rows_of(table, keys))
+            .collect::<Result<_, _>>()?;
         drop(fence);
-        Ok(Response::new(PushTablesResponse { tables }))
+        Ok(Response::new(PushTablesResponse { tables, looked_up }))
     }
 
     async fn init_dense(

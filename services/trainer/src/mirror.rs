@@ -3,12 +3,14 @@
 //!
 //! The copy starts from the shards' tensors with their optimizer state and applies each
 //! push with the shards' own optimizer code before the push goes to the PS in the
-//! background; a pull then reads the copy. The push's answer says whether the copy is still
-//! exact: each shard's version must have advanced by exactly one. Anything else (another
-//! trainer's push, a restore, a move of tensors to another shard) drops the copy, and pulls
-//! go to the PS again until `RESYNC_AFTER` pushes in a row found no other writer; then the
-//! copy is read again. At most one push is in flight, so the PS applies them in order;
-//! `flush` waits for it.
+//! background; a pull then reads the copy without waiting for that push. The push's answer,
+//! awaited by the next push (or `flush`), says whether the copy is still exact: each
+//! shard's version must have advanced by exactly one. Anything else (another trainer's push,
+//! a restore, a move of tensors to another shard) drops the copy, and pulls go to the PS
+//! again (after this trainer's push in flight has landed) until `RESYNC_AFTER` pushes in a
+//! row found no other writer; then the copy is read again. So a pull sees another writer's
+//! push at most one push later than the PS has it. At most one push is in flight, so the
+//! PS applies them in order.
 
 use std::collections::BTreeMap;
 
@@ -46,15 +48,18 @@ impl Default for DenseMirror {
 }
 
 impl DenseMirror {
-    /// Current values of `names`: from the copy while it is exact, else from the PS.
+    /// Current values of `names`: from the copy while it is exact, else from the PS once
+    /// the push in flight has landed.
     pub(crate) async fn pull(
         &mut self,
         client: &PsClient,
         names: &[String],
     ) -> anyhow::Result<Vec<DenseValues>> {
-        self.flush().await?;
-        if self.copy.is_none() && self.quiet >= RESYNC_AFTER {
-            self.read_copy(client, names).await?;
+        if self.copy.is_none() {
+            self.flush().await?;
+            if self.quiet >= RESYNC_AFTER {
+                self.read_copy(client, names).await?;
+            }
         }
         match &self.copy {
             Some(copy) => Ok(copy.pull(names)?.0),
@@ -73,7 +78,7 @@ impl DenseMirror {
             copy.push(&grads)?;
         }
         let client = client.clone();
-        self.in_flight = Some(tokio::spawn(async move { client.push_dense(&grads).await }));
+        self.in_flight = Some(tokio::spawn(async move { client.push_dense(grads).await }));
         Ok(())
     }
 

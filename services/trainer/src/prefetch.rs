@@ -1,6 +1,7 @@
-//! The lookup side of a step: resolves each minibatch to unique keys per table and looks
-//! them up on the store (every table in one call) ahead of its step, in the order the
-//! minibatches and checkpoint barriers were fed.
+//! The lookup side of a step: resolves each minibatch to unique keys per table ahead of
+//! its step, in the order the minibatches and checkpoint barriers were fed. Its rows are
+//! read by the push of the step before, in the same calls per shard; with a hot set, the
+//! prefetcher looks up the rows the hot set does not hold (every table in one call).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,8 +43,9 @@ pub struct Prepared {
     pub(crate) fetched: Vec<Fetched>,
     pub(crate) wide: Vec<Vec<f32>>,
     pub(crate) lookup_time: Duration,
-    /// Pushes completed when the lookup began.
-    pub(crate) looked_up_at: u64,
+    /// Pushes completed when the lookup began; `None` while the rows are not looked up
+    /// yet (zeros, read by the push before the step or at its start).
+    pub(crate) looked_up_at: Option<u64>,
 }
 
 impl Prepared {
@@ -159,16 +161,56 @@ pub(crate) async fn prepare<S: ParameterStore>(
         fetched,
         wide,
         lookup_time: started.elapsed(),
-        looked_up_at,
+        looked_up_at: Some(looked_up_at),
     })
 }
 
+/// One minibatch's unique keys per table, with its rows not looked up yet: the push of the
+/// step before reads them, after its gradients are applied, in the same calls.
+fn prepare_unread(model: &Model, incoming: Incoming) -> anyhow::Result<Prepared> {
+    let Incoming { batch, kind, span } = incoming;
+    let started = Instant::now();
+    let layout = model.layout();
+    let keys = BatchKeys::collect(layout, &batch.to_kjt()?)?;
+    let fetched = (layout.tables.iter().zip(&keys.tables))
+        .map(|(slot, keys)| Fetched {
+            positions: None,
+            rows: vec![0.0; keys.len() * slot.dim],
+        })
+        .collect();
+    let wide = (layout.tables.iter().zip(&keys.tables))
+        .filter(|(slot, _)| slot.wide.is_some())
+        .map(|(_, keys)| vec![0.0; keys.len()])
+        .collect();
+    Ok(Prepared {
+        batch,
+        tower: tower(kind),
+        span,
+        keys,
+        fetched,
+        wide,
+        lookup_time: started.elapsed(),
+        looked_up_at: None,
+    })
+}
+
+/// Where a prefetched minibatch's rows come from.
+pub(crate) enum Rows {
+    /// Looked up by the prefetcher, beside the steps before (without the hot set's keys).
+    LookedUp {
+        hot: watch::Receiver<Arc<HotKeys>>,
+        pushes: PushCount,
+    },
+    /// Read by the push of the step before, in the same calls (`prepare_unread`).
+    ReadByPush,
+}
+
+/// Prepares `batches`' minibatches in order, handing them and the barriers to `out`.
 pub(crate) async fn prefetch<S: ParameterStore, B>(
     batches: B,
     store: Arc<S>,
     model: Arc<Model>,
-    hot: watch::Receiver<Arc<HotKeys>>,
-    pushes: PushCount,
+    rows: Rows,
     out: mpsc::Sender<anyhow::Result<Ready>>,
 ) where
     B: Stream<Item = anyhow::Result<Feed>> + Send + 'static,
@@ -177,10 +219,14 @@ pub(crate) async fn prefetch<S: ParameterStore, B>(
     while let Some(next) = batches.next().await {
         let ready = match next {
             Ok(Feed::Batch(incoming)) => {
-                let hot = hot.borrow().clone();
-                prepare(&*store, &model, &hot, &pushes, incoming)
-                    .await
-                    .map(|prepared| Ready::Step(Box::new(prepared)))
+                let prepared = match &rows {
+                    Rows::LookedUp { hot, pushes } => {
+                        let hot = hot.borrow().clone();
+                        prepare(&*store, &model, &hot, pushes, incoming).await
+                    }
+                    Rows::ReadByPush => prepare_unread(&model, incoming),
+                };
+                prepared.map(|prepared| Ready::Step(Box::new(prepared)))
             }
             Ok(Feed::Barrier(id)) => Ok(Ready::Barrier(id)),
             Err(e) => Err(e),

@@ -37,11 +37,13 @@ pub trait ParameterStore: Send + Sync + 'static {
         tables: &[TableKeys<'_>],
     ) -> impl Future<Output = anyhow::Result<Vec<Vec<f32>>>> + Send;
 
-    /// Applies several tables' gradients at once.
+    /// Applies several tables' gradients at once, then looks up `then_lookup` (rows in
+    /// its order, as [`ParameterStore::lookup_tables`] gives them after the push).
     fn push_tables(
         &self,
         tables: &[TableGrads<'_>],
-    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+        then_lookup: &[TableKeys<'_>],
+    ) -> impl Future<Output = anyhow::Result<Vec<Vec<f32>>>> + Send;
 
     /// The stored rows of `keys` with their optimizer state (keys without a row are left
     /// out): what a trainer copies its hot rows from.
@@ -63,7 +65,10 @@ pub trait ParameterStore: Send + Sync + 'static {
     ) -> impl Future<Output = anyhow::Result<Vec<ParamTensor>>> + Send;
 
     /// Applies dense gradients; the store may send them on after it returns, in order.
-    fn push_dense(&self, grads: &[ParamTensor]) -> impl Future<Output = anyhow::Result<()>> + Send;
+    fn push_dense(
+        &self,
+        grads: Vec<ParamTensor>,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
 
     /// Waits until every push has reached the store (a checkpoint barrier, the end).
     fn flush(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
@@ -74,6 +79,15 @@ fn to_wire(tensor: &ParamTensor) -> DenseValues {
         name: tensor.name.clone(),
         shape: tensor.shape.iter().map(|d| *d as u64).collect(),
         values: tensor.values.clone(),
+    }
+}
+
+/// [`to_wire`] without copying the values.
+fn into_wire(tensor: ParamTensor) -> DenseValues {
+    DenseValues {
+        name: tensor.name,
+        shape: tensor.shape.iter().map(|d| *d as u64).collect(),
+        values: tensor.values,
     }
 }
 
@@ -116,9 +130,13 @@ impl ParameterStore for RemoteStore {
         Ok(looked_up.into_iter().map(|t| t.rows).collect())
     }
 
-    async fn push_tables(&self, tables: &[TableGrads<'_>]) -> anyhow::Result<()> {
-        self.client.push_tables(tables).await?;
-        Ok(())
+    async fn push_tables(
+        &self,
+        tables: &[TableGrads<'_>],
+        then_lookup: &[TableKeys<'_>],
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
+        let (_, looked_up) = self.client.push_tables_then_lookup(tables, then_lookup).await?;
+        Ok(looked_up.into_iter().map(|t| t.rows).collect())
     }
 
     async fn read_rows(&self, table: &str, keys: &[u64]) -> anyhow::Result<StoredRows> {
@@ -136,8 +154,8 @@ impl ParameterStore for RemoteStore {
         Ok(pulled.into_iter().map(from_wire).collect())
     }
 
-    async fn push_dense(&self, grads: &[ParamTensor]) -> anyhow::Result<()> {
-        let wire: Vec<DenseValues> = grads.iter().map(to_wire).collect();
+    async fn push_dense(&self, grads: Vec<ParamTensor>) -> anyhow::Result<()> {
+        let wire: Vec<DenseValues> = grads.into_iter().map(into_wire).collect();
         self.dense.lock().await.push(&self.client, wire).await
     }
 
@@ -210,13 +228,17 @@ impl ParameterStore for LocalStore {
         Ok(all)
     }
 
-    async fn push_tables(&self, tables: &[TableGrads<'_>]) -> anyhow::Result<()> {
+    async fn push_tables(
+        &self,
+        tables: &[TableGrads<'_>],
+        then_lookup: &[TableKeys<'_>],
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
         for pushed in tables {
             self.push(pushed.table, pushed.keys, pushed.grads)
                 .await
                 .with_context(|| format!("pushing table {:?}", pushed.table))?;
         }
-        Ok(())
+        self.lookup_tables(then_lookup).await
     }
 
     async fn read_rows(&self, table: &str, keys: &[u64]) -> anyhow::Result<StoredRows> {
@@ -241,8 +263,8 @@ impl ParameterStore for LocalStore {
         Ok(pulled.into_iter().map(from_wire).collect())
     }
 
-    async fn push_dense(&self, grads: &[ParamTensor]) -> anyhow::Result<()> {
-        let values: Vec<DenseValues> = grads.iter().map(to_wire).collect();
+    async fn push_dense(&self, grads: Vec<ParamTensor>) -> anyhow::Result<()> {
+        let values: Vec<DenseValues> = grads.into_iter().map(into_wire).collect();
         self.dense.push(&values)?;
         Ok(())
     }

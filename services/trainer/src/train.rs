@@ -15,18 +15,18 @@ use primus_batch::Minibatch;
 use primus_embedding::HotRows;
 use primus_metrics::{EvalWindow, Evaluation};
 use primus_model::pooling::{BatchKeys, EmbeddingKernels, KeySet};
-use primus_model::{Inputs, Model, ParamSet, StepOutput, TableSlot};
+use primus_model::{Inputs, Model, ParamSet, ParamTensor, StepOutput, TableSlot};
 use primus_proto::v1::SourceKind;
-use primus_ps_client::{TableGrads, TableKeys};
+use primus_ps_client::TableGrads;
 use primus_telemetry::propagation::{TraceCarrier, set_parent_from_carrier};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use crate::device::EmbeddingDevice;
-use crate::fresh::RecentPushes;
+use crate::fresh::{RecentPushes, asked_for, overwrite, stale_rows};
 use crate::hot::{HotKeys, HotSync, Share};
 pub use crate::prefetch::Prepared;
-use crate::prefetch::{Fetched, Ready, asked_of, check_rows, prefetch, prepare, wide_positions};
+use crate::prefetch::{Fetched, Ready, Rows, prefetch, prepare};
 use crate::store::ParameterStore;
 
 /// A minibatch to train on and the `trainer.step` span its lookups, compute and pushes
@@ -87,7 +87,8 @@ pub struct Report {
     pub loss: Option<f64>,
     pub evaluation: Evaluation,
     /// Shares of the interval's wall time spent looking up (the prefetch, and the late
-    /// lookups with the dense pull beside them), computing and pushing.
+    /// lookups with the dense pull beside them), computing and pushing (with the next
+    /// minibatch's rows, read in the same calls, where no hot set is on).
     pub lookup_share: f64,
     pub compute_share: f64,
     pub push_share: f64,
@@ -273,13 +274,22 @@ impl<S: ParameterStore> Trainer<S> {
         B: Stream<Item = anyhow::Result<Feed>> + Send + 'static,
         R: Reporter,
     {
-        let (prepared_tx, mut prepared) = mpsc::channel::<anyhow::Result<Ready>>(1);
+        let (prepared_tx, ready) = mpsc::channel::<anyhow::Result<Ready>>(1);
+        let mut upcoming = Upcoming { ready, taken: None };
+        // Without a hot set a minibatch's rows are read by the push before it; with one,
+        // the prefetcher looks up those the hot set does not hold.
+        let rows = match self.hot {
+            None => Rows::ReadByPush,
+            Some(_) => Rows::LookedUp {
+                hot: self.hot_keys.clone(),
+                pushes: self.pushes.count(),
+            },
+        };
         let prefetcher = tokio::spawn(prefetch(
             batches,
             self.store.clone(),
             self.model.clone(),
-            self.hot_keys.clone(),
-            self.pushes.count(),
+            rows,
             prepared_tx,
         ));
         // A report after each step once `interval` has passed (every step for a zero
@@ -295,7 +305,7 @@ impl<S: ParameterStore> Trainer<S> {
                 }
             };
             let next = tokio::select! {
-                next = prepared.recv() => next,
+                next = upcoming.recv() => next,
                 _ = quiet => {
                     reporter.report(&self.meter.report()).await;
                     last_report = Instant::now();
@@ -313,7 +323,7 @@ impl<S: ParameterStore> Trainer<S> {
             let Some(next) = next else { break };
             match next? {
                 Ready::Step(prepared) => {
-                    self.step(*prepared).await?;
+                    self.step_before(*prepared, Some(&mut upcoming)).await?;
                     if last_report.elapsed() >= interval {
                         reporter.report(&self.meter.report()).await;
                         last_report = Instant::now();
@@ -347,6 +357,17 @@ impl<S: ParameterStore> Trainer<S> {
 
     /// Computes and pushes one looked-up minibatch.
     pub async fn step(&mut self, prepared: Prepared) -> anyhow::Result<StepOutput> {
+        self.step_before(prepared, None).await
+    }
+
+    /// [`Trainer::step`], followed by the minibatches in `upcoming`: when the next one is
+    /// ready by the push, the push also reads the rows it lacks (not looked up yet, or
+    /// changed by this push or one since its lookup).
+    async fn step_before(
+        &mut self,
+        prepared: Prepared,
+        upcoming: Option<&mut Upcoming>,
+    ) -> anyhow::Result<StepOutput> {
         let mut prepared = prepared;
         let late_lookup = Instant::now();
         // The dense pull and the rows' late lookups, both waiting on the last push, at once.
@@ -380,18 +401,33 @@ impl<S: ParameterStore> Trainer<S> {
         let (model, params) = (self.model.clone(), self.params.clone());
         let device = self.device.clone();
         let compute_span = tracing::info_span!(parent: &prepared.span, "trainer.compute");
-        let (prepared, output, grads, wide_grads) = tokio::task::spawn_blocking(move || {
+        let (prepared, mut output, grads, wide_grads) = tokio::task::spawn_blocking(move || {
             compute_span.in_scope(|| compute(&model, &params, device.kernels(), prepared, rows))
         })
         .await
         .context("the compute task")??;
         let computed = Instant::now();
+        let pushing = self.pushed_keys(&prepared.keys);
+        // A hot set's replica may change before the next step: its rows are read then.
+        let mut next = (upcoming.filter(|_| self.hot.is_none()))
+            .and_then(Upcoming::next_step)
+            .filter(|next| next.fetched.iter().all(|f| f.positions.is_none()));
         let push_span = tracing::info_span!(parent: &prepared.span, "trainer.push");
+        let gradients = Gradients {
+            keys: &prepared.keys,
+            grads: &grads,
+            wide_grads: &wide_grads,
+        };
+        let dense = std::mem::take(&mut output.dense_grads);
         let hot_share = self
-            .push(&prepared.keys, &grads, &wide_grads, &output)
+            .push(gradients, dense, &pushing, next.as_deref_mut())
             .instrument(push_span)
             .await?;
-        self.pushes.record(self.pushed_keys(&prepared.keys));
+        self.pushes.record(pushing);
+        if let Some(next) = next {
+            // Its rows are as fresh as a lookup after this push.
+            next.looked_up_at = Some(self.pushes.count().now());
+        }
         if let Some(hot) = &mut self.hot {
             let remote = lookup_time + computed.elapsed();
             let counts = access_counts.unwrap_or_default();
@@ -450,66 +486,26 @@ impl<S: ParameterStore> Trainer<S> {
         }
     }
 
-    /// Reads again, in one call, the rows (and first-order weights) of `prepared` that a
-    /// push changed since they were looked up; hot rows come from the replica, which is
-    /// current.
+    /// Reads, in one call, the rows (and first-order weights) of `prepared` that were not
+    /// looked up yet or that a push changed since; hot rows come from the replica, which
+    /// is current.
     async fn refresh(&self, prepared: &mut Prepared, rows: &mut [Vec<f32>]) -> anyhow::Result<()> {
         let stale = self.pushes.since(prepared.looked_up_at);
-        if stale.is_nothing() {
-            return Ok(());
-        }
-        let layout = self.model.layout();
-        // Per table with stale rows: their positions among its keys, and the keys.
-        let mut changed: Vec<(usize, Vec<usize>, Vec<u64>)> = Vec::new();
-        for (t, keys) in prepared.keys.tables.iter().enumerate() {
-            let replica = self.hot_replica(t);
-            let positions: Vec<usize> = (0..keys.len())
-                .filter(|&p| {
-                    stale.contains(t, keys[p]) && !replica.is_some_and(|r| r.contains(keys[p]))
-                })
-                .collect();
-            if !positions.is_empty() {
-                let stale_keys = positions.iter().map(|&p| keys[p]).collect();
-                changed.push((t, positions, stale_keys));
-            }
-        }
+        let changed = stale_rows(&stale, &prepared.keys, |t, key| {
+            self.hot_replica(t).is_some_and(|r| r.contains(key))
+        });
         if changed.is_empty() {
             return Ok(());
         }
-        let mut asked = Vec::new();
-        for (t, _, keys) in &changed {
-            let slot = &layout.tables[*t];
-            asked.push(TableKeys {
-                table: &slot.name,
-                keys,
-            });
-            if let Some(wide) = &slot.wide {
-                asked.push(TableKeys { table: wide, keys });
-            }
-        }
+        let layout = self.model.layout();
+        let asked = asked_for(layout, &changed);
         let fresh = self
             .store
             .lookup_tables(&asked)
             .await
             .context("looking up pushed rows again")?;
-        let wide_of = wide_positions(layout);
-        let mut fresh = asked_of(&asked).into_iter().zip(fresh);
-        for (t, positions, _) in changed {
-            let dim = layout.tables[t].dim;
-            let (asked, table_rows) = fresh.next().context("an answer per table")?;
-            check_rows(&asked, &table_rows, dim)?;
-            for (i, &p) in positions.iter().enumerate() {
-                rows[t][p * dim..][..dim].copy_from_slice(&table_rows[i * dim..][..dim]);
-            }
-            if let Some(w) = wide_of[t] {
-                let (asked, weights) = fresh.next().context("an answer per wide table")?;
-                check_rows(&asked, &weights, 1)?;
-                for (i, &p) in positions.iter().enumerate() {
-                    prepared.wide[w][p] = weights[i];
-                }
-            }
-        }
-        Ok(())
+        let mut rows: Vec<&mut Vec<f32>> = rows.iter_mut().collect();
+        overwrite(layout, &changed, &asked, fresh, &mut rows, &mut prepared.wide)
     }
 
     /// The keys a push of `keys` changed on the store: all but the hot set's.
@@ -590,14 +586,62 @@ impl<S: ParameterStore> Trainer<S> {
     }
 
     /// Pushes the step's gradients to the PS, except those of hot rows, which it returns.
+    /// With `next`, the push also reads again `next`'s rows that it (`pushing`, each
+    /// table's keys) or a push since `next`'s lookup changes.
     async fn push(
         &self,
-        keys: &BatchKeys,
-        grads: &[Vec<f32>],
-        wide_grads: &[Vec<f32>],
-        output: &StepOutput,
+        gradients: Gradients<'_>,
+        dense: Vec<ParamTensor>,
+        pushing: &Vec<KeySet>,
+        next: Option<&mut Prepared>,
     ) -> anyhow::Result<Share> {
         let layout = self.model.layout();
+        let (pushes, hot_share) = self.split_hot(&gradients);
+        let pushed: Vec<TableGrads<'_>> = (pushes.iter())
+            .filter(|(_, keys, _)| !keys.is_empty())
+            .map(|(table, keys, grads)| TableGrads { table, keys, grads })
+            .collect();
+        let changed = match &next {
+            Some(next) => {
+                let stale = self.pushes.since(next.looked_up_at).and(pushing);
+                stale_rows(&stale, &next.keys, |_, _| false)
+            }
+            None => Vec::new(),
+        };
+        let asked = asked_for(layout, &changed);
+        let sparse = async {
+            self.store
+                .push_tables(&pushed, &asked)
+                .await
+                .context("pushing sparse gradients")
+        };
+        let dense = async {
+            self.store
+                .push_dense(dense)
+                .await
+                .context("pushing dense gradients")
+        };
+        let (fresh, ()) = futures::try_join!(sparse, dense)?;
+        if let Some(next) = next {
+            let mut rows: Vec<&mut Vec<f32>> = next.fetched.iter_mut().map(|f| &mut f.rows).collect();
+            overwrite(layout, &changed, &asked, fresh, &mut rows, &mut next.wide)?;
+        }
+        Ok(hot_share)
+    }
+
+    /// Each table's gradients to push (first-order tables' after theirs), and the hot
+    /// rows' share, which the hot set applies.
+    fn split_hot<'a>(
+        &'a self,
+        gradients: &Gradients<'a>,
+    ) -> (Vec<(&'a str, Cow<'a, [u64]>, Cow<'a, [f32]>)>, Share) {
+        let layout = self.model.layout();
+        let Gradients {
+            keys,
+            grads,
+            wide_grads,
+            ..
+        } = *gradients;
         let mut pushes = Vec::new();
         let mut hot_share = Share {
             tables: vec![(Vec::new(), Vec::new()); layout.tables.len()],
@@ -628,24 +672,44 @@ impl<S: ParameterStore> Trainer<S> {
                 ));
             }
         }
-        let pushed: Vec<TableGrads<'_>> = (pushes.iter())
-            .filter(|(_, keys, _)| !keys.is_empty())
-            .map(|(table, keys, grads)| TableGrads { table, keys, grads })
-            .collect();
-        let sparse = async {
-            self.store
-                .push_tables(&pushed)
-                .await
-                .context("pushing sparse gradients")
-        };
-        let dense = async {
-            self.store
-                .push_dense(&output.dense_grads)
-                .await
-                .context("pushing dense gradients")
-        };
-        futures::try_join!(sparse, dense)?;
-        Ok(hot_share)
+        (pushes, hot_share)
+    }
+}
+
+/// A step's sparse gradients: each table's, per unique key of `keys`, and each
+/// first-order table's.
+#[derive(Clone, Copy)]
+struct Gradients<'a> {
+    keys: &'a BatchKeys,
+    grads: &'a [Vec<f32>],
+    wide_grads: &'a [Vec<f32>],
+}
+
+/// The minibatches and barriers the prefetcher has ready, with the next one taken early
+/// when a push wants to read its stale rows.
+struct Upcoming {
+    ready: mpsc::Receiver<anyhow::Result<Ready>>,
+    taken: Option<anyhow::Result<Ready>>,
+}
+
+impl Upcoming {
+    /// The next minibatch or barrier; `None` once the prefetcher is done.
+    async fn recv(&mut self) -> Option<anyhow::Result<Ready>> {
+        match self.taken.take() {
+            Some(taken) => Some(taken),
+            None => self.ready.recv().await,
+        }
+    }
+
+    /// The next minibatch, when it is ready now and no barrier comes first.
+    fn next_step(&mut self) -> Option<&mut Prepared> {
+        if self.taken.is_none() {
+            self.taken = self.ready.try_recv().ok();
+        }
+        match &mut self.taken {
+            Some(Ok(Ready::Step(next))) => Some(next),
+            _ => None,
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The trainer's copy of the dense parameters against two real PS shards: exact while the
-//! trainer is their only writer, given up for the PS's values when another writer pushes,
-//! and read again once the trainer is alone.
+//! trainer is their only writer, given up for the PS's values once a push's answer shows
+//! another writer, and read again once the trainer is alone.
 
 use std::time::Duration;
 
@@ -99,7 +99,7 @@ async fn the_dense_copy_is_exact_alone_and_gives_way_to_another_writer() {
         let pulled = store.pull_dense(&names).await.expect("pull");
         let (expected, _) = reference.pull(&names).expect("reference");
         assert_eq!(bits(&pulled), wire_bits(&expected), "step {step}");
-        store.push_dense(&tensors(step)).await.expect("push");
+        store.push_dense(tensors(step)).await.expect("push");
         reference
             .push(&wire(&tensors(step)))
             .expect("reference push");
@@ -112,12 +112,14 @@ async fn the_dense_copy_is_exact_alone_and_gives_way_to_another_writer() {
         wire_bits(&expected)
     );
 
-    // Another writer: the trainer's next push finds it, and pulls read the PS again.
+    // Another writer: the answer to the trainer's next push shows it (read by the push
+    // after, or a flush), and from then on pulls read the PS.
     other
-        .push_dense(&wire(&tensors(100)))
+        .push_dense(wire(&tensors(100)))
         .await
         .expect("other push");
-    store.push_dense(&tensors(7)).await.expect("push");
+    store.push_dense(tensors(7)).await.expect("push");
+    store.flush().await.expect("flush");
     let pulled = store.pull_dense(&names).await.expect("pull");
     let on_the_ps = on_ps(&other).await;
     assert_eq!(
@@ -133,7 +135,7 @@ async fn the_dense_copy_is_exact_alone_and_gives_way_to_another_writer() {
 
     // Alone again: after a few quiet pushes the copy is read again, and stays exact.
     for step in 8..=16 {
-        store.push_dense(&tensors(step)).await.expect("push");
+        store.push_dense(tensors(step)).await.expect("push");
         let pulled = store.pull_dense(&names).await.expect("pull");
         store.flush().await.expect("flush");
         assert_eq!(
@@ -147,12 +149,12 @@ async fn the_dense_copy_is_exact_alone_and_gives_way_to_another_writer() {
     // does not reach the PS fails the next call that waits for it.
     let mut bad = tensors(17);
     bad[0].values[0] = f32::NAN;
-    let refused = store.push_dense(&bad).await.expect_err("not finite");
+    let refused = store.push_dense(bad).await.expect_err("not finite");
     assert!(format!("{refused:#}").contains("not finite"), "{refused:#}");
     stop_b.trigger();
     tokio::time::sleep(Duration::from_millis(500)).await;
     store
-        .push_dense(&tensors(18))
+        .push_dense(tensors(18))
         .await
         .expect("sent in the background");
     let failed = store.flush().await.expect_err("a shard is gone");

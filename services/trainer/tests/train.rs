@@ -1,6 +1,6 @@
 //! The trainer's step loop against in-process tables: it learns Criteo-like data, its
-//! pushes reach the tables and the dense store, and every minibatch is scored before it
-//! is trained on.
+//! pushes reach the tables and the dense store, every minibatch is scored before it is
+//! trained on, and prefetching changes no parameter.
 
 #![allow(
     clippy::print_stdout,
@@ -15,7 +15,8 @@ use primus_batch::{FeaturePipeline, Minibatch};
 use primus_config::TrainerSettings;
 use primus_datagen::criteo::{Criteo, CriteoOptions, feature_schema};
 use primus_gpu::{CudaStatus, cuda_status};
-use primus_model::{Model, ModelLayout};
+use primus_model::pooling::BatchKeys;
+use primus_model::{Model, ModelLayout, ParamSet};
 use primus_proto::v1::SourceKind;
 use primus_service::Shutdown;
 use primus_spec::dataset::FeatureSchema;
@@ -147,6 +148,80 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
             .zip(initial.tensors())
             .all(|(a, b)| a.values != b.values)
     );
+}
+
+/// A prefetching trainer looks a minibatch up while the one before computes, and reads
+/// the rows pushed since again (in the push before it, or just before it computes): it
+/// trains bit for bit like one that looks each minibatch up only after the last push.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefetching_trainer_trains_like_one_that_looks_up_after_each_push() {
+    for kind in [ModelKind::Dlrm, ModelKind::Deepfm] {
+        let (mut spec, schema) = dlrm();
+        spec.kind = kind;
+        let layout = ModelLayout::new(&spec, &schema).expect("layout");
+        let (batches, _, _) = generated(&schema, 24, 256);
+        let mut runs = Vec::new();
+        for prefetching in [true, false] {
+            let tables = layout.ps_tables();
+            let store =
+                Arc::new(LocalStore::new(&tables, &spec.dense.optimizer, 0).expect("store"));
+            let model = Model::new(layout.clone());
+            let mut trainer = Trainer::start(model, store.clone(), 0, 1, 10_000)
+                .await
+                .expect("start");
+            let incoming = |batch: &Minibatch| {
+                Incoming::new(
+                    batch.clone(),
+                    SourceKind::Batch,
+                    "generated",
+                    &Default::default(),
+                )
+            };
+            if prefetching {
+                let feed = batches.iter().map(|b| Ok(Feed::Batch(incoming(b))));
+                let stream = futures::stream::iter(feed.collect::<Vec<_>>());
+                (trainer.train(stream.boxed(), Duration::ZERO, &Collect::default()))
+                    .await
+                    .expect("train");
+            } else {
+                for batch in &batches {
+                    let prepared = trainer.prepare(incoming(batch)).await.expect("prepare");
+                    trainer.step(prepared).await.expect("step");
+                }
+            }
+            runs.push(parameters(&store, &layout, &batches).await);
+        }
+        assert!(
+            runs[0] == runs[1],
+            "{kind:?}: the prefetching trainer's parameters differ"
+        );
+    }
+}
+
+/// Every dense tensor, and every stored row (with optimizer state) of `batches`' keys, as
+/// bits.
+async fn parameters(
+    store: &LocalStore,
+    layout: &ModelLayout,
+    batches: &[Minibatch],
+) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let names = ParamSet::init(layout, 0).names();
+    let dense = store.pull_dense(&names).await.expect("pull");
+    let mut rows = Vec::new();
+    for (t, slot) in layout.tables.iter().enumerate() {
+        let mut keys: Vec<u64> = Vec::new();
+        for batch in batches {
+            let kjt = batch.to_kjt().expect("kjt");
+            let batch_keys = BatchKeys::collect(layout, &kjt).expect("keys");
+            keys.extend_from_slice(&batch_keys.tables[t]);
+        }
+        for table in std::iter::once(&slot.name).chain(&slot.wide) {
+            let stored = store.read_rows(table, &keys).await.expect("rows");
+            assert_eq!(stored.keys.len(), keys.len(), "a row per key of {table}");
+            rows.push(bits(&stored.values));
+        }
+    }
+    (dense.iter().map(|t| bits(&t.values)).collect(), rows)
 }
 
 /// On a GPU a trainer pools and runs the pooling backward with the CUDA kernels, which on

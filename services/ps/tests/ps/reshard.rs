@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use primus_embedding::DenseStore;
 use primus_proto::v1::{DenseTensor, Layout as WireLayout};
 use primus_ps_client::reshard::reshard;
-use primus_ps_client::{DenseValues, ShardSource, StoredRows, TableGrads, layout};
+use primus_ps_client::{DenseValues, ShardSource, StoredRows, TableGrads, TableKeys, layout};
 
 use super::*;
 
@@ -68,9 +68,12 @@ async fn push_all(
         }
         let keys = keys_at(step);
         let grads = grads_for(step, keys.len());
-        // Every other step goes as a push of several tables (the table twice).
+        // Every other step goes as a push of several tables (the table twice), with some
+        // of the pushed rows read back in the same calls (by a call of their own after a
+        // move): they must carry this push.
         if step % 2 == 0 {
             client.push("items", &keys, &grads).await.expect("push");
+            reference.push(&keys, &grads, 1).expect("reference push");
         } else {
             let half = keys.len() / 2;
             let parts = [
@@ -85,9 +88,19 @@ async fn push_all(
                     grads: &grads[half * DIM..],
                 },
             ];
-            client.push_tables(&parts).await.expect("push tables");
+            let read_back = &keys[..keys.len().min(8)];
+            let read = [TableKeys {
+                table: "items",
+                keys: read_back,
+            }];
+            let (_, rows) = (client.push_tables_then_lookup(&parts, &read))
+                .await
+                .expect("push tables");
+            reference.push(&keys, &grads, 1).expect("reference push");
+            let mut expected = vec![0.0; read_back.len() * DIM];
+            reference.lookup(read_back, &mut expected).expect("reference");
+            assert_eq!(rows[0].rows, expected, "rows read after the push of step {step}");
         }
-        reference.push(&keys, &grads, 1).expect("reference push");
         progress.store(step + 1, Ordering::Release);
         if step == STEPS / 3 {
             halfway.take().map(|h| h.send(()));
@@ -109,7 +122,7 @@ async fn push_all_dense(client: PsClient, reference: Arc<DenseStore>, progress: 
             return;
         }
         client
-            .push_dense(&dense_grads(step))
+            .push_dense(dense_grads(step))
             .await
             .expect("push dense");
         reference

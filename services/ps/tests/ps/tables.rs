@@ -3,7 +3,7 @@
 
 use primus_embedding::Table;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
-use primus_proto::v1::{PushRequest, PushTablesRequest, StatsRequest};
+use primus_proto::v1::{LookupRequest, PushRequest, PushTablesRequest, StatsRequest};
 use primus_ps_client::{TableGrads, TableKeys, TableRows};
 use primus_testkit::NatsServer;
 use tonic::Code;
@@ -29,10 +29,15 @@ async fn several_tables_in_one_call_answer_like_one_call_each() {
             grads_for(step, item_keys.len()),
             grads_for(step + 1, user_keys.len()),
         );
-        // The same table twice in one call: its parts apply in order.
+        // The same table twice in one call: its parts apply in order; the rows read after
+        // (some pushed in this call, some not) see every part.
         let (first, second) = item_keys.split_at(100);
-        let pushed = client
-            .push_tables(&[
+        let read_after: Vec<u64> = (item_keys.iter().step_by(3).copied())
+            .chain(batch(step + 3_000, 40))
+            .collect();
+        let (pushed, read) = client
+            .push_tables_then_lookup(
+                &[
                 TableGrads {
                     table: "items",
                     keys: first,
@@ -48,7 +53,18 @@ async fn several_tables_in_one_call_answer_like_one_call_each() {
                     keys: second,
                     grads: &item_grads[100 * DIM..],
                 },
-            ])
+                ],
+                &[
+                    TableKeys {
+                        table: "items",
+                        keys: &read_after,
+                    },
+                    TableKeys {
+                        table: "users",
+                        keys: &[],
+                    },
+                ],
+            )
             .await
             .expect("push tables");
         assert_eq!(
@@ -58,6 +74,8 @@ async fn several_tables_in_one_call_answer_like_one_call_each() {
         );
         items.push(&item_keys, &item_grads, 1).expect("reference");
         users.push(&user_keys, &user_grads, 1).expect("reference");
+        let expected = vec![expected_rows(&items, &read_after), expected_rows(&users, &[])];
+        assert_eq!(read, expected, "rows read after the push of step {step}");
 
         let (item_probe, user_probe) = (batch(step + 1_000, 300), batch(step + 2_000, 50));
         let looked_up = client
@@ -158,6 +176,24 @@ async fn a_push_of_several_tables_with_one_bad_table_applies_none() {
     for (bad, names) in cases {
         let request = PushTablesRequest {
             tables: vec![good.clone(), bad],
+            then_lookup: Vec::new(),
+        };
+        let status = raw.push_tables(request).await.expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(names), "{status:?}");
+    }
+    // A bad read after the push refuses the push too.
+    let bad_reads = [
+        (vec![1, 2, 3], "users", "then_lookup[0].keys"),
+        (keys.clone(), "nope", "\"nope\" is not held"),
+    ];
+    for (read_keys, table, names) in bad_reads {
+        let request = PushTablesRequest {
+            tables: vec![good.clone()],
+            then_lookup: vec![LookupRequest {
+                table: table.into(),
+                keys: read_keys,
+            }],
         };
         let status = raw.push_tables(request).await.expect_err("refused");
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
@@ -172,9 +208,13 @@ async fn a_push_of_several_tables_with_one_bad_table_applies_none() {
         assert_eq!(table.rows, 0, "table {} changed", table.table);
     }
     // The good part alone is applied.
-    let request = PushTablesRequest { tables: vec![good] };
+    let request = PushTablesRequest {
+        tables: vec![good],
+        then_lookup: Vec::new(),
+    };
     let pushed = raw.push_tables(request).await.expect("push").into_inner();
     assert_eq!(pushed.tables.len(), 1);
     assert_eq!(pushed.tables[0].applied, 2);
+    assert!(pushed.looked_up.is_empty());
     shard.shutdown.trigger();
 }

@@ -499,11 +499,13 @@ impl<S: ParameterStore> Trainer<S> {
         }
         let layout = self.model.layout();
         let asked = asked_for(layout, &changed);
+        let lookup_span = tracing::info_span!(parent: &prepared.span, "trainer.lookup");
         let fresh = self
             .store
             .lookup_tables(&asked)
+            .instrument(lookup_span)
             .await
-            .context("looking up pushed rows again")?;
+            .context("looking up the minibatch's rows")?;
         let mut rows: Vec<&mut Vec<f32>> = rows.iter_mut().collect();
         overwrite(layout, &changed, &asked, fresh, &mut rows, &mut prepared.wide)
     }

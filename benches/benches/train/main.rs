@@ -268,7 +268,8 @@ async fn main() {
             None => {}
         }
         if services {
-            let (through, wall) = train_through_services(&bin_dir, &data, &spec, batch, false).await;
+            let (through, wall) =
+                train_through_services(&bin_dir, &data, &spec, batch, false).await;
             println!(
                 "round {round}: through the services (1 data executor, 2 PS shards, 1 trainer): {:.0} samples/s while training ({:.0} over the Job's {wall:.1} s from apply to Succeeded), AUC {:.4} vs best {best:.4}; {}; load {}",
                 through.rate(),

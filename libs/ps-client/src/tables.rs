@@ -88,8 +88,7 @@ impl PsClient {
         let mut pending: Option<Vec<Part>> = None;
         loop {
             let shards = self.current();
-            let (parts, reads): (Vec<(usize, &[u64], &[f32])>, &[TableKeys<'_>]) = match &pending
-            {
+            let (parts, reads): (Vec<(usize, &[u64], &[f32])>, &[TableKeys<'_>]) = match &pending {
                 None => (
                     (tables.iter().enumerate())
                         .map(|(i, t)| (i, t.keys, t.grads))
@@ -305,7 +304,12 @@ async fn push_tables_on(
             let mut client = shards.clients[shard].clone();
             async move {
                 let answer = client.push_tables(request).await;
-                (shard, answer.map(tonic::Response::into_inner), shard_parts, asked)
+                (
+                    shard,
+                    answer.map(tonic::Response::into_inner),
+                    shard_parts,
+                    asked,
+                )
             }
         });
     let mut out = vec![TableRows::default(); then_lookup.len()];

@@ -135,7 +135,10 @@ impl ParameterStore for RemoteStore {
         tables: &[TableGrads<'_>],
         then_lookup: &[TableKeys<'_>],
     ) -> anyhow::Result<Vec<Vec<f32>>> {
-        let (_, looked_up) = self.client.push_tables_then_lookup(tables, then_lookup).await?;
+        let (_, looked_up) = self
+            .client
+            .push_tables_then_lookup(tables, then_lookup)
+            .await?;
         Ok(looked_up.into_iter().map(|t| t.rows).collect())
     }
 

@@ -507,7 +507,14 @@ impl<S: ParameterStore> Trainer<S> {
             .await
             .context("looking up the minibatch's rows")?;
         let mut rows: Vec<&mut Vec<f32>> = rows.iter_mut().collect();
-        overwrite(layout, &changed, &asked, fresh, &mut rows, &mut prepared.wide)
+        overwrite(
+            layout,
+            &changed,
+            &asked,
+            fresh,
+            &mut rows,
+            &mut prepared.wide,
+        )
     }
 
     /// The keys a push of `keys` changed on the store: all but the hot set's.
@@ -625,7 +632,8 @@ impl<S: ParameterStore> Trainer<S> {
         };
         let (fresh, ()) = futures::try_join!(sparse, dense)?;
         if let Some(next) = next {
-            let mut rows: Vec<&mut Vec<f32>> = next.fetched.iter_mut().map(|f| &mut f.rows).collect();
+            let mut rows: Vec<&mut Vec<f32>> =
+                next.fetched.iter_mut().map(|f| &mut f.rows).collect();
             overwrite(layout, &changed, &asked, fresh, &mut rows, &mut next.wide)?;
         }
         Ok(hot_share)

@@ -98,8 +98,13 @@ async fn push_all(
                 .expect("push tables");
             reference.push(&keys, &grads, 1).expect("reference push");
             let mut expected = vec![0.0; read_back.len() * DIM];
-            reference.lookup(read_back, &mut expected).expect("reference");
-            assert_eq!(rows[0].rows, expected, "rows read after the push of step {step}");
+            reference
+                .lookup(read_back, &mut expected)
+                .expect("reference");
+            assert_eq!(
+                rows[0].rows, expected,
+                "rows read after the push of step {step}"
+            );
         }
         progress.store(step + 1, Ordering::Release);
         if step == STEPS / 3 {

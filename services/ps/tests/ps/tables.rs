@@ -38,21 +38,21 @@ async fn several_tables_in_one_call_answer_like_one_call_each() {
         let (pushed, read) = client
             .push_tables_then_lookup(
                 &[
-                TableGrads {
-                    table: "items",
-                    keys: first,
-                    grads: &item_grads[..100 * DIM],
-                },
-                TableGrads {
-                    table: "users",
-                    keys: &user_keys,
-                    grads: &user_grads,
-                },
-                TableGrads {
-                    table: "items",
-                    keys: second,
-                    grads: &item_grads[100 * DIM..],
-                },
+                    TableGrads {
+                        table: "items",
+                        keys: first,
+                        grads: &item_grads[..100 * DIM],
+                    },
+                    TableGrads {
+                        table: "users",
+                        keys: &user_keys,
+                        grads: &user_grads,
+                    },
+                    TableGrads {
+                        table: "items",
+                        keys: second,
+                        grads: &item_grads[100 * DIM..],
+                    },
                 ],
                 &[
                     TableKeys {
@@ -74,7 +74,10 @@ async fn several_tables_in_one_call_answer_like_one_call_each() {
         );
         items.push(&item_keys, &item_grads, 1).expect("reference");
         users.push(&user_keys, &user_grads, 1).expect("reference");
-        let expected = vec![expected_rows(&items, &read_after), expected_rows(&users, &[])];
+        let expected = vec![
+            expected_rows(&items, &read_after),
+            expected_rows(&users, &[]),
+        ];
         assert_eq!(read, expected, "rows read after the push of step {step}");
 
         let (item_probe, user_probe) = (batch(step + 1_000, 300), batch(step + 2_000, 50));

@@ -44,6 +44,9 @@ pub struct TableRows {
 /// Gradients of table `.0` (an index into the call's tables) still to push.
 type Part = (usize, Vec<u64>, Vec<f32>);
 
+/// A [`Part`] borrowed.
+type PartRef<'a> = (usize, &'a [u64], &'a [f32]);
+
 impl PsClient {
     /// Rows of every table's keys, in the order of `tables`: like [`PsClient::lookup`]
     /// per table, with one call per shard for all of them.
@@ -88,7 +91,7 @@ impl PsClient {
         let mut pending: Option<Vec<Part>> = None;
         loop {
             let shards = self.current();
-            let (parts, reads): (Vec<(usize, &[u64], &[f32])>, &[TableKeys<'_>]) = match &pending {
+            let (parts, reads): (Vec<PartRef<'_>>, &[TableKeys<'_>]) = match &pending {
                 None => (
                     (tables.iter().enumerate())
                         .map(|(i, t)| (i, t.keys, t.grads))
@@ -244,7 +247,7 @@ fn decode_rows(answers: &[LookupResponse], asked: usize) -> Result<Vec<(usize, V
 struct Pushes<'a> {
     names: &'a [&'a str],
     dims: &'a [usize],
-    parts: &'a [(usize, &'a [u64], &'a [f32])],
+    parts: &'a [PartRef<'a>],
 }
 
 impl Pushes<'_> {

@@ -641,10 +641,7 @@ impl<S: ParameterStore> Trainer<S> {
 
     /// Each table's gradients to push (first-order tables' after theirs), and the hot
     /// rows' share, which the hot set applies.
-    fn split_hot<'a>(
-        &'a self,
-        gradients: &Gradients<'a>,
-    ) -> (Vec<(&'a str, Cow<'a, [u64]>, Cow<'a, [f32]>)>, Share) {
+    fn split_hot<'a>(&'a self, gradients: &Gradients<'a>) -> (Vec<TablePush<'a>>, Share) {
         let layout = self.model.layout();
         let Gradients {
             keys,
@@ -685,6 +682,9 @@ impl<S: ParameterStore> Trainer<S> {
         (pushes, hot_share)
     }
 }
+
+/// One table's keys and gradients to push.
+type TablePush<'a> = (&'a str, Cow<'a, [u64]>, Cow<'a, [f32]>);
 
 /// A step's sparse gradients: each table's, per unique key of `keys`, and each
 /// first-order table's.

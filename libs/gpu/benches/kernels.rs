@@ -154,7 +154,7 @@ fn cpu_benches(criterion: &mut Criterion, report: &mut Vec<Row>) {
         );
     });
     report.push(Row {
-        name: format!("CPU gather_pool reference, {rows} rows dim {dim}, 1 core"),
+        name: format!("CPU gather_pool reference, {rows} rows dim {dim}, every core"),
         value: format!("{:.1}M rows/s", pooled / 1e6),
         baseline: format!(
             "raw gather {:.1}M rows/s ({:.0}%)",

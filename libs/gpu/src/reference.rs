@@ -1,6 +1,10 @@
 //! CPU references of every kernel, with the kernels' signatures ([`EmbeddingKernels`]).
 //! They perform the same float operations in the same order as kernels.cu, so forward
 //! pooling, the deterministic backward and the optimizers match the GPU bit for bit.
+//! Pooling spreads over the cores (blocks of samples forward, tables backward) without
+//! changing any output element's order of operations.
+
+use rayon::prelude::*;
 
 use crate::GpuError;
 use crate::layout::{
@@ -89,6 +93,9 @@ pub(crate) fn validate_grad_out(
     Ok(())
 }
 
+/// Samples a core pools at a time.
+const SAMPLE_BLOCK: usize = 64;
+
 fn scale(pooling: Pooling, bag_len: usize) -> f32 {
     match pooling {
         Pooling::Mean if bag_len > 0 => 1.0 / bag_len as f32,
@@ -109,24 +116,33 @@ impl EmbeddingKernels for CpuKernels {
         let width = input.out_width(tables);
         let columns = input.columns(tables);
         let mut out = vec![0.0f32; input.samples * width];
-        for (f, feature) in input.features.iter().enumerate() {
-            let shape = tables[feature.table];
-            let (dim, stride) = (shape.dim as usize, shape.stride as usize);
-            for b in 0..input.samples {
-                let bag = feature.bag(feature.bag_of(b));
-                let dst = &mut out[b * width + columns[f]..][..dim];
-                for &row in bag {
-                    let src = &weights[feature.table][row as usize * stride..][..dim];
-                    for (acc, w) in dst.iter_mut().zip(src) {
-                        *acc += w;
+        if width == 0 {
+            return Ok(out);
+        }
+        // Blocks of samples on every core; within a sample the order is the kernel's.
+        out.par_chunks_mut(width * SAMPLE_BLOCK)
+            .enumerate()
+            .for_each(|(block, out)| {
+                for (i, sample) in out.chunks_exact_mut(width).enumerate() {
+                    let b = block * SAMPLE_BLOCK + i;
+                    for (f, feature) in input.features.iter().enumerate() {
+                        let shape = tables[feature.table];
+                        let (dim, stride) = (shape.dim as usize, shape.stride as usize);
+                        let bag = feature.bag(feature.bag_of(b));
+                        let dst = &mut sample[columns[f]..][..dim];
+                        for &row in bag {
+                            let src = &weights[feature.table][row as usize * stride..][..dim];
+                            for (acc, w) in dst.iter_mut().zip(src) {
+                                *acc += w;
+                            }
+                        }
+                        if pooling == Pooling::Mean && !bag.is_empty() {
+                            let n = bag.len() as f32;
+                            dst.iter_mut().for_each(|acc| *acc /= n);
+                        }
                     }
                 }
-                if pooling == Pooling::Mean && !bag.is_empty() {
-                    let n = bag.len() as f32;
-                    dst.iter_mut().for_each(|acc| *acc /= n);
-                }
-            }
-        }
+            });
         Ok(out)
     }
 
@@ -146,21 +162,25 @@ impl EmbeddingKernels for CpuKernels {
             .iter()
             .map(|t| vec![0.0; t.rows as usize * t.dim as usize])
             .collect();
-        // Feature, then sample, then position in the bag: the order the sorted kernel sums in.
-        for (f, feature) in input.features.iter().enumerate() {
-            let dim = tables[feature.table].dim as usize;
-            for b in 0..input.samples {
-                let bag = feature.bag(feature.bag_of(b));
-                let s = scale(pooling, bag.len());
-                let src = &grad_out[b * width + columns[f]..][..dim];
-                for &row in bag {
-                    let dst = &mut grads[feature.table][row as usize * dim..][..dim];
-                    for (acc, g) in dst.iter_mut().zip(src) {
-                        *acc += g * s;
+        // Tables on every core; within a table feature, then sample, then position in the
+        // bag: the order the sorted kernel sums in.
+        grads.par_iter_mut().enumerate().for_each(|(t, grads)| {
+            let dim = tables[t].dim as usize;
+            let features = (input.features.iter().enumerate()).filter(|(_, f)| f.table == t);
+            for (f, feature) in features {
+                for b in 0..input.samples {
+                    let bag = feature.bag(feature.bag_of(b));
+                    let s = scale(pooling, bag.len());
+                    let src = &grad_out[b * width + columns[f]..][..dim];
+                    for &row in bag {
+                        let dst = &mut grads[row as usize * dim..][..dim];
+                        for (acc, g) in dst.iter_mut().zip(src) {
+                            *acc += g * s;
+                        }
                     }
                 }
             }
-        }
+        });
         Ok(grads)
     }
 

@@ -1,9 +1,9 @@
-//! Which prefetched rows went stale, and reading them again. The next minibatch's rows are
-//! looked up while this one computes, so a push that completes after that lookup leaves the
-//! prefetched copies of its keys one update behind. The trainer remembers the keys of its
-//! last pushes; a minibatch reads again the rows pushed since its lookup began (in the push
-//! before it when it is ready by then, else just before it computes), and so computes with
-//! every row as fresh as a lookup at that moment would give.
+//! Which rows a minibatch must still read, and reading them. Its rows may not be looked up
+//! yet (the push before its step reads them), or have been looked up before a push that
+//! changed some of them. The trainer remembers the keys of its last pushes; a minibatch
+//! reads the rows it lacks and those pushed since its lookup began (in the push before it
+//! when it is ready by then, else just before it computes), and so computes with every row
+//! as fresh as a lookup at that moment would give.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -113,7 +113,7 @@ impl<'a> Stale<'a> {
     }
 }
 
-/// One table's rows that a minibatch reads again.
+/// One table's rows that a minibatch reads (again).
 pub(crate) struct StaleRows {
     /// The layout table.
     table: usize,

@@ -150,9 +150,9 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
     );
 }
 
-/// A prefetching trainer looks a minibatch up while the one before computes, and reads
-/// the rows pushed since again (in the push before it, or just before it computes): it
-/// trains bit for bit like one that looks each minibatch up only after the last push.
+/// A prefetching trainer prepares a minibatch while the one before computes and reads its
+/// rows in the push before it (the first one just before it computes): it trains bit for
+/// bit like one that looks each minibatch up only after the last push.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefetching_trainer_trains_like_one_that_looks_up_after_each_push() {
     for kind in [ModelKind::Dlrm, ModelKind::Deepfm] {

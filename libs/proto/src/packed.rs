@@ -26,9 +26,11 @@ pub fn encode_keys(keys: &[u64]) -> Vec<u8> {
 
 /// Appends `values` as little-endian bytes to `out`.
 pub fn encode_f32(values: &[f32], out: &mut Vec<u8>) {
-    out.reserve(values.len() * 4);
-    for v in values {
-        out.extend_from_slice(&v.to_le_bytes());
+    let start = out.len();
+    // Sized first, then filled in fixed 4-byte pieces: one pass the compiler vectorizes.
+    out.resize(start + values.len() * 4, 0);
+    for (bytes, v) in out[start..].chunks_exact_mut(4).zip(values) {
+        bytes.copy_from_slice(&v.to_le_bytes());
     }
 }
 
@@ -44,10 +46,11 @@ pub fn decode_keys(field: &str, bytes: &[u8]) -> Result<Vec<u64>, PackedError> {
 /// `field`'s floats.
 pub fn decode_f32(field: &str, bytes: &[u8]) -> Result<Vec<f32>, PackedError> {
     check(field, bytes, 4, "floats")?;
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    let mut values = vec![0.0f32; bytes.len() / 4];
+    for (v, c) in values.iter_mut().zip(bytes.chunks_exact(4)) {
+        *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    Ok(values)
 }
 
 fn check(field: &str, bytes: &[u8], width: usize, items: &'static str) -> Result<(), PackedError> {
@@ -74,6 +77,9 @@ mod tests {
         let mut bytes = Vec::new();
         encode_f32(&[1.5, -0.0, f32::MAX], &mut bytes);
         assert_eq!(decode_f32("rows", &bytes), Ok(vec![1.5, -0.0, f32::MAX]));
+        let mut appended = vec![9];
+        encode_f32(&[1.0], &mut appended);
+        assert_eq!(appended, [9, 0, 0, 0x80, 0x3f], "appended, little-endian");
         let error = decode_keys("keys", &[0; 9]).expect_err("ragged");
         assert_eq!(
             error.to_string(),

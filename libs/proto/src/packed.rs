@@ -21,7 +21,11 @@ impl From<PackedError> for tonic::Status {
 
 /// `keys` as little-endian bytes.
 pub fn encode_keys(keys: &[u64]) -> Vec<u8> {
-    keys.iter().flat_map(|k| k.to_le_bytes()).collect()
+    let mut out = vec![0u8; keys.len() * 8];
+    for (bytes, k) in out.chunks_exact_mut(8).zip(keys) {
+        bytes.copy_from_slice(&k.to_le_bytes());
+    }
+    out
 }
 
 /// Appends `values` as little-endian bytes to `out`.
@@ -37,10 +41,11 @@ pub fn encode_f32(values: &[f32], out: &mut Vec<u8>) {
 /// `field`'s keys.
 pub fn decode_keys(field: &str, bytes: &[u8]) -> Result<Vec<u64>, PackedError> {
     check(field, bytes, 8, "keys")?;
-    Ok(bytes
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-        .collect())
+    let mut keys = vec![0u64; bytes.len() / 8];
+    for (k, c) in keys.iter_mut().zip(bytes.chunks_exact(8)) {
+        *k = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+    }
+    Ok(keys)
 }
 
 /// `field`'s floats.

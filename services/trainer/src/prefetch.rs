@@ -106,13 +106,12 @@ pub(crate) async fn prepare<S: ParameterStore>(
     pushes: &PushCount,
     incoming: Incoming,
 ) -> anyhow::Result<Prepared> {
-    let Incoming { batch, kind, span } = incoming;
-    let lookup_span = tracing::info_span!(parent: &span, "trainer.lookup");
     let started = Instant::now();
     let looked_up_at = pushes.now();
+    let mut prepared = keyed(model, incoming)?;
+    let lookup_span = tracing::info_span!(parent: &prepared.span, "trainer.lookup");
     let layout = model.layout();
-    let kjt = batch.to_kjt()?;
-    let keys = BatchKeys::collect(layout, &kjt)?;
+    let keys = &prepared.keys;
     // Each table's keys not in the hot set (positions among its keys when some are).
     let cold: Vec<(Option<Vec<usize>>, Vec<u64>)> = (keys.tables.iter().enumerate())
         .map(|(t, keys)| {
@@ -153,43 +152,45 @@ pub(crate) async fn prepare<S: ParameterStore>(
         check_rows(&asked, &weights, 1)?;
         wide.push(weights);
     }
-    Ok(Prepared {
-        batch,
-        tower: tower(kind),
-        span,
-        keys,
-        fetched,
-        wide,
-        lookup_time: started.elapsed(),
-        looked_up_at: Some(looked_up_at),
-    })
+    (prepared.fetched, prepared.wide) = (fetched, wide);
+    prepared.looked_up_at = Some(looked_up_at);
+    prepared.lookup_time = started.elapsed();
+    Ok(prepared)
 }
 
-/// One minibatch's unique keys per table, with its rows not looked up yet: the push of the
-/// step before reads them, after its gradients are applied, in the same calls.
+/// One minibatch's unique keys per table, with its rows not looked up yet (zeros): the push
+/// of the step before reads them, after its gradients are applied, in the same calls.
 fn prepare_unread(model: &Model, incoming: Incoming) -> anyhow::Result<Prepared> {
-    let Incoming { batch, kind, span } = incoming;
     let started = Instant::now();
+    let mut prepared = keyed(model, incoming)?;
     let layout = model.layout();
-    let keys = BatchKeys::collect(layout, &batch.to_kjt()?)?;
-    let fetched = (layout.tables.iter().zip(&keys.tables))
+    let keys = &prepared.keys.tables;
+    prepared.fetched = (layout.tables.iter().zip(keys))
         .map(|(slot, keys)| Fetched {
             positions: None,
             rows: vec![0.0; keys.len() * slot.dim],
         })
         .collect();
-    let wide = (layout.tables.iter().zip(&keys.tables))
+    prepared.wide = (layout.tables.iter().zip(keys))
         .filter(|(slot, _)| slot.wide.is_some())
         .map(|(_, keys)| vec![0.0; keys.len()])
         .collect();
+    prepared.lookup_time = started.elapsed();
+    Ok(prepared)
+}
+
+/// `incoming` resolved to its unique keys per table, with no rows yet.
+fn keyed(model: &Model, incoming: Incoming) -> anyhow::Result<Prepared> {
+    let Incoming { batch, kind, span } = incoming;
+    let keys = BatchKeys::collect(model.layout(), &batch.to_kjt()?)?;
     Ok(Prepared {
         batch,
         tower: tower(kind),
         span,
         keys,
-        fetched,
-        wide,
-        lookup_time: started.elapsed(),
+        fetched: Vec::new(),
+        wide: Vec::new(),
+        lookup_time: Duration::ZERO,
         looked_up_at: None,
     })
 }

@@ -1,5 +1,6 @@
 //! Settings of `primus-master`: the shared sections plus `api` (where the API server is),
-//! `master` (sharding, planner, task service) and `local` (the local resource backend).
+//! `master` (sharding, planner, task service, which resource backend), `local` and
+//! `kubernetes` (the two resource backends).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -33,6 +34,19 @@ pub struct MasterSettings {
     pub master: ControllerSettings,
     /// The local backend: executors as child processes.
     pub local: LocalBackendSettings,
+    /// The Kubernetes backend: executors as pods.
+    pub kubernetes: KubernetesBackendSettings,
+}
+
+/// Where a Job's executors run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// Child processes of the master, on its host (`local` settings).
+    #[default]
+    Local,
+    /// A pod per executor (`kubernetes` settings).
+    Kubernetes,
 }
 
 /// How the master drives its Jobs.
@@ -51,6 +65,8 @@ pub struct ControllerSettings {
     pub checkpoint: CheckpointSettings,
     /// Faults the master injects into its Jobs' executors, for tests and benchmarks.
     pub fault_injection: FaultInjectionSettings,
+    /// Where the Jobs' executors run: `local` or `kubernetes`.
+    pub backend: BackendKind,
 }
 
 /// Faults injected into every Job's executors, for tests and benchmarks only: they make a
@@ -143,6 +159,58 @@ pub struct LocalBackendSettings {
     pub executor_ip: IpAddr,
 }
 
+/// The `kubernetes` backend: each executor is a pod (with a ConfigMap holding its settings
+/// file), owned by one object per Job so deleting that object removes them all.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(default)]
+pub struct KubernetesBackendSettings {
+    /// A kubeconfig file; unset: `KUBECONFIG`, then the in-cluster service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of the executors' pods; unset: the kubeconfig's or the master pod's.
+    pub namespace: Option<String>,
+    /// The image every executor runs (its entrypoint picks the program by its first
+    /// argument: `ps`, `data-executor`, `trainer`).
+    pub image: String,
+    /// `Always`, `IfNotPresent` or `Never`.
+    pub image_pull_policy: String,
+    /// The service account of the executors' pods; unset: the namespace's default.
+    pub service_account: Option<String>,
+    /// The port every executor serves gRPC on, inside its pod.
+    pub grpc_port: u16,
+    /// How executors reach the master (`host:port`), e.g. its Service's DNS name; unset:
+    /// the master's own pod IP and port.
+    pub master_addr: Option<String>,
+    /// Crashes after which an executor is given up on (and its job fails).
+    pub max_restarts: u32,
+    /// The pods' termination grace period: SIGTERM, then SIGKILL after this long.
+    pub stop_grace_ms: u64,
+    /// Lines of a failed container's log quoted in the Job's condition.
+    pub log_lines: u32,
+    /// Node labels the executors' pods must match.
+    pub node_selector: BTreeMap<String, String>,
+    /// Extra labels on every object the backend creates.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Default for KubernetesBackendSettings {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            namespace: None,
+            image: "primus-rs".into(),
+            image_pull_policy: "IfNotPresent".into(),
+            service_account: None,
+            grpc_port: 7080,
+            master_addr: None,
+            max_restarts: 5,
+            stop_grace_ms: 30_000,
+            log_lines: 20,
+            node_selector: BTreeMap::new(),
+            labels: BTreeMap::new(),
+        }
+    }
+}
+
 impl Default for ControllerSettings {
     fn default() -> Self {
         Self {
@@ -152,6 +220,7 @@ impl Default for ControllerSettings {
             tasks: TaskSettings::default(),
             checkpoint: CheckpointSettings::default(),
             fault_injection: FaultInjectionSettings::default(),
+            backend: BackendKind::default(),
         }
     }
 }
@@ -202,6 +271,7 @@ impl Default for MasterSettings {
             api: ApiSettings::default(),
             master: ControllerSettings::default(),
             local: LocalBackendSettings::default(),
+            kubernetes: KubernetesBackendSettings::default(),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! Sections are shared types (`server`, `nats`, `telemetry`, ...); each service's settings
 //! type names the sections it reads.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use schemars::JsonSchema;
@@ -18,6 +18,10 @@ pub struct ServerSettings {
     /// Serve TLS instead of plaintext when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSettings>,
+    /// The IP others reach this listener at, when it listens on a wildcard (`0.0.0.0`) or
+    /// behind an address it cannot see: a pod's IP on Kubernetes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise_ip: Option<IpAddr>,
 }
 
 /// PEM files of the gRPC listener's certificate chain and private key.
@@ -36,6 +40,7 @@ impl ServerSettings {
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], port)),
             drain_timeout_ms: 10_000,
             tls: None,
+            advertise_ip: None,
         }
     }
 }

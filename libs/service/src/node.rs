@@ -28,6 +28,7 @@ pub struct Node {
     listener: TcpListener,
     drain_timeout: Duration,
     tls: Option<ServerTlsConfig>,
+    advertise_ip: Option<std::net::IpAddr>,
     dependencies: Vec<(&'static str, Check)>,
 }
 
@@ -48,6 +49,7 @@ impl Node {
             listener,
             drain_timeout: Duration::from_millis(settings.drain_timeout_ms),
             tls,
+            advertise_ip: settings.advertise_ip,
             dependencies: Vec::new(),
         })
     }
@@ -55,6 +57,16 @@ impl Node {
     /// The address bound (the port chosen when 0 was asked).
     pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
         Ok(self.listener.local_addr()?)
+    }
+
+    /// The address others reach this listener at: the bound one, with the IP of
+    /// `server.advertise_ip` when that is set.
+    pub fn advertised_addr(&self) -> anyhow::Result<SocketAddr> {
+        let mut addr = self.local_addr()?;
+        if let Some(ip) = self.advertise_ip {
+            addr.set_ip(ip);
+        }
+        Ok(addr)
     }
 
     /// Health reports NOT_SERVING whenever `check` says the dependency `name` is down.

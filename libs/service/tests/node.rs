@@ -13,6 +13,7 @@ fn settings(drain_timeout_ms: u64) -> ServerSettings {
         grpc_addr: ([127, 0, 0, 1], 0).into(),
         drain_timeout_ms,
         tls: None,
+        advertise_ip: None,
     }
 }
 
@@ -80,6 +81,7 @@ async fn a_taken_port_is_a_clear_error() {
             grpc_addr: taken,
             drain_timeout_ms: 1_000,
             tls: None,
+            advertise_ip: None,
         },
     )
     .await

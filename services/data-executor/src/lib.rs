@@ -68,7 +68,7 @@ async fn serve(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Re
         .clone()
         .context("data.dataset is not set: the master writes the Job's Dataset there")?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
-    let grpc_addr = node.local_addr()?.to_string();
+    let grpc_addr = node.advertised_addr()?.to_string();
     let bus = node.connect_nats(&settings.nats).await?;
     let executor = Arc::new(executor::Executor::new(
         identity,

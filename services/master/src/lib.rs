@@ -3,7 +3,8 @@
 //! - [`controller`]: follows Jobs through the API server's Watch and runs each one through
 //!   its phases, writing status conditions and folding metrics into the Metric resource.
 //! - [`backend`]: the resource controller interface; [`backend::local`] runs executors as
-//!   child processes (restarted with backoff, cleaned up on job end and master shutdown).
+//!   child processes (restarted with backoff, cleaned up on job end and master shutdown),
+//!   [`backend::kubernetes`] as pods (`master.backend`).
 //! - [`plan`]: the data task planner (DTGG); [`queue`]: the batch task queue and stream
 //!   task graph in Redis; [`driver`]: planning loop and task monitor per job.
 //! - [`checkpoint`]: the checkpoint coordinator (barrier, PS snapshots and task offsets
@@ -16,6 +17,7 @@ pub mod checkpoint;
 pub mod controller;
 pub mod driver;
 mod job;
+pub use job::executors::job_executors;
 pub mod metrics;
 pub mod plan;
 pub mod queue;
@@ -34,11 +36,11 @@ use primus_proto::v1::topology_service_server::TopologyServiceServer;
 use primus_service::{Node, ServiceFuture, SettingFlag, Shutdown};
 use tonic::service::Routes;
 
-use primus_config::MasterSettings;
+use primus_config::{BackendKind, MasterSettings};
 
 pub const SERVICE: &str = "primus-master";
 pub const ABOUT: &str = concat!(
-    "Primus master: follows Jobs, starts their executors (local backend), plans data tasks",
+    "Primus master: follows Jobs, starts their executors (as processes or Kubernetes pods), plans data tasks",
     " from their Datasets into a Redis task queue, serves the task and topology services."
 );
 
@@ -62,20 +64,72 @@ async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<(
     let shard = shard::parse_shard(&settings.master.shard).map_err(anyhow::Error::msg)?;
     let client = ClientSettings::from_settings(&settings.api)?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
-    let master_addr = advertised(node.local_addr()?);
+    let master_addr = advertised(node.advertised_addr()?);
     let bus = node.connect_nats(&settings.nats).await?;
     let redis = node.connect_redis(&settings.redis).await?;
     let api = ApiClient::connect_patiently(&client, API_CONNECT_ATTEMPTS)
         .await
         .context("setting `api.server`")?;
-    let backend = Arc::new(backend::local::LocalBackend::new(
-        settings.local.clone(),
-        master_addr.to_string(),
-    ));
-    let leftovers = backend.kill_leftovers();
-    if leftovers > 0 {
-        tracing::warn!(leftovers, "killed executors left by a previous master");
+    let parts = Parts {
+        api,
+        bus,
+        redis,
+        shard,
+        settings,
+    };
+    match parts.settings.master.backend {
+        BackendKind::Local => {
+            let backend = Arc::new(backend::local::LocalBackend::new(
+                parts.settings.local.clone(),
+                master_addr.to_string(),
+            ));
+            let leftovers = backend.kill_leftovers();
+            if leftovers > 0 {
+                tracing::warn!(leftovers, "killed executors left by a previous master");
+            }
+            let served = drive_jobs(node, parts, backend.clone(), master_addr, shutdown).await;
+            backend.shutdown().await;
+            served
+        }
+        BackendKind::Kubernetes => {
+            let kubernetes = parts.settings.kubernetes.clone();
+            let reach = kubernetes.master_addr.clone();
+            let backend = backend::kubernetes::KubernetesBackend::connect(
+                kubernetes,
+                shard,
+                reach.unwrap_or_else(|| master_addr.to_string()),
+            )
+            .await
+            .context("the kubernetes backend")?;
+            drive_jobs(node, parts, Arc::new(backend), master_addr, shutdown).await
+        }
     }
+}
+
+/// What the master connected to before choosing its backend.
+struct Parts {
+    api: ApiClient,
+    bus: primus_bus::Bus,
+    redis: redis::aio::ConnectionManager,
+    shard: (u32, u32),
+    settings: MasterSettings,
+}
+
+/// Serves the master's gRPC services and drives its Jobs on `backend` until `shutdown`.
+async fn drive_jobs<B: backend::ResourceBackend>(
+    node: Node,
+    parts: Parts,
+    backend: Arc<B>,
+    master_addr: SocketAddr,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let Parts {
+        api,
+        bus,
+        redis,
+        shard,
+        settings,
+    } = parts;
     let catalog = Arc::new(plan::StoreCatalog::new(settings.storage.clone()));
     let jobs = tasks::JobRegistry::default();
     let topologies = topology::Topologies::default();
@@ -91,7 +145,7 @@ async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<(
         bus: bus.clone(),
         redis,
         shard,
-        backend: backend.clone(),
+        backend,
         cache: Arc::new(plan::ListingCache::new(catalog, LISTING_CACHE_PARTITIONS)),
         jobs,
         topologies,
@@ -101,7 +155,6 @@ async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<(
     let controller = tokio::spawn(controller::run(context, shutdown.clone()));
     let served = node.serve(routes, shutdown).await;
     let _ = controller.await;
-    backend.shutdown().await;
     bus.drain().await?;
     served
 }

@@ -25,6 +25,18 @@ impl Topologies {
         *version += 1;
     }
 
+    /// Gives executor `id` of `job` a new address (its replacement serves elsewhere).
+    pub fn readdress(&self, job: &str, id: &str, grpc_addr: String) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        let Some((version, endpoints)) = inner.get_mut(job) else {
+            return;
+        };
+        if let Some(endpoint) = endpoints.iter_mut().find(|e| e.id == id) {
+            endpoint.grpc_addr = grpc_addr;
+            *version += 1;
+        }
+    }
+
     /// Replaces `job`'s endpoints of `role` with `endpoints` in one change: clients see the
     /// old set or the new one, never a mix.
     pub fn replace_role(&self, job: &str, role: Role, endpoints: Vec<Endpoint>) {

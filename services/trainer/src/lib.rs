@@ -100,7 +100,7 @@ async fn serve(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Result<
     let model = dense_model(layout, train)?;
     tracing::info!(embedding = ?device, dense = ?model.device(), "devices");
     let mut node = Node::bind(SERVICE, &settings.server).await?;
-    let grpc_addr = node.local_addr()?.to_string();
+    let grpc_addr = node.advertised_addr()?.to_string();
     let bus = node.connect_nats(&settings.nats).await?;
     let worker = {
         let (bus, shutdown, settings) = (bus.clone(), shutdown.clone(), settings.clone());

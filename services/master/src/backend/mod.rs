@@ -1,7 +1,8 @@
 //! The unified resource controller's interface (Primus §3.1): a backend starts, stops and
-//! watches a job's executors. [`local::LocalBackend`] runs them as child processes; a
-//! Kubernetes backend implements the same trait with pods.
+//! watches a job's executors. [`local::LocalBackend`] runs them as child processes;
+//! [`kubernetes::KubernetesBackend`] as pods.
 
+pub mod kubernetes;
 pub mod local;
 
 use std::future::Future;
@@ -138,6 +139,18 @@ pub enum BackendEvent {
         job: String,
         id: String,
         status: String,
+    },
+    /// It was killed for using more memory than it was given (and is being restarted).
+    OutOfMemory {
+        job: String,
+        id: String,
+        memory_bytes: u64,
+    },
+    /// Its replacement (a new pod after the old one was lost) serves at a new address.
+    Moved {
+        job: String,
+        id: String,
+        grpc_addr: SocketAddr,
     },
     /// Its resources changed.
     Resized {

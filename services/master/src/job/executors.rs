@@ -161,31 +161,63 @@ pub(crate) async fn request_executor<B: ResourceBackend, C: Catalog>(
     role: ExecutorRole,
     index: u32,
 ) -> Result<Endpoint, BackendError> {
-    let (cpu, memory_bytes) = role_spec(job.spec, role).map_or((0.0, 0), |spec| {
-        let memory = primus_spec::job::parse_memory(&spec.memory).unwrap_or(0);
-        (spec.cpu, memory)
-    });
-    let mut settings = executor_settings(&context.settings, role, job);
-    let faults = &context.settings.master.fault_injection;
-    if let ExecutorSettings::DataExecutor(executor) = &mut settings
-        && faults.slow_data_executor == Some(index)
-    {
-        executor.data.read_delay_ms += faults.slow_read_delay_ms;
-    }
-    let request = ExecutorSpec {
-        job: job.name.to_owned(),
-        role,
-        index,
-        settings,
-        cpu,
-        memory_bytes,
-    };
+    let request = executor_spec(&context.settings, job, role, index);
     let executor = context.backend.request(request).await?;
     Ok(Endpoint {
         role: role.proto() as i32,
         id: executor.id,
         grpc_addr: executor.grpc_addr.to_string(),
     })
+}
+
+/// What the backend is asked to start for executor `index` of `role`: its settings and
+/// the Job's resources for its role.
+pub(crate) fn executor_spec(
+    settings: &MasterSettings,
+    job: &JobParts<'_>,
+    role: ExecutorRole,
+    index: u32,
+) -> ExecutorSpec {
+    let (cpu, memory_bytes) = role_spec(job.spec, role).map_or((0.0, 0), |spec| {
+        let memory = primus_spec::job::parse_memory(&spec.memory).unwrap_or(0);
+        (spec.cpu, memory)
+    });
+    let mut executor_settings = executor_settings(settings, role, job);
+    let faults = &settings.master.fault_injection;
+    if let ExecutorSettings::DataExecutor(executor) = &mut executor_settings
+        && faults.slow_data_executor == Some(index)
+    {
+        executor.data.read_delay_ms += faults.slow_read_delay_ms;
+    }
+    ExecutorSpec {
+        job: job.name.to_owned(),
+        role,
+        index,
+        settings: executor_settings,
+        cpu,
+        memory_bytes,
+    }
+}
+
+/// Every executor a Job starts with, as the backend is asked for them.
+pub fn job_executors(
+    settings: &MasterSettings,
+    name: &str,
+    spec: &JobSpec,
+    dataset: &DatasetSpec,
+) -> Result<Vec<ExecutorSpec>, String> {
+    let layout = ModelLayout::new(&spec.model, &dataset.schema).map_err(|e| e.to_string())?;
+    let job = JobParts {
+        name,
+        spec,
+        dataset,
+        layout: &layout,
+    };
+    Ok((ExecutorRole::ALL.into_iter())
+        .filter_map(|role| Some((role, role_spec(spec, role)?.replicas)))
+        .flat_map(|(role, replicas)| (0..replicas).map(move |index| (role, index)))
+        .map(|(role, index)| executor_spec(settings, &job, role, index))
+        .collect())
 }
 
 /// Waits until every executor of the Job's topology serves; returns how many there are.

@@ -248,6 +248,40 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         }
     }
 
+    /// An executor killed for its memory: given half as much again (at least
+    /// `min_change` more) where vertical scaling is on and the backend can, so its
+    /// restart does not die the same way; else the Job's events say it was killed.
+    pub(super) async fn on_out_of_memory(&mut self, id: &str, memory_bytes: u64) {
+        let policy = self.job.spec.scaling.memory.clone();
+        let endpoints = self.endpoints();
+        let Some(endpoint) = endpoints.iter().find(|e| e.id == id) else {
+            return;
+        };
+        let memory = (self.allotted(endpoint)).map_or(memory_bytes, |m| m.max(memory_bytes));
+        let killed = format!("{id} was killed for its memory ({memory} bytes)");
+        if !policy.vertical {
+            let message = format!("{killed}; spec.scaling.memory.vertical is off");
+            self.writer.event("OutOfMemory", message);
+            return;
+        }
+        let min_change = primus_spec::job::parse_memory(&policy.min_change).unwrap_or(0);
+        let needed = (memory + memory / 2).max(memory + min_change);
+        let cpu = role_of(endpoint)
+            .and_then(|role| role_spec(&self.job.spec, role))
+            .map_or(0.0, |spec| spec.cpu);
+        match self.context.backend.resize(&self.name, id, cpu, needed).await {
+            Ok(()) => {
+                self.memory.allotted.insert(id.to_owned(), needed);
+                self.writer
+                    .event("MemoryRaised", format!("{killed}: given {needed} bytes"));
+            }
+            Err(e) => self
+                .writer
+                .event("OutOfMemory", format!("{killed}; not given more: {e}")),
+        }
+        self.writer.write().await;
+    }
+
     /// The memory `endpoint` is allotted now: its last raise, else its role's
     /// `topology.<role>.memory`.
     fn allotted(&self, endpoint: &Endpoint) -> Option<u64> {

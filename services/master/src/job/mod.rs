@@ -8,7 +8,7 @@
 
 mod autoscale;
 mod checkpoints;
-mod executors;
+pub(crate) mod executors;
 mod memory;
 mod recovery;
 mod reshard;
@@ -389,7 +389,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 Event::CheckpointTick => self.on_checkpoint_tick().await,
                 Event::Report(report) => self.on_report(report),
                 Event::ShardRecovered(recovered) => self.on_shard_recovered(recovered).await,
-                Event::Backend(event) => self.on_backend_event(event),
+                Event::Backend(event) => self.on_backend_event(event).await,
                 Event::SpecChanged(resource) => self.on_spec_changed(resource).await,
             };
             if let ControlFlow::Break(outcome) = flow {
@@ -436,11 +436,16 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         }
     }
 
-    fn on_backend_event(
+    async fn on_backend_event(
         &mut self,
         event: Result<BackendEvent, broadcast::error::RecvError>,
     ) -> ControlFlow<Outcome> {
         match event {
+            Ok(BackendEvent::OutOfMemory {
+                job,
+                id,
+                memory_bytes,
+            }) if job == self.name => self.on_out_of_memory(&id, memory_bytes).await,
             Ok(BackendEvent::GaveUp { job, id, status }) if job == self.name => {
                 let message = format!("{id} keeps crashing: {status}");
                 return ControlFlow::Break(Outcome::failed("ExecutorFailed", message));

@@ -18,7 +18,9 @@ use crate::topology::Topologies;
 /// A recovered shard's condition reason and message, or the error that fails the Job.
 pub(crate) type Recovered = Result<(&'static str, String), String>;
 
-/// Restores every PS shard of `job` the backend restarts, sending how each went.
+/// Restores every PS shard of `job` the backend restarts, sending how each went. The
+/// new address of an executor whose replacement moved (a new pod) goes into the topology
+/// here, in the order of the backend's events, so the restore that follows reaches it.
 pub(crate) async fn recover_restarted_shards(
     mut events: broadcast::Receiver<BackendEvent>,
     queue: TaskQueue,
@@ -29,6 +31,14 @@ pub(crate) async fn recover_restarted_shards(
 ) {
     loop {
         let shard = match events.recv().await {
+            Ok(BackendEvent::Moved {
+                job: of,
+                id,
+                grpc_addr,
+            }) if of == job => {
+                topologies.readdress(&job, &id, grpc_addr.to_string());
+                continue;
+            }
             Ok(BackendEvent::Restarting { job: of, id, .. })
                 if of == job && id.starts_with(ExecutorRole::Ps.as_str()) =>
             {

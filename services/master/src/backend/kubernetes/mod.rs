@@ -1,0 +1,628 @@
+//! The `kubernetes` backend: each executor is a pod with its settings file in a ConfigMap,
+//! all of a Job's objects owned by one ConfigMap per Job (deleting it removes them all).
+//! A watch on this master's pods (its job shard's label) keeps the observed state; every
+//! change reconciles the executor it concerns ([`reconcile`], plain code) and the backend
+//! carries out the actions: create, delete, resize in place (or replace the pod where the
+//! cluster cannot), and the events the Job reacts to.
+
+pub mod reconcile;
+pub mod render;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, DeleteParams, LogParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use primus_config::KubernetesBackendSettings;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+
+use super::{BackendError, BackendEvent, Executor, ExecutorSpec, ExecutorUsage, ResourceBackend};
+use reconcile::{Action, Limits, ObservedPod, Tracked, Wanted};
+use render::{JobOwner, RenderContext};
+
+/// A pod with no wanted executor is adopted by a Job the master drives again within this
+/// long of starting; after, it is deleted.
+const ADOPTION: Duration = Duration::from_secs(120);
+/// How long `request` waits for the pod to get an IP.
+const SCHEDULE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Every executor is reconciled this often besides on each change (adoption deadlines,
+/// creations that failed).
+const RESYNC: Duration = Duration::from_secs(10);
+
+type Key = (String, String);
+
+#[derive(Default)]
+struct State {
+    wanted: HashMap<Key, Wanted>,
+    observed: HashMap<Key, ObservedPod>,
+    tracked: HashMap<Key, Tracked>,
+    owners: HashMap<String, JobOwner>,
+    /// The executors seen in a relist of the watch, while one is under way.
+    relisted: Option<Vec<Key>>,
+}
+
+struct Inner {
+    pods: Api<Pod>,
+    config_maps: Api<ConfigMap>,
+    settings: KubernetesBackendSettings,
+    shard: String,
+    master_addr: String,
+    started: Instant,
+    state: Mutex<State>,
+    events: broadcast::Sender<BackendEvent>,
+    /// Bumped on every observed change, for `request` and `release` to wait on.
+    changed: watch::Sender<u64>,
+}
+
+/// Executors as pods of a Kubernetes cluster.
+pub struct KubernetesBackend {
+    inner: Arc<Inner>,
+    watcher: JoinHandle<()>,
+}
+
+impl Drop for KubernetesBackend {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
+}
+
+impl KubernetesBackend {
+    /// Connects with `settings.kubeconfig`, else `KUBECONFIG`, else the in-cluster service
+    /// account, and starts watching this master's pods (`shard` is `i/n`).
+    pub async fn connect(
+        settings: KubernetesBackendSettings,
+        shard: (u32, u32),
+        master_addr: String,
+    ) -> Result<Self, BackendError> {
+        let config = match &settings.kubeconfig {
+            Some(path) => {
+                let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                    BackendError::Io(format!("kubeconfig {}: {e}", path.display()))
+                })?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .map_err(|e| BackendError::Io(format!("kubeconfig {}: {e}", path.display())))?
+            }
+            None => kube::Config::infer().await.map_err(|e| {
+                BackendError::Io(format!(
+                    "no Kubernetes configuration (kubernetes.kubeconfig, KUBECONFIG or in-cluster): {e}"
+                ))
+            })?,
+        };
+        let namespace = (settings.namespace.clone()).unwrap_or(config.default_namespace.clone());
+        let client = kube::Client::try_from(config)
+            .map_err(|e| BackendError::Io(format!("Kubernetes client: {e}")))?;
+        let mut settings = settings;
+        settings.namespace = Some(namespace.clone());
+        let inner = Arc::new(Inner {
+            pods: Api::namespaced(client.clone(), &namespace),
+            config_maps: Api::namespaced(client, &namespace),
+            settings,
+            shard: format!("{}-{}", shard.0, shard.1),
+            master_addr,
+            started: Instant::now(),
+            state: Mutex::new(State::default()),
+            events: broadcast::channel(1024).0,
+            changed: watch::channel(0).0,
+        });
+        let watcher = tokio::spawn(watch_pods(inner.clone()));
+        Ok(Self { inner, watcher })
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn render_context(&self) -> RenderContext<'_> {
+        RenderContext {
+            settings: &self.settings,
+            shard: self.shard.clone(),
+            master_addr: self.master_addr.clone(),
+        }
+    }
+
+    fn selector(&self) -> String {
+        format!(
+            "{}={},{}={}",
+            render::LABEL_MANAGED_BY,
+            render::MANAGER,
+            render::LABEL_SHARD,
+            self.shard
+        )
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            max_restarts: self.settings.max_restarts,
+            adoption: ADOPTION,
+        }
+    }
+
+    /// Reconciles one executor and carries out the actions.
+    async fn reconcile(self: &Arc<Self>, key: &Key) {
+        let (actions, wanted) = {
+            let mut state = self.lock();
+            let wanted = state.wanted.get(key).cloned();
+            let observed = state.observed.get(key).cloned();
+            let tracked = state.tracked.entry(key.clone()).or_default();
+            let since = self.started.elapsed();
+            let actions = reconcile::reconcile(
+                wanted.as_ref(),
+                observed.as_ref(),
+                tracked,
+                self.limits(),
+                since,
+            );
+            if wanted.is_none() && observed.is_none() {
+                state.tracked.remove(key);
+            }
+            (actions, wanted)
+        };
+        for action in actions {
+            if let Err(e) = self.act(action, wanted.as_ref()).await {
+                tracing::warn!(job = key.0, id = key.1, error = %e, "reconciling an executor's pod");
+            }
+        }
+    }
+
+    async fn act(&self, action: Action, wanted: Option<&Wanted>) -> Result<(), BackendError> {
+        match action {
+            Action::Create => match wanted {
+                Some(wanted) => self.create(wanted).await,
+                None => Ok(()),
+            },
+            Action::Delete { name, force } => self.delete_pod(&name, force).await,
+            Action::Resize { name } => match wanted {
+                Some(wanted) => self.resize_pod(&name, wanted).await,
+                None => Ok(()),
+            },
+            Action::Report { event, log_of } => {
+                let event = match log_of {
+                    Some(pod) => with_log(event, self.last_log(&pod).await),
+                    None => event,
+                };
+                let _ = self.events.send(event);
+                Ok(())
+            }
+        }
+    }
+
+    /// The pod and its settings ConfigMap (kept when it exists already).
+    async fn create(&self, wanted: &Wanted) -> Result<(), BackendError> {
+        let config = &wanted.config;
+        match self.config_maps.create(&PostParams::default(), config).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                let name = config.metadata.name.clone().unwrap_or_default();
+                self.config_maps
+                    .replace(&name, &PostParams::default(), config)
+                    .await
+                    .map_err(api_error("replacing ConfigMap"))?;
+            }
+            Err(e) => return Err(api_error("creating ConfigMap")(e)),
+        }
+        match self.pods.create(&PostParams::default(), &wanted.pod).await {
+            Ok(_) => Ok(()),
+            // Created already (a pod not observed yet): the watch brings it.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(e) => Err(BackendError::Start {
+                id: wanted.id.clone(),
+                binary: self.settings.image.clone(),
+                message: kube_message(&e),
+            }),
+        }
+    }
+
+    async fn delete_pod(&self, name: &str, force: bool) -> Result<(), BackendError> {
+        let params = DeleteParams {
+            grace_period_seconds: force.then_some(0),
+            ..DeleteParams::background()
+        };
+        match self.pods.delete(name, &params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(api_error("deleting pod")(e)),
+        }
+    }
+
+    /// Changes the pod's resources through the resize subresource; where the cluster has
+    /// none (or refuses), replaces the pod by one with the new resources.
+    async fn resize_pod(&self, name: &str, wanted: &Wanted) -> Result<(), BackendError> {
+        let resources = render::resources(wanted.cpu, wanted.memory_bytes);
+        let patch = serde_json::json!({
+            "spec": {"containers": [{"name": "executor", "resources": resources}]}
+        });
+        let params = PatchParams::default();
+        match (self.pods)
+            .patch_subresource("resize", name, &params, &Patch::Strategic(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(e) => {
+                tracing::info!(pod = name, error = %kube_message(&e), "no in-place resize: replacing the pod");
+                self.delete_pod(name, false).await?;
+            }
+        }
+        let _ = self.events.send(BackendEvent::Resized {
+            job: wanted.job.clone(),
+            id: wanted.id.clone(),
+            cpu: wanted.cpu,
+            memory_bytes: wanted.memory_bytes,
+        });
+        Ok(())
+    }
+
+    /// The last lines of the previous run of `pod`'s container.
+    async fn last_log(&self, pod: &str) -> String {
+        let params = LogParams {
+            container: Some("executor".into()),
+            previous: true,
+            tail_lines: Some(i64::from(self.settings.log_lines)),
+            ..LogParams::default()
+        };
+        match self.pods.logs(pod, &params).await {
+            Ok(log) => log.lines().collect::<Vec<_>>().join(" | "),
+            Err(e) => format!("(log unavailable: {})", kube_message(&e)),
+        }
+    }
+
+    /// The Job's owner object, created the first time.
+    async fn owner(&self, job: &str) -> Result<JobOwner, BackendError> {
+        if let Some(owner) = self.lock().owners.get(job) {
+            return Ok(owner.clone());
+        }
+        let wanted = render::job_owner(&self.render_context(), job);
+        let name = render::owner_name(job);
+        let existing = (self.config_maps.get_opt(&name).await)
+            .map_err(api_error("reading the Job's owner"))?;
+        let object = match existing {
+            Some(object) => object,
+            None => (self.config_maps.create(&PostParams::default(), &wanted).await)
+                .map_err(api_error("creating the Job's owner"))?,
+        };
+        let owner = JobOwner {
+            name,
+            uid: object.metadata.uid.unwrap_or_default(),
+        };
+        self.lock().owners.insert(job.to_owned(), owner.clone());
+        Ok(owner)
+    }
+
+    fn wanted(&self, spec: &ExecutorSpec, owner: &JobOwner) -> Result<Wanted, BackendError> {
+        let context = self.render_context();
+        let pod = render::executor_pod(&context, spec, owner)?;
+        let digest = (pod.metadata.annotations.as_ref())
+            .and_then(|a| a.get(render::ANNOTATION_SPEC).cloned())
+            .unwrap_or_default();
+        let config = render::executor_config(&context, spec, owner)?;
+        Ok(Wanted {
+            job: spec.job.clone(),
+            id: spec.id(),
+            pod,
+            config,
+            digest,
+            cpu: spec.cpu,
+            memory_bytes: spec.memory_bytes,
+            port: self.settings.grpc_port,
+        })
+    }
+
+    /// Waits until `check` holds of the state (re-checked on every observed change).
+    async fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        check: impl Fn(&State) -> Option<T>,
+    ) -> Option<T> {
+        let mut changed = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(found) = check(&self.lock()) {
+                return Some(found);
+            }
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return None,
+            }
+        }
+    }
+}
+
+fn with_log(event: BackendEvent, log: String) -> BackendEvent {
+    let add = |status: String| match log.is_empty() {
+        true => status,
+        false => format!("{status}; log: {log}"),
+    };
+    match event {
+        BackendEvent::Restarting {
+            job,
+            id,
+            status,
+            restart,
+        } => BackendEvent::Restarting {
+            job,
+            id,
+            status: add(status),
+            restart,
+        },
+        BackendEvent::GaveUp { job, id, status } => BackendEvent::GaveUp {
+            job,
+            id,
+            status: add(status),
+        },
+        other => other,
+    }
+}
+
+fn kube_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
+    }
+}
+
+fn api_error(what: &'static str) -> impl Fn(kube::Error) -> BackendError {
+    move |e| BackendError::Io(format!("{what}: {}", kube_message(&e)))
+}
+
+fn key_of(pod: &ObservedPod) -> Key {
+    (pod.job.clone(), pod.id.clone())
+}
+
+/// Follows this master's pods, reconciling each executor whose pod changed, and every
+/// executor every `RESYNC`.
+async fn watch_pods(inner: Arc<Inner>) {
+    let config = watcher::Config::default().labels(&inner.selector());
+    let mut events = watcher::watcher(inner.pods.clone(), config).boxed();
+    let mut resync = tokio::time::interval(RESYNC);
+    loop {
+        let keys: Vec<Key> = tokio::select! {
+            event = events.try_next() => match event {
+                Ok(Some(event)) => observe(&inner, event),
+                Ok(None) => return,
+                Err(e) => {
+                    // The watcher retries by itself; the next event resumes.
+                    tracing::warn!(error = %e, "watching executor pods");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Vec::new()
+                }
+            },
+            _ = resync.tick() => {
+                let state = inner.lock();
+                state.wanted.keys().chain(state.observed.keys()).cloned().collect()
+            }
+        };
+        inner.changed.send_modify(|n| *n += 1);
+        for key in keys {
+            inner.reconcile(&key).await;
+        }
+    }
+}
+
+/// Folds one watch event into the observed pods; returns the executors it concerns.
+fn observe(inner: &Inner, event: watcher::Event<Pod>) -> Vec<Key> {
+    let mut state = inner.lock();
+    match event {
+        watcher::Event::Apply(pod) => {
+            let Some(observed) = ObservedPod::of(&pod) else {
+                return Vec::new();
+            };
+            let key = key_of(&observed);
+            state.observed.insert(key.clone(), observed);
+            vec![key]
+        }
+        watcher::Event::InitApply(pod) => {
+            if let Some(observed) = ObservedPod::of(&pod) {
+                let key = key_of(&observed);
+                state.relisted.get_or_insert_default().push(key.clone());
+                state.observed.insert(key, observed);
+            }
+            Vec::new()
+        }
+        watcher::Event::Delete(pod) => {
+            let Some(observed) = ObservedPod::of(&pod) else {
+                return Vec::new();
+            };
+            let key = key_of(&observed);
+            // Only if it is the pod gone: a replacement may be observed already.
+            if state.observed.get(&key).is_some_and(|o| o.uid == observed.uid) {
+                state.observed.remove(&key);
+            }
+            vec![key]
+        }
+        watcher::Event::Init => {
+            state.relisted = Some(Vec::new());
+            Vec::new()
+        }
+        // The relist is complete: pods absent from it are gone.
+        watcher::Event::InitDone => {
+            let listed = state.relisted.take().unwrap_or_default();
+            state.observed.retain(|key, _| listed.contains(key));
+            state.wanted.keys().chain(&listed).cloned().collect()
+        }
+    }
+}
+
+impl ResourceBackend for KubernetesBackend {
+    async fn request(&self, spec: ExecutorSpec) -> Result<Executor, BackendError> {
+        let inner = &self.inner;
+        let owner = inner.owner(&spec.job).await?;
+        let wanted = inner.wanted(&spec, &owner)?;
+        let key = (wanted.job.clone(), wanted.id.clone());
+        {
+            let mut state = inner.lock();
+            state.wanted.insert(key.clone(), wanted);
+            // A new request starts its count afresh (a released executor may come back).
+            if let Some(tracked) = state.tracked.get_mut(&key) {
+                tracked.done = false;
+            }
+        }
+        inner.reconcile(&key).await;
+        let port = inner.settings.grpc_port;
+        let ip = inner
+            .wait_for(SCHEDULE_TIMEOUT, |state| {
+                let pod = state.observed.get(&key)?;
+                let wanted = state.wanted.get(&key)?;
+                (!pod.deleting && pod.digest.as_deref() == Some(wanted.digest.as_str()))
+                    .then_some(pod.ip)
+                    .flatten()
+            })
+            .await
+            .ok_or_else(|| BackendError::Start {
+                id: key.1.clone(),
+                binary: inner.settings.image.clone(),
+                message: format!(
+                    "its pod got no IP within {}s (unschedulable, or the image cannot be pulled?)",
+                    SCHEDULE_TIMEOUT.as_secs()
+                ),
+            })?;
+        tracing::info!(job = %spec.job, id = %key.1, %ip, "executor pod running");
+        Ok(Executor {
+            job: spec.job,
+            id: key.1,
+            role: spec.role,
+            grpc_addr: SocketAddr::new(ip, port),
+        })
+    }
+
+    async fn release(&self, job: &str, id: &str) -> Result<(), BackendError> {
+        let key = (job.to_owned(), id.to_owned());
+        let inner = &self.inner;
+        let known = inner.lock().wanted.remove(&key).is_some();
+        if !known {
+            return Err(BackendError::Unknown {
+                job: job.into(),
+                id: id.into(),
+            });
+        }
+        let name = render::pod_name(job, id);
+        inner.delete_pod(&name, false).await?;
+        let grace = Duration::from_millis(inner.settings.stop_grace_ms) + RESYNC;
+        inner
+            .wait_for(grace, |state| (!state.observed.contains_key(&key)).then_some(()))
+            .await;
+        match inner.config_maps.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(api_error("deleting ConfigMap")(e)),
+        }
+    }
+
+    async fn release_job(&self, job: &str) {
+        let inner = &self.inner;
+        {
+            let mut state = inner.lock();
+            state.wanted.retain(|(j, _), _| j != job);
+            state.owners.remove(job);
+        }
+        let owner = render::owner_name(job);
+        match inner.config_maps.delete(&owner, &DeleteParams::foreground()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => tracing::warn!(job, error = %kube_message(&e), "deleting the Job's objects"),
+        }
+        let grace = Duration::from_millis(inner.settings.stop_grace_ms) + RESYNC;
+        inner
+            .wait_for(grace, |state| {
+                (!state.observed.keys().any(|(j, _)| j == job)).then_some(())
+            })
+            .await;
+    }
+
+    async fn resize(
+        &self,
+        job: &str,
+        id: &str,
+        cpu: f64,
+        memory_bytes: u64,
+    ) -> Result<(), BackendError> {
+        let key = (job.to_owned(), id.to_owned());
+        let inner = &self.inner;
+        {
+            let mut state = inner.lock();
+            let wanted = state.wanted.get_mut(&key).ok_or_else(|| BackendError::Unknown {
+                job: job.into(),
+                id: id.into(),
+            })?;
+            wanted.cpu = cpu;
+            wanted.memory_bytes = memory_bytes;
+            let resources = render::resources(cpu, memory_bytes);
+            if let Some(spec) = &mut wanted.pod.spec {
+                for container in &mut spec.containers {
+                    container.resources = resources.clone();
+                }
+            }
+        }
+        inner.reconcile(&key).await;
+        Ok(())
+    }
+
+    fn events(&self) -> broadcast::Receiver<BackendEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// From the cluster's metrics API (metrics-server); none where it has none.
+    async fn usage(&self, job: &str) -> Vec<ExecutorUsage> {
+        let inner = &self.inner;
+        let namespace = inner.settings.namespace.clone().unwrap_or_default();
+        let selector = format!("{},{}={}", inner.selector(), render::LABEL_JOB, render::dns_label(job, 63));
+        let names: HashMap<String, String> = {
+            let state = inner.lock();
+            (state.observed.values())
+                .filter(|pod| pod.job == job)
+                .map(|pod| (pod.name.clone(), pod.id.clone()))
+                .collect()
+        };
+        match pod_metrics(inner.pods.clone().into_client(), &namespace, &selector).await {
+            Ok(metrics) => (metrics.into_iter())
+                .filter_map(|(pod, cpu_cores, memory_bytes)| {
+                    Some(ExecutorUsage {
+                        id: names.get(&pod)?.clone(),
+                        cpu_cores,
+                        memory_bytes,
+                    })
+                })
+                .collect(),
+            Err(e) => {
+                tracing::debug!(error = %e, "no pod metrics");
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// Each pod's name, CPU cores and memory bytes from `metrics.k8s.io`.
+async fn pod_metrics(
+    client: kube::Client,
+    namespace: &str,
+    selector: &str,
+) -> Result<Vec<(String, f64, u64)>, kube::Error> {
+    let url = format!(
+        "/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods?labelSelector={}",
+        selector.replace('=', "%3D").replace(',', "%2C").replace('/', "%2F")
+    );
+    let request = tonic::codegen::http::Request::get(url)
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    let list: serde_json::Value = client.request(request).await?;
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    Ok(items
+        .iter()
+        .filter_map(|item| {
+            let name = item["metadata"]["name"].as_str()?.to_owned();
+            let usage = &item["containers"].as_array()?.first()?["usage"];
+            let cpu = reconcile::cpu_millis(usage["cpu"].as_str()?)? as f64 / 1000.0;
+            let memory = reconcile::memory_bytes(usage["memory"].as_str()?)?;
+            Some((name, cpu, memory))
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests;

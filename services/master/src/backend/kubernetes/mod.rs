@@ -115,6 +115,13 @@ impl KubernetesBackend {
     }
 }
 
+impl KubernetesBackend {
+    /// The pods of the backend's namespace.
+    pub fn pods(&self) -> Api<Pod> {
+        self.inner.pods.clone()
+    }
+}
+
 impl Inner {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())

@@ -1,0 +1,269 @@
+//! The Kubernetes backend where no cluster runs: every object it creates for each example
+//! Job, rendered by its own code, passes `kubernetes-validate --strict`; and the resource
+//! backend conformance test, which runs against the local backend always and against a
+//! cluster when `PRIMUS_TEST_KUBECONFIG` names one.
+
+#![expect(
+    clippy::disallowed_methods,
+    reason = "the cluster conformance run is chosen by PRIMUS_TEST_* variables"
+)]
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use primus_config::{KubernetesBackendSettings, LocalBackendSettings, MasterSettings, PsSettings};
+use primus_harness::binary;
+use primus_master::backend::kubernetes::KubernetesBackend;
+use primus_master::backend::kubernetes::render::{self, JobOwner, RenderContext};
+use primus_master::backend::local::LocalBackend;
+use primus_master::backend::{
+    BackendError, BackendEvent, Executor, ExecutorRole, ExecutorSettings, ExecutorSpec,
+    ResourceBackend,
+};
+use primus_spec::Resource;
+use primus_testkit::NatsServer;
+
+/// The oldest Kubernetes the backend's types model (`k8s-openapi`'s `v1_33`).
+const KUBERNETES_VERSION: &str = "1.33.0";
+
+fn repo_root() -> PathBuf {
+    let crate_dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    PathBuf::from(crate_dir).join("../..")
+}
+
+/// Every object the backend creates for every Job of `examples/`, as YAML documents.
+fn rendered_examples(settings: &MasterSettings) -> (Vec<String>, usize) {
+    let context = RenderContext {
+        settings: &settings.kubernetes,
+        shard: "0-1".into(),
+        master_addr: "master-0.master.primus.svc:7071".into(),
+    };
+    let mut documents = Vec::new();
+    let mut jobs = 0;
+    for entry in std::fs::read_dir(repo_root().join("examples")).expect("examples/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("example");
+        let resources =
+            primus_spec::parse_documents(&path.display().to_string(), &text).expect("parses");
+        let datasets: Vec<_> = (resources.iter())
+            .filter_map(|r| match r {
+                Resource::Dataset(d) => Some(d),
+                _ => None,
+            })
+            .collect();
+        for resource in &resources {
+            let Resource::Job(job) = resource else {
+                continue;
+            };
+            let name = &job.metadata.name;
+            let dataset = (datasets.iter())
+                .find(|d| d.metadata.name == job.spec.dataset)
+                .unwrap_or_else(|| panic!("{}: no Dataset {}", path.display(), job.spec.dataset));
+            let owner = render::job_owner(&context, name);
+            let owned_by = JobOwner {
+                name: owner.metadata.name.clone().expect("name"),
+                // The API server gives the uid; any well-formed one validates alike.
+                uid: "6f1c2a9e-3b7d-4c1e-9a2b-0d8e5f4a7c31".into(),
+            };
+            documents.push(serde_yaml_ng::to_string(&owner).expect("yaml"));
+            let executors = primus_master::job_executors(settings, name, &job.spec, &dataset.spec)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(!executors.is_empty(), "{}", path.display());
+            for spec in &executors {
+                let config = render::executor_config(&context, spec, &owned_by).expect("config");
+                let pod = render::executor_pod(&context, spec, &owned_by).expect("pod");
+                documents.push(serde_yaml_ng::to_string(&config).expect("yaml"));
+                documents.push(serde_yaml_ng::to_string(&pod).expect("yaml"));
+            }
+            jobs += 1;
+        }
+    }
+    (documents, jobs)
+}
+
+#[test]
+fn kubernetes_objects_of_every_example_job_pass_strict_validation() {
+    let mut settings = MasterSettings::default();
+    settings.kubernetes = KubernetesBackendSettings {
+        namespace: Some("primus".into()),
+        service_account: Some("executor".into()),
+        node_selector: [("kubernetes.io/os".to_owned(), "linux".to_owned())].into(),
+        ..KubernetesBackendSettings::default()
+    };
+    let (documents, jobs) = rendered_examples(&settings);
+    assert!(jobs >= 5, "example Jobs rendered: {jobs}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("objects.yaml");
+    std::fs::write(&file, documents.join("---\n")).expect("write");
+    let output = Command::new("kubernetes-validate")
+        .args(["--strict", "--kubernetes-version", KUBERNETES_VERSION])
+        .arg(&file)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "kubernetes-validate did not run ({e}): scripts/install-deps.sh installs it, \
+                 scripts/env.sh puts it on PATH"
+            )
+        });
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{report}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let valid = report.matches("INFO").count();
+    assert_eq!(valid, documents.len(), "{report}");
+    eprintln!("kubernetes-validate --strict ({KUBERNETES_VERSION}): {valid} objects of {jobs} example Jobs valid");
+}
+
+/// What the conformance test needs of a backend besides the trait: whether an executor
+/// it started is ready (serving gRPC health).
+trait Probe {
+    async fn ready(&self, executor: &Executor) -> bool;
+}
+
+/// The local backend's executors are reached directly.
+struct Direct;
+
+impl Probe for Direct {
+    async fn ready(&self, executor: &Executor) -> bool {
+        grpc_serving(&executor.grpc_addr.to_string()).await
+    }
+}
+
+/// A cluster's pods may not be reachable from the test: the kubelet's gRPC probe says.
+struct PodReady(kube::Api<Pod>);
+
+impl Probe for PodReady {
+    async fn ready(&self, executor: &Executor) -> bool {
+        let name = render::pod_name(&executor.job, &executor.id);
+        let Ok(Some(pod)) = self.0.get_opt(&name).await else {
+            return false;
+        };
+        (pod.status.and_then(|s| s.conditions).unwrap_or_default().iter())
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    }
+}
+
+async fn grpc_serving(addr: &str) -> bool {
+    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")) else {
+        return false;
+    };
+    let Ok(channel) = endpoint.connect_timeout(Duration::from_secs(1)).connect().await else {
+        return false;
+    };
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let request = tonic_health::pb::HealthCheckRequest::default();
+    matches!(
+        health.check(request).await.map(|r| r.into_inner().status),
+        Ok(status) if status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    )
+}
+
+async fn eventually(probe: &impl Probe, executor: &Executor, ready: bool, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    while probe.ready(executor).await != ready {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} not {} within {within:?}",
+            executor.id,
+            if ready { "ready" } else { "stopped" }
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn ps_shard(job: &str, index: u32, nats_url: &str) -> ExecutorSpec {
+    let mut settings = PsSettings::default();
+    settings.nats.url = nats_url.into();
+    ExecutorSpec {
+        job: job.into(),
+        role: ExecutorRole::Ps,
+        index,
+        settings: ExecutorSettings::Ps(Box::new(settings)),
+        cpu: 0.25,
+        memory_bytes: 256 << 20,
+    }
+}
+
+/// The trait's promises: started executors become ready at the address given; scaling up
+/// adds one, scaling down stops exactly that one; a resize is reported; releasing an
+/// unknown executor names it; releasing the Job stops the rest.
+async fn conformance<B: ResourceBackend>(backend: &B, probe: &impl Probe, nats_url: &str, within: Duration) {
+    let job = format!("conformance-{}", std::process::id());
+    let mut events = backend.events();
+    let first = backend.request(ps_shard(&job, 0, nats_url)).await.expect("ps-0 starts");
+    assert_eq!((first.id.as_str(), first.role), ("ps-0", ExecutorRole::Ps));
+    eventually(probe, &first, true, within).await;
+    let second = backend.request(ps_shard(&job, 1, nats_url)).await.expect("ps-1 starts");
+    eventually(probe, &second, true, within).await;
+    backend
+        .resize(&job, "ps-0", 0.5, 384 << 20)
+        .await
+        .expect("resize");
+    let resized = tokio::time::timeout(within, async {
+        loop {
+            match events.recv().await {
+                Ok(BackendEvent::Resized { id, memory_bytes, .. }) if id == "ps-0" => {
+                    return memory_bytes;
+                }
+                Ok(BackendEvent::GaveUp { id, status, .. }) => panic!("{id} gave up: {status}"),
+                Ok(_) => {}
+                Err(e) => panic!("backend events: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("a Resized event");
+    assert_eq!(resized, 384 << 20);
+    backend.release(&job, "ps-1").await.expect("release ps-1");
+    eventually(probe, &second, false, within).await;
+    let unknown = backend.release(&job, "ps-1").await;
+    assert!(matches!(unknown, Err(BackendError::Unknown { ref id, .. }) if id == "ps-1"), "{unknown:?}");
+    eventually(probe, &first, true, within).await;
+    backend.release_job(&job).await;
+    eventually(probe, &first, false, within).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_backend_conformance() {
+    let nats = NatsServer::start().expect("nats-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let local = LocalBackend::new(
+        LocalBackendSettings {
+            binaries: [("ps".to_owned(), binary("primus-ps"))].into(),
+            work_dir: dir.path().join("work"),
+            ..LocalBackendSettings::default()
+        },
+        "127.0.0.1:1".into(),
+    );
+    conformance(&local, &Direct, &nats.url(), Duration::from_secs(60)).await;
+    local.shutdown().await;
+    eprintln!("resource backend conformance: local backend PASSED");
+    let Ok(kubeconfig) = std::env::var("PRIMUS_TEST_KUBECONFIG") else {
+        eprintln!(
+            "resource backend conformance: kubernetes backend NOT RUN: no cluster \
+             (set PRIMUS_TEST_KUBECONFIG, and PRIMUS_TEST_IMAGE / PRIMUS_TEST_NATS_URL; docs/kubernetes.md)"
+        );
+        return;
+    };
+    let settings = KubernetesBackendSettings {
+        kubeconfig: Some(kubeconfig.into()),
+        namespace: std::env::var("PRIMUS_TEST_NAMESPACE").ok(),
+        image: std::env::var("PRIMUS_TEST_IMAGE").unwrap_or_else(|_| "primus-rs".into()),
+        stop_grace_ms: 5_000,
+        ..KubernetesBackendSettings::default()
+    };
+    let nats_url = std::env::var("PRIMUS_TEST_NATS_URL").unwrap_or_else(|_| "nats://nats:4222".into());
+    let cluster = KubernetesBackend::connect(settings, (0, 1), "127.0.0.1:1".into())
+        .await
+        .expect("the cluster of PRIMUS_TEST_KUBECONFIG");
+    let probe = PodReady(cluster.pods());
+    conformance(&cluster, &probe, &nats_url, Duration::from_secs(300)).await;
+    eprintln!("resource backend conformance: kubernetes backend PASSED against the cluster");
+}

@@ -22,7 +22,7 @@ docker-compose -f deploy/docker-compose.yaml config --quiet
 
 rendered="$(mktemp -d)"
 trap 'rm -rf "$rendered"' EXIT
-for overlay in k8s/overlays/*/; do
+for overlay in k8s/overlays/*/ k8s/example/; do
   name="$(basename "$overlay")"
   echo "[check-deploy] kubectl kustomize $overlay | kubernetes-validate --strict"
   kubectl kustomize "$overlay" > "$rendered/$name.yaml"

@@ -159,7 +159,7 @@ pub struct LocalBackendSettings {
     pub executor_ip: IpAddr,
 }
 
-/// The `kubernetes` backend: each executor is a pod (with a ConfigMap holding its settings
+/// The `kubernetes` backend: each executor is a pod (with a Secret holding its settings
 /// file), owned by one object per Job so deleting that object removes them all.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]

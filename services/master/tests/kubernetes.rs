@@ -33,7 +33,18 @@ fn repo_root() -> PathBuf {
     PathBuf::from(crate_dir).join("../..")
 }
 
-/// Every object the backend creates for every Job of `examples/`, as YAML documents.
+/// The files of example Jobs: `examples/` and the Kubernetes example's.
+fn example_files() -> Vec<PathBuf> {
+    let root = repo_root();
+    let mut files: Vec<PathBuf> = (std::fs::read_dir(root.join("examples")).expect("examples/"))
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.push(root.join("k8s/example/ctr-k8s.yaml"));
+    files
+}
+
+/// Every object the backend creates for every example Job, as YAML documents.
 fn rendered_examples(settings: &MasterSettings) -> (Vec<String>, usize) {
     let context = RenderContext {
         settings: &settings.kubernetes,
@@ -42,11 +53,7 @@ fn rendered_examples(settings: &MasterSettings) -> (Vec<String>, usize) {
     };
     let mut documents = Vec::new();
     let mut jobs = 0;
-    for entry in std::fs::read_dir(repo_root().join("examples")).expect("examples/") {
-        let path = entry.expect("entry").path();
-        if path.extension().is_none_or(|e| e != "yaml") {
-            continue;
-        }
+    for path in example_files() {
         let text = std::fs::read_to_string(&path).expect("example");
         let resources =
             primus_spec::parse_documents(&path.display().to_string(), &text).expect("parses");
@@ -75,7 +82,8 @@ fn rendered_examples(settings: &MasterSettings) -> (Vec<String>, usize) {
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(!executors.is_empty(), "{}", path.display());
             for spec in &executors {
-                let config = render::executor_config(&context, spec, &owned_by).expect("config");
+                let config =
+                    render::executor_settings(&context, spec, &owned_by).expect("settings");
                 let pod = render::executor_pod(&context, spec, &owned_by).expect("pod");
                 documents.push(serde_yaml_ng::to_string(&config).expect("yaml"));
                 documents.push(serde_yaml_ng::to_string(&pod).expect("yaml"));
@@ -88,15 +96,17 @@ fn rendered_examples(settings: &MasterSettings) -> (Vec<String>, usize) {
 
 #[test]
 fn kubernetes_objects_of_every_example_job_pass_strict_validation() {
-    let mut settings = MasterSettings::default();
-    settings.kubernetes = KubernetesBackendSettings {
-        namespace: Some("primus".into()),
-        service_account: Some("executor".into()),
-        node_selector: [("kubernetes.io/os".to_owned(), "linux".to_owned())].into(),
-        ..KubernetesBackendSettings::default()
+    let settings = MasterSettings {
+        kubernetes: KubernetesBackendSettings {
+            namespace: Some("primus".into()),
+            service_account: Some("executor".into()),
+            node_selector: [("kubernetes.io/os".to_owned(), "linux".to_owned())].into(),
+            ..KubernetesBackendSettings::default()
+        },
+        ..MasterSettings::default()
     };
     let (documents, jobs) = rendered_examples(&settings);
-    assert!(jobs >= 5, "example Jobs rendered: {jobs}");
+    assert!(jobs >= 8, "example Jobs rendered: {jobs}");
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("objects.yaml");
     std::fs::write(&file, documents.join("---\n")).expect("write");
@@ -118,7 +128,9 @@ fn kubernetes_objects_of_every_example_job_pass_strict_validation() {
     );
     let valid = report.matches("INFO").count();
     assert_eq!(valid, documents.len(), "{report}");
-    eprintln!("kubernetes-validate --strict ({KUBERNETES_VERSION}): {valid} objects of {jobs} example Jobs valid");
+    eprintln!(
+        "kubernetes-validate --strict ({KUBERNETES_VERSION}): {valid} objects of {jobs} example Jobs valid"
+    );
 }
 
 /// What the conformance test needs of a backend besides the trait: whether an executor
@@ -145,8 +157,11 @@ impl Probe for PodReady {
         let Ok(Some(pod)) = self.0.get_opt(&name).await else {
             return false;
         };
-        (pod.status.and_then(|s| s.conditions).unwrap_or_default().iter())
-            .any(|c| c.type_ == "Ready" && c.status == "True")
+        (pod.status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter())
+        .any(|c| c.type_ == "Ready" && c.status == "True")
     }
 }
 
@@ -154,7 +169,11 @@ async fn grpc_serving(addr: &str) -> bool {
     let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")) else {
         return false;
     };
-    let Ok(channel) = endpoint.connect_timeout(Duration::from_secs(1)).connect().await else {
+    let Ok(channel) = endpoint
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+    else {
         return false;
     };
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
@@ -194,13 +213,24 @@ fn ps_shard(job: &str, index: u32, nats_url: &str) -> ExecutorSpec {
 /// The trait's promises: started executors become ready at the address given; scaling up
 /// adds one, scaling down stops exactly that one; a resize is reported; releasing an
 /// unknown executor names it; releasing the Job stops the rest.
-async fn conformance<B: ResourceBackend>(backend: &B, probe: &impl Probe, nats_url: &str, within: Duration) {
+async fn conformance<B: ResourceBackend>(
+    backend: &B,
+    probe: &impl Probe,
+    nats_url: &str,
+    within: Duration,
+) {
     let job = format!("conformance-{}", std::process::id());
     let mut events = backend.events();
-    let first = backend.request(ps_shard(&job, 0, nats_url)).await.expect("ps-0 starts");
+    let first = backend
+        .request(ps_shard(&job, 0, nats_url))
+        .await
+        .expect("ps-0 starts");
     assert_eq!((first.id.as_str(), first.role), ("ps-0", ExecutorRole::Ps));
     eventually(probe, &first, true, within).await;
-    let second = backend.request(ps_shard(&job, 1, nats_url)).await.expect("ps-1 starts");
+    let second = backend
+        .request(ps_shard(&job, 1, nats_url))
+        .await
+        .expect("ps-1 starts");
     eventually(probe, &second, true, within).await;
     backend
         .resize(&job, "ps-0", 0.5, 384 << 20)
@@ -209,7 +239,9 @@ async fn conformance<B: ResourceBackend>(backend: &B, probe: &impl Probe, nats_u
     let resized = tokio::time::timeout(within, async {
         loop {
             match events.recv().await {
-                Ok(BackendEvent::Resized { id, memory_bytes, .. }) if id == "ps-0" => {
+                Ok(BackendEvent::Resized {
+                    id, memory_bytes, ..
+                }) if id == "ps-0" => {
                     return memory_bytes;
                 }
                 Ok(BackendEvent::GaveUp { id, status, .. }) => panic!("{id} gave up: {status}"),
@@ -224,7 +256,10 @@ async fn conformance<B: ResourceBackend>(backend: &B, probe: &impl Probe, nats_u
     backend.release(&job, "ps-1").await.expect("release ps-1");
     eventually(probe, &second, false, within).await;
     let unknown = backend.release(&job, "ps-1").await;
-    assert!(matches!(unknown, Err(BackendError::Unknown { ref id, .. }) if id == "ps-1"), "{unknown:?}");
+    assert!(
+        matches!(unknown, Err(BackendError::Unknown { ref id, .. }) if id == "ps-1"),
+        "{unknown:?}"
+    );
     eventually(probe, &first, true, within).await;
     backend.release_job(&job).await;
     eventually(probe, &first, false, within).await;
@@ -259,7 +294,8 @@ async fn kubernetes_backend_conformance() {
         stop_grace_ms: 5_000,
         ..KubernetesBackendSettings::default()
     };
-    let nats_url = std::env::var("PRIMUS_TEST_NATS_URL").unwrap_or_else(|_| "nats://nats:4222".into());
+    let nats_url =
+        std::env::var("PRIMUS_TEST_NATS_URL").unwrap_or_else(|_| "nats://nats:4222".into());
     let cluster = KubernetesBackend::connect(settings, (0, 1), "127.0.0.1:1".into())
         .await
         .expect("the cluster of PRIMUS_TEST_KUBECONFIG");

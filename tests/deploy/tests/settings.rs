@@ -60,7 +60,11 @@ fn the_kubernetes_manifests_settings_load_in_every_service() {
         .iter()
         .flat_map(|l| l.env.iter().map(|v| v.name.as_str()))
         .collect();
-    for expected in ["PRIMUS_LOCAL__EXECUTOR_IP", "PRIMUS_MASTER__SHARD"] {
+    for expected in [
+        "PRIMUS_SERVER__ADVERTISE_IP",
+        "PRIMUS_KUBERNETES__IMAGE",
+        "PRIMUS_MASTER__SHARD",
+    ] {
         assert!(names.contains(&expected), "{expected} in {names:?}");
     }
     check_all(&launches);

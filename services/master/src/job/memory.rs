@@ -269,7 +269,12 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         let cpu = role_of(endpoint)
             .and_then(|role| role_spec(&self.job.spec, role))
             .map_or(0.0, |spec| spec.cpu);
-        match self.context.backend.resize(&self.name, id, cpu, needed).await {
+        match self
+            .context
+            .backend
+            .resize(&self.name, id, cpu, needed)
+            .await
+        {
             Ok(()) => {
                 self.memory.allotted.insert(id.to_owned(), needed);
                 self.writer

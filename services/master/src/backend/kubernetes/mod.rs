@@ -1,4 +1,4 @@
-//! The `kubernetes` backend: each executor is a pod with its settings file in a ConfigMap,
+//! The `kubernetes` backend: each executor is a pod with its settings file in a Secret,
 //! all of a Job's objects owned by one ConfigMap per Job (deleting it removes them all).
 //! A watch on this master's pods (its job shard's label) keeps the observed state; every
 //! change reconciles the executor it concerns ([`reconcile`], plain code) and the backend
@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use primus_config::KubernetesBackendSettings;
@@ -49,6 +49,7 @@ struct State {
 struct Inner {
     pods: Api<Pod>,
     config_maps: Api<ConfigMap>,
+    secrets: Api<Secret>,
     settings: KubernetesBackendSettings,
     shard: String,
     master_addr: String,
@@ -101,7 +102,8 @@ impl KubernetesBackend {
         settings.namespace = Some(namespace.clone());
         let inner = Arc::new(Inner {
             pods: Api::namespaced(client.clone(), &namespace),
-            config_maps: Api::namespaced(client, &namespace),
+            config_maps: Api::namespaced(client.clone(), &namespace),
+            secrets: Api::namespaced(client, &namespace),
             settings,
             shard: format!("{}-{}", shard.0, shard.1),
             master_addr,
@@ -201,19 +203,19 @@ impl Inner {
         }
     }
 
-    /// The pod and its settings ConfigMap (kept when it exists already).
+    /// The pod and its settings Secret (replaced when it exists already).
     async fn create(&self, wanted: &Wanted) -> Result<(), BackendError> {
-        let config = &wanted.config;
-        match self.config_maps.create(&PostParams::default(), config).await {
+        let settings = &wanted.settings;
+        match self.secrets.create(&PostParams::default(), settings).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 409 => {
-                let name = config.metadata.name.clone().unwrap_or_default();
-                self.config_maps
-                    .replace(&name, &PostParams::default(), config)
+                let name = settings.metadata.name.clone().unwrap_or_default();
+                self.secrets
+                    .replace(&name, &PostParams::default(), settings)
                     .await
-                    .map_err(api_error("replacing ConfigMap"))?;
+                    .map_err(api_error("replacing the settings Secret"))?;
             }
-            Err(e) => return Err(api_error("creating ConfigMap")(e)),
+            Err(e) => return Err(api_error("creating the settings Secret")(e)),
         }
         match self.pods.create(&PostParams::default(), &wanted.pod).await {
             Ok(_) => Ok(()),
@@ -291,7 +293,10 @@ impl Inner {
             .map_err(api_error("reading the Job's owner"))?;
         let object = match existing {
             Some(object) => object,
-            None => (self.config_maps.create(&PostParams::default(), &wanted).await)
+            None => (self
+                .config_maps
+                .create(&PostParams::default(), &wanted)
+                .await)
                 .map_err(api_error("creating the Job's owner"))?,
         };
         let owner = JobOwner {
@@ -308,12 +313,12 @@ impl Inner {
         let digest = (pod.metadata.annotations.as_ref())
             .and_then(|a| a.get(render::ANNOTATION_SPEC).cloned())
             .unwrap_or_default();
-        let config = render::executor_config(&context, spec, owner)?;
+        let settings = render::executor_settings(&context, spec, owner)?;
         Ok(Wanted {
             job: spec.job.clone(),
             id: spec.id(),
             pod,
-            config,
+            settings,
             digest,
             cpu: spec.cpu,
             memory_bytes: spec.memory_bytes,
@@ -438,7 +443,11 @@ fn observe(inner: &Inner, event: watcher::Event<Pod>) -> Vec<Key> {
             };
             let key = key_of(&observed);
             // Only if it is the pod gone: a replacement may be observed already.
-            if state.observed.get(&key).is_some_and(|o| o.uid == observed.uid) {
+            if state
+                .observed
+                .get(&key)
+                .is_some_and(|o| o.uid == observed.uid)
+            {
                 state.observed.remove(&key);
             }
             vec![key]
@@ -512,12 +521,14 @@ impl ResourceBackend for KubernetesBackend {
         inner.delete_pod(&name, false).await?;
         let grace = Duration::from_millis(inner.settings.stop_grace_ms) + RESYNC;
         inner
-            .wait_for(grace, |state| (!state.observed.contains_key(&key)).then_some(()))
+            .wait_for(grace, |state| {
+                (!state.observed.contains_key(&key)).then_some(())
+            })
             .await;
-        match inner.config_maps.delete(&name, &DeleteParams::default()).await {
+        match inner.secrets.delete(&name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(e) => Err(api_error("deleting ConfigMap")(e)),
+            Err(e) => Err(api_error("deleting the settings Secret")(e)),
         }
     }
 
@@ -529,7 +540,11 @@ impl ResourceBackend for KubernetesBackend {
             state.owners.remove(job);
         }
         let owner = render::owner_name(job);
-        match inner.config_maps.delete(&owner, &DeleteParams::foreground()).await {
+        match inner
+            .config_maps
+            .delete(&owner, &DeleteParams::foreground())
+            .await
+        {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(e) => tracing::warn!(job, error = %kube_message(&e), "deleting the Job's objects"),
@@ -553,10 +568,13 @@ impl ResourceBackend for KubernetesBackend {
         let inner = &self.inner;
         {
             let mut state = inner.lock();
-            let wanted = state.wanted.get_mut(&key).ok_or_else(|| BackendError::Unknown {
-                job: job.into(),
-                id: id.into(),
-            })?;
+            let wanted = state
+                .wanted
+                .get_mut(&key)
+                .ok_or_else(|| BackendError::Unknown {
+                    job: job.into(),
+                    id: id.into(),
+                })?;
             wanted.cpu = cpu;
             wanted.memory_bytes = memory_bytes;
             let resources = render::resources(cpu, memory_bytes);
@@ -578,7 +596,12 @@ impl ResourceBackend for KubernetesBackend {
     async fn usage(&self, job: &str) -> Vec<ExecutorUsage> {
         let inner = &self.inner;
         let namespace = inner.settings.namespace.clone().unwrap_or_default();
-        let selector = format!("{},{}={}", inner.selector(), render::LABEL_JOB, render::dns_label(job, 63));
+        let selector = format!(
+            "{},{}={}",
+            inner.selector(),
+            render::LABEL_JOB,
+            render::dns_label(job, 63)
+        );
         let names: HashMap<String, String> = {
             let state = inner.lock();
             (state.observed.values())
@@ -612,7 +635,10 @@ async fn pod_metrics(
 ) -> Result<Vec<(String, f64, u64)>, kube::Error> {
     let url = format!(
         "/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods?labelSelector={}",
-        selector.replace('=', "%3D").replace(',', "%2C").replace('/', "%2F")
+        selector
+            .replace('=', "%3D")
+            .replace(',', "%2C")
+            .replace('/', "%2F")
     );
     let request = tonic::codegen::http::Request::get(url)
         .body(Vec::new())

@@ -5,18 +5,18 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Secret};
 
 use super::render::{ANNOTATION_EXECUTOR, ANNOTATION_JOB, ANNOTATION_SPEC};
 use crate::backend::BackendEvent;
 
-/// The pod an executor should have (with its settings ConfigMap), with its resources.
+/// The pod an executor should have (with its settings Secret), with its resources.
 #[derive(Debug, Clone)]
 pub struct Wanted {
     pub job: String,
     pub id: String,
     pub pod: Pod,
-    pub config: ConfigMap,
+    pub settings: Secret,
     pub digest: String,
     pub cpu: f64,
     pub memory_bytes: u64,
@@ -113,9 +113,14 @@ impl ObservedPod {
             restarts: container
                 .as_ref()
                 .map_or(0, |c| u32::try_from(c.restart_count).unwrap_or(0)),
-            last_exit: container.as_ref().and_then(|c| exit_of(c.last_state.as_ref())),
+            last_exit: container
+                .as_ref()
+                .and_then(|c| exit_of(c.last_state.as_ref())),
             exit: container.as_ref().and_then(|c| exit_of(c.state.as_ref())),
-            cpu_millis: limits.get("cpu").and_then(|q| cpu_millis(&q.0)).unwrap_or(0),
+            cpu_millis: limits
+                .get("cpu")
+                .and_then(|q| cpu_millis(&q.0))
+                .unwrap_or(0),
             memory_bytes: (limits.get("memory"))
                 .and_then(|q| memory_bytes(&q.0))
                 .unwrap_or(0),
@@ -185,7 +190,7 @@ pub struct Limits {
 /// What to do about an executor.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// Create its pod (and settings ConfigMap).
+    /// Create its pod (and settings Secret).
     Create,
     /// Delete pod `name`; `force` skips the grace period (its node is gone).
     Delete { name: String, force: bool },
@@ -341,12 +346,7 @@ fn report(event: BackendEvent) -> Action {
 }
 
 /// Restarting, or GaveUp (and done) past the allowed restarts.
-fn crashed(
-    wanted: &Wanted,
-    tracked: &mut Tracked,
-    limits: Limits,
-    status: String,
-) -> BackendEvent {
+fn crashed(wanted: &Wanted, tracked: &mut Tracked, limits: Limits, status: String) -> BackendEvent {
     let (job, id) = (wanted.job.clone(), wanted.id.clone());
     match tracked.restarts > limits.max_restarts {
         true => {

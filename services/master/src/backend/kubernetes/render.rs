@@ -1,12 +1,12 @@
 //! The objects the Kubernetes backend creates, as plain values: a Job's owner (a ConfigMap
-//! whose deletion garbage-collects everything of the Job), and per executor a ConfigMap
-//! with its settings file and a Pod.
+//! whose deletion garbage-collects everything of the Job), and per executor a Secret with
+//! its settings file (a Secret, as it may hold storage credentials) and a Pod.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, ContainerResizePolicy, EnvVar,
-    EnvVarSource, GRPCAction, ObjectFieldSelector, Pod, PodSpec, Probe, ResourceRequirements,
+    ConfigMap, Container, ContainerPort, ContainerResizePolicy, EnvVar, EnvVarSource, GRPCAction,
+    ObjectFieldSelector, Pod, PodSpec, Probe, ResourceRequirements, Secret, SecretVolumeSource,
     Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -81,7 +81,7 @@ pub fn owner_name(job: &str) -> String {
     format!("primus-job-{}", dns_label(job, 52))
 }
 
-/// Name of the pod (and settings ConfigMap) of executor `id` of `job`: the same for every
+/// Name of the pod (and settings Secret) of executor `id` of `job`: the same for every
 /// pod that executor has, so a replacement keeps it.
 pub fn pod_name(job: &str, id: &str) -> String {
     format!("{}-{}", dns_label(job, 40), dns_label(id, 20))
@@ -174,19 +174,20 @@ pub fn settings_file(
         .map_err(|e| BackendError::Io(format!("{}: {e}", spec.id())))
 }
 
-/// The ConfigMap holding the executor's settings file.
-pub fn executor_config(
+/// The Secret holding the executor's settings file.
+pub fn executor_settings(
     context: &RenderContext<'_>,
     spec: &ExecutorSpec,
     owner: &JobOwner,
-) -> Result<ConfigMap, BackendError> {
-    Ok(ConfigMap {
+) -> Result<Secret, BackendError> {
+    Ok(Secret {
         metadata: executor_meta(context, spec, owner, None),
-        data: Some(BTreeMap::from([(
+        string_data: Some(BTreeMap::from([(
             SETTINGS_FILE.into(),
             settings_file(context, spec)?,
         )])),
-        ..ConfigMap::default()
+        type_: Some("Opaque".into()),
+        ..Secret::default()
     })
 }
 
@@ -248,7 +249,7 @@ pub fn executor_pod(
 ) -> Result<Pod, BackendError> {
     let settings = context.settings;
     let id = spec.id();
-    let config_name = pod_name(&spec.job, &id);
+    let settings_name = pod_name(&spec.job, &id);
     let container = Container {
         name: CONTAINER.into(),
         image: Some(settings.image.clone()),
@@ -307,12 +308,14 @@ pub fn executor_pod(
         restart_policy: Some("OnFailure".into()),
         termination_grace_period_seconds: Some(grace_seconds),
         service_account_name: settings.service_account.clone(),
+        // Executors never call the Kubernetes API.
+        automount_service_account_token: Some(false),
         node_selector: (!settings.node_selector.is_empty()).then(|| settings.node_selector.clone()),
         volumes: Some(vec![Volume {
             name: "settings".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: config_name,
-                ..ConfigMapVolumeSource::default()
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(settings_name),
+                ..SecretVolumeSource::default()
             }),
             ..Volume::default()
         }]),
@@ -350,7 +353,12 @@ mod tests {
         assert_eq!(dns_label("ctr-1", 63), "ctr-1");
         let (a, b) = (dns_label("CTR_1", 63), dns_label("ctr.1", 63));
         assert_ne!(a, b);
-        for label in [&a, &b, &dns_label(&"x".repeat(100), 20), &dns_label("__", 63)] {
+        for label in [
+            &a,
+            &b,
+            &dns_label(&"x".repeat(100), 20),
+            &dns_label("__", 63),
+        ] {
             assert!(label.len() <= 63, "{label}");
             assert!(
                 (label.chars()).all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),

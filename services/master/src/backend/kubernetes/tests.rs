@@ -51,12 +51,12 @@ fn wanted(memory_bytes: u64) -> Wanted {
     let context = context(&settings);
     let spec = spec(memory_bytes);
     let pod = render::executor_pod(&context, &spec, &owner()).expect("pod");
-    let digest = pod.metadata.annotations.as_ref().expect("annotations")[render::ANNOTATION_SPEC]
-        .clone();
+    let digest =
+        pod.metadata.annotations.as_ref().expect("annotations")[render::ANNOTATION_SPEC].clone();
     Wanted {
         job: spec.job.clone(),
         id: spec.id(),
-        config: render::executor_config(&context, &spec, &owner()).expect("config"),
+        settings: render::executor_settings(&context, &spec, &owner()).expect("settings"),
         pod,
         digest,
         cpu: spec.cpu,
@@ -95,7 +95,13 @@ fn terminated(reason: &str, exit_code: i32) -> Option<ContainerState> {
 
 /// `observed` after its container restarted `restarts` times, the last run ending with
 /// `reason` and `exit_code`.
-fn restarted(wanted: &Wanted, uid: &str, restarts: i32, reason: &str, exit_code: i32) -> ObservedPod {
+fn restarted(
+    wanted: &Wanted,
+    uid: &str,
+    restarts: i32,
+    reason: &str,
+    exit_code: i32,
+) -> ObservedPod {
     let mut pod = wanted.pod.clone();
     pod.metadata.uid = Some(uid.into());
     pod.status = Some(PodStatus {
@@ -154,14 +160,28 @@ fn kubernetes_scale_down_deletes_the_pod_of_a_released_executor() {
 fn kubernetes_crash_loop_restarts_with_the_log_then_gives_up() {
     let wanted = wanted(1 << 30);
     let mut tracked = Tracked::default();
-    reconcile(Some(&wanted), Some(&running(&wanted, "u1", "10.1.0.5")), &mut tracked, LIMITS, LATER);
+    reconcile(
+        Some(&wanted),
+        Some(&running(&wanted, "u1", "10.1.0.5")),
+        &mut tracked,
+        LIMITS,
+        LATER,
+    );
     let crashed = restarted(&wanted, "u1", 1, "Error", 1);
     let actions = reconcile(Some(&wanted), Some(&crashed), &mut tracked, LIMITS, LATER);
     match &actions[..] {
-        [Action::Report {
-            event: BackendEvent::Restarting { id, status, restart: 1, .. },
-            log_of: Some(pod),
-        }] => {
+        [
+            Action::Report {
+                event:
+                    BackendEvent::Restarting {
+                        id,
+                        status,
+                        restart: 1,
+                        ..
+                    },
+                log_of: Some(pod),
+            },
+        ] => {
             assert_eq!(id, "ps-0");
             assert_eq!(pod, &crashed.name);
             assert!(status.contains("exit code 1"), "{status}");
@@ -189,12 +209,20 @@ fn kubernetes_crash_loop_restarts_with_the_log_then_gives_up() {
 fn kubernetes_oom_killed_asks_for_more_memory_and_restarts() {
     let wanted = wanted(1 << 30);
     let mut tracked = Tracked::default();
-    reconcile(Some(&wanted), Some(&running(&wanted, "u1", "10.1.0.5")), &mut tracked, LIMITS, LATER);
+    reconcile(
+        Some(&wanted),
+        Some(&running(&wanted, "u1", "10.1.0.5")),
+        &mut tracked,
+        LIMITS,
+        LATER,
+    );
     let killed = restarted(&wanted, "u1", 1, "OOMKilled", 137);
     let actions = reconcile(Some(&wanted), Some(&killed), &mut tracked, LIMITS, LATER);
     match events(&actions)[..] {
         [
-            BackendEvent::OutOfMemory { id, memory_bytes, .. },
+            BackendEvent::OutOfMemory {
+                id, memory_bytes, ..
+            },
             BackendEvent::Restarting { status, .. },
         ] => {
             assert_eq!((id.as_str(), *memory_bytes), ("ps-0", 1 << 30));
@@ -208,7 +236,13 @@ fn kubernetes_oom_killed_asks_for_more_memory_and_restarts() {
 fn kubernetes_eviction_replaces_the_pod_and_reports_the_restart_at_its_new_address() {
     let wanted = wanted(1 << 30);
     let mut tracked = Tracked::default();
-    reconcile(Some(&wanted), Some(&running(&wanted, "u1", "10.1.0.5")), &mut tracked, LIMITS, LATER);
+    reconcile(
+        Some(&wanted),
+        Some(&running(&wanted, "u1", "10.1.0.5")),
+        &mut tracked,
+        LIMITS,
+        LATER,
+    );
     let mut evicted = running(&wanted, "u1", "10.1.0.5");
     evicted.phase = Phase::Failed;
     evicted.reason = Some("Evicted".into());
@@ -230,11 +264,19 @@ fn kubernetes_eviction_replaces_the_pod_and_reports_the_restart_at_its_new_addre
     pending.phase = Phase::Pending;
     assert!(reconcile(Some(&wanted), Some(&pending), &mut tracked, LIMITS, LATER).is_empty());
     let replacement = running(&wanted, "u2", "10.1.0.9");
-    let actions = reconcile(Some(&wanted), Some(&replacement), &mut tracked, LIMITS, LATER);
+    let actions = reconcile(
+        Some(&wanted),
+        Some(&replacement),
+        &mut tracked,
+        LIMITS,
+        LATER,
+    );
     match events(&actions)[..] {
         [
             BackendEvent::Moved { grpc_addr, .. },
-            BackendEvent::Restarting { status, restart: 1, .. },
+            BackendEvent::Restarting {
+                status, restart: 1, ..
+            },
         ] => {
             assert_eq!(grpc_addr.to_string(), "10.1.0.9:7080");
             assert!(status.contains("Evicted"), "{status}");
@@ -247,7 +289,13 @@ fn kubernetes_eviction_replaces_the_pod_and_reports_the_restart_at_its_new_addre
 fn kubernetes_node_loss_deletes_the_pod_at_once() {
     let wanted = wanted(1 << 30);
     let mut tracked = Tracked::default();
-    reconcile(Some(&wanted), Some(&running(&wanted, "u1", "10.1.0.5")), &mut tracked, LIMITS, LATER);
+    reconcile(
+        Some(&wanted),
+        Some(&running(&wanted, "u1", "10.1.0.5")),
+        &mut tracked,
+        LIMITS,
+        LATER,
+    );
     let mut lost = running(&wanted, "u1", "10.1.0.5");
     lost.phase = Phase::Unknown;
     let actions = reconcile(Some(&wanted), Some(&lost), &mut tracked, LIMITS, LATER);
@@ -291,15 +339,36 @@ fn kubernetes_master_restart_adopts_running_pods_without_events() {
     let pod = restarted(&wanted, "u1", 4, "Error", 1);
     let mut tracked = Tracked::default();
     // Before the Job is driven again the pod is left alone...
-    assert!(reconcile(None, Some(&pod), &mut tracked, LIMITS, Duration::from_secs(5)).is_empty());
+    assert!(
+        reconcile(
+            None,
+            Some(&pod),
+            &mut tracked,
+            LIMITS,
+            Duration::from_secs(5)
+        )
+        .is_empty()
+    );
     // ...and once it is, adopted as it runs.
-    let actions = reconcile(Some(&wanted), Some(&pod), &mut tracked, LIMITS, Duration::from_secs(6));
+    let actions = reconcile(
+        Some(&wanted),
+        Some(&pod),
+        &mut tracked,
+        LIMITS,
+        Duration::from_secs(6),
+    );
     assert!(actions.is_empty(), "{actions:?}");
     assert_eq!(tracked.restarts, 0);
     // A pod of a changed spec (another settings file) is replaced instead.
     let mut other = pod.clone();
     other.digest = Some("0000beef".into());
-    let actions = reconcile(Some(&wanted), Some(&other), &mut Tracked::default(), LIMITS, LATER);
+    let actions = reconcile(
+        Some(&wanted),
+        Some(&other),
+        &mut Tracked::default(),
+        LIMITS,
+        LATER,
+    );
     assert_eq!(
         actions,
         vec![Action::Delete {
@@ -316,7 +385,10 @@ fn kubernetes_new_resources_resize_the_running_pod() {
     let mut tracked = Tracked::default();
     assert!(reconcile(Some(&before), Some(&pod), &mut tracked, LIMITS, LATER).is_empty());
     let after = wanted(3 << 29);
-    assert_eq!(before.digest, after.digest, "resources are not part of the digest");
+    assert_eq!(
+        before.digest, after.digest,
+        "resources are not part of the digest"
+    );
     let actions = reconcile(Some(&after), Some(&pod), &mut tracked, LIMITS, LATER);
     assert_eq!(
         actions,
@@ -343,7 +415,10 @@ fn kubernetes_a_finished_trainer_completes_and_gets_no_new_pod() {
     let done = ObservedPod::of(&pod).expect("pod");
     let mut tracked = Tracked::default();
     let actions = reconcile(Some(&wanted), Some(&done), &mut tracked, LIMITS, LATER);
-    assert!(matches!(events(&actions)[..], [BackendEvent::Completed { .. }]), "{actions:?}");
+    assert!(
+        matches!(events(&actions)[..], [BackendEvent::Completed { .. }]),
+        "{actions:?}"
+    );
     assert!(reconcile(Some(&wanted), Some(&done), &mut tracked, LIMITS, LATER).is_empty());
     assert!(reconcile(Some(&wanted), None, &mut tracked, LIMITS, LATER).is_empty());
 }
@@ -364,17 +439,37 @@ fn kubernetes_pods_carry_identity_owner_probes_and_resources() {
     let container = &spec.containers[0];
     assert_eq!(
         container.args.as_deref(),
-        Some(&["ps".to_owned(), "--config".into(), "/etc/primus/executor/settings.toml".into()][..])
+        Some(
+            &[
+                "ps".to_owned(),
+                "--config".into(),
+                "/etc/primus/executor/settings.toml".into()
+            ][..]
+        )
     );
-    let probe = container.readiness_probe.as_ref().and_then(|p| p.grpc.as_ref());
+    let probe = container
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.grpc.as_ref());
     assert_eq!(probe.map(|g| g.port), Some(7080));
     let env = container.env.as_ref().expect("env");
-    let value = |name: &str| env.iter().find(|e| e.name == name).and_then(|e| e.value.clone());
+    let value = |name: &str| {
+        env.iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
     assert_eq!(value("PRIMUS_EXECUTOR_ID").as_deref(), Some("ps-0"));
-    assert_eq!(value("PRIMUS_MASTER_ADDR").as_deref(), Some("10.0.0.1:7071"));
-    let settings = &wanted.config.data.as_ref().expect("data")["settings.toml"];
+    assert_eq!(
+        value("PRIMUS_MASTER_ADDR").as_deref(),
+        Some("10.0.0.1:7071")
+    );
+    let settings = &wanted.settings.string_data.as_ref().expect("data")["settings.toml"];
     assert!(settings.contains("0.0.0.0:7080"), "{settings}");
     let observed = running(&wanted, "u1", "10.1.0.5");
-    assert_eq!((observed.cpu_millis, observed.memory_bytes), (2000, 1 << 30));
+    assert_eq!(
+        (observed.cpu_millis, observed.memory_bytes),
+        (2000, 1 << 30)
+    );
     assert_eq!(spec.restart_policy.as_deref(), Some("OnFailure"));
+    assert_eq!(spec.automount_service_account_token, Some(false));
 }

@@ -257,6 +257,10 @@ impl Inner {
             Err(e) => {
                 tracing::info!(pod = name, error = %kube_message(&e), "no in-place resize: replacing the pod");
                 self.delete_pod(name, false).await?;
+                let key = (wanted.job.clone(), wanted.id.clone());
+                let mut state = self.lock();
+                let tracked = state.tracked.entry(key).or_default();
+                tracked.pending = Some(reconcile::replaced(wanted, tracked, "resized"));
             }
         }
         let _ = self.events.send(BackendEvent::Resized {

@@ -244,8 +244,10 @@ pub fn reconcile(
         return actions;
     }
     if pod.digest.as_deref() != Some(wanted.digest.as_str()) {
-        // Runs something else than wanted (its Job changed while the master was away).
+        // Runs something else than wanted (its Job changed while the master was away): a
+        // new pod replaces it, and starts as empty as after a crash.
         actions.push(delete(pod, false));
+        tracked.pending = Some(replaced(wanted, tracked, "its spec changed"));
         return actions;
     }
     if let Some(reason) = lost(pod) {
@@ -342,6 +344,17 @@ fn report(event: BackendEvent) -> Action {
     Action::Report {
         event,
         log_of: None,
+    }
+}
+
+/// The restart a replacement of the executor's pod amounts to, for `why`: reported once
+/// the new pod has its address.
+pub fn replaced(wanted: &Wanted, tracked: &Tracked, why: &str) -> BackendEvent {
+    BackendEvent::Restarting {
+        job: wanted.job.clone(),
+        id: wanted.id.clone(),
+        status: format!("pod replaced: {why}"),
+        restart: tracked.restarts,
     }
 }
 

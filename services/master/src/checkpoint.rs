@@ -50,6 +50,8 @@ pub enum CheckpointError {
         addr: String,
         message: String,
     },
+    #[error("checkpoint {id} abandoned: {lost}")]
+    ParticipantLost { id: u64, lost: String },
     #[error("trainers {missing:?} did not align on checkpoint {id} within {timeout:?}")]
     NotAligned {
         id: u64,
@@ -174,20 +176,31 @@ impl KnownTotals {
     }
 }
 
+/// One barrier round: the trainers aligned so far, and a participant lost meanwhile.
+struct Round {
+    id: u64,
+    acks: BTreeMap<String, TrainerTotals>,
+    lost: Option<String>,
+}
+
 /// The barrier round in progress for one job: which trainers have aligned.
 #[derive(Default)]
 pub struct Alignments {
-    round: Mutex<Option<(u64, BTreeMap<String, TrainerTotals>)>>,
+    round: Mutex<Option<Round>>,
     arrived: Notify,
 }
 
 impl Alignments {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(u64, BTreeMap<String, TrainerTotals>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Round>> {
         self.round.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn open(&self, id: u64) {
-        *self.lock() = Some((id, BTreeMap::new()));
+        *self.lock() = Some(Round {
+            id,
+            acks: BTreeMap::new(),
+            lost: None,
+        });
     }
 
     fn close(&self) {
@@ -199,12 +212,21 @@ impl Alignments {
     pub fn ack(&self, id: u64, trainer: &str, totals: TrainerTotals) -> bool {
         let mut round = self.lock();
         match round.as_mut() {
-            Some((current, acks)) if *current == id => {
-                acks.insert(trainer.to_owned(), totals);
+            Some(round) if round.id == id => {
+                round.acks.insert(trainer.to_owned(), totals);
                 self.arrived.notify_waiters();
                 true
             }
             _ => false,
+        }
+    }
+
+    /// A participant of the Job died (`what` says which and how): the round in progress,
+    /// if any, cannot complete and is abandoned now instead of at its timeout.
+    pub fn participant_lost(&self, what: String) {
+        if let Some(round) = self.lock().as_mut() {
+            round.lost.get_or_insert(what);
+            self.arrived.notify_waiters();
         }
     }
 
@@ -220,7 +242,10 @@ impl Alignments {
             let arrived = self.arrived.notified();
             let missing: Vec<String> = {
                 let round = self.lock();
-                let acks = round.as_ref().map(|(_, acks)| acks);
+                if let Some(lost) = round.as_ref().and_then(|r| r.lost.clone()) {
+                    return Err(CheckpointError::ParticipantLost { id, lost });
+                }
+                let acks = round.as_ref().map(|r| &r.acks);
                 expected
                     .iter()
                     .filter(|t| !acks.is_some_and(|a| a.contains_key(*t)))
@@ -229,7 +254,7 @@ impl Alignments {
             };
             if missing.is_empty() {
                 let round = self.lock();
-                let acks = round.as_ref().map(|(_, acks)| acks.clone());
+                let acks = round.as_ref().map(|r| r.acks.clone());
                 return Ok(acks.unwrap_or_default());
             }
             if tokio::time::timeout_at(deadline, arrived).await.is_err() {
@@ -612,6 +637,43 @@ mod tests {
             .expect("aligned");
         assert_eq!(acks.get("trainer-0"), Some(&totals));
         assert_eq!(acks.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_participant_lost_during_the_barrier_abandons_it_at_once() {
+        let alignments = std::sync::Arc::new(Alignments::default());
+        // Lost before any round: nothing to abandon, the next round is unaffected.
+        alignments.participant_lost("trainer-0 crashed".into());
+        alignments.open(3);
+        let expected: BTreeSet<String> = ["trainer-0"].map(String::from).into();
+        let waiter = {
+            let alignments = alignments.clone();
+            let expected = expected.clone();
+            tokio::spawn(async move {
+                alignments
+                    .wait(3, &expected, Duration::from_secs(600))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        alignments.participant_lost("data_executor-0 crashed: signal 9".into());
+        let waited = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("abandoned long before the 600 s timeout")
+            .expect("the waiter");
+        match waited {
+            Err(CheckpointError::ParticipantLost { id: 3, lost }) => {
+                assert_eq!(lost, "data_executor-0 crashed: signal 9")
+            }
+            other => panic!("expected the round abandoned, got {:?}", other.map(|_| ())),
+        }
+        alignments.close();
+        alignments.open(4);
+        assert!(alignments.ack(4, "trainer-0", TrainerTotals::default()));
+        let acks = alignments
+            .wait(4, &expected, Duration::from_millis(50))
+            .await;
+        assert!(acks.is_ok(), "a new round starts clean");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! final snapshot of a Job that succeeded.
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
@@ -10,8 +11,8 @@ use primus_proto::v1::{Endpoint, Role, SnapshotRequest};
 
 use super::executors::with_role;
 use super::{JobRun, Outcome};
-use crate::backend::ResourceBackend;
-use crate::checkpoint::{self, CheckpointError, CheckpointRecord};
+use crate::backend::{BackendEvent, ResourceBackend};
+use crate::checkpoint::{self, Alignments, CheckpointError, CheckpointRecord};
 use crate::plan::Catalog;
 use crate::queue::TaskQueue;
 
@@ -28,6 +29,35 @@ pub(super) async fn rollback_queue(
         tracing::info!(job, ?checkpoint, reopened, "task queue rolled back");
     }
     Ok(restored)
+}
+
+/// Abandons `job`'s checkpoint in progress as soon as the backend reports one of its
+/// executors crashed or given up: the barrier cannot complete, and waiting out its
+/// timeout would hold the data executors paused.
+pub(super) async fn abandon_on_crash(
+    mut events: tokio::sync::broadcast::Receiver<BackendEvent>,
+    job: String,
+    alignments: Arc<Alignments>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let lost = match events.recv().await {
+            Ok(BackendEvent::Restarting {
+                job: of,
+                id,
+                status,
+                ..
+            }) if of == job => format!("{id} crashed ({status})"),
+            Ok(BackendEvent::GaveUp {
+                job: of,
+                id,
+                status,
+            }) if of == job => format!("{id} gave up ({status})"),
+            Ok(_) | Err(RecvError::Lagged(_)) => continue,
+            Err(RecvError::Closed) => return,
+        };
+        alignments.participant_lost(lost);
+    }
 }
 
 impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
@@ -131,6 +161,10 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             }
             Err(e) => {
                 tracing::warn!(job, checkpoint = id, error = %e, "checkpoint abandoned");
+                if let CheckpointError::ParticipantLost { .. } = e {
+                    // Kept in the Job's events: the condition shows only the latest attempt.
+                    self.writer.event("CheckpointAbandoned", e.to_string());
+                }
                 let message = format!("checkpoint {id}: {e}");
                 self.writer
                     .condition("Checkpoint", false, "CheckpointFailed", message);

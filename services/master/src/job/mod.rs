@@ -334,6 +334,11 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 name.clone(),
                 reports_tx,
             )),
+            tokio::spawn(checkpoints::abandon_on_crash(
+                context.backend.events(),
+                name.clone(),
+                tasks.alignments.clone(),
+            )),
             tokio::spawn(recover_restarted_shards(
                 context.backend.events(),
                 queue.clone(),

@@ -1,6 +1,6 @@
 //! Checkpoints and recovery through the real services: a Job restarted under a new master
 //! continues from its checkpoint, a killed PS shard comes back with the checkpoint's rows,
-//! a killed trainer continues its counters.
+//! a killed trainer continues its counters, a crash during a barrier abandons it at once.
 
 use std::path::Path;
 use std::time::Duration;
@@ -12,8 +12,60 @@ use primus_testkit::service::signal;
 
 use crate::common::{
     DLRM_ROWS, apply_criteo_dataset, checkpoint_where, data_executor, dlrm_job, job_queue,
-    start_master_with,
+    master_settings, start, start_master_with,
 };
+
+/// A data executor killed while a checkpoint waits for the trainer to align: the barrier
+/// can no longer complete and is abandoned as soon as the backend reports the crash, not
+/// at the alignment timeout (10 minutes here); the Job then trains to the end. The trainer
+/// is held stopped (SIGSTOP) so the barrier is surely waiting when the kill comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_a_barrier_abandons_the_checkpoint_at_once() {
+    let sandbox = Sandbox::start().await;
+    apply_criteo_dataset(&sandbox).await;
+    let mut settings = master_settings(&sandbox, &data_executor());
+    settings.master.checkpoint.align_timeout_ms = 600_000;
+    let master = start(&sandbox, &settings);
+    let job = "dlrm-barrier-crash";
+    sandbox.apply([dlrm_job(&sandbox, job, 1, 1).build()]).await;
+    let queue = job_queue(&sandbox, job).await;
+    checkpoint_where(&sandbox, &queue, job, |_| true).await;
+    let trainer = sandbox.pids(job)["trainer-0"];
+    signal(trainer, "STOP").expect("stop trainer-0");
+    // The next checkpoint (1 s interval) opens its barrier and waits for the trainer.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    signal(sandbox.pids(job)["data_executor-0"], "KILL").expect("kill data_executor-0");
+    let killed = tokio::time::Instant::now();
+    let abandoned = loop {
+        let status = sandbox.status(job).await;
+        let abandoned = (status.events.iter()).find(|e| {
+            e.reason == "CheckpointAbandoned" && e.message.contains("data_executor-0 crashed")
+        });
+        if let Some(event) = abandoned {
+            break event.message.clone();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "no checkpoint abandoned for the crash within 30 s: {status:?}\n{}",
+            sandbox.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "abandoned {:.1} s after the kill: {abandoned}",
+        killed.elapsed().as_secs_f64()
+    );
+    signal(trainer, "CONT").expect("continue trainer-0");
+    let status = sandbox
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(300))
+        .await;
+    assert!(
+        condition(&status, "Checkpoint").status,
+        "checkpoints are taken again after the abandoned one: {:?}",
+        status.conditions
+    );
+    master.stop();
+}
 
 /// Checkpoint and restore through the real services: the job is stopped with its master
 /// after an incremental checkpoint of its two PS shards was committed and applied again

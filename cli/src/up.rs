@@ -48,11 +48,12 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
         token_file.display()
     );
     let master_settings = format!(
-        "{nats_settings}redis:\n  url: {}\napi:\n  server: http://127.0.0.1:{}\n  token_file: {}\nlocal:\n  work_dir: {}\n",
+        "{nats_settings}redis:\n  url: {}\napi:\n  server: http://127.0.0.1:{}\n  token_file: {}\nlocal:\n  work_dir: {}\n{}",
         redis.url(),
         primus_config::DEFAULT_PORTS.api_server,
         token_file.display(),
-        data.join("work").display()
+        data.join("work").display(),
+        executor_environment()
     );
     let sync_settings = format!(
         "{nats_settings}api:\n  server: http://127.0.0.1:{}\n  token_file: {}\nsync:\n  master_addrs: [\"127.0.0.1:{}\"]\n",
@@ -99,6 +100,20 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
         wait_for_stop_signal().await?;
     }
     stop(running)
+}
+
+/// What executors need from this shell's environment, as `local.environment` settings:
+/// a master restarted from its settings file (`<data>/logs/primus-master.yaml`) then starts
+/// the same executors without it.
+fn executor_environment() -> String {
+    let ort = std::env::var("ORT_DYLIB_PATH").ok();
+    match ort {
+        Some(path) => format!(
+            "  environment:\n    ORT_DYLIB_PATH: {}\n",
+            serde_json::Value::String(path)
+        ),
+        None => String::new(),
+    }
 }
 
 /// The local cluster's API token: made once (random, readable by this user only), then kept

@@ -22,9 +22,11 @@ fn up_check_starts_every_service_healthy_and_stops_them_cleanly() {
         );
     }
     let data = tempfile::tempdir().expect("tempdir");
+    let ort = "/opt/onnxruntime/lib/libonnxruntime.so";
     let output = Command::new(primus())
         .args(["up", "--check", "--data-dir"])
         .arg(data.path())
+        .env("ORT_DYLIB_PATH", ort)
         .args(["--nats-port", &free_port().expect("port").to_string()])
         .args(["--redis-port", &free_port().expect("port").to_string()])
         .output()
@@ -45,6 +47,25 @@ fn up_check_starts_every_service_healthy_and_stops_them_cleanly() {
         );
     }
     assert!(data.path().join("logs/primus-master.log").is_file());
+    // The master's settings file holds everything it was started with: started again from
+    // it (in a shell without ORT_DYLIB_PATH), it gives serving replicas ONNX Runtime.
+    let printed = Command::new(bin_dir.join("primus-master"))
+        .arg("--config")
+        .arg(data.path().join("logs/primus-master.yaml"))
+        .arg("--print-settings")
+        .env_remove("ORT_DYLIB_PATH")
+        .output()
+        .expect("primus-master --print-settings");
+    let settings = String::from_utf8_lossy(&printed.stdout);
+    assert!(
+        printed.status.success(),
+        "{settings}{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    assert!(
+        settings.contains(&format!("ORT_DYLIB_PATH = \"{ort}\"")),
+        "{settings}"
+    );
 }
 
 #[test]

@@ -157,6 +157,10 @@ pub struct LocalBackendSettings {
     /// default, loopback, keeps them private to this host; on Kubernetes the pod IP lets
     /// serving-sync in another pod reach the PS shards and serving replicas.
     pub executor_ip: IpAddr,
+    /// Variables every executor process gets besides the master's own environment (e.g.
+    /// `ORT_DYLIB_PATH`, where serving replicas find ONNX Runtime), so a master started
+    /// again from its settings file starts the same executors.
+    pub environment: BTreeMap<String, String>,
 }
 
 /// The `kubernetes` backend: each executor is a pod (with a Secret holding its settings
@@ -256,6 +260,7 @@ impl Default for LocalBackendSettings {
             max_restarts: 5,
             stop_grace_ms: 5_000,
             executor_ip: IpAddr::from([127, 0, 0, 1]),
+            environment: BTreeMap::new(),
         }
     }
 }

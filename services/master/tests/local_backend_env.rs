@@ -1,7 +1,7 @@
 //! The local backend's child processes: they listen on `local.executor_ip` and do not
 //! inherit the master's own `PRIMUS_<SECTION>__<KEY>` settings (a master configured by
 //! environment, as on Kubernetes, would otherwise start executors that refuse an unknown
-//! setting). The test runs itself again as a child process whose environment holds such
+//! setting), and they get `local.environment`. The test runs itself again as a child process whose environment holds such
 //! settings (this crate forbids `unsafe`, so `set_var` is not an option).
 
 #![expect(
@@ -62,6 +62,11 @@ fn check_executor_environment() {
         binaries: [("trainer".to_owned(), script)].into(),
         work_dir: dir.path().join("work"),
         executor_ip: [127, 0, 0, 2].into(),
+        environment: [(
+            "ORT_DYLIB_PATH".to_owned(),
+            "/opt/ort/libonnxruntime.so".to_owned(),
+        )]
+        .into(),
         ..LocalBackendSettings::default()
     };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
@@ -91,6 +96,10 @@ fn check_executor_environment() {
         assert!(
             text.contains("PRIMUS_JOB=j"),
             "the executor's own variables are set: {text}"
+        );
+        assert!(
+            text.contains("ORT_DYLIB_PATH=/opt/ort/libonnxruntime.so"),
+            "local.environment reaches the executor: {text}"
         );
         assert!(
             !text.contains("PRIMUS_API__SERVER") && !text.contains("PRIMUS_LOCAL__EXECUTOR_IP"),

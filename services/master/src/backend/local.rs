@@ -211,11 +211,14 @@ impl ResourceBackend for LocalBackend {
             config,
             log: job_dir.join(format!("{id}.log")),
             pid_file: job_dir.join(format!("{id}.pid")),
-            env: vec![
-                (ENV_JOB, spec.job.clone()),
-                (ENV_EXECUTOR_ID, id.clone()),
-                (ENV_MASTER_ADDR, self.master_addr.clone()),
-            ],
+            env: (self.settings.environment.iter())
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .chain([
+                    (ENV_JOB.to_owned(), spec.job.clone()),
+                    (ENV_EXECUTOR_ID.to_owned(), id.clone()),
+                    (ENV_MASTER_ADDR.to_owned(), self.master_addr.clone()),
+                ])
+                .collect(),
         };
         let (child, log_start) = launch.spawn().map_err(|message| BackendError::Start {
             id: id.clone(),
@@ -361,7 +364,7 @@ struct Launch {
     config: PathBuf,
     log: PathBuf,
     pid_file: PathBuf,
-    env: Vec<(&'static str, String)>,
+    env: Vec<(String, String)>,
 }
 
 impl Launch {
@@ -397,7 +400,7 @@ impl Launch {
             .current_dir(&self.dir)
             .arg("--config")
             .arg(&self.config)
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)

@@ -90,7 +90,7 @@ impl PsClientError {
 
     /// Whether a shard could not be reached (a shard that left refuses connections).
     fn is_unreachable(&self) -> bool {
-        matches!(self, Self::Call { status, .. } if status.code() == tonic::Code::Unavailable)
+        matches!(self, Self::Call { status, .. } if is_unreachable(status))
     }
 }
 
@@ -100,6 +100,26 @@ pub const MOVED_METADATA: &str = "primus-ps-moved";
 /// Whether `status` is a shard's refusal of parameters that moved to another shard.
 pub fn is_moved(status: &Status) -> bool {
     status.code() == tonic::Code::Aborted && status.metadata().get(MOVED_METADATA).is_some()
+}
+
+/// Whether a call failed because its shard could not be reached (down, restarting, or
+/// gone after a resharding) or refused it unprocessed while going away: the shard's part
+/// of a push is held and sent again.
+pub(crate) fn is_unreachable(status: &Status) -> bool {
+    status.code() == tonic::Code::Unavailable || refused_by_go_away(status)
+}
+
+/// A call on a connection the shard closed with HTTP/2 GOAWAY (it shuts down) after the
+/// last stream it processes: this one was never processed.
+fn refused_by_go_away(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            return h2.is_go_away() && h2.is_remote();
+        }
+        source = error.source();
+    }
+    false
 }
 
 fn dense_to_proto(tensor: &DenseValues) -> DenseTensor {
@@ -161,7 +181,8 @@ pub type ShardSource =
 /// before it tries the refused call again with the list it has.
 const MOVE_POLL: Duration = Duration::from_millis(10);
 const MOVE_RETRY: Duration = Duration::from_millis(250);
-/// A refused call gives up after this long (a resharding that never finished).
+/// A refused call gives up after this long (a resharding that never finished, a shard
+/// that does not come back).
 const MOVE_GIVE_UP: Duration = Duration::from_secs(300);
 
 /// The shards a client routes over, in shard order.
@@ -327,7 +348,8 @@ impl PsClient {
 
     /// After `refused` on `seen`: waits for a new shard list (or a while, to try again),
     /// or gives up after [`MOVE_GIVE_UP`] or without a source. A shard that cannot be
-    /// reached may have left in a resharding: the call is retried if the list changed.
+    /// reached is tried again: at its new address if the list changed (it left in a
+    /// resharding, or was replaced), else at the same one (it is restarting).
     async fn follow_move(
         &self,
         seen: &Arc<Shards>,
@@ -357,8 +379,8 @@ impl PsClient {
             tokio::time::sleep(MOVE_POLL).await;
             let addrs = match source().await {
                 Ok(addrs) if !addrs.is_empty() && addrs != seen.addrs => addrs,
-                // Down, and not because it left: the caller's error.
-                _ if gone => return Err(refused),
+                // Down, and not because it left (restarting, or its replacement not
+                // listed yet): tried again at the same address.
                 Ok(_) => continue,
                 Err(e) => {
                     tracing::debug!(error = %e, "asking for the PS shard list");
@@ -629,7 +651,7 @@ async fn push_on(
                 outcome.applied += response.applied;
                 outcome.dropped += response.dropped + response.refused;
             }
-            Err(status) if is_moved(&status) => {
+            Err(status) if is_moved(&status) || is_unreachable(&status) => {
                 let (_, (left_keys, left_grads)) = outcome.refused.get_or_insert_with(|| {
                     (PsClientError::Call { shard, status }, Default::default())
                 });
@@ -742,7 +764,7 @@ async fn push_dense_on(
                 let version = response.into_inner().version;
                 versions.insert(shards.addrs[shard].clone(), version);
             }
-            Err(status) if is_moved(&status) => {
+            Err(status) if is_moved(&status) || is_unreachable(&status) => {
                 refused
                     .get_or_insert_with(|| (PsClientError::Call { shard, status }, Vec::new()))
                     .1

@@ -9,7 +9,7 @@ use primus_proto::v1::{
 };
 use tonic::Status;
 
-use crate::{PsClient, PsClientError, Refusals, Route, Shards, is_moved, layout};
+use crate::{PsClient, PsClientError, Refusals, Route, Shards, is_moved, is_unreachable, layout};
 
 /// One table's keys in [`PsClient::lookup_tables`].
 #[derive(Debug, Clone, Copy)]
@@ -340,7 +340,7 @@ async fn push_tables_on(
                 ));
                 failed = failed.or(Some(PsClientError::Call { shard, status }));
             }
-            Err(status) if is_moved(&status) => {
+            Err(status) if is_moved(&status) || is_unreachable(&status) => {
                 refused
                     .get_or_insert_with(|| (PsClientError::Call { shard, status }, Vec::new()))
                     .1

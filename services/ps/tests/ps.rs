@@ -1,5 +1,6 @@
 //! PS processes over real gRPC: several shards behind the routing client answer exactly as
-//! one in-process table; bad input is refused and changes nothing.
+//! one in-process table; bad input is refused and changes nothing; a restarting shard's
+//! part of a push waits for it.
 
 #![allow(
     clippy::print_stdout,
@@ -26,6 +27,8 @@ use tonic::Code;
 mod reshard;
 #[path = "ps/tables.rs"]
 mod tables;
+#[path = "ps/unreachable.rs"]
+mod unreachable;
 
 const DIM: usize = 8;
 const SEED: u64 = 5;

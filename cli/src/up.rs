@@ -102,6 +102,69 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
     stop(running)
 }
 
+/// Stops the process listening on `exited`'s port, if any: the pid it stopped.
+fn stop_successor(exited: &ServiceProcess) -> anyhow::Result<Option<u32>> {
+    let port = (exited.addr().rsplit_once(':'))
+        .and_then(|(_, port)| port.parse::<u16>().ok())
+        .with_context(|| format!("the address {}", exited.addr()))?;
+    let Some(pid) = listener_pid(port) else {
+        return Ok(None);
+    };
+    primus_testkit::service::signal(pid, "TERM").map_err(anyhow::Error::msg)?;
+    let deadline = std::time::Instant::now() + STOP_TIMEOUT;
+    while running(pid) {
+        if std::time::Instant::now() > deadline {
+            bail!("pid {pid} on port {port} still running {STOP_TIMEOUT:?} after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Some(pid))
+}
+
+/// Whether `pid` still runs (a zombie waiting for its parent to reap it does not).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        state != Some('Z')
+    })
+}
+
+/// The process of this user listening on TCP `port` (from `/proc/net/tcp{,6}` and the
+/// processes' open sockets).
+fn listener_pid(port: u16) -> Option<u32> {
+    const LISTEN: &str = "0A";
+    let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|table| {
+            (table.lines().skip(1))
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    let local_port = fields.get(1)?.rsplit_once(':')?.1;
+                    let listening = fields.get(3) == Some(&LISTEN);
+                    (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+                        .then(|| fields.get(9).map(|inode| format!("socket:[{inode}]")))
+                        .flatten()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if inodes.is_empty() {
+        return None;
+    }
+    let processes = std::fs::read_dir("/proc").ok()?;
+    processes.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let fds = std::fs::read_dir(entry.path().join("fd")).ok()?;
+        fds.flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+            .then_some(pid)
+    })
+}
+
 /// What executors need from this shell's environment, as `local.environment` settings:
 /// a master restarted from its settings file (`<data>/logs/primus-master.yaml`) then starts
 /// the same executors without it.
@@ -169,11 +232,24 @@ async fn wait_for_stop_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// SIGTERM to every service, newest first; each must exit 0.
+/// SIGTERM to every service, newest first; each must exit 0. A service that exited
+/// meanwhile may have been started again by hand (from its settings file in the logs
+/// folder): whatever listens on its port is stopped instead.
 fn stop(running: Vec<ServiceProcess>) -> anyhow::Result<()> {
     let mut failed = Vec::new();
-    for process in running.into_iter().rev() {
+    for mut process in running.into_iter().rev() {
         let name = process.name().to_owned();
+        if let Some(status) = process.exited() {
+            match stop_successor(&process) {
+                Ok(Some(pid)) => println!(
+                    "{name:<22} had exited ({status}); stopped the one found on {} (pid {pid})",
+                    process.addr()
+                ),
+                Ok(None) => failed.push(format!("{name}: had exited ({status})")),
+                Err(e) => failed.push(format!("{name}: {e}")),
+            }
+            continue;
+        }
         match process.terminate(STOP_TIMEOUT) {
             Ok(status) if status.success() => println!("{name:<22} stopped (exit 0)"),
             Ok(status) => failed.push(format!("{name}: {status}")),

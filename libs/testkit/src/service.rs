@@ -110,6 +110,11 @@ impl ServiceProcess {
         self.child.id()
     }
 
+    /// How it exited, if it has.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// The process's output so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -473,3 +473,20 @@ fn kubernetes_pods_carry_identity_owner_probes_and_resources() {
     assert_eq!(spec.restart_policy.as_deref(), Some("OnFailure"));
     assert_eq!(spec.automount_service_account_token, Some(false));
 }
+
+#[test]
+fn kubernetes_quantities_read_as_the_api_and_metrics_server_write_them() {
+    use super::reconcile::{cpu_millis, memory_bytes};
+    assert_eq!(cpu_millis("500m"), Some(500));
+    assert_eq!(cpu_millis("2"), Some(2000));
+    assert_eq!(cpu_millis("1.5"), Some(1500));
+    assert_eq!(cpu_millis("250000000n"), Some(250));
+    assert_eq!(cpu_millis("1500u"), Some(2));
+    assert_eq!(cpu_millis("lots"), None);
+    assert_eq!(memory_bytes("512Mi"), Some(512 << 20));
+    assert_eq!(memory_bytes("2Gi"), Some(2 << 30));
+    assert_eq!(memory_bytes("1G"), Some(1_000_000_000));
+    assert_eq!(memory_bytes("12345Ki"), Some(12345 << 10));
+    assert_eq!(memory_bytes("1073741824"), Some(1 << 30));
+    assert_eq!(memory_bytes("1.5Gi"), None, "not a whole number of units");
+}

@@ -147,6 +147,10 @@ impl CheckpointRecord {
     pub fn samples(&self) -> u64 {
         self.trainers.values().map(|t| t.samples).sum()
     }
+
+    pub fn steps(&self) -> u64 {
+        self.trainers.values().map(|t| t.steps).sum()
+    }
 }
 
 /// The highest totals seen of each trainer of one job: what a trainer process continues
@@ -164,6 +168,17 @@ impl KnownTotals {
         let entry = known.entry(trainer.to_owned()).or_default();
         entry.steps = entry.steps.max(totals.steps);
         entry.samples = entry.samples.max(totals.samples);
+    }
+
+    /// Every trainer's totals summed.
+    pub fn sum(&self) -> TrainerTotals {
+        let totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        totals
+            .values()
+            .fold(TrainerTotals::default(), |sum, t| TrainerTotals {
+                steps: sum.steps + t.steps,
+                samples: sum.samples + t.samples,
+            })
     }
 
     pub fn get(&self, trainer: &str) -> TrainerTotals {
@@ -705,5 +720,7 @@ mod tests {
         known.raise("trainer-0", totals(11, 1100));
         assert_eq!(known.get("trainer-0"), totals(11, 1100));
         assert_eq!(known.get("trainer-1"), TrainerTotals::default());
+        known.raise("trainer-1", totals(2, 200));
+        assert_eq!(known.sum(), totals(13, 1300));
     }
 }

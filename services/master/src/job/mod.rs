@@ -345,6 +345,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 context.topologies.clone(),
                 name.clone(),
                 recovery.clone(),
+                tasks.trainer_totals.clone(),
                 recovered_tx,
             )),
         ];

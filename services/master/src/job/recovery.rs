@@ -1,7 +1,8 @@
 //! Monolith's PS recovery (§2.3): a PS shard that crashed and was restarted by the backend
 //! gets back its rows of the Job's latest committed checkpoint. The updates it took since
-//! then are lost and the other shards keep theirs; a Job with no committed checkpoint goes
-//! on with the shard empty.
+//! then are lost (the `ShardRestored` condition says of how many steps and samples) and the
+//! other shards keep theirs; a Job with no committed checkpoint goes on with the shard
+//! empty.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::executors::{READY_TIMEOUT, serving};
 use crate::backend::{BackendEvent, ExecutorRole};
-use crate::checkpoint::{self, ShardRecovery};
+use crate::checkpoint::{self, KnownTotals, ShardRecovery};
 use crate::queue::TaskQueue;
 use crate::topology::Topologies;
 
@@ -27,6 +28,7 @@ pub(crate) async fn recover_restarted_shards(
     topologies: Topologies,
     job: String,
     recovery: Arc<ShardRecovery>,
+    totals: Arc<KnownTotals>,
     outcomes: mpsc::Sender<Recovered>,
 ) {
     loop {
@@ -61,7 +63,7 @@ pub(crate) async fn recover_restarted_shards(
             continue;
         };
         recovery.restarting(&shard);
-        let outcome = recover_shard(&queue, endpoint, &shards).await;
+        let outcome = recover_shard(&queue, endpoint, &shards, &totals).await;
         recovery.restored();
         if outcomes.send(outcome).await.is_err() {
             return;
@@ -69,7 +71,12 @@ pub(crate) async fn recover_restarted_shards(
     }
 }
 
-async fn recover_shard(queue: &TaskQueue, shard: &Endpoint, shards: &[Endpoint]) -> Recovered {
+async fn recover_shard(
+    queue: &TaskQueue,
+    shard: &Endpoint,
+    shards: &[Endpoint],
+    totals: &KnownTotals,
+) -> Recovered {
     // The crashed process is gone once the backend reports the restart, so the first
     // SERVING answer comes from its successor.
     let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
@@ -84,20 +91,27 @@ async fn recover_shard(queue: &TaskQueue, shard: &Endpoint, shards: &[Endpoint])
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // What the shard held beyond the checkpoint: the updates of every step since.
+    let trained = totals.sum();
     let Some(record) = checkpoint::latest(queue).await.map_err(|e| e.to_string())? else {
         return Ok((
             "NoCheckpoint",
-            format!("{} restarted empty: no checkpoint committed yet", shard.id),
+            format!(
+                "{} restarted empty: no checkpoint committed yet; its updates of {} steps ({} samples) are lost",
+                shard.id, trained.steps, trained.samples
+            ),
         ));
     };
     let shards: Vec<&Endpoint> = shards.iter().collect();
     let rows = checkpoint::restore_shard(&record, shard, &shards)
         .await
         .map_err(|e| e.to_string())?;
+    let lost_steps = trained.steps.saturating_sub(record.steps());
+    let lost_samples = trained.samples.saturating_sub(record.samples());
     Ok((
         "FromCheckpoint",
         format!(
-            "{} restarted and restored from checkpoint {} ({}): {rows} rows",
+            "{} restarted and restored from checkpoint {} ({}): {rows} rows; its updates of the {lost_steps} steps ({lost_samples} samples) trained since, as last reported, are lost",
             shard.id, record.id, record.uri
         ),
     ))

@@ -190,13 +190,21 @@ async fn a_killed_ps_shard_comes_back_with_the_rows_of_the_latest_checkpoint() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(restored.reason, "FromCheckpoint", "{restored:?}");
-    let (checkpoint_id, rows) = restored
+    let (checkpoint_id, rows, lost_steps) = restored
         .message
         .strip_prefix("ps-0 restarted and restored from checkpoint ")
         .and_then(|rest| {
             let (id, rest) = rest.split_once(' ')?;
-            let rows = rest.rsplit_once(": ")?.1.strip_suffix(" rows")?;
-            Some((id.parse::<u64>().ok()?, rows.parse::<u64>().ok()?))
+            let (rows, lost) = rest.split_once("): ")?.1.split_once(" rows; ")?;
+            let lost = lost.strip_prefix("its updates of the ")?;
+            // The steps trained since the checkpoint, as last reported (0 when the kill
+            // followed the checkpoint closely).
+            let (steps, _) = lost.split_once(" steps (")?;
+            Some((
+                id.parse::<u64>().ok()?,
+                rows.parse::<u64>().ok()?,
+                steps.parse::<u64>().ok()?,
+            ))
         })
         .unwrap_or_else(|| panic!("unexpected message: {restored:?}"));
     assert!(checkpoint_id >= record.id, "{restored:?} vs {record:?}");
@@ -204,6 +212,7 @@ async fn a_killed_ps_shard_comes_back_with_the_rows_of_the_latest_checkpoint() {
         rows > 0,
         "the checkpoint's rows of ps-0 are back: {restored:?}"
     );
+    eprintln!("ps-0 lost the updates of {lost_steps} steps");
 
     let status = sandbox
         .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))

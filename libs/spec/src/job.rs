@@ -320,11 +320,13 @@ pub enum Device {
 
 /// Bytes in a Kubernetes-style memory quantity, or why it is not one.
 pub fn parse_memory(quantity: &str) -> Result<u64, String> {
-    let units: [(&str, u64); 8] = [
+    let units: [(&str, u64); 9] = [
         ("Ki", 1 << 10),
         ("Mi", 1 << 20),
         ("Gi", 1 << 30),
         ("Ti", 1 << 40),
+        // Kubernetes writes the decimal kilo lowercase.
+        ("k", 1_000),
         ("K", 1_000),
         ("M", 1_000_000),
         ("G", 1_000_000_000),

@@ -23,6 +23,7 @@ use primus_master::backend::{
 };
 use primus_spec::Resource;
 use primus_testkit::NatsServer;
+use primus_testkit::service::{ServingStatus, wait_for_health};
 
 /// The oldest Kubernetes the backend's types model (`k8s-openapi`'s `v1_33`).
 const KUBERNETES_VERSION: &str = "1.33.0";
@@ -144,7 +145,10 @@ struct Direct;
 
 impl Probe for Direct {
     async fn ready(&self, executor: &Executor) -> bool {
-        grpc_serving(&executor.grpc_addr.to_string()).await
+        let addr = executor.grpc_addr.to_string();
+        wait_for_health(&addr, ServingStatus::Serving, Duration::from_millis(500))
+            .await
+            .is_ok()
     }
 }
 
@@ -163,25 +167,6 @@ impl Probe for PodReady {
             .iter())
         .any(|c| c.type_ == "Ready" && c.status == "True")
     }
-}
-
-async fn grpc_serving(addr: &str) -> bool {
-    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")) else {
-        return false;
-    };
-    let Ok(channel) = endpoint
-        .connect_timeout(Duration::from_secs(1))
-        .connect()
-        .await
-    else {
-        return false;
-    };
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let request = tonic_health::pb::HealthCheckRequest::default();
-    matches!(
-        health.check(request).await.map(|r| r.into_inner().status),
-        Ok(status) if status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    )
 }
 
 async fn eventually(probe: &impl Probe, executor: &Executor, ready: bool, within: Duration) {

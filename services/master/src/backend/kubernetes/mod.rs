@@ -698,7 +698,7 @@ async fn pod_metrics(
             let name = item["metadata"]["name"].as_str()?.to_owned();
             let usage = &item["containers"].as_array()?.first()?["usage"];
             let cpu = reconcile::cpu_millis(usage["cpu"].as_str()?)? as f64 / 1000.0;
-            let memory = reconcile::memory_bytes(usage["memory"].as_str()?)?;
+            let memory = primus_spec::job::parse_memory(usage["memory"].as_str()?).ok()?;
             Some((name, cpu, memory))
         })
         .collect())

@@ -122,7 +122,7 @@ impl ObservedPod {
                 .and_then(|q| cpu_millis(&q.0))
                 .unwrap_or(0),
             memory_bytes: (limits.get("memory"))
-                .and_then(|q| memory_bytes(&q.0))
+                .and_then(|q| primus_spec::job::parse_memory(&q.0).ok())
                 .unwrap_or(0),
         })
     }
@@ -138,26 +138,6 @@ pub fn cpu_millis(quantity: &str) -> Option<u64> {
     };
     let cores = number.parse::<f64>().ok()? / per_core;
     (cores.is_finite() && cores >= 0.0).then(|| (cores * 1000.0).round() as u64)
-}
-
-/// `1073741824`, `512Mi`, `2Gi`, `1G` as bytes.
-pub fn memory_bytes(quantity: &str) -> Option<u64> {
-    const UNITS: [(&str, u64); 8] = [
-        ("Ki", 1 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("k", 1_000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-        ("T", 1_000_000_000_000),
-    ];
-    for (suffix, unit) in UNITS {
-        if let Some(number) = quantity.strip_suffix(suffix) {
-            return number.parse::<u64>().ok()?.checked_mul(unit);
-        }
-    }
-    quantity.parse().ok()
 }
 
 /// What the backend remembers of one executor between observations.

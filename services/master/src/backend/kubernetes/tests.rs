@@ -65,11 +65,17 @@ fn wanted(memory_bytes: u64) -> Wanted {
     }
 }
 
-/// The wanted pod as the API server would report it: `uid`, running at `ip`.
-fn running(wanted: &Wanted, uid: &str, ip: &str) -> ObservedPod {
+/// The wanted pod as the API server would report it: `uid`, with `status`.
+fn observed(wanted: &Wanted, uid: &str, status: PodStatus) -> ObservedPod {
     let mut pod = wanted.pod.clone();
     pod.metadata.uid = Some(uid.into());
-    pod.status = Some(PodStatus {
+    pod.status = Some(status);
+    ObservedPod::of(&pod).expect("an executor's pod")
+}
+
+/// The wanted pod running at `ip`.
+fn running(wanted: &Wanted, uid: &str, ip: &str) -> ObservedPod {
+    let status = PodStatus {
         phase: Some("Running".into()),
         pod_ip: Some(ip.into()),
         container_statuses: Some(vec![ContainerStatus {
@@ -78,8 +84,8 @@ fn running(wanted: &Wanted, uid: &str, ip: &str) -> ObservedPod {
             ..ContainerStatus::default()
         }]),
         ..PodStatus::default()
-    });
-    ObservedPod::of(&pod).expect("an executor's pod")
+    };
+    observed(wanted, uid, status)
 }
 
 fn terminated(reason: &str, exit_code: i32) -> Option<ContainerState> {
@@ -93,8 +99,8 @@ fn terminated(reason: &str, exit_code: i32) -> Option<ContainerState> {
     })
 }
 
-/// `observed` after its container restarted `restarts` times, the last run ending with
-/// `reason` and `exit_code`.
+/// The wanted pod after its container restarted `restarts` times, the last run ending
+/// with `reason` and `exit_code`.
 fn restarted(
     wanted: &Wanted,
     uid: &str,
@@ -102,9 +108,7 @@ fn restarted(
     reason: &str,
     exit_code: i32,
 ) -> ObservedPod {
-    let mut pod = wanted.pod.clone();
-    pod.metadata.uid = Some(uid.into());
-    pod.status = Some(PodStatus {
+    let status = PodStatus {
         phase: Some("Running".into()),
         pod_ip: Some("10.1.0.5".into()),
         container_statuses: Some(vec![ContainerStatus {
@@ -114,8 +118,17 @@ fn restarted(
             ..ContainerStatus::default()
         }]),
         ..PodStatus::default()
-    });
-    ObservedPod::of(&pod).expect("an executor's pod")
+    };
+    observed(wanted, uid, status)
+}
+
+/// An executor whose pod `u1` was observed running at 10.1.0.5.
+fn started() -> (Wanted, Tracked) {
+    let wanted = wanted(1 << 30);
+    let mut tracked = Tracked::default();
+    let pod = running(&wanted, "u1", "10.1.0.5");
+    reconcile(Some(&wanted), Some(&pod), &mut tracked, LIMITS, LATER);
+    (wanted, tracked)
 }
 
 fn events(actions: &[Action]) -> Vec<&BackendEvent> {
@@ -158,15 +171,7 @@ fn kubernetes_scale_down_deletes_the_pod_of_a_released_executor() {
 
 #[test]
 fn kubernetes_crash_loop_restarts_with_the_log_then_gives_up() {
-    let wanted = wanted(1 << 30);
-    let mut tracked = Tracked::default();
-    reconcile(
-        Some(&wanted),
-        Some(&running(&wanted, "u1", "10.1.0.5")),
-        &mut tracked,
-        LIMITS,
-        LATER,
-    );
+    let (wanted, mut tracked) = started();
     let crashed = restarted(&wanted, "u1", 1, "Error", 1);
     let actions = reconcile(Some(&wanted), Some(&crashed), &mut tracked, LIMITS, LATER);
     match &actions[..] {
@@ -207,15 +212,7 @@ fn kubernetes_crash_loop_restarts_with_the_log_then_gives_up() {
 
 #[test]
 fn kubernetes_oom_killed_asks_for_more_memory_and_restarts() {
-    let wanted = wanted(1 << 30);
-    let mut tracked = Tracked::default();
-    reconcile(
-        Some(&wanted),
-        Some(&running(&wanted, "u1", "10.1.0.5")),
-        &mut tracked,
-        LIMITS,
-        LATER,
-    );
+    let (wanted, mut tracked) = started();
     let killed = restarted(&wanted, "u1", 1, "OOMKilled", 137);
     let actions = reconcile(Some(&wanted), Some(&killed), &mut tracked, LIMITS, LATER);
     match events(&actions)[..] {
@@ -234,15 +231,7 @@ fn kubernetes_oom_killed_asks_for_more_memory_and_restarts() {
 
 #[test]
 fn kubernetes_eviction_replaces_the_pod_and_reports_the_restart_at_its_new_address() {
-    let wanted = wanted(1 << 30);
-    let mut tracked = Tracked::default();
-    reconcile(
-        Some(&wanted),
-        Some(&running(&wanted, "u1", "10.1.0.5")),
-        &mut tracked,
-        LIMITS,
-        LATER,
-    );
+    let (wanted, mut tracked) = started();
     let mut evicted = running(&wanted, "u1", "10.1.0.5");
     evicted.phase = Phase::Failed;
     evicted.reason = Some("Evicted".into());
@@ -287,15 +276,7 @@ fn kubernetes_eviction_replaces_the_pod_and_reports_the_restart_at_its_new_addre
 
 #[test]
 fn kubernetes_node_loss_deletes_the_pod_at_once() {
-    let wanted = wanted(1 << 30);
-    let mut tracked = Tracked::default();
-    reconcile(
-        Some(&wanted),
-        Some(&running(&wanted, "u1", "10.1.0.5")),
-        &mut tracked,
-        LIMITS,
-        LATER,
-    );
+    let (wanted, mut tracked) = started();
     let mut lost = running(&wanted, "u1", "10.1.0.5");
     lost.phase = Phase::Unknown;
     let actions = reconcile(Some(&wanted), Some(&lost), &mut tracked, LIMITS, LATER);
@@ -307,9 +288,7 @@ fn kubernetes_node_loss_deletes_the_pod_at_once() {
         }]
     );
     // A pod the taint manager marks for deletion (its node unreachable) is lost too.
-    let mut pod = wanted.pod.clone();
-    pod.metadata.uid = Some("u2".into());
-    pod.status = Some(PodStatus {
+    let status = PodStatus {
         phase: Some("Running".into()),
         pod_ip: Some("10.1.0.7".into()),
         conditions: Some(vec![PodCondition {
@@ -319,8 +298,8 @@ fn kubernetes_node_loss_deletes_the_pod_at_once() {
             ..PodCondition::default()
         }]),
         ..PodStatus::default()
-    });
-    let tainted = ObservedPod::of(&pod).expect("pod");
+    };
+    let tainted = observed(&wanted, "u2", status);
     let actions = reconcile(Some(&wanted), Some(&tainted), &mut tracked, LIMITS, LATER);
     assert_eq!(
         actions,
@@ -401,9 +380,7 @@ fn kubernetes_new_resources_resize_the_running_pod() {
 #[test]
 fn kubernetes_a_finished_trainer_completes_and_gets_no_new_pod() {
     let wanted = wanted(1 << 30);
-    let mut pod = wanted.pod.clone();
-    pod.metadata.uid = Some("u1".into());
-    pod.status = Some(PodStatus {
+    let status = PodStatus {
         phase: Some("Succeeded".into()),
         container_statuses: Some(vec![ContainerStatus {
             name: "executor".into(),
@@ -411,8 +388,8 @@ fn kubernetes_a_finished_trainer_completes_and_gets_no_new_pod() {
             ..ContainerStatus::default()
         }]),
         ..PodStatus::default()
-    });
-    let done = ObservedPod::of(&pod).expect("pod");
+    };
+    let done = observed(&wanted, "u1", status);
     let mut tracked = Tracked::default();
     let actions = reconcile(Some(&wanted), Some(&done), &mut tracked, LIMITS, LATER);
     assert!(
@@ -476,7 +453,8 @@ fn kubernetes_pods_carry_identity_owner_probes_and_resources() {
 
 #[test]
 fn kubernetes_quantities_read_as_the_api_and_metrics_server_write_them() {
-    use super::reconcile::{cpu_millis, memory_bytes};
+    use super::reconcile::cpu_millis;
+    let memory_bytes = |q: &str| primus_spec::job::parse_memory(q).ok();
     assert_eq!(cpu_millis("500m"), Some(500));
     assert_eq!(cpu_millis("2"), Some(2000));
     assert_eq!(cpu_millis("1.5"), Some(1500));
@@ -488,5 +466,6 @@ fn kubernetes_quantities_read_as_the_api_and_metrics_server_write_them() {
     assert_eq!(memory_bytes("1G"), Some(1_000_000_000));
     assert_eq!(memory_bytes("12345Ki"), Some(12345 << 10));
     assert_eq!(memory_bytes("1073741824"), Some(1 << 30));
+    assert_eq!(memory_bytes("1k"), Some(1_000));
     assert_eq!(memory_bytes("1.5Gi"), None, "not a whole number of units");
 }

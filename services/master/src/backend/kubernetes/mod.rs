@@ -293,8 +293,7 @@ impl Inner {
         }
         let wanted = render::job_owner(&self.render_context(), job);
         let name = render::owner_name(job);
-        let existing = (self.config_maps.get_opt(&name).await)
-            .map_err(api_error("reading the Job's owner"))?;
+        let existing = self.owner_not_deleting(&name).await?;
         let object = match existing {
             Some(object) => object,
             None => (self
@@ -309,6 +308,27 @@ impl Inner {
         };
         self.lock().owners.insert(job.to_owned(), owner.clone());
         Ok(owner)
+    }
+
+    /// The owner object `name` unless it is being deleted (a Job of the same name that
+    /// was released just before): then once it is gone, so nothing new is owned by it.
+    async fn owner_not_deleting(&self, name: &str) -> Result<Option<ConfigMap>, BackendError> {
+        let deadline = Instant::now() + SCHEDULE_TIMEOUT;
+        loop {
+            let existing = (self.config_maps.get_opt(name).await)
+                .map_err(api_error("reading the Job's owner"))?;
+            match existing {
+                Some(owner) if owner.metadata.deletion_timestamp.is_some() => {
+                    if Instant::now() > deadline {
+                        return Err(BackendError::Io(format!(
+                            "{name} of an earlier run of the Job is still being deleted"
+                        )));
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                other => return Ok(other),
+            }
+        }
     }
 
     fn wanted(&self, spec: &ExecutorSpec, owner: &JobOwner) -> Result<Wanted, BackendError> {

@@ -114,6 +114,11 @@ pub struct TableSettings {
     /// counted) while existing rows keep training. Unset: no limit. The master sets it from
     /// `topology.ps.memory`.
     pub memory_limit_bytes: Option<u64>,
+    /// Refuse training calls (lookups, pushes, dense calls, snapshots) with UNAVAILABLE
+    /// until a Restore or Open call: the master starts a Job's shards so, and a restarted
+    /// shard then takes no update before its checkpoint is back (a trainer holds its pushes
+    /// and sends them after).
+    pub await_restore: bool,
 }
 
 impl Default for TableSettings {
@@ -137,6 +142,7 @@ impl Default for TableSettings {
             shard_id: String::new(),
             delta_notice_interval_ms: 100,
             memory_limit_bytes: None,
+            await_restore: false,
         }
     }
 }

@@ -22,7 +22,8 @@
 //!
 //! A PS shard that crashes mid-job is restarted by the backend and restored alone from the
 //! latest committed checkpoint (Monolith §2.3: the shard loses the updates since, the rest
-//! of the job goes on). A checkpoint neither starts while a shard is being restored nor
+//! of the job goes on). It refuses training calls until then (`ps.await_restore`), so
+//! trainers hold their pushes for it instead of losing them to the restore. A checkpoint neither starts while a shard is being restored nor
 //! commits when a shard restarted while it was taken ([`ShardRecovery`]), so none records
 //! an emptied shard.
 
@@ -35,7 +36,9 @@ use futures::future::join_all;
 use primus_config::StorageSettings;
 use primus_proto::v1::dataset_service_client::DatasetServiceClient;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
-use primus_proto::v1::{Endpoint, PauseRequest, RestoreRequest, ResumeRequest, SnapshotRequest};
+use primus_proto::v1::{
+    Endpoint, OpenRequest, PauseRequest, RestoreRequest, ResumeRequest, SnapshotRequest,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -606,6 +609,22 @@ pub async fn restore_shard(
         .restore(request)
         .await
         .map(|response| response.into_inner().rows)
+        .map_err(|status| failed(status.message().to_owned()))
+}
+
+/// Lets `shard` (started with `ps.await_restore`) serve training calls with the rows it
+/// has: the Job has no checkpoint to restore.
+pub async fn open_shard(shard: &Endpoint) -> Result<(), CheckpointError> {
+    let failed = |message: String| CheckpointError::Ps {
+        id: shard.id.clone(),
+        addr: shard.grpc_addr.clone(),
+        message,
+    };
+    let mut client = ParameterServerClient::new(channel(&shard.grpc_addr).map_err(failed)?);
+    client
+        .open(OpenRequest {})
+        .await
+        .map(drop)
         .map_err(|status| failed(status.message().to_owned()))
 }
 

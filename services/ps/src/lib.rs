@@ -1,7 +1,8 @@
 //! `primus-ps`, training role: serves this process's embedding tables ([`primus_embedding`])
 //! and its dense parameters (with a server-side optimizer) over the ParameterServer gRPC API
-//! (Lookup, Push, InitDense, PullDense, PushDense, Snapshot, Restore, ExportDelta, Stats),
-//! evicts idle rows on a timer. Snapshots go to any object-store URL through primus-storage.
+//! (Lookup, Push, InitDense, PullDense, PushDense, Snapshot, Restore, Open, ExportDelta,
+//! Stats), evicts idle rows on a timer. Snapshots go to any object-store URL through
+//! primus-storage. With `ps.await_restore` training calls wait for a Restore or Open.
 //!
 //! With `ps.role = "serving"` the same binary is a serving replica ([`serving`]): table
 //! replicas fed by serving-sync's deltas, the dense network in ONNX Runtime, Predict.
@@ -25,8 +26,8 @@ use primus_config::{PsRole, PsSettings};
 pub const SERVICE: &str = "primus-ps";
 pub const ABOUT: &str = concat!(
     "Primus parameter server. Training role (default): embedding tables (from `ps.tables`)",
-    " served over gRPC Lookup, Push, dense Init/Pull/Push, Snapshot, Restore, ExportDelta and",
-    " Stats. Serving role (`ps.role = \"serving\"`): table replicas fed by ApplyDelta, the dense",
+    " served over gRPC Lookup, Push, dense Init/Pull/Push, Snapshot, Restore, Open, ExportDelta",
+    " and Stats. Serving role (`ps.role = \"serving\"`): table replicas fed by ApplyDelta, the dense",
     " network as ONNX (LoadDense), Predict."
 );
 
@@ -78,6 +79,7 @@ async fn run_training(settings: PsSettings, shutdown: Shutdown) -> anyhow::Resul
         dense,
         settings.storage.clone(),
         memory_limit,
+        settings.ps.await_restore,
     ))
     .max_decoding_message_size(settings.ps.max_request_bytes)
     .max_encoding_message_size(usize::MAX);

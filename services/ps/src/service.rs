@@ -1,7 +1,7 @@
 //! The ParameterServer RPCs over this process's tables.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -15,10 +15,11 @@ use primus_proto::v1::{
     ExportMovedRequest, ExportMovedResponse, FenceRequest, FenceResponse, ImportDenseRequest,
     ImportDenseResponse, ImportRowsRequest, ImportRowsResponse, InitDenseRequest,
     InitDenseResponse, LookupRequest, LookupResponse, LookupTablesRequest, LookupTablesResponse,
-    PullDenseRequest, PullDenseResponse, PushDenseRequest, PushDenseResponse, PushRequest,
-    PushResponse, PushTablesRequest, PushTablesResponse, ReadRowsRequest, ReadRowsResponse,
-    RestoreRequest, RestoreResponse, SetMemoryLimitRequest, SetMemoryLimitResponse,
-    SnapshotRequest, SnapshotResponse, StatsRequest, StatsResponse, TableDelta, TableStats,
+    OpenRequest, OpenResponse, PullDenseRequest, PullDenseResponse, PushDenseRequest,
+    PushDenseResponse, PushRequest, PushResponse, PushTablesRequest, PushTablesResponse,
+    ReadRowsRequest, ReadRowsResponse, RestoreRequest, RestoreResponse, SetMemoryLimitRequest,
+    SetMemoryLimitResponse, SnapshotRequest, SnapshotResponse, StatsRequest, StatsResponse,
+    TableDelta, TableStats,
 };
 use primus_ps_client::Layout;
 use primus_spec::Validate;
@@ -138,6 +139,8 @@ pub(crate) struct Ps {
     fence: RwLock<Option<Layout>>,
     /// `ps.memory_limit_bytes` as it is now (0: none); the memory limiter reads it.
     memory_limit: Arc<AtomicU64>,
+    /// Training calls are served (false with `ps.await_restore` until Restore or Open).
+    open: AtomicBool,
 }
 
 impl Ps {
@@ -146,6 +149,7 @@ impl Ps {
         dense: Arc<DenseStore>,
         storage: StorageSettings,
         memory_limit: Arc<AtomicU64>,
+        await_restore: bool,
     ) -> Self {
         Self {
             tables,
@@ -153,12 +157,30 @@ impl Ps {
             storage,
             fence: RwLock::new(None),
             memory_limit,
+            open: AtomicBool::new(!await_restore),
         }
+    }
+
+    /// UNAVAILABLE until this shard is open for training: a caller holds its call and
+    /// tries again, so nothing lands on rows a restore is about to replace.
+    fn opened(&self) -> Result<(), Status> {
+        match self.open.load(Ordering::Acquire) {
+            true => Ok(()),
+            false => Err(Status::unavailable(
+                "this PS shard waits for its restore from the Job's checkpoint (ps.await_restore)",
+            )),
+        }
+    }
+
+    /// The fence, held shared, once the shard is open.
+    fn training_fence(&self) -> Result<RwLockReadGuard<'_, Option<Layout>>, Status> {
+        self.opened()?;
+        Ok(self.fence.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The fence, held shared, if no key of `keys` moved away.
     fn keys_here(&self, keys: &[u64]) -> Result<RwLockReadGuard<'_, Option<Layout>>, Status> {
-        let fence = self.fence.read().unwrap_or_else(PoisonError::into_inner);
+        let fence = self.training_fence()?;
         if let Some(layout) = *fence
             && let Some(key) = keys.iter().find(|k| !layout.holds_key(**k))
         {
@@ -172,7 +194,7 @@ impl Ps {
         &self,
         mut tables: impl Iterator<Item = &'a [u64]>,
     ) -> Result<RwLockReadGuard<'_, Option<Layout>>, Status> {
-        let fence = self.fence.read().unwrap_or_else(PoisonError::into_inner);
+        let fence = self.training_fence()?;
         if let Some(layout) = *fence
             && let Some(key) = tables.find_map(|keys| keys.iter().find(|k| !layout.holds_key(**k)))
         {
@@ -186,7 +208,7 @@ impl Ps {
         &self,
         mut names: impl Iterator<Item = &'a str>,
     ) -> Result<RwLockReadGuard<'_, Option<Layout>>, Status> {
-        let fence = self.fence.read().unwrap_or_else(PoisonError::into_inner);
+        let fence = self.training_fence()?;
         if let Some(layout) = *fence
             && let Some(name) = names.find(|n| !layout.holds_dense(n))
         {
@@ -444,6 +466,7 @@ impl ParameterServer for Ps {
         &self,
         request: Request<SnapshotRequest>,
     ) -> Result<Response<SnapshotResponse>, Status> {
+        self.opened()?;
         let request = request.into_inner();
         let taken = snapshots::snapshot(
             self.tables.clone(),
@@ -483,7 +506,15 @@ impl ParameterServer for Ps {
         )
         .await?;
         tracing::info!(manifest = %manifest_uri, version, rows, "restored");
+        self.open.store(true, Ordering::Release);
         Ok(Response::new(RestoreResponse { version, rows }))
+    }
+
+    async fn open(&self, _: Request<OpenRequest>) -> Result<Response<OpenResponse>, Status> {
+        if !self.open.swap(true, Ordering::AcqRel) {
+            tracing::info!("open for training without a restore");
+        }
+        Ok(Response::new(OpenResponse {}))
     }
 
     async fn export_delta(

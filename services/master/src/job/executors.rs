@@ -61,6 +61,9 @@ pub(crate) fn executor_settings(
                     },
                     memory_limit_bytes: primus_spec::job::parse_memory(&spec.topology.ps.memory)
                         .ok(),
+                    // Every start, first or after a crash, trains only once the master
+                    // restored or opened the shard.
+                    await_restore: true,
                     ..defaults
                 },
                 ..PsSettings::default()

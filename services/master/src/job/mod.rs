@@ -245,9 +245,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let parts = run.job.parts(&run.name);
         start_executors(context, &parts, &[ExecutorRole::Ps, ExecutorRole::Serving]).await?;
         wait_ready(context, &run.name).await?;
-        if let Some(record) = run.committed.clone() {
-            run.restore_ps(&record).await?;
-        }
+        run.restore_or_open_ps().await?;
         let parts = run.job.parts(&run.name);
         let roles = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];
         start_executors(context, &parts, &roles).await?;

@@ -94,6 +94,9 @@ async fn recover_shard(
     // What the shard held beyond the checkpoint: the updates of every step since.
     let trained = totals.sum();
     let Some(record) = checkpoint::latest(queue).await.map_err(|e| e.to_string())? else {
+        checkpoint::open_shard(shard)
+            .await
+            .map_err(|e| e.to_string())?;
         return Ok((
             "NoCheckpoint",
             format!(

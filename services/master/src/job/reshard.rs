@@ -14,6 +14,7 @@ use primus_ps_client::reshard::{ReshardReport, reshard};
 use super::JobRun;
 use super::executors::{request_executor, wait_serving};
 use crate::backend::{ExecutorRole, ResourceBackend};
+use crate::checkpoint;
 use crate::plan::Catalog;
 
 /// How long leaving shards keep running (refusing) after the switch.
@@ -115,8 +116,13 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
                 .map_err(|e| format!("starting ps {index}: {e}"))?;
             added.push(shard);
         }
+        // Open at once: nothing routes training calls to them before the switch, and the
+        // rows they get before it are imported ones.
         for shard in added.iter() {
             wait_serving(shard).await?;
+            checkpoint::open_shard(shard)
+                .await
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     }

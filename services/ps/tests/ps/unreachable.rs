@@ -1,14 +1,19 @@
 //! A shard down for a moment (restarting): a push holds that shard's part until it is back
-//! and applies it there once; the other shard's part is applied once, not again.
+//! and applies it there once; the other shard's part is applied once, not again. A shard
+//! that awaits its restore holds pushes the same way until it has its checkpoint.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use primus_proto::v1::{LookupRequest, OpenRequest, PushRequest, RestoreRequest, SnapshotRequest};
 use primus_ps_client::{PsClient, ShardSource, TableGrads, TableKeys, layout};
 use primus_testkit::NatsServer;
 use tokio::net::TcpStream;
+use tonic::Code;
 
-use super::{DIM, batch, grads_for, reference_table, shard_settings, start, table_spec};
+use super::{
+    DIM, batch, grads_for, raw_client, reference_table, shard_settings, start, table_spec,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_holds_the_part_of_a_restarting_shard_and_applies_it_once_it_is_back() {
@@ -90,4 +95,122 @@ async fn a_push_holds_the_part_of_a_restarting_shard_and_applies_it_once_it_is_b
             layout::key_shard(*key, 2)
         );
     }
+}
+
+/// A shard started with `ps.await_restore` (as the master starts a Job's shards) refuses
+/// training calls as UNAVAILABLE; a push waits, and lands on the restored rows once the
+/// shard is restored, so the checkpoint does not overwrite it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_awaiting_its_restore_holds_pushes_until_the_restore_then_applies_them() {
+    let nats = NatsServer::start().expect("nats-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let uri = format!("file://{}/checkpoint", dir.path().display());
+    let settings = shard_settings(&nats, vec![table_spec("items")]);
+    let first = start(settings.clone()).await;
+    let addrs = vec![first.addr.clone()];
+    let listed = addrs.clone();
+    let source: ShardSource = Arc::new(move || {
+        let addrs = listed.clone();
+        Box::pin(async move { Ok(addrs) })
+    });
+    let client = PsClient::connect(&addrs)
+        .await
+        .expect("connect")
+        .following(source);
+    let (keys0, grads0) = (batch(0, 300), grads_for(0, 300));
+    client.push("items", &keys0, &grads0).await.expect("push 0");
+    let manifest_uri = raw_client(&first.addr)
+        .await
+        .snapshot(SnapshotRequest {
+            uri: uri.clone(),
+            base_manifest_uri: String::new(),
+        })
+        .await
+        .expect("snapshot")
+        .into_inner()
+        .manifest_uri;
+    first.shutdown.trigger();
+    while TcpStream::connect(&addrs[0]).await.is_ok() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let mut awaiting = settings.clone();
+    awaiting.ps.await_restore = true;
+    let restarted = start(awaiting).await;
+    let mut raw = raw_client(&restarted.addr).await;
+    let refused = raw
+        .lookup(LookupRequest {
+            table: "items".into(),
+            keys: primus_proto::packed::encode_keys(&keys0),
+        })
+        .await
+        .expect_err("a lookup before the restore");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let snapshot = raw
+        .snapshot(SnapshotRequest {
+            uri: format!("{uri}-early"),
+            base_manifest_uri: String::new(),
+        })
+        .await
+        .expect_err("a snapshot before the restore");
+    assert_eq!(snapshot.code(), Code::Unavailable, "{snapshot:?}");
+
+    let (keys1, grads1) = (batch(1, 300), grads_for(1, 300));
+    let pushing = {
+        let (client, keys, grads) = (client.clone(), keys1.clone(), grads1.clone());
+        tokio::spawn(async move { client.push("items", &keys, &grads).await })
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !pushing.is_finished(),
+        "the push did not wait for the restore"
+    );
+    raw.restore(RestoreRequest {
+        manifest_uri,
+        ..RestoreRequest::default()
+    })
+    .await
+    .expect("restore");
+    let (applied, _) = pushing
+        .await
+        .expect("push task")
+        .expect("the push lands after the restore");
+    assert_eq!(applied, keys1.len() as u64);
+
+    let reference = reference_table("items");
+    reference.push(&keys0, &grads0, 1).expect("reference");
+    reference.push(&keys1, &grads1, 1).expect("reference");
+    let keys: Vec<u64> = keys0.iter().chain(&keys1).copied().collect();
+    let mut expected = vec![0.0; keys.len() * DIM];
+    reference.lookup(&keys, &mut expected).expect("reference");
+    let (rows, _) = client.lookup("items", &keys).await.expect("lookup");
+    assert_eq!(
+        rows, expected,
+        "the checkpoint's rows with the held push on them"
+    );
+}
+
+/// Open lets a shard awaiting its restore train on the rows it has (no checkpoint yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_lets_a_shard_awaiting_its_restore_train_without_one() {
+    let nats = NatsServer::start().expect("nats-server");
+    let mut settings = shard_settings(&nats, vec![table_spec("items")]);
+    settings.ps.await_restore = true;
+    let shard = start(settings).await;
+    let mut raw = raw_client(&shard.addr).await;
+    let push = |keys: &[u64]| {
+        let mut grads = Vec::new();
+        primus_proto::packed::encode_f32(&grads_for(0, keys.len()), &mut grads);
+        PushRequest {
+            table: "items".into(),
+            keys: primus_proto::packed::encode_keys(keys),
+            grads,
+        }
+    };
+    let keys = batch(0, 50);
+    let refused = raw.push(push(&keys)).await.expect_err("a push before Open");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    raw.open(OpenRequest {}).await.expect("open");
+    let pushed = raw.push(push(&keys)).await.expect("a push after Open");
+    assert_eq!(pushed.into_inner().applied, keys.len() as u64);
 }

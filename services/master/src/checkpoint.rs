@@ -28,8 +28,8 @@
 //! an emptied shard.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -298,22 +298,22 @@ pub struct Limits {
 }
 
 /// A job's executors as the coordinator sees them.
-pub struct Participants<'a> {
-    pub data_executors: Vec<&'a Endpoint>,
-    pub ps: Vec<&'a Endpoint>,
+pub struct Participants {
+    pub data_executors: Vec<Endpoint>,
+    pub ps: Vec<Endpoint>,
     /// Trainer ids still training (not exited).
     pub trainers: BTreeSet<String>,
 }
 
-/// One job's coordinator.
-pub struct Coordinator<'a> {
-    pub job: &'a str,
-    pub queue: &'a TaskQueue,
-    pub alignments: &'a Alignments,
-    pub recovery: &'a ShardRecovery,
-    pub storage: &'a StorageSettings,
+/// One job's coordinator (owned, so a checkpoint runs beside the Job's event loop).
+pub struct Coordinator {
+    pub job: String,
+    pub queue: TaskQueue,
+    pub alignments: Arc<Alignments>,
+    pub recovery: Arc<ShardRecovery>,
+    pub storage: StorageSettings,
     /// `spec.checkpoint.uri`.
-    pub uri: &'a str,
+    pub uri: String,
     /// `spec.checkpoint.full_every`.
     pub full_every: u64,
     pub limits: Limits,
@@ -325,7 +325,7 @@ pub struct Taken {
     pub paused: Duration,
 }
 
-impl Coordinator<'_> {
+impl Coordinator {
     /// Takes checkpoint `id`, incremental to `previous` (the last committed one) when its
     /// chain is shorter than `full_every`; the data executors are resumed whatever happens.
     /// Once it is committed, the files of checkpoints that fall out of the ones kept are
@@ -334,7 +334,7 @@ impl Coordinator<'_> {
         &self,
         id: u64,
         previous: Option<&CheckpointRecord>,
-        participants: &Participants<'_>,
+        participants: &Participants,
     ) -> Result<Taken, CheckpointError> {
         let started = Instant::now();
         self.alignments.open(id);
@@ -354,12 +354,7 @@ impl Coordinator<'_> {
 
     /// Whether checkpoint `id` may be incremental to `previous`: its chain stays within
     /// `full_every` checkpoints and the same PS shards took it.
-    fn extends(
-        &self,
-        id: u64,
-        previous: &CheckpointRecord,
-        participants: &Participants<'_>,
-    ) -> bool {
+    fn extends(&self, id: u64, previous: &CheckpointRecord, participants: &Participants) -> bool {
         let shards: BTreeSet<&str> = participants.ps.iter().map(|e| e.id.as_str()).collect();
         previous.chain_start > 0
             && id.saturating_sub(previous.chain_start) < self.full_every
@@ -369,19 +364,19 @@ impl Coordinator<'_> {
     /// Deletes checkpoint `id`'s files; a failure is logged (they are only disk space).
     async fn delete(&self, id: u64) {
         let uri = self.uri.trim_end_matches('/');
-        let deleted = match primus_storage::open(uri, self.storage) {
+        let deleted = match primus_storage::open(uri, &self.storage) {
             Ok(location) => location.delete_all(&format!("ckpt-{id}")).await,
             Err(e) => Err(e),
         };
         match deleted {
             Ok(files) => tracing::info!(
-                job = self.job,
+                job = %self.job,
                 checkpoint = id,
                 files,
                 "old checkpoint deleted"
             ),
             Err(e) => {
-                tracing::warn!(job = self.job, checkpoint = id, error = %e, "deleting an old checkpoint")
+                tracing::warn!(job = %self.job, checkpoint = id, error = %e, "deleting an old checkpoint")
             }
         }
     }
@@ -390,7 +385,7 @@ impl Coordinator<'_> {
         &self,
         id: u64,
         base: Option<&CheckpointRecord>,
-        participants: &Participants<'_>,
+        participants: &Participants,
     ) -> Result<CheckpointRecord, CheckpointError> {
         let restarts = self.recovery.settled()?;
         self.pause(id, &participants.data_executors).await?;
@@ -422,15 +417,20 @@ impl Coordinator<'_> {
     }
 
     /// Pauses every data executor and records the offsets they served up to the pause.
-    async fn pause(&self, id: u64, executors: &[&Endpoint]) -> Result<(), CheckpointError> {
+    async fn pause(&self, id: u64, executors: &[Endpoint]) -> Result<(), CheckpointError> {
         let request = || PauseRequest {
             job: self.job.to_owned(),
             checkpoint_id: id,
             timeout_ms: self.limits.pause.as_millis() as u64,
         };
+        // An executor that does not answer (hung, or stopped) within its own pause expiry
+        // fails the checkpoint instead of holding it.
+        let deadline = self.limits.pause;
         let paused = join_all(executors.iter().map(|executor| async move {
             let mut client = DatasetServiceClient::new(channel(&executor.grpc_addr)?);
-            let response = client.pause(request()).await;
+            let response = tokio::time::timeout(deadline, client.pause(request()))
+                .await
+                .map_err(|_| format!("no answer to Pause within {deadline:?}"))?;
             response
                 .map(|r| (executor, r.into_inner().served_offsets))
                 .map_err(|status| status.message().to_owned())
@@ -461,7 +461,7 @@ impl Coordinator<'_> {
         Ok(())
     }
 
-    async fn resume(&self, id: u64, executors: &[&Endpoint]) {
+    async fn resume(&self, id: u64, executors: &[Endpoint]) {
         let resumed = join_all(executors.iter().map(|executor| async move {
             let mut client = DatasetServiceClient::new(channel(&executor.grpc_addr)?);
             let request = ResumeRequest {
@@ -477,7 +477,7 @@ impl Coordinator<'_> {
         .await;
         for (executor, result) in executors.iter().zip(resumed) {
             if let Err(message) = result {
-                tracing::warn!(job = self.job, executor = %executor.id, %message, "resuming after checkpoint {id}; its pause expires by itself");
+                tracing::warn!(job = %self.job, executor = %executor.id, %message, "resuming after checkpoint {id}; its pause expires by itself");
             }
         }
     }
@@ -489,7 +489,7 @@ impl Coordinator<'_> {
                 message: e.to_string(),
             };
         let location =
-            primus_storage::open(uri, self.storage).map_err(|e| storage_error(uri.into(), e))?;
+            primus_storage::open(uri, &self.storage).map_err(|e| storage_error(uri.into(), e))?;
         let path = location.path("checkpoint.json");
         location
             .put(&path, bytes::Bytes::from(json.to_owned()))
@@ -515,7 +515,7 @@ pub fn retained(keep: u64, full_every: u64) -> u64 {
 /// when given; shard id -> manifest URI.
 async fn snapshot(
     uri: &str,
-    shards: &[&Endpoint],
+    shards: &[Endpoint],
     bases: Option<&BTreeMap<String, String>>,
 ) -> Result<BTreeMap<String, String>, CheckpointError> {
     let taken = join_all(shards.iter().map(|shard| async move {

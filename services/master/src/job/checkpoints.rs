@@ -1,6 +1,7 @@
-//! A running Job's checkpoints: the periodic ones (taken by [`checkpoint::Coordinator`],
-//! reported in the `Checkpoint` condition), the restore of a Job started again, and the
-//! final snapshot of a Job that succeeded.
+//! A running Job's checkpoints: the periodic ones (taken by [`checkpoint::Coordinator`] in
+//! a task of their own while the Job's events go on, reported in the `Checkpoint`
+//! condition), the restore of a Job started again, and the final snapshot of a Job that
+//! succeeded.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -97,59 +98,76 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         Ok(())
     }
 
-    /// Takes the next checkpoint, unless every task is done: then the trainers are
-    /// finishing, the final snapshot follows, and a trainer whose streams ended would
-    /// never align.
+    /// Starts the next checkpoint beside the event loop, unless one is still being taken
+    /// or every task is done: then the trainers are finishing, the final snapshot follows,
+    /// and a trainer whose streams ended would never align.
     pub(super) async fn on_checkpoint_tick(&mut self) -> ControlFlow<Outcome> {
+        if self.checkpoint_in_flight.is_some() {
+            return ControlFlow::Continue(());
+        }
         let finishing = match self.tasks.queue.counts().await {
             Ok(c) => self.all_planned() && c.pending == 0 && c.running == 0,
             Err(_) => false,
         };
-        if !finishing {
+        if !finishing && let Some(coordinator) = self.coordinator() {
             let id = self.next_checkpoint;
-            if let Some(record) = self.take_checkpoint(id).await {
-                self.committed = Some(record);
-            }
+            let previous = self.committed.clone();
+            let participants = self.participants();
+            self.checkpoint_in_flight = Some(tokio::spawn(async move {
+                let taken = coordinator.take(id, previous.as_ref(), &participants).await;
+                (id, taken)
+            }));
             self.next_checkpoint += 1;
         }
         ControlFlow::Continue(())
     }
 
-    /// Takes checkpoint `id` and says how it went in the Job's `Checkpoint` condition (a
-    /// failed one is reported and training goes on). Its record once committed.
-    async fn take_checkpoint(&mut self, id: u64) -> Option<CheckpointRecord> {
+    /// The coordinator of the Job's `spec.checkpoint` (none without it).
+    fn coordinator(&self) -> Option<checkpoint::Coordinator> {
         let target = self.job.spec.checkpoint.as_ref()?;
         let settings = &self.context.settings;
         let limits = &settings.master.checkpoint;
-        let coordinator = checkpoint::Coordinator {
-            job: &self.name,
-            queue: &self.tasks.queue,
-            alignments: &self.tasks.alignments,
-            recovery: &self.recovery,
-            storage: &settings.storage,
-            uri: &target.uri,
+        Some(checkpoint::Coordinator {
+            job: self.name.clone(),
+            queue: self.tasks.queue.clone(),
+            alignments: self.tasks.alignments.clone(),
+            recovery: self.recovery.clone(),
+            storage: settings.storage.clone(),
+            uri: target.uri.clone(),
             full_every: u64::from(target.full_every),
             limits: checkpoint::Limits {
                 keep: limits.keep,
                 align: Duration::from_millis(limits.align_timeout_ms),
                 pause: Duration::from_millis(limits.pause_timeout_ms),
             },
-        };
+        })
+    }
+
+    /// The executors a checkpoint waits for: every data executor and PS shard, and the
+    /// trainers still training.
+    fn participants(&self) -> checkpoint::Participants {
         let endpoints = self.endpoints();
-        let participants = checkpoint::Participants {
-            data_executors: with_role(&endpoints, Role::DataExecutor),
-            ps: with_role(&endpoints, Role::Ps),
+        let of_role = |role| with_role(&endpoints, role).into_iter().cloned().collect();
+        checkpoint::Participants {
+            data_executors: of_role(Role::DataExecutor),
+            ps: of_role(Role::Ps),
             trainers: with_role(&endpoints, Role::Trainer)
                 .into_iter()
                 .map(|e| e.id.clone())
                 .filter(|id| !self.trainers_done.contains(id))
                 .collect(),
-        };
-        let taken = coordinator
-            .take(id, self.committed.as_ref(), &participants)
-            .await;
+        }
+    }
+
+    /// Says how checkpoint `id` went in the Job's `Checkpoint` condition (a failed one is
+    /// reported and training goes on) and keeps its record once committed.
+    pub(super) async fn on_checkpoint_done(
+        &mut self,
+        id: u64,
+        taken: Result<checkpoint::Taken, CheckpointError>,
+    ) -> ControlFlow<Outcome> {
         let job = self.name.as_str();
-        let committed = match taken {
+        match taken {
             Ok(taken) => {
                 let record = taken.record;
                 let kind = if record.chain_start == id {
@@ -171,7 +189,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
                 tracing::info!(job, %message, "checkpoint committed");
                 self.writer
                     .condition("Checkpoint", true, "Checkpointed", message);
-                Some(record)
+                self.committed = Some(record);
             }
             Err(e) => {
                 tracing::warn!(job, checkpoint = id, error = %e, "checkpoint abandoned");
@@ -182,11 +200,10 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
                 let message = format!("checkpoint {id}: {e}");
                 self.writer
                     .condition("Checkpoint", false, "CheckpointFailed", message);
-                None
             }
-        };
+        }
         self.writer.write().await;
-        committed
+        ControlFlow::Continue(())
     }
 
     /// Snapshots every PS shard of the finished Job under `uri/final/<shard id>`; returns

@@ -2,9 +2,9 @@
 //! master shutdown), then stops its executors. [`JobRun::start`] checks the Job against its
 //! Dataset, sets up its task queue (rolled back to the latest checkpoint), starts its PS
 //! shards, restores them, and starts its data executors and trainers; [`JobRun::follow`]
-//! then waits for events (a status tick, a checkpoint tick, a metrics report, a restarted
-//! PS shard's recovery, a backend event, a new generation of the spec), each with its own
-//! handler. Any handler may end the Job with an [`Outcome`].
+//! then waits for events (a status tick, a checkpoint tick, a checkpoint done, a metrics
+//! report, a restarted PS shard's recovery, a backend event, a new generation of the spec),
+//! each with its own handler. Any handler may end the Job with an [`Outcome`].
 
 mod autoscale;
 mod checkpoints;
@@ -192,12 +192,18 @@ pub(crate) struct JobRun<'a, B, C> {
     batch_done_declared: bool,
     committed: Option<CheckpointRecord>,
     next_checkpoint: u64,
+    /// The checkpoint being taken: its id and outcome once done (aborted when the run ends).
+    checkpoint_in_flight: Option<JoinHandle<TakenCheckpoint>>,
 }
+
+/// A checkpoint's id and how taking it went.
+type TakenCheckpoint = (u64, Result<checkpoint::Taken, checkpoint::CheckpointError>);
 
 /// What the run waits for.
 enum Event {
     StatusTick,
     CheckpointTick,
+    CheckpointDone(Result<TakenCheckpoint, tokio::task::JoinError>),
     Report(MetricsReport),
     ShardRecovered(Recovered),
     Backend(Result<BackendEvent, broadcast::error::RecvError>),
@@ -211,6 +217,9 @@ impl<B, C> Drop for JobRun<'_, B, C> {
         }
         for task in &self.background {
             task.abort();
+        }
+        if let Some(checkpoint) = &self.checkpoint_in_flight {
+            checkpoint.abort();
         }
     }
 }
@@ -368,6 +377,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             trainers_done: BTreeSet::new(),
             batch_done_declared: false,
             next_checkpoint: restored.as_ref().map_or(0, |r| r.id) + 1,
+            checkpoint_in_flight: None,
             committed: restored,
             name,
         })
@@ -383,14 +393,25 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             let event = tokio::select! {
                 _ = status_ticks.tick() => Event::StatusTick,
                 _ = tick(&mut checkpoint_ticks) => Event::CheckpointTick,
+                taken = finished(&mut self.checkpoint_in_flight) => Event::CheckpointDone(taken),
                 Some(report) = self.reports.recv() => Event::Report(report),
                 Some(recovered) = self.recovered.recv() => Event::ShardRecovered(recovered),
                 event = self.backend_events.recv() => Event::Backend(event),
-                Ok(()) = self.specs.changed() => Event::SpecChanged(self.specs.borrow_and_update().clone()),
+                // A new generation may stop executors the barrier waits for: after it.
+                Ok(()) = self.specs.changed(), if self.checkpoint_in_flight.is_none() => {
+                    Event::SpecChanged(self.specs.borrow_and_update().clone())
+                }
             };
             let flow = match event {
                 Event::StatusTick => self.on_status_tick().await,
                 Event::CheckpointTick => self.on_checkpoint_tick().await,
+                Event::CheckpointDone(Ok((id, taken))) => self.on_checkpoint_done(id, taken).await,
+                Event::CheckpointDone(Err(e)) => {
+                    let message = format!("the checkpoint task ended: {e}");
+                    self.writer
+                        .condition("Checkpoint", false, "CheckpointFailed", message);
+                    ControlFlow::Continue(())
+                }
                 Event::Report(report) => self.on_report(report),
                 Event::ShardRecovered(recovered) => self.on_shard_recovered(recovered).await,
                 Event::Backend(event) => self.on_backend_event(event).await,
@@ -486,6 +507,13 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             let (task, error) = failures.into_iter().next().unwrap_or_default();
             let message = format!("task {task}: {error}");
             return ControlFlow::Break(Outcome::failed("TaskFailed", message));
+        }
+        if self.checkpoint_in_flight.is_some() {
+            // Its barrier holds the data executors paused and waits for the trainers:
+            // nothing that ends, stops or moves them runs before it is done, but progress
+            // is written as usual.
+            self.report_progress(&counts, all_planned).await;
+            return ControlFlow::Continue(());
         }
         let batch_finished = all_planned && counts.pending == 0 && counts.running == 0;
         // A batch Job ends when its data is read and every trainer has trained on all it
@@ -604,6 +632,18 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
     fn endpoints(&self) -> Vec<Endpoint> {
         executors::endpoints(self.context, &self.name)
     }
+}
+
+/// Waits for the checkpoint in flight to finish and clears it; forever when there is none.
+async fn finished(
+    in_flight: &mut Option<JoinHandle<TakenCheckpoint>>,
+) -> Result<TakenCheckpoint, tokio::task::JoinError> {
+    let Some(handle) = in_flight else {
+        return std::future::pending().await;
+    };
+    let taken = handle.await;
+    *in_flight = None;
+    taken
 }
 
 /// Waits for the next tick of `ticks`; forever when there are none.

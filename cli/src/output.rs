@@ -241,6 +241,12 @@ pub fn describe(resource: &Resource) -> anyhow::Result<String> {
         if let Some(auc) = p.auc {
             parts.push(format!("AUC {auc:.4}"));
         }
+        if p.retrained_samples > 0 {
+            parts.push(format!(
+                "{} samples trained again after rollbacks",
+                p.retrained_samples
+            ));
+        }
         field("Progress:", parts.join(", "));
     }
     if let Some(r) = &status.replicas {

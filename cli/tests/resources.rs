@@ -254,6 +254,7 @@ fn job_status(phase: Phase, fraction: f64, reason: &str) -> Status {
             fraction: Some(fraction),
             samples_per_second: 500.0,
             auc: Some(0.75),
+            retrained_samples: 0,
         }),
         ..Status::default()
     }

@@ -480,17 +480,37 @@ pub struct CheckpointSpec {
     /// reads the chain back to the full one. 1: every checkpoint is full.
     #[serde(default = "defaults::full_every")]
     pub full_every: u32,
+    /// What a crashed PS shard costs the Job.
+    #[serde(default)]
+    pub on_ps_failure: PsFailure,
 }
 
 impl CheckpointSpec {
-    /// A checkpoint under `uri` every `interval_seconds`, with the file default `full_every`.
+    /// A checkpoint under `uri` every `interval_seconds`, with the file defaults.
     pub fn new(uri: &str, interval_seconds: u64) -> Self {
         Self {
             uri: uri.to_owned(),
             interval_seconds,
             full_every: defaults::full_every(),
+            on_ps_failure: PsFailure::default(),
         }
     }
+}
+
+/// What a Job does when one of its PS shards crashes and is restarted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PsFailure {
+    /// The shard alone is restored from the latest checkpoint and loses its updates since
+    /// (Monolith §2.3); the other shards, the trainers and the data position go on, and the
+    /// `ShardRestored` condition says how many steps and samples the shard lost.
+    #[default]
+    RestoreShard,
+    /// The whole Job returns to the latest checkpoint (every PS shard, the task offsets and
+    /// the trainers' totals; to the start without one), so no Parquet row's update is lost
+    /// or applied twice; the rows trained since are trained again. Stream sources are not
+    /// rewound: their rows trained since the checkpoint are lost.
+    Rollback,
 }
 
 /// The longest chain of incremental checkpoints `full_every` may ask for.

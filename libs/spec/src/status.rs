@@ -63,6 +63,10 @@ pub struct Progress {
     /// Progressive-validation AUC over the trainers' evaluation windows.
     #[serde(default)]
     pub auc: Option<f64>,
+    /// Samples trained before a rollback to a checkpoint (`on_ps_failure: rollback`) that
+    /// the Job trains again; `samples` counts from the checkpoint's.
+    #[serde(default)]
+    pub retrained_samples: u64,
 }
 
 /// How many executors of each role a Job runs now (its spec's replicas are where it

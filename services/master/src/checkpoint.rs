@@ -184,6 +184,11 @@ impl KnownTotals {
             })
     }
 
+    /// Every trainer's totals become `totals` (the Job rolled back to a checkpoint).
+    pub fn reset(&self, totals: BTreeMap<String, TrainerTotals>) {
+        *self.totals.lock().unwrap_or_else(|p| p.into_inner()) = totals;
+    }
+
     pub fn get(&self, trainer: &str) -> TrainerTotals {
         self.totals
             .lock()
@@ -612,9 +617,9 @@ pub async fn restore_shard(
         .map_err(|status| failed(status.message().to_owned()))
 }
 
-/// Lets `shard` (started with `ps.await_restore`) serve training calls with the rows it
-/// has: the Job has no checkpoint to restore.
-pub async fn open_shard(shard: &Endpoint) -> Result<(), CheckpointError> {
+/// Lets `shard` (started with `ps.await_restore`) serve training calls: the Job has no
+/// checkpoint to restore. With `empty` it drops what it holds first.
+pub async fn open_shard(shard: &Endpoint, empty: bool) -> Result<(), CheckpointError> {
     let failed = |message: String| CheckpointError::Ps {
         id: shard.id.clone(),
         addr: shard.grpc_addr.clone(),
@@ -622,7 +627,7 @@ pub async fn open_shard(shard: &Endpoint) -> Result<(), CheckpointError> {
     };
     let mut client = ParameterServerClient::new(channel(&shard.grpc_addr).map_err(failed)?);
     client
-        .open(OpenRequest {})
+        .open(OpenRequest { empty })
         .await
         .map(drop)
         .map_err(|status| failed(status.message().to_owned()))

@@ -167,6 +167,7 @@ impl MetricsFold {
                 .filter_map(|r| r.gauges.get("samples_per_second"))
                 .sum(),
             auc: (!aucs.is_empty()).then(|| aucs.iter().sum::<f64>() / aucs.len() as f64),
+            retrained_samples: 0,
         })
     }
 }

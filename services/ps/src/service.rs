@@ -510,7 +510,16 @@ impl ParameterServer for Ps {
         Ok(Response::new(RestoreResponse { version, rows }))
     }
 
-    async fn open(&self, _: Request<OpenRequest>) -> Result<Response<OpenResponse>, Status> {
+    async fn open(&self, request: Request<OpenRequest>) -> Result<Response<OpenResponse>, Status> {
+        if request.into_inner().empty {
+            let fence = self.fence.write().unwrap_or_else(PoisonError::into_inner);
+            for (_, table) in self.tables.iter() {
+                table.clear();
+            }
+            let tensors = self.dense.forget(|_| false);
+            drop(fence);
+            tracing::info!(tensors, "every row and dense tensor dropped");
+        }
         if !self.open.swap(true, Ordering::AcqRel) {
             tracing::info!("open for training without a restore");
         }

@@ -29,7 +29,8 @@ pub const ENV_EXECUTOR_ID: &str = "PRIMUS_EXECUTOR_ID";
 pub const ENV_MASTER_ADDR: &str = "PRIMUS_MASTER_ADDR";
 
 struct Supervised {
-    stop: watch::Sender<bool>,
+    /// The grace a stop gives the process (SIGTERM, then SIGKILL after it); None: run.
+    stop: watch::Sender<Option<Duration>>,
     supervisor: JoinHandle<()>,
     /// The running process's pid (0 while none runs), kept by the supervisor.
     pid: Arc<AtomicU32>,
@@ -103,7 +104,22 @@ impl LocalBackend {
     /// Stops every process this backend started.
     pub async fn shutdown(&self) {
         let all: Vec<Supervised> = self.lock().drain().map(|(_, s)| s).collect();
-        stop_all(all).await;
+        stop_all(all, self.grace()).await;
+    }
+
+    /// How long a stopped process may take to drain.
+    fn grace(&self) -> Duration {
+        Duration::from_millis(self.settings.stop_grace_ms)
+    }
+
+    /// Executor `id` of `job`, out of the supervised ones.
+    fn take(&self, job: &str, id: &str) -> Result<Supervised, BackendError> {
+        self.lock()
+            .remove(&(job.to_owned(), id.to_owned()))
+            .ok_or_else(|| BackendError::Unknown {
+                job: job.into(),
+                id: id.into(),
+            })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Supervised>> {
@@ -225,7 +241,7 @@ impl ResourceBackend for LocalBackend {
             binary: launch.binary.display().to_string(),
             message,
         })?;
-        let (stop, stopped) = watch::channel(false);
+        let (stop, stopped) = watch::channel(None);
         let pid = Arc::new(AtomicU32::new(child.id().unwrap_or(0)));
         let supervisor = tokio::spawn(supervise(
             launch,
@@ -253,7 +269,7 @@ impl ResourceBackend for LocalBackend {
             .lock()
             .insert((spec.job.clone(), id.clone()), supervised);
         if let Some(previous) = previous {
-            stop_all(vec![previous]).await;
+            stop_all(vec![previous], self.grace()).await;
         }
         tracing::info!(job = %spec.job, %id, %grpc_addr, "executor started");
         Ok(Executor {
@@ -265,14 +281,14 @@ impl ResourceBackend for LocalBackend {
     }
 
     async fn release(&self, job: &str, id: &str) -> Result<(), BackendError> {
-        let supervised = self
-            .lock()
-            .remove(&(job.to_owned(), id.to_owned()))
-            .ok_or_else(|| BackendError::Unknown {
-                job: job.into(),
-                id: id.into(),
-            })?;
-        stop_all(vec![supervised]).await;
+        let supervised = self.take(job, id)?;
+        stop_all(vec![supervised], self.grace()).await;
+        Ok(())
+    }
+
+    async fn kill(&self, job: &str, id: &str) -> Result<(), BackendError> {
+        let supervised = self.take(job, id)?;
+        stop_all(vec![supervised], Duration::ZERO).await;
         Ok(())
     }
 
@@ -286,7 +302,7 @@ impl ResourceBackend for LocalBackend {
                 .collect();
             keys.iter().filter_map(|k| processes.remove(k)).collect()
         };
-        stop_all(mine).await;
+        stop_all(mine, self.grace()).await;
     }
 
     /// Executors here are processes of this host sharing its memory: one may be given more
@@ -348,9 +364,9 @@ impl ResourceBackend for LocalBackend {
     }
 }
 
-async fn stop_all(processes: Vec<Supervised>) {
+async fn stop_all(processes: Vec<Supervised>, grace: Duration) {
     for process in &processes {
-        let _ = process.stop.send(true);
+        let _ = process.stop.send(Some(grace));
     }
     for process in processes {
         let _ = process.supervisor.await;
@@ -475,12 +491,12 @@ struct Restarts {
 }
 
 /// Waits on the child; restarts it after a crash (with doubling backoff) until it has
-/// crashed more than `max` times; stops it when `stop` turns true.
+/// crashed more than `max` times; stops it, with the grace given, when `stop` is set.
 async fn supervise(
     launch: Launch,
     mut child: Child,
     mut log_start: u64,
-    mut stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<Option<Duration>>,
     pid: Arc<AtomicU32>,
     restarts: Restarts,
 ) {
@@ -489,8 +505,8 @@ async fn supervise(
     loop {
         let status = tokio::select! {
             status = child.wait() => status,
-            _ = stopped(&mut stop) => {
-                terminate(&mut child, restarts.grace).await;
+            grace = stopped(&mut stop, restarts.grace) => {
+                terminate(&mut child, grace).await;
                 break;
             }
         };
@@ -528,7 +544,7 @@ async fn supervise(
         });
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = stopped(&mut stop) => break,
+            _ = stopped(&mut stop, restarts.grace) => break,
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
         (child, log_start) = match launch.spawn() {
@@ -549,9 +565,12 @@ async fn supervise(
     let _ = std::fs::remove_file(&launch.pid_file);
 }
 
-/// Resolves once a stop was asked for (or the backend is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stop| *stop).await;
+/// The grace of a stop once one was asked for (`otherwise` when the backend is gone).
+async fn stopped(stop: &mut watch::Receiver<Option<Duration>>, otherwise: Duration) -> Duration {
+    match stop.wait_for(Option::is_some).await {
+        Ok(grace) => grace.unwrap_or(otherwise),
+        Err(_) => otherwise,
+    }
 }
 
 /// SIGTERM, then SIGKILL if it has not exited within `grace`.

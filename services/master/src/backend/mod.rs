@@ -188,6 +188,10 @@ pub trait ResourceBackend: Send + Sync + 'static {
     fn release(&self, job: &str, id: &str)
     -> impl Future<Output = Result<(), BackendError>> + Send;
 
+    /// Stops one executor at once (SIGKILL for a process, a pod deleted without grace):
+    /// nothing it would still do counts, as when the Job rolls back to a checkpoint.
+    fn kill(&self, job: &str, id: &str) -> impl Future<Output = Result<(), BackendError>> + Send;
+
     /// Stops every executor of `job`.
     fn release_job(&self, job: &str) -> impl Future<Output = ()> + Send;
 

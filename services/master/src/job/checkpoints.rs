@@ -63,14 +63,17 @@ pub(super) async fn abandon_on_crash(
 
 impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
     /// Opens every PS shard for training: restored from the latest checkpoint when there is
-    /// one, as they are (empty) when not.
-    pub(super) async fn restore_or_open_ps(&mut self) -> Result<(), Outcome> {
+    /// one, else as they are (emptied first with `empty`).
+    pub(super) async fn restore_or_open_ps(&mut self, empty: bool) -> Result<(), Outcome> {
         if let Some(record) = self.committed.clone() {
             return self.restore_ps(&record).await;
         }
         let endpoints = self.endpoints();
         let shards = primus_proto::role_endpoints(&endpoints, Role::Ps);
-        for opened in futures::future::join_all(shards.iter().map(checkpoint::open_shard)).await {
+        let opens = shards
+            .iter()
+            .map(|shard| checkpoint::open_shard(shard, empty));
+        for opened in futures::future::join_all(opens).await {
             opened.map_err(|e| Outcome::failed("ShardOpenFailed", e.to_string()))?;
         }
         Ok(())

@@ -12,6 +12,7 @@ pub(crate) mod executors;
 mod memory;
 mod recovery;
 mod reshard;
+mod rollback;
 mod scaling;
 mod status;
 mod stragglers;
@@ -42,7 +43,7 @@ use crate::plan::{Catalog, ListingCache, StreamPlan};
 use crate::queue::{QueueCounts, TaskQueue};
 use crate::tasks::JobTasks;
 use executors::{JobParts, start_executors, wait_ready};
-use recovery::{Recovered, recover_restarted_shards};
+use recovery::{Recovered, ShardRestart, recover_restarted_shards};
 use status::JobStatus;
 
 /// Runs the Job of `resource` (whose status is `status`) until it ends, then writes its
@@ -181,7 +182,7 @@ pub(crate) struct JobRun<'a, B, C> {
     background: Vec<JoinHandle<()>>,
     fold: MetricsFold,
     reports: mpsc::Receiver<MetricsReport>,
-    recovered: mpsc::Receiver<Recovered>,
+    recovered: mpsc::Receiver<ShardRestart>,
     backend_events: broadcast::Receiver<BackendEvent>,
     /// The Job's resource as last applied (a new generation may change its replicas).
     specs: watch::Receiver<Resource>,
@@ -194,6 +195,8 @@ pub(crate) struct JobRun<'a, B, C> {
     next_checkpoint: u64,
     /// The checkpoint being taken: its id and outcome once done (aborted when the run ends).
     checkpoint_in_flight: Option<JoinHandle<TakenCheckpoint>>,
+    /// Samples trained before rollbacks and trained again since.
+    retrained_samples: u64,
 }
 
 /// A checkpoint's id and how taking it went.
@@ -205,7 +208,7 @@ enum Event {
     CheckpointTick,
     CheckpointDone(Result<TakenCheckpoint, tokio::task::JoinError>),
     Report(MetricsReport),
-    ShardRecovered(Recovered),
+    ShardRestarted(ShardRestart),
     Backend(Result<BackendEvent, broadcast::error::RecvError>),
     SpecChanged(Resource),
 }
@@ -254,7 +257,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let parts = run.job.parts(&run.name);
         start_executors(context, &parts, &[ExecutorRole::Ps, ExecutorRole::Serving]).await?;
         wait_ready(context, &run.name).await?;
-        run.restore_or_open_ps().await?;
+        run.restore_or_open_ps(false).await?;
         let parts = run.job.parts(&run.name);
         let roles = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];
         start_executors(context, &parts, &roles).await?;
@@ -353,6 +356,12 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 name.clone(),
                 recovery.clone(),
                 tasks.trainer_totals.clone(),
+                checked
+                    .spec
+                    .checkpoint
+                    .as_ref()
+                    .map(|c| c.on_ps_failure)
+                    .unwrap_or_default(),
                 recovered_tx,
             )),
         ];
@@ -378,6 +387,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             batch_done_declared: false,
             next_checkpoint: restored.as_ref().map_or(0, |r| r.id) + 1,
             checkpoint_in_flight: None,
+            retrained_samples: 0,
             committed: restored,
             name,
         })
@@ -395,7 +405,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 _ = tick(&mut checkpoint_ticks) => Event::CheckpointTick,
                 taken = finished(&mut self.checkpoint_in_flight) => Event::CheckpointDone(taken),
                 Some(report) = self.reports.recv() => Event::Report(report),
-                Some(recovered) = self.recovered.recv() => Event::ShardRecovered(recovered),
+                Some(restart) = self.recovered.recv() => Event::ShardRestarted(restart),
                 event = self.backend_events.recv() => Event::Backend(event),
                 // A new generation may stop executors the barrier waits for: after it.
                 Ok(()) = self.specs.changed(), if self.checkpoint_in_flight.is_none() => {
@@ -413,7 +423,12 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                     ControlFlow::Continue(())
                 }
                 Event::Report(report) => self.on_report(report),
-                Event::ShardRecovered(recovered) => self.on_shard_recovered(recovered).await,
+                Event::ShardRestarted(ShardRestart::Restored(recovered)) => {
+                    self.on_shard_recovered(recovered).await
+                }
+                Event::ShardRestarted(ShardRestart::RollBack(shard)) => {
+                    self.roll_back(&shard).await
+                }
                 Event::Backend(event) => self.on_backend_event(event).await,
                 Event::SpecChanged(resource) => self.on_spec_changed(resource).await,
             };
@@ -575,12 +590,15 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let fraction = (all_planned && !self.has_streams && counts.total > 0)
             .then(|| counts.succeeded as f64 / counts.total as f64);
         let metrics_changed = self.fold.tick(now_ms());
-        let progress = self.fold.progress(fraction).or_else(|| {
+        let mut progress = self.fold.progress(fraction).or_else(|| {
             fraction.map(|f| Progress {
                 fraction: Some(f),
                 ..Default::default()
             })
         });
+        if let Some(progress) = &mut progress {
+            progress.retrained_samples = self.retrained_samples;
+        }
         if progress != self.writer.status.progress {
             self.writer.status.progress = progress;
             self.writer.write().await;
@@ -623,7 +641,10 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             self.fold.add(report);
         }
         self.fold.tick(now_ms());
-        let progress = self.fold.progress(Some(1.0));
+        let mut progress = self.fold.progress(Some(1.0));
+        if let Some(progress) = &mut progress {
+            progress.retrained_samples = self.retrained_samples;
+        }
         self.writer.status.progress = progress.or(self.writer.status.progress.take());
         metrics::write(&self.context.api, &self.name, &self.fold).await;
     }

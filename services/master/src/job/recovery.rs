@@ -2,12 +2,14 @@
 //! gets back its rows of the Job's latest committed checkpoint. The updates it took since
 //! then are lost (the `ShardRestored` condition says of how many steps and samples) and the
 //! other shards keep theirs; a Job with no committed checkpoint goes on with the shard
-//! empty.
+//! empty. With `on_ps_failure: rollback` the Job's loop rolls the whole Job back instead
+//! (`rollback.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use primus_proto::v1::{Endpoint, Role};
+use primus_spec::job::PsFailure;
 use tokio::sync::{broadcast, mpsc};
 
 use super::executors::{READY_TIMEOUT, serving};
@@ -19,7 +21,16 @@ use crate::topology::Topologies;
 /// A recovered shard's condition reason and message, or the error that fails the Job.
 pub(crate) type Recovered = Result<(&'static str, String), String>;
 
-/// Restores every PS shard of `job` the backend restarts, sending how each went. The
+/// What a restarted PS shard asks of the Job.
+pub(crate) enum ShardRestart {
+    /// `restore_shard`: it was restored alone ([`Recovered`]).
+    Restored(Recovered),
+    /// `rollback`: the Job returns to its checkpoint (the shard awaits that restore).
+    RollBack(String),
+}
+
+/// Restores every PS shard of `job` the backend restarts, sending how each went, or with
+/// `on_ps_failure: rollback` asks the Job to roll back. The
 /// new address of an executor whose replacement moved (a new pod) goes into the topology
 /// here, in the order of the backend's events, so the restore that follows reaches it.
 pub(crate) async fn recover_restarted_shards(
@@ -29,7 +40,8 @@ pub(crate) async fn recover_restarted_shards(
     job: String,
     recovery: Arc<ShardRecovery>,
     totals: Arc<KnownTotals>,
-    outcomes: mpsc::Sender<Recovered>,
+    policy: PsFailure,
+    outcomes: mpsc::Sender<ShardRestart>,
 ) {
     loop {
         let shard = match events.recv().await {
@@ -63,8 +75,18 @@ pub(crate) async fn recover_restarted_shards(
             continue;
         };
         recovery.restarting(&shard);
-        let outcome = recover_shard(&queue, endpoint, &shards, &totals).await;
-        recovery.restored();
+        let outcome = match policy {
+            // The Job's loop restores every shard and says when it is done.
+            PsFailure::Rollback => match serving_again(endpoint).await {
+                Ok(()) => ShardRestart::RollBack(shard),
+                Err(message) => ShardRestart::Restored(Err(message)),
+            },
+            PsFailure::RestoreShard => {
+                let recovered = recover_shard(&queue, endpoint, &shards, &totals).await;
+                recovery.restored();
+                ShardRestart::Restored(recovered)
+            }
+        };
         if outcomes.send(outcome).await.is_err() {
             return;
         }
@@ -77,24 +99,11 @@ async fn recover_shard(
     shards: &[Endpoint],
     totals: &KnownTotals,
 ) -> Recovered {
-    // The crashed process is gone once the backend reports the restart, so the first
-    // SERVING answer comes from its successor.
-    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-    while !serving(&shard.grpc_addr).await {
-        if tokio::time::Instant::now() > deadline {
-            return Err(format!(
-                "{} at {} did not serve again within {}s of its restart",
-                shard.id,
-                shard.grpc_addr,
-                READY_TIMEOUT.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    serving_again(shard).await?;
     // What the shard held beyond the checkpoint: the updates of every step since.
     let trained = totals.sum();
     let Some(record) = checkpoint::latest(queue).await.map_err(|e| e.to_string())? else {
-        checkpoint::open_shard(shard)
+        checkpoint::open_shard(shard, false)
             .await
             .map_err(|e| e.to_string())?;
         return Ok((
@@ -118,4 +127,22 @@ async fn recover_shard(
             shard.id, record.id, record.uri
         ),
     ))
+}
+
+/// Waits until the restarted `shard` serves. The crashed process is gone once the backend
+/// reports the restart, so the first SERVING answer comes from its successor.
+async fn serving_again(shard: &Endpoint) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    while !serving(&shard.grpc_addr).await {
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!(
+                "{} at {} did not serve again within {}s of its restart",
+                shard.id,
+                shard.grpc_addr,
+                READY_TIMEOUT.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }

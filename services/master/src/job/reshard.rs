@@ -120,7 +120,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         // rows they get before it are imported ones.
         for shard in added.iter() {
             wait_serving(shard).await?;
-            checkpoint::open_shard(shard)
+            checkpoint::open_shard(shard, false)
                 .await
                 .map_err(|e| e.to_string())?;
         }

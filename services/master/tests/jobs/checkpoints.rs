@@ -1,12 +1,14 @@
 //! Checkpoints and recovery through the real services: a Job restarted under a new master
-//! continues from its checkpoint, a killed PS shard comes back with the checkpoint's rows,
-//! a killed trainer continues its counters, a crash during a barrier abandons it at once.
+//! continues from its checkpoint, a killed PS shard comes back with the checkpoint's rows
+//! (or, with `on_ps_failure: rollback`, the whole Job goes back to the checkpoint), a killed
+//! trainer continues its counters, a crash during a barrier abandons it at once.
 
 use std::path::Path;
 use std::time::Duration;
 
 use primus_harness::{Sandbox, condition};
 use primus_master::checkpoint;
+use primus_spec::job::PsFailure;
 use primus_spec::status::{Phase, Status};
 use primus_testkit::service::signal;
 
@@ -223,6 +225,92 @@ async fn a_killed_ps_shard_comes_back_with_the_rows_of_the_latest_checkpoint() {
         "AUC {auc:.4} after losing ps-0's updates since checkpoint {checkpoint_id} is not within 0.03 of the best achievable {best:.4}"
     );
     eprintln!("{}; AUC {auc:.4} (best {best:.4})", restored.message);
+    master.stop();
+}
+
+/// `on_ps_failure: rollback`: a PS shard killed mid-job returns the whole Job to its latest
+/// checkpoint (every shard restored, data and trainers back to its offsets and totals), so
+/// every row is trained into the final model exactly once: the trained count ends at the
+/// data set's row count exactly, and the samples trained since the checkpoint are counted
+/// as trained again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_ps_shard_under_rollback_returns_the_job_to_its_checkpoint_and_trains_each_row_once()
+ {
+    let sandbox = Sandbox::start().await;
+    let best = apply_criteo_dataset(&sandbox).await;
+    let master = start_master_with(&sandbox, &data_executor());
+    let job = "dlrm-ps-rollback";
+    let spec = dlrm_job(&sandbox, job, 1, 3).with(|spec| {
+        if let Some(checkpoint) = &mut spec.checkpoint {
+            checkpoint.on_ps_failure = PsFailure::Rollback;
+        }
+    });
+    sandbox.apply([spec.build()]).await;
+    let queue = job_queue(&sandbox, job).await;
+    let record = checkpoint_where(&sandbox, &queue, job, |_| true).await;
+    // Killed once the trainer reported samples past the checkpoint: those are lost with
+    // ps-0's updates and must be trained again.
+    loop {
+        let status = sandbox.status(job).await;
+        let reported = status.progress.map_or(0, |p| p.samples);
+        assert!(!status.phase.is_terminal(), "{job} ended before the kill");
+        if reported > record.samples() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal(sandbox.pids(job)["ps-0"], "KILL").expect("kill ps-0");
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let rolled_back = loop {
+        let status = sandbox.status(job).await;
+        if let Some(c) = status.conditions.iter().find(|c| c.kind == "RolledBack") {
+            break c.clone();
+        }
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "no rollback after ps-0 was killed: {status:?}\n{}",
+            sandbox.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(rolled_back.reason, "ToCheckpoint", "{rolled_back:?}");
+    let to = rolled_back
+        .message
+        .strip_prefix("ps-0 crashed: the Job returned to checkpoint ")
+        .and_then(|rest| rest.split_once(' '))
+        .and_then(|(id, _)| id.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("unexpected message: {rolled_back:?}"));
+    assert!(to >= record.id, "{rolled_back:?} vs {record:?}");
+
+    let status = sandbox
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    assert!(
+        !status.conditions.iter().any(|c| c.kind == "ShardRestored"),
+        "ps-0 was not restored alone: {status:?}"
+    );
+    let progress = status.progress.clone().expect("progress");
+    assert_eq!(
+        progress.samples, DLRM_ROWS,
+        "every row trained once into the final model: {progress:?}"
+    );
+    assert!(
+        progress.retrained_samples > 0
+            && rolled_back
+                .message
+                .ends_with(&format!("{} in all", progress.retrained_samples)),
+        "the samples trained after the checkpoint are counted as trained again: {progress:?}, {rolled_back:?}"
+    );
+    let auc = progress.auc.expect("an AUC");
+    assert!(
+        auc > best - 0.02,
+        "AUC {auc:.4} after the rollback is not within 0.02 of the best achievable {best:.4}"
+    );
+    eprintln!(
+        "{}; {} samples trained again; AUC {auc:.4} (best {best:.4})",
+        rolled_back.message, progress.retrained_samples
+    );
     master.stop();
 }
 

@@ -210,7 +210,7 @@ async fn open_lets_a_shard_awaiting_its_restore_train_without_one() {
     let keys = batch(0, 50);
     let refused = raw.push(push(&keys)).await.expect_err("a push before Open");
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
-    raw.open(OpenRequest {}).await.expect("open");
+    raw.open(OpenRequest { empty: false }).await.expect("open");
     let pushed = raw.push(push(&keys)).await.expect("a push after Open");
     assert_eq!(pushed.into_inner().applied, keys.len() as u64);
 }

@@ -122,6 +122,36 @@ impl KubernetesBackend {
     pub fn pods(&self) -> Api<Pod> {
         self.inner.pods.clone()
     }
+
+    /// Deletes executor `id`'s pod (at once with `force`) and waits until it is gone, then
+    /// its settings Secret.
+    async fn delete_executor(&self, job: &str, id: &str, force: bool) -> Result<(), BackendError> {
+        let key = (job.to_owned(), id.to_owned());
+        let inner = &self.inner;
+        let known = inner.lock().wanted.remove(&key).is_some();
+        if !known {
+            return Err(BackendError::Unknown {
+                job: job.into(),
+                id: id.into(),
+            });
+        }
+        let name = render::pod_name(job, id);
+        inner.delete_pod(&name, force).await?;
+        let grace = match force {
+            true => RESYNC,
+            false => Duration::from_millis(inner.settings.stop_grace_ms) + RESYNC,
+        };
+        inner
+            .wait_for(grace, |state| {
+                (!state.observed.contains_key(&key)).then_some(())
+            })
+            .await;
+        match inner.secrets.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(api_error("deleting the settings Secret")(e)),
+        }
+    }
 }
 
 impl Inner {
@@ -575,28 +605,11 @@ impl ResourceBackend for KubernetesBackend {
     }
 
     async fn release(&self, job: &str, id: &str) -> Result<(), BackendError> {
-        let key = (job.to_owned(), id.to_owned());
-        let inner = &self.inner;
-        let known = inner.lock().wanted.remove(&key).is_some();
-        if !known {
-            return Err(BackendError::Unknown {
-                job: job.into(),
-                id: id.into(),
-            });
-        }
-        let name = render::pod_name(job, id);
-        inner.delete_pod(&name, false).await?;
-        let grace = Duration::from_millis(inner.settings.stop_grace_ms) + RESYNC;
-        inner
-            .wait_for(grace, |state| {
-                (!state.observed.contains_key(&key)).then_some(())
-            })
-            .await;
-        match inner.secrets.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(e) => Err(api_error("deleting the settings Secret")(e)),
-        }
+        self.delete_executor(job, id, false).await
+    }
+
+    async fn kill(&self, job: &str, id: &str) -> Result<(), BackendError> {
+        self.delete_executor(job, id, true).await
     }
 
     async fn release_job(&self, job: &str) {

@@ -43,7 +43,7 @@ use crate::plan::{Catalog, ListingCache, StreamPlan};
 use crate::queue::{QueueCounts, TaskQueue};
 use crate::tasks::JobTasks;
 use executors::{JobParts, start_executors, wait_ready};
-use recovery::{Recovered, ShardRestart, recover_restarted_shards};
+use recovery::{Recovered, ShardRestart, ShardRestarts, recover_restarted_shards};
 use status::JobStatus;
 
 /// Runs the Job of `resource` (whose status is `status`) until it ends, then writes its
@@ -351,17 +351,16 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             )),
             tokio::spawn(recover_restarted_shards(
                 context.backend.events(),
-                queue.clone(),
-                context.topologies.clone(),
-                name.clone(),
-                recovery.clone(),
-                tasks.trainer_totals.clone(),
-                checked
-                    .spec
-                    .checkpoint
-                    .as_ref()
-                    .map(|c| c.on_ps_failure)
-                    .unwrap_or_default(),
+                ShardRestarts {
+                    job: name.clone(),
+                    queue: queue.clone(),
+                    topologies: context.topologies.clone(),
+                    recovery: recovery.clone(),
+                    totals: tasks.trainer_totals.clone(),
+                    policy: (checked.spec.checkpoint.as_ref())
+                        .map(|c| c.on_ps_failure)
+                        .unwrap_or_default(),
+                },
                 recovered_tx,
             )),
         ];

@@ -29,20 +29,34 @@ pub(crate) enum ShardRestart {
     RollBack(String),
 }
 
-/// Restores every PS shard of `job` the backend restarts, sending how each went, or with
-/// `on_ps_failure: rollback` asks the Job to roll back. The
-/// new address of an executor whose replacement moved (a new pod) goes into the topology
-/// here, in the order of the backend's events, so the restore that follows reaches it.
+/// What the recovery of one Job's restarted PS shards works with.
+pub(crate) struct ShardRestarts {
+    pub(crate) job: String,
+    pub(crate) queue: TaskQueue,
+    pub(crate) topologies: Topologies,
+    pub(crate) recovery: Arc<ShardRecovery>,
+    pub(crate) totals: Arc<KnownTotals>,
+    /// `spec.checkpoint.on_ps_failure`.
+    pub(crate) policy: PsFailure,
+}
+
+/// Restores every PS shard of the Job the backend restarts, sending how each went, or with
+/// `on_ps_failure: rollback` asks the Job to roll back. The new address of an executor
+/// whose replacement moved (a new pod) goes into the topology here, in the order of the
+/// backend's events, so the restore that follows reaches it.
 pub(crate) async fn recover_restarted_shards(
     mut events: broadcast::Receiver<BackendEvent>,
-    queue: TaskQueue,
-    topologies: Topologies,
-    job: String,
-    recovery: Arc<ShardRecovery>,
-    totals: Arc<KnownTotals>,
-    policy: PsFailure,
+    restarts: ShardRestarts,
     outcomes: mpsc::Sender<ShardRestart>,
 ) {
+    let ShardRestarts {
+        job,
+        queue,
+        topologies,
+        recovery,
+        totals,
+        policy,
+    } = restarts;
     loop {
         let shard = match events.recv().await {
             Ok(BackendEvent::Moved {

@@ -483,6 +483,9 @@ pub struct CheckpointSpec {
     /// What a crashed PS shard costs the Job.
     #[serde(default)]
     pub on_ps_failure: PsFailure,
+    /// What a crashed data executor or trainer costs the Job.
+    #[serde(default)]
+    pub on_worker_failure: WorkerFailure,
 }
 
 impl CheckpointSpec {
@@ -493,6 +496,7 @@ impl CheckpointSpec {
             interval_seconds,
             full_every: defaults::full_every(),
             on_ps_failure: PsFailure::default(),
+            on_worker_failure: WorkerFailure::default(),
         }
     }
 }
@@ -510,6 +514,20 @@ pub enum PsFailure {
     /// the trainers' totals; to the start without one), so no Parquet row's update is lost
     /// or applied twice; the rows trained since are trained again. Stream sources are not
     /// rewound: their rows trained since the checkpoint are lost.
+    Rollback,
+}
+
+/// What a Job does when one of its data executors or trainers crashes and is restarted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerFailure {
+    /// The restarted process continues: a data executor's tasks go on from the rows it
+    /// served, a trainer from its last reported totals. The minibatches a trainer was sent
+    /// and had not trained are lost.
+    #[default]
+    Continue,
+    /// The whole Job returns to the latest checkpoint, as `on_ps_failure: rollback` does,
+    /// so no Parquet row is lost or trained twice.
     Rollback,
 }
 

@@ -76,7 +76,7 @@ pub enum CheckpointError {
     #[error(
         "a PS shard restarted during checkpoint {0}: its snapshot may be of the empty successor"
     )]
-    ShardRestarted(u64),
+    Restarted(u64),
     #[error("task queue: {0}")]
     Queue(#[from] QueueError),
 }
@@ -401,7 +401,7 @@ impl Coordinator {
         let uri = format!("{}/ckpt-{id}", self.uri.trim_end_matches('/'));
         let ps = snapshot(&uri, &participants.ps, base.map(|b| &b.ps)).await?;
         if self.recovery.settled()? != restarts {
-            return Err(CheckpointError::ShardRestarted(id));
+            return Err(CheckpointError::Restarted(id));
         }
         let offsets: BTreeMap<String, u64> = self.queue.offsets().await?.into_iter().collect();
         let record = CheckpointRecord {

@@ -43,7 +43,7 @@ use crate::plan::{Catalog, ListingCache, StreamPlan};
 use crate::queue::{QueueCounts, TaskQueue};
 use crate::tasks::JobTasks;
 use executors::{JobParts, start_executors, wait_ready};
-use recovery::{Recovered, ShardRestart, ShardRestarts, recover_restarted_shards};
+use recovery::{Recovered, Restart, ShardRestarts, recover_restarted_shards};
 use status::JobStatus;
 
 /// Runs the Job of `resource` (whose status is `status`) until it ends, then writes its
@@ -182,7 +182,7 @@ pub(crate) struct JobRun<'a, B, C> {
     background: Vec<JoinHandle<()>>,
     fold: MetricsFold,
     reports: mpsc::Receiver<MetricsReport>,
-    recovered: mpsc::Receiver<ShardRestart>,
+    recovered: mpsc::Receiver<Restart>,
     backend_events: broadcast::Receiver<BackendEvent>,
     /// The Job's resource as last applied (a new generation may change its replicas).
     specs: watch::Receiver<Resource>,
@@ -208,7 +208,7 @@ enum Event {
     CheckpointTick,
     CheckpointDone(Result<TakenCheckpoint, tokio::task::JoinError>),
     Report(MetricsReport),
-    ShardRestarted(ShardRestart),
+    Restarted(Restart),
     Backend(Result<BackendEvent, broadcast::error::RecvError>),
     SpecChanged(Resource),
 }
@@ -360,6 +360,9 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                     policy: (checked.spec.checkpoint.as_ref())
                         .map(|c| c.on_ps_failure)
                         .unwrap_or_default(),
+                    workers: (checked.spec.checkpoint.as_ref())
+                        .map(|c| c.on_worker_failure)
+                        .unwrap_or_default(),
                 },
                 recovered_tx,
             )),
@@ -404,7 +407,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 _ = tick(&mut checkpoint_ticks) => Event::CheckpointTick,
                 taken = finished(&mut self.checkpoint_in_flight) => Event::CheckpointDone(taken),
                 Some(report) = self.reports.recv() => Event::Report(report),
-                Some(restart) = self.recovered.recv() => Event::ShardRestarted(restart),
+                Some(restart) = self.recovered.recv() => Event::Restarted(restart),
                 event = self.backend_events.recv() => Event::Backend(event),
                 // A new generation may stop executors the barrier waits for: after it.
                 Ok(()) = self.specs.changed(), if self.checkpoint_in_flight.is_none() => {
@@ -422,12 +425,10 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                     ControlFlow::Continue(())
                 }
                 Event::Report(report) => self.on_report(report),
-                Event::ShardRestarted(ShardRestart::Restored(recovered)) => {
+                Event::Restarted(Restart::Restored(recovered)) => {
                     self.on_shard_recovered(recovered).await
                 }
-                Event::ShardRestarted(ShardRestart::RollBack(shard)) => {
-                    self.roll_back(&shard).await
-                }
+                Event::Restarted(Restart::RollBack(crashed)) => self.roll_back(&crashed).await,
                 Event::Backend(event) => self.on_backend_event(event).await,
                 Event::SpecChanged(resource) => self.on_spec_changed(resource).await,
             };

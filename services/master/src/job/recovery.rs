@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use primus_proto::v1::{Endpoint, Role};
-use primus_spec::job::PsFailure;
+use primus_spec::job::{PsFailure, WorkerFailure};
 use tokio::sync::{broadcast, mpsc};
 
 use super::executors::{READY_TIMEOUT, serving};
@@ -21,11 +21,12 @@ use crate::topology::Topologies;
 /// A recovered shard's condition reason and message, or the error that fails the Job.
 pub(crate) type Recovered = Result<(&'static str, String), String>;
 
-/// What a restarted PS shard asks of the Job.
-pub(crate) enum ShardRestart {
+/// What a restarted executor asks of the Job.
+pub(crate) enum Restart {
     /// `restore_shard`: it was restored alone ([`Recovered`]).
     Restored(Recovered),
-    /// `rollback`: the Job returns to its checkpoint (the shard awaits that restore).
+    /// `rollback`: the Job returns to its checkpoint after this executor crashed (a PS
+    /// shard awaits that restore).
     RollBack(String),
 }
 
@@ -38,6 +39,8 @@ pub(crate) struct ShardRestarts {
     pub(crate) totals: Arc<KnownTotals>,
     /// `spec.checkpoint.on_ps_failure`.
     pub(crate) policy: PsFailure,
+    /// `spec.checkpoint.on_worker_failure`.
+    pub(crate) workers: WorkerFailure,
 }
 
 /// Restores every PS shard of the Job the backend restarts, sending how each went, or with
@@ -47,7 +50,7 @@ pub(crate) struct ShardRestarts {
 pub(crate) async fn recover_restarted_shards(
     mut events: broadcast::Receiver<BackendEvent>,
     restarts: ShardRestarts,
-    outcomes: mpsc::Sender<ShardRestart>,
+    outcomes: mpsc::Sender<Restart>,
 ) {
     let ShardRestarts {
         job,
@@ -56,6 +59,7 @@ pub(crate) async fn recover_restarted_shards(
         recovery,
         totals,
         policy,
+        workers,
     } = restarts;
     loop {
         let shard = match events.recv().await {
@@ -71,6 +75,14 @@ pub(crate) async fn recover_restarted_shards(
                 if of == job && id.starts_with(ExecutorRole::Ps.as_str()) =>
             {
                 id
+            }
+            Ok(BackendEvent::Restarting { job: of, id, .. })
+                if of == job && workers == WorkerFailure::Rollback && is_worker(&id) =>
+            {
+                if outcomes.send(Restart::RollBack(id)).await.is_err() {
+                    return;
+                }
+                continue;
             }
             Ok(_) => continue,
             Err(broadcast::error::RecvError::Lagged(missed)) => {
@@ -92,13 +104,13 @@ pub(crate) async fn recover_restarted_shards(
         let outcome = match policy {
             // The Job's loop restores every shard and says when it is done.
             PsFailure::Rollback => match serving_again(endpoint).await {
-                Ok(()) => ShardRestart::RollBack(shard),
-                Err(message) => ShardRestart::Restored(Err(message)),
+                Ok(()) => Restart::RollBack(shard),
+                Err(message) => Restart::Restored(Err(message)),
             },
             PsFailure::RestoreShard => {
                 let recovered = recover_shard(&queue, endpoint, &shards, &totals).await;
                 recovery.restored();
-                ShardRestart::Restored(recovered)
+                Restart::Restored(recovered)
             }
         };
         if outcomes.send(outcome).await.is_err() {
@@ -159,4 +171,11 @@ async fn serving_again(shard: &Endpoint) -> Result<(), String> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(())
+}
+
+/// Whether executor `id` is a data executor or a trainer.
+fn is_worker(id: &str) -> bool {
+    [ExecutorRole::DataExecutor, ExecutorRole::Trainer]
+        .iter()
+        .any(|role| id.starts_with(role.as_str()))
 }

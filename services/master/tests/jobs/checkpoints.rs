@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use primus_harness::{Sandbox, condition};
 use primus_master::checkpoint;
-use primus_spec::job::PsFailure;
+use primus_spec::job::{PsFailure, WorkerFailure};
 use primus_spec::status::{Phase, Status};
 use primus_testkit::service::signal;
 
@@ -250,15 +250,7 @@ async fn a_killed_ps_shard_under_rollback_returns_the_job_to_its_checkpoint_and_
     let record = checkpoint_where(&sandbox, &queue, job, |_| true).await;
     // Killed once the trainer reported samples past the checkpoint: those are lost with
     // ps-0's updates and must be trained again.
-    loop {
-        let status = sandbox.status(job).await;
-        let reported = status.progress.map_or(0, |p| p.samples);
-        assert!(!status.phase.is_terminal(), "{job} ended before the kill");
-        if reported > record.samples() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_samples_past(&sandbox, job, record.samples()).await;
     signal(sandbox.pids(job)["ps-0"], "KILL").expect("kill ps-0");
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
@@ -312,6 +304,68 @@ async fn a_killed_ps_shard_under_rollback_returns_the_job_to_its_checkpoint_and_
         rolled_back.message, progress.retrained_samples
     );
     master.stop();
+}
+
+/// `on_worker_failure: rollback`: a trainer, then (in a second Job) a data executor,
+/// killed mid-job returns the Job to its latest checkpoint; either way every row is
+/// trained into the final model exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_trainer_or_data_executor_under_rollback_loses_and_repeats_no_row() {
+    let sandbox = Sandbox::start().await;
+    let best = apply_criteo_dataset(&sandbox).await;
+    let master = start_master_with(&sandbox, &data_executor());
+    for (job, killed) in [
+        ("dlrm-trainer-rollback", "trainer-0"),
+        ("dlrm-data-rollback", "data_executor-0"),
+    ] {
+        let spec = dlrm_job(&sandbox, job, 1, 3).with(|spec| {
+            if let Some(checkpoint) = &mut spec.checkpoint {
+                checkpoint.on_worker_failure = WorkerFailure::Rollback;
+            }
+        });
+        sandbox.apply([spec.build()]).await;
+        let queue = job_queue(&sandbox, job).await;
+        let record = checkpoint_where(&sandbox, &queue, job, |_| true).await;
+        wait_for_samples_past(&sandbox, job, record.samples()).await;
+        signal(sandbox.pids(job)[killed], "KILL").expect("kill");
+
+        let status = sandbox
+            .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
+            .await;
+        let rolled_back = condition(&status, "RolledBack");
+        assert!(
+            rolled_back.message.starts_with(&format!(
+                "{killed} crashed: the Job returned to checkpoint "
+            )),
+            "{rolled_back:?}"
+        );
+        let progress = status.progress.clone().expect("progress");
+        assert_eq!(
+            progress.samples, DLRM_ROWS,
+            "{job}: every row trained once into the final model: {progress:?}"
+        );
+        assert!(progress.retrained_samples > 0, "{progress:?}");
+        let auc = progress.auc.expect("an AUC");
+        assert!(
+            auc > best - 0.02,
+            "{job}: AUC {auc:.4} is not within 0.02 of the best achievable {best:.4}"
+        );
+        eprintln!("{}; AUC {auc:.4} (best {best:.4})", rolled_back.message);
+    }
+    master.stop();
+}
+
+/// Waits until the Job's trainers reported more than `samples` samples.
+async fn wait_for_samples_past(sandbox: &Sandbox, job: &str, samples: u64) {
+    loop {
+        let status = sandbox.status(job).await;
+        let reported = status.progress.map_or(0, |p| p.samples);
+        assert!(!status.phase.is_terminal(), "{job} ended early");
+        if reported > samples {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,7 @@ use primus_ps_client::PsClient;
 use primus_service::Shutdown;
 use primus_spec::job::{AdmissionSpec, Device, Initializer, OptimizerSpec, TableSpec};
 use primus_testkit::service::{ServingStatus, wait_for_health};
-use primus_testkit::{NatsServer, S3Bucket, SeaweedS3, free_port};
+use primus_testkit::{NatsServer, S3Bucket, SeaweedS3, restartable_port};
 use tonic::Code;
 
 #[path = "ps/reshard.rs"]
@@ -67,10 +67,12 @@ async fn start_shard_with(
     start(settings).await
 }
 
-/// A training PS on a free loopback port, with the tests' seed and 8 shards per table.
+/// A training PS on a free loopback port, with the tests' seed and 8 shards per table. The
+/// port is below the ephemeral range: a test that stops a shard and starts it again on
+/// the same address must not meet another test's shard there meanwhile.
 fn shard_settings(nats: &NatsServer, tables: Vec<TableSpec>) -> PsSettings {
     let mut settings = PsSettings::default();
-    settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
+    settings.server.grpc_addr = ([127, 0, 0, 1], restartable_port().expect("port")).into();
     settings.nats.url = nats.url();
     settings.ps.tables = tables;
     settings.ps.seed = SEED;

@@ -36,5 +36,7 @@ else
   echo "[test] cargo deny advisories: NOT CHECKED (no RustSec advisory database under ${CARGO_HOME:-$HOME/.cargo}/advisory-dbs; it cannot be fetched from this machine)"
 fi
 echo "[test] cargo test"
-cargo test --workspace --features "$FEATURES" --locked
+cargo test --workspace --exclude primus-chaos --features "$FEATURES" --locked
 cargo test -p primus-model --features cuda --locked
+echo "[test] chaos suite"
+cargo test -p primus-chaos --features "$FEATURES" --locked -- --nocapture

@@ -103,10 +103,30 @@ pub fn is_moved(status: &Status) -> bool {
 }
 
 /// Whether a call failed because its shard could not be reached (down, restarting, or
-/// gone after a resharding) or refused it unprocessed while going away: the shard's part
-/// of a push is held and sent again.
+/// gone after a resharding), refused it unprocessed while going away, or died under it
+/// (its connection reset): the shard's part of a push is held and sent again. A shard
+/// that died mid-call lost that call's update with everything since its checkpoint, so
+/// the resend applies it at most once, on the restored rows.
 pub(crate) fn is_unreachable(status: &Status) -> bool {
-    status.code() == tonic::Code::Unavailable || refused_by_go_away(status)
+    status.code() == tonic::Code::Unavailable
+        || refused_by_go_away(status)
+        || connection_broke(status)
+}
+
+/// A call whose connection the shard's end reset or closed (the process died).
+fn connection_broke(status: &Status) -> bool {
+    use std::io::ErrorKind;
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
+            );
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// A call on a connection the shard closed with HTTP/2 GOAWAY (it shuts down) after the

@@ -194,6 +194,12 @@ impl Guarded {
         }
     }
 
+    /// Kills the child now (SIGKILL) and reaps it.
+    pub(crate) fn kill_now(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Fails with the child's exit status if it has already died (e.g. its port was taken).
     pub(crate) fn check_alive(&mut self, what: &str) -> Result<(), String> {
         match self.child.try_wait() {

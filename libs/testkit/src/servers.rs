@@ -108,6 +108,19 @@ impl NatsServer {
     /// On `port`, keeping JetStream data in `dir` when given.
     pub fn start_with(port: u16, dir: Option<&Path>) -> Result<Self, Error> {
         let dir = DataDir::new(dir)?;
+        let process = Self::launch(port, &dir)?;
+        Ok(Self { port, process, dir })
+    }
+
+    /// Kills the server (as a crash would) and starts it again on the same port over the
+    /// same JetStream data, as a restarted server comes back.
+    pub fn restart(&mut self) -> Result<(), Error> {
+        self.process.kill_now();
+        self.process = Self::launch(self.port, &self.dir)?;
+        Ok(())
+    }
+
+    fn launch(port: u16, dir: &DataDir) -> Result<Guarded, Error> {
         let store = dir.path().join("jetstream");
         let args = [
             "-a".into(),
@@ -118,7 +131,7 @@ impl NatsServer {
             "-sd".into(),
             store.display().to_string(),
         ];
-        let mut process = spawn("nats-server", &args, &dir)?;
+        let mut process = spawn("nats-server", &args, dir)?;
         wait_until("nats-server", READY_TIMEOUT, || {
             process.check_alive("nats-server")?;
             let hello = exchange(port, b"")?;
@@ -127,7 +140,7 @@ impl NatsServer {
                 .then_some(())
                 .ok_or(format!("unexpected greeting {hello:?}"))
         })?;
-        Ok(Self { port, process, dir })
+        Ok(process)
     }
 
     /// `nats://127.0.0.1:<port>`.

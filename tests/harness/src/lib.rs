@@ -1,8 +1,10 @@
 //! The end-to-end test harness: a cluster [`Sandbox`] (real NATS and Redis, an API server,
 //! a master process) that stops itself on drop, typed Job and Dataset builders
-//! ([`resources`]) and the row dumps tests compare ([`rows`]). Tests of several crates and
+//! ([`resources`]), the row dumps tests compare ([`rows`]) and the Criteo-like DLRM
+//! workload ([`criteo`]). Tests of several crates and
 //! the end-to-end benchmarks share it instead of each keeping its own copy.
 
+pub mod criteo;
 pub mod resources;
 pub mod rows;
 mod sandbox;

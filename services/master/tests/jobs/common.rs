@@ -20,8 +20,7 @@ use primus_master::plan::{ListingCache, StoreCatalog};
 use primus_master::queue::TaskQueue;
 use primus_spec::Resource;
 use primus_spec::dataset::DatasetSpec;
-use primus_spec::job::{DenseSpec, Initializer};
-use primus_spec::job::{ModelKind, ModelSpec, OptimizerSpec, TableSpec, TrainingMode};
+use primus_spec::job::{ModelSpec, TrainingMode};
 use primus_spec::status::{Phase, Status};
 use primus_spec::time;
 
@@ -261,78 +260,7 @@ pub(crate) fn online_job(
         .with(change)
 }
 
-/// Hours and rows per hour of the Criteo-like data of the DLRM tests.
-pub(crate) const DLRM_HOURS: usize = 4;
-pub(crate) const DLRM_ROWS_PER_HOUR: usize = 100_000;
-pub(crate) const DLRM_ROWS: u64 = (DLRM_HOURS * DLRM_ROWS_PER_HOUR) as u64;
-
-/// Writes the Criteo-like data of the DLRM tests and applies its Dataset `criteo`. Returns
-/// the data's best achievable AUC.
-pub(crate) async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
-    use primus_datagen::criteo::{CriteoOptions, feature_schema};
-    use primus_datagen::write::{Layout, criteo};
-
-    let data = sandbox.dir().join("criteo");
-    let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
-        .expect("location");
-    let layout = Layout {
-        unit: primus_spec::dataset::WindowUnit::Hourly,
-        start_unix_s: time::parse_window_time("2026-11-01T00").expect("time"),
-        windows: DLRM_HOURS,
-        files_per_window: 1,
-        row_group_rows: 16_384,
-    };
-    let options = CriteoOptions {
-        // At most ~500 ids per column: one pass over 400,000 rows sees the tail ids often
-        // enough to learn them.
-        cardinality_scale: 0.00005,
-        ..CriteoOptions::default()
-    };
-    let summary = criteo(&location, &layout, DLRM_ROWS_PER_HOUR, options)
-        .await
-        .expect("generate");
-    let end = format!("2026-11-01T{DLRM_HOURS:02}");
-    let criteo = dataset("criteo")
-        .schema(feature_schema("categorical"))
-        .stream(
-            "clicks",
-            hourly("2026-11-01T00", Some(&end)),
-            vec![parquet("criteo", data.display())],
-        );
-    sandbox.apply([criteo.build()]).await;
-    summary.best_auc.expect("both classes")
-}
-
-/// A small DLRM Job on Dataset `criteo` with `trainers` trainers and two PS shards,
-/// checkpointed every `checkpoint_seconds` under the sandbox's `checkpoints/<job>`.
-pub(crate) fn dlrm_job(
-    sandbox: &Sandbox,
-    name: &str,
-    trainers: u32,
-    checkpoint_seconds: u64,
-) -> primus_harness::resources::JobBuilder {
-    let table = TableSpec {
-        initializer: Initializer::Uniform { scale: 0.1 },
-        ..TableSpec::new("categorical", 16, OptimizerSpec::adagrad(0.3))
-    };
-    let model = ModelSpec {
-        kind: ModelKind::Dlrm,
-        tables: vec![table],
-        dense: DenseSpec {
-            optimizer: OptimizerSpec::adam(0.003),
-            ..DenseSpec::new(vec![64, 16], vec![64, 1])
-        },
-    };
-    job(name, "criteo", TrainingMode::Batch, model)
-        .replicas(1, trainers, 2)
-        .batch_size(256)
-        // Each trainer scores its own samples: together they cover the newest 20,000.
-        .with(|spec| spec.training.eval_window = 20_000 / trainers)
-        .checkpoint(
-            sandbox.dir().join("checkpoints").join(name).display(),
-            checkpoint_seconds,
-        )
-}
+pub(crate) use primus_harness::criteo::{DLRM_ROWS, apply_criteo_dataset, dlrm_job};
 
 /// Applies a small DLRM Job on Dataset `criteo` with `trainers` trainers and waits for it
 /// to succeed: every row trained on once.

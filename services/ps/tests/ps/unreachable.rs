@@ -1,13 +1,15 @@
 //! A shard down for a moment (restarting): a push holds that shard's part until it is back
 //! and applies it there once; the other shard's part is applied once, not again. A shard
-//! that awaits its restore holds pushes the same way until it has its checkpoint.
+//! that awaits its restore holds pushes the same way until it has its checkpoint, and so
+//! does a push whose shard process is killed under it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use primus_proto::v1::{LookupRequest, OpenRequest, PushRequest, RestoreRequest, SnapshotRequest};
 use primus_ps_client::{PsClient, ShardSource, TableGrads, TableKeys, layout};
-use primus_testkit::NatsServer;
+use primus_testkit::service::{ServiceProcess, signal};
+use primus_testkit::{NatsServer, restartable_port};
 use tokio::net::TcpStream;
 use tonic::Code;
 
@@ -213,4 +215,72 @@ async fn open_lets_a_shard_awaiting_its_restore_train_without_one() {
     raw.open(OpenRequest { empty: false }).await.expect("open");
     let pushed = raw.push(push(&keys)).await.expect("a push after Open");
     assert_eq!(pushed.into_inner().applied, keys.len() as u64);
+}
+
+/// A shard process SIGKILLed while pushes stream to it: a call it dies under fails with a
+/// reset connection rather than UNAVAILABLE, and the client holds it like any unreachable
+/// shard's part, so every push completes once the shard is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_to_a_shard_killed_under_them_wait_for_it_and_complete() {
+    let nats = NatsServer::start().expect("nats-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_primus-ps"));
+    let port = restartable_port().expect("port");
+    let ps = shard_settings(&nats, vec![table_spec("items")]).ps;
+    let settings = format!(
+        "nats: {{\"url\": \"{}\"}}\nps: {}\n",
+        nats.url(),
+        serde_json::to_string(&ps).expect("ps settings as JSON")
+    );
+    let start = || {
+        let mut process =
+            ServiceProcess::start_on(exe, dir.path(), port, &settings).expect("start primus-ps");
+        async move {
+            process
+                .wait_healthy(Duration::from_secs(30))
+                .await
+                .expect("serving");
+            process
+        }
+    };
+    let shard = start().await;
+    let addrs = vec![shard.addr().to_owned()];
+    let listed = addrs.clone();
+    let source: ShardSource = Arc::new(move || {
+        let addrs = listed.clone();
+        Box::pin(async move { Ok(addrs) })
+    });
+    let client = PsClient::connect(&addrs)
+        .await
+        .expect("connect")
+        .following(source);
+    // Back to back, so a call is in flight when the kill comes; on until the shard is back.
+    let back = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pushing = {
+        let back = back.clone();
+        tokio::spawn(async move {
+            let mut step = 0u64;
+            while !back.load(std::sync::atomic::Ordering::Acquire) {
+                let (keys, grads) = (batch(step, 20_000), grads_for(step, 20_000));
+                client
+                    .push("items", &keys, &grads)
+                    .await
+                    .map_err(|e| format!("push {step}: {e}"))?;
+                step += 1;
+            }
+            Ok::<_, String>(step)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    signal(shard.pid(), "KILL").expect("SIGKILL the shard");
+    drop(shard);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _back = start().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    back.store(true, std::sync::atomic::Ordering::Release);
+    let pushed = pushing
+        .await
+        .expect("push task")
+        .expect("every push completes once the shard is back");
+    assert!(pushed > 1, "{pushed} pushes");
 }

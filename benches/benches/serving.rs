@@ -300,7 +300,10 @@ impl Bench {
                 .expect("shard")
                 .max_decoding_message_size(usize::MAX);
             let all = client
-                .export_delta(ExportDeltaRequest { since_version: 0 })
+                .export_delta(ExportDeltaRequest {
+                    since_version: 0,
+                    update_counts: false,
+                })
                 .await
                 .expect("export")
                 .into_inner();

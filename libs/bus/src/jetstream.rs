@@ -1,4 +1,5 @@
-//! JetStream: streams, durable pull consumers, acknowledged publishing of prost messages.
+//! JetStream: streams, durable pull consumers, ordered readers from a stream sequence,
+//! acknowledged publishing of prost messages.
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -126,6 +127,29 @@ impl JetStream {
         Ok(Consumer::new(inner))
     }
 
+    /// Reads the messages of `stream_name` on `filter_subject` in stream order, each once,
+    /// from stream sequence `start` (0: the stream's first message). The reader holds no
+    /// state on the server that outlives it: the caller keeps the position. A lost
+    /// connection or a deleted server-side consumer is recovered from the last message
+    /// read, so no message is skipped or repeated.
+    pub async fn ordered_reader<M: Message + Default>(
+        &self,
+        stream_name: &str,
+        filter_subject: String,
+        start: u64,
+    ) -> Result<OrderedReader<M>, BusError> {
+        let what = format!("ordered reader of {filter_subject} on stream {stream_name}");
+        let stream = self.stream(stream_name, &what).await?;
+        let messages = open_ordered(&stream, &filter_subject, start).await?;
+        Ok(OrderedReader {
+            stream,
+            filter_subject,
+            next_sequence: start,
+            messages: Some(messages),
+            _message: PhantomData,
+        })
+    }
+
     async fn stream(&self, name: &str, what: &str) -> Result<stream::Stream, BusError> {
         self.context
             .get_stream(name)
@@ -216,6 +240,101 @@ impl<M: Message + Default> Consumer<M> {
             }
         }
         Ok(fetched)
+    }
+}
+
+/// An ordered consumer of `filter_subject` from stream sequence `start` (0: the first).
+async fn open_ordered(
+    stream: &stream::Stream,
+    filter_subject: &str,
+    start: u64,
+) -> Result<consumer::pull::Ordered, BusError> {
+    let what = format!("ordered reader of {filter_subject} from sequence {start}");
+    let deliver_policy = if start == 0 {
+        consumer::DeliverPolicy::All
+    } else {
+        consumer::DeliverPolicy::ByStartSequence {
+            start_sequence: start,
+        }
+    };
+    let config = consumer::pull::OrderedConfig {
+        filter_subject: filter_subject.to_owned(),
+        deliver_policy,
+        ..Default::default()
+    };
+    stream
+        .create_consumer(config)
+        .await
+        .map_err(|e| js_error(what.clone())(e.to_string()))?
+        .messages()
+        .await
+        .map_err(|e| js_error(what)(e.to_string()))
+}
+
+/// Messages of one subject read in stream order (see [`JetStream::ordered_reader`]).
+pub struct OrderedReader<M> {
+    stream: stream::Stream,
+    filter_subject: String,
+    /// Where reading goes on if the consumer has to be opened again.
+    next_sequence: u64,
+    /// `None` after the consumer ended: opened again on the next read.
+    messages: Option<consumer::pull::Ordered>,
+    _message: PhantomData<M>,
+}
+
+/// One message an [`OrderedReader`] read.
+pub struct OrderedMessage<M> {
+    /// Its stream sequence.
+    pub sequence: u64,
+    /// Messages of the subject after it, as the server counted them when it sent it.
+    pub pending: u64,
+    /// When the stream stored it (unix ms).
+    pub stored_unix_ms: i64,
+    /// The message, or why it did not decode as `M`.
+    pub decoded: Result<Received<M>, BusError>,
+}
+
+impl<M: Message + Default> OrderedReader<M> {
+    /// The next message, waiting at most `wait` for one (`None`: none came). An error is
+    /// the server out of reach; the reader goes on from the same place once it answers.
+    pub async fn next(&mut self, wait: Duration) -> Option<Result<OrderedMessage<M>, BusError>> {
+        let messages = match &mut self.messages {
+            Some(messages) => messages,
+            None => {
+                let opened =
+                    open_ordered(&self.stream, &self.filter_subject, self.next_sequence).await;
+                match opened {
+                    Ok(messages) => self.messages.insert(messages),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        };
+        let next = tokio::time::timeout(wait, messages.next()).await.ok()?;
+        let raw = match next {
+            Some(Ok(raw)) => raw,
+            Some(Err(e)) => return Some(Err(js_error("ordered read")(e.to_string()))),
+            None => {
+                self.messages = None;
+                return Some(Err(js_error("ordered read")(
+                    "the consumer ended; opening it again".into(),
+                )));
+            }
+        };
+        let info = match raw.info() {
+            Ok(info) => (
+                info.stream_sequence,
+                info.pending,
+                (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
+            ),
+            Err(e) => return Some(Err(js_error("message info")(e.to_string()))),
+        };
+        self.next_sequence = info.0 + 1;
+        Some(Ok(OrderedMessage {
+            sequence: info.0,
+            pending: info.1,
+            stored_unix_ms: info.2,
+            decoded: decode::<M>(&raw.subject, raw.headers.as_ref(), &raw.payload),
+        }))
     }
 }
 

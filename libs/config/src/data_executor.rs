@@ -49,13 +49,16 @@ pub struct DataSettings {
     pub progress_interval_ms: u64,
     /// How long to wait before asking again when the master has no task.
     pub idle_poll_ms: u64,
-    /// Stream sources: JetStream messages asked for per fetch.
+    /// Stream sources of `rebalance` loading and join sources: JetStream messages asked
+    /// for per fetch (and how many waiting make a partition behind).
     pub stream_fetch_messages: usize,
-    /// Stream sources: how long one fetch waits for messages.
+    /// Stream sources: how long one fetch or read waits for messages (a read in order that
+    /// waits this long in vain counts the stream as caught up).
     pub stream_fetch_wait_ms: u64,
-    /// Stream sources: a delivered message not acked (buffered) within this long is
-    /// delivered again, to this or another executor. While a full buffer holds a fetch
-    /// back, its messages are kept alive with in-progress acks.
+    /// Stream sources of `rebalance` loading and join sources: a delivered message not
+    /// acked (buffered) within this long is delivered again, to this or another executor.
+    /// While a full buffer holds a fetch back, its messages are kept alive with
+    /// in-progress acks.
     pub stream_ack_wait_ms: u64,
     /// Join sources: where feature rows beyond a source's `memory_rows` wait on disk
     /// (unset: a directory under the system's temporary directory).

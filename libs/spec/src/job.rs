@@ -510,10 +510,11 @@ pub enum PsFailure {
     /// `ShardRestored` condition says how many steps and samples the shard lost.
     #[default]
     RestoreShard,
-    /// The whole Job returns to the latest checkpoint (every PS shard, the task offsets and
-    /// the trainers' totals; to the start without one), so no Parquet row's update is lost
-    /// or applied twice; the rows trained since are trained again. Stream sources are not
-    /// rewound: their rows trained since the checkpoint are lost.
+    /// The whole Job returns to the latest checkpoint (every PS shard, the task offsets,
+    /// the stream positions and the trainers' totals; to the start without one), so no
+    /// row's update is lost or applied twice; the rows trained since are trained again.
+    /// Stream sources of `rebalance` loading and online joins are not rewound: their rows
+    /// trained since the checkpoint are lost.
     Rollback,
 }
 
@@ -521,13 +522,14 @@ pub enum PsFailure {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkerFailure {
-    /// The restarted process continues: a data executor's tasks go on from the rows it
-    /// served, a trainer from its last reported totals. The minibatches a trainer was sent
-    /// and had not trained are lost.
+    /// The restarted process continues: a data executor's tasks and stream bindings go on
+    /// from the rows it last reported served, a trainer from its last reported totals. The
+    /// minibatches a trainer was sent and had not trained are lost.
     #[default]
     Continue,
     /// The whole Job returns to the latest checkpoint, as `on_ps_failure: rollback` does,
-    /// so no Parquet row is lost or trained twice.
+    /// so no Parquet or stream row is lost or trained twice (`rebalance` loading and
+    /// online joins excepted).
     Rollback,
 }
 

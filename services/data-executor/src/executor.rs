@@ -15,7 +15,8 @@ use primus_config::StorageSettings;
 use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::{
     AcquireTaskRequest, DataTask, Endpoint, FinishTaskRequest, Heartbeat, MetricsReport,
-    RegisterExecutorRequest, ReportProgressRequest, Role, SourceKind, StreamWork, data_task,
+    RegisterExecutorRequest, ReportProgressRequest, Role, SourceKind, StreamPosition, StreamWork,
+    data_task,
 };
 use primus_service::usage::{UsageSampler, resident_bytes};
 use primus_service::{ExecutorIdentity, Shutdown};
@@ -178,7 +179,6 @@ impl Executor {
         )))
     }
 
-    /// Rows served so far of every task this executor holds.
     /// Gives task `task_id` back to the master: no more of it is read or served, its
     /// buffered rows are dropped; returns the offset served to, where another executor
     /// continues.
@@ -199,11 +199,18 @@ impl Executor {
         Ok(ledger.served())
     }
 
-    pub(crate) fn served_offsets(&self) -> HashMap<String, u64> {
-        self.ledgers()
-            .iter()
-            .map(|(id, ledger)| (id.clone(), ledger.served()))
-            .collect()
+    /// Rows served of every task held, and the position of each stream binding read in
+    /// order at those rows (task id -> each).
+    pub(crate) fn served_offsets(&self) -> (HashMap<String, u64>, HashMap<String, StreamPosition>) {
+        let mut offsets = HashMap::new();
+        let mut positions = HashMap::new();
+        for (id, ledger) in self.ledgers().iter() {
+            offsets.insert(id.clone(), ledger.served());
+            if let Some(position) = ledger.stream_position() {
+                positions.insert(id.clone(), position);
+            }
+        }
+        (offsets, positions)
     }
 
     /// No more rows will arrive: the data is exhausted and the buffers are drained.
@@ -392,8 +399,25 @@ impl Executor {
         self.read_task(task, jetstream).instrument(span).await
     }
 
+    /// The task's ledger: a stream binding read in order keeps its position in it.
+    fn ledger_of(&self, task: &DataTask) -> TaskLedger {
+        match &task.work {
+            Some(data_task::Work::Stream(_)) if self.reads_streams_in_order() => {
+                let start = task.stream_position.unwrap_or_default();
+                TaskLedger::for_stream(task.id.clone(), task.start_offset, start)
+            }
+            _ => TaskLedger::new(task.id.clone(), task.start_offset),
+        }
+    }
+
+    /// `forward` loading reads each binding in order from its position; `rebalance`
+    /// loading shares a durable consumer with helpers.
+    fn reads_streams_in_order(&self) -> bool {
+        self.settings.stream_loading == StreamLoading::Forward
+    }
+
     async fn read_task(&self, task: DataTask, jetstream: &JetStream) {
-        let ledger = Arc::new(TaskLedger::new(task.id.clone(), task.start_offset));
+        let ledger = Arc::new(self.ledger_of(&task));
         self.ledgers().insert(task.id.clone(), ledger.clone());
         let source = self.buffers.source_index(&task.source);
         tracing::info!(task = %task.id, source = %task.source, offset = task.start_offset, "task started");
@@ -424,8 +448,18 @@ impl Executor {
                     inputs: self.stream_inputs(jetstream),
                     gauges: &self.stream_gauges(&task.source),
                 };
+                let start = (task.start_offset, task.stream_position.unwrap_or_default());
+                let read = async {
+                    if self.reads_streams_in_order() {
+                        runner.read_in_order(source, work, start, &ledger).await
+                    } else {
+                        runner
+                            .run_shared(source, work, task.start_offset, &ledger)
+                            .await
+                    }
+                };
                 tokio::select! {
-                    _ = runner.run(source, work, task.start_offset, &ledger) => {}
+                    _ = read => {}
                     _ = self.shutdown.wait() => {}
                 }
                 self.held_streams().remove(&task.source);
@@ -507,6 +541,7 @@ impl Executor {
                     executor_id: self.identity.executor_id.clone(),
                     task_id: ledger.id.clone(),
                     offset,
+                    stream_position: ledger.stream_position(),
                 })
                 .await?;
         }

@@ -1,11 +1,16 @@
 //! Per-task bookkeeping: how far a task's rows were read and served. A task's offset as
 //! the master sees it is what has been *served* to trainers, so rows buffered by an
-//! executor that dies are read again by the next attempt, never lost.
+//! executor that dies are read again by the next attempt, never lost. A stream binding
+//! read in order also keeps its [`StreamCursor`], which turns the served offset into the
+//! binding's stream position.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use primus_proto::v1::StreamPosition;
 use primus_telemetry::propagation::{TraceCarrier, current_carrier};
+
+use crate::position::StreamCursor;
 
 /// How a task's reading ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +36,8 @@ pub struct TaskLedger {
     end: Mutex<Option<ReadEnd>>,
     /// The master gave the task to another executor: its runner stops reading.
     taken_back: AtomicBool,
+    /// A stream binding read in order: its messages read and not wholly served.
+    cursor: Option<Mutex<StreamCursor>>,
     /// The trace of the span current when the task started (its `data.task` span): the
     /// minibatches served from its rows continue it in the trainer.
     pub trace: TraceCarrier,
@@ -44,8 +51,37 @@ impl TaskLedger {
             reported: AtomicU64::new(start_offset),
             end: Mutex::new(None),
             taken_back: AtomicBool::new(false),
+            cursor: None,
             trace: current_carrier(),
         }
+    }
+
+    /// The ledger of a stream binding read in order from `position`.
+    pub fn for_stream(id: String, start_offset: u64, position: StreamPosition) -> Self {
+        Self {
+            cursor: Some(Mutex::new(StreamCursor::new(position))),
+            ..Self::new(id, start_offset)
+        }
+    }
+
+    /// Stream message `sequence` was read; its `rows` (after `skipped` served before)
+    /// enter the buffer at task offset `offset`. Called before they do.
+    pub fn stream_read(&self, sequence: u64, offset: u64, skipped: u64, rows: u64) {
+        if let Some(cursor) = &self.cursor {
+            let mut cursor = cursor.lock().unwrap_or_else(|p| p.into_inner());
+            cursor.read(sequence, offset, skipped, rows);
+        }
+    }
+
+    /// A stream binding's position at the rows served now (read under the cursor's lock,
+    /// so positions asked for one after another never go back).
+    pub fn stream_position(&self) -> Option<StreamPosition> {
+        let mut cursor = self
+            .cursor
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Some(cursor.position(self.served()))
     }
 
     pub fn take_back(&self) {

@@ -15,6 +15,7 @@ pub mod buffer;
 mod executor;
 mod join;
 pub mod ledger;
+mod position;
 mod rebalance;
 mod runner;
 mod server;

@@ -265,7 +265,7 @@ mod tests {
                 }
             };
             tokio::join!(
-                runner.run(own.buffer, &own.work, 0, &ledger),
+                runner.run_shared(own.buffer, &own.work, 0, &ledger),
                 helping,
                 training
             );

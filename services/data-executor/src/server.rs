@@ -209,8 +209,10 @@ impl DatasetService for DatasetServer {
             checkpoint = request.checkpoint_id,
             "paused for a checkpoint"
         );
+        let (served_offsets, stream_positions) = executor.served_offsets();
         Ok(Response::new(PauseResponse {
-            served_offsets: executor.served_offsets(),
+            served_offsets,
+            stream_positions,
         }))
     }
 

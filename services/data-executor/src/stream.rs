@@ -1,11 +1,20 @@
-//! Stream task runner: consumes a stream source's JetStream subject through the durable
-//! consumer the master named for it (whichever executor holds the binding uses the same
-//! one), turns each `SampleRows` message into a chunk of the source's serving buffer, and
-//! acks a message only once all its rows are buffered. What was delivered but not acked
-//! (this executor died, or the binding moved) is delivered again by JetStream after the
-//! ack wait. A message that cannot be decoded or does not fit the schema is terminated
-//! (never redelivered) and counted, and the stream goes on. A missing stream is created over
-//! the source's subject, so a Job may start before anything was published.
+//! Stream task runner: turns each `SampleRows` message of a stream source's JetStream
+//! subject into a chunk of the source's serving buffer. A missing stream is created over
+//! the source's subject, so a Job may start before anything was published. A message that
+//! cannot be decoded or does not fit the schema is skipped and counted, and the stream
+//! goes on.
+//!
+//! `forward` loading ([`StreamRunner::read_in_order`]): the binding's holder reads the
+//! subject in stream order from the binding's position, and the task ledger's cursor
+//! turns the served offset back into a position. Whoever reads the binding next (after
+//! this executor died or left, or after a checkpoint restore) starts at the position last
+//! reported or recorded, so rows this executor buffered but did not serve are read again.
+//!
+//! `rebalance` loading ([`StreamRunner::run_shared`]): the holder and its helpers share
+//! the durable consumer the master named; a message is acked once all its rows are
+//! buffered, and what was delivered but not acked is delivered again after the ack wait.
+//! Rows buffered but not served by an executor that dies are lost, and such bindings are
+//! not rewound by a restore.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -14,10 +23,12 @@ use std::time::{Duration, Instant};
 use futures::TryFutureExt;
 use primus_batch::{FeaturePipeline, Minibatch, ipc};
 use primus_bus::jetstream::{Consumer, Delivery, Fetched, JetStream};
-use primus_proto::v1::{SampleRows, StreamWork};
+use primus_bus::{BusError, Received};
+use primus_proto::v1::{SampleRows, StreamPosition, StreamWork};
 
 use crate::buffer::{Buffers, Chunk, SourceIndex};
 use crate::ledger::{ReadEnd, TaskLedger};
+use crate::position::StreamCursor;
 
 /// How far a stream source is behind its stream, for the executor's metrics.
 #[derive(Default)]
@@ -97,9 +108,116 @@ pub(crate) struct StreamRunner<'a> {
 }
 
 impl StreamRunner<'_> {
-    /// Consumes until the binding is taken back or the future is dropped (the executor
-    /// stops). A stream has no end; a consumer that cannot be opened fails the task.
-    pub(crate) async fn run(
+    /// Reads the binding's subject in stream order from `start` until the binding is taken
+    /// back or the future is dropped (the executor stops); `ledger` keeps the cursor
+    /// ([`TaskLedger::for_stream`]). A stream has no end; a reader that cannot be opened
+    /// fails the task.
+    pub(crate) async fn read_in_order(
+        &self,
+        source: SourceIndex,
+        work: &StreamWork,
+        (start_offset, start): (u64, StreamPosition),
+        ledger: &Arc<TaskLedger>,
+    ) {
+        let reader = self
+            .inputs
+            .jetstream
+            .ensure_stream(&work.stream, vec![work.subject.clone()])
+            .and_then(|_| {
+                self.inputs.jetstream.ordered_reader::<SampleRows>(
+                    &work.stream,
+                    work.subject.clone(),
+                    start.sequence,
+                )
+            })
+            .await;
+        let mut reader = match reader {
+            Ok(reader) => reader,
+            Err(e) => {
+                return ledger.finish_reading(ReadEnd::Failed {
+                    rows: start_offset,
+                    error: format!(
+                        "JetStream stream {:?}, subject {:?}: {e}",
+                        work.stream, work.subject
+                    ),
+                });
+            }
+        };
+        tracing::info!(stream = %work.stream, subject = %work.subject, sequence = start.sequence, rows = start.rows, "reading in order");
+        let mut offset = start_offset;
+        let mut writing = None;
+        while !ledger.is_taken_back() {
+            let message = match reader.next(self.inputs.fetching.wait).await {
+                None => {
+                    // Nothing within the wait: caught up, and a short buffer may serve.
+                    writing = None;
+                    self.gauges.set_pending(0);
+                    continue;
+                }
+                Some(Err(e)) => {
+                    // The reader goes on from its last message once NATS answers again.
+                    tracing::warn!(stream = %work.stream, error = %e, "reading the stream");
+                    tokio::time::sleep(self.inputs.fetching.wait).await;
+                    continue;
+                }
+                Some(Ok(message)) => message,
+            };
+            self.gauges.set_pending(message.pending);
+            // Writing while more messages are at hand: a short buffer waits for them.
+            if writing.is_none() {
+                writing = Some(self.inputs.buffers.writer(source));
+            }
+            let skip = StreamCursor::skip_of(&start, message.sequence);
+            let rows = match self.rows_after(message.decoded, skip) {
+                Ok(batch) => batch,
+                Err(error) => {
+                    self.skip_unfit(work, message.sequence, &error);
+                    ledger.stream_read(message.sequence, offset, 0, 0);
+                    continue;
+                }
+            };
+            let count = rows.rows() as u64;
+            ledger.stream_read(message.sequence, offset, skip, count);
+            let chunk = Chunk {
+                batch: rows,
+                task: ledger.clone(),
+                first_offset: offset,
+            };
+            self.inputs.buffers.push(source, chunk).await;
+            offset += count;
+            self.gauges.taken_in(message.stored_unix_ms);
+            if message.pending == 0 {
+                writing = None;
+            }
+        }
+    }
+
+    /// The rows of a message read in order, without the first `skip` (served before).
+    fn rows_after(
+        &self,
+        decoded: Result<Received<SampleRows>, BusError>,
+        skip: u64,
+    ) -> Result<Minibatch, String> {
+        let received = decoded.map_err(|e| format!("not SampleRows: {e}"))?;
+        let rows = ipc::decode_rows(&received.message.arrow_ipc)
+            .map_err(|e| format!("not Arrow IPC rows: {e}"))?;
+        let skip = (skip as usize).min(rows.num_rows());
+        let rows = rows.slice(skip, rows.num_rows() - skip);
+        self.inputs
+            .pipeline
+            .minibatch(&rows)
+            .map_err(|e| e.to_string())
+    }
+
+    fn skip_unfit(&self, work: &StreamWork, sequence: u64, error: &str) {
+        tracing::warn!(stream = %work.stream, sequence, %error, "message skipped: its rows do not fit the Dataset's schema");
+        self.inputs.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `rebalance` loading: consumes the shared durable consumer until the binding is
+    /// taken back or the future is dropped (the executor stops). A stream has no end; a
+    /// consumer that cannot be opened fails the task.
+    pub(crate) async fn run_shared(
         &self,
         source: SourceIndex,
         work: &StreamWork,
@@ -413,7 +531,7 @@ pub(crate) mod tests {
         let ledger = Arc::new(TaskLedger::new("clicks/stream".into(), 0));
         let runner = runner(&buffers, &pipeline, &js, &counters);
         let mut ids = tokio::select! {
-            _ = runner.run(0, &work, 0, &ledger) => panic!("a stream does not end"),
+            _ = runner.run_shared(0, &work, 0, &ledger) => panic!("a stream does not end"),
             ids = collect(&buffers, next as usize) => ids,
         };
         ids.sort_unstable();
@@ -465,12 +583,12 @@ pub(crate) mod tests {
         let peer_joins_later = async {
             tokio::time::sleep(Duration::from_millis(500)).await;
             tokio::select! {
-                _ = peer_runner.run(0, &work, 0, &peer_ledger) => panic!("a stream does not end"),
+                _ = peer_runner.run_shared(0, &work, 0, &peer_ledger) => panic!("a stream does not end"),
                 _ = tokio::time::sleep(Duration::from_millis(2500)) => {}
             }
         };
         tokio::select! {
-            _ = first_runner.run(0, &work, 0, &first_ledger) => panic!("a stream does not end"),
+            _ = first_runner.run_shared(0, &work, 0, &first_ledger) => panic!("a stream does not end"),
             _ = peer_joins_later => {}
         }
         // Four messages were still pending, the newest buffered one ~2.5 s old.
@@ -487,12 +605,102 @@ pub(crate) mod tests {
 
         // The first executor is gone: the peer gets the four it never buffered.
         let mut redelivered = tokio::select! {
-            _ = peer_runner.run(0, &work, 0, &peer_ledger) => panic!("a stream does not end"),
+            _ = peer_runner.run_shared(0, &work, 0, &peer_ledger) => panic!("a stream does not end"),
             ids = collect(&peer, 8) => ids,
         };
         buffered.append(&mut redelivered);
         buffered.sort_unstable();
         assert_eq!(buffered, (0..12).collect::<Vec<_>>(), "every row once");
+    }
+
+    /// Waits until `buffers` hold `rows` rows.
+    async fn wait_for_fill(buffers: &Buffers, rows: usize) {
+        while buffers.fill().iter().map(|(_, r)| r).sum::<usize>() < rows {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn ids_of(served: &crate::buffer::Served) -> Vec<u64> {
+        let by_key = ids_by_key(0..1000);
+        let kjt = served.batch.to_kjt().expect("kjt");
+        kjt.features[0].values.iter().map(|k| by_key[k]).collect()
+    }
+
+    /// `forward` loading: an executor reads its subject in order (another subject of the
+    /// stream between its messages, a bad message among them), serves 25 rows (stopping
+    /// inside a message) and stops; one started at the position it reported serves the
+    /// rest. Every row once; the bad message is skipped by both.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_binding_read_again_from_its_position_serves_every_row_once() {
+        let nats = NatsServer::start().expect("nats-server");
+        let js = jetstream(&nats).await;
+        let mut sequences = Vec::new();
+        for i in 0..6 {
+            let rows = sample_rows("c1", 10 * i..10 * i + 10);
+            sequences.push(js.publish("clicks.a".into(), &rows).await.expect("publish"));
+            let other = sample_rows("c1", 900..905);
+            js.publish("clicks.b".into(), &other)
+                .await
+                .expect("publish");
+            if i == 3 {
+                let bad = SampleRows {
+                    arrow_ipc: b"not arrow".to_vec(),
+                };
+                js.publish("clicks.a".into(), &bad).await.expect("publish");
+            }
+        }
+        let work = StreamWork {
+            subject: "clicks.a".into(),
+            ..work()
+        };
+        let pipeline = pipeline();
+        let (first, first_counters) = (buffers(10_000), Counters::default());
+        let ledger = Arc::new(TaskLedger::for_stream(
+            "clicks/stream".into(),
+            0,
+            StreamPosition::default(),
+        ));
+        let reader = runner(&first, &pipeline, &js, &first_counters);
+        let mut ids = tokio::select! {
+            _ = reader.read_in_order(0, &work, (0, StreamPosition::default()), &ledger) => panic!("a stream does not end"),
+            served = async {
+                wait_for_fill(&first, 60).await;
+                first.try_pop(25).expect("25 rows")
+            } => ids_of(&served),
+        };
+        let position = ledger.stream_position().expect("a position");
+        assert_eq!(
+            position,
+            StreamPosition {
+                sequence: sequences[2],
+                rows: 5
+            }
+        );
+        assert_eq!(first_counters.rejected.load(Ordering::Relaxed), 1);
+
+        let (second, second_counters) = (buffers(10_000), Counters::default());
+        let ledger = Arc::new(TaskLedger::for_stream("clicks/stream".into(), 25, position));
+        let reader = runner(&second, &pipeline, &js, &second_counters);
+        let rest = tokio::select! {
+            _ = reader.read_in_order(0, &work, (25, position), &ledger) => panic!("a stream does not end"),
+            served = async {
+                wait_for_fill(&second, 35).await;
+                second.try_pop(35).expect("35 rows")
+            } => ids_of(&served),
+        };
+        ids.extend(rest);
+        ids.sort_unstable();
+        assert_eq!(ids, (0..60).collect::<Vec<_>>(), "every row once");
+        assert_eq!(second_counters.rejected.load(Ordering::Relaxed), 1);
+        assert_eq!(ledger.served(), 60);
+        assert_eq!(
+            ledger.stream_position(),
+            Some(StreamPosition {
+                sequence: sequences[5] + 1,
+                rows: 0
+            }),
+            "everything read is served"
+        );
     }
 
     /// A Job may start before its producer: the runner creates the stream, and what is
@@ -515,7 +723,7 @@ pub(crate) mod tests {
             collect(&buffers, 5).await
         };
         let ids = tokio::select! {
-            _ = runner.run(0, &work, 0, &ledger) => panic!("the stream could not be consumed: {:?}", ledger.finished()),
+            _ = runner.read_in_order(0, &work, (0, StreamPosition::default()), &ledger) => panic!("the stream could not be consumed: {:?}", ledger.finished()),
             ids = publish_once_the_stream_exists => ids,
         };
         assert_eq!(ids, vec![0, 1, 2, 3, 4]);

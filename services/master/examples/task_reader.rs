@@ -238,6 +238,7 @@ async fn read_task(
                         executor_id: identity.executor_id.clone(),
                         task_id: task.id.clone(),
                         offset,
+                        stream_position: None,
                     })
                     .await?;
                 reported = offset;

@@ -4,12 +4,14 @@
 //! Checkpoint `id` (every `spec.checkpoint.interval_seconds`):
 //! 1. every data executor pauses (`DatasetService.Pause`): nothing more leaves its serving
 //!    buffers, each open minibatch stream sends the barrier marker, and the executor answers
-//!    with the rows served of each task it holds, which go into the task queue;
+//!    with the rows served of each task it holds and the position of each stream binding it
+//!    reads in order, which go into the task queue;
 //! 2. every running trainer trains what came before the markers of all its streams and says
 //!    so (`CheckpointService.TrainerAligned`, with its step and sample totals);
 //! 3. every PS shard snapshots to `<uri>/ckpt-<id>/<shard>`;
 //! 4. `<uri>/ckpt-<id>/checkpoint.json` is written, then the record is committed in Redis
-//!    with a copy of the queue's offsets and succeeded set (the commit point);
+//!    with a copy of the queue's offsets, stream positions and succeeded set (the commit
+//!    point);
 //! 5. the data executors resume (also when any step failed; a pause also expires by itself);
 //! 6. the files of checkpoints `keep` ids or more before it are deleted.
 //!
@@ -17,8 +19,9 @@
 //! checkpoint restores every PS shard from it, rolls the queue back to its offsets and
 //! starts each trainer from its totals, before any data executor or trainer runs; with
 //! checkpointing configured but none committed yet, the queue goes back to the start.
-//! Stream sources are not rolled back: their rows buffered but not served when a job
-//! stopped were acknowledged to JetStream and are not read again.
+//! Stream bindings read in order (`forward` loading) go back to their recorded positions,
+//! so every message after one is read again once; bindings of `rebalance` loading and
+//! online joins are not rewound.
 //!
 //! A PS shard that crashes mid-job is restarted by the backend and restored alone from the
 //! latest committed checkpoint (Monolith §2.3: the shard loses the updates since, the rest
@@ -27,7 +30,7 @@
 //! commits when a shard restarted while it was taken ([`ShardRecovery`]), so none records
 //! an emptied shard.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,7 +40,8 @@ use primus_config::StorageSettings;
 use primus_proto::v1::dataset_service_client::DatasetServiceClient;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{
-    Endpoint, OpenRequest, PauseRequest, RestoreRequest, ResumeRequest, SnapshotRequest,
+    Endpoint, OpenRequest, PauseRequest, PauseResponse, RestoreRequest, ResumeRequest,
+    SnapshotRequest, StreamPosition,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -143,7 +147,29 @@ pub struct CheckpointRecord {
     pub trainers: BTreeMap<String, TrainerTotals>,
     /// Task id -> rows consumed, for every task begun and not finished at the barrier.
     pub offsets: BTreeMap<String, u64>,
+    /// Stream task id -> how far its subject was served at the barrier (bindings read in
+    /// order; empty in records written before stream positions).
+    #[serde(default)]
+    pub stream_positions: BTreeMap<String, RecordedPosition>,
     pub succeeded_tasks: u64,
+}
+
+/// A [`StreamPosition`] in a checkpoint record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedPosition {
+    /// The first message of the subject not wholly served.
+    pub sequence: u64,
+    /// Rows of it served.
+    pub rows: u64,
+}
+
+impl From<StreamPosition> for RecordedPosition {
+    fn from(p: StreamPosition) -> Self {
+        Self {
+            sequence: p.sequence,
+            rows: p.rows,
+        }
+    }
 }
 
 impl CheckpointRecord {
@@ -404,6 +430,13 @@ impl Coordinator {
             return Err(CheckpointError::Restarted(id));
         }
         let offsets: BTreeMap<String, u64> = self.queue.offsets().await?.into_iter().collect();
+        let stream_positions = self
+            .queue
+            .positions()
+            .await?
+            .into_iter()
+            .map(|(task, p)| (task, RecordedPosition::from(p)))
+            .collect();
         let record = CheckpointRecord {
             id,
             unix_ms: now_ms(),
@@ -412,6 +445,7 @@ impl Coordinator {
             chain_start: base.map_or(id, |b| b.chain_start),
             trainers,
             offsets,
+            stream_positions,
             succeeded_tasks: self.queue.counts().await?.succeeded,
         };
         let json = serde_json::to_string_pretty(&record)
@@ -437,17 +471,17 @@ impl Coordinator {
                 .await
                 .map_err(|_| format!("no answer to Pause within {deadline:?}"))?;
             response
-                .map(|r| (executor, r.into_inner().served_offsets))
+                .map(|r| r.into_inner())
                 .map_err(|status| status.message().to_owned())
         }))
         .await;
         for (executor, result) in executors.iter().zip(paused) {
-            let offsets = result.map_err(|message| CheckpointError::DataExecutor {
+            let served = result.map_err(|message| CheckpointError::DataExecutor {
                 id: executor.id.clone(),
                 addr: executor.grpc_addr.clone(),
                 message,
             })?;
-            self.record_offsets(&executor.id, offsets.1).await?;
+            self.record_offsets(&executor.id, served).await?;
         }
         Ok(())
     }
@@ -455,12 +489,13 @@ impl Coordinator {
     async fn record_offsets(
         &self,
         executor: &str,
-        offsets: HashMap<String, u64>,
+        served: PauseResponse,
     ) -> Result<(), CheckpointError> {
-        for (task, offset) in offsets {
+        for (task, offset) in served.served_offsets {
             // A task taken back from this executor is not its to report: skipped.
+            let position = served.stream_positions.get(&task);
             self.queue
-                .report_progress(executor, &task, offset, now_ms())
+                .report_progress(executor, &task, offset, position, now_ms())
                 .await?;
         }
         Ok(())

@@ -12,17 +12,19 @@
 //!   once a bounded stream is fully planned
 //! - `executors` hash executor -> last heartbeat (unix ms)
 //! - `stream` hash source -> executor ("" when unassigned); `stream_task` hash source ->
-//!   DataTask protobuf
+//!   DataTask protobuf; `position` hash stream task id -> its StreamPosition as
+//!   `"<sequence> <rows>"` (only grows; a binding's next holder starts there)
 //! - `checkpoint` hash: `latest` -> id of the newest checkpoint, `<id>` -> its record
-//!   (JSON); `checkpoint:<id>:offset` and `checkpoint:<id>:succeeded`: copies of `offset`
-//!   and `succeeded` taken with the record, for [`TaskQueue::rollback`]
+//!   (JSON); `checkpoint:<id>:offset`, `checkpoint:<id>:position` and
+//!   `checkpoint:<id>:succeeded`: copies of `offset`, `position` and `succeeded` taken with
+//!   the record, for [`TaskQueue::rollback`]
 
 #![expect(
     clippy::disallowed_methods,
     reason = "the task queue: the one place that reads and writes a Job's queue keys"
 )]
 
-use primus_proto::v1::DataTask;
+use primus_proto::v1::{DataTask, StreamPosition};
 use prost::Message;
 use redis::Script;
 use redis::aio::ConnectionManager;
@@ -89,14 +91,16 @@ return added
 "#;
 
 const ACQUIRE: &str = r#"
--- KEYS: pending running task offset attempts executors order stream stream_task
+-- KEYS: pending running task offset attempts executors order stream stream_task position
 -- ARGV: executor now_ms max_lead_windows window_divisor
 redis.call('HSET', KEYS[6], ARGV[1], ARGV[2])
 local bindings = redis.call('HGETALL', KEYS[8])
 for i = 1, #bindings, 2 do
   if bindings[i + 1] == '' then
     redis.call('HSET', KEYS[8], bindings[i], ARGV[1])
-    return {'stream', redis.call('HGET', KEYS[9], bindings[i]), '0', '1'}
+    local id = bindings[i] .. '/stream'
+    return {'stream', redis.call('HGET', KEYS[9], bindings[i]),
+            redis.call('HGET', KEYS[4], id) or '0', '1', redis.call('HGET', KEYS[10], id) or ''}
   end
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -122,7 +126,8 @@ return {'batch', redis.call('HGET', KEYS[3], id), offset, tostring(attempt)}
 "#;
 
 const PROGRESS: &str = r#"
--- KEYS: running offset executors stream; ARGV: id executor offset now_ms
+-- KEYS: running offset executors stream position
+-- ARGV: id executor offset now_ms sequence rows (both '': no stream position)
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   local source = string.match(ARGV[1], '^(.*)/stream$')
   if not source or redis.call('HGET', KEYS[4], source) ~= ARGV[2] then return 0 end
@@ -130,6 +135,17 @@ end
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
 local current = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if tonumber(ARGV[3]) > current then redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) end
+if ARGV[5] ~= '' then
+  local sequence, rows = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local known = redis.call('HGET', KEYS[5], ARGV[1])
+  local newer = true
+  if known then
+    local s, r = string.match(known, '^(%d+) (%d+)$')
+    s, r = tonumber(s), tonumber(r)
+    newer = sequence > s or (sequence == s and rows > r)
+  end
+  if newer then redis.call('HSET', KEYS[5], ARGV[1], ARGV[5] .. ' ' .. ARGV[6]) end
+end
 return 1
 "#;
 
@@ -216,35 +232,40 @@ return {redis.call('HLEN', KEYS[1]), redis.call('ZCARD', KEYS[2]), redis.call('H
 "#;
 
 const RECORD_CHECKPOINT: &str = r#"
--- KEYS: offset succeeded checkpoint; ARGV: prefix id record
--- Copies the queue's offsets and succeeded set under the new id, makes it the latest
--- checkpoint and drops the previous one's copies: one atomic commit.
+-- KEYS: offset succeeded checkpoint position; ARGV: prefix id record
+-- Copies the queue's offsets, stream positions and succeeded set under the new id, makes
+-- it the latest checkpoint and drops the previous one's copies: one atomic commit.
 local function copy(from, to)
   redis.call('DEL', to)
   if redis.call('EXISTS', from) == 1 then redis.call('COPY', from, to) end
 end
+local function saved(id, name) return ARGV[1] .. 'checkpoint:' .. id .. ':' .. name end
 local previous = redis.call('HGET', KEYS[3], 'latest')
-copy(KEYS[1], ARGV[1] .. 'checkpoint:' .. ARGV[2] .. ':offset')
-copy(KEYS[2], ARGV[1] .. 'checkpoint:' .. ARGV[2] .. ':succeeded')
+copy(KEYS[1], saved(ARGV[2], 'offset'))
+copy(KEYS[4], saved(ARGV[2], 'position'))
+copy(KEYS[2], saved(ARGV[2], 'succeeded'))
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[3], 'latest', ARGV[2])
 if previous and previous ~= ARGV[2] then
   redis.call('HDEL', KEYS[3], previous)
-  redis.call('DEL', ARGV[1] .. 'checkpoint:' .. previous .. ':offset',
-             ARGV[1] .. 'checkpoint:' .. previous .. ':succeeded')
+  redis.call('DEL', saved(previous, 'offset'), saved(previous, 'position'),
+             saved(previous, 'succeeded'))
 end
 return 1
 "#;
 
 const ROLLBACK: &str = r#"
--- KEYS: offset succeeded pending order running; ARGV: prefix id ('0': no checkpoint)
--- Back to the checkpoint: its offsets, and every task that succeeded after it pending
--- again. Runs when no executor holds a task (after the previous ones' work was taken back).
+-- KEYS: offset succeeded pending order running position; ARGV: prefix id ('0': none)
+-- Back to the checkpoint: its offsets and stream positions, and every task that succeeded
+-- after it pending again. Runs when no executor holds a task (after the previous ones'
+-- work was taken back).
 if redis.call('HLEN', KEYS[5]) > 0 then return -1 end
 local saved_offset = ARGV[1] .. 'checkpoint:' .. ARGV[2] .. ':offset'
+local saved_position = ARGV[1] .. 'checkpoint:' .. ARGV[2] .. ':position'
 local saved_succeeded = ARGV[1] .. 'checkpoint:' .. ARGV[2] .. ':succeeded'
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[6])
 if redis.call('EXISTS', saved_offset) == 1 then redis.call('COPY', saved_offset, KEYS[1]) end
+if redis.call('EXISTS', saved_position) == 1 then redis.call('COPY', saved_position, KEYS[6]) end
 local reopened = 0
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   if redis.call('SISMEMBER', saved_succeeded, id) == 0 then
@@ -257,7 +278,7 @@ return reopened
 "#;
 
 /// Every key of a job's queue, for [`TaskQueue::delete`].
-const KEYS: [&str; 14] = [
+const KEYS: [&str; 15] = [
     "task",
     "order",
     "pending",
@@ -271,6 +292,7 @@ const KEYS: [&str; 14] = [
     "executors",
     "stream",
     "stream_task",
+    "position",
     "checkpoint",
 ];
 
@@ -410,6 +432,7 @@ impl TaskQueue {
                 "order",
                 "stream",
                 "stream_task",
+                "position",
             ],
         );
         script
@@ -427,6 +450,7 @@ impl TaskQueue {
                 })?;
                 task.start_offset = parse_number(field(2));
                 task.attempt = parse_number(field(3)) as u32;
+                task.stream_position = parse_position(field(4));
                 Ok(Acquired::Task(Box::new(task)))
             }
             Some(b"throttled") => Ok(Acquired::Throttled),
@@ -434,20 +458,26 @@ impl TaskQueue {
         }
     }
 
-    /// Records that `executor` consumed `offset` rows of `task_id`. False when the task is
-    /// not this executor's.
+    /// Records that `executor` consumed `offset` rows of `task_id` (a stream binding: up to
+    /// `position`; an older position than the one known is ignored). False when the task
+    /// is not this executor's.
     pub async fn report_progress(
         &self,
         executor: &str,
         task_id: &str,
         offset: u64,
+        position: Option<&StreamPosition>,
         now_ms: i64,
     ) -> Result<bool, QueueError> {
         let mut script = self.invoke(
             &self.scripts.progress,
-            &["running", "offset", "executors", "stream"],
+            &["running", "offset", "executors", "stream", "position"],
         );
         script.arg(task_id).arg(executor).arg(offset).arg(now_ms);
+        match position {
+            Some(p) => script.arg(p.sequence).arg(p.rows),
+            None => script.arg("").arg(""),
+        };
         let owned: i64 = script.invoke_async(&mut self.redis.clone()).await?;
         Ok(owned == 1)
     }
@@ -640,12 +670,24 @@ impl TaskQueue {
             .await?)
     }
 
+    /// Stream positions of the bindings read in order (stream task id -> position).
+    pub async fn positions(&self) -> Result<HashMap<String, StreamPosition>, QueueError> {
+        let known: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.key("position"))
+            .query_async(&mut self.redis.clone())
+            .await?;
+        Ok(known
+            .into_iter()
+            .filter_map(|(id, position)| Some((id, parse_position(position.as_bytes())?)))
+            .collect())
+    }
+
     /// Commits checkpoint `id`: `record` becomes the latest, together with a copy of the
-    /// queue's offsets and succeeded set as they are now.
+    /// queue's offsets, stream positions and succeeded set as they are now.
     pub async fn record_checkpoint(&self, id: u64, record: &str) -> Result<(), QueueError> {
         let mut script = self.invoke(
             &self.scripts.record_checkpoint,
-            &["offset", "succeeded", "checkpoint"],
+            &["offset", "succeeded", "checkpoint", "position"],
         );
         script.arg(&self.prefix).arg(id).arg(record);
         script.invoke_async::<()>(&mut self.redis.clone()).await?;
@@ -676,7 +718,14 @@ impl TaskQueue {
     pub async fn rollback(&self, id: Option<u64>) -> Result<u64, QueueError> {
         let mut script = self.invoke(
             &self.scripts.rollback,
-            &["offset", "succeeded", "pending", "order", "running"],
+            &[
+                "offset",
+                "succeeded",
+                "pending",
+                "order",
+                "running",
+                "position",
+            ],
         );
         script.arg(&self.prefix).arg(id.unwrap_or(0));
         let reopened: i64 = script.invoke_async(&mut self.redis.clone()).await?;
@@ -692,8 +741,9 @@ impl TaskQueue {
             .await?;
         let mut keys: Vec<String> = KEYS.iter().map(|k| self.key(k)).collect();
         if let Some(latest) = latest {
-            keys.push(self.key(&format!("checkpoint:{latest}:offset")));
-            keys.push(self.key(&format!("checkpoint:{latest}:succeeded")));
+            for saved in ["offset", "position", "succeeded"] {
+                keys.push(self.key(&format!("checkpoint:{latest}:{saved}")));
+            }
         }
         redis::cmd("DEL")
             .arg(keys)
@@ -701,6 +751,15 @@ impl TaskQueue {
             .await?;
         Ok(())
     }
+}
+
+/// A position as the scripts store it (`"<sequence> <rows>"`); `None` when absent.
+fn parse_position(bytes: &[u8]) -> Option<StreamPosition> {
+    let (sequence, rows) = std::str::from_utf8(bytes).ok()?.split_once(' ')?;
+    Some(StreamPosition {
+        sequence: sequence.parse().ok()?,
+        rows: rows.parse().ok()?,
+    })
 }
 
 fn parse_number(bytes: &[u8]) -> u64 {

@@ -177,7 +177,13 @@ impl TaskService for Tasks {
         let job = self.job(&request.job)?;
         let owned = job
             .queue
-            .report_progress(executor, task, request.offset, now_ms())
+            .report_progress(
+                executor,
+                task,
+                request.offset,
+                request.stream_position.as_ref(),
+                now_ms(),
+            )
             .await
             .map_err(unavailable)?;
         if !owned {

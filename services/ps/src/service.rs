@@ -530,7 +530,8 @@ impl ParameterServer for Ps {
         &self,
         request: Request<ExportDeltaRequest>,
     ) -> Result<Response<ExportDeltaResponse>, Status> {
-        let since = request.into_inner().since_version;
+        let request = request.into_inner();
+        let since = request.since_version;
         let mut response = ExportDeltaResponse::default();
         for (name, table) in self.tables.iter() {
             let delta = table.export_delta(since).map_err(table_status)?;
@@ -550,6 +551,11 @@ impl ParameterServer for Ps {
                 evicted_keys: encode_keys(&delta.evicted),
                 versions: encode_keys(&delta.versions),
                 evicted_versions: encode_keys(&delta.evicted_versions),
+                update_counts: if request.update_counts {
+                    encode_keys(&delta.update_counts)
+                } else {
+                    Vec::new()
+                },
             });
         }
         Ok(Response::new(response))

@@ -252,6 +252,7 @@ impl JobSync {
             .client
             .export_delta(ExportDeltaRequest {
                 since_version: since,
+                update_counts: false,
             })
             .await
         {

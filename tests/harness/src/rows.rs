@@ -35,13 +35,42 @@ pub async fn training_rows(addr: &str) -> Rows {
         .expect("connect to the PS shard")
         .max_decoding_message_size(usize::MAX);
     let delta = client
-        .export_delta(ExportDeltaRequest { since_version: 0 })
+        .export_delta(ExportDeltaRequest {
+            since_version: 0,
+            update_counts: false,
+        })
         .await
         .expect("export")
         .into_inner();
     let mut rows = Rows::new();
     rows_of(&delta.tables, &mut rows);
     rows
+}
+
+/// How many pushes each row of the training PS shard at `addr` (host:port) was updated
+/// by, by (table, key).
+pub async fn update_counts(addr: &str) -> HashMap<(String, u64), u64> {
+    let mut client = ParameterServerClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect to the PS shard")
+        .max_decoding_message_size(usize::MAX);
+    let delta = client
+        .export_delta(ExportDeltaRequest {
+            since_version: 0,
+            update_counts: true,
+        })
+        .await
+        .expect("export")
+        .into_inner();
+    let mut counts = HashMap::new();
+    for table in delta.tables {
+        let keys = decode_keys("keys", &table.keys).expect("whole keys");
+        let updates = decode_keys("update_counts", &table.update_counts).expect("whole counts");
+        for (key, updates) in keys.into_iter().zip(updates) {
+            counts.insert((table.table.clone(), key), updates);
+        }
+    }
+    counts
 }
 
 /// Every row of the serving replica at `addr` (host:port).

@@ -21,8 +21,10 @@ impl Table {
             let guard = self.read(shard);
             rows.clear();
             for (key, row) in guard.changed_since(since, &self.change_scans) {
+                let meta = guard.meta(row);
                 delta.keys.push(key);
-                delta.versions.push(guard.meta(row).version);
+                delta.versions.push(meta.version);
+                delta.update_counts.push(u64::from(meta.count));
                 rows.push(row);
             }
             guard

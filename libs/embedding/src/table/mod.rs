@@ -143,6 +143,8 @@ pub struct Delta {
     pub weights: Vec<f32>,
     /// Version of each key's last update (a replica keeps the newest of two copies).
     pub versions: Vec<u64>,
+    /// Updates applied to each key's row ([`RowMeta::count`]).
+    pub update_counts: Vec<u64>,
     /// Keys evicted.
     pub evicted: Vec<u64>,
     /// Version of each eviction.

@@ -175,6 +175,7 @@ async fn plan_window<C: Catalog>(
                 })),
                 start_offset: 0,
                 attempt: 0,
+                stream_position: None,
             };
             // Sources interleave inside a window so every source is served from its start.
             let position = k as u64 * stream.total_sources + source_index;

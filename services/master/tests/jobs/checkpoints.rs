@@ -14,7 +14,7 @@ use primus_testkit::service::signal;
 
 use crate::common::{
     DLRM_ROWS, apply_criteo_dataset, checkpoint_where, data_executor, dlrm_job, job_queue,
-    master_settings, start, start_master_with,
+    master_settings, start, start_master_with, wait_for_samples_past,
 };
 
 /// A data executor killed while a checkpoint waits for the trainer to align: the barrier
@@ -353,19 +353,6 @@ async fn a_killed_trainer_or_data_executor_under_rollback_loses_and_repeats_no_r
         eprintln!("{}; AUC {auc:.4} (best {best:.4})", rolled_back.message);
     }
     master.stop();
-}
-
-/// Waits until the Job's trainers reported more than `samples` samples.
-async fn wait_for_samples_past(sandbox: &Sandbox, job: &str, samples: u64) {
-    loop {
-        let status = sandbox.status(job).await;
-        let reported = status.progress.map_or(0, |p| p.samples);
-        assert!(!status.phase.is_terminal(), "{job} ended early");
-        if reported > samples {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,8 @@ use primus_harness::{MasterProcess, Sandbox, binary};
 use primus_master::checkpoint::{self, CheckpointRecord};
 use primus_master::plan::{ListingCache, StoreCatalog};
 use primus_master::queue::TaskQueue;
+use primus_proto::v1::topology_service_client::TopologyServiceClient;
+use primus_proto::v1::{Endpoint, GetTopologyRequest};
 use primus_spec::Resource;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::{ModelSpec, TrainingMode};
@@ -224,6 +226,18 @@ pub(crate) async fn publish_rows(js: &JetStream, subject: &str, ids: std::ops::R
     js.publish(subject.into(), &message).await.expect("publish");
 }
 
+/// The endpoints of `job` as the master at `master` publishes them.
+pub(crate) async fn topology(master: &str, job: &str) -> Vec<Endpoint> {
+    TopologyServiceClient::connect(format!("http://{master}"))
+        .await
+        .expect("master")
+        .get_topology(GetTopologyRequest { job: job.into() })
+        .await
+        .expect("topology")
+        .into_inner()
+        .endpoints
+}
+
 /// Publishes rows 0..500 on `clicks.live` (stream CLICKS) and applies a stream-mode
 /// Job `job` over them (Dataset `live-data`, the smallest model, batches of 64, one of
 /// each executor) after `change`. Returns the JetStream context for later rows.
@@ -279,6 +293,19 @@ pub(crate) async fn train_dlrm(sandbox: &Sandbox, job: &str, trainers: u32) -> S
 /// The task queue of `job` in the sandbox's Redis.
 pub(crate) async fn job_queue(sandbox: &Sandbox, job: &str) -> TaskQueue {
     queue_at(&sandbox.redis.url(), job).await
+}
+
+/// Waits until the Job's trainers reported more than `samples` samples.
+pub(crate) async fn wait_for_samples_past(sandbox: &Sandbox, job: &str, samples: u64) {
+    loop {
+        let status = sandbox.status(job).await;
+        let reported = status.progress.map_or(0, |p| p.samples);
+        assert!(!status.phase.is_terminal(), "{job} ended early");
+        if reported > samples {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Waits for a committed checkpoint of a running job that `wanted` accepts.

@@ -1,12 +1,12 @@
 //! Planning a Dataset into the task queue and the queue's transitions, against a real
-//! Redis: time order, every file once, stream bindings moving between executors, and the
-//! rollback to a checkpoint's offsets.
+//! Redis: time order, every file once, stream bindings and their positions moving between
+//! executors, and the rollback to a checkpoint's offsets and positions.
 
 use std::collections::{BTreeMap, HashMap};
 
 use primus_harness::resources::{dataset, hourly, jetstream, parquet};
 use primus_master::queue::{Acquired, Finished};
-use primus_proto::v1::data_task;
+use primus_proto::v1::{StreamPosition, data_task};
 use primus_testkit::RedisServer;
 
 use crate::common::{FILES_PER_HOUR, plan_dataset, queue_at, write_partitions};
@@ -108,13 +108,13 @@ async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() 
     ));
     assert!(
         queue
-            .report_progress("de-0", &task.id, 10, 1)
+            .report_progress("de-0", &task.id, 10, None, 1)
             .await
             .expect("progress")
     );
     assert!(
         !queue
-            .report_progress("de-1", &task.id, 10, 1)
+            .report_progress("de-1", &task.id, 10, None, 1)
             .await
             .expect("progress")
     );
@@ -126,7 +126,7 @@ async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() 
     assert_eq!(moved.id, task.id);
     assert!(
         !queue
-            .report_progress("de-0", &task.id, 20, 2)
+            .report_progress("de-0", &task.id, 20, None, 2)
             .await
             .expect("progress")
     );
@@ -147,6 +147,80 @@ async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() 
     assert_eq!(
         queue.failures().await.expect("failures"),
         vec![(task.id.clone(), "stream \"CLICKS\": not found".to_owned())]
+    );
+}
+
+/// A stream binding's position: taken from its holder only and only forward, handed to
+/// the binding's next holder with the offset, and put back to a checkpoint's by a
+/// rollback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_bindings_position_goes_to_its_next_holder_and_back_to_a_checkpoint() {
+    let redis = RedisServer::start().expect("redis-server");
+    let dataset = dataset("position-data")
+        .stream(
+            "live",
+            hourly("2026-11-01T00", None),
+            vec![jetstream("clicks", "CLICKS", "clicks.>")],
+        )
+        .spec();
+    let queue = queue_at(&redis.url(), "position").await;
+    let bindings = primus_master::driver::stream_tasks("position", &dataset);
+    queue.add_stream_tasks(&bindings).await.expect("bindings");
+    let at = |sequence, rows| StreamPosition { sequence, rows };
+    let holder = |executor: &'static str| {
+        let queue = queue.clone();
+        async move {
+            match queue.acquire(executor, 0, 0).await.expect("acquire") {
+                Acquired::Task(task) => *task,
+                other => panic!("{executor} gets the binding: {other:?}"),
+            }
+        }
+    };
+    let first = holder("de-0").await;
+    assert_eq!((first.start_offset, first.stream_position), (0, None));
+    let report = |executor: &'static str, offset, position| {
+        let queue = queue.clone();
+        async move {
+            queue
+                .report_progress(executor, "clicks/stream", offset, Some(&position), 1)
+                .await
+                .expect("progress")
+        }
+    };
+    assert!(report("de-0", 10, at(5, 3)).await);
+    assert!(!report("de-1", 40, at(9, 0)).await, "not the holder");
+    queue.requeue_executor("de-0", 3).await.expect("requeue");
+    let second = holder("de-1").await;
+    assert_eq!(
+        (second.start_offset, second.stream_position),
+        (10, Some(at(5, 3)))
+    );
+    assert!(report("de-1", 10, at(4, 0)).await);
+    assert!(report("de-1", 14, at(7, 0)).await);
+    queue.record_checkpoint(1, "{}").await.expect("checkpoint");
+    assert!(report("de-1", 20, at(9, 2)).await);
+    let positions = queue.positions().await.expect("positions");
+    assert_eq!(
+        positions["clicks/stream"],
+        at(9, 2),
+        "an older position is ignored"
+    );
+
+    queue.requeue_executor("de-1", 3).await.expect("requeue");
+    queue.rollback(Some(1)).await.expect("rollback");
+    let third = holder("de-2").await;
+    assert_eq!(
+        (third.start_offset, third.stream_position),
+        (14, Some(at(7, 0))),
+        "the checkpoint's"
+    );
+    queue.requeue_executor("de-2", 3).await.expect("requeue");
+    queue.rollback(None).await.expect("rollback");
+    let fourth = holder("de-3").await;
+    assert_eq!(
+        (fourth.start_offset, fourth.stream_position),
+        (0, None),
+        "before any checkpoint: the stream's start"
     );
 }
 
@@ -185,7 +259,7 @@ async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
     finish(a.id.clone()).await;
     assert!(
         queue
-            .report_progress("r", &b.id, 40, 0)
+            .report_progress("r", &b.id, 40, None, 0)
             .await
             .expect("progress")
     );
@@ -196,7 +270,7 @@ async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
     let d = acquire().await;
     assert!(
         queue
-            .report_progress("r", &d.id, 70, 0)
+            .report_progress("r", &d.id, 70, None, 0)
             .await
             .expect("progress")
     );
@@ -266,7 +340,7 @@ async fn a_yielded_task_is_pending_again_from_its_served_offset() {
     );
     assert!(
         queue
-            .report_progress("slow", &task.id, 10, 0)
+            .report_progress("slow", &task.id, 10, None, 0)
             .await
             .expect("progress")
     );
@@ -297,7 +371,7 @@ async fn a_yielded_task_is_pending_again_from_its_served_offset() {
     );
     assert!(
         !queue
-            .report_progress("slow", &task.id, 40, 0)
+            .report_progress("slow", &task.id, 40, None, 0)
             .await
             .expect("progress"),
         "the straggler no longer owns it"

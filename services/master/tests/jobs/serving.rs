@@ -10,13 +10,15 @@ use primus_harness::rows::{Rows, replica_rows, training_rows};
 use primus_proto::v1::serving_service_client::ServingServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
 use primus_proto::v1::{
-    Endpoint, FeatureValue, GetTopologyRequest, PredictRequest, Role, Sample, feature_value::Value,
+    FeatureValue, GetTopologyRequest, PredictRequest, Role, Sample, feature_value::Value,
 };
 use primus_service::Shutdown;
 use primus_spec::job::{JobSpec, RoleSpec};
 use primus_testkit::free_port;
 
-use crate::common::{apply_online_job, data_executor, online_job, publish_rows, start_master_with};
+use crate::common::{
+    apply_online_job, data_executor, online_job, publish_rows, start_master_with, topology,
+};
 
 /// The Job's serving replica and a fast serving-sync.
 fn served(spec: &mut JobSpec) {
@@ -48,17 +50,6 @@ async fn converged(master: &str, job: &str) -> (Rows, Rows) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-async fn topology(master: &str, job: &str) -> Vec<Endpoint> {
-    TopologyServiceClient::connect(format!("http://{master}"))
-        .await
-        .expect("master")
-        .get_topology(GetTopologyRequest { job: job.into() })
-        .await
-        .expect("topology")
-        .into_inner()
-        .endpoints
 }
 
 /// The whole serving path through real processes: the master starts the Job's training

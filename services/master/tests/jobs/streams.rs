@@ -1,23 +1,27 @@
 //! Stream and mixed Jobs through the real services on a real NATS: every row published to
 //! a JetStream subject trained once, joined features and actions, a killed data executor's
-//! stream going on in its replacement, rebalanced stream loading, and batch-then-stream and
-//! mixture Jobs training every batch and stream row.
+//! stream going on in its replacement, a stream Job rolled back to its checkpoint's stream
+//! position, rebalanced stream loading, and batch-then-stream and mixture Jobs training
+//! every batch and stream row.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
 use primus_harness::Sandbox;
 use primus_harness::resources::{dataset, hourly, jetstream, job, join, parquet, small_wide_deep};
+use primus_harness::rows::update_counts;
+use primus_proto::v1::Role;
 use primus_spec::Kind;
 use primus_spec::dataset::JoinSource;
-use primus_spec::job::{StreamLoading, TrainingMode};
+use primus_spec::job::{CheckpointSpec, StreamLoading, TrainingMode, WorkerFailure};
 use primus_spec::status::Phase;
 use primus_testkit::service::signal;
 
 use crate::common::{
-    FILES_PER_HOUR, ROWS_PER_FILE, apply_online_job, data_executor, publish_rows,
-    start_master_with, write_partitions,
+    FILES_PER_HOUR, ROWS_PER_FILE, apply_online_job, checkpoint_where, data_executor, job_queue,
+    publish_rows, start_master_with, topology, wait_for_samples_past, write_partitions,
 };
 
 /// An online job: a real data executor consumes the JetStream subject (rows published
@@ -145,16 +149,20 @@ async fn an_online_job_trains_on_joined_features_and_actions() {
     master.stop();
 }
 
-/// Killing an online job's data executor: the backend restarts it, the stream binding goes
-/// to the new process, and its durable consumer gets everything the dead one had not acked.
-/// The first 500 rows were all trained (so nothing was left in the dead one's buffer), so
-/// the job ends at exactly every published row: none lost, none trained twice.
+/// Killing an online job's data executor: the backend restarts it, and the stream binding
+/// goes to the new process at the position the dead one last reported. The first 500 rows
+/// were all trained and their position reported before the kill, so the job ends at
+/// exactly every published row: none lost, none trained twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_data_executors_stream_goes_on_in_its_replacement_without_loss_or_repeats() {
     let sandbox = Sandbox::start().await;
     let js = apply_online_job(&sandbox, "online-kill", |_| {}).await;
     let master = start_master_with(&sandbox, &data_executor());
     sandbox.wait_for_samples("online-kill", 500).await;
+    let queue = job_queue(&sandbox, "online-kill").await;
+    while queue.offsets().await.expect("offsets").get("clicks/stream") != Some(&500) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let pid = sandbox.pids("online-kill")["data_executor-0"];
     signal(pid, "KILL").expect("kill executor");
     // Published while no executor holds the binding: delivered to the replacement.
@@ -173,6 +181,79 @@ async fn a_killed_data_executors_stream_goes_on_in_its_replacement_without_loss_
     // Nothing more arrives later (a redelivered duplicate would).
     sandbox.assert_samples_stay("online-kill", 1000).await;
     sandbox.delete_job("online-kill").await;
+    master.stop();
+}
+
+/// `on_worker_failure: rollback` on a stream Job: its data executor killed after rows were
+/// served past the latest checkpoint returns the Job to that checkpoint, whose stream
+/// position the restarted executor reads from. Every published row is trained into the
+/// final model exactly once: by count, and by the update count of each row's own
+/// embedding (`c1` is the row's id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_job_rolled_back_to_its_checkpoint_trains_every_row_once() {
+    let sandbox = Sandbox::start().await;
+    let job = "online-rollback";
+    let checkpoints = sandbox.dir().join("checkpoints").join(job);
+    let js = apply_online_job(&sandbox, job, |spec| {
+        let mut checkpoint = CheckpointSpec::new(&checkpoints.display().to_string(), 1);
+        checkpoint.on_worker_failure = WorkerFailure::Rollback;
+        spec.checkpoint = Some(checkpoint);
+    })
+    .await;
+    let master = start_master_with(&sandbox, &data_executor());
+    let queue = job_queue(&sandbox, job).await;
+    let record = checkpoint_where(&sandbox, &queue, job, |r| r.samples() > 0).await;
+    for i in 10..30 {
+        publish_rows(&js, "clicks.live", i * 50..(i + 1) * 50).await;
+    }
+    wait_for_samples_past(&sandbox, job, record.samples()).await;
+    signal(sandbox.pids(job)["data_executor-0"], "KILL").expect("kill executor");
+    for i in 30..40 {
+        publish_rows(&js, "clicks.live", i * 50..(i + 1) * 50).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !sandbox
+        .status(job)
+        .await
+        .conditions
+        .iter()
+        .any(|c| c.kind == "RolledBack")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no rollback: {}",
+            sandbox.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sandbox.wait_for_samples(job, 2000).await;
+    sandbox.assert_samples_stay(job, 2000).await;
+
+    let ids_by_key: HashMap<u64, u64> = {
+        let seed = primus_batch::hash::feature_seed("c1");
+        (0..2000)
+            .map(|id| (primus_batch::hash::int_key(seed, id), id))
+            .collect()
+    };
+    let mut trained: BTreeMap<String, BTreeMap<u64, u64>> = BTreeMap::new();
+    for shard in primus_proto::role_addrs(&topology(master.addr(), job).await, Role::Ps) {
+        for ((table, key), updates) in update_counts(&shard).await {
+            if let Some(id) = ids_by_key.get(&key) {
+                trained.entry(table).or_default().insert(*id, updates);
+            }
+        }
+    }
+    assert!(!trained.is_empty(), "no table holds the rows' ids");
+    for (table, ids) in &trained {
+        let wrong: Vec<(&u64, &u64)> = ids.iter().filter(|(_, n)| **n != 1).collect();
+        assert!(
+            ids.len() == 2000 && wrong.is_empty(),
+            "table {table}: {} of 2000 ids trained, not once: {:?}",
+            ids.len(),
+            &wrong[..wrong.len().min(20)]
+        );
+    }
+    sandbox.delete_job(job).await;
     master.stop();
 }
 

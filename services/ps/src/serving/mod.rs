@@ -426,6 +426,7 @@ impl ServingService for ServingApi {
                     evicted_keys: Vec::new(),
                     versions: encode_keys(&versions),
                     evicted_versions: Vec::new(),
+                    update_counts: Vec::new(),
                 }
             })
             .collect();

@@ -178,6 +178,9 @@ impl StreamRunner<'_> {
             };
             let count = rows.rows() as u64;
             ledger.stream_read(message.sequence, offset, skip, count);
+            if count == 0 {
+                continue;
+            }
             let chunk = Chunk {
                 batch: rows,
                 task: ledger.clone(),

@@ -15,9 +15,10 @@
 //!   DataTask protobuf; `position` hash stream task id -> its StreamPosition as
 //!   `"<sequence> <rows>"` (only grows; a binding's next holder starts there)
 //! - `checkpoint` hash: `latest` -> id of the newest checkpoint, `<id>` -> its record
-//!   (JSON); `checkpoint:<id>:offset`, `checkpoint:<id>:position` and
-//!   `checkpoint:<id>:succeeded`: copies of `offset`, `position` and `succeeded` taken with
-//!   the record, for [`TaskQueue::rollback`]
+//!   (JSON), `staged` -> the checkpoint whose barrier state is staged; `checkpoint:<id>:offset`,
+//!   `checkpoint:<id>:position` and `checkpoint:<id>:succeeded`: copies of `offset`,
+//!   `position` and `succeeded` taken at its barrier (under `checkpoint:staged:*` until it
+//!   commits), for [`TaskQueue::rollback`]
 
 #![expect(
     clippy::disallowed_methods,
@@ -42,6 +43,8 @@ pub enum QueueError {
     Corrupt { id: String, message: String },
     #[error("executors still hold tasks: the queue cannot be rolled back under them")]
     Busy,
+    #[error("checkpoint {0} is not the one staged: it cannot be committed")]
+    NotStaged(u64),
 }
 
 /// What [`TaskQueue::acquire`] found.
@@ -231,23 +234,39 @@ return {redis.call('HLEN', KEYS[1]), redis.call('ZCARD', KEYS[2]), redis.call('H
         redis.call('SCARD', KEYS[4]), redis.call('HLEN', KEYS[5])}
 "#;
 
-const RECORD_CHECKPOINT: &str = r#"
--- KEYS: offset succeeded checkpoint position; ARGV: prefix id record
--- Copies the queue's offsets, stream positions and succeeded set under the new id, makes
--- it the latest checkpoint and drops the previous one's copies: one atomic commit.
-local function copy(from, to)
+const STAGE_CHECKPOINT: &str = r#"
+-- KEYS: offset position succeeded checkpoint; ARGV: prefix id
+-- Copies the queue's offsets, stream positions and succeeded set as they are at a
+-- checkpoint's barrier, for COMMIT_CHECKPOINT once its snapshots are written.
+local function stage(from, name)
+  local to = ARGV[1] .. 'checkpoint:staged:' .. name
   redis.call('DEL', to)
   if redis.call('EXISTS', from) == 1 then redis.call('COPY', from, to) end
 end
+stage(KEYS[1], 'offset')
+stage(KEYS[2], 'position')
+stage(KEYS[3], 'succeeded')
+redis.call('HSET', KEYS[4], 'staged', ARGV[2])
+return 1
+"#;
+
+const COMMIT_CHECKPOINT: &str = r#"
+-- KEYS: checkpoint; ARGV: prefix id record
+-- Makes the staged queue state checkpoint `id`'s, the record the latest checkpoint, and
+-- drops the previous one's copies: one atomic commit. 0 when `id` is not what is staged.
+if redis.call('HGET', KEYS[1], 'staged') ~= ARGV[2] then return 0 end
 local function saved(id, name) return ARGV[1] .. 'checkpoint:' .. id .. ':' .. name end
-local previous = redis.call('HGET', KEYS[3], 'latest')
-copy(KEYS[1], saved(ARGV[2], 'offset'))
-copy(KEYS[4], saved(ARGV[2], 'position'))
-copy(KEYS[2], saved(ARGV[2], 'succeeded'))
-redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
-redis.call('HSET', KEYS[3], 'latest', ARGV[2])
+local previous = redis.call('HGET', KEYS[1], 'latest')
+for _, name in ipairs({'offset', 'position', 'succeeded'}) do
+  local staged = ARGV[1] .. 'checkpoint:staged:' .. name
+  redis.call('DEL', saved(ARGV[2], name))
+  if redis.call('EXISTS', staged) == 1 then redis.call('RENAME', staged, saved(ARGV[2], name)) end
+end
+redis.call('HDEL', KEYS[1], 'staged')
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[1], 'latest', ARGV[2])
 if previous and previous ~= ARGV[2] then
-  redis.call('HDEL', KEYS[3], previous)
+  redis.call('HDEL', KEYS[1], previous)
   redis.call('DEL', saved(previous, 'offset'), saved(previous, 'position'),
              saved(previous, 'succeeded'))
 end
@@ -278,7 +297,7 @@ return reopened
 "#;
 
 /// Every key of a job's queue, for [`TaskQueue::delete`].
-const KEYS: [&str; 15] = [
+const KEYS: [&str; 18] = [
     "task",
     "order",
     "pending",
@@ -294,10 +313,14 @@ const KEYS: [&str; 15] = [
     "stream_task",
     "position",
     "checkpoint",
+    "checkpoint:staged:offset",
+    "checkpoint:staged:position",
+    "checkpoint:staged:succeeded",
 ];
 
 struct Scripts {
-    record_checkpoint: Script,
+    stage_checkpoint: Script,
+    commit_checkpoint: Script,
     rollback: Script,
     enqueue: Script,
     acquire: Script,
@@ -323,7 +346,8 @@ impl TaskQueue {
             redis,
             prefix: format!("{key_prefix}:job:{job}:"),
             scripts: Arc::new(Scripts {
-                record_checkpoint: Script::new(RECORD_CHECKPOINT),
+                stage_checkpoint: Script::new(STAGE_CHECKPOINT),
+                commit_checkpoint: Script::new(COMMIT_CHECKPOINT),
                 rollback: Script::new(ROLLBACK),
                 enqueue: Script::new(ENQUEUE),
                 acquire: Script::new(ACQUIRE),
@@ -682,16 +706,28 @@ impl TaskQueue {
             .collect())
     }
 
-    /// Commits checkpoint `id`: `record` becomes the latest, together with a copy of the
-    /// queue's offsets, stream positions and succeeded set as they are now.
-    pub async fn record_checkpoint(&self, id: u64, record: &str) -> Result<(), QueueError> {
+    /// Stages the queue's offsets, stream positions and succeeded set as they are now, at
+    /// checkpoint `id`'s barrier (replacing what an abandoned checkpoint staged).
+    pub async fn stage_checkpoint(&self, id: u64) -> Result<(), QueueError> {
         let mut script = self.invoke(
-            &self.scripts.record_checkpoint,
-            &["offset", "succeeded", "checkpoint", "position"],
+            &self.scripts.stage_checkpoint,
+            &["offset", "position", "succeeded", "checkpoint"],
         );
-        script.arg(&self.prefix).arg(id).arg(record);
+        script.arg(&self.prefix).arg(id);
         script.invoke_async::<()>(&mut self.redis.clone()).await?;
         Ok(())
+    }
+
+    /// Commits checkpoint `id`: `record` becomes the latest, together with the queue state
+    /// staged at its barrier. Refused when another checkpoint was staged since.
+    pub async fn commit_checkpoint(&self, id: u64, record: &str) -> Result<(), QueueError> {
+        let mut script = self.invoke(&self.scripts.commit_checkpoint, &["checkpoint"]);
+        script.arg(&self.prefix).arg(id).arg(record);
+        let committed: i64 = script.invoke_async(&mut self.redis.clone()).await?;
+        match committed {
+            1 => Ok(()),
+            _ => Err(QueueError::NotStaged(id)),
+        }
     }
 
     /// The latest checkpoint's record, if one was committed.

@@ -11,15 +11,15 @@ use primus_embedding::{
 use primus_gpu::{CudaKernels, DeviceRows, RowStore};
 use primus_proto::v1::parameter_server_server::ParameterServer;
 use primus_proto::v1::{
-    DenseTensor, DropMovedRequest, DropMovedResponse, ExportDeltaRequest, ExportDeltaResponse,
-    ExportMovedRequest, ExportMovedResponse, FenceRequest, FenceResponse, ImportDenseRequest,
-    ImportDenseResponse, ImportRowsRequest, ImportRowsResponse, InitDenseRequest,
-    InitDenseResponse, LookupRequest, LookupResponse, LookupTablesRequest, LookupTablesResponse,
-    OpenRequest, OpenResponse, PullDenseRequest, PullDenseResponse, PushDenseRequest,
-    PushDenseResponse, PushRequest, PushResponse, PushTablesRequest, PushTablesResponse,
-    ReadRowsRequest, ReadRowsResponse, RestoreRequest, RestoreResponse, SetMemoryLimitRequest,
-    SetMemoryLimitResponse, SnapshotRequest, SnapshotResponse, StatsRequest, StatsResponse,
-    TableDelta, TableStats,
+    AwaitSnapshotRequest, DenseTensor, DropMovedRequest, DropMovedResponse, ExportDeltaRequest,
+    ExportDeltaResponse, ExportMovedRequest, ExportMovedResponse, FenceRequest, FenceResponse,
+    ImportDenseRequest, ImportDenseResponse, ImportRowsRequest, ImportRowsResponse,
+    InitDenseRequest, InitDenseResponse, LookupRequest, LookupResponse, LookupTablesRequest,
+    LookupTablesResponse, OpenRequest, OpenResponse, PullDenseRequest, PullDenseResponse,
+    PushDenseRequest, PushDenseResponse, PushRequest, PushResponse, PushTablesRequest,
+    PushTablesResponse, ReadRowsRequest, ReadRowsResponse, RestoreRequest, RestoreResponse,
+    SetMemoryLimitRequest, SetMemoryLimitResponse, SnapshotRequest, SnapshotResponse, StatsRequest,
+    StatsResponse, TableDelta, TableStats,
 };
 use primus_ps_client::Layout;
 use primus_spec::Validate;
@@ -141,6 +141,8 @@ pub(crate) struct Ps {
     memory_limit: Arc<AtomicU64>,
     /// Training calls are served (false with `ps.await_restore` until Restore or Open).
     open: AtomicBool,
+    /// Snapshots copied and still being written.
+    writes: snapshots::Writes,
 }
 
 impl Ps {
@@ -158,6 +160,7 @@ impl Ps {
             fence: RwLock::new(None),
             memory_limit,
             open: AtomicBool::new(!await_restore),
+            writes: snapshots::Writes::default(),
         }
     }
 
@@ -271,6 +274,14 @@ fn moved(layout: &Layout, what: &str) -> Status {
 
 fn layout_status(error: primus_ps_client::layout::LayoutError) -> Status {
     Status::invalid_argument(error.to_string())
+}
+
+fn snapshot_response(taken: snapshots::Taken) -> SnapshotResponse {
+    SnapshotResponse {
+        manifest_uri: taken.manifest_uri,
+        version: taken.version,
+        rows: taken.rows,
+    }
 }
 
 #[tonic::async_trait]
@@ -468,20 +479,42 @@ impl ParameterServer for Ps {
     ) -> Result<Response<SnapshotResponse>, Status> {
         self.opened()?;
         let request = request.into_inner();
-        let taken = snapshots::snapshot(
+        let copied = snapshots::copy(
             self.tables.clone(),
             &self.dense,
+            &self.storage,
+            &request.base_manifest_uri,
+        )
+        .await?;
+        let (version, rows) = (copied.version(), copied.rows());
+        if request.in_background {
+            tracing::info!(uri = %request.uri, version, rows, "snapshot copied; writing it in the background");
+            let storage = self.storage.clone();
+            let (uri, base) = (request.uri, request.base_manifest_uri);
+            self.writes.start(copied, storage, uri, base);
+            return Ok(Response::new(SnapshotResponse {
+                manifest_uri: String::new(),
+                version,
+                rows,
+            }));
+        }
+        let taken = snapshots::write(
+            copied,
             &self.storage,
             &request.uri,
             &request.base_manifest_uri,
         )
         .await?;
-        tracing::info!(manifest = %taken.manifest_uri, version = taken.version, rows = taken.rows, "snapshot written");
-        Ok(Response::new(SnapshotResponse {
-            manifest_uri: taken.manifest_uri,
-            version: taken.version,
-            rows: taken.rows,
-        }))
+        tracing::info!(manifest = %taken.manifest_uri, version, rows, "snapshot written");
+        Ok(Response::new(snapshot_response(taken)))
+    }
+
+    async fn await_snapshot(
+        &self,
+        request: Request<AwaitSnapshotRequest>,
+    ) -> Result<Response<SnapshotResponse>, Status> {
+        let taken = self.writes.wait(&request.into_inner().uri).await?;
+        Ok(Response::new(snapshot_response(taken)))
     }
 
     async fn restore(

@@ -1,14 +1,18 @@
 //! Snapshots of every table of this PS in an object store:
 //! `<uri>/<full-V | incr-S-V>/<table>/shard-<i>.bin` plus `manifest.json` beside them,
-//! naming the version, the base (for incrementals) and each file's size and CRC32.
+//! naming the version, the base (for incrementals) and each file's size and CRC32. A
+//! snapshot is copied in memory at one moment ([`copy`]) and written after ([`write`]),
+//! for a flash checkpoint in a task of its own ([`Writes`]) while training goes on.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use primus_config::StorageSettings;
 use primus_embedding::{DenseStore, ShardSnapshot};
 use primus_storage::{Location, StorageError};
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tonic::Status;
 
 use crate::service::Tables;
@@ -53,27 +57,50 @@ struct ShardFile {
     crc32: u32,
 }
 
+#[derive(Debug, Clone)]
 pub(crate) struct Taken {
     pub manifest_uri: String,
     pub version: u64,
     pub rows: u64,
 }
 
-/// Writes a full snapshot (`base_manifest` empty) or one incremental to that manifest.
-pub(crate) async fn snapshot(
+/// Every table's rows (those changed since `since`) and the dense tensors, copied at one
+/// moment; written by [`write`].
+pub(crate) struct Copied {
+    since: u64,
+    version: u64,
+    rows: u64,
+    dense: Vec<u8>,
+    tables: Vec<(String, u32, Vec<ShardSnapshot>)>,
+}
+
+impl Copied {
+    /// Every change up to this version is in the copy.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Rows copied.
+    pub(crate) fn rows(&self) -> u64 {
+        self.rows
+    }
+}
+
+/// Copies what a snapshot incremental to `base_manifest` (empty: full) holds.
+pub(crate) async fn copy(
     tables: Arc<Tables>,
     dense: &DenseStore,
     storage: &StorageSettings,
-    uri: &str,
     base_manifest: &str,
-) -> Result<Taken, Status> {
+) -> Result<Copied, Status> {
     let since = if base_manifest.is_empty() {
         0
     } else {
         read_manifest(storage, base_manifest).await?.1.version
     };
+    let dense = dense.encode();
     // Copying rows holds shard read locks: off the async workers.
-    let taken = tokio::task::spawn_blocking(move || {
+    let tables = tokio::task::spawn_blocking(move || {
         tables
             .iter()
             .map(|(name, table)| {
@@ -87,11 +114,30 @@ pub(crate) async fn snapshot(
     })
     .await
     .map_err(|e| Status::internal(format!("snapshot task: {e}")))??;
-    let version = taken
-        .iter()
-        .flat_map(|(_, _, shards)| shards.iter().map(|s| s.version))
-        .min()
-        .unwrap_or(0);
+    let shards = || tables.iter().flat_map(|(_, _, shards)| shards.iter());
+    Ok(Copied {
+        since,
+        version: shards().map(|s| s.version).min().unwrap_or(0),
+        rows: shards().map(|s| s.keys.len() as u64).sum(),
+        dense,
+        tables,
+    })
+}
+
+/// Writes `copied` under `uri` (its base manifest: `base_manifest`), the manifest last.
+pub(crate) async fn write(
+    copied: Copied,
+    storage: &StorageSettings,
+    uri: &str,
+    base_manifest: &str,
+) -> Result<Taken, Status> {
+    let Copied {
+        since,
+        version,
+        rows,
+        dense,
+        tables,
+    } = copied;
     let folder_name = if since == 0 {
         format!("full-{version}")
     } else {
@@ -101,15 +147,14 @@ pub(crate) async fn snapshot(
         storage,
         &format!("{}/{folder_name}", uri.trim_end_matches('/')),
     )?;
-    let dense_bytes = dense.encode();
     let dense_file = ShardFile {
         path: DENSE.into(),
         rows: 0,
-        bytes: dense_bytes.len() as u64,
-        crc32: crc32fast::hash(&dense_bytes),
+        bytes: dense.len() as u64,
+        crc32: crc32fast::hash(&dense),
     };
     folder
-        .put(&folder.path(DENSE), Bytes::from(dense_bytes))
+        .put(&folder.path(DENSE), Bytes::from(dense))
         .await
         .map_err(storage_status)?;
     let mut manifest = Manifest {
@@ -120,8 +165,7 @@ pub(crate) async fn snapshot(
         tables: Vec::new(),
         dense: dense_file,
     };
-    let mut rows = 0;
-    for (name, dim, shards) in taken {
+    for (name, dim, shards) in tables {
         let mut entry = TableEntry {
             name: name.clone(),
             dim,
@@ -136,7 +180,6 @@ pub(crate) async fn snapshot(
                 bytes: bytes.len() as u64,
                 crc32: crc32fast::hash(&bytes),
             });
-            rows += shard.keys.len() as u64;
             folder
                 .put(&folder.path(&path), Bytes::from(bytes))
                 .await
@@ -157,6 +200,61 @@ pub(crate) async fn snapshot(
         version,
         rows,
     })
+}
+
+/// A background write: `None` until it ended.
+type Written = watch::Receiver<Option<Result<Taken, Status>>>;
+
+/// Snapshots copied and being written in the background (flash checkpoints), by the
+/// folder URI they were asked for under.
+#[derive(Default)]
+pub(crate) struct Writes {
+    running: Mutex<HashMap<String, Written>>,
+}
+
+impl Writes {
+    /// Writes `copied` under `uri` in a task of its own.
+    pub(crate) fn start(
+        &self,
+        copied: Copied,
+        storage: StorageSettings,
+        uri: String,
+        base_manifest: String,
+    ) {
+        let (done, written) = watch::channel(None);
+        self.lock().insert(uri.clone(), written);
+        tokio::spawn(async move {
+            let result = write(copied, &storage, &uri, &base_manifest).await;
+            match &result {
+                Ok(taken) => {
+                    tracing::info!(manifest = %taken.manifest_uri, version = taken.version, rows = taken.rows, "snapshot written")
+                }
+                Err(status) => tracing::warn!(%uri, %status, "writing a snapshot"),
+            }
+            done.send_replace(Some(result));
+        });
+    }
+
+    /// The snapshot started under `uri`, once written (or why it was not).
+    pub(crate) async fn wait(&self, uri: &str) -> Result<Taken, Status> {
+        let mut written = self.lock().get(uri).cloned().ok_or_else(|| {
+            Status::not_found(format!(
+                "uri: no snapshot of {uri} is being written by this shard"
+            ))
+        })?;
+        let result = written
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| Status::aborted(format!("uri: the write of {uri} was dropped")))?
+            .clone()
+            .unwrap_or_else(|| Err(Status::internal("a finished write without a result")));
+        self.lock().remove(uri);
+        result
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Written>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Replaces every table's rows with the snapshots at `manifest_uris` (and their bases):

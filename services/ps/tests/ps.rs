@@ -23,6 +23,8 @@ use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, S3Bucket, SeaweedS3, restartable_port};
 use tonic::Code;
 
+#[path = "ps/flash.rs"]
+mod flash;
 #[path = "ps/reshard.rs"]
 mod reshard;
 #[path = "ps/tables.rs"]
@@ -404,6 +406,7 @@ async fn snapshot_and_restore(nats: &NatsServer, storage: StorageSettings, uri: 
         .snapshot(SnapshotRequest {
             uri: uri.into(),
             base_manifest_uri: String::new(),
+            in_background: false,
         })
         .await
         .expect("full snapshot")
@@ -421,6 +424,7 @@ async fn snapshot_and_restore(nats: &NatsServer, storage: StorageSettings, uri: 
         .snapshot(SnapshotRequest {
             uri: uri.into(),
             base_manifest_uri: full.manifest_uri.clone(),
+            in_background: false,
         })
         .await
         .expect("incremental snapshot")
@@ -530,6 +534,7 @@ async fn a_damaged_snapshot_file_is_data_loss_and_restores_nothing() {
         .snapshot(SnapshotRequest {
             uri: format!("file://{}", dir.path().display()),
             base_manifest_uri: String::new(),
+            in_background: false,
         })
         .await
         .expect("snapshot")

@@ -223,6 +223,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
                 .snapshot(SnapshotRequest {
                     uri: target,
                     base_manifest_uri: String::new(),
+                    in_background: false,
                 })
                 .await
                 .map_err(|status| format!("{}: {}", shard.id, status.message()))?;

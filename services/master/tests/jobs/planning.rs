@@ -197,7 +197,8 @@ async fn a_stream_bindings_position_goes_to_its_next_holder_and_back_to_a_checkp
     );
     assert!(report("de-1", 10, at(4, 0)).await);
     assert!(report("de-1", 14, at(7, 0)).await);
-    queue.record_checkpoint(1, "{}").await.expect("checkpoint");
+    queue.stage_checkpoint(1).await.expect("stage");
+    queue.commit_checkpoint(1, "{}").await.expect("commit");
     assert!(report("de-1", 20, at(9, 2)).await);
     let positions = queue.positions().await.expect("positions");
     assert_eq!(
@@ -224,9 +225,10 @@ async fn a_stream_bindings_position_goes_to_its_next_holder_and_back_to_a_checkp
     );
 }
 
-/// The queue goes back to a checkpoint exactly: tasks finished after it are pending again,
-/// tasks in progress restart from the offsets it recorded, and without a checkpoint from
-/// the beginning; a rollback under a running task is refused.
+/// The queue goes back to a checkpoint exactly: tasks finished after its barrier (also
+/// before its commit) are pending again, tasks in progress restart from the offsets staged
+/// at its barrier, and without a checkpoint from the beginning; a rollback under a running
+/// task is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
     let redis = RedisServer::start().expect("redis-server");
@@ -263,8 +265,10 @@ async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
             .await
             .expect("progress")
     );
-    queue.record_checkpoint(1, "{}").await.expect("checkpoint");
+    queue.stage_checkpoint(1).await.expect("stage");
 
+    // What happens between the barrier and the commit (while the snapshots are written) is
+    // not the checkpoint's.
     finish(b.id.clone()).await;
     finish(c.id.clone()).await;
     let d = acquire().await;
@@ -274,6 +278,11 @@ async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
             .await
             .expect("progress")
     );
+    assert!(
+        queue.commit_checkpoint(2, "{}").await.is_err(),
+        "only the staged checkpoint commits"
+    );
+    queue.commit_checkpoint(1, "{}").await.expect("commit");
     assert!(
         queue.rollback(Some(1)).await.is_err(),
         "refused while a task is held"
@@ -300,10 +309,11 @@ async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
     );
 
     queue.requeue_previous_executors().await.expect("requeue");
+    queue.stage_checkpoint(2).await.expect("stage");
     queue
-        .record_checkpoint(2, "{\"id\": 2}")
+        .commit_checkpoint(2, "{\"id\": 2}")
         .await
-        .expect("checkpoint");
+        .expect("commit");
     assert_eq!(
         queue.latest_checkpoint().await.expect("latest").as_deref(),
         Some("{\"id\": 2}")

@@ -333,6 +333,7 @@ async fn a_checkpoint_of_two_shards_restores_into_three() {
             .snapshot(SnapshotRequest {
                 uri,
                 base_manifest_uri: String::new(),
+                in_background: false,
             })
             .await
             .expect("snapshot")

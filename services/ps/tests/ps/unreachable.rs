@@ -126,6 +126,7 @@ async fn a_shard_awaiting_its_restore_holds_pushes_until_the_restore_then_applie
         .snapshot(SnapshotRequest {
             uri: uri.clone(),
             base_manifest_uri: String::new(),
+            in_background: false,
         })
         .await
         .expect("snapshot")
@@ -152,6 +153,7 @@ async fn a_shard_awaiting_its_restore_holds_pushes_until_the_restore_then_applie
         .snapshot(SnapshotRequest {
             uri: format!("{uri}-early"),
             base_manifest_uri: String::new(),
+            in_background: false,
         })
         .await
         .expect_err("a snapshot before the restore");

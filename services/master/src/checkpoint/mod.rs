@@ -8,11 +8,13 @@
 //!    reads in order, which go into the task queue;
 //! 2. every running trainer trains what came before the markers of all its streams and says
 //!    so (`CheckpointService.TrainerAligned`, with its step and sample totals);
-//! 3. every PS shard snapshots to `<uri>/ckpt-<id>/<shard>`;
-//! 4. `<uri>/ckpt-<id>/checkpoint.json` is written, then the record is committed in Redis
-//!    with a copy of the queue's offsets, stream positions and succeeded set (the commit
-//!    point);
-//! 5. the data executors resume (also when any step failed; a pause also expires by itself);
+//! 3. every PS shard copies its snapshot in memory (DLRover-RM §5.2's flash checkpoint), and
+//!    the queue's offsets, stream positions and succeeded set are staged in Redis;
+//! 4. the data executors resume (also when any step failed; a pause also expires by
+//!    itself): training pauses only for steps 1-3;
+//! 5. every PS shard writes its copy to `<uri>/ckpt-<id>/<shard>`; once all are written,
+//!    `<uri>/ckpt-<id>/checkpoint.json` is, then the record is committed in Redis with the
+//!    staged queue state (the commit point);
 //! 6. the files of checkpoints `keep` ids or more before it are deleted.
 //!
 //! A Job started again (a new master, the same master after a restart) with a committed
@@ -38,16 +40,17 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use primus_config::StorageSettings;
 use primus_proto::v1::dataset_service_client::DatasetServiceClient;
-use primus_proto::v1::parameter_server_client::ParameterServerClient;
-use primus_proto::v1::{
-    Endpoint, OpenRequest, PauseRequest, PauseResponse, RestoreRequest, ResumeRequest,
-    SnapshotRequest, StreamPosition,
-};
+use primus_proto::v1::{Endpoint, PauseRequest, PauseResponse, ResumeRequest, StreamPosition};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use crate::driver::now_ms;
 use crate::queue::{QueueError, TaskQueue};
+
+mod shards;
+
+use shards::channel;
+pub use shards::{open_shard, restore_ps, restore_shard};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -130,7 +133,7 @@ pub struct TrainerTotals {
 }
 
 /// What a checkpoint holds. The queue state it pairs with is copied in Redis under the
-/// same id ([`TaskQueue::record_checkpoint`]); `offsets` repeats the unfinished tasks'
+/// same id ([`TaskQueue::commit_checkpoint`]); `offsets` repeats the unfinished tasks'
 /// offsets here so the object-store copy describes the data position on its own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointRecord {
@@ -350,6 +353,13 @@ pub struct Coordinator {
     pub limits: Limits,
 }
 
+/// A checkpoint whose barrier is over and whose snapshots are being written: its record
+/// without the manifests yet, and the PS restarts seen when it began.
+struct Staged {
+    record: CheckpointRecord,
+    restarts: u64,
+}
+
 /// A committed checkpoint and how long training was paused for it.
 pub struct Taken {
     pub record: CheckpointRecord,
@@ -370,11 +380,11 @@ impl Coordinator {
         let started = Instant::now();
         self.alignments.open(id);
         let base = previous.filter(|p| self.extends(id, p, participants));
-        let result = self.paused(id, base, participants).await;
+        let staged = self.paused(id, base, participants).await;
         self.alignments.close();
         self.resume(id, &participants.data_executors).await;
-        let record = result?;
         let paused = started.elapsed();
+        let record = self.commit(staged?, participants).await?;
         let retained = retained(self.limits.keep, self.full_every);
         let previous = previous.map_or(0, |p| p.id);
         for old in (previous + 1).saturating_sub(retained).max(1)..=id.saturating_sub(retained) {
@@ -412,12 +422,14 @@ impl Coordinator {
         }
     }
 
+    /// The paused part of checkpoint `id`: the barrier, the PS shards' in-memory copies and
+    /// the queue state staged; what is committed once the copies are written.
     async fn paused(
         &self,
         id: u64,
         base: Option<&CheckpointRecord>,
         participants: &Participants,
-    ) -> Result<CheckpointRecord, CheckpointError> {
+    ) -> Result<Staged, CheckpointError> {
         let restarts = self.recovery.settled()?;
         self.pause(id, &participants.data_executors).await?;
         let trainers = self
@@ -425,10 +437,8 @@ impl Coordinator {
             .wait(id, &participants.trainers, self.limits.align)
             .await?;
         let uri = format!("{}/ckpt-{id}", self.uri.trim_end_matches('/'));
-        let ps = snapshot(&uri, &participants.ps, base.map(|b| &b.ps)).await?;
-        if self.recovery.settled()? != restarts {
-            return Err(CheckpointError::Restarted(id));
-        }
+        shards::copy_snapshots(&uri, &participants.ps, base.map(|b| &b.ps)).await?;
+        self.queue.stage_checkpoint(id).await?;
         let offsets: BTreeMap<String, u64> = self.queue.offsets().await?.into_iter().collect();
         let stream_positions = self
             .queue
@@ -440,18 +450,32 @@ impl Coordinator {
         let record = CheckpointRecord {
             id,
             unix_ms: now_ms(),
-            uri: uri.clone(),
-            ps,
+            uri,
+            ps: BTreeMap::new(),
             chain_start: base.map_or(id, |b| b.chain_start),
             trainers,
             offsets,
             stream_positions,
             succeeded_tasks: self.queue.counts().await?.succeeded,
         };
+        Ok(Staged { record, restarts })
+    }
+
+    /// Waits for the PS shards' writes of `staged`, then writes its record and commits it.
+    async fn commit(
+        &self,
+        staged: Staged,
+        participants: &Participants,
+    ) -> Result<CheckpointRecord, CheckpointError> {
+        let mut record = staged.record;
+        record.ps = shards::written_snapshots(&record.uri, &participants.ps).await?;
+        if self.recovery.settled()? != staged.restarts {
+            return Err(CheckpointError::Restarted(record.id));
+        }
         let json = serde_json::to_string_pretty(&record)
             .map_err(|e| CheckpointError::Record(e.to_string()))?;
-        self.write_record(&uri, &json).await?;
-        self.queue.record_checkpoint(id, &json).await?;
+        self.write_record(&record.uri, &json).await?;
+        self.queue.commit_checkpoint(record.id, &json).await?;
         Ok(record)
     }
 
@@ -538,134 +562,10 @@ impl Coordinator {
     }
 }
 
-/// A lazily connected channel to a job executor.
-fn channel(addr: &str) -> Result<tonic::transport::Channel, String> {
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map(|endpoint| endpoint.connect_lazy())
-        .map_err(|e| format!("address {addr:?}: {e}"))
-}
-
 /// How many of the newest checkpoint ids keep their files: the `keep` newest, and every
 /// checkpoint their PS snapshots chain back to (at most `full_every` - 1 before each).
 pub fn retained(keep: u64, full_every: u64) -> u64 {
     keep.max(1) + full_every.max(1) - 1
-}
-
-/// Snapshots every shard under `<uri>/<shard id>`, incremental to its manifest in `bases`
-/// when given; shard id -> manifest URI.
-async fn snapshot(
-    uri: &str,
-    shards: &[Endpoint],
-    bases: Option<&BTreeMap<String, String>>,
-) -> Result<BTreeMap<String, String>, CheckpointError> {
-    let taken = join_all(shards.iter().map(|shard| async move {
-        let mut client = ParameterServerClient::new(channel(&shard.grpc_addr)?);
-        let base = bases.and_then(|b| b.get(&shard.id)).cloned();
-        let request = SnapshotRequest {
-            uri: format!("{uri}/{}", shard.id),
-            base_manifest_uri: base.unwrap_or_default(),
-        };
-        client
-            .snapshot(request)
-            .await
-            .map(|r| r.into_inner().manifest_uri)
-            .map_err(|status| status.message().to_owned())
-    }))
-    .await;
-    shards
-        .iter()
-        .zip(taken)
-        .map(|(shard, result)| {
-            let manifest = result.map_err(|message| CheckpointError::Ps {
-                id: shard.id.clone(),
-                addr: shard.grpc_addr.clone(),
-                message,
-            })?;
-            Ok((shard.id.clone(), manifest))
-        })
-        .collect()
-}
-
-/// Restores every PS shard of `shards` (the Job's, in shard order) from `record`.
-pub async fn restore_ps(
-    record: &CheckpointRecord,
-    shards: &[&Endpoint],
-) -> Result<(), CheckpointError> {
-    let restores = shards
-        .iter()
-        .map(|shard| restore_shard(record, shard, shards));
-    for restored in join_all(restores).await {
-        restored?;
-    }
-    Ok(())
-}
-
-/// Restores `shard`, one of `shards` (the Job's, in shard order), from `record`; returns
-/// the rows it wrote. A checkpoint of the same shards restores each from its own snapshot;
-/// one taken with other shards (the Job was resharded since) restores each shard from
-/// every snapshot, keeping what the Job's layout places on it.
-pub async fn restore_shard(
-    record: &CheckpointRecord,
-    shard: &Endpoint,
-    shards: &[&Endpoint],
-) -> Result<u64, CheckpointError> {
-    let failed = |message: String| CheckpointError::Ps {
-        id: shard.id.clone(),
-        addr: shard.grpc_addr.clone(),
-        message,
-    };
-    let mut running: Vec<&str> = shards.iter().map(|s| s.id.as_str()).collect();
-    running.sort_unstable();
-    let same_shards = record.ps.keys().map(String::as_str).eq(running);
-    let request = if same_shards {
-        let manifest_uri = record
-            .ps
-            .get(&shard.id)
-            .cloned()
-            .ok_or_else(|| failed(format!("checkpoint {} has no snapshot of it", record.id)))?;
-        RestoreRequest {
-            manifest_uri,
-            ..RestoreRequest::default()
-        }
-    } else {
-        let index = shards
-            .iter()
-            .position(|s| s.id == shard.id)
-            .ok_or_else(|| failed("not one of the Job's PS shards".to_owned()))?;
-        let mut manifests = record.ps.values().cloned();
-        RestoreRequest {
-            manifest_uri: manifests
-                .next()
-                .ok_or_else(|| failed(format!("checkpoint {} has no PS snapshot", record.id)))?,
-            more_manifest_uris: manifests.collect(),
-            layout: Some(primus_proto::v1::Layout {
-                shard_count: shards.len() as u32,
-                index: Some(index as u32),
-            }),
-        }
-    };
-    let mut client = ParameterServerClient::new(channel(&shard.grpc_addr).map_err(failed)?);
-    client
-        .restore(request)
-        .await
-        .map(|response| response.into_inner().rows)
-        .map_err(|status| failed(status.message().to_owned()))
-}
-
-/// Lets `shard` (started with `ps.await_restore`) serve training calls: the Job has no
-/// checkpoint to restore. With `empty` it drops what it holds first.
-pub async fn open_shard(shard: &Endpoint, empty: bool) -> Result<(), CheckpointError> {
-    let failed = |message: String| CheckpointError::Ps {
-        id: shard.id.clone(),
-        addr: shard.grpc_addr.clone(),
-        message,
-    };
-    let mut client = ParameterServerClient::new(channel(&shard.grpc_addr).map_err(failed)?);
-    client
-        .open(OpenRequest { empty })
-        .await
-        .map(drop)
-        .map_err(|status| failed(status.message().to_owned()))
 }
 
 /// The latest committed checkpoint of a job's queue.

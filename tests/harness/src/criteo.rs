@@ -18,7 +18,7 @@ pub const DLRM_ROWS: u64 = (DLRM_HOURS * DLRM_ROWS_PER_HOUR) as u64;
 /// Writes the Criteo-like data under the sandbox's `criteo/` (one Parquet file per hour)
 /// and applies its Dataset `criteo`. Returns the data's best achievable AUC.
 pub async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
-    use primus_datagen::criteo::{CriteoOptions, feature_schema};
+    use primus_datagen::criteo::feature_schema;
     use primus_datagen::write::{Layout, criteo};
 
     let data = sandbox.dir().join("criteo");
@@ -31,13 +31,7 @@ pub async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
         files_per_window: 1,
         row_group_rows: 16_384,
     };
-    let options = CriteoOptions {
-        // At most ~500 ids per column: one pass over 400,000 rows sees the tail ids often
-        // enough to learn them.
-        cardinality_scale: 0.00005,
-        ..CriteoOptions::default()
-    };
-    let summary = criteo(&location, &layout, DLRM_ROWS_PER_HOUR, options)
+    let summary = criteo(&location, &layout, DLRM_ROWS_PER_HOUR, dlrm_options())
         .await
         .expect("generate");
     let end = format!("2026-11-01T{DLRM_HOURS:02}");
@@ -50,6 +44,15 @@ pub async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
         );
     sandbox.apply([criteo.build()]).await;
     summary.best_auc.expect("both classes")
+}
+
+/// How the Criteo-like rows are generated: at most ~500 ids per column, so one pass over
+/// 400,000 rows sees the tail ids often enough to learn them.
+pub fn dlrm_options() -> primus_datagen::criteo::CriteoOptions {
+    primus_datagen::criteo::CriteoOptions {
+        cardinality_scale: 0.00005,
+        ..Default::default()
+    }
 }
 
 /// A small DLRM Job on Dataset `criteo` with `trainers` trainers and two PS shards,

@@ -1,0 +1,419 @@
+//! The chaos suite: real processes and servers, one fault per Job at a seeded moment (10%
+//! to 80% of its rows, after its first checkpoint). Each Job is a small mixture DLRM over 400,000 Criteo-like Parquet
+//! rows and 40,000 rows of a JetStream subject whose `c26` is each row's unique id
+//! (`workload.rs`), with a serving replica kept in sync by a serving-sync process, and
+//! `on_ps_failure` and `on_worker_failure: rollback`. After each fault the Job must catch
+//! up on both sources with every row trained into its final model exactly once: each
+//! stream row's own embedding updated exactly once (by id), and the trained-sample count
+//! beyond them equal to the Parquet rows. Its serving replica must then hold the training
+//! PS's rows, row for row, and its AUC be within 0.005 of an undisturbed run on the same
+//! rows. A deleted Parquet file must fail the Job naming it.
+//! Prints a table (fault, seconds to recover, rows lost, rows duplicated, AUC delta) and
+//! ends with `chaos: F faults, L rows lost, D rows duplicated, max AUC delta X`.
+//!
+//! Not covered here: restarts of the API server (the sandbox runs it in-process) and of
+//! Redis (the sandbox runs it without persistence).
+//! `PRIMUS_CHAOS_SEED` picks the fault moments (default 1).
+
+#![allow(
+    clippy::print_stdout,
+    reason = "the suite's table and summary line are its report"
+)]
+
+mod workload;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use primus_chaos::{Outcome, Report, fault_draw};
+use primus_config::MasterSettings;
+use primus_harness::rows::{Rows, replica_rows, training_rows};
+use primus_harness::{MasterProcess, Sandbox};
+use primus_proto::v1::topology_service_client::TopologyServiceClient;
+use primus_proto::v1::{Endpoint, GetTopologyRequest, Role};
+use primus_spec::status::{Phase, Status};
+use primus_testkit::service::{ServiceProcess, signal};
+use tokio::time::Instant;
+
+use workload::{ROWS, job_resource, prepare, trained_stream_rows};
+
+/// One fault the suite injects.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    KillDataExecutor,
+    KillTrainer,
+    KillPsShard,
+    KillServingReplica,
+    KillServingSync,
+    KillMaster,
+    RestartNats,
+    DeleteParquetFile,
+}
+
+impl Fault {
+    const ALL: [Fault; 8] = [
+        Fault::KillDataExecutor,
+        Fault::KillTrainer,
+        Fault::KillPsShard,
+        Fault::KillServingReplica,
+        Fault::KillServingSync,
+        Fault::KillMaster,
+        Fault::RestartNats,
+        Fault::DeleteParquetFile,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::KillDataExecutor => "SIGKILL data executor",
+            Fault::KillTrainer => "SIGKILL trainer",
+            Fault::KillPsShard => "SIGKILL PS shard",
+            Fault::KillServingReplica => "SIGKILL serving replica",
+            Fault::KillServingSync => "SIGKILL serving-sync",
+            Fault::KillMaster => "SIGKILL master",
+            Fault::RestartNats => "restart NATS",
+            Fault::DeleteParquetFile => "delete a Parquet file",
+        }
+    }
+}
+
+/// What the suite runs besides the sandbox: the master (started again on the same address
+/// when killed) and serving-sync.
+struct Cluster {
+    master_settings: MasterSettings,
+    master: MasterProcess,
+    sync: ServiceProcess,
+}
+
+impl Cluster {
+    async fn start(sandbox: &Sandbox) -> Self {
+        let master_settings = master_settings(sandbox);
+        let master = MasterProcess::start(sandbox, &master_settings, &[]);
+        let sync = start_sync(sandbox, master.addr()).await;
+        Self {
+            master_settings,
+            master,
+            sync,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fault_loses_and_repeats_no_row() {
+    let seed: u64 = std::env::var("PRIMUS_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let mut sandbox = Sandbox::start().await;
+    let best = prepare(&sandbox).await;
+    let mut cluster = Cluster::start(&sandbox).await;
+
+    let baseline = run_undisturbed(&sandbox, &cluster).await;
+    let mut report = Report::default();
+    for (i, fault) in Fault::ALL.into_iter().enumerate() {
+        // Somewhere between 10% and 80% of the rows, after the first checkpoint.
+        let at = ROWS / 100 * (10 + fault_draw(seed, i as u64) % 71);
+        let job = format!("chaos-{i}");
+        let outcome = run_with(&mut sandbox, &mut cluster, &job, fault, at, baseline).await;
+        report.outcomes.push(outcome);
+    }
+    cluster.master.stop();
+
+    println!(
+        "chaos seed {seed}; undisturbed AUC {baseline:.4} (Parquet data's best achievable {best:.4})"
+    );
+    println!("{}", report.table());
+    assert_eq!(
+        (report.lost(), report.duplicated()),
+        (0, 0),
+        "rows lost or trained twice"
+    );
+    let max_delta = report.max_auc_delta();
+    assert!(
+        max_delta <= MAX_AUC_DELTA,
+        "an AUC moved {max_delta:.4} from the undisturbed run's (allowed {MAX_AUC_DELTA})"
+    );
+}
+
+/// How far a disturbed run's AUC may be from the undisturbed one: the rows trained again
+/// after a rollback meet another model state than the first time.
+const MAX_AUC_DELTA: f64 = 0.005;
+
+/// The master of the suite: quick heartbeats, tasks of about 1 MiB.
+fn master_settings(sandbox: &Sandbox) -> MasterSettings {
+    let mut settings = sandbox.master_settings();
+    settings.master.planner.target_task_bytes = 1 << 20;
+    settings.master.tasks.heartbeat_interval_ms = 200;
+    settings.master.tasks.heartbeat_timeout_ms = 2_000;
+    settings.master.tasks.max_attempts = 5;
+    settings
+}
+
+/// serving-sync as a process (so a fault can kill it), following the master at `master`.
+async fn start_sync(sandbox: &Sandbox, master: &str) -> ServiceProcess {
+    let settings = format!(
+        "nats:\n  url: {}\napi:\n  server: http://{}\n  token_file: {}\nsync:\n  master_addrs: [\"{master}\"]\n  discovery_interval_ms: 200\n",
+        sandbox.nats.url(),
+        sandbox.api_addr(),
+        sandbox.token_file().display(),
+    );
+    let binary = primus_harness::binary("primus-serving-sync");
+    let mut sync = ServiceProcess::start(&binary, sandbox.dir(), &settings).expect("serving-sync");
+    sync.wait_healthy(Duration::from_secs(30))
+        .await
+        .expect("serving-sync serving");
+    sync
+}
+
+/// Trains the suite's Job with no fault until it caught up; its AUC.
+async fn run_undisturbed(sandbox: &Sandbox, cluster: &Cluster) -> f64 {
+    let job = "chaos-undisturbed";
+    sandbox.apply([job_resource(sandbox, job)]).await;
+    let status = caught_up(sandbox, job).await;
+    let progress = status.progress.expect("progress");
+    let trained = trained_stream_rows(&shards(cluster, job).await).await;
+    assert_eq!(
+        trained.lost_and_duplicated(progress.samples),
+        (0, 0),
+        "undisturbed: {progress:?}, {trained:?}"
+    );
+    sandbox.delete_job(job).await;
+    progress.auc.expect("an AUC")
+}
+
+/// Runs Job `job` with `fault` injected once it trained `at` samples and committed a
+/// checkpoint.
+async fn run_with(
+    sandbox: &mut Sandbox,
+    cluster: &mut Cluster,
+    job: &str,
+    fault: Fault,
+    at: u64,
+    baseline: f64,
+) -> Outcome {
+    sandbox.apply([job_resource(sandbox, job)]).await;
+    let before = wait_for_fault_moment(sandbox, job, at).await;
+    let injected = Instant::now();
+    let note = inject(sandbox, cluster, job, fault).await;
+    if let Fault::DeleteParquetFile = fault {
+        let outcome = deleted_file_fails_the_job(sandbox, job, fault, note).await;
+        sandbox.delete_job(job).await;
+        return outcome;
+    }
+    let recovered_s = recovery(sandbox, job, before, injected).await;
+    let status = caught_up(sandbox, job).await;
+    let progress = status.progress.clone().expect("progress");
+    let trained = trained_stream_rows(&shards(cluster, job).await).await;
+    let (lost, duplicated) = trained.lost_and_duplicated(progress.samples);
+    let (held, served) = served_rows(cluster, job).await;
+    assert!(
+        held == served,
+        "{job} ({}): the serving replica differs from the training PS in {} of {} rows",
+        fault.name(),
+        differing(&held, &served),
+        held.len()
+    );
+    sandbox.delete_job(job).await;
+    let auc = progress.auc.expect("an AUC");
+    Outcome {
+        fault: fault.name(),
+        recovered_s,
+        lost,
+        duplicated,
+        auc_delta: Some((auc - baseline).abs()),
+        note: rolled_back(&status).unwrap_or(note),
+    }
+}
+
+/// Injects `fault` into the running `job`; what was done.
+async fn inject(sandbox: &mut Sandbox, cluster: &mut Cluster, job: &str, fault: Fault) -> String {
+    match fault {
+        Fault::KillDataExecutor => kill(sandbox, job, "data_executor-0"),
+        Fault::KillTrainer => kill(sandbox, job, "trainer-0"),
+        Fault::KillPsShard => kill(sandbox, job, "ps-0"),
+        Fault::KillServingReplica => kill(sandbox, job, "serving-0"),
+        Fault::KillServingSync => {
+            signal(cluster.sync.pid(), "KILL").expect("SIGKILL serving-sync");
+            cluster.sync = start_sync(sandbox, cluster.master.addr()).await;
+            "killed serving-sync, started another".to_owned()
+        }
+        Fault::KillMaster => {
+            let killed = std::mem::replace(
+                &mut cluster.master,
+                MasterProcess::start(sandbox, &cluster.master_settings, &[]),
+            );
+            killed.kill();
+            "killed the master, started another on its address".to_owned()
+        }
+        Fault::RestartNats => {
+            sandbox.nats.restart().expect("NATS back");
+            "NATS killed and started again on its data".to_owned()
+        }
+        Fault::DeleteParquetFile => {
+            let file = last_hour_file(sandbox.dir());
+            std::fs::remove_file(&file).expect("delete");
+            file.display().to_string()
+        }
+    }
+}
+
+/// SIGKILLs executor `id` of `job`.
+fn kill(sandbox: &Sandbox, job: &str, id: &str) -> String {
+    let pid = sandbox.pids(job)[id];
+    signal(pid, "KILL").unwrap_or_else(|e| panic!("SIGKILL {id}: {e}"));
+    format!("killed {id}")
+}
+
+/// A file of the data's last hour, which the Job reads last.
+fn last_hour_file(dir: &Path) -> PathBuf {
+    let hour = dir.join("criteo").join("date=2026-11-01").join("hour=03");
+    std::fs::read_dir(&hour)
+        .unwrap_or_else(|e| panic!("{}: {e}", hour.display()))
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .unwrap_or_else(|| panic!("no Parquet file in {}", hour.display()))
+}
+
+/// A deleted input file fails the Job, naming it.
+async fn deleted_file_fails_the_job(
+    sandbox: &Sandbox,
+    job: &str,
+    fault: Fault,
+    file: String,
+) -> Outcome {
+    let status = sandbox
+        .wait_for_phase(job, Phase::Failed, Duration::from_secs(600))
+        .await;
+    let complete = primus_harness::condition(&status, "Complete");
+    let name = Path::new(&file)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        complete.message.contains(&name),
+        "the failure names the deleted file {name}: {complete:?}"
+    );
+    Outcome {
+        fault: fault.name(),
+        recovered_s: None,
+        lost: 0,
+        duplicated: 0,
+        auc_delta: None,
+        note: format!("failed {}: {}", complete.reason, complete.message),
+    }
+}
+
+/// Waits until the Job trained `at` samples and committed a checkpoint; the samples then.
+async fn wait_for_fault_moment(sandbox: &Sandbox, job: &str, at: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let status = sandbox.status(job).await;
+        let committed = status
+            .conditions
+            .iter()
+            .any(|c| c.kind == "Checkpoint" && c.status);
+        let samples = status.progress.as_ref().map_or(0, |p| p.samples);
+        if committed && samples >= at {
+            return samples;
+        }
+        assert!(
+            !status.phase.is_terminal() && Instant::now() < deadline,
+            "{job}: no checkpoint or not {at} samples: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the Job trained as many samples as both sources have rows (a mixture Job
+/// goes on following its stream), and a few seconds more for any sample trained twice to
+/// be counted; its status then.
+async fn caught_up(sandbox: &Sandbox, job: &str) -> Status {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let status = sandbox.status(job).await;
+        let samples = status.progress.as_ref().map_or(0, |p| p.samples);
+        if samples >= ROWS {
+            break;
+        }
+        assert!(
+            !status.phase.is_terminal() && Instant::now() < deadline,
+            "{job}: {samples} of {ROWS} rows trained: {status:?}\n{}",
+            sandbox.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    sandbox.status(job).await
+}
+
+/// Seconds from the fault until the Job reported more samples than `before` again (or
+/// caught up); `None` when it failed.
+async fn recovery(sandbox: &Sandbox, job: &str, before: u64, injected: Instant) -> Option<f64> {
+    let deadline = injected + Duration::from_secs(600);
+    loop {
+        let status = sandbox.status(job).await;
+        let samples = status.progress.as_ref().map_or(0, |p| p.samples);
+        if samples > before || samples >= ROWS {
+            return Some(injected.elapsed().as_secs_f64());
+        }
+        if status.phase.is_terminal() || Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `job`'s endpoints as the suite's master publishes them.
+async fn topology(cluster: &Cluster, job: &str) -> Vec<Endpoint> {
+    TopologyServiceClient::connect(format!("http://{}", cluster.master.addr()))
+        .await
+        .expect("master")
+        .get_topology(GetTopologyRequest { job: job.into() })
+        .await
+        .expect("topology")
+        .into_inner()
+        .endpoints
+}
+
+/// `job`'s training PS shards, host:port.
+async fn shards(cluster: &Cluster, job: &str) -> Vec<String> {
+    primus_proto::role_addrs(&topology(cluster, job).await, Role::Ps)
+}
+
+/// Every training row of `job` and every row of its serving replica, once they are equal
+/// (or after 60 s).
+async fn served_rows(cluster: &Cluster, job: &str) -> (Rows, Rows) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let endpoints = topology(cluster, job).await;
+        let mut trained = Rows::new();
+        for shard in primus_proto::role_addrs(&endpoints, Role::Ps) {
+            trained.extend(training_rows(&shard).await);
+        }
+        let replicas = primus_proto::role_addrs(&endpoints, Role::Serving);
+        let held = match replicas.first() {
+            Some(replica) => replica_rows(replica).await,
+            None => Rows::new(),
+        };
+        if held == trained || Instant::now() > deadline {
+            return (trained, held);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Rows one side lacks or holds differently.
+fn differing(a: &Rows, b: &Rows) -> usize {
+    let missing = b.keys().filter(|k| !a.contains_key(*k)).count();
+    missing + a.iter().filter(|(k, v)| b.get(*k) != Some(*v)).count()
+}
+
+/// The `RolledBack` condition's message, if the Job rolled back.
+fn rolled_back(status: &Status) -> Option<String> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.kind == "RolledBack")
+        .map(|c| c.message.clone())
+}

@@ -1,8 +1,8 @@
 //! Per-task bookkeeping: how far a task's rows were read and served. A task's offset as
 //! the master sees it is what has been *served* to trainers, so rows buffered by an
 //! executor that dies are read again by the next attempt, never lost. A stream binding
-//! read in order also keeps its [`StreamCursor`], which turns the served offset into the
-//! binding's stream position.
+//! read in order also keeps its stream cursor (`position.rs`), which turns the served
+//! offset into the binding's stream position.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use primus_config::StorageSettings;
 use primus_embedding::{DenseStore, ShardSnapshot};
 use primus_storage::{Location, StorageError};
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tonic::Status;
@@ -99,12 +100,14 @@ pub(crate) async fn copy(
         read_manifest(storage, base_manifest).await?.1.version
     };
     let dense = dense.encode();
-    // Copying rows holds shard read locks: off the async workers.
+    // Copying rows holds shard read locks: off the async workers, the shards of a table
+    // on every core (training waits for the copy).
     let tables = tokio::task::spawn_blocking(move || {
         tables
             .iter()
             .map(|(name, table)| {
                 let shards = (0..table.shard_count())
+                    .into_par_iter()
                     .map(|shard| table.snapshot_shard(shard, since))
                     .collect::<Result<Vec<ShardSnapshot>, _>>()
                     .map_err(|e| Status::internal(e.to_string()))?;

@@ -167,8 +167,9 @@ impl NatsServer {
 /// A Redis server.
 pub struct RedisServer {
     port: u16,
-    _process: Guarded,
+    process: Guarded,
     dir: DataDir,
+    persistent: bool,
 }
 
 impl RedisServer {
@@ -182,6 +183,38 @@ impl RedisServer {
     pub fn start_with(port: u16, dir: Option<&Path>) -> Result<Self, Error> {
         let persistent = dir.is_some();
         let dir = DataDir::new(dir)?;
+        let process = Self::launch(port, &dir, persistent)?;
+        Ok(Self {
+            port,
+            process,
+            dir,
+            persistent,
+        })
+    }
+
+    /// On a free port, persisted in a temp dir, so that [`RedisServer::restart`] keeps
+    /// what was written.
+    pub fn start_persistent() -> Result<Self, Error> {
+        let port = restartable_port()?;
+        let dir = DataDir::new(None)?;
+        let process = Self::launch(port, &dir, true)?;
+        Ok(Self {
+            port,
+            process,
+            dir,
+            persistent: true,
+        })
+    }
+
+    /// Kills the server (as a crash would) and starts it again on the same port; a
+    /// persistent one comes back with every write it acknowledged.
+    pub fn restart(&mut self) -> Result<(), Error> {
+        self.process.kill_now();
+        self.process = Self::launch(self.port, &self.dir, self.persistent)?;
+        Ok(())
+    }
+
+    fn launch(port: u16, dir: &DataDir, persistent: bool) -> Result<Guarded, Error> {
         let mut args: Vec<String> = vec![
             "--bind".into(),
             "127.0.0.1".into(),
@@ -196,7 +229,7 @@ impl RedisServer {
             "--appendonly".into(),
             if persistent { "yes" } else { "no" }.into(),
         ]);
-        let mut process = spawn("redis-server", &args, &dir)?;
+        let mut process = spawn("redis-server", &args, dir)?;
         wait_until("redis-server", READY_TIMEOUT, || {
             process.check_alive("redis-server")?;
             let pong = exchange(port, b"PING\r\n")?;
@@ -204,11 +237,7 @@ impl RedisServer {
                 .then_some(())
                 .ok_or(format!("unexpected answer {pong:?}"))
         })?;
-        Ok(Self {
-            port,
-            _process: process,
-            dir,
-        })
+        Ok(process)
     }
 
     /// `redis://127.0.0.1:<port>`.

@@ -1,7 +1,7 @@
-//! A cluster sandbox: real NATS and Redis, an API server in this process with a bearer
-//! token, and a folder for everything else; a master started from it runs as a real
-//! process ([`MasterProcess`]). Dropping the sandbox stops its API server, and its servers
-//! and folder go with it.
+//! A cluster sandbox: real NATS and Redis, an API server with a bearer token (in this
+//! process, or as a process of its own that a test can kill), and a folder for everything
+//! else; a master started from it runs as a real process ([`MasterProcess`]). Dropping the
+//! sandbox stops its API server, and its servers and folder go with it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use primus_service::Shutdown;
 use primus_spec::metric::MetricSpec;
 use primus_spec::status::{Condition, Phase, Status};
 use primus_spec::{Kind, Resource};
-use primus_testkit::service::{ServingStatus, signal, wait_for_health};
+use primus_testkit::service::{ServiceProcess, ServingStatus, signal, wait_for_health};
 use primus_testkit::{NatsServer, RedisServer, free_port};
 
 /// The bearer token of every sandbox's API server.
@@ -26,12 +26,22 @@ pub struct Sandbox {
     pub redis: RedisServer,
     dir: tempfile::TempDir,
     api_addr: String,
-    api_shutdown: Shutdown,
+    api: ApiServer,
+}
+
+/// Where a sandbox's API server runs.
+enum ApiServer {
+    /// In this process, stopped through its shutdown.
+    InProcess(Shutdown),
+    /// A `primus-api-server` process (killed when dropped).
+    Process(ServiceProcess),
 }
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        self.api_shutdown.trigger();
+        if let ApiServer::InProcess(shutdown) = &self.api {
+            shutdown.trigger();
+        }
     }
 }
 
@@ -59,8 +69,49 @@ impl Sandbox {
             redis,
             dir,
             api_addr,
-            api_shutdown,
+            api: ApiServer::InProcess(api_shutdown),
         }
+    }
+
+    /// A sandbox whose API server is a process of its own and whose Redis persists what it
+    /// acknowledged, so a test can kill either and start it again
+    /// ([`Sandbox::restart_api_server`], [`Sandbox::restart_redis`]).
+    pub async fn start_restartable() -> Self {
+        let nats = NatsServer::start().expect("nats-server");
+        let redis = RedisServer::start_persistent().expect("redis-server");
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("token"), format!("{TOKEN}\n")).expect("token");
+        let port = free_port().expect("port");
+        let api = start_api_process(dir.path(), port, &nats, &redis).await;
+        Self {
+            nats,
+            redis,
+            api_addr: format!("127.0.0.1:{port}"),
+            api: ApiServer::Process(api),
+            dir,
+        }
+    }
+
+    /// SIGKILLs the API server process and starts another on its address (a sandbox of
+    /// [`Sandbox::start_restartable`]); returns once it serves.
+    pub async fn restart_api_server(&mut self) {
+        let ApiServer::Process(api) = &self.api else {
+            panic!("the API server runs in this process: start the sandbox restartable");
+        };
+        signal(api.pid(), "KILL").expect("SIGKILL the API server");
+        let port = self
+            .api_addr
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .expect("the API server's port");
+        let next = start_api_process(self.dir.path(), port, &self.nats, &self.redis).await;
+        self.api = ApiServer::Process(next);
+    }
+
+    /// Kills Redis and starts it again over its data (a sandbox of
+    /// [`Sandbox::start_restartable`]); returns once it answers.
+    pub fn restart_redis(&mut self) {
+        self.redis.restart().expect("redis-server back");
     }
 
     /// The sandbox's folder (removed with it).
@@ -287,6 +338,28 @@ pub fn alive(pid: u32) -> bool {
             .trim_start()
             .starts_with('Z')
     })
+}
+
+/// `primus-api-server` as a process on `port`, over `nats` and `redis`, with the sandbox's
+/// token; once it serves.
+async fn start_api_process(
+    dir: &Path,
+    port: u16,
+    nats: &NatsServer,
+    redis: &RedisServer,
+) -> ServiceProcess {
+    let settings = format!(
+        "nats:\n  url: {}\nredis:\n  url: {}\nauth:\n  token_file: {}\nstore:\n  watch_poll_interval_ms: 200\n",
+        nats.url(),
+        redis.url(),
+        dir.join("token").display()
+    );
+    let mut api = ServiceProcess::start_on(&binary("primus-api-server"), dir, port, &settings)
+        .expect("start primus-api-server");
+    api.wait_healthy(Duration::from_secs(30))
+        .await
+        .expect("api-server serving");
+    api
 }
 
 /// Where the workspace's binaries are: beside the running test's `deps` folder, as

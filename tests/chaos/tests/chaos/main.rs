@@ -11,8 +11,6 @@
 //! Prints a table (fault, seconds to recover, rows lost, rows duplicated, AUC delta) and
 //! ends with `chaos: F faults, L rows lost, D rows duplicated, max AUC delta X`.
 //!
-//! Not covered here: restarts of the API server (the sandbox runs it in-process) and of
-//! Redis (the sandbox runs it without persistence).
 //! `PRIMUS_CHAOS_SEED` picks the fault moments (default 1).
 
 #![allow(
@@ -31,6 +29,7 @@ use primus_harness::rows::{Rows, replica_rows, training_rows};
 use primus_harness::{MasterProcess, Sandbox};
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
 use primus_proto::v1::{Endpoint, GetTopologyRequest, Role};
+use primus_spec::Kind;
 use primus_spec::status::{Phase, Status};
 use primus_testkit::service::{ServiceProcess, signal};
 use tokio::time::Instant;
@@ -46,19 +45,23 @@ enum Fault {
     KillServingReplica,
     KillServingSync,
     KillMaster,
+    KillApiServer,
     RestartNats,
+    RestartRedis,
     DeleteParquetFile,
 }
 
 impl Fault {
-    const ALL: [Fault; 8] = [
+    const ALL: [Fault; 10] = [
         Fault::KillDataExecutor,
         Fault::KillTrainer,
         Fault::KillPsShard,
         Fault::KillServingReplica,
         Fault::KillServingSync,
         Fault::KillMaster,
+        Fault::KillApiServer,
         Fault::RestartNats,
+        Fault::RestartRedis,
         Fault::DeleteParquetFile,
     ];
 
@@ -70,7 +73,9 @@ impl Fault {
             Fault::KillServingReplica => "SIGKILL serving replica",
             Fault::KillServingSync => "SIGKILL serving-sync",
             Fault::KillMaster => "SIGKILL master",
+            Fault::KillApiServer => "SIGKILL API server",
             Fault::RestartNats => "restart NATS",
+            Fault::RestartRedis => "restart Redis",
             Fault::DeleteParquetFile => "delete a Parquet file",
         }
     }
@@ -103,7 +108,7 @@ async fn every_fault_loses_and_repeats_no_row() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    let mut sandbox = Sandbox::start().await;
+    let mut sandbox = Sandbox::start_restartable().await;
     let best = prepare(&sandbox).await;
     let mut cluster = Cluster::start(&sandbox).await;
 
@@ -244,9 +249,17 @@ async fn inject(sandbox: &mut Sandbox, cluster: &mut Cluster, job: &str, fault: 
             killed.kill();
             "killed the master, started another on its address".to_owned()
         }
+        Fault::KillApiServer => {
+            sandbox.restart_api_server().await;
+            "killed the API server, started another on its address".to_owned()
+        }
         Fault::RestartNats => {
             sandbox.nats.restart().expect("NATS back");
             "NATS killed and started again on its data".to_owned()
+        }
+        Fault::RestartRedis => {
+            sandbox.restart_redis();
+            "Redis killed and started again on its append-only file".to_owned()
         }
         Fault::DeleteParquetFile => {
             let file = last_hour_file(sandbox.dir());
@@ -308,7 +321,7 @@ async fn deleted_file_fails_the_job(
 async fn wait_for_fault_moment(sandbox: &Sandbox, job: &str, at: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let status = sandbox.status(job).await;
+        let status = status(sandbox, job).await;
         let committed = status
             .conditions
             .iter()
@@ -331,7 +344,7 @@ async fn wait_for_fault_moment(sandbox: &Sandbox, job: &str, at: u64) -> u64 {
 async fn caught_up(sandbox: &Sandbox, job: &str) -> Status {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let status = sandbox.status(job).await;
+        let status = status(sandbox, job).await;
         let samples = status.progress.as_ref().map_or(0, |p| p.samples);
         if samples >= ROWS {
             break;
@@ -344,7 +357,7 @@ async fn caught_up(sandbox: &Sandbox, job: &str) -> Status {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    sandbox.status(job).await
+    status(sandbox, job).await
 }
 
 /// Seconds from the fault until the Job reported more samples than `before` again (or
@@ -352,7 +365,7 @@ async fn caught_up(sandbox: &Sandbox, job: &str) -> Status {
 async fn recovery(sandbox: &Sandbox, job: &str, before: u64, injected: Instant) -> Option<f64> {
     let deadline = injected + Duration::from_secs(600);
     loop {
-        let status = sandbox.status(job).await;
+        let status = status(sandbox, job).await;
         let samples = status.progress.as_ref().map_or(0, |p| p.samples);
         if samples > before || samples >= ROWS {
             return Some(injected.elapsed().as_secs_f64());
@@ -361,6 +374,21 @@ async fn recovery(sandbox: &Sandbox, job: &str, before: u64, injected: Instant) 
             return None;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `job`'s status; while the API server or Redis comes back from a fault, asked again (for
+/// 30 s at most).
+async fn status(sandbox: &Sandbox, job: &str) -> Status {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match sandbox.client().await.get(Kind::Job, job).await {
+            Ok(resource) => return serde_json::from_str(&resource.status_json).unwrap_or_default(),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{job}: status: {e}"),
+        }
     }
 }
 

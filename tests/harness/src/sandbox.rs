@@ -430,6 +430,19 @@ impl MasterProcess {
         signal(self.child.id(), "KILL").expect("kill master");
         self.child.wait().expect("master gone");
     }
+
+    /// SIGKILLs this master, waits until it is gone (its address free again), and starts
+    /// another in its place with `settings` and `env`.
+    pub fn kill_and_start(
+        &mut self,
+        sandbox: &Sandbox,
+        settings: &MasterSettings,
+        env: &[(&str, &str)],
+    ) {
+        signal(self.child.id(), "KILL").expect("kill master");
+        self.child.wait().expect("master gone");
+        *self = MasterProcess::start(sandbox, settings, env);
+    }
 }
 
 impl Drop for MasterProcess {

@@ -242,11 +242,9 @@ async fn inject(sandbox: &mut Sandbox, cluster: &mut Cluster, job: &str, fault: 
             "killed serving-sync, started another".to_owned()
         }
         Fault::KillMaster => {
-            let killed = std::mem::replace(
-                &mut cluster.master,
-                MasterProcess::start(sandbox, &cluster.master_settings, &[]),
-            );
-            killed.kill();
+            cluster
+                .master
+                .kill_and_start(sandbox, &cluster.master_settings, &[]);
             "killed the master, started another on its address".to_owned()
         }
         Fault::KillApiServer => {

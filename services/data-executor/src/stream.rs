@@ -133,15 +133,7 @@ impl StreamRunner<'_> {
             .await;
         let mut reader = match reader {
             Ok(reader) => reader,
-            Err(e) => {
-                return ledger.finish_reading(ReadEnd::Failed {
-                    rows: start_offset,
-                    error: format!(
-                        "JetStream stream {:?}, subject {:?}: {e}",
-                        work.stream, work.subject
-                    ),
-                });
-            }
+            Err(e) => return not_opened(ledger, work, start_offset, &e),
         };
         tracing::info!(stream = %work.stream, subject = %work.subject, sequence = start.sequence, rows = start.rows, "reading in order");
         let mut offset = start_offset;
@@ -243,15 +235,7 @@ impl StreamRunner<'_> {
             .await
         {
             Ok(consumer) => consumer,
-            Err(e) => {
-                return ledger.finish_reading(ReadEnd::Failed {
-                    rows: start_offset,
-                    error: format!(
-                        "JetStream stream {:?}, subject {:?}: {e}",
-                        work.stream, work.subject
-                    ),
-                });
-            }
+            Err(e) => return not_opened(ledger, work, start_offset, &e),
         };
         tracing::info!(stream = %work.stream, subject = %work.subject, durable = %work.durable, "consuming");
         let mut offset = start_offset;
@@ -384,6 +368,17 @@ impl StreamRunner<'_> {
             .push_ticking(source, chunk, interval, keep_alive)
             .await;
     }
+}
+
+/// A stream that cannot be read fails its binding, naming the stream and subject.
+fn not_opened(ledger: &TaskLedger, work: &StreamWork, start_offset: u64, error: &BusError) {
+    ledger.finish_reading(ReadEnd::Failed {
+        rows: start_offset,
+        error: format!(
+            "JetStream stream {:?}, subject {:?}: {error}",
+            work.stream, work.subject
+        ),
+    });
 }
 
 #[cfg(test)]

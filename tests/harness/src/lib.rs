@@ -9,4 +9,4 @@ pub mod resources;
 pub mod rows;
 mod sandbox;
 
-pub use sandbox::{MasterProcess, Sandbox, TOKEN, alive, bin_dir, binary, condition};
+pub use sandbox::{MasterProcess, Sandbox, TOKEN, alive, bin_dir, binary, condition, topology};

@@ -195,6 +195,18 @@ impl JobBuilder {
 
 /// The smallest model over the [`id_schema`]: Wide&Deep with table `t` (dim 4, SGD 0.1)
 /// and a top network of 8 then 1.
+/// One serving replica kept in sync quickly (rows every 200 ms, the dense network every
+/// second): a change for [`JobBuilder::with`].
+pub fn served(spec: &mut JobSpec) {
+    spec.topology.serving = Some(RoleSpec::new(1));
+    let sync = &mut spec.serving_sync;
+    (
+        sync.enabled,
+        sync.sparse_interval_ms,
+        sync.dense_interval_seconds,
+    ) = (true, 200, 1);
+}
+
 pub fn small_wide_deep() -> ModelSpec {
     ModelSpec {
         kind: ModelKind::WideDeep,

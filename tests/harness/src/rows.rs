@@ -28,42 +28,36 @@ pub fn rows_of(tables: &[TableDelta], into: &mut Rows) {
     }
 }
 
-/// Every row of the training PS shard at `addr` (host:port).
-pub async fn training_rows(addr: &str) -> Rows {
+/// Every row of the training PS shard at `addr` (host:port), with each row's update count
+/// when `update_counts`.
+async fn export_all(addr: &str, update_counts: bool) -> Vec<TableDelta> {
     let mut client = ParameterServerClient::connect(format!("http://{addr}"))
         .await
         .expect("connect to the PS shard")
         .max_decoding_message_size(usize::MAX);
-    let delta = client
+    client
         .export_delta(ExportDeltaRequest {
             since_version: 0,
-            update_counts: false,
+            update_counts,
         })
         .await
         .expect("export")
-        .into_inner();
+        .into_inner()
+        .tables
+}
+
+/// Every row of the training PS shard at `addr` (host:port).
+pub async fn training_rows(addr: &str) -> Rows {
     let mut rows = Rows::new();
-    rows_of(&delta.tables, &mut rows);
+    rows_of(&export_all(addr, false).await, &mut rows);
     rows
 }
 
 /// How many pushes each row of the training PS shard at `addr` (host:port) was updated
 /// by, by (table, key).
 pub async fn update_counts(addr: &str) -> HashMap<(String, u64), u64> {
-    let mut client = ParameterServerClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect to the PS shard")
-        .max_decoding_message_size(usize::MAX);
-    let delta = client
-        .export_delta(ExportDeltaRequest {
-            since_version: 0,
-            update_counts: true,
-        })
-        .await
-        .expect("export")
-        .into_inner();
     let mut counts = HashMap::new();
-    for table in delta.tables {
+    for table in export_all(addr, true).await {
         let keys = decode_keys("keys", &table.keys).expect("whole keys");
         let updates = decode_keys("update_counts", &table.update_counts).expect("whole counts");
         for (key, updates) in keys.into_iter().zip(updates) {

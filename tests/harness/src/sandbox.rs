@@ -11,6 +11,8 @@ use std::time::Duration;
 use primus_api_client::{ApiClient, ClientSettings};
 use primus_bus::jetstream::JetStream;
 use primus_config::{ApiServerSettings, MasterSettings, NatsSettings};
+use primus_proto::v1::topology_service_client::TopologyServiceClient;
+use primus_proto::v1::{Endpoint, GetTopologyRequest};
 use primus_service::Shutdown;
 use primus_spec::metric::MetricSpec;
 use primus_spec::status::{Condition, Phase, Status};
@@ -148,6 +150,17 @@ impl Sandbox {
         settings.local.work_dir = self.work_dir();
         settings.local.restart_backoff_ms = 100;
         settings.local.stop_grace_ms = 3_000;
+        settings
+    }
+
+    /// [`Sandbox::master_settings`] for Jobs that lose processes: tasks of about 1 MiB,
+    /// quick heartbeats (an executor silent for 2 s is lost), five attempts per task.
+    pub fn recovering_master_settings(&self) -> MasterSettings {
+        let mut settings = self.master_settings();
+        settings.master.planner.target_task_bytes = 1 << 20;
+        settings.master.tasks.heartbeat_interval_ms = 200;
+        settings.master.tasks.heartbeat_timeout_ms = 2_000;
+        settings.master.tasks.max_attempts = 5;
         settings
     }
 
@@ -452,6 +465,18 @@ impl Drop for MasterProcess {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The endpoints of `job` as the master at `master` (host:port) publishes them.
+pub async fn topology(master: &str, job: &str) -> Vec<Endpoint> {
+    TopologyServiceClient::connect(format!("http://{master}"))
+        .await
+        .expect("master")
+        .get_topology(GetTopologyRequest { job: job.into() })
+        .await
+        .expect("topology")
+        .into_inner()
+        .endpoints
 }
 
 /// The status's condition `kind`; a test that expects one fails naming those it has.

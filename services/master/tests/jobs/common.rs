@@ -18,8 +18,6 @@ use primus_harness::{MasterProcess, Sandbox, binary};
 use primus_master::checkpoint::{self, CheckpointRecord};
 use primus_master::plan::{ListingCache, StoreCatalog};
 use primus_master::queue::TaskQueue;
-use primus_proto::v1::topology_service_client::TopologyServiceClient;
-use primus_proto::v1::{Endpoint, GetTopologyRequest};
 use primus_spec::Resource;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::{ModelSpec, TrainingMode};
@@ -113,11 +111,7 @@ pub(crate) fn master_settings(sandbox: &Sandbox, data_executor: &Path) -> Master
         "{} is not built",
         data_executor.display()
     );
-    let mut settings = sandbox.master_settings();
-    settings.master.planner.target_task_bytes = 1 << 20;
-    settings.master.tasks.heartbeat_interval_ms = 200;
-    settings.master.tasks.heartbeat_timeout_ms = 2_000;
-    settings.master.tasks.max_attempts = 5;
+    let mut settings = sandbox.recovering_master_settings();
     settings
         .local
         .binaries
@@ -226,18 +220,6 @@ pub(crate) async fn publish_rows(js: &JetStream, subject: &str, ids: std::ops::R
     js.publish(subject.into(), &message).await.expect("publish");
 }
 
-/// The endpoints of `job` as the master at `master` publishes them.
-pub(crate) async fn topology(master: &str, job: &str) -> Vec<Endpoint> {
-    TopologyServiceClient::connect(format!("http://{master}"))
-        .await
-        .expect("master")
-        .get_topology(GetTopologyRequest { job: job.into() })
-        .await
-        .expect("topology")
-        .into_inner()
-        .endpoints
-}
-
 /// Publishes rows 0..500 on `clicks.live` (stream CLICKS) and applies a stream-mode
 /// Job `job` over them (Dataset `live-data`, the smallest model, batches of 64, one of
 /// each executor) after `change`. Returns the JetStream context for later rows.
@@ -275,6 +257,7 @@ pub(crate) fn online_job(
 }
 
 pub(crate) use primus_harness::criteo::{DLRM_ROWS, apply_criteo_dataset, dlrm_job};
+pub(crate) use primus_harness::topology;
 
 /// Applies a small DLRM Job on Dataset `criteo` with `trainers` trainers and waits for it
 /// to succeed: every row trained on once.

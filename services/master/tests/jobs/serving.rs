@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use primus_harness::Sandbox;
+use primus_harness::resources::served;
 use primus_harness::rows::{Rows, replica_rows, training_rows};
 use primus_proto::v1::serving_service_client::ServingServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
@@ -13,23 +14,11 @@ use primus_proto::v1::{
     FeatureValue, GetTopologyRequest, PredictRequest, Role, Sample, feature_value::Value,
 };
 use primus_service::Shutdown;
-use primus_spec::job::{JobSpec, RoleSpec};
 use primus_testkit::free_port;
 
 use crate::common::{
     apply_online_job, data_executor, online_job, publish_rows, start_master_with, topology,
 };
-
-/// The Job's serving replica and a fast serving-sync.
-fn served(spec: &mut JobSpec) {
-    spec.topology.serving = Some(RoleSpec::new(1));
-    let sync = &mut spec.serving_sync;
-    (
-        sync.enabled,
-        sync.sparse_interval_ms,
-        sync.dense_interval_seconds,
-    ) = (true, 200, 1);
-}
 
 /// The training rows of every PS shard of `job` and the rows of its serving replica, once
 /// they are equal (or after 30 s).

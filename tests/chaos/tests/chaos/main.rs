@@ -27,8 +27,7 @@ use primus_chaos::{Outcome, Report, fault_draw};
 use primus_config::MasterSettings;
 use primus_harness::rows::{Rows, replica_rows, training_rows};
 use primus_harness::{MasterProcess, Sandbox};
-use primus_proto::v1::topology_service_client::TopologyServiceClient;
-use primus_proto::v1::{Endpoint, GetTopologyRequest, Role};
+use primus_proto::v1::Role;
 use primus_spec::Kind;
 use primus_spec::status::{Phase, Status};
 use primus_testkit::service::{ServiceProcess, signal};
@@ -91,7 +90,7 @@ struct Cluster {
 
 impl Cluster {
     async fn start(sandbox: &Sandbox) -> Self {
-        let master_settings = master_settings(sandbox);
+        let master_settings = sandbox.recovering_master_settings();
         let master = MasterProcess::start(sandbox, &master_settings, &[]);
         let sync = start_sync(sandbox, master.addr()).await;
         Self {
@@ -142,16 +141,6 @@ async fn every_fault_loses_and_repeats_no_row() {
 /// How far a disturbed run's AUC may be from the undisturbed one: the rows trained again
 /// after a rollback meet another model state than the first time.
 const MAX_AUC_DELTA: f64 = 0.005;
-
-/// The master of the suite: quick heartbeats, tasks of about 1 MiB.
-fn master_settings(sandbox: &Sandbox) -> MasterSettings {
-    let mut settings = sandbox.master_settings();
-    settings.master.planner.target_task_bytes = 1 << 20;
-    settings.master.tasks.heartbeat_interval_ms = 200;
-    settings.master.tasks.heartbeat_timeout_ms = 2_000;
-    settings.master.tasks.max_attempts = 5;
-    settings
-}
 
 /// serving-sync as a process (so a fault can kill it), following the master at `master`.
 async fn start_sync(sandbox: &Sandbox, master: &str) -> ServiceProcess {
@@ -390,21 +379,12 @@ async fn status(sandbox: &Sandbox, job: &str) -> Status {
     }
 }
 
-/// `job`'s endpoints as the suite's master publishes them.
-async fn topology(cluster: &Cluster, job: &str) -> Vec<Endpoint> {
-    TopologyServiceClient::connect(format!("http://{}", cluster.master.addr()))
-        .await
-        .expect("master")
-        .get_topology(GetTopologyRequest { job: job.into() })
-        .await
-        .expect("topology")
-        .into_inner()
-        .endpoints
-}
-
 /// `job`'s training PS shards, host:port.
 async fn shards(cluster: &Cluster, job: &str) -> Vec<String> {
-    primus_proto::role_addrs(&topology(cluster, job).await, Role::Ps)
+    primus_proto::role_addrs(
+        &primus_harness::topology(cluster.master.addr(), job).await,
+        Role::Ps,
+    )
 }
 
 /// Every training row of `job` and every row of its serving replica, once they are equal
@@ -412,7 +392,7 @@ async fn shards(cluster: &Cluster, job: &str) -> Vec<String> {
 async fn served_rows(cluster: &Cluster, job: &str) -> (Rows, Rows) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let endpoints = topology(cluster, job).await;
+        let endpoints = primus_harness::topology(cluster.master.addr(), job).await;
         let mut trained = Rows::new();
         for shard in primus_proto::role_addrs(&endpoints, Role::Ps) {
             trained.extend(training_rows(&shard).await);

@@ -10,9 +10,9 @@ use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 use primus_batch::hash::{feature_seed, int_key};
 use primus_harness::Sandbox;
 use primus_harness::criteo::{DLRM_ROWS, apply_criteo_dataset, dlrm_job, dlrm_options};
-use primus_harness::resources::{dataset, hourly, jetstream, parquet};
+use primus_harness::resources::{dataset, hourly, jetstream, parquet, served};
 use primus_harness::rows::update_counts;
-use primus_spec::job::{PsFailure, RoleSpec, TrainingMode, WorkerFailure};
+use primus_spec::job::{PsFailure, TrainingMode, WorkerFailure};
 
 /// Rows published to the stream subject.
 pub(crate) const STREAM_ROWS: u64 = 40_000;
@@ -86,13 +86,7 @@ pub(crate) fn job_resource(sandbox: &Sandbox, job: &str) -> primus_spec::Resourc
         .with(|spec| {
             spec.dataset = "criteo-mixed".into();
             spec.mode = TrainingMode::Mixture;
-            spec.topology.serving = Some(RoleSpec::new(1));
-            let sync = &mut spec.serving_sync;
-            (
-                sync.enabled,
-                sync.sparse_interval_ms,
-                sync.dense_interval_seconds,
-            ) = (true, 200, 1);
+            served(spec);
             if let Some(checkpoint) = &mut spec.checkpoint {
                 checkpoint.on_ps_failure = PsFailure::Rollback;
                 checkpoint.on_worker_failure = WorkerFailure::Rollback;

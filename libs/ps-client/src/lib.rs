@@ -113,11 +113,17 @@ pub(crate) fn is_unreachable(status: &Status) -> bool {
         || connection_broke(status)
 }
 
-/// A call whose connection the shard's end reset or closed (the process died).
+/// A call whose connection the shard's end reset or closed (the process died, or it shut
+/// down before the call was sent: hyper cancels what it had not sent yet).
 fn connection_broke(status: &Status) -> bool {
     use std::io::ErrorKind;
     let mut source = std::error::Error::source(status);
     while let Some(error) = source {
+        if let Some(hyper) = error.downcast_ref::<hyper::Error>()
+            && hyper.is_canceled()
+        {
+            return true;
+        }
         if let Some(io) = error.downcast_ref::<std::io::Error>() {
             return matches!(
                 io.kind(),

@@ -403,7 +403,7 @@ async fn train_in_process(
         .expect("trainer")
         .on_device(device);
     let stream = futures::stream::iter(batches.into_iter().map(|b| {
-        Ok(Feed::Batch(Incoming::new(
+        Ok(Feed::batch(Incoming::new(
             b,
             SourceKind::Batch,
             "generated",

@@ -12,20 +12,27 @@
 //! the read (its unserved rows reach another executor through the task queue); and when
 //! the trainer itself leaves, every executor is told to end its streams, and the read ends
 //! once they have, so every minibatch sent to this trainer is one it receives.
+//!
+//! Each minibatch comes with a [`Receipt`]: the trainer confirms it once the minibatch's
+//! gradients are pushed, and until then the executor holds it; if this trainer dies
+//! first, the executor serves it again to whichever trainer asks next.
 
 #![warn(missing_docs)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream, SelectAll};
 use futures::{FutureExt, Stream, StreamExt};
 use primus_batch::Minibatch;
 use primus_proto::v1::dataset_service_client::DatasetServiceClient;
+use primus_proto::v1::minibatch_stream_request::Kind;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
 use primus_proto::v1::{
-    EndMinibatchesRequest, GetTopologyRequest, MinibatchRequest, Role, SourceKind,
+    ConfirmedTotalsRequest, EndMinibatchesRequest, GetTopologyRequest, MinibatchRequest,
+    MinibatchStreamRequest, MinibatchesConsumed, Role, SourceKind,
 };
 use primus_telemetry::propagation::TraceCarrier;
 
@@ -70,6 +77,45 @@ pub struct ReceivedBatch {
     pub batch: Minibatch,
     /// The trace of the data task that read it (see `Minibatch.trace_context`).
     pub trace: TraceCarrier,
+    /// Confirms the minibatch consumed to its executor.
+    pub receipt: Receipt,
+}
+
+/// A served minibatch's claim on its executor: [`Receipt::consumed`] once its gradients
+/// are pushed. Dropped unconfirmed, the minibatch stays held by the executor, which
+/// serves it again if this trainer's stream breaks (and counts it consumed if the
+/// executor ends the stream itself).
+#[derive(Debug)]
+pub struct Receipt {
+    sequence: u64,
+    stream: Option<UnboundedSender<MinibatchStreamRequest>>,
+}
+
+impl Receipt {
+    /// A receipt for a minibatch no executor served (benchmarks, tests): confirming it
+    /// does nothing.
+    pub fn none() -> Self {
+        Self {
+            sequence: 0,
+            stream: None,
+        }
+    }
+
+    /// The minibatch is trained and its gradients pushed; `steps` and `samples` are the
+    /// trainer's totals counting it and every minibatch confirmed before. Its stream may
+    /// have ended meanwhile (then the executor already counted it consumed, or is gone).
+    pub fn consumed(self, steps: u64, samples: u64) {
+        if let Some(stream) = self.stream {
+            let consumed = MinibatchesConsumed {
+                sequences: vec![self.sequence],
+                trainer_steps: steps,
+                trainer_samples: samples,
+            };
+            let _ = stream.unbounded_send(MinibatchStreamRequest {
+                kind: Some(Kind::Consumed(consumed)),
+            });
+        }
+    }
 }
 
 /// What the merged streams yield.
@@ -121,6 +167,31 @@ pub async fn data_executors(master_addr: &str, job: &str) -> Result<Vec<String>,
         .collect())
 }
 
+/// The highest (steps, samples) trainer `trainer_id` confirmed to the executor at `addr`.
+pub async fn confirmed_totals(
+    addr: &str,
+    job: &str,
+    trainer_id: &str,
+) -> Result<(u64, u64), ReaderError> {
+    let mut client = DatasetServiceClient::connect(format!("http://{addr}"))
+        .await
+        .map_err(|e| ReaderError::Connect {
+            addr: addr.to_owned(),
+            message: primus_telemetry::error_chain(&e),
+        })?;
+    let request = ConfirmedTotalsRequest {
+        job: job.to_owned(),
+        trainer_id: trainer_id.to_owned(),
+    };
+    let totals = (client.confirmed_totals(request).await)
+        .map_err(|status| ReaderError::Status {
+            addr: addr.to_owned(),
+            status,
+        })?
+        .into_inner();
+    Ok((totals.steps, totals.samples))
+}
+
 /// One executor stream's items, tagged with the stream's index; `Ended` follows its last.
 enum Tagged {
     Item(usize, Box<Result<Item, ReaderError>>),
@@ -144,14 +215,19 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Items, ReaderE
             message: primus_telemetry::error_chain(&e),
         })?
         .max_decoding_message_size(usize::MAX);
-    let request = MinibatchRequest {
+    let open = MinibatchRequest {
         job: options.job,
         trainer_id: options.trainer_id,
         batch_size: options.batch_size,
         grouped: options.grouped,
     };
+    let (consumed, requests) = unbounded();
+    let first = MinibatchStreamRequest {
+        kind: Some(Kind::Open(open)),
+    };
+    let requests = stream::once(async move { first }).chain(requests);
     let stream = client
-        .stream_minibatches(request)
+        .stream_minibatches(requests)
         .await
         .map_err(|status| ReaderError::Status {
             addr: addr.clone(),
@@ -182,6 +258,10 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Items, ReaderE
                 source: message.source,
                 batch,
                 trace: message.trace_context,
+                receipt: Receipt {
+                    sequence: message.sequence,
+                    stream: Some(consumed.clone()),
+                },
             })))
         })
         .boxed())

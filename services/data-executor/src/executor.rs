@@ -28,6 +28,7 @@ use tracing::Instrument;
 
 use crate::barrier::Barrier;
 use crate::buffer::Buffers;
+use crate::held::Unconsumed;
 use crate::join::{JoinGauges, JoinRunner};
 use crate::ledger::{ReadEnd, TaskLedger};
 use crate::rebalance::{Rebalancer, StreamPartition};
@@ -66,6 +67,8 @@ pub(crate) struct Executor {
     departed: watch::Sender<BTreeSet<String>>,
     /// Minibatch streams open now: the final offsets are reported once none is.
     open_streams: watch::Sender<usize>,
+    /// Minibatches served and not consumed yet, or to be served again.
+    pub unconsumed: Arc<Unconsumed>,
     pub shutdown: Shutdown,
 }
 
@@ -142,6 +145,7 @@ impl Executor {
             barrier: Barrier::default(),
             departed: watch::channel(BTreeSet::new()).0,
             open_streams: watch::channel(0).0,
+            unconsumed: Arc::default(),
             shutdown,
         }
     }
@@ -213,9 +217,19 @@ impl Executor {
         (offsets, positions)
     }
 
-    /// No more rows will arrive: the data is exhausted and the buffers are drained.
+    /// No task is left: once the buffers drain, the streams end.
+    pub(crate) fn exhaust(&self) {
+        self.exhausted.store(true, Ordering::Release);
+        self.buffers.wake();
+        tracing::info!("the job's data is exhausted");
+    }
+
+    /// No more rows will arrive: the data is exhausted, the buffers are drained and every
+    /// minibatch served is consumed (one a trainer still holds may come back).
     pub(crate) fn drained(&self) -> bool {
-        self.exhausted.load(Ordering::Acquire) && self.buffers.is_empty()
+        self.exhausted.load(Ordering::Acquire)
+            && self.buffers.is_empty()
+            && self.unconsumed.is_empty()
     }
 
     fn stream_inputs<'a>(&'a self, jetstream: &'a JetStream) -> StreamInputs<'a> {
@@ -357,9 +371,7 @@ impl Executor {
                     });
                 }
                 None if response.exhausted && self.running.load(Ordering::Acquire) == 0 => {
-                    self.exhausted.store(true, Ordering::Release);
-                    self.buffers.wake();
-                    tracing::info!("the job's data is exhausted");
+                    self.exhaust();
                     return Ok(());
                 }
                 None => {

@@ -13,6 +13,7 @@
 mod barrier;
 pub mod buffer;
 mod executor;
+mod held;
 mod join;
 pub mod ledger;
 mod position;

@@ -3,6 +3,7 @@
 //! for the master's checkpoint barrier (a marker on every stream, then nothing until resumed).
 //! Membership changes end streams cleanly: a stopping executor sends `leaving` on each (its
 //! unserved rows go back to the queue), and a leaving trainer's streams end once it asks.
+//! A minibatch is held until its trainer says it is consumed (`held`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,17 +11,20 @@ use std::time::Duration;
 
 use primus_batch::ipc;
 use primus_proto::v1::dataset_service_server::DatasetService;
+use primus_proto::v1::minibatch_stream_request::Kind;
 use primus_proto::v1::{
-    EndMinibatchesRequest, EndMinibatchesResponse, Minibatch, MinibatchRequest, PauseRequest,
-    PauseResponse, ResumeRequest, ResumeResponse, YieldTaskRequest, YieldTaskResponse,
+    ConfirmedTotalsRequest, ConfirmedTotalsResponse, EndMinibatchesRequest, EndMinibatchesResponse,
+    Minibatch, MinibatchRequest, MinibatchStreamRequest, PauseRequest, PauseResponse,
+    ResumeRequest, ResumeResponse, YieldTaskRequest, YieldTaskResponse,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::barrier::BarrierError;
 use crate::buffer::Served;
 use crate::executor::Executor;
+use crate::held::HeldBatches;
 
 pub(crate) struct DatasetServer {
     pub executor: Arc<Executor>,
@@ -64,9 +68,9 @@ impl DatasetServer {
                     false => Next::Leaving,
                 });
             }
-            let popped = executor
-                .barrier
-                .unless_paused(|| executor.buffers.try_pop(rows));
+            let popped = executor.barrier.unless_paused(|| {
+                (executor.unconsumed.take_returned()).or_else(|| executor.buffers.try_pop(rows))
+            });
             match popped {
                 Ok(Some(served)) => return Ok(Next::Batch(Box::new(served))),
                 Err(id) if *marked != id => {
@@ -89,28 +93,118 @@ impl DatasetServer {
     }
 }
 
-fn encode(executor: &Executor, served: Served, grouped: bool) -> Result<Minibatch, Status> {
-    let rows = served.batch.rows();
+impl DatasetServer {
+    /// Sends `request`'s trainer minibatches and markers until the stream ends; true when
+    /// the executor ended it (not the trainer going away, nor a failure).
+    async fn serve(
+        executor: &Executor,
+        request: &MinibatchRequest,
+        tx: &mpsc::Sender<Result<Minibatch, Status>>,
+        held: &HeldBatches,
+    ) -> bool {
+        let mut marked = 0;
+        let trainer = request.trainer_id.as_str();
+        let rows = request.batch_size as usize;
+        // Reserve the slot first: rows leave the buffer only when they can be sent.
+        while let Ok(permit) = tx.reserve().await {
+            let served = match Self::next(executor, trainer, rows, &mut marked).await {
+                Ok(Next::Batch(served)) => served,
+                Ok(Next::Barrier(id)) => {
+                    permit.send(Ok(barrier_marker(id)));
+                    continue;
+                }
+                Ok(Next::End) => return true,
+                Ok(Next::Leaving) => {
+                    permit.send(Ok(leaving_marker()));
+                    return true;
+                }
+                Err(status) => {
+                    permit.send(Err(status));
+                    return false;
+                }
+            };
+            let rows = served.batch.rows() as u64;
+            let mut message = match encode(executor, &served, request.grouped) {
+                Ok(message) => message,
+                Err(status) => {
+                    // Served again, to this trainer if it goes on or to another.
+                    executor.unconsumed.give_back([*served]);
+                    permit.send(Err(status));
+                    return false;
+                }
+            };
+            message.sequence = held.hold(*served);
+            permit.send(Ok(message));
+            executor.rows_served.fetch_add(rows, Ordering::AcqRel);
+        }
+        false
+    }
+}
+
+fn encode(executor: &Executor, served: &Served, grouped: bool) -> Result<Minibatch, Status> {
     let groups = executor.pipeline.groups();
-    let batch = if grouped && !groups.is_empty() {
-        served
-            .batch
-            .grouped(groups)
-            .map_err(|e| Status::internal(format!("grouping a minibatch: {e}")))?
+    let encoded = if grouped && !groups.is_empty() {
+        let batch = (served.batch.grouped(groups))
+            .map_err(|e| Status::internal(format!("grouping a minibatch: {e}")))?;
+        ipc::encode(&batch)
     } else {
-        served.batch
+        ipc::encode(&served.batch)
     };
-    let arrow_ipc =
-        ipc::encode(&batch).map_err(|e| Status::internal(format!("encoding a minibatch: {e}")))?;
+    let arrow_ipc = encoded.map_err(|e| Status::internal(format!("encoding a minibatch: {e}")))?;
     Ok(Minibatch {
         source_kind: served.kind as i32,
-        source: served.source,
-        rows: rows as u32,
+        source: served.source.clone(),
+        rows: served.batch.rows() as u32,
         arrow_ipc,
-        trace_context: served.trace,
-        barrier: 0,
-        leaving: false,
+        trace_context: served.trace.clone(),
+        ..Minibatch::default()
     })
+}
+
+/// The stream's opening request; INVALID_ARGUMENT for anything else.
+async fn opening(
+    inbound: &mut Streaming<MinibatchStreamRequest>,
+) -> Result<MinibatchRequest, Status> {
+    match inbound.message().await? {
+        Some(MinibatchStreamRequest {
+            kind: Some(Kind::Open(open)),
+        }) => Ok(open),
+        _ => Err(Status::invalid_argument(
+            "StreamMinibatches: the first message must be `open`",
+        )),
+    }
+}
+
+/// Reads the trainer's confirmations until its side of the stream ends; then whatever it
+/// still holds is served again (unless the executor ended the stream first).
+async fn follow_consumption(
+    executor: Arc<Executor>,
+    held: Arc<HeldBatches>,
+    mut inbound: Streaming<MinibatchStreamRequest>,
+    trainer: String,
+) {
+    loop {
+        match inbound.message().await {
+            Ok(Some(MinibatchStreamRequest {
+                kind: Some(Kind::Consumed(consumed)),
+            })) => {
+                let (steps, samples) = (consumed.trainer_steps, consumed.trainer_samples);
+                executor.unconsumed.record_totals(&trainer, steps, samples);
+                if held.consumed(&consumed.sequences) > 0 {
+                    executor.buffers.wake();
+                }
+            }
+            Ok(Some(_)) => {
+                tracing::warn!(%trainer, "ignoring a second `open` on a minibatch stream");
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let rows = held.trainer_gone();
+    if rows > 0 {
+        tracing::warn!(%trainer, rows, "trainer gone: the rows it did not train are served again");
+        executor.buffers.wake();
+    }
 }
 
 fn barrier_marker(id: u64) -> Minibatch {
@@ -137,9 +231,10 @@ impl DatasetService for DatasetServer {
 
     async fn stream_minibatches(
         &self,
-        request: Request<MinibatchRequest>,
+        request: Request<Streaming<MinibatchStreamRequest>>,
     ) -> Result<Response<Self::StreamMinibatchesStream>, Status> {
-        let request = request.into_inner();
+        let mut inbound = request.into_inner();
+        let request = opening(&mut inbound).await?;
         let executor = self.executor.clone();
         executor.check_job(&request.job)?;
         if request.batch_size == 0 {
@@ -149,36 +244,17 @@ impl DatasetService for DatasetServer {
         // A trainer started again under a departed id is served again.
         executor.rejoin(&request.trainer_id);
         let open = executor.open_stream();
+        let held = Arc::new(HeldBatches::new(executor.unconsumed.clone()));
+        tokio::spawn(follow_consumption(
+            executor.clone(),
+            held.clone(),
+            inbound,
+            request.trainer_id.clone(),
+        ));
         tokio::spawn(async move {
-            // Reserve the slot first: rows leave the buffer only when they can be sent.
-            let mut marked = 0;
-            let trainer = request.trainer_id.as_str();
-            while let Ok(permit) = tx.reserve().await {
-                let rows = request.batch_size as usize;
-                let served = match Self::next(&executor, trainer, rows, &mut marked).await {
-                    Ok(Next::Batch(served)) => served,
-                    Ok(Next::Barrier(id)) => {
-                        permit.send(Ok(barrier_marker(id)));
-                        continue;
-                    }
-                    Ok(Next::End) => break,
-                    Ok(Next::Leaving) => {
-                        permit.send(Ok(leaving_marker()));
-                        break;
-                    }
-                    Err(status) => {
-                        permit.send(Err(status));
-                        break;
-                    }
-                };
-                let rows = served.batch.rows() as u64;
-                let message = encode(&executor, *served, request.grouped);
-                let failed = message.is_err();
-                permit.send(message);
-                executor.rows_served.fetch_add(rows, Ordering::AcqRel);
-                if failed {
-                    break;
-                }
+            let trainer = request.trainer_id.clone();
+            if Self::serve(&executor, &request, &tx, &held).await {
+                held.ended();
             }
             drop(open);
             tracing::info!(%trainer, "minibatch stream ended");
@@ -197,6 +273,12 @@ impl DatasetService for DatasetServer {
             return Err(Status::invalid_argument(
                 "checkpoint_id: must be at least 1",
             ));
+        }
+        let returned = executor.unconsumed.returned_rows();
+        if returned > 0 {
+            return Err(Status::failed_precondition(format!(
+                "{returned} rows of a trainer that went away wait to be served again"
+            )));
         }
         let generation = executor
             .barrier
@@ -244,6 +326,16 @@ impl DatasetService for DatasetServer {
         Ok(Response::new(EndMinibatchesResponse {}))
     }
 
+    async fn confirmed_totals(
+        &self,
+        request: Request<ConfirmedTotalsRequest>,
+    ) -> Result<Response<ConfirmedTotalsResponse>, Status> {
+        let request = request.into_inner();
+        self.executor.check_job(&request.job)?;
+        let (steps, samples) = self.executor.unconsumed.totals_of(&request.trainer_id);
+        Ok(Response::new(ConfirmedTotalsResponse { steps, samples }))
+    }
+
     async fn yield_task(
         &self,
         request: Request<YieldTaskRequest>,
@@ -253,5 +345,150 @@ impl DatasetService for DatasetServer {
         let served_offset = self.executor.yield_task(&request.task_id)?;
         tracing::info!(task = %request.task_id, served_offset, "task taken back by the master");
         Ok(Response::new(YieldTaskResponse { served_offset }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use futures::StreamExt;
+    use primus_batch::{DenseMatrix, Kjt, Minibatch, Sparse};
+    use primus_data_client::{Membership, ReaderOptions, Received, ReceivedBatch};
+    use primus_proto::v1::dataset_service_server::DatasetServiceServer;
+    use primus_service::ExecutorIdentity;
+    use primus_spec::{Resource, parse_documents};
+    use tokio_stream::wrappers::TcpListenerStream;
+
+    use super::*;
+    use crate::buffer::Chunk;
+    use crate::ledger::TaskLedger;
+
+    const DATASET: &str = "
+kind: Dataset
+metadata: {name: ids}
+spec:
+  streams:
+    - name: s
+      window: {unit: hourly, start: '2026-11-20T00', end: '2026-11-20T01'}
+      sources: [{name: ids, parquet: {uri: 'file:///nowhere'}}]
+  schema: {label: label, dense: [{name: id}], sparse: [{name: c, table: t}]}
+";
+
+    /// An executor holding `rows` rows whose one dense value is the row's id, with no
+    /// task left to run, serving on a loopback port.
+    async fn serving(rows: usize) -> (Arc<Executor>, String) {
+        let resources = match parse_documents("ids.yaml", DATASET) {
+            Ok(resources) => resources,
+            Err(e) => panic!("the test's Dataset: {e}"),
+        };
+        let Some(Resource::Dataset(dataset)) = resources.into_iter().next() else {
+            panic!("a Dataset");
+        };
+        let identity = ExecutorIdentity {
+            job: "j".into(),
+            executor_id: "data_executor-0".into(),
+            master_addr: "127.0.0.1:1".into(),
+        };
+        let executor = Arc::new(Executor::new(
+            identity,
+            &dataset.spec,
+            Default::default(),
+            Default::default(),
+            primus_service::Shutdown::new(),
+        ));
+        let batch = Minibatch {
+            labels: vec![0.0; rows],
+            dense: DenseMatrix {
+                names: vec!["id".into()],
+                values: (0..rows).map(|id| id as f32).collect(),
+            },
+            sparse: Sparse::Jagged(Kjt {
+                rows,
+                features: vec![],
+            }),
+        };
+        let task = Arc::new(TaskLedger::new("task".into(), 0));
+        let chunk = Chunk {
+            batch,
+            task,
+            first_offset: 0,
+        };
+        executor.buffers.push(0, chunk).await;
+        executor.exhaust();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let addr = listener.local_addr().expect("its address").to_string();
+        let server = DatasetServiceServer::new(DatasetServer {
+            executor: executor.clone(),
+        });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(server)
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+        (executor, addr)
+    }
+
+    async fn reader(addr: &str, trainer: &str) -> impl futures::Stream<Item = ReceivedBatch> {
+        let options = ReaderOptions {
+            job: "j".into(),
+            trainer_id: trainer.into(),
+            batch_size: 10,
+            grouped: false,
+        };
+        let read = primus_data_client::read(&[addr.to_owned()], &options, Membership::fixed())
+            .await
+            .expect("the stream opens");
+        read.filter_map(|item| async move {
+            match item.expect("a minibatch") {
+                Received::Batch(batch) => Some(*batch),
+                Received::Barrier(_) => None,
+            }
+        })
+    }
+
+    fn ids(batch: &ReceivedBatch) -> Vec<u64> {
+        batch.batch.dense.values.iter().map(|v| *v as u64).collect()
+    }
+
+    #[tokio::test]
+    async fn a_minibatch_its_trainer_did_not_consume_is_served_to_the_next_one_and_nothing_twice() {
+        let (executor, addr) = serving(100).await;
+        let mut trained: BTreeMap<u64, u32> = BTreeMap::new();
+        let mut count = |ids: Vec<u64>| {
+            ids.into_iter()
+                .for_each(|id| *trained.entry(id).or_default() += 1)
+        };
+
+        // The first trainer consumes one minibatch, receives two more and dies.
+        let mut first = Box::pin(reader(&addr, "trainer-0").await);
+        let consumed = first.next().await.expect("a minibatch");
+        count(ids(&consumed));
+        consumed.receipt.consumed(1, 10);
+        let lost = [first.next().await, first.next().await];
+        assert!(lost.iter().all(Option::is_some), "two more were served");
+        // Its confirmation is read before the stream breaks.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(lost);
+        drop(first);
+
+        // The next trainer gets every row the first did not consume, then the stream ends.
+        let mut second = Box::pin(reader(&addr, "trainer-1").await);
+        let mut steps = 0;
+        while let Some(batch) = second.next().await {
+            count(ids(&batch));
+            steps += 1;
+            batch.receipt.consumed(steps, steps * 10);
+        }
+        assert_eq!(trained.len(), 100, "every row trained: {trained:?}");
+        assert!(trained.values().all(|n| *n == 1), "none twice: {trained:?}");
+        assert!(executor.unconsumed.is_empty());
+        // Started again, each continues the totals it confirmed.
+        for (trainer, totals) in [("trainer-0", (1, 10)), ("trainer-1", (9, 90))] {
+            let confirmed = primus_data_client::confirmed_totals(&addr, "j", trainer).await;
+            assert_eq!(confirmed.expect("totals"), totals, "{trainer}");
+        }
     }
 }

@@ -17,10 +17,11 @@ use primus_config::{DataExecutorSettings, NodeSettings, StorageSettings};
 use primus_proto::v1::dataset_service_server::{DatasetService, DatasetServiceServer};
 use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::{
-    AcquireTaskRequest, DataTask, EndMinibatchesRequest, EndMinibatchesResponse, Endpoint,
-    FinishTaskRequest, Minibatch, MinibatchRequest, PauseRequest, PauseResponse,
-    RegisterExecutorRequest, ReportProgressRequest, ResumeRequest, ResumeResponse, Role,
-    YieldTaskRequest, YieldTaskResponse, data_task,
+    AcquireTaskRequest, ConfirmedTotalsRequest, ConfirmedTotalsResponse, DataTask,
+    EndMinibatchesRequest, EndMinibatchesResponse, Endpoint, FinishTaskRequest, Minibatch,
+    MinibatchStreamRequest, PauseRequest, PauseResponse, RegisterExecutorRequest,
+    ReportProgressRequest, ResumeRequest, ResumeResponse, Role, YieldTaskRequest,
+    YieldTaskResponse, data_task, minibatch_stream_request,
 };
 use primus_service::ExecutorIdentity;
 use primus_service::Shutdown;
@@ -42,10 +43,16 @@ impl DatasetService for NoMinibatches {
 
     async fn stream_minibatches(
         &self,
-        request: tonic::Request<MinibatchRequest>,
+        request: tonic::Request<tonic::Streaming<MinibatchStreamRequest>>,
     ) -> Result<tonic::Response<Self::StreamMinibatchesStream>, tonic::Status> {
         let shutdown = self.shutdown.clone();
-        let trainer = request.into_inner().trainer_id;
+        let opening = request.into_inner().message().await?;
+        let Some(minibatch_stream_request::Kind::Open(open)) = opening.and_then(|m| m.kind) else {
+            return Err(tonic::Status::invalid_argument(
+                "the first message must be `open`",
+            ));
+        };
+        let trainer = open.trainer_id;
         let mut departed = self.departed.subscribe();
         let ended = futures::stream::once(async move {
             tokio::select! {
@@ -78,6 +85,14 @@ impl DatasetService for NoMinibatches {
         _request: tonic::Request<ResumeRequest>,
     ) -> Result<tonic::Response<ResumeResponse>, tonic::Status> {
         Err(no_barrier())
+    }
+
+    async fn confirmed_totals(
+        &self,
+        _request: tonic::Request<ConfirmedTotalsRequest>,
+    ) -> Result<tonic::Response<ConfirmedTotalsResponse>, tonic::Status> {
+        // No minibatch served, none confirmed.
+        Ok(tonic::Response::new(ConfirmedTotalsResponse::default()))
     }
 
     async fn yield_task(

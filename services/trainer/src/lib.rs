@@ -18,8 +18,10 @@
 //! marker and every minibatch before it is trained and pushed, the trainer tells the
 //! master (`CheckpointService.TrainerAligned`) its step and sample totals, so the PS
 //! snapshot the master then takes and the recorded data offsets describe the same moment.
-//! A trainer of a restored job, or one restarted after a crash, continues the totals the
-//! master last saw of it.
+//! Each minibatch is confirmed consumed to its data executor once its pushes have landed
+//! (with the trainer's totals); one not confirmed when the trainer dies is served again. A
+//! trainer of a restored job continues its totals in the checkpoint; one restarted after a
+//! crash, the highest of those the master last saw and those it confirmed.
 //!
 //! With `trainer.hot_set.enabled`, the job's trainers replicate its most accessed rows
 //! and train them in lockstep over NATS ([`hot`], HypeReca §5); the rest stays on the PS.
@@ -228,10 +230,32 @@ fn trainer_directory(identity: &ExecutorIdentity) -> TrainerDirectory {
 }
 
 /// The step and sample totals this trainer continues from: zero for a new job, its totals
-/// in the checkpoint a job was restored from, or, after a crash, the last ones the master
-/// saw of it (so a restart resets no counter; the steps trained after its last report
-/// are not counted).
-async fn starting_totals(identity: &ExecutorIdentity) -> anyhow::Result<TrainerTotalsResponse> {
+/// in the checkpoint a job was restored from, or, after a crash, the highest of the last
+/// ones the master saw of it and those it confirmed to the data executors at `data_addrs`
+/// with its minibatches (so a restart resets no counter and loses no count: a minibatch
+/// it did not confirm is served again and counted by whoever trains it).
+async fn starting_totals(
+    identity: &ExecutorIdentity,
+    data_addrs: &[String],
+) -> anyhow::Result<TrainerTotalsResponse> {
+    let master = master_totals(identity).await?;
+    let mut totals = (master.steps, master.samples);
+    for addr in data_addrs {
+        let (job, trainer) = (&identity.job, &identity.executor_id);
+        match primus_data_client::confirmed_totals(addr, job, trainer).await {
+            Ok(confirmed) => totals = totals.max(confirmed),
+            Err(e) => {
+                tracing::warn!(%addr, error = %e, "asking a data executor for this trainer's confirmed totals")
+            }
+        }
+    }
+    Ok(TrainerTotalsResponse {
+        steps: totals.0,
+        samples: totals.1,
+    })
+}
+
+async fn master_totals(identity: &ExecutorIdentity) -> anyhow::Result<TrainerTotalsResponse> {
     let mut master =
         CheckpointServiceClient::connect(format!("http://{}", identity.master_addr)).await?;
     let request = TrainerTotalsRequest {
@@ -342,7 +366,7 @@ async fn work(
         trainer = trainer.with_hot_set(hot);
     }
     let totals = retry("asking the master for this trainer's totals", || {
-        starting_totals(identity)
+        starting_totals(identity, &data_addrs)
     })
     .await?;
     trainer.resume_from(totals.steps, totals.samples);
@@ -363,12 +387,15 @@ async fn work(
     .await?
     .map(|item| {
         item.map(|received| match received {
-            Received::Batch(received) => Feed::Batch(Incoming::new(
-                received.batch,
-                received.kind,
-                &received.source,
-                &received.trace,
-            )),
+            Received::Batch(received) => Feed::batch(
+                Incoming::new(
+                    received.batch,
+                    received.kind,
+                    &received.source,
+                    &received.trace,
+                )
+                .with_receipt(received.receipt),
+            ),
             Received::Barrier(id) => Feed::Barrier(id),
         })
         .map_err(anyhow::Error::from)

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::{Stream, StreamExt};
 use primus_batch::Minibatch;
+use primus_data_client::Receipt;
 use primus_model::pooling::BatchKeys;
 use primus_model::{Model, ModelLayout, Tower};
 use primus_proto::v1::SourceKind;
@@ -46,6 +47,8 @@ pub struct Prepared {
     /// Pushes completed when the lookup began; `None` while the rows are not looked up
     /// yet (zeros, read by the push before the step or at its start).
     pub(crate) looked_up_at: Option<u64>,
+    /// Confirmed to the data executor once the step's pushes have landed.
+    pub(crate) receipt: Receipt,
 }
 
 impl Prepared {
@@ -181,7 +184,12 @@ fn prepare_unread(model: &Model, incoming: Incoming) -> anyhow::Result<Prepared>
 
 /// `incoming` resolved to its unique keys per table, with no rows yet.
 fn keyed(model: &Model, incoming: Incoming) -> anyhow::Result<Prepared> {
-    let Incoming { batch, kind, span } = incoming;
+    let Incoming {
+        batch,
+        kind,
+        span,
+        receipt,
+    } = incoming;
     let keys = BatchKeys::collect(model.layout(), &batch.to_kjt()?)?;
     Ok(Prepared {
         batch,
@@ -192,6 +200,7 @@ fn keyed(model: &Model, incoming: Incoming) -> anyhow::Result<Prepared> {
         wide: Vec::new(),
         lookup_time: Duration::ZERO,
         looked_up_at: None,
+        receipt,
     })
 }
 
@@ -223,9 +232,9 @@ pub(crate) async fn prefetch<S: ParameterStore, B>(
                 let prepared = match &rows {
                     Rows::LookedUp { hot, pushes } => {
                         let hot = hot.borrow().clone();
-                        prepare(&*store, &model, &hot, pushes, incoming).await
+                        prepare(&*store, &model, &hot, pushes, *incoming).await
                     }
-                    Rows::ReadByPush => prepare_unread(&model, incoming),
+                    Rows::ReadByPush => prepare_unread(&model, *incoming),
                 };
                 prepared.map(|prepared| Ready::Step(Box::new(prepared)))
             }

@@ -12,6 +12,7 @@ use anyhow::Context;
 use futures::Stream;
 use futures::future::try_join_all;
 use primus_batch::Minibatch;
+use primus_data_client::Receipt;
 use primus_embedding::HotRows;
 use primus_metrics::{EvalWindow, Evaluation};
 use primus_model::pooling::{BatchKeys, EmbeddingKernels, KeySet};
@@ -35,6 +36,8 @@ pub struct Incoming {
     pub batch: Minibatch,
     pub kind: SourceKind,
     pub span: tracing::Span,
+    /// The data executor's claim on the minibatch, confirmed once it is trained and pushed.
+    pub receipt: Receipt,
 }
 
 impl Incoming {
@@ -48,15 +51,32 @@ impl Incoming {
             primus.rows = batch.rows(),
         );
         set_parent_from_carrier(&span, trace);
-        Self { batch, kind, span }
+        Self {
+            batch,
+            kind,
+            span,
+            receipt: Receipt::none(),
+        }
+    }
+
+    /// The minibatch as served by a data executor, confirmed consumed through `receipt`.
+    pub fn with_receipt(mut self, receipt: Receipt) -> Self {
+        self.receipt = receipt;
+        self
     }
 }
 
 /// What a trainer is fed: minibatches, and checkpoint barriers between them.
 pub enum Feed {
-    Batch(Incoming),
+    Batch(Box<Incoming>),
     /// Every minibatch served before checkpoint `id`'s barrier came before this.
     Barrier(u64),
+}
+
+impl Feed {
+    pub fn batch(incoming: Incoming) -> Self {
+        Self::Batch(Box::new(incoming))
+    }
 }
 
 /// Counters since the trainer started and since the last report.
@@ -174,6 +194,9 @@ pub struct Trainer<S> {
     hot_keys: watch::Receiver<Arc<HotKeys>>,
     device: EmbeddingDevice,
     pushes: RecentPushes,
+    /// Receipts of minibatches whose pushes were sent; the dense push may still be in
+    /// flight (the next push, or a flush, waits for it).
+    unconfirmed: Vec<Receipt>,
     pub meter: Meter,
 }
 
@@ -201,6 +224,7 @@ impl<S: ParameterStore> Trainer<S> {
             hot_keys: watch::channel(Arc::new(HotKeys::default())).1,
             device: EmbeddingDevice::Cpu,
             pushes: RecentPushes::default(),
+            unconfirmed: Vec::new(),
             meter: Meter::new(eval_window),
         };
         trainer.pull_dense().await?;
@@ -238,11 +262,25 @@ impl<S: ParameterStore> Trainer<S> {
     /// of its latest round. `train` does this before it returns and at a checkpoint
     /// barrier; a caller of `step` does it before reading the PS.
     pub async fn settle(&mut self) -> anyhow::Result<()> {
-        self.store.flush().await?;
+        self.flush().await?;
         match &mut self.hot {
             Some(hot) => hot.settle().await,
             None => Ok(()),
         }
+    }
+
+    /// Waits for the pushes in flight; every minibatch pushed is then confirmed consumed.
+    async fn flush(&mut self) -> anyhow::Result<()> {
+        self.store.flush().await?;
+        self.confirm_pushed();
+        Ok(())
+    }
+
+    /// Confirms the minibatches whose pushes have landed, with the totals counting them
+    /// (every step counted so far).
+    fn confirm_pushed(&mut self) {
+        let (steps, samples) = (self.meter.steps, self.meter.samples);
+        (self.unconfirmed.drain(..)).for_each(|receipt| receipt.consumed(steps, samples));
     }
 
     /// Looks `incoming`'s keys up, leaving out the rows the hot set holds now.
@@ -297,6 +335,11 @@ impl<S: ParameterStore> Trainer<S> {
         // waiting on a quiet stream still says how far it got.
         let mut last_report = Instant::now();
         loop {
+            // Nothing to train now: what was pushed is confirmed, so an executor whose data
+            // ran out sees every minibatch consumed and can end its streams.
+            if !self.unconfirmed.is_empty() && !upcoming.has_ready() {
+                self.flush().await?;
+            }
             let quiet = async {
                 match interval.checked_sub(last_report.elapsed()) {
                     _ if interval.is_zero() => std::future::pending().await,
@@ -334,7 +377,7 @@ impl<S: ParameterStore> Trainer<S> {
                         hot.wait_at_barrier(&self.store, id).await?;
                     }
                     // Aligned means pushed: the snapshot that follows holds every step.
-                    self.store.flush().await?;
+                    self.flush().await?;
                     let meter = &self.meter;
                     reporter.aligned(id, meter.steps, meter.samples).await;
                     if let Some(hot) = &mut self.hot
@@ -401,11 +444,12 @@ impl<S: ParameterStore> Trainer<S> {
         let (model, params) = (self.model.clone(), self.params.clone());
         let device = self.device.clone();
         let compute_span = tracing::info_span!(parent: &prepared.span, "trainer.compute");
-        let (prepared, mut output, grads, wide_grads) = tokio::task::spawn_blocking(move || {
-            compute_span.in_scope(|| compute(&model, &params, device.kernels(), prepared, rows))
-        })
-        .await
-        .context("the compute task")??;
+        let (mut prepared, mut output, grads, wide_grads) =
+            tokio::task::spawn_blocking(move || {
+                compute_span.in_scope(|| compute(&model, &params, device.kernels(), prepared, rows))
+            })
+            .await
+            .context("the compute task")??;
         let computed = Instant::now();
         let pushing = self.pushed_keys(&prepared.keys);
         // A hot set's replica may change before the next step: its rows are read then.
@@ -424,6 +468,11 @@ impl<S: ParameterStore> Trainer<S> {
             .instrument(push_span)
             .await?;
         self.pushes.record(pushing);
+        // This push waited for the dense push before it: those minibatches have landed
+        // (and are counted; this one is not yet).
+        self.confirm_pushed();
+        self.unconfirmed
+            .push(std::mem::replace(&mut prepared.receipt, Receipt::none()));
         if let Some(next) = next {
             // Its rows are as fresh as a lookup after this push.
             next.looked_up_at = Some(self.pushes.count().now());
@@ -709,6 +758,14 @@ impl Upcoming {
             Some(taken) => Some(taken),
             None => self.ready.recv().await,
         }
+    }
+
+    /// Whether the next minibatch or barrier is ready now.
+    fn has_ready(&mut self) -> bool {
+        if self.taken.is_none() {
+            self.taken = self.ready.try_recv().ok();
+        }
+        self.taken.is_some()
     }
 
     /// The next minibatch, when it is ready now and no barrier comes first.

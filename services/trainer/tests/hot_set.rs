@@ -262,7 +262,7 @@ fn ending_at_a_barrier(seed: u64, count: usize) -> FeedStream {
 fn feed(seed: u64, count: usize) -> FeedStream {
     let items: Vec<anyhow::Result<Feed>> = batches(seed, count)
         .into_iter()
-        .map(|b| Ok(Feed::Batch(incoming(b))))
+        .map(|b| Ok(Feed::batch(incoming(b))))
         .collect();
     futures::stream::iter(items).boxed()
 }
@@ -398,7 +398,7 @@ async fn members_reaching_a_barrier_at_different_steps_wait_for_each_other_in_ro
     let with_barrier = |seed: u64, at: usize| {
         let mut items: Vec<anyhow::Result<Feed>> = batches(seed, at + 10)
             .into_iter()
-            .map(|b| Ok(Feed::Batch(incoming(b))))
+            .map(|b| Ok(Feed::batch(incoming(b))))
             .collect();
         items.insert(at, Ok(Feed::Barrier(7)));
         items.push(Ok(Feed::Barrier(9)));
@@ -472,7 +472,7 @@ async fn a_drifted_hot_set_is_chosen_again_at_a_checkpoint() {
     let mut minibatch = |offset: i64| {
         let generated = generator.generate(256, 0).expect("rows");
         let batch = shifted(&generated.batch, offset);
-        Ok(Feed::Batch(incoming(
+        Ok(Feed::batch(incoming(
             pipeline.minibatch(&batch).expect("minibatch"),
         )))
     };

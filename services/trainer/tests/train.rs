@@ -110,7 +110,7 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
     let mut feed: Vec<Feed> = batches
         .into_iter()
         .map(|b| {
-            Feed::Batch(Incoming::new(
+            Feed::batch(Incoming::new(
                 b,
                 SourceKind::Batch,
                 "generated",
@@ -178,7 +178,7 @@ async fn a_prefetching_trainer_trains_like_one_that_looks_up_after_each_push() {
                 )
             };
             if prefetching {
-                let feed = batches.iter().map(|b| Ok(Feed::Batch(incoming(b))));
+                let feed = batches.iter().map(|b| Ok(Feed::batch(incoming(b))));
                 let stream = futures::stream::iter(feed.collect::<Vec<_>>());
                 (trainer.train(stream.boxed(), Duration::ZERO, &Collect::default()))
                     .await

@@ -14,6 +14,8 @@ use crate::resources::{JobBuilder, dataset, hourly, job, parquet};
 pub const DLRM_HOURS: usize = 4;
 pub const DLRM_ROWS_PER_HOUR: usize = 100_000;
 pub const DLRM_ROWS: u64 = (DLRM_HOURS * DLRM_ROWS_PER_HOUR) as u64;
+/// Rows per row group of the DLRM data's files.
+pub const DLRM_ROW_GROUP_ROWS: usize = 16_384;
 
 /// Writes the Criteo-like data under the sandbox's `criteo/` (one Parquet file per hour)
 /// and applies its Dataset `criteo`. Returns the data's best achievable AUC.
@@ -29,7 +31,7 @@ pub async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
         start_unix_s: time::parse_window_time("2026-11-01T00").expect("time"),
         windows: DLRM_HOURS,
         files_per_window: 1,
-        row_group_rows: 16_384,
+        row_group_rows: DLRM_ROW_GROUP_ROWS,
     };
     let summary = criteo(&location, &layout, DLRM_ROWS_PER_HOUR, dlrm_options())
         .await

@@ -40,7 +40,9 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use primus_config::StorageSettings;
 use primus_proto::v1::dataset_service_client::DatasetServiceClient;
-use primus_proto::v1::{Endpoint, PauseRequest, PauseResponse, ResumeRequest, StreamPosition};
+use primus_proto::v1::{
+    ConfirmedTotalsRequest, Endpoint, PauseRequest, PauseResponse, ResumeRequest, StreamPosition,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -185,6 +187,9 @@ impl CheckpointRecord {
     }
 }
 
+/// How long a data executor has to say what a trainer confirmed to it.
+const CONFIRMED_WAIT: Duration = Duration::from_secs(1);
+
 /// The highest totals seen of each trainer of one job: what a trainer process continues
 /// from when it starts, the first time or after a crash.
 #[derive(Default)]
@@ -200,6 +205,41 @@ impl KnownTotals {
         let entry = known.entry(trainer.to_owned()).or_default();
         entry.steps = entry.steps.max(totals.steps);
         entry.samples = entry.samples.max(totals.samples);
+    }
+
+    /// Raises each of `trainers`' totals to the highest it confirmed with its minibatches
+    /// to the data executors `executors` (its reports lag behind what it trained). An
+    /// executor that does not answer within [`CONFIRMED_WAIT`] is skipped.
+    pub async fn raise_to_confirmed(&self, job: &str, trainers: &[String], executors: &[Endpoint]) {
+        for executor in executors {
+            for trainer in trainers {
+                let asked = async {
+                    let mut client = DatasetServiceClient::new(channel(&executor.grpc_addr)?);
+                    let request = ConfirmedTotalsRequest {
+                        job: job.to_owned(),
+                        trainer_id: trainer.clone(),
+                    };
+                    (client.confirmed_totals(request).await)
+                        .map(|r| r.into_inner())
+                        .map_err(|status| status.message().to_owned())
+                };
+                match tokio::time::timeout(CONFIRMED_WAIT, asked).await {
+                    Ok(Ok(confirmed)) => self.raise(
+                        trainer,
+                        TrainerTotals {
+                            steps: confirmed.steps,
+                            samples: confirmed.samples,
+                        },
+                    ),
+                    Ok(Err(message)) => {
+                        tracing::debug!(executor = executor.id, %message, "no confirmed totals")
+                    }
+                    Err(_) => {
+                        tracing::debug!(executor = executor.id, "no confirmed totals in time")
+                    }
+                }
+            }
+        }
     }
 
     /// Every trainer's totals summed.

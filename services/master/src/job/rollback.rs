@@ -13,7 +13,7 @@ use std::time::Duration;
 use primus_proto::v1::Role;
 
 use super::checkpoints::rollback_queue;
-use super::executors::{start_executor, wait_serving};
+use super::executors::{start_executor, wait_serving, with_role};
 use super::{JobRun, Outcome};
 use crate::backend::{ExecutorRole, ResourceBackend};
 use crate::plan::Catalog;
@@ -38,6 +38,17 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         if let Some(checkpoint) = self.checkpoint_in_flight.take() {
             checkpoint.abort();
         }
+        // What the trainers trained, from their data executors while they still run.
+        let endpoints = self.endpoints();
+        let trainers: Vec<String> = (with_role(&endpoints, Role::Trainer).into_iter())
+            .map(|e| e.id.clone())
+            .collect();
+        let executors: Vec<_> = (with_role(&endpoints, Role::DataExecutor).into_iter())
+            .cloned()
+            .collect();
+        (self.tasks.trainer_totals)
+            .raise_to_confirmed(&self.name, &trainers, &executors)
+            .await;
         let stopped = match self.kill_workers().await {
             Ok(stopped) => stopped,
             Err(message) => return failed(message),

@@ -1,11 +1,11 @@
 //! The chaos suite: real processes and servers, one fault per Job at a seeded moment (10%
-//! to 80% of its rows, after its first checkpoint). Each Job is a small mixture DLRM over 400,000 Criteo-like Parquet
-//! rows and 40,000 rows of a JetStream subject whose `c26` is each row's unique id
+//! to 80% of its rows, 40% for a deleted file, after its first checkpoint). Each Job is a small mixture DLRM over 400,000 Criteo-like Parquet
+//! rows and 40,000 rows of a JetStream subject, each row's `c26` replaced by its unique id
 //! (`workload.rs`), with a serving replica kept in sync by a serving-sync process, and
 //! `on_ps_failure` and `on_worker_failure: rollback`. After each fault the Job must catch
 //! up on both sources with every row trained into its final model exactly once: each
-//! stream row's own embedding updated exactly once (by id), and the trained-sample count
-//! beyond them equal to the Parquet rows. Its serving replica must then hold the training
+//! row's own embedding updated exactly once (by id), and the Job's trained-sample count
+//! equal to those updates. Its serving replica must then hold the training
 //! PS's rows, row for row, and its AUC be within 0.005 of an undisturbed run on the same
 //! rows. A deleted Parquet file must fail the Job naming it.
 //! Prints a table (fault, seconds to recover, rows lost, rows duplicated, AUC delta) and
@@ -33,7 +33,7 @@ use primus_spec::status::{Phase, Status};
 use primus_testkit::service::{ServiceProcess, signal};
 use tokio::time::Instant;
 
-use workload::{ROWS, job_resource, prepare, trained_stream_rows};
+use workload::{ROWS, Trained, job_resource, prepare, trained_rows};
 
 /// One fault the suite injects.
 #[derive(Debug, Clone, Copy)]
@@ -114,8 +114,14 @@ async fn every_fault_loses_and_repeats_no_row() {
     let baseline = run_undisturbed(&sandbox, &cluster).await;
     let mut report = Report::default();
     for (i, fault) in Fault::ALL.into_iter().enumerate() {
-        // Somewhere between 10% and 80% of the rows, after the first checkpoint.
-        let at = ROWS / 100 * (10 + fault_draw(seed, i as u64) % 71);
+        // Somewhere between 10% and 80% of the rows, after the first checkpoint. A deleted
+        // file fails the Job only while unread: the last hour's file, the last quarter of
+        // the Parquet rows, is deleted before 40%.
+        let latest = match fault {
+            Fault::DeleteParquetFile => 40,
+            _ => 80,
+        };
+        let at = ROWS / 100 * (10 + fault_draw(seed, i as u64) % (latest - 9));
         let job = format!("chaos-{i}");
         let outcome = run_with(&mut sandbox, &mut cluster, &job, fault, at, baseline).await;
         report.outcomes.push(outcome);
@@ -164,14 +170,23 @@ async fn run_undisturbed(sandbox: &Sandbox, cluster: &Cluster) -> f64 {
     sandbox.apply([job_resource(sandbox, job)]).await;
     let status = caught_up(sandbox, job).await;
     let progress = status.progress.expect("progress");
-    let trained = trained_stream_rows(&shards(cluster, job).await).await;
+    let trained = trained_rows(&shards(cluster, job).await).await;
     assert_eq!(
-        trained.lost_and_duplicated(progress.samples),
+        (trained.lost, trained.repeated),
         (0, 0),
         "undisturbed: {progress:?}, {trained:?}"
     );
+    counted_as_trained(job, progress.samples, &trained);
     sandbox.delete_job(job).await;
     progress.auc.expect("an AUC")
+}
+
+/// The Job's trained-sample count is what its model trained (since its last rollback).
+fn counted_as_trained(job: &str, samples: u64, trained: &Trained) {
+    assert_eq!(
+        samples, trained.trainings,
+        "{job}: samples counted against row trainings in the model: {trained:?}"
+    );
 }
 
 /// Runs Job `job` with `fault` injected once it trained `at` samples and committed a
@@ -196,8 +211,9 @@ async fn run_with(
     let recovered_s = recovery(sandbox, job, before, injected).await;
     let status = caught_up(sandbox, job).await;
     let progress = status.progress.clone().expect("progress");
-    let trained = trained_stream_rows(&shards(cluster, job).await).await;
-    let (lost, duplicated) = trained.lost_and_duplicated(progress.samples);
+    let trained = trained_rows(&shards(cluster, job).await).await;
+    counted_as_trained(job, progress.samples, &trained);
+    let (lost, duplicated) = (trained.lost, trained.repeated);
     let (held, served) = served_rows(cluster, job).await;
     assert!(
         held == served,

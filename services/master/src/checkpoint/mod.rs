@@ -209,7 +209,7 @@ impl KnownTotals {
 
     /// Raises each of `trainers`' totals to the highest it confirmed with its minibatches
     /// to the data executors `executors` (its reports lag behind what it trained). An
-    /// executor that does not answer within [`CONFIRMED_WAIT`] is skipped.
+    /// executor that does not answer within a second is skipped.
     pub async fn raise_to_confirmed(&self, job: &str, trainers: &[String], executors: &[Endpoint]) {
         for executor in executors {
             for trainer in trainers {

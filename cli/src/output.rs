@@ -248,6 +248,16 @@ pub fn describe(resource: &Resource) -> anyhow::Result<String> {
             ));
         }
         field("Progress:", parts.join(", "));
+        for source in &p.sources {
+            let mut line = format!("{}: {} samples", source.source, source.samples);
+            if source.retrained_samples > 0 {
+                line.push_str(&format!(
+                    ", {} trained again after rollbacks",
+                    source.retrained_samples
+                ));
+            }
+            field("  source", line);
+        }
     }
     if let Some(r) = &status.replicas {
         let mut running = format!(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use primus_api_client::ApiClient;
 use primus_harness::{Sandbox, TOKEN};
 use primus_spec::Kind;
-use primus_spec::status::{Condition, Phase, Progress, Status};
+use primus_spec::status::{Condition, Phase, Progress, SourceProgress, Status};
 
 fn primus_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_primus"))
@@ -121,10 +121,17 @@ async fn apply_get_describe_delete_an_example() {
     );
     assert_eq!(stdout, "no datasets\n");
 
+    let running = job_status(Phase::Running, 0.5, "Training");
+    let client = cluster.client().await;
+    (client.update_status(Kind::Job, "ctr-demo", &running, 0))
+        .await
+        .expect("status");
     let (stdout, _) = expect_exit(&cluster.run(&["describe", "job", "ctr-demo"]).await, 0);
     for expected in [
         "Kind:        Job",
-        "Phase:       Pending",
+        "Phase:       Running",
+        "300 samples trained again after rollbacks",
+        "  source     criteo-parquet: 500 samples, 300 trained again after rollbacks",
         "Spec:",
         "dataset: criteo-like",
     ] {
@@ -254,7 +261,12 @@ fn job_status(phase: Phase, fraction: f64, reason: &str) -> Status {
             fraction: Some(fraction),
             samples_per_second: 500.0,
             auc: Some(0.75),
-            retrained_samples: 0,
+            retrained_samples: 300,
+            sources: vec![SourceProgress {
+                source: "criteo-parquet".into(),
+                samples: (fraction * 1000.0) as u64,
+                retrained_samples: 300,
+            }],
         }),
         ..Status::default()
     }

@@ -56,7 +56,7 @@ use primus_storage::Location;
 use primus_storage::parquet::ReadOptions;
 use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::store::LocalStore;
-use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
+use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer, TrainerTotals};
 
 use peer::PeerFigures;
 
@@ -146,7 +146,7 @@ impl Reporter for Collect {
         );
     }
 
-    async fn aligned(&self, _checkpoint_id: u64, _steps: u64, _samples: u64) {}
+    async fn aligned(&self, _checkpoint_id: u64, _totals: &TrainerTotals) {}
 }
 
 fn layout(rows_per_hour: usize) -> Layout {

@@ -81,6 +81,17 @@ pub struct ReceivedBatch {
     pub receipt: Receipt,
 }
 
+/// A trainer's counters: steps, samples, and samples per source (Dataset source name).
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TrainerTotals {
+    /// Steps taken.
+    pub steps: u64,
+    /// Samples trained.
+    pub samples: u64,
+    /// Samples trained per source, summing to `samples`.
+    pub sources: BTreeMap<String, u64>,
+}
+
 /// A served minibatch's claim on its executor: [`Receipt::consumed`] once its gradients
 /// are pushed. Dropped unconfirmed, the minibatch stays held by the executor, which
 /// serves it again if this trainer's stream breaks (and counts it consumed if the
@@ -101,15 +112,18 @@ impl Receipt {
         }
     }
 
-    /// The minibatch is trained and its gradients pushed; `steps` and `samples` are the
-    /// trainer's totals counting it and every minibatch confirmed before. Its stream may
-    /// have ended meanwhile (then the executor already counted it consumed, or is gone).
-    pub fn consumed(self, steps: u64, samples: u64) {
+    /// The minibatch is trained and its gradients pushed; `totals` are the trainer's,
+    /// counting it and every minibatch confirmed before. Its stream may have ended
+    /// meanwhile (then the executor already counted it consumed, or is gone).
+    pub fn consumed(self, totals: &TrainerTotals) {
         if let Some(stream) = self.stream {
             let consumed = MinibatchesConsumed {
                 sequences: vec![self.sequence],
-                trainer_steps: steps,
-                trainer_samples: samples,
+                trainer_steps: totals.steps,
+                trainer_samples: totals.samples,
+                trainer_source_samples: (totals.sources.iter())
+                    .map(|(source, n)| (source.clone(), *n))
+                    .collect(),
             };
             let _ = stream.unbounded_send(MinibatchStreamRequest {
                 kind: Some(Kind::Consumed(consumed)),
@@ -167,12 +181,12 @@ pub async fn data_executors(master_addr: &str, job: &str) -> Result<Vec<String>,
         .collect())
 }
 
-/// The highest (steps, samples) trainer `trainer_id` confirmed to the executor at `addr`.
+/// The highest totals trainer `trainer_id` confirmed to the executor at `addr`.
 pub async fn confirmed_totals(
     addr: &str,
     job: &str,
     trainer_id: &str,
-) -> Result<(u64, u64), ReaderError> {
+) -> Result<TrainerTotals, ReaderError> {
     let mut client = DatasetServiceClient::connect(format!("http://{addr}"))
         .await
         .map_err(|e| ReaderError::Connect {
@@ -189,7 +203,11 @@ pub async fn confirmed_totals(
             status,
         })?
         .into_inner();
-    Ok((totals.steps, totals.samples))
+    Ok(TrainerTotals {
+        steps: totals.steps,
+        samples: totals.samples,
+        sources: totals.source_samples.into_iter().collect(),
+    })
 }
 
 /// One executor stream's items, tagged with the stream's index; `Ended` follows its last.

@@ -67,6 +67,22 @@ pub struct Progress {
     /// the Job trains again; `samples` counts from the checkpoint's.
     #[serde(default)]
     pub retrained_samples: u64,
+    /// The same per Dataset source, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<SourceProgress>,
+}
+
+/// One Dataset source's share of a Job's training.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SourceProgress {
+    /// The source's name in the Dataset.
+    pub source: String,
+    /// Its samples trained (counted like `Progress::samples`).
+    pub samples: u64,
+    /// Its samples trained before rollbacks and trained again since.
+    #[serde(default)]
+    pub retrained_samples: u64,
 }
 
 /// How many executors of each role a Job runs now (its spec's replicas are where it

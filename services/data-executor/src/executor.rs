@@ -663,7 +663,7 @@ impl Executor {
                 unix_ms: now_ms,
                 gauges,
                 samples: served,
-                steps: 0,
+                ..MetricsReport::default()
             };
             if let Err(e) = bus.publish(metrics_subject.clone(), &report).await {
                 tracing::warn!(error = %e, "publishing metrics");

@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use primus_proto::v1::ConfirmedTotalsResponse;
+
 use crate::buffer::Served;
 
 /// The executor's minibatches held by trainers or waiting to be served again.
@@ -18,8 +20,8 @@ pub(crate) struct Unconsumed {
     returned: Mutex<VecDeque<Served>>,
     /// Held by trainers on open streams.
     held: AtomicUsize,
-    /// The highest (steps, samples) each trainer confirmed with its minibatches.
-    trainer_totals: Mutex<HashMap<String, (u64, u64)>>,
+    /// The highest totals each trainer confirmed with its minibatches.
+    trainer_totals: Mutex<HashMap<String, ConfirmedTotalsResponse>>,
 }
 
 impl Unconsumed {
@@ -38,19 +40,18 @@ impl Unconsumed {
         self.held.load(Ordering::Acquire) == 0 && lock(&self.returned).is_empty()
     }
 
-    /// `trainer` confirmed minibatches with these totals.
-    pub(crate) fn record_totals(&self, trainer: &str, steps: u64, samples: u64) {
-        let mut totals = lock(&self.trainer_totals);
-        let known = totals.entry(trainer.to_owned()).or_default();
-        *known = (*known).max((steps, samples));
+    /// `trainer` confirmed minibatches with these totals (the highest count).
+    pub(crate) fn record_totals(&self, trainer: &str, totals: ConfirmedTotalsResponse) {
+        let mut known = lock(&self.trainer_totals);
+        let known = known.entry(trainer.to_owned()).or_default();
+        if (totals.steps, totals.samples) > (known.steps, known.samples) {
+            *known = totals;
+        }
     }
 
-    /// The highest (steps, samples) `trainer` confirmed here.
-    pub(crate) fn totals_of(&self, trainer: &str) -> (u64, u64) {
-        lock(&self.trainer_totals)
-            .get(trainer)
-            .copied()
-            .unwrap_or_default()
+    /// The highest totals `trainer` confirmed here (zeros when none).
+    pub(crate) fn totals_of(&self, trainer: &str) -> ConfirmedTotalsResponse {
+        (lock(&self.trainer_totals).get(trainer).cloned()).unwrap_or_default()
     }
 
     /// Serves `batches` again before any buffered row.

@@ -188,8 +188,12 @@ async fn follow_consumption(
             Ok(Some(MinibatchStreamRequest {
                 kind: Some(Kind::Consumed(consumed)),
             })) => {
-                let (steps, samples) = (consumed.trainer_steps, consumed.trainer_samples);
-                executor.unconsumed.record_totals(&trainer, steps, samples);
+                let totals = ConfirmedTotalsResponse {
+                    steps: consumed.trainer_steps,
+                    samples: consumed.trainer_samples,
+                    source_samples: consumed.trainer_source_samples,
+                };
+                executor.unconsumed.record_totals(&trainer, totals);
                 if held.consumed(&consumed.sequences) > 0 {
                     executor.buffers.wake();
                 }
@@ -332,8 +336,8 @@ impl DatasetService for DatasetServer {
     ) -> Result<Response<ConfirmedTotalsResponse>, Status> {
         let request = request.into_inner();
         self.executor.check_job(&request.job)?;
-        let (steps, samples) = self.executor.unconsumed.totals_of(&request.trainer_id);
-        Ok(Response::new(ConfirmedTotalsResponse { steps, samples }))
+        let totals = self.executor.unconsumed.totals_of(&request.trainer_id);
+        Ok(Response::new(totals))
     }
 
     async fn yield_task(
@@ -354,7 +358,7 @@ mod tests {
 
     use futures::StreamExt;
     use primus_batch::{DenseMatrix, Kjt, Minibatch, Sparse};
-    use primus_data_client::{Membership, ReaderOptions, Received, ReceivedBatch};
+    use primus_data_client::{Membership, ReaderOptions, Received, ReceivedBatch, TrainerTotals};
     use primus_proto::v1::dataset_service_server::DatasetServiceServer;
     use primus_service::ExecutorIdentity;
     use primus_spec::{Resource, parse_documents};
@@ -466,7 +470,7 @@ spec:
         let mut first = Box::pin(reader(&addr, "trainer-0").await);
         let consumed = first.next().await.expect("a minibatch");
         count(ids(&consumed));
-        consumed.receipt.consumed(1, 10);
+        consumed.receipt.consumed(&totals(1, 10));
         let lost = [first.next().await, first.next().await];
         assert!(lost.iter().all(Option::is_some), "two more were served");
         // Its confirmation is read before the stream breaks.
@@ -480,15 +484,23 @@ spec:
         while let Some(batch) = second.next().await {
             count(ids(&batch));
             steps += 1;
-            batch.receipt.consumed(steps, steps * 10);
+            batch.receipt.consumed(&totals(steps, steps * 10));
         }
         assert_eq!(trained.len(), 100, "every row trained: {trained:?}");
         assert!(trained.values().all(|n| *n == 1), "none twice: {trained:?}");
         assert!(executor.unconsumed.is_empty());
         // Started again, each continues the totals it confirmed.
-        for (trainer, totals) in [("trainer-0", (1, 10)), ("trainer-1", (9, 90))] {
+        for (trainer, expected) in [("trainer-0", totals(1, 10)), ("trainer-1", totals(9, 90))] {
             let confirmed = primus_data_client::confirmed_totals(&addr, "j", trainer).await;
-            assert_eq!(confirmed.expect("totals"), totals, "{trainer}");
+            assert_eq!(confirmed.expect("totals"), expected, "{trainer}");
+        }
+    }
+
+    fn totals(steps: u64, samples: u64) -> TrainerTotals {
+        TrainerTotals {
+            steps,
+            samples,
+            sources: [("ids".to_owned(), samples)].into(),
         }
     }
 }

@@ -8,7 +8,7 @@ use primus_api_client::ApiClient;
 use primus_bus::Bus;
 use primus_proto::v1::{Endpoint, MetricsReport, Role};
 use primus_spec::metric::{MetricPoint, MetricSeries, MetricSpec};
-use primus_spec::status::Progress;
+use primus_spec::status::{Progress, SourceProgress};
 
 /// Points kept per series (older ones are dropped).
 pub const MAX_POINTS: usize = 720;
@@ -168,8 +168,25 @@ impl MetricsFold {
                 .sum(),
             auc: (!aucs.is_empty()).then(|| aucs.iter().sum::<f64>() / aucs.len() as f64),
             retrained_samples: 0,
+            sources: source_samples(&trainers)
+                .into_iter()
+                .map(|(source, samples)| SourceProgress {
+                    source,
+                    samples,
+                    retrained_samples: 0,
+                })
+                .collect(),
         })
     }
+}
+
+/// The trainers' samples per source, summed.
+fn source_samples(trainers: &[&MetricsReport]) -> BTreeMap<String, u64> {
+    let mut sums = BTreeMap::new();
+    for (source, samples) in trainers.iter().flat_map(|r| &r.source_samples) {
+        *sums.entry(source.clone()).or_default() += samples;
+    }
+    sums
 }
 
 /// Sends every metrics report of `job`'s executors to `reports` until it closes.
@@ -225,6 +242,11 @@ mod tests {
             gauges: [("samples_per_second".into(), sps), ("auc".into(), auc)].into(),
             samples,
             steps: samples / 10,
+            source_samples: [
+                ("files".into(), samples * 3 / 4),
+                ("live".into(), samples / 4),
+            ]
+            .into(),
         }
     }
 
@@ -247,6 +269,10 @@ mod tests {
         let progress = fold.progress(Some(0.5)).expect("trainers reported");
         assert_eq!(progress.samples, 1500);
         assert_eq!(progress.samples_per_second, 150.0);
+        let per_source: Vec<(&str, u64)> = (progress.sources.iter())
+            .map(|s| (s.source.as_str(), s.samples))
+            .collect();
+        assert_eq!(per_source, [("files", 1125), ("live", 375)]);
         assert!(!fold.tick(3), "no new report, no new point");
     }
 

@@ -234,11 +234,8 @@ impl CheckpointService for Tasks {
         let request = request.into_inner();
         let trainer = required("trainer_id", &request.trainer_id)?;
         let job = self.job(&request.job)?;
-        let totals = TrainerTotals {
-            steps: request.steps,
-            samples: request.samples,
-        };
-        job.trainer_totals.raise(trainer, totals);
+        let totals = TrainerTotals::new(request.steps, request.samples, request.source_samples);
+        job.trainer_totals.raise(trainer, totals.clone());
         if !job.alignments.ack(request.checkpoint_id, trainer, totals) {
             return Err(Status::failed_precondition(format!(
                 "checkpoint {} of job {:?} is not in progress (it finished or timed out)",
@@ -258,6 +255,7 @@ impl CheckpointService for Tasks {
         Ok(Response::new(TrainerTotalsResponse {
             steps: totals.steps,
             samples: totals.samples,
+            source_samples: totals.sources.into_iter().collect(),
         }))
     }
 }

@@ -352,8 +352,7 @@ async fn publish_report(bus: &Bus, job: &str, report: SyncReport) {
         }),
         unix_ms: now_ms,
         gauges,
-        samples: 0,
-        steps: 0,
+        ..MetricsReport::default()
     };
     if let Err(e) = bus.publish(subject, &message).await {
         tracing::warn!(%job, error = %e, "publishing sync metrics");

@@ -43,7 +43,7 @@ use futures::FutureExt;
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
 use primus_bus::Bus;
-use primus_data_client::{Membership, ReaderOptions, Received};
+use primus_data_client::{Membership, ReaderOptions, Received, TrainerTotals};
 use primus_model::{DenseDevice, Model, ModelError, ModelLayout};
 use primus_proto::v1::checkpoint_service_client::CheckpointServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
@@ -229,7 +229,7 @@ fn trainer_directory(identity: &ExecutorIdentity) -> TrainerDirectory {
     })
 }
 
-/// The step and sample totals this trainer continues from: zero for a new job, its totals
+/// The totals (steps, samples, samples per source) this trainer continues from: zero for a new job, its totals
 /// in the checkpoint a job was restored from, or, after a crash, the highest of the last
 /// ones the master saw of it and those it confirmed to the data executors at `data_addrs`
 /// with its minibatches (so a restart resets no counter and loses no count: a minibatch
@@ -237,9 +237,13 @@ fn trainer_directory(identity: &ExecutorIdentity) -> TrainerDirectory {
 async fn starting_totals(
     identity: &ExecutorIdentity,
     data_addrs: &[String],
-) -> anyhow::Result<TrainerTotalsResponse> {
+) -> anyhow::Result<TrainerTotals> {
     let master = master_totals(identity).await?;
-    let mut totals = (master.steps, master.samples);
+    let mut totals = TrainerTotals {
+        steps: master.steps,
+        samples: master.samples,
+        sources: master.source_samples.into_iter().collect(),
+    };
     for addr in data_addrs {
         let (job, trainer) = (&identity.job, &identity.executor_id);
         match primus_data_client::confirmed_totals(addr, job, trainer).await {
@@ -249,10 +253,7 @@ async fn starting_totals(
             }
         }
     }
-    Ok(TrainerTotalsResponse {
-        steps: totals.0,
-        samples: totals.1,
-    })
+    Ok(totals)
 }
 
 async fn master_totals(identity: &ExecutorIdentity) -> anyhow::Result<TrainerTotalsResponse> {
@@ -369,7 +370,7 @@ async fn work(
         starting_totals(identity, &data_addrs)
     })
     .await?;
-    trainer.resume_from(totals.steps, totals.samples);
+    trainer.resume_from(totals);
     let options = ReaderOptions {
         job: identity.job.clone(),
         trainer_id: identity.executor_id.clone(),
@@ -495,19 +496,26 @@ impl Reporter for Publisher {
             gauges,
             samples: report.samples,
             steps: report.steps,
+            source_samples: (report.sources.iter())
+                .map(|(source, n)| (source.clone(), *n))
+                .collect(),
         };
         if let Err(e) = self.bus.publish(self.subject.clone(), &message).await {
             tracing::warn!(error = %e, "publishing metrics");
         }
     }
 
-    async fn aligned(&self, checkpoint_id: u64, steps: u64, samples: u64) {
+    async fn aligned(&self, checkpoint_id: u64, totals: &TrainerTotals) {
+        let (steps, samples) = (totals.steps, totals.samples);
         let request = TrainerAlignedRequest {
             job: self.job.clone(),
             trainer_id: self.endpoint.id.clone(),
             checkpoint_id,
             steps,
             samples,
+            source_samples: (totals.sources.iter())
+                .map(|(source, n)| (source.clone(), *n))
+                .collect(),
         };
         match self.master.clone().trainer_aligned(request).await {
             Ok(_) => tracing::info!(

@@ -47,6 +47,8 @@ pub struct Prepared {
     /// Pushes completed when the lookup began; `None` while the rows are not looked up
     /// yet (zeros, read by the push before the step or at its start).
     pub(crate) looked_up_at: Option<u64>,
+    /// The Dataset source its rows came from.
+    pub(crate) source: String,
     /// Confirmed to the data executor once the step's pushes have landed.
     pub(crate) receipt: Receipt,
 }
@@ -188,6 +190,7 @@ fn keyed(model: &Model, incoming: Incoming) -> anyhow::Result<Prepared> {
         batch,
         kind,
         span,
+        source,
         receipt,
     } = incoming;
     let keys = BatchKeys::collect(model.layout(), &batch.to_kjt()?)?;
@@ -200,6 +203,7 @@ fn keyed(model: &Model, incoming: Incoming) -> anyhow::Result<Prepared> {
         wide: Vec::new(),
         lookup_time: Duration::ZERO,
         looked_up_at: None,
+        source,
         receipt,
     })
 }

@@ -5,6 +5,7 @@
 //! gradients go to the parameter store, whose optimizers apply them.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use futures::Stream;
 use futures::future::try_join_all;
 use primus_batch::Minibatch;
 use primus_data_client::Receipt;
+pub use primus_data_client::TrainerTotals;
 use primus_embedding::HotRows;
 use primus_metrics::{EvalWindow, Evaluation};
 use primus_model::pooling::{BatchKeys, EmbeddingKernels, KeySet};
@@ -36,6 +38,8 @@ pub struct Incoming {
     pub batch: Minibatch,
     pub kind: SourceKind,
     pub span: tracing::Span,
+    /// The Dataset source its rows came from.
+    pub source: String,
     /// The data executor's claim on the minibatch, confirmed once it is trained and pushed.
     pub receipt: Receipt,
 }
@@ -55,6 +59,7 @@ impl Incoming {
             batch,
             kind,
             span,
+            source: source.to_owned(),
             receipt: Receipt::none(),
         }
     }
@@ -84,6 +89,8 @@ impl Feed {
 pub struct Meter {
     pub samples: u64,
     pub steps: u64,
+    /// Samples per source, summing to `samples`.
+    pub sources: BTreeMap<String, u64>,
     window: EvalWindow,
     since: Instant,
     interval_samples: u64,
@@ -102,6 +109,8 @@ pub struct Meter {
 pub struct Report {
     pub samples: u64,
     pub steps: u64,
+    /// Samples per source.
+    pub sources: BTreeMap<String, u64>,
     pub samples_per_second: f64,
     /// Mean training loss of the interval's steps.
     pub loss: Option<f64>,
@@ -123,6 +132,7 @@ impl Meter {
         Self {
             samples: 0,
             steps: 0,
+            sources: BTreeMap::new(),
             window: EvalWindow::new(eval_window),
             since: Instant::now(),
             interval_samples: 0,
@@ -137,6 +147,25 @@ impl Meter {
         }
     }
 
+    /// The counters since the trainer (or the Job it continues) started.
+    pub fn totals(&self) -> TrainerTotals {
+        TrainerTotals {
+            steps: self.steps,
+            samples: self.samples,
+            sources: self.sources.clone(),
+        }
+    }
+
+    /// Counts a trained minibatch of `rows` samples from `source`.
+    fn count(&mut self, source: &str, rows: u64) {
+        self.samples += rows;
+        self.steps += 1;
+        match self.sources.get_mut(source) {
+            Some(samples) => *samples += rows,
+            None => drop(self.sources.insert(source.to_owned(), rows)),
+        }
+    }
+
     /// The interval's figures; starts a new interval.
     pub fn report(&mut self) -> Report {
         let elapsed = self.since.elapsed().as_secs_f64().max(1e-9);
@@ -144,6 +173,7 @@ impl Meter {
         let report = Report {
             samples: self.samples,
             steps: self.steps,
+            sources: self.sources.clone(),
             samples_per_second: self.interval_samples as f64 / elapsed,
             loss: (self.interval_steps > 0)
                 .then(|| self.interval_loss / self.interval_steps as f64),
@@ -174,13 +204,12 @@ pub trait Reporter: Sync {
     fn report(&self, report: &Report) -> impl std::future::Future<Output = ()> + Send;
 
     /// Every minibatch before checkpoint `checkpoint_id`'s barrier is trained and pushed;
-    /// `steps` and `samples` are the trainer's totals at that moment. A failure is the
-    /// checkpoint's (it is logged), never the training's.
+    /// `totals` are the trainer's at that moment. A failure is the checkpoint's (it is
+    /// logged), never the training's.
     fn aligned(
         &self,
         checkpoint_id: u64,
-        steps: u64,
-        samples: u64,
+        totals: &TrainerTotals,
     ) -> impl std::future::Future<Output = ()> + Send;
 }
 
@@ -232,9 +261,10 @@ impl<S: ParameterStore> Trainer<S> {
     }
 
     /// Continues the step and sample counts of a restored checkpoint.
-    pub fn resume_from(&mut self, steps: u64, samples: u64) {
-        self.meter.steps = steps;
-        self.meter.samples = samples;
+    pub fn resume_from(&mut self, totals: TrainerTotals) {
+        self.meter.steps = totals.steps;
+        self.meter.samples = totals.samples;
+        self.meter.sources = totals.sources;
     }
 
     pub fn params(&self) -> &ParamSet {
@@ -279,8 +309,8 @@ impl<S: ParameterStore> Trainer<S> {
     /// Confirms the minibatches whose pushes have landed, with the totals counting them
     /// (every step counted so far).
     fn confirm_pushed(&mut self) {
-        let (steps, samples) = (self.meter.steps, self.meter.samples);
-        (self.unconfirmed.drain(..)).for_each(|receipt| receipt.consumed(steps, samples));
+        let totals = self.meter.totals();
+        (self.unconfirmed.drain(..)).for_each(|receipt| receipt.consumed(&totals));
     }
 
     /// Looks `incoming`'s keys up, leaving out the rows the hot set holds now.
@@ -378,8 +408,7 @@ impl<S: ParameterStore> Trainer<S> {
                     }
                     // Aligned means pushed: the snapshot that follows holds every step.
                     self.flush().await?;
-                    let meter = &self.meter;
-                    reporter.aligned(id, meter.steps, meter.samples).await;
+                    reporter.aligned(id, &self.meter.totals()).await;
                     if let Some(hot) = &mut self.hot
                         && let Err(e) = hot.at_checkpoint().await
                     {
@@ -489,8 +518,7 @@ impl<S: ParameterStore> Trainer<S> {
         meter.push += computed.elapsed();
         meter.lookup += lookup_time;
         let rows = prepared.batch.rows() as u64;
-        meter.samples += rows;
-        meter.steps += 1;
+        meter.count(&prepared.source, rows);
         meter.interval_samples += rows;
         meter.interval_steps += 1;
         meter.interval_loss += f64::from(output.loss);

@@ -19,7 +19,7 @@ use primus_testkit::NatsServer;
 use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::hot::{HotSync, TrainerDirectory};
 use primus_trainer::store::{LocalStore, ParameterStore};
-use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
+use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer, TrainerTotals};
 
 const TABLE: &str = "categorical";
 
@@ -213,7 +213,7 @@ struct Quiet;
 
 impl Reporter for Quiet {
     async fn report(&self, _: &Report) {}
-    async fn aligned(&self, _: u64, _: u64, _: u64) {}
+    async fn aligned(&self, _: u64, _: &TrainerTotals) {}
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,7 +345,7 @@ impl Reporter for Steps {
     async fn report(&self, _: &Report) {
         self.0.fetch_add(1, Ordering::SeqCst);
     }
-    async fn aligned(&self, _: u64, _: u64, _: u64) {}
+    async fn aligned(&self, _: u64, _: &TrainerTotals) {}
 }
 
 /// Without a fixed size the leader measures syncing a row against serving an access from
@@ -381,8 +381,8 @@ struct Aligned(std::sync::Mutex<Vec<(u64, u64)>>);
 
 impl Reporter for Aligned {
     async fn report(&self, _: &Report) {}
-    async fn aligned(&self, checkpoint_id: u64, steps: u64, _: u64) {
-        self.0.lock().expect("aligned").push((checkpoint_id, steps));
+    async fn aligned(&self, checkpoint_id: u64, totals: &TrainerTotals) {
+        (self.0.lock().expect("aligned")).push((checkpoint_id, totals.steps));
     }
 }
 

@@ -23,7 +23,7 @@ use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::{DenseSpec, Device, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::store::{LocalStore, ParameterStore};
-use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer};
+use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer, TrainerTotals};
 
 #[derive(Default)]
 struct Collect {
@@ -37,9 +37,9 @@ impl Reporter for Collect {
         self.reports.lock().expect("reports").push(report.clone());
     }
 
-    async fn aligned(&self, checkpoint_id: u64, steps: u64, samples: u64) {
+    async fn aligned(&self, checkpoint_id: u64, totals: &TrainerTotals) {
         let mut aligned = self.aligned.lock().expect("aligned");
-        aligned.push((checkpoint_id, steps, samples));
+        aligned.push((checkpoint_id, totals.steps, totals.samples));
     }
 }
 

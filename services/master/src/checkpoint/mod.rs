@@ -32,7 +32,7 @@
 //! commits when a shard restarted while it was taken ([`ShardRecovery`]), so none records
 //! an emptied shard.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -128,10 +128,43 @@ impl ShardRecovery {
 }
 
 /// A trainer's totals at a checkpoint's barrier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TrainerTotals {
     pub steps: u64,
     pub samples: u64,
+    /// Samples per Dataset source, summing to `samples`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sources: BTreeMap<String, u64>,
+}
+
+impl TrainerTotals {
+    /// Totals as a trainer reports them (`source_samples` a proto map).
+    pub fn new(steps: u64, samples: u64, sources: HashMap<String, u64>) -> Self {
+        Self {
+            steps,
+            samples,
+            sources: sources.into_iter().collect(),
+        }
+    }
+
+    /// The samples of each source these totals count beyond `earlier`'s.
+    pub fn sources_since(&self, earlier: &TrainerTotals) -> BTreeMap<String, u64> {
+        (self.sources.iter())
+            .map(|(source, samples)| {
+                let before = earlier.sources.get(source).copied().unwrap_or(0);
+                (source.clone(), samples.saturating_sub(before))
+            })
+            .collect()
+    }
+
+    fn add(mut self, other: &TrainerTotals) -> Self {
+        self.steps += other.steps;
+        self.samples += other.samples;
+        for (source, samples) in &other.sources {
+            *self.sources.entry(source.clone()).or_default() += samples;
+        }
+        self
+    }
 }
 
 /// What a checkpoint holds. The queue state it pairs with is copied in Redis under the
@@ -185,6 +218,11 @@ impl CheckpointRecord {
     pub fn steps(&self) -> u64 {
         self.trainers.values().map(|t| t.steps).sum()
     }
+
+    /// Every trainer's totals at the checkpoint, summed.
+    pub fn totals(&self) -> TrainerTotals {
+        (self.trainers.values()).fold(TrainerTotals::default(), TrainerTotals::add)
+    }
 }
 
 /// How long a data executor has to say what a trainer confirmed to it.
@@ -203,8 +241,10 @@ impl KnownTotals {
     pub fn raise(&self, trainer: &str, totals: TrainerTotals) {
         let mut known = self.totals.lock().unwrap_or_else(|p| p.into_inner());
         let entry = known.entry(trainer.to_owned()).or_default();
-        entry.steps = entry.steps.max(totals.steps);
-        entry.samples = entry.samples.max(totals.samples);
+        // The higher count is the later report, per-source counts with it.
+        if (totals.steps, totals.samples) > (entry.steps, entry.samples) {
+            *entry = totals;
+        }
     }
 
     /// Raises each of `trainers`' totals to the highest it confirmed with its minibatches
@@ -226,10 +266,11 @@ impl KnownTotals {
                 match tokio::time::timeout(CONFIRMED_WAIT, asked).await {
                     Ok(Ok(confirmed)) => self.raise(
                         trainer,
-                        TrainerTotals {
-                            steps: confirmed.steps,
-                            samples: confirmed.samples,
-                        },
+                        TrainerTotals::new(
+                            confirmed.steps,
+                            confirmed.samples,
+                            confirmed.source_samples,
+                        ),
                     ),
                     Ok(Err(message)) => {
                         tracing::debug!(executor = executor.id, %message, "no confirmed totals")
@@ -245,12 +286,7 @@ impl KnownTotals {
     /// Every trainer's totals summed.
     pub fn sum(&self) -> TrainerTotals {
         let totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
-        totals
-            .values()
-            .fold(TrainerTotals::default(), |sum, t| TrainerTotals {
-                steps: sum.steps + t.steps,
-                samples: sum.samples + t.samples,
-            })
+        (totals.values()).fold(TrainerTotals::default(), TrainerTotals::add)
     }
 
     /// Every trainer's totals become `totals` (the Job rolled back to a checkpoint).
@@ -263,7 +299,7 @@ impl KnownTotals {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(trainer)
-            .copied()
+            .cloned()
             .unwrap_or_default()
     }
 }
@@ -628,14 +664,18 @@ mod tests {
         let totals = TrainerTotals {
             steps: 3,
             samples: 300,
+            ..TrainerTotals::default()
         };
-        assert!(!alignments.ack(1, "trainer-0", totals), "no round open");
+        assert!(
+            !alignments.ack(1, "trainer-0", totals.clone()),
+            "no round open"
+        );
         alignments.open(2);
         assert!(
-            !alignments.ack(1, "trainer-0", totals),
+            !alignments.ack(1, "trainer-0", totals.clone()),
             "another checkpoint"
         );
-        assert!(alignments.ack(2, "trainer-0", totals));
+        assert!(alignments.ack(2, "trainer-0", totals.clone()));
         let expected: BTreeSet<String> = ["trainer-0", "trainer-1"].map(String::from).into();
         let timeout = Duration::from_millis(50);
         match alignments.wait(2, &expected, timeout).await {
@@ -711,7 +751,11 @@ mod tests {
     fn known_totals_only_rise() {
         let known = KnownTotals::default();
         assert_eq!(known.get("trainer-0"), TrainerTotals::default());
-        let totals = |steps, samples| TrainerTotals { steps, samples };
+        let totals = |steps, samples| TrainerTotals {
+            steps,
+            samples,
+            sources: [("files".to_owned(), samples)].into(),
+        };
         known.raise("trainer-0", totals(10, 1000));
         // A late report of the same process, then the restarted one's first.
         known.raise("trainer-0", totals(9, 900));

@@ -17,7 +17,7 @@ mod scaling;
 mod status;
 mod stragglers;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,7 +29,7 @@ use primus_proto::v1::{DataTask, Endpoint, MetricsReport, Resource, Role};
 use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::{JobSpec, TrainingMode};
-use primus_spec::status::{Phase, Progress, Status};
+use primus_spec::status::{Phase, Progress, SourceProgress, Status};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
@@ -197,6 +197,8 @@ pub(crate) struct JobRun<'a, B, C> {
     checkpoint_in_flight: Option<JoinHandle<TakenCheckpoint>>,
     /// Samples trained before rollbacks and trained again since.
     retrained_samples: u64,
+    /// The same per source.
+    retrained_sources: BTreeMap<String, u64>,
 }
 
 /// A checkpoint's id and how taking it went.
@@ -314,7 +316,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         };
         // Trainers continue from their totals in the checkpoint (they ask at start).
         for (trainer, totals) in restored.iter().flat_map(|r| &r.trainers) {
-            tasks.trainer_totals.raise(trainer, *totals);
+            tasks.trainer_totals.raise(trainer, totals.clone());
         }
         let stream_bindings = driver::stream_tasks(&name, &checked.dataset);
         if checked.reads_streams && checked.spec.mode != TrainingMode::BatchThenStream {
@@ -390,6 +392,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             next_checkpoint: restored.as_ref().map_or(0, |r| r.id) + 1,
             checkpoint_in_flight: None,
             retrained_samples: 0,
+            retrained_sources: BTreeMap::new(),
             committed: restored,
             name,
         })
@@ -453,10 +456,11 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             .as_ref()
             .filter(|e| e.role == Role::Trainer as i32);
         if let Some(trainer) = trainer {
-            let totals = checkpoint::TrainerTotals {
-                steps: report.steps,
-                samples: report.samples,
-            };
+            let totals = checkpoint::TrainerTotals::new(
+                report.steps,
+                report.samples,
+                report.source_samples.clone(),
+            );
             self.tasks.trainer_totals.raise(&trainer.id, totals);
         }
         self.fold.add(report);
@@ -597,7 +601,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             })
         });
         if let Some(progress) = &mut progress {
-            progress.retrained_samples = self.retrained_samples;
+            self.count_retrained(progress);
         }
         if progress != self.writer.status.progress {
             self.writer.status.progress = progress;
@@ -643,10 +647,25 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         self.fold.tick(now_ms());
         let mut progress = self.fold.progress(Some(1.0));
         if let Some(progress) = &mut progress {
-            progress.retrained_samples = self.retrained_samples;
+            self.count_retrained(progress);
         }
         self.writer.status.progress = progress.or(self.writer.status.progress.take());
         metrics::write(&self.context.api, &self.name, &self.fold).await;
+    }
+
+    /// The samples trained again after rollbacks, in all and per source.
+    fn count_retrained(&self, progress: &mut Progress) {
+        progress.retrained_samples = self.retrained_samples;
+        for (source, retrained) in &self.retrained_sources {
+            match progress.sources.iter_mut().find(|s| &s.source == source) {
+                Some(known) => known.retrained_samples = *retrained,
+                None => progress.sources.push(SourceProgress {
+                    source: source.clone(),
+                    samples: 0,
+                    retrained_samples: *retrained,
+                }),
+            }
+        }
     }
 
     /// Every executor of the Job's topology.

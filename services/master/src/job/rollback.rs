@@ -75,17 +75,18 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         if let Err(message) = self.restart_workers(&stopped).await {
             return failed(message);
         }
-        let (restored, retrained) = match &self.committed {
-            Some(r) => (
-                format!("checkpoint {} ({})", r.id, r.uri),
-                trained.samples.saturating_sub(r.samples()),
-            ),
+        let (restored, at_checkpoint) = match &self.committed {
+            Some(r) => (format!("checkpoint {} ({})", r.id, r.uri), r.totals()),
             None => (
                 "the start (no checkpoint committed yet)".to_owned(),
-                trained.samples,
+                Default::default(),
             ),
         };
+        let retrained = trained.samples.saturating_sub(at_checkpoint.samples);
         self.retrained_samples += retrained;
+        for (source, samples) in trained.sources_since(&at_checkpoint) {
+            *self.retrained_sources.entry(source).or_default() += samples;
+        }
         let message = format!(
             "{crashed} crashed: the Job returned to {restored}; {retrained} samples trained since are trained again, {} in all",
             self.retrained_samples

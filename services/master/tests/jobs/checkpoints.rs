@@ -9,7 +9,7 @@ use std::time::Duration;
 use primus_harness::{Sandbox, condition};
 use primus_master::checkpoint;
 use primus_spec::job::{PsFailure, WorkerFailure};
-use primus_spec::status::{Phase, Status};
+use primus_spec::status::{Phase, SourceProgress, Status};
 use primus_testkit::service::signal;
 
 use crate::common::{
@@ -345,6 +345,14 @@ async fn a_killed_trainer_or_data_executor_under_rollback_loses_and_repeats_no_r
             "{job}: every row trained once into the final model: {progress:?}"
         );
         assert!(progress.retrained_samples > 0, "{progress:?}");
+        let per_source =
+            |count: fn(&SourceProgress) -> u64| -> u64 { progress.sources.iter().map(count).sum() };
+        assert_eq!(per_source(|s| s.samples), progress.samples, "{progress:?}");
+        assert_eq!(
+            per_source(|s| s.retrained_samples),
+            progress.retrained_samples,
+            "{progress:?}"
+        );
         let auc = progress.auc.expect("an AUC");
         assert!(
             auc > best - 0.02,
@@ -407,6 +415,11 @@ async fn a_killed_trainer_continues_its_counters_instead_of_restarting_them() {
         trained, total,
         "samples counted of {total} rows ({before} before the kill)"
     );
+    let progress = status.progress.clone().unwrap_or_default();
+    let per_source: Vec<(&str, u64)> = (progress.sources.iter())
+        .map(|s| (s.source.as_str(), s.samples))
+        .collect();
+    assert_eq!(per_source, [("criteo", total)], "{progress:?}");
     eprintln!("{before} samples before the kill, {trained} of {total} at the end");
     master.stop();
 }

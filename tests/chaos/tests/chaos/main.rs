@@ -29,7 +29,7 @@ use primus_harness::rows::{Rows, replica_rows, training_rows};
 use primus_harness::{MasterProcess, Sandbox};
 use primus_proto::v1::Role;
 use primus_spec::Kind;
-use primus_spec::status::{Phase, Status};
+use primus_spec::status::{Phase, Progress, Status};
 use primus_testkit::service::{ServiceProcess, signal};
 use tokio::time::Instant;
 
@@ -176,15 +176,18 @@ async fn run_undisturbed(sandbox: &Sandbox, cluster: &Cluster) -> f64 {
         (0, 0),
         "undisturbed: {progress:?}, {trained:?}"
     );
-    counted_as_trained(job, progress.samples, &trained);
+    counted_as_trained(job, &progress, &trained);
     sandbox.delete_job(job).await;
     progress.auc.expect("an AUC")
 }
 
-/// The Job's trained-sample count is what its model trained (since its last rollback).
-fn counted_as_trained(job: &str, samples: u64, trained: &Trained) {
+/// The Job's trained-sample count is what its model trained (since its last rollback),
+/// and its sources' counts add up to it.
+fn counted_as_trained(job: &str, progress: &Progress, trained: &Trained) {
+    let per_source: u64 = progress.sources.iter().map(|s| s.samples).sum();
+    assert_eq!(per_source, progress.samples, "{job}: {progress:?}");
     assert_eq!(
-        samples, trained.trainings,
+        progress.samples, trained.trainings,
         "{job}: samples counted against row trainings in the model: {trained:?}"
     );
 }
@@ -212,7 +215,7 @@ async fn run_with(
     let status = caught_up(sandbox, job).await;
     let progress = status.progress.clone().expect("progress");
     let trained = trained_rows(&shards(cluster, job).await).await;
-    counted_as_trained(job, progress.samples, &trained);
+    counted_as_trained(job, &progress, &trained);
     let (lost, duplicated) = (trained.lost, trained.repeated);
     let (held, served) = served_rows(cluster, job).await;
     assert!(

@@ -1,6 +1,6 @@
 //! Models that learn through the real services: a small DLRM on Criteo-like data with one
-//! and two trainers, two trainers sharing a hot set, Wide&Deep on Adult and DeepFM on
-//! MovieLens-100k.
+//! and two trainers, two trainers sharing a hot set (and one of them killed), Wide&Deep on
+//! Adult and DeepFM on MovieLens-100k.
 
 use std::time::Duration;
 

@@ -91,9 +91,7 @@ impl DatasetServer {
             }
         }
     }
-}
 
-impl DatasetServer {
     /// Sends `request`'s trainer minibatches and markers until the stream ends; true when
     /// the executor ended it (not the trainer going away, nor a failure).
     async fn serve(

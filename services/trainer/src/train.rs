@@ -309,6 +309,9 @@ impl<S: ParameterStore> Trainer<S> {
     /// Confirms the minibatches whose pushes have landed, with the totals counting them
     /// (every step counted so far).
     fn confirm_pushed(&mut self) {
+        if self.unconfirmed.is_empty() {
+            return;
+        }
         let totals = self.meter.totals();
         (self.unconfirmed.drain(..)).for_each(|receipt| receipt.consumed(&totals));
     }

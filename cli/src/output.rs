@@ -249,7 +249,10 @@ pub fn describe(resource: &Resource) -> anyhow::Result<String> {
         }
         field("Progress:", parts.join(", "));
         for source in &p.sources {
-            let mut line = format!("{}: {} samples", source.source, source.samples);
+            let mut line = format!(
+                "{}: {} rows read, {} samples trained",
+                source.source, source.rows_read, source.samples
+            );
             if source.retrained_samples > 0 {
                 line.push_str(&format!(
                     ", {} trained again after rollbacks",

@@ -131,7 +131,7 @@ async fn apply_get_describe_delete_an_example() {
         "Kind:        Job",
         "Phase:       Running",
         "300 samples trained again after rollbacks",
-        "  source     criteo-parquet: 500 samples, 300 trained again after rollbacks",
+        "  source     criteo-parquet: 800 rows read, 500 samples trained, 300 trained again after rollbacks",
         "Spec:",
         "dataset: criteo-like",
     ] {
@@ -264,6 +264,7 @@ fn job_status(phase: Phase, fraction: f64, reason: &str) -> Status {
             retrained_samples: 300,
             sources: vec![SourceProgress {
                 source: "criteo-parquet".into(),
+                rows_read: 800,
                 samples: (fraction * 1000.0) as u64,
                 retrained_samples: 300,
             }],

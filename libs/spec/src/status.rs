@@ -78,6 +78,10 @@ pub struct Progress {
 pub struct SourceProgress {
     /// The source's name in the Dataset.
     pub source: String,
+    /// Its rows served to trainers, counting again those served again after a rollback
+    /// or restore.
+    #[serde(default)]
+    pub rows_read: u64,
     /// Its samples trained (counted like `Progress::samples`).
     pub samples: u64,
     /// Its samples trained before rollbacks and trained again since.

@@ -173,7 +173,7 @@ impl MetricsFold {
                 .map(|(source, samples)| SourceProgress {
                     source,
                     samples,
-                    retrained_samples: 0,
+                    ..SourceProgress::default()
                 })
                 .collect(),
         })

@@ -7,6 +7,8 @@
 //! - `task` hash id -> DataTask protobuf (as planned: offset 0, attempt 0)
 //! - `order` hash id -> queue order; `pending` sorted set of ids by order
 //! - `running` hash id -> executor; `offset` hash id -> rows consumed; `attempts` hash
+//! - `read` hash source -> rows its tasks' offsets moved forward by (rows served to
+//!   trainers, counting again those served again after a rollback or restore)
 //! - `succeeded` set of ids; `failed` hash id -> last error
 //! - `cursor` hash stream -> start of the next window to plan; `planned` hash stream -> 1
 //!   once a bounded stream is fully planned
@@ -129,7 +131,7 @@ return {'batch', redis.call('HGET', KEYS[3], id), offset, tostring(attempt)}
 "#;
 
 const PROGRESS: &str = r#"
--- KEYS: running offset executors stream position
+-- KEYS: running offset executors stream position read
 -- ARGV: id executor offset now_ms sequence rows (both '': no stream position)
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   local source = string.match(ARGV[1], '^(.*)/stream$')
@@ -137,7 +139,11 @@ if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
 end
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
 local current = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-if tonumber(ARGV[3]) > current then redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) end
+if tonumber(ARGV[3]) > current then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+  -- Task ids start with their source's name.
+  redis.call('HINCRBY', KEYS[6], string.match(ARGV[1], '^[^/]*'), tonumber(ARGV[3]) - current)
+end
 if ARGV[5] ~= '' then
   local sequence, rows = tonumber(ARGV[5]), tonumber(ARGV[6])
   local known = redis.call('HGET', KEYS[5], ARGV[1])
@@ -210,13 +216,17 @@ return requeued
 "#;
 
 const YIELD_TASK: &str = r#"
--- KEYS: running offset attempts pending order; ARGV: id executor served_offset
+-- KEYS: running offset attempts pending order read; ARGV: id executor served_offset
 -- A task taken back from a straggler goes back to pending at the rows it served; the
 -- attempt does not count.
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 local current = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-if tonumber(ARGV[3]) > current then redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) end
+if tonumber(ARGV[3]) > current then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+  -- Task ids start with their source's name.
+  redis.call('HINCRBY', KEYS[6], string.match(ARGV[1], '^[^/]*'), tonumber(ARGV[3]) - current)
+end
 redis.call('HINCRBY', KEYS[3], ARGV[1], -1)
 redis.call('ZADD', KEYS[4], redis.call('HGET', KEYS[5], ARGV[1]), ARGV[1])
 return 1
@@ -297,8 +307,9 @@ return reopened
 "#;
 
 /// Every key of a job's queue, for [`TaskQueue::delete`].
-const KEYS: [&str; 18] = [
+const KEYS: [&str; 19] = [
     "task",
+    "read",
     "order",
     "pending",
     "running",
@@ -495,7 +506,14 @@ impl TaskQueue {
     ) -> Result<bool, QueueError> {
         let mut script = self.invoke(
             &self.scripts.progress,
-            &["running", "offset", "executors", "stream", "position"],
+            &[
+                "running",
+                "offset",
+                "executors",
+                "stream",
+                "position",
+                "read",
+            ],
         );
         script.arg(task_id).arg(executor).arg(offset).arg(now_ms);
         match position {
@@ -647,7 +665,7 @@ impl TaskQueue {
     ) -> Result<bool, QueueError> {
         let mut script = self.invoke(
             &self.scripts.yield_task,
-            &["running", "offset", "attempts", "pending", "order"],
+            &["running", "offset", "attempts", "pending", "order", "read"],
         );
         script.arg(task_id).arg(executor).arg(served_offset);
         let yielded: i64 = script.invoke_async(&mut self.redis.clone()).await?;
@@ -690,6 +708,14 @@ impl TaskQueue {
     pub async fn offsets(&self) -> Result<HashMap<String, u64>, QueueError> {
         Ok(redis::cmd("HGETALL")
             .arg(self.key("offset"))
+            .query_async(&mut self.redis.clone())
+            .await?)
+    }
+
+    /// Rows served to trainers per source (see `read` in the module doc).
+    pub async fn rows_read(&self) -> Result<HashMap<String, u64>, QueueError> {
+        Ok(redis::cmd("HGETALL")
+            .arg(self.key("read"))
             .query_async(&mut self.redis.clone())
             .await?)
     }

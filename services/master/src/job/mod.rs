@@ -602,6 +602,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         });
         if let Some(progress) = &mut progress {
             self.count_retrained(progress);
+            self.count_read(progress).await;
         }
         if progress != self.writer.status.progress {
             self.writer.status.progress = progress;
@@ -648,9 +649,29 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let mut progress = self.fold.progress(Some(1.0));
         if let Some(progress) = &mut progress {
             self.count_retrained(progress);
+            self.count_read(progress).await;
         }
         self.writer.status.progress = progress.or(self.writer.status.progress.take());
         metrics::write(&self.context.api, &self.name, &self.fold).await;
+    }
+
+    /// The rows served to trainers per source, from the task queue.
+    async fn count_read(&self, progress: &mut Progress) {
+        let rows_read = match self.tasks.queue.rows_read().await {
+            Ok(rows_read) => rows_read,
+            Err(e) => return tracing::warn!(job = self.name, error = %e, "reading rows read"),
+        };
+        for (source, rows) in rows_read {
+            match progress.sources.iter_mut().find(|s| s.source == source) {
+                Some(known) => known.rows_read = rows,
+                None => progress.sources.push(SourceProgress {
+                    source,
+                    rows_read: rows,
+                    ..SourceProgress::default()
+                }),
+            }
+        }
+        progress.sources.sort_by(|a, b| a.source.cmp(&b.source));
     }
 
     /// The samples trained again after rollbacks, in all and per source.
@@ -661,8 +682,8 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 Some(known) => known.retrained_samples = *retrained,
                 None => progress.sources.push(SourceProgress {
                     source: source.clone(),
-                    samples: 0,
                     retrained_samples: *retrained,
+                    ..SourceProgress::default()
                 }),
             }
         }

@@ -353,6 +353,8 @@ async fn a_killed_trainer_or_data_executor_under_rollback_loses_and_repeats_no_r
             progress.retrained_samples,
             "{progress:?}"
         );
+        // The rows read since the checkpoint were read again.
+        assert!(per_source(|s| s.rows_read) > DLRM_ROWS, "{progress:?}");
         let auc = progress.auc.expect("an AUC");
         assert!(
             auc > best - 0.02,
@@ -420,6 +422,8 @@ async fn a_killed_trainer_continues_its_counters_instead_of_restarting_them() {
         .map(|s| (s.source.as_str(), s.samples))
         .collect();
     assert_eq!(per_source, [("criteo", total)], "{progress:?}");
+    // No executor died and nothing rolled back: every row was read once.
+    assert_eq!(progress.sources[0].rows_read, total, "{progress:?}");
     eprintln!("{before} samples before the kill, {trained} of {total} at the end");
     master.stop();
 }

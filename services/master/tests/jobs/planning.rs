@@ -130,6 +130,16 @@ async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() 
             .await
             .expect("progress")
     );
+    // Rows read count the holder's forward moves only.
+    let rows_read = |n: u64| std::collections::HashMap::from([("clicks".to_owned(), n)]);
+    assert_eq!(queue.rows_read().await.expect("rows read"), rows_read(10));
+    assert!(
+        queue
+            .report_progress("de-1", &task.id, 25, None, 2)
+            .await
+            .expect("progress")
+    );
+    assert_eq!(queue.rows_read().await.expect("rows read"), rows_read(25));
     assert_eq!(
         queue
             .finish("de-0", &task.id, "late", 3, 3)

@@ -357,6 +357,7 @@ mod tests {
     use futures::StreamExt;
     use primus_batch::{DenseMatrix, Kjt, Minibatch, Sparse};
     use primus_data_client::{Membership, ReaderOptions, Received, ReceivedBatch, TrainerTotals};
+    use primus_proto::v1::dataset_service_client::DatasetServiceClient;
     use primus_proto::v1::dataset_service_server::DatasetServiceServer;
     use primus_service::ExecutorIdentity;
     use primus_spec::{Resource, parse_documents};
@@ -475,6 +476,36 @@ spec:
         tokio::time::sleep(Duration::from_millis(100)).await;
         drop(lost);
         drop(first);
+        // Rows it did not train wait to be served again: a checkpoint now would count
+        // them as trained before its barrier.
+        let mut client = DatasetServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("a client");
+        let pause = PauseRequest {
+            job: "j".into(),
+            checkpoint_id: 1,
+            timeout_ms: 1000,
+        };
+        let mut refused = None;
+        for _ in 0..50 {
+            match client.pause(pause.clone()).await {
+                Err(status) => {
+                    refused = Some(status);
+                    break;
+                }
+                // The break was not seen yet: resume and ask again.
+                Ok(_) => {
+                    let resume = ResumeRequest {
+                        job: "j".into(),
+                        checkpoint_id: 1,
+                    };
+                    client.resume(resume).await.expect("resume");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let refused = refused.expect("a Pause refused while rows wait to be served again");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
 
         // The next trainer gets every row the first did not consume, then the stream ends.
         let mut second = Box::pin(reader(&addr, "trainer-1").await);

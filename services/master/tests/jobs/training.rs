@@ -64,11 +64,7 @@ async fn two_trainers_sharing_a_hot_set_learn_criteo_like_data() {
     let master = start_master_with(&sandbox, &data_executor());
     // Checkpoints every 2 s: the trainers meet each barrier after different numbers of
     // minibatches and must wait for each other in rounds.
-    let job = dlrm_job(&sandbox, "dlrm-hot", 2, 2).with(|spec| {
-        let hot_set = &mut spec.training.hot_set;
-        (hot_set.enabled, hot_set.warmup_batches, hot_set.rows) = (true, 10, Some(1000));
-    });
-    sandbox.apply([job.build()]).await;
+    sandbox.apply([hot_set_job(&sandbox, "dlrm-hot", 2)]).await;
     let status = sandbox
         .wait_for_phase("dlrm-hot", Phase::Succeeded, Duration::from_secs(600))
         .await;
@@ -97,6 +93,16 @@ async fn two_trainers_sharing_a_hot_set_learn_criteo_like_data() {
     master.stop();
 }
 
+/// The small DLRM with two trainers replicating a hot set of 1,000 rows after 10
+/// minibatches of warm-up, checkpointed every `checkpoint_seconds`.
+fn hot_set_job(sandbox: &Sandbox, name: &str, checkpoint_seconds: u64) -> primus_spec::Resource {
+    let job = dlrm_job(sandbox, name, 2, checkpoint_seconds).with(|spec| {
+        let hot_set = &mut spec.training.hot_set;
+        (hot_set.enabled, hot_set.warmup_batches, hot_set.rows) = (true, 10, Some(1000));
+    });
+    job.build()
+}
+
 /// A hot-set member killed mid-Job: the other ends the group when the member falls silent
 /// and trains from the PS, the restarted member joins a new group, the minibatches the dead
 /// one had not confirmed are trained again, and the Job counts every row once.
@@ -105,11 +111,9 @@ async fn a_killed_hot_set_member_is_replaced_without_losing_rows_or_what_was_lea
     let sandbox = Sandbox::start().await;
     let best = apply_criteo_dataset(&sandbox).await;
     let master = start_master_with(&sandbox, &data_executor());
-    let job = dlrm_job(&sandbox, "dlrm-hot-kill", 2, 3600).with(|spec| {
-        let hot_set = &mut spec.training.hot_set;
-        (hot_set.enabled, hot_set.warmup_batches, hot_set.rows) = (true, 10, Some(1000));
-    });
-    sandbox.apply([job.build()]).await;
+    sandbox
+        .apply([hot_set_job(&sandbox, "dlrm-hot-kill", 3600)])
+        .await;
     let samples =
         |status: &primus_spec::status::Status| status.progress.as_ref().map_or(0, |p| p.samples);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(300);

@@ -611,7 +611,8 @@ fn the_onnx_export_has_the_documented_inputs_and_every_parameter_once() {
 }
 
 /// The dense network on a GPU (burn's CUDA backend, the `cuda` feature) computes what the
-/// CPU model computes, to float tolerance (other summation orders), for every model kind.
+/// CPU model computes, to float tolerance (other summation orders, TF32 matmuls), for
+/// every model kind.
 /// Without the feature or without a GPU, asking for one is an error that says which is
 /// missing.
 #[test]
@@ -646,11 +647,13 @@ fn a_model_on_a_gpu_computes_like_the_cpu_model_or_says_why_it_cannot() {
             embedded: &embedded,
             wide: &wide,
         };
+        // burn's CUDA matmuls may run f32 on TF32 tensor cores (10-bit mantissa) on
+        // Ampere and newer: an H200 differed from the CPU by 1.7e-4 in a probability.
         let close = |a: &[f32], b: &[f32], what: &str| {
             assert_eq!(a.len(), b.len(), "{kind:?} {what}");
             for (x, y) in a.iter().zip(b) {
                 assert!(
-                    (x - y).abs() <= 1e-4 * (1.0 + x.abs()),
+                    (x - y).abs() <= 2e-3 * (1.0 + x.abs()),
                     "{kind:?} {what}: {x} vs {y}"
                 );
             }

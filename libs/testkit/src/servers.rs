@@ -181,28 +181,22 @@ impl RedisServer {
 
     /// On `port`; with `dir`, persisted there (append-only file) so a restart keeps data.
     pub fn start_with(port: u16, dir: Option<&Path>) -> Result<Self, Error> {
-        let persistent = dir.is_some();
-        let dir = DataDir::new(dir)?;
+        Self::start_in(port, DataDir::new(dir)?, dir.is_some())
+    }
+
+    /// On a free port, persisted in a temp dir, so that [`RedisServer::restart`] keeps
+    /// what was written.
+    pub fn start_persistent() -> Result<Self, Error> {
+        Self::start_in(restartable_port()?, DataDir::new(None)?, true)
+    }
+
+    fn start_in(port: u16, dir: DataDir, persistent: bool) -> Result<Self, Error> {
         let process = Self::launch(port, &dir, persistent)?;
         Ok(Self {
             port,
             process,
             dir,
             persistent,
-        })
-    }
-
-    /// On a free port, persisted in a temp dir, so that [`RedisServer::restart`] keeps
-    /// what was written.
-    pub fn start_persistent() -> Result<Self, Error> {
-        let port = restartable_port()?;
-        let dir = DataDir::new(None)?;
-        let process = Self::launch(port, &dir, true)?;
-        Ok(Self {
-            port,
-            process,
-            dir,
-            persistent: true,
         })
     }
 

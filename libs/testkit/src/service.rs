@@ -9,7 +9,7 @@ use tonic_health::pb::HealthCheckRequest;
 pub use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::process::{Error, free_port};
+use crate::process::{Error, restartable_port};
 
 /// The gRPC health status of `service` ("" for the whole process) at `addr` (host:port).
 pub async fn health_status(addr: &str, service: &str) -> Result<ServingStatus, String> {
@@ -60,8 +60,10 @@ pub struct ServiceProcess {
 impl ServiceProcess {
     /// Starts `exe --config <dir>/<name>.yaml` with the listener on a free port; `settings`
     /// is the rest of the YAML file (other sections). Output goes to `<dir>/<name>.log`.
+    /// The port is below the ephemeral range: the process binds it only once it has
+    /// started, and meanwhile any outgoing connection could take an ephemeral one.
     pub fn start(exe: &Path, dir: &Path, settings: &str) -> Result<Self, Error> {
-        let port = free_port()?;
+        let port = restartable_port()?;
         Self::start_on(exe, dir, port, settings)
     }
 

@@ -18,7 +18,7 @@ use primus_spec::metric::MetricSpec;
 use primus_spec::status::{Condition, Phase, Status};
 use primus_spec::{Kind, Resource};
 use primus_testkit::service::{ServiceProcess, ServingStatus, signal, wait_for_health};
-use primus_testkit::{NatsServer, RedisServer, free_port};
+use primus_testkit::{NatsServer, RedisServer, free_port, restartable_port};
 
 /// The bearer token of every sandbox's API server.
 pub const TOKEN: &str = "sandbox-token";
@@ -83,7 +83,8 @@ impl Sandbox {
         let redis = RedisServer::start_persistent().expect("redis-server");
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("token"), format!("{TOKEN}\n")).expect("token");
-        let port = free_port().expect("port");
+        // Restarted on the same address: a port no outgoing connection can take meanwhile.
+        let port = restartable_port().expect("port");
         let api = start_api_process(dir.path(), port, &nats, &redis).await;
         Self {
             nats,
@@ -139,7 +140,8 @@ impl Sandbox {
     /// port, executors under [`Sandbox::work_dir`], and short intervals that suit tests.
     pub fn master_settings(&self) -> MasterSettings {
         let mut settings = MasterSettings::default();
-        settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
+        // A master process binds it a moment later, and may be restarted on it.
+        settings.server.grpc_addr = ([127, 0, 0, 1], restartable_port().expect("port")).into();
         settings.server.drain_timeout_ms = 2_000;
         settings.nats.url = self.nats.url();
         settings.redis.url = self.redis.url();

@@ -1,5 +1,7 @@
 //! Predict's raw samples to the Arrow columns the training pipeline reads, so serving runs
-//! exactly the training feature transforms (`primus_batch::FeaturePipeline`).
+//! exactly the training feature transforms (`primus_batch::FeaturePipeline`). A feature left
+//! out of a sample, or sent without a value, is a null, as a null cell of a training file:
+//! the pipeline gives a dense feature its `missing:` value and a sparse one no id.
 
 use std::sync::Arc;
 
@@ -14,8 +16,6 @@ use primus_spec::dataset::{FeatureSchema, SparseFeature};
 /// A sample that does not fit the schema; names the sample and the feature.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SampleError {
-    #[error("samples[{sample}]: feature {feature:?} is missing")]
-    Missing { sample: usize, feature: String },
     #[error("samples[{sample}]: feature {feature:?} is not in the Dataset schema")]
     Unknown { sample: usize, feature: String },
     #[error("samples[{sample}]: feature {feature:?}: {message}")]
@@ -47,16 +47,17 @@ pub fn record_batch(
         let values = samples
             .iter()
             .enumerate()
-            .map(|(i, s)| match value(s, i, &feature.name)? {
-                Value::Number(x) => Ok(*x),
-                _ => Err(type_error(
+            .map(|(i, s)| match value(s, &feature.name) {
+                None => Ok(None),
+                Some(Value::Number(x)) => Ok(Some(*x)),
+                Some(_) => Err(type_error(
                     i,
                     &feature.name,
                     "a dense feature takes a number",
                 )),
             })
-            .collect::<Result<Vec<f64>, _>>()?;
-        fields.push(Field::new(&feature.name, DataType::Float64, false));
+            .collect::<Result<Vec<Option<f64>>, _>>()?;
+        fields.push(Field::new(&feature.name, DataType::Float64, true));
         columns.push(Arc::new(Float64Array::from(values)));
     }
     for feature in &schema.sparse {
@@ -76,15 +77,12 @@ fn in_schema(schema: &FeatureSchema, name: &str) -> bool {
     schema.dense.iter().any(|d| d.name == name) || schema.sparse.iter().any(|s| s.name == name)
 }
 
-fn value<'a>(sample: &'a Sample, index: usize, feature: &str) -> Result<&'a Value, SampleError> {
+/// The sample's value of `feature`; None is a null.
+fn value<'a>(sample: &'a Sample, feature: &str) -> Option<&'a Value> {
     sample
         .features
         .get(feature)
         .and_then(|v: &FeatureValue| v.value.as_ref())
-        .ok_or_else(|| SampleError::Missing {
-            sample: index,
-            feature: feature.to_owned(),
-        })
 }
 
 fn type_error(sample: usize, feature: &str, message: &str) -> SampleError {
@@ -95,11 +93,12 @@ fn type_error(sample: usize, feature: &str, message: &str) -> SampleError {
     }
 }
 
-/// An id column: integers (numbers must be whole) or strings, one kind per request, as
-/// they hash differently; lists for multi-hot features.
+/// An id column: integers (numbers must be whole) or strings, one kind per request (the
+/// kind of the first sample that has a value), as they hash differently; lists for
+/// multi-hot features.
 fn sparse_column(feature: &SparseFeature, samples: &[Sample]) -> Result<ArrayRef, SampleError> {
     let name = &feature.name;
-    let first = samples.first().map(|s| value(s, 0, name)).transpose()?;
+    let first = samples.iter().find_map(|s| value(s, name));
     let texts = matches!(first, Some(Value::Text(_) | Value::Texts(_)));
     let same_kind = |i: usize, v: &Value| {
         let is_text = matches!(v, Value::Text(_) | Value::Texts(_));
@@ -117,7 +116,11 @@ fn sparse_column(feature: &SparseFeature, samples: &[Sample]) -> Result<ArrayRef
         let mut ints = ListBuilder::new(Int64Builder::new());
         let mut strings = ListBuilder::new(StringBuilder::new());
         for (i, sample) in samples.iter().enumerate() {
-            let v = value(sample, i, name)?;
+            let Some(v) = value(sample, name) else {
+                ints.append(false);
+                strings.append(false);
+                continue;
+            };
             same_kind(i, v)?;
             match v {
                 Value::Integers(list) => {
@@ -149,31 +152,33 @@ fn sparse_column(feature: &SparseFeature, samples: &[Sample]) -> Result<ArrayRef
         let values = samples
             .iter()
             .enumerate()
-            .map(|(i, s)| match value(s, i, name)? {
-                Value::Text(t) => Ok(t.as_str()),
-                v => {
+            .map(|(i, s)| match value(s, name) {
+                None => Ok(None),
+                Some(Value::Text(t)) => Ok(Some(t.as_str())),
+                Some(v) => {
                     same_kind(i, v)?;
                     Err(type_error(i, name, "takes one id, not a list"))
                 }
             })
-            .collect::<Result<Vec<&str>, _>>()?;
+            .collect::<Result<Vec<Option<&str>>, _>>()?;
         return Ok(Arc::new(StringArray::from(values)));
     }
     let values = samples
         .iter()
         .enumerate()
-        .map(|(i, s)| match value(s, i, name)? {
-            Value::Number(x) if x.fract() == 0.0 && x.abs() < 9.007e15 => Ok(*x as i64),
-            Value::Number(x) => Err(type_error(
+        .map(|(i, s)| match value(s, name) {
+            None => Ok(None),
+            Some(Value::Number(x)) if x.fract() == 0.0 && x.abs() < 9.007e15 => Ok(Some(*x as i64)),
+            Some(Value::Number(x)) => Err(type_error(
                 i,
                 name,
                 &format!("{x} is not a whole number (ids are integers or strings)"),
             )),
-            v => {
+            Some(v) => {
                 same_kind(i, v)?;
                 Err(type_error(i, name, "takes one id, not a list"))
             }
         })
-        .collect::<Result<Vec<i64>, _>>()?;
+        .collect::<Result<Vec<Option<i64>>, _>>()?;
     Ok(Arc::new(Int64Array::from(values)))
 }

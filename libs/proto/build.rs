@@ -18,6 +18,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={}", root.join(file).display());
     }
     let descriptors = protox::compile(FILES, [&root])?;
+    // The servers' gRPC reflection describes the API from these.
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("file_descriptor_set.bin"),
+        prost::Message::encode_to_vec(&descriptors),
+    )?;
     tonic_prost_build::configure().compile_fds(descriptors)?;
     Ok(())
 }

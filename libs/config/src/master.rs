@@ -67,6 +67,10 @@ pub struct ControllerSettings {
     pub fault_injection: FaultInjectionSettings,
     /// Where the Jobs' executors run: `local` or `kubernetes`.
     pub backend: BackendKind,
+    /// Bearer tokens (one per line) every serving replica this master starts requires on
+    /// Predict, over gRPC and HTTP (the replica's `serving.token_file`). Unset: Predict is
+    /// open to whoever reaches a replica.
+    pub predict_token_file: Option<PathBuf>,
 }
 
 /// Faults injected into every Job's executors, for tests and benchmarks only: they make a
@@ -225,6 +229,7 @@ impl Default for ControllerSettings {
             checkpoint: CheckpointSettings::default(),
             fault_injection: FaultInjectionSettings::default(),
             backend: BackendKind::default(),
+            predict_token_file: None,
         }
     }
 }

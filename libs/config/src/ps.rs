@@ -58,6 +58,8 @@ pub struct ServingSettings {
     pub sessions: usize,
     /// Largest number of samples in one Predict.
     pub max_samples: usize,
+    /// Bearer tokens (one per line) Predict requires, over gRPC and HTTP. Unset: none.
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for ServingSettings {
@@ -70,6 +72,7 @@ impl Default for ServingSettings {
             onnxruntime_library: None,
             sessions: 2,
             max_samples: 4096,
+            token_file: None,
         }
     }
 }

@@ -23,6 +23,10 @@ pub mod v1 {
     tonic::include_proto!("primus.v1");
 }
 
+/// Every compiled `.proto` file as an encoded `FileDescriptorSet`, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin"));
+
 /// `onnx`: the ONNX model messages the dense-network export builds (see proto/onnx/onnx.proto).
 pub mod onnx {
     #![allow(clippy::all, clippy::unwrap_used, missing_docs)]

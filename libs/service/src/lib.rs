@@ -3,18 +3,23 @@
 //! [`main`] parses `--config`/`--help`/`--version`, loads the service's settings
 //! (defaults, file, `PRIMUS_*` env), starts the tokio runtime and telemetry, turns SIGTERM
 //! and SIGINT into a [`Shutdown`], runs the service, and flushes traces before exiting.
-//! [`Node`] is the service's gRPC listener: it always serves `grpc.health.v1.Health`, which
-//! reports NOT_SERVING while a dependency (NATS, Redis) is unreachable or once draining began.
+//! [`Node`] is the service's gRPC listener: it serves the [`Services`] it is given and always
+//! `grpc.health.v1.Health`, which reports NOT_SERVING while a dependency (NATS, Redis) is
+//! unreachable or once draining began, and gRPC reflection describing its services.
 
 #![warn(missing_docs)]
 
+mod auth;
 mod identity;
 mod node;
+mod services;
 mod shutdown;
 pub mod usage;
 
+pub use auth::BearerTokens;
 pub use identity::{ExecutorIdentity, setting_or_env};
 pub use node::{Node, serve_nats_node};
+pub use services::Services;
 pub use shutdown::Shutdown;
 
 use std::future::Future;

@@ -8,13 +8,15 @@ use primus_bus::Bus;
 use primus_config::{NatsSettings, NodeSettings, RedisSettings, ServerSettings, TlsSettings};
 use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
-use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use crate::Shutdown;
+use crate::{Services, Shutdown};
+
+/// gRPC health's service name, which every node serves.
+const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
 
 const DEPENDENCY_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// A check that does not answer within this is a dependency that is down.
@@ -127,10 +129,12 @@ impl Node {
         Ok(redis)
     }
 
-    /// Serves `routes` plus gRPC health until `shutdown`, then drains in-flight calls for
-    /// at most `server.drain_timeout_ms`.
-    pub async fn serve(self, routes: Routes, shutdown: Shutdown) -> anyhow::Result<()> {
+    /// Serves `services` plus gRPC health and reflection until `shutdown`, then drains
+    /// in-flight calls for at most `server.drain_timeout_ms`.
+    pub async fn serve(self, services: Services, shutdown: Shutdown) -> anyhow::Result<()> {
         let (reporter, health_service) = tonic_health::server::health_reporter();
+        let reflection = reflection(services.names())?;
+        let routes = services.into_routes();
         let addr = self.local_addr()?;
         let service = self.service;
         let monitor = tokio::spawn(monitor_dependencies(
@@ -142,7 +146,8 @@ impl Node {
         let stop = shutdown.clone();
         let incoming = TcpIncoming::from(self.listener);
         let tls_enabled = self.tls.is_some();
-        let mut builder = tonic::transport::Server::builder();
+        // HTTP/1.1 too, for the plain HTTP routes; gRPC itself stays on h2.
+        let mut builder = tonic::transport::Server::builder().accept_http1(true);
         if let Some(tls) = self.tls {
             builder = builder
                 .tls_config(tls)
@@ -150,7 +155,7 @@ impl Node {
         }
         let server = builder
             .trace_fn(primus_telemetry::propagation::grpc_server_span)
-            .add_routes(routes.add_service(health_service))
+            .add_routes(routes.add_service(health_service).add_service(reflection))
             // No Nagle: small gRPC replies would otherwise wait ~40 ms for the peer's delayed ACK.
             .serve_with_incoming_shutdown(incoming.with_nodelay(Some(true)), async move {
                 stop.wait().await;
@@ -176,6 +181,27 @@ impl Node {
     }
 }
 
+/// gRPC reflection (v1) describing `names` and health, so grpcurl, grpcui and Postman
+/// discover what this listener serves.
+fn reflection(
+    names: &[&'static str],
+) -> anyhow::Result<
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+> {
+    let mut builder = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(primus_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .with_service_name(HEALTH_SERVICE);
+    for name in names {
+        builder = builder.with_service_name(*name);
+    }
+    builder
+        .build_v1()
+        .context("gRPC reflection over the compiled descriptors")
+}
+
 /// Reads the PEM files named by `server.tls`; an unreadable file fails start naming it.
 fn load_tls(settings: &TlsSettings) -> anyhow::Result<ServerTlsConfig> {
     let read = |path: &std::path::Path, key: &str| {
@@ -195,16 +221,16 @@ fn load_tls(settings: &TlsSettings) -> anyhow::Result<ServerTlsConfig> {
 }
 
 /// The whole life of a service whose only dependency is NATS: bind, connect, serve
-/// `routes` until `shutdown`, drain the listener, then drain NATS.
+/// `services` until `shutdown`, drain the listener, then drain NATS.
 pub async fn serve_nats_node(
     service: &'static str,
     settings: &NodeSettings,
-    routes: Routes,
+    services: Services,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let mut node = Node::bind(service, &settings.server).await?;
     let bus = node.connect_nats(&settings.nats).await?;
-    node.serve(routes, shutdown).await?;
+    node.serve(services, shutdown).await?;
     bus.drain().await?;
     Ok(())
 }

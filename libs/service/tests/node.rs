@@ -4,9 +4,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use primus_config::ServerSettings;
-use primus_service::{Node, Shutdown};
-use primus_testkit::service::{ServingStatus, health_status, wait_for_health};
-use tonic::service::Routes;
+use primus_service::{Node, Services, Shutdown};
+use primus_testkit::service::{
+    ServingStatus, health_status, http_request, reflected_services, reflected_symbols,
+    wait_for_health,
+};
 
 fn settings(drain_timeout_ms: u64) -> ServerSettings {
     ServerSettings {
@@ -40,7 +42,7 @@ async fn health_follows_a_dependency_and_shutdown_stops_serving() {
         async move { up }
     });
     let shutdown = Shutdown::new();
-    let serving = tokio::spawn(node.serve(Routes::default(), shutdown.clone()));
+    let serving = tokio::spawn(node.serve(Services::new(), shutdown.clone()));
 
     wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(5))
         .await
@@ -67,6 +69,39 @@ async fn health_follows_a_dependency_and_shutdown_stops_serving() {
         "no open calls, no wait"
     );
     assert!(health_status(&addr, "").await.is_err(), "listener closed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reflection_describes_what_a_node_serves_and_http_routes_share_its_port() {
+    let node = Node::bind("primus-test", &settings(1_000))
+        .await
+        .expect("bind");
+    let addr = node.local_addr().expect("addr").to_string();
+    let http = axum::Router::new().route("/ping", axum::routing::get(|| async { "pong" }));
+    let shutdown = Shutdown::new();
+    let serving = tokio::spawn(node.serve(Services::new().http(http), shutdown.clone()));
+    wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(5))
+        .await
+        .expect("serving");
+
+    // No gRPC service added: only health is listed, and every message can be described.
+    assert_eq!(
+        reflected_services(&addr).await.expect("list services"),
+        ["grpc.health.v1.Health"]
+    );
+    let symbols = reflected_symbols(&addr, "primus.v1.ServingService")
+        .await
+        .expect("describe a service");
+    assert!(
+        symbols.iter().any(|s| s == "primus.v1.PredictRequest"),
+        "{symbols:?}"
+    );
+    let answer = http_request(&addr, "GET", "/ping", &[], "")
+        .await
+        .expect("HTTP/1.1 on the gRPC port");
+    assert_eq!(answer, (200, "pong".to_owned()));
+
+    stop(&shutdown, serving).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -109,7 +144,7 @@ async fn health_drops_when_nats_goes_away() {
         .await
         .expect("connect");
     let shutdown = Shutdown::new();
-    let serving = tokio::spawn(node.serve(Routes::default(), shutdown.clone()));
+    let serving = tokio::spawn(node.serve(Services::new(), shutdown.clone()));
     wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(5))
         .await
         .expect("serving");

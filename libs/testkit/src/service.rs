@@ -5,9 +5,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use prost_types::FileDescriptorProto;
 use tonic_health::pb::HealthCheckRequest;
 pub use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
 use crate::process::{Error, restartable_port};
 
@@ -25,6 +30,115 @@ pub async fn health_status(addr: &str, service: &str) -> Result<ServingStatus, S
         .await
         .map_err(|e| e.to_string())?;
     Ok(response.into_inner().status())
+}
+
+/// What gRPC reflection at `addr` answers to one request (as grpcurl asks it).
+async fn reflect(addr: &str, request: MessageRequest) -> Result<MessageResponse, String> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(request),
+    };
+    let mut answers = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::once(request))
+        .await
+        .map_err(|e| e.to_string())?
+        .into_inner();
+    let answer = answers
+        .message()
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("reflection answered nothing")?;
+    match answer.message_response {
+        Some(MessageResponse::ErrorResponse(e)) => Err(format!(
+            "reflection error {}: {}",
+            e.error_code, e.error_message
+        )),
+        Some(response) => Ok(response),
+        None => Err("an empty reflection answer".into()),
+    }
+}
+
+/// The gRPC services reflection at `addr` lists, sorted.
+pub async fn reflected_services(addr: &str) -> Result<Vec<String>, String> {
+    match reflect(addr, MessageRequest::ListServices(String::new())).await? {
+        MessageResponse::ListServicesResponse(list) => {
+            let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+            names.sort();
+            Ok(names)
+        }
+        other => Err(format!("not a service list: {other:?}")),
+    }
+}
+
+/// The fully qualified messages and services of the files reflection at `addr` sends for
+/// `symbol` (the file defining it and those it imports).
+pub async fn reflected_symbols(addr: &str, symbol: &str) -> Result<Vec<String>, String> {
+    let request = MessageRequest::FileContainingSymbol(symbol.to_owned());
+    let MessageResponse::FileDescriptorResponse(files) = reflect(addr, request).await? else {
+        return Err(format!("no file descriptors for {symbol}"));
+    };
+    let mut symbols = Vec::new();
+    for bytes in files.file_descriptor_proto {
+        let file = <FileDescriptorProto as prost::Message>::decode(bytes.as_slice())
+            .map_err(|e| format!("a file descriptor for {symbol}: {e}"))?;
+        let package = file.package().to_owned();
+        let names = file
+            .message_type
+            .iter()
+            .map(|m| m.name())
+            .chain(file.service.iter().map(|s| s.name()));
+        symbols.extend(names.map(|name| format!("{package}.{name}")));
+    }
+    Ok(symbols)
+}
+
+/// One HTTP/1.1 request to `addr` (host:port) on a fresh connection, with `headers` and
+/// `body`: the answer's status code and body.
+pub async fn http_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Result<(u16, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("send to {addr}: {e}"))?;
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer))
+        .await
+        .map_err(|_| format!("no answer from {addr} in 10 s"))?
+        .map_err(|e| format!("read from {addr}: {e}"))?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("not an HTTP answer: {answer:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
 }
 
 /// Waits until `addr` reports `wanted`, or fails with the last status or error seen.

@@ -3,7 +3,6 @@
 //! version, is logged for Watch replay and is published on `primus.events.<kind>.<name>`.
 //! Every call needs a bearer token from `auth.token_file`.
 
-mod auth;
 mod service;
 pub mod store;
 
@@ -13,9 +12,8 @@ use primus_bus::Bus;
 use primus_config::ApiServerSettings;
 use primus_proto::v1::ResourceEvent;
 use primus_proto::v1::api_service_server::ApiServiceServer;
-use primus_service::{Node, ServiceFuture, Shutdown};
+use primus_service::{BearerTokens, Node, ServiceFuture, Services, Shutdown};
 use tokio::sync::watch;
-use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
 
 pub use service::MAX_SPEC_BYTES;
@@ -40,7 +38,12 @@ pub fn run(settings: ApiServerSettings, shutdown: Shutdown) -> ServiceFuture {
 }
 
 async fn serve(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    let tokens = auth::Tokens::load(settings.auth.token_file.as_deref())?;
+    let Some(token_file) = &settings.auth.token_file else {
+        anyhow::bail!(
+            "no API tokens: set `auth.token_file` to a file with one bearer token per line"
+        );
+    };
+    let tokens = BearerTokens::load(token_file, "auth.token_file")?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let bus = node.connect_nats(&settings.nats).await?;
     let redis = node.connect_redis(&settings.redis).await?;
@@ -60,7 +63,7 @@ async fn serve(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Resul
     );
     let api = ApiServiceServer::new(api).max_decoding_message_size(MAX_REQUEST_BYTES);
     let api = InterceptedService::new(api, move |request| tokens.check(request));
-    node.serve(Routes::new(api), shutdown).await?;
+    node.serve(Services::new().grpc(api), shutdown).await?;
     follower.abort();
     bus.drain().await?;
     Ok(())

@@ -26,8 +26,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use primus_proto::v1::dataset_service_server::DatasetServiceServer;
-use primus_service::{ExecutorIdentity, Node, ServiceFuture, Shutdown};
-use tonic::service::Routes;
+use primus_service::{ExecutorIdentity, Node, ServiceFuture, Services, Shutdown};
 
 pub use buffer::priority;
 
@@ -89,10 +88,10 @@ async fn serve(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Re
             result
         })
     };
-    let routes = Routes::new(DatasetServiceServer::new(server::DatasetServer {
+    let services = Services::new().grpc(DatasetServiceServer::new(server::DatasetServer {
         executor,
     }));
-    node.serve(routes, shutdown).await?;
+    node.serve(services, shutdown).await?;
     bus.drain().await?;
     // The work loop reports the final served offsets once the streams have ended.
     match tokio::time::timeout(WORKER_STOP_WAIT, &mut worker).await {

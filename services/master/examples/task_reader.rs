@@ -149,7 +149,7 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
             primus_service::serve_nats_node(
                 "task-reader",
                 &settings,
-                tonic::service::Routes::new(DatasetServiceServer::new(NoMinibatches {
+                primus_service::Services::new().grpc(DatasetServiceServer::new(NoMinibatches {
                     shutdown: shutdown.clone(),
                     departed: tokio::sync::watch::channel(Vec::new()).0,
                 })),

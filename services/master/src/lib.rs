@@ -33,8 +33,7 @@ use primus_api_client::{ApiClient, ClientSettings};
 use primus_proto::v1::checkpoint_service_server::CheckpointServiceServer;
 use primus_proto::v1::task_service_server::TaskServiceServer;
 use primus_proto::v1::topology_service_server::TopologyServiceServer;
-use primus_service::{Node, ServiceFuture, SettingFlag, Shutdown};
-use tonic::service::Routes;
+use primus_service::{Node, ServiceFuture, Services, SettingFlag, Shutdown};
 
 use primus_config::{BackendKind, MasterSettings};
 
@@ -137,9 +136,10 @@ async fn drive_jobs<B: backend::ResourceBackend>(
         jobs.clone(),
         settings.master.tasks.clone(),
     ));
-    let routes = Routes::new(TaskServiceServer::from_arc(tasks.clone()))
-        .add_service(CheckpointServiceServer::from_arc(tasks))
-        .add_service(TopologyServiceServer::new(topologies.clone()));
+    let services = Services::new()
+        .grpc(TaskServiceServer::from_arc(tasks.clone()))
+        .grpc(CheckpointServiceServer::from_arc(tasks))
+        .grpc(TopologyServiceServer::new(topologies.clone()));
     let context = Arc::new(controller::Context {
         api,
         bus: bus.clone(),
@@ -153,7 +153,7 @@ async fn drive_jobs<B: backend::ResourceBackend>(
     });
     tracing::info!(%master_addr, shard = ?shard, "master ready");
     let controller = tokio::spawn(controller::run(context, shutdown.clone()));
-    let served = node.serve(routes, shutdown).await;
+    let served = node.serve(services, shutdown).await;
     let _ = controller.await;
     bus.drain().await?;
     served

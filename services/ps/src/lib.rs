@@ -18,8 +18,7 @@ use std::time::Duration;
 
 use primus_embedding::DenseStore;
 use primus_proto::v1::parameter_server_server::ParameterServerServer;
-use primus_service::{Node, ServiceFuture, Shutdown};
-use tonic::service::Routes;
+use primus_service::{Node, ServiceFuture, Services, Shutdown};
 
 use primus_config::{PsRole, PsSettings};
 
@@ -83,7 +82,7 @@ async fn run_training(settings: PsSettings, shutdown: Shutdown) -> anyhow::Resul
     ))
     .max_decoding_message_size(settings.ps.max_request_bytes)
     .max_encoding_message_size(usize::MAX);
-    node.serve(Routes::new(ps), shutdown).await?;
+    node.serve(Services::new().grpc(ps), shutdown).await?;
     evictor.abort();
     limiter.abort();
     if let Some(notifier) = notifier {

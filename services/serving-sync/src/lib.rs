@@ -21,13 +21,12 @@ use primus_bus::Bus;
 use primus_model::{ModelLayout, Tower};
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
 use primus_proto::v1::{DeltaNotice, Endpoint, GetTopologyRequest, MetricsReport, Role};
-use primus_service::{Node, ServiceFuture, Shutdown};
+use primus_service::{Node, ServiceFuture, Services, Shutdown};
 use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::{JobSpec, TrainingMode};
 use primus_spec::status::{Phase, Status};
 use tokio::sync::{mpsc, watch};
-use tonic::service::Routes;
 use tracing::Instrument;
 
 use primus_config::ServingSyncSettings;
@@ -61,7 +60,7 @@ async fn serve(settings: ServingSyncSettings, shutdown: Shutdown) -> anyhow::Res
         settings.sync.clone(),
         shutdown.clone(),
     ));
-    let served = node.serve(Routes::default(), shutdown).await;
+    let served = node.serve(Services::new(), shutdown).await;
     discovery.await.context("the discovery task")??;
     bus.drain().await?;
     served

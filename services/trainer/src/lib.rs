@@ -52,9 +52,8 @@ use primus_proto::v1::{
     TrainerTotalsResponse,
 };
 use primus_ps_client::{PsClient, ShardSource};
-use primus_service::{ExecutorIdentity, Node, ServiceFuture, Shutdown};
+use primus_service::{ExecutorIdentity, Node, ServiceFuture, Services, Shutdown};
 use primus_spec::job::Device;
-use tonic::service::Routes;
 use tonic::transport::Channel;
 
 use device::EmbeddingDevice;
@@ -116,7 +115,7 @@ async fn serve(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Result<
             result
         })
     };
-    node.serve(Routes::default(), shutdown).await?;
+    node.serve(Services::new(), shutdown).await?;
     // A leaving trainer trains on what was sent to it and reports before the bus closes.
     let result = match tokio::time::timeout(LEAVE_TIMEOUT, worker).await {
         Ok(joined) => joined.context("the training task")?,

@@ -77,6 +77,15 @@ fn in_schema(schema: &FeatureSchema, name: &str) -> bool {
     schema.dense.iter().any(|d| d.name == name) || schema.sparse.iter().any(|s| s.name == name)
 }
 
+/// An empty id list: no id, of either kind.
+fn is_empty_list(value: &Value) -> bool {
+    match value {
+        Value::Integers(list) => list.values.is_empty(),
+        Value::Texts(list) => list.values.is_empty(),
+        _ => false,
+    }
+}
+
 /// The sample's value of `feature`; None is a null.
 fn value<'a>(sample: &'a Sample, feature: &str) -> Option<&'a Value> {
     sample
@@ -98,11 +107,13 @@ fn type_error(sample: usize, feature: &str, message: &str) -> SampleError {
 /// multi-hot features.
 fn sparse_column(feature: &SparseFeature, samples: &[Sample]) -> Result<ArrayRef, SampleError> {
     let name = &feature.name;
-    let first = samples.iter().find_map(|s| value(s, name));
+    let first = samples
+        .iter()
+        .find_map(|s| value(s, name).filter(|v| !is_empty_list(v)));
     let texts = matches!(first, Some(Value::Text(_) | Value::Texts(_)));
     let same_kind = |i: usize, v: &Value| {
         let is_text = matches!(v, Value::Text(_) | Value::Texts(_));
-        if is_text == texts {
+        if is_text == texts || is_empty_list(v) {
             Ok(())
         } else {
             Err(type_error(
@@ -122,16 +133,20 @@ fn sparse_column(feature: &SparseFeature, samples: &[Sample]) -> Result<ArrayRef
                 continue;
             };
             same_kind(i, v)?;
+            // Each row goes to both builders (the other kind's list empty), so an empty list
+            // of either kind fits the column the request's ids choose.
             match v {
                 Value::Integers(list) => {
                     ints.values().append_slice(&list.values);
                     ints.append(true);
+                    strings.append(true);
                 }
                 Value::Texts(list) => {
                     for s in &list.values {
                         strings.values().append_value(s);
                     }
                     strings.append(true);
+                    ints.append(true);
                 }
                 _ => {
                     return Err(type_error(
@@ -174,6 +189,8 @@ fn sparse_column(feature: &SparseFeature, samples: &[Sample]) -> Result<ArrayRef
                 name,
                 &format!("{x} is not a whole number (ids are integers or strings)"),
             )),
+            // Exact for any 64-bit id (a double is exact only up to 2^53).
+            Some(Value::Integers(list)) if list.values.len() == 1 => Ok(Some(list.values[0])),
             Some(v) => {
                 same_kind(i, v)?;
                 Err(type_error(i, name, "takes one id, not a list"))

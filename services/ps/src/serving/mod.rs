@@ -1,10 +1,13 @@
 //! The serving role (Monolith §2.2.3): replicas of the job's tables without optimizer state,
 //! fed by serving-sync's deltas (ApplyDelta), and the dense network as an ONNX model
 //! (LoadDense). Predict turns raw features into keys and dense values with the training
-//! feature pipeline, pools the rows and runs the model.
+//! feature pipeline, pools the rows and runs the model; it is served over gRPC and as
+//! `POST /v1/predict` (JSON) on the same port, behind the same bearer tokens when
+//! `serving.token_file` is set.
 
 mod dense;
 mod features;
+mod http;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,8 +24,7 @@ use primus_proto::v1::{
     LoadDenseResponse, PredictRequest, PredictResponse, ReplicaStateRequest, ReplicaStateResponse,
     SourceVersion, TableDelta,
 };
-use primus_service::{Node, Shutdown};
-use tonic::service::Routes;
+use primus_service::{BearerTokens, Node, Services, Shutdown};
 use tonic::{Request, Response, Status};
 
 pub use dense::{DenseError, DenseInputs, DenseModel};
@@ -32,13 +34,17 @@ use primus_proto::packed::{decode_f32, decode_keys, encode_f32, encode_keys};
 
 /// Runs the serving role until `shutdown`.
 pub async fn run(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    let replica = Replica::new(&settings)?;
+    let replica = Arc::new(Replica::new(&settings)?);
     let mut node = Node::bind(crate::SERVICE, &settings.server).await?;
     let bus = node.connect_nats(&settings.nats).await?;
-    let server = ServingServiceServer::new(ServingApi::new(replica))
-        .max_decoding_message_size(settings.ps.max_request_bytes)
-        .max_encoding_message_size(usize::MAX);
-    node.serve(Routes::new(server), shutdown).await?;
+    let server = ServingServiceServer::new(ServingApi {
+        replica: replica.clone(),
+    })
+    .max_decoding_message_size(settings.ps.max_request_bytes)
+    .max_encoding_message_size(usize::MAX);
+    let http = http::routes(replica, settings.ps.max_request_bytes);
+    node.serve(Services::new().grpc(server).http(http), shutdown)
+        .await?;
     bus.drain().await?;
     Ok(())
 }
@@ -55,6 +61,8 @@ pub struct Replica {
     /// Per training shard: every change up to this version is applied.
     applied: Mutex<HashMap<String, u64>>,
     newest_row: AtomicU64,
+    /// Predict's bearer tokens (`serving.token_file`); None: Predict is open.
+    tokens: Option<BearerTokens>,
 }
 
 impl Replica {
@@ -83,6 +91,11 @@ impl Replica {
                 )
             })?,
         };
+        let tokens = serving
+            .token_file
+            .as_deref()
+            .map(|path| BearerTokens::load(path, "serving.token_file"))
+            .transpose()?;
         if !library.is_file() {
             anyhow::bail!(
                 "serving.onnxruntime_library: {} is not a file",
@@ -107,6 +120,47 @@ impl Replica {
             dense: Arc::default(),
             applied: Mutex::default(),
             newest_row: AtomicU64::new(0),
+            tokens,
+        })
+    }
+
+    /// Whether a Predict with this `authorization` header value (None: no header) may run.
+    fn authorize(&self, header: Option<&str>) -> Result<(), Status> {
+        match &self.tokens {
+            Some(tokens) => tokens.check_header(header),
+            None => Ok(()),
+        }
+    }
+
+    /// A Predict, as gRPC and HTTP both answer it: the request checked, then scored on a
+    /// blocking thread.
+    async fn answer(self: &Arc<Self>, request: PredictRequest) -> Result<PredictResponse, Status> {
+        if !request.job.is_empty() && request.job != self.job {
+            return Err(Status::not_found(format!(
+                "job: this replica serves {:?}, not {:?}",
+                self.job, request.job
+            )));
+        }
+        if request.samples.is_empty() {
+            return Err(Status::invalid_argument("samples: at least one is needed"));
+        }
+        if request.samples.len() > self.serving.max_samples {
+            return Err(Status::invalid_argument(format!(
+                "samples: {} is over the limit of {} per request (serving.max_samples)",
+                request.samples.len(),
+                self.serving.max_samples
+            )));
+        }
+        let sparse_version = self.newest_row.load(Ordering::Acquire);
+        let dense_version = self.dense.version();
+        let replica = self.clone();
+        let probabilities = tokio::task::spawn_blocking(move || replica.predict(&request.samples))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
+        Ok(PredictResponse {
+            probabilities,
+            sparse_version,
+            dense_version,
         })
     }
 
@@ -258,16 +312,8 @@ struct DecodedDelta<'a> {
 }
 
 /// The ServingService RPCs over one [`Replica`].
-pub struct ServingApi {
+struct ServingApi {
     replica: Arc<Replica>,
-}
-
-impl ServingApi {
-    pub fn new(replica: Replica) -> Self {
-        Self {
-            replica: Arc::new(replica),
-        }
-    }
 }
 
 #[tonic::async_trait]
@@ -350,34 +396,13 @@ impl ServingService for ServingApi {
         &self,
         request: Request<PredictRequest>,
     ) -> Result<Response<PredictResponse>, Status> {
-        let request = request.into_inner();
-        if !request.job.is_empty() && request.job != self.replica.job {
-            return Err(Status::not_found(format!(
-                "job: this replica serves {:?}, not {:?}",
-                self.replica.job, request.job
-            )));
-        }
-        if request.samples.is_empty() {
-            return Err(Status::invalid_argument("samples: at least one is needed"));
-        }
-        if request.samples.len() > self.replica.serving.max_samples {
-            return Err(Status::invalid_argument(format!(
-                "samples: {} is over the limit of {} per request (serving.max_samples)",
-                request.samples.len(),
-                self.replica.serving.max_samples
-            )));
-        }
-        let sparse_version = self.replica.newest_row.load(Ordering::Acquire);
-        let dense_version = self.replica.dense.version();
-        let replica = self.replica.clone();
-        let probabilities = tokio::task::spawn_blocking(move || replica.predict(&request.samples))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))??;
-        Ok(Response::new(PredictResponse {
-            probabilities,
-            sparse_version,
-            dense_version,
-        }))
+        let header = request
+            .metadata()
+            .get("authorization")
+            .map(|value| value.to_str().unwrap_or(""));
+        self.replica.authorize(header)?;
+        let answer = self.replica.answer(request.into_inner()).await?;
+        Ok(Response::new(answer))
     }
 
     async fn replica_state(

@@ -1,23 +1,23 @@
 //! Serving-sync against real training PS shards and serving replicas (the primus-ps server
 //! code on loopback gRPC, NATS from primus-testkit): Predict follows training, a restarted
 //! replica converges to the training rows exactly, a training shard restarted empty does not
-//! take serving backwards, Predicts never fail during syncs, Predict scores as the trainer's
-//! forward pass does (nulls included), and Predict names bad features.
+//! take serving backwards, Predicts never fail during syncs; Predict itself in [`predict`].
 //! Needs libonnxruntime.so (ORT_DYLIB_PATH).
 
+mod predict;
+
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use arrow_array::builder::{ListBuilder, StringBuilder};
-use arrow_array::{ArrayRef, Float32Array, Float64Array, Int64Array, RecordBatch};
 use primus_batch::FeaturePipeline;
 use primus_config::PsRole;
 use primus_config::PsSettings;
 use primus_harness::rows::{Rows, replica_rows, training_rows};
-use primus_model::pooling::{BatchKeys, CpuKernels};
-use primus_model::{Inputs, Model, ModelLayout, ParamSet, ParamTensor, Tower};
+use primus_model::pooling::BatchKeys;
+use primus_model::{ModelLayout, ParamSet, Tower};
 use primus_proto::v1::feature_value::Value;
 use primus_proto::v1::serving_service_client::ServingServiceClient;
 use primus_proto::v1::{DeltaNotice, FeatureValue, PredictRequest, Sample};
@@ -29,7 +29,6 @@ use primus_spec::job::JobSpec;
 use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, restartable_port};
 use tokio::sync::{mpsc, watch};
-use tonic::Code;
 use tonic::transport::Channel;
 
 const JOB: &str = "ctr";
@@ -212,11 +211,17 @@ impl Cluster {
     }
 
     async fn start_replica(&self, port: u16) -> Process {
+        self.start_replica_with(port, None).await
+    }
+
+    /// A replica whose Predict requires the bearer tokens of `token_file`, when given.
+    async fn start_replica_with(&self, port: u16, token_file: Option<PathBuf>) -> Process {
         let mut settings = ps_settings(&self.nats_url, &self.job, &self.layout, port);
         settings.ps.role = PsRole::Serving;
         settings.serving.job = JOB.into();
         settings.serving.model = Some(self.job.model.clone());
         settings.serving.schema = Some(self.schema.clone());
+        settings.serving.token_file = token_file;
         Process::start(settings).await
     }
 
@@ -539,184 +544,4 @@ async fn concurrent_predicts_during_continuous_syncs_never_fail() {
         answered + failed
     );
     assert!(answered > 20, "{answered} Predicts answered");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn predict_names_a_feature_of_a_wrong_type() {
-    let cluster = Cluster::start().await;
-    let _sync = cluster.synced().await;
-    let mut client = serving_client(&cluster.replicas[0].addr).await;
-    let mut unknown = sample(1);
-    unknown.features.insert("colour".into(), number(1.0));
-    let mut wrong = sample(2);
-    wrong.features.insert(
-        "price".into(),
-        FeatureValue {
-            value: Some(Value::Text("cheap".into())),
-        },
-    );
-    let mut fraction = sample(3);
-    fraction.features.insert("item".into(), number(1.5));
-    for (bad, feature) in [(unknown, "colour"), (wrong, "price"), (fraction, "item")] {
-        let status = client
-            .predict(PredictRequest {
-                job: JOB.into(),
-                samples: vec![sample(0), bad],
-            })
-            .await
-            .expect_err("refused");
-        assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
-        assert!(
-            status
-                .message()
-                .contains(&format!("samples[1]: feature \"{feature}\"")),
-            "{}",
-            status.message()
-        );
-    }
-    let other_job = client
-        .predict(PredictRequest {
-            job: "other".into(),
-            samples: vec![sample(0)],
-        })
-        .await
-        .expect_err("refused");
-    assert_eq!(other_job.code(), Code::NotFound);
-}
-
-/// Which features sample `i` of the parity rows leaves null, as a training file's cell may
-/// be: every pattern of dense, single-id and multi-hot nulls, and one row of nothing.
-fn null_in_row(i: usize, feature: &str) -> bool {
-    match feature {
-        _ if i == 11 => true,
-        "price" => i % 2 == 0,
-        "age" => i % 3 == 0,
-        "item" => i % 4 == 1,
-        "shop" => i % 5 == 2,
-        "tags" => i % 3 == 1,
-        _ => false,
-    }
-}
-
-/// The parity rows as the columns of a training file (nulls where [`null_in_row`] says).
-fn parity_columns(rows: usize) -> RecordBatch {
-    let null = |i: usize, f: &str| null_in_row(i, f);
-    let price: Float64Array = (0..rows)
-        .map(|i| (!null(i, "price")).then_some(12.5 + i as f64))
-        .collect();
-    let age: Float64Array = (0..rows)
-        .map(|i| (!null(i, "age")).then_some(0.3))
-        .collect();
-    let item: Int64Array = (0..rows)
-        .map(|i| (!null(i, "item")).then_some(i as i64))
-        .collect();
-    let shop: Int64Array = (0..rows)
-        .map(|i| (!null(i, "shop")).then_some((i % 7) as i64))
-        .collect();
-    let mut tags = ListBuilder::new(StringBuilder::new());
-    for i in 0..rows {
-        if null(i, "tags") {
-            tags.append(false);
-        } else {
-            tags.values().append_value(format!("t{}", i % 5));
-            tags.values().append_value("sale");
-            tags.append(true);
-        }
-    }
-    let columns: Vec<(&str, ArrayRef)> = vec![
-        ("label", Arc::new(Float32Array::from(vec![0.0f32; rows]))),
-        ("price", Arc::new(price)),
-        ("age", Arc::new(age)),
-        ("item", Arc::new(item)),
-        ("shop", Arc::new(shop)),
-        ("tags", Arc::new(tags.finish())),
-    ];
-    RecordBatch::try_from_iter(columns).expect("columns")
-}
-
-/// What the trainer's forward pass gives `batch`: the training pipeline, the rows looked
-/// up from the training PS, pooled, through the dense parameters the PS holds.
-async fn trainer_forward(cluster: &Cluster, batch: &RecordBatch) -> Vec<f32> {
-    let minibatch = FeaturePipeline::new(&cluster.schema)
-        .minibatch(batch)
-        .expect("minibatch");
-    let keys =
-        BatchKeys::collect(&cluster.layout, &minibatch.to_kjt().expect("kjt")).expect("keys");
-    let mut rows = Vec::new();
-    for (slot, unique) in cluster.layout.tables.iter().zip(&keys.tables) {
-        let (weights, _) = cluster
-            .training
-            .lookup(&slot.name, unique)
-            .await
-            .expect("lookup");
-        rows.push(weights);
-    }
-    let embedded = keys
-        .pool(&CpuKernels, &cluster.layout, &rows)
-        .expect("pool");
-    let model = Model::new(cluster.layout.clone());
-    let mut params = ParamSet::init(&cluster.layout, 0);
-    let pulled = cluster
-        .training
-        .pull_dense(&params.names())
-        .await
-        .expect("pull dense");
-    let tensors = pulled
-        .into_iter()
-        .map(|t| ParamTensor {
-            name: t.name,
-            shape: t.shape.iter().map(|d| *d as usize).collect(),
-            values: t.values,
-        })
-        .collect();
-    params.assign(tensors).expect("dense parameters");
-    let inputs = Inputs {
-        rows: batch.num_rows(),
-        dense: model.dense_inputs(&minibatch).expect("dense inputs"),
-        embedded: &embedded,
-        wide: &[],
-    };
-    model
-        .predict(&params, &inputs, Tower::Adapt)
-        .expect("forward")
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn predict_scores_as_the_trainers_forward_pass_with_nulls_imputed_as_in_training() {
-    let cluster = Cluster::start().await;
-    let rows = 12;
-    for i in 0..rows {
-        cluster.train_on(&sample(i as i64), 0.3).await;
-    }
-    let _sync = cluster.synced().await;
-    // A null is left out of odd rows' samples and sent without a value in even rows'.
-    let samples: Vec<Sample> = (0..rows)
-        .map(|i| {
-            let mut s = sample(i as i64);
-            for (feature, value) in &mut s.features {
-                if null_in_row(i, feature) {
-                    value.value = None;
-                }
-            }
-            if i % 2 == 1 {
-                s.features.retain(|_, value| value.value.is_some());
-            }
-            s
-        })
-        .collect();
-    let mut client = serving_client(&cluster.replicas[0].addr).await;
-    let served = predict(&mut client, samples).await;
-    let columns = parity_columns(rows);
-    let trained = trainer_forward(&cluster, &columns).await;
-    assert_eq!(served.len(), trained.len());
-    for (i, (s, t)) in served.iter().zip(&trained).enumerate() {
-        assert!(
-            (s - t).abs() <= 1e-5,
-            "row {i}: Predict {s}, the trainer's forward pass {t}"
-        );
-    }
-    let spread = trained
-        .iter()
-        .fold(0.0f32, |m, p| m.max((p - trained[0]).abs()));
-    assert!(spread > 1e-4, "the rows score apart: {trained:?}");
 }

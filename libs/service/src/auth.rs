@@ -1,4 +1,5 @@
-//! Static bearer tokens: every API call carries `authorization: Bearer <token>`.
+//! Static bearer tokens: a guarded call carries `authorization: Bearer <token>` (the API
+//! server's every call, a serving replica's Predict over gRPC and HTTP).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -6,46 +7,45 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use tonic::{Request, Status};
 
-/// The tokens that may call the API; cheap to clone into the interceptor.
+/// The tokens that may make a guarded call; cheap to clone into an interceptor.
 #[derive(Clone)]
-pub(crate) struct Tokens(Arc<Vec<Vec<u8>>>);
+pub struct BearerTokens(Arc<Vec<Vec<u8>>>);
 
-impl Tokens {
-    /// Reads one token per line from the file named by `auth.token_file`.
-    pub(crate) fn load(token_file: Option<&Path>) -> anyhow::Result<Self> {
-        let Some(path) = token_file else {
-            bail!("no API tokens: set `auth.token_file` to a file with one bearer token per line");
-        };
-        let text = std::fs::read_to_string(path).with_context(|| {
-            format!("cannot read {} (setting `auth.token_file`)", path.display())
-        })?;
+impl BearerTokens {
+    /// Reads one token per line from `token_file`, which the setting `key` names.
+    pub fn load(token_file: &Path, key: &str) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(token_file)
+            .with_context(|| format!("cannot read {} (setting `{key}`)", token_file.display()))?;
         let tokens = parse(&text);
         if tokens.is_empty() {
-            bail!(
-                "{} (setting `auth.token_file`) holds no token",
-                path.display()
-            );
+            bail!("{} (setting `{key}`) holds no token", token_file.display());
         }
         Ok(Self(Arc::new(tokens)))
     }
 
-    /// Lets the call through if it carries one of the tokens.
-    pub(crate) fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
+    /// Lets a gRPC call through if it carries one of the tokens.
+    pub fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
         let header = request
             .metadata()
             .get("authorization")
+            .map(|value| value.to_str().unwrap_or(""));
+        self.check_header(header)?;
+        Ok(request)
+    }
+
+    /// Whether an `authorization` header's value (None: no header) holds one of the tokens.
+    pub fn check_header(&self, header: Option<&str>) -> Result<(), Status> {
+        let header = header
             .ok_or_else(|| Status::unauthenticated("missing `authorization: Bearer <token>`"))?;
         let token = header
-            .to_str()
-            .ok()
-            .and_then(|h| h.strip_prefix("Bearer "))
+            .strip_prefix("Bearer ")
             .ok_or_else(|| Status::unauthenticated("`authorization` must be `Bearer <token>`"))?;
         // Compare against every token without stopping early, so timing says nothing.
         let known = self.0.iter().fold(false, |found, t| {
             found | constant_time_eq(t, token.as_bytes())
         });
         if known {
-            Ok(request)
+            Ok(())
         } else {
             Err(Status::unauthenticated("unknown token"))
         }
@@ -79,8 +79,8 @@ mod tests {
         request
     }
 
-    fn tokens(text: &str) -> Tokens {
-        Tokens(Arc::new(parse(text)))
+    fn tokens(text: &str) -> BearerTokens {
+        BearerTokens(Arc::new(parse(text)))
     }
 
     #[test]
@@ -107,13 +107,19 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_or_empty_token_file_stops_start() {
-        let err = Tokens::load(None).err().expect("no file");
-        assert!(err.to_string().contains("auth.token_file"), "{err}");
+    fn a_missing_or_empty_token_file_stops_start_naming_the_setting() {
         let dir = tempfile::tempdir().expect("tempdir");
+        let absent = dir.path().join("absent");
+        let err = BearerTokens::load(&absent, "auth.token_file")
+            .err()
+            .expect("no file");
+        assert!(err.to_string().contains("auth.token_file"), "{err}");
         let empty = dir.path().join("tokens");
         std::fs::write(&empty, "# none yet\n").expect("write");
-        let err = Tokens::load(Some(&empty)).err().expect("empty");
+        let err = BearerTokens::load(&empty, "serving.token_file")
+            .err()
+            .expect("empty");
         assert!(err.to_string().contains("holds no token"), "{err}");
+        assert!(err.to_string().contains("serving.token_file"), "{err}");
     }
 }

@@ -553,6 +553,11 @@ pub struct ServingSyncSpec {
     /// odds (Monolith 2.2.2). Unset: no correction.
     #[serde(default)]
     pub negative_sample_rate: Option<f64>,
+    /// Once the Job succeeds its serving replicas go on serving its final model (loaded
+    /// from the final checkpoint when `spec.checkpoint` is set) for this many seconds; 0:
+    /// they stop with the Job. Unset: until the Job is deleted.
+    #[serde(default)]
+    pub keep_serving_seconds: Option<u64>,
 }
 
 impl Default for ServingSyncSpec {
@@ -562,6 +567,7 @@ impl Default for ServingSyncSpec {
             sparse_interval_ms: defaults::sparse_interval_ms(),
             dense_interval_seconds: defaults::dense_interval_seconds(),
             negative_sample_rate: None,
+            keep_serving_seconds: None,
         }
     }
 }

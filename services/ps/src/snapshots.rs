@@ -280,7 +280,8 @@ pub(crate) async fn restore(
     let mut denses = Vec::new();
     let mut version = 0;
     for manifest_uri in manifest_uris {
-        let chain = load_chain(&tables, storage, manifest_uri).await?;
+        let dim_of = |name: &str| tables.get(name).ok().map(|table| table.dim());
+        let chain = load_chain(dim_of, storage, manifest_uri).await?;
         version = version.max(chain.version);
         loaded.extend(chain.shards);
         denses.push(chain.dense);
@@ -320,14 +321,16 @@ pub(crate) async fn restore(
 
 /// A snapshot with its chain of bases, read and verified: shards oldest first, the newest
 /// dense parameters, the newest version.
-struct Chain {
-    shards: Vec<(String, ShardSnapshot)>,
-    dense: Bytes,
-    version: u64,
+pub(crate) struct Chain {
+    pub shards: Vec<(String, ShardSnapshot)>,
+    pub dense: Bytes,
+    pub version: u64,
 }
 
-async fn load_chain(
-    tables: &Tables,
+/// The snapshot at `manifest_uri` with its bases, for a holder whose table `name` has
+/// `dim_of(name)` weights per row (None: it holds no such table).
+pub(crate) async fn load_chain(
+    dim_of: impl Fn(&str) -> Option<usize>,
     storage: &StorageSettings,
     manifest_uri: &str,
 ) -> Result<Chain, Status> {
@@ -344,20 +347,19 @@ async fn load_chain(
     let mut shards = Vec::new();
     for (folder, manifest) in chain.iter().rev() {
         for entry in &manifest.tables {
-            let table = tables.get(&entry.name).map_err(|_| {
+            let dim = dim_of(&entry.name).ok_or_else(|| {
                 Status::failed_precondition(format!(
-                    "snapshot {}: table {:?} is not held by this PS",
+                    "snapshot {}: table {:?} is not held here",
                     folder.url(),
                     entry.name
                 ))
             })?;
-            if table.dim() as u32 != entry.dim {
+            if dim as u32 != entry.dim {
                 return Err(Status::failed_precondition(format!(
-                    "snapshot {}: table {:?} has dim {}, this PS's has {}",
+                    "snapshot {}: table {:?} has dim {}, the one held here {dim}",
                     folder.url(),
                     entry.name,
                     entry.dim,
-                    table.dim()
                 )));
             }
             for file in &entry.shards {

@@ -14,6 +14,7 @@ mod recovery;
 mod reshard;
 mod rollback;
 mod scaling;
+mod serving;
 mod status;
 mod stragglers;
 
@@ -44,6 +45,7 @@ use crate::queue::{QueueCounts, TaskQueue};
 use crate::tasks::JobTasks;
 use executors::{JobParts, start_executors, wait_ready};
 use recovery::{Recovered, Restart, ShardRestarts, recover_restarted_shards};
+use serving::KeptServing;
 use status::JobStatus;
 
 /// Runs the Job of `resource` (whose status is `status`) until it ends, then writes its
@@ -67,6 +69,20 @@ pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
         outcome = run(&context, &resource, specs, &mut writer) => Some(outcome),
         _ = cancelled.wait_for(|c| *c) => None,
     };
+    let kept = match outcome {
+        Some(outcome) => {
+            tracing::info!(job = %name, phase = ?outcome.phase, reason = outcome.reason, message = %outcome.message, "Job ended");
+            writer
+                .set(outcome.phase, "Complete", outcome.reason, outcome.message)
+                .await;
+            outcome.kept
+        }
+        None => None,
+    };
+    if let Some(kept) = kept {
+        kept.wait(&mut cancelled).await;
+        tracing::info!(job = %name, "serving replicas of the succeeded Job stopped");
+    }
     context.backend.release_job(&name).await;
     context.topologies.remove_job(&name);
     context
@@ -74,12 +90,6 @@ pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
         .write()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&name);
-    if let Some(outcome) = outcome {
-        tracing::info!(job = %name, phase = ?outcome.phase, reason = outcome.reason, message = %outcome.message, "Job ended");
-        writer
-            .set(outcome.phase, "Complete", outcome.reason, outcome.message)
-            .await;
-    }
 }
 
 async fn run<B: ResourceBackend, C: Catalog>(
@@ -99,6 +109,8 @@ pub(crate) struct Outcome {
     phase: Phase,
     reason: &'static str,
     message: String,
+    /// The serving replicas go on after the end.
+    kept: Option<KeptServing>,
 }
 
 impl Outcome {
@@ -107,6 +119,7 @@ impl Outcome {
             phase: Phase::Failed,
             reason,
             message: message.into(),
+            kept: None,
         }
     }
 }
@@ -622,18 +635,22 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             "all {} data tasks succeeded; {trainers} trainers finished",
             counts.succeeded
         );
+        let mut manifests = None;
         if let Some(checkpoint) = &self.job.spec.checkpoint {
             match self.final_checkpoint(&checkpoint.uri).await {
-                Ok(manifests) => {
-                    message.push_str(&format!("; checkpoint: {}", manifests.join(", ")))
+                Ok(written) => {
+                    message.push_str(&format!("; checkpoint: {}", written.join(", ")));
+                    manifests = Some(written);
                 }
                 Err(e) => return Outcome::failed("CheckpointFailed", e),
             }
         }
+        let kept = self.keep_serving(manifests.as_deref(), &mut message).await;
         Outcome {
             phase: Phase::Succeeded,
             reason: "DataExhausted",
             message,
+            kept,
         }
     }
 

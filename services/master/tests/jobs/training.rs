@@ -1,21 +1,27 @@
 //! Models that learn through the real services: a small DLRM on Criteo-like data with one
-//! and two trainers, two trainers sharing a hot set (and one of them killed), Wide&Deep on
+//! trainer (its replica serving the final model after the Job) and two trainers, two trainers sharing a hot set (and one of them killed), Wide&Deep on
 //! Adult and DeepFM on MovieLens-100k.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use primus_config::StorageSettings;
 use primus_harness::resources::{daily, dataset, job, parquet};
 use primus_harness::{Sandbox, condition};
+use primus_proto::v1::feature_value::Value;
+use primus_proto::v1::serving_service_client::ServingServiceClient;
+use primus_proto::v1::{FeatureValue, PredictRequest, ReplicaStateRequest, Role, Sample};
 use primus_spec::dataset::{DenseFeature, DenseTransform, FeatureSchema, SparseFeature};
-use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec, TrainingMode};
-use primus_spec::status::Phase;
+use primus_spec::job::{
+    DenseSpec, ModelKind, ModelSpec, OptimizerSpec, RoleSpec, TableSpec, TrainingMode,
+};
+use primus_spec::status::{Phase, Status};
 use primus_spec::time;
 use primus_testkit::service::signal;
 
 use crate::common::{
-    DLRM_ROWS, apply_criteo_dataset, data_executor, dlrm_job, start_master_with, train_dlrm,
-    train_in_window_order,
+    DLRM_ROWS, apply_criteo_dataset, data_executor, dlrm_job, start_master_with, topology,
+    train_dlrm, train_in_window_order,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,7 +30,8 @@ async fn a_small_dlrm_job_learns_criteo_like_data_with_one_or_two_trainers_and_c
     let best = apply_criteo_dataset(&sandbox).await;
     let master = start_master_with(&sandbox, &data_executor());
 
-    let one = train_dlrm(&sandbox, "dlrm-one", 1).await;
+    let one = train_dlrm_served(&sandbox, "dlrm-one").await;
+    served_after_success(&sandbox, master.addr(), "dlrm-one", &one).await;
     let auc_one = one.progress.as_ref().and_then(|p| p.auc).expect("an AUC");
     assert!(
         auc_one > best - 0.02,
@@ -282,4 +289,107 @@ async fn deepfm_on_movielens_learns_the_later_ratings_from_the_earlier_ones() {
     let auc = train_in_window_order(&sandbox, "movielens-deepfm", 100_000).await;
     eprintln!("DeepFM on MovieLens-100k: AUC over the last 20000 ratings {auc:.4}");
     assert!(auc >= 0.72, "AUC {auc:.4} < 0.72");
+}
+
+/// `job` trained as [`train_dlrm`] does with one trainer, and one serving replica without
+/// serving-sync: what it serves at the end comes from the final checkpoint alone.
+async fn train_dlrm_served(sandbox: &Sandbox, job: &str) -> Status {
+    let spec = dlrm_job(sandbox, job, 1, 3600)
+        .with(|spec| spec.topology.serving = Some(RoleSpec::new(1)))
+        .build();
+    sandbox.apply([spec]).await;
+    let status = sandbox
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    let progress = status.progress.clone().expect("trainer progress");
+    assert_eq!(progress.samples, DLRM_ROWS, "{job}: {progress:?}");
+    status
+}
+
+/// After `job` succeeded: its replica alone runs, holds every row of the final checkpoint,
+/// scores samples with missing features, and stops when the Job is deleted.
+async fn served_after_success(sandbox: &Sandbox, master: &str, job: &str, status: &Status) {
+    let complete = condition(status, "Complete");
+    assert!(
+        complete
+            .message
+            .contains("1 serving replicas serve the final checkpoint until the Job is deleted"),
+        "{complete:?}"
+    );
+    let endpoints = topology(master, job).await;
+    let roles: Vec<Role> = endpoints.iter().map(|e| e.role()).collect();
+    assert_eq!(
+        roles,
+        [Role::Serving],
+        "only the replica runs on: {endpoints:?}"
+    );
+    let replica = format!("http://{}", endpoints[0].grpc_addr);
+    let mut client = ServingServiceClient::connect(replica)
+        .await
+        .expect("replica");
+    let state = client
+        .replica_state(ReplicaStateRequest {})
+        .await
+        .expect("replica state")
+        .into_inner();
+    assert_eq!(
+        state.rows,
+        final_checkpoint_rows(&complete.message),
+        "{state:?}"
+    );
+    assert!(state.dense_version > 0, "{state:?}");
+    let samples: Vec<Sample> = (0..8)
+        .map(|i| {
+            let mut features = HashMap::new();
+            features.insert("i1".to_owned(), number(f64::from(i)));
+            features.insert("c1".to_owned(), number(f64::from(i * 37)));
+            features.insert("c2".to_owned(), number(f64::from(i % 3)));
+            Sample { features }
+        })
+        .collect();
+    let scores = client
+        .predict(PredictRequest {
+            job: job.into(),
+            samples,
+        })
+        .await
+        .expect("predict after the Job ended")
+        .into_inner()
+        .probabilities;
+    assert!(
+        scores.iter().all(|p| (0.0..=1.0).contains(p)) && scores.iter().any(|p| *p != scores[0]),
+        "{scores:?}"
+    );
+    sandbox.delete_job(job).await;
+}
+
+/// Rows in the final checkpoint's snapshots, named in the Complete condition's message
+/// (`checkpoint: <manifest>, <manifest>; ...`).
+fn final_checkpoint_rows(message: &str) -> u64 {
+    let manifests = message
+        .split("checkpoint: ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .expect("the final checkpoint's manifests");
+    manifests
+        .split(", ")
+        .map(|uri| {
+            let path = uri.strip_prefix("file://").unwrap_or(uri);
+            let text = std::fs::read_to_string(path).expect("manifest");
+            let manifest: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+            manifest["tables"]
+                .as_array()
+                .expect("tables")
+                .iter()
+                .flat_map(|t| t["shards"].as_array().expect("shards"))
+                .map(|shard| shard["rows"].as_u64().expect("rows"))
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+fn number(x: f64) -> FeatureValue {
+    FeatureValue {
+        value: Some(Value::Number(x)),
+    }
 }

@@ -5,6 +5,7 @@
 //! `POST /v1/predict` (JSON) on the same port, behind the same bearer tokens when
 //! `serving.token_file` is set.
 
+mod checkpoint;
 mod dense;
 mod features;
 mod http;
@@ -20,16 +21,17 @@ use primus_model::ModelLayout;
 use primus_model::pooling::{BatchKeys, CpuKernels};
 use primus_proto::v1::serving_service_server::{ServingService, ServingServiceServer};
 use primus_proto::v1::{
-    ApplyDeltaRequest, ApplyDeltaResponse, DumpRowsRequest, DumpRowsResponse, LoadDenseRequest,
-    LoadDenseResponse, PredictRequest, PredictResponse, ReplicaStateRequest, ReplicaStateResponse,
-    SourceVersion, TableDelta,
+    ApplyDeltaRequest, ApplyDeltaResponse, DumpRowsRequest, DumpRowsResponse,
+    LoadCheckpointRequest, LoadCheckpointResponse, LoadDenseRequest, LoadDenseResponse,
+    PredictRequest, PredictResponse, ReplicaStateRequest, ReplicaStateResponse, SourceVersion,
+    TableDelta,
 };
 use primus_service::{BearerTokens, Node, Services, Shutdown};
 use tonic::{Request, Response, Status};
 
 pub use dense::{DenseError, DenseInputs, DenseModel};
 pub use features::{SampleError, record_batch};
-use primus_config::{PsSettings, ServingSettings};
+use primus_config::{PsSettings, ServingSettings, StorageSettings};
 use primus_proto::packed::{decode_f32, decode_keys, encode_f32, encode_keys};
 
 /// Runs the serving role until `shutdown`.
@@ -61,6 +63,8 @@ pub struct Replica {
     /// Per training shard: every change up to this version is applied.
     applied: Mutex<HashMap<String, u64>>,
     newest_row: AtomicU64,
+    /// Where checkpoints are read from (LoadCheckpoint).
+    storage: StorageSettings,
     /// Predict's bearer tokens (`serving.token_file`); None: Predict is open.
     tokens: Option<BearerTokens>,
 }
@@ -120,8 +124,29 @@ impl Replica {
             dense: Arc::default(),
             applied: Mutex::default(),
             newest_row: AtomicU64::new(0),
+            storage: settings.storage.clone(),
             tokens,
         })
+    }
+
+    /// Loads `onnx` as dense `version` unless one as new is served; the version served after.
+    async fn install_dense(&self, version: u64, onnx: Vec<u8>) -> Result<u64, Status> {
+        if version <= self.dense.version() {
+            return Ok(self.dense.version());
+        }
+        let (library, sessions) = (self.library.clone(), self.serving.sessions);
+        let model = tokio::task::spawn_blocking(move || {
+            DenseModel::load(&library, version, &onnx, sessions)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| match e {
+            DenseError::Library { .. } => Status::failed_precondition(e.to_string()),
+            _ => Status::invalid_argument(format!("onnx_model: {e}")),
+        })?;
+        let version = self.dense.install(model);
+        tracing::info!(version, "dense model loaded");
+        Ok(version)
     }
 
     /// Whether a Predict with this `authorization` header value (None: no header) may run.
@@ -367,29 +392,19 @@ impl ServingService for ServingApi {
         if request.version == 0 {
             return Err(Status::invalid_argument("version: must be > 0"));
         }
-        if request.version <= self.replica.dense.version() {
-            return Ok(Response::new(LoadDenseResponse {
-                version: self.replica.dense.version(),
-            }));
-        }
-        let replica = self.replica.clone();
-        let model = tokio::task::spawn_blocking(move || {
-            DenseModel::load(
-                &replica.library,
-                request.version,
-                &request.onnx_model,
-                replica.serving.sessions,
-            )
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
-        .map_err(|e| match e {
-            DenseError::Library { .. } => Status::failed_precondition(e.to_string()),
-            _ => Status::invalid_argument(format!("onnx_model: {e}")),
-        })?;
-        let version = self.replica.dense.install(model);
-        tracing::info!(version, "dense model loaded");
+        let version = self
+            .replica
+            .install_dense(request.version, request.onnx_model)
+            .await?;
         Ok(Response::new(LoadDenseResponse { version }))
+    }
+
+    async fn load_checkpoint(
+        &self,
+        request: Request<LoadCheckpointRequest>,
+    ) -> Result<Response<LoadCheckpointResponse>, Status> {
+        let answer = self.replica.load_checkpoint(request.into_inner()).await?;
+        Ok(Response::new(answer))
     }
 
     async fn predict(

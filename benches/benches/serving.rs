@@ -6,10 +6,14 @@
 //!   one new sample's keys and polls Predict until its probability changes (PS update ->
 //!   visible in Predict). With delta notices, next to the sparse interval alone (baseline,
 //!   same run). Also bytes moved per sync next to a whole-table copy.
-//! - Predict latency for batches of 1 and 256 (one caller), next to the dense network alone
-//!   on burn in-process (baseline, same inputs).
+//! - Predict over gRPC: batch 1 on one caller (latency) and on `CALLERS` callers at once
+//!   (requests/s), batch 256 on `CALLERS` callers (samples/s); next to the limit, ONNX
+//!   Runtime alone in-process on the same model and inputs (its sessions as the replica's),
+//!   and the dense network alone on the CPU networks (same run).
 //!
-//! `cargo bench -p primus-benches --bench serving` (PRIMUS_BENCH_SECONDS per phase, default 15).
+//! `cargo bench -p primus-benches --bench serving` (PRIMUS_BENCH_SECONDS per phase, default
+//! 15). The last line:
+//! `serving: batch-1 p99 N.N ms, N req/s; batch-256 N samples/s; onnxruntime alone N samples/s`.
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
 
@@ -27,6 +31,7 @@ use primus_proto::v1::feature_value::Value;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::serving_service_client::ServingServiceClient;
 use primus_proto::v1::{DeltaNotice, ExportDeltaRequest, FeatureValue, PredictRequest, Sample};
+use primus_ps::serving::{DenseInputs, DenseModel};
 use primus_ps_client::PsClient;
 use primus_service::Shutdown;
 use primus_serving_sync::sync::{JobSync, SyncTarget, Topology};
@@ -39,6 +44,8 @@ use tonic::transport::Channel;
 
 const JOB: &str = "bench";
 const KEYS_PER_MINUTE: usize = 100_000;
+/// Concurrent Predict callers for the throughput figures.
+const CALLERS: usize = 4;
 
 fn example() -> (JobSpec, FeatureSchema) {
     let path = primus_testkit::repo_root().join("examples/criteo-like.yaml");
@@ -316,25 +323,77 @@ impl Bench {
         bytes
     }
 
-    async fn predict_latency(&self, batch: usize, seconds: u64) -> (Vec<f64>, f64) {
-        let mut client = ServingServiceClient::connect(format!("http://{}", self.replica))
-            .await
-            .expect("replica");
+    /// Predicts of `batch` samples from `callers` callers at once for `seconds`: every
+    /// latency (ms, sorted) and requests per second.
+    async fn predict_latency(&self, batch: usize, callers: usize, seconds: u64) -> (Vec<f64>, f64) {
         let samples: Vec<Sample> = (0..batch as i64).map(|i| sample(&self.schema, i)).collect();
-        let mut latencies = Vec::new();
         let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(seconds) {
-            let at = Instant::now();
-            predict(&mut client, samples.clone()).await;
-            latencies.push(at.elapsed().as_secs_f64() * 1e3);
+        let mut tasks = Vec::new();
+        for _ in 0..callers {
+            let (replica, samples) = (self.replica.clone(), samples.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut client = ServingServiceClient::connect(format!("http://{replica}"))
+                    .await
+                    .expect("replica");
+                let mut latencies = Vec::new();
+                while started.elapsed() < Duration::from_secs(seconds) {
+                    let at = Instant::now();
+                    predict(&mut client, samples.clone()).await;
+                    latencies.push(at.elapsed().as_secs_f64() * 1e3);
+                }
+                latencies
+            }));
+        }
+        let mut latencies = Vec::new();
+        for task in tasks {
+            latencies.extend(task.await.expect("caller"));
         }
         let per_second = latencies.len() as f64 / started.elapsed().as_secs_f64();
         latencies.sort_by(f64::total_cmp);
         (latencies, per_second)
     }
 
-    /// The dense network alone, in-process on burn (the baseline of Predict's compute).
-    fn burn_latency(&self, batch: usize, seconds: u64) -> Vec<f64> {
+    /// ONNX Runtime alone on the replica's model (as serving-sync exports it) and inputs of
+    /// `batch` rows, from `callers` threads on as many sessions: samples per second.
+    fn onnxruntime_alone(&self, batch: usize, callers: usize, seconds: u64) -> f64 {
+        let library = std::env::var_os("ORT_DYLIB_PATH").expect("ORT_DYLIB_PATH (scripts/env.sh)");
+        let params = ParamSet::init(&self.layout, 3);
+        let onnx =
+            primus_model::onnx::export(&self.layout, &params, Tower::Memory, 1).expect("export");
+        let model = DenseModel::load(std::path::Path::new(&library), 1, &onnx, callers)
+            .expect("ONNX Runtime");
+        let (dense_width, embedded_width) = (self.layout.dense_inputs, self.layout.embedding_width);
+        let started = Instant::now();
+        let runs: usize = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..callers)
+                .map(|_| {
+                    let model = &model;
+                    scope.spawn(move || {
+                        let mut runs = 0;
+                        while started.elapsed() < Duration::from_secs(seconds) {
+                            let inputs = DenseInputs {
+                                rows: batch,
+                                dense: vec![0.5; batch * dense_width],
+                                dense_width,
+                                embedded: vec![0.01; batch * embedded_width],
+                                embedded_width,
+                                wide: Vec::new(),
+                                wide_width: 0,
+                            };
+                            model.predict(inputs).expect("onnxruntime");
+                            runs += 1;
+                        }
+                        runs
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().expect("thread")).sum()
+        });
+        (runs * batch) as f64 / started.elapsed().as_secs_f64()
+    }
+
+    /// The dense network alone, in-process on the CPU networks (Predict's compute).
+    fn dense_alone_latency(&self, batch: usize, seconds: u64) -> Vec<f64> {
         let model = Model::new(self.layout.clone());
         let params = ParamSet::init(&self.layout, 3);
         let dense = vec![0.5f32; batch * self.layout.dense_inputs];
@@ -351,7 +410,7 @@ impl Bench {
             };
             model
                 .predict(&params, &inputs, Tower::Memory)
-                .expect("burn predict");
+                .expect("dense network");
             latencies.push(at.elapsed().as_secs_f64() * 1e3);
         }
         latencies.sort_by(f64::total_cmp);
@@ -389,16 +448,27 @@ fn main() {
             "whole-table copy (what a full sync would move): {} bytes",
             bench.whole_table_bytes().await
         );
-        for batch in [1usize, 256] {
-            let (latencies, per_second) = bench.predict_latency(batch, seconds.min(10)).await;
-            let burn = bench.burn_latency(batch, seconds.min(5));
+        let phase = seconds.min(10);
+        let mut figures = Vec::new();
+        for (batch, callers) in [(1usize, 1usize), (1, CALLERS), (256, CALLERS)] {
+            let (latencies, per_second) = bench.predict_latency(batch, callers, phase).await;
+            let cpu = bench.dense_alone_latency(batch, seconds.min(5));
             println!(
-                "Predict batch {batch:3}: p50 {:6.2} ms  p99 {:6.2} ms  {per_second:7.0} req/s ({:8.0} samples/s) on one caller | dense network alone on burn: p50 {:6.2} ms",
+                "Predict batch {batch:3}, {callers} callers: p50 {:6.2} ms  p99 {:6.2} ms  {per_second:7.0} req/s ({:8.0} samples/s) | dense network alone in-process: p50 {:6.2} ms",
                 quantile(&latencies, 0.5),
                 quantile(&latencies, 0.99),
                 per_second * batch as f64,
-                quantile(&burn, 0.5),
+                quantile(&cpu, 0.5),
             );
+            figures.push((quantile(&latencies, 0.99), per_second * batch as f64));
         }
+        let alone = bench.onnxruntime_alone(256, CALLERS, phase);
+        println!(
+            "onnxruntime alone, batch 256, {CALLERS} threads on {CALLERS} sessions: {alone:.0} samples/s (the limit of batch-256 Predict)"
+        );
+        println!(
+            "serving: batch-1 p99 {:.1} ms, {:.0} req/s; batch-256 {:.0} samples/s; onnxruntime alone {alone:.0} samples/s",
+            figures[0].0, figures[1].1, figures[2].1
+        );
     });
 }

@@ -6,7 +6,7 @@
 //!   one new sample's keys and polls Predict until its probability changes (PS update ->
 //!   visible in Predict). With delta notices, next to the sparse interval alone (baseline,
 //!   same run). Also bytes moved per sync next to a whole-table copy.
-//! - Predict over gRPC: batch 1 on one caller (latency) and on `CALLERS` callers at once
+//! - Predict over gRPC, while the background updates keep syncing: batch 1 on one caller (latency) and on `CALLERS` callers at once
 //!   (requests/s), batch 256 on `CALLERS` callers (samples/s); next to the limit, ONNX
 //!   Runtime alone in-process on the same model and inputs (its sessions as the replica's),
 //!   and the dense network alone on the CPU networks (same run).
@@ -34,7 +34,7 @@ use primus_proto::v1::{DeltaNotice, ExportDeltaRequest, FeatureValue, PredictReq
 use primus_ps::serving::{DenseInputs, DenseModel};
 use primus_ps_client::PsClient;
 use primus_service::Shutdown;
-use primus_serving_sync::sync::{JobSync, SyncTarget, Topology};
+use primus_serving_sync::sync::{JobSync, SyncReport, SyncTarget, Topology};
 use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::JobSpec;
 use primus_testkit::service::{ServingStatus, wait_for_health};
@@ -135,6 +135,21 @@ async fn predict(client: &mut ServingServiceClient<Channel>, samples: Vec<Sample
         .probabilities
 }
 
+/// Background training updates and the sync loop that carries them to the replica.
+struct Syncing {
+    done: Arc<AtomicBool>,
+    syncer: tokio::task::JoinHandle<SyncReport>,
+    updates: tokio::task::JoinHandle<()>,
+}
+
+impl Syncing {
+    async fn stop(self) -> SyncReport {
+        self.done.store(true, Ordering::Release);
+        self.updates.await.expect("updates");
+        self.syncer.await.expect("syncer")
+    }
+}
+
 struct Bench {
     job: JobSpec,
     schema: FeatureSchema,
@@ -224,8 +239,9 @@ impl Bench {
         })
     }
 
-    /// Freshness samples (ms) for `seconds`, syncing on notices when `notices` is set.
-    async fn freshness(&self, notices: bool, seconds: u64, first_id: i64) -> (Vec<f64>, u64, u64) {
+    /// The replica kept in sync with the background updates until [`Syncing::stop`]: every
+    /// sparse interval, and on every delta notice when `notices` is set.
+    async fn start_syncing(&self, notices: bool) -> Syncing {
         let mut sync = self.sync();
         sync.sync_sparse().await;
         sync.sync_dense().await.expect("dense");
@@ -260,6 +276,16 @@ impl Bench {
             sync.take_report()
         });
         let updates = self.background_updates(done.clone());
+        Syncing {
+            done,
+            syncer,
+            updates,
+        }
+    }
+
+    /// Freshness samples (ms) for `seconds`, syncing on notices when `notices` is set.
+    async fn freshness(&self, notices: bool, seconds: u64, first_id: i64) -> (Vec<f64>, u64, u64) {
+        let syncing = self.start_syncing(notices).await;
         let mut client = ServingServiceClient::connect(format!("http://{}", self.replica))
             .await
             .expect("replica");
@@ -292,9 +318,7 @@ impl Bench {
             samples.push(trained.elapsed().as_secs_f64() * 1e3);
             tokio::time::sleep(Duration::from_millis(150)).await;
         }
-        done.store(true, Ordering::Release);
-        updates.await.expect("updates");
-        let report = syncer.await.expect("syncer");
+        let report = syncing.stop().await;
         samples.sort_by(f64::total_cmp);
         (samples, report.delta_bytes, report.cycles)
     }
@@ -449,6 +473,9 @@ fn main() {
             bench.whole_table_bytes().await
         );
         let phase = seconds.min(10);
+        // Predicts while the replica keeps taking the background updates, as it does in a
+        // Job that trains.
+        let syncing = bench.start_syncing(true).await;
         let mut figures = Vec::new();
         for (batch, callers) in [(1usize, 1usize), (1, CALLERS), (256, CALLERS)] {
             let (latencies, per_second) = bench.predict_latency(batch, callers, phase).await;
@@ -462,6 +489,11 @@ fn main() {
             );
             figures.push((quantile(&latencies, 0.99), per_second * batch as f64));
         }
+        let report = syncing.stop().await;
+        println!(
+            "(those Predicts ran while {} syncs applied {} bytes of deltas to the replica)",
+            report.cycles, report.delta_bytes
+        );
         let alone = bench.onnxruntime_alone(256, CALLERS, phase);
         println!(
             "onnxruntime alone, batch 256, {CALLERS} threads on {CALLERS} sessions: {alone:.0} samples/s (the limit of batch-256 Predict)"

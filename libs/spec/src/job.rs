@@ -37,6 +37,13 @@ pub struct JobSpec {
     /// Whether and how often serving replicas follow training.
     #[serde(default)]
     pub serving_sync: ServingSyncSpec,
+    /// A checkpoint folder of an earlier Job with the same tables and dense network
+    /// (`<its checkpoint uri>/ckpt-<id>`, or `<its checkpoint uri>/final` once it
+    /// succeeded): while this Job has no checkpoint of its own, its PS shards start from
+    /// that model (rows, optimizer state, dense network) and its serving replicas serve it
+    /// from the start. Data positions and counters start fresh.
+    #[serde(default)]
+    pub start_from: Option<String>,
 }
 
 /// Which sources a Job reads.
@@ -626,6 +633,17 @@ impl Validate for JobSpec {
                     "must be within spec.scaling's {}..={} while scaling is enabled (got {replicas})",
                     scaling.min_data_executors, scaling.max_data_executors
                 ),
+            );
+        }
+        if self
+            .start_from
+            .as_ref()
+            .is_some_and(|uri| uri.trim().is_empty())
+        {
+            fail(
+                errors,
+                field(path, "start_from"),
+                "must not be empty when set",
             );
         }
         if let Some(checkpoint) = &self.checkpoint {

@@ -157,6 +157,7 @@ pub fn job(name: &str, dataset: &str, mode: TrainingMode, model: ModelSpec) -> J
             scaling: ScalingPolicy::default(),
             checkpoint: None,
             serving_sync: ServingSyncSpec::default(),
+            start_from: None,
         },
     }
 }

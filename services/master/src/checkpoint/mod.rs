@@ -623,19 +623,50 @@ impl Coordinator {
     }
 
     async fn write_record(&self, uri: &str, json: &str) -> Result<(), CheckpointError> {
-        let storage_error =
-            |url: String, e: primus_storage::StorageError| CheckpointError::Storage {
-                url,
-                message: e.to_string(),
-            };
-        let location =
-            primus_storage::open(uri, &self.storage).map_err(|e| storage_error(uri.into(), e))?;
-        let path = location.path("checkpoint.json");
-        location
-            .put(&path, bytes::Bytes::from(json.to_owned()))
-            .await
-            .map_err(|e| storage_error(location.url_of(&path), e))
+        write_record(&self.storage, uri, json).await
     }
+}
+
+/// The file beside a checkpoint's snapshots that describes it on its own.
+const RECORD_FILE: &str = "checkpoint.json";
+
+fn storage_error(url: String, e: primus_storage::StorageError) -> CheckpointError {
+    CheckpointError::Storage {
+        url,
+        message: e.to_string(),
+    }
+}
+
+/// Writes `json` (a [`CheckpointRecord`]) as the record of the checkpoint folder `uri`.
+pub async fn write_record(
+    storage: &StorageSettings,
+    uri: &str,
+    json: &str,
+) -> Result<(), CheckpointError> {
+    let location = primus_storage::open(uri, storage).map_err(|e| storage_error(uri.into(), e))?;
+    let path = location.path(RECORD_FILE);
+    location
+        .put(&path, bytes::Bytes::from(json.to_owned()))
+        .await
+        .map_err(|e| storage_error(location.url_of(&path), e))
+}
+
+/// The record of the checkpoint folder `uri` (`<checkpoint uri>/ckpt-<id>` or `/final`).
+pub async fn read_record(
+    storage: &StorageSettings,
+    uri: &str,
+) -> Result<CheckpointRecord, CheckpointError> {
+    let location = primus_storage::open(uri, storage).map_err(|e| storage_error(uri.into(), e))?;
+    let path = location.path(RECORD_FILE);
+    let url = location.url_of(&path);
+    let bytes = location
+        .get(&path)
+        .await
+        .map_err(|e| storage_error(url.clone(), e))?;
+    serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Storage {
+        url,
+        message: format!("not a checkpoint record: {e}"),
+    })
 }
 
 /// How many of the newest checkpoint ids keep their files: the `keep` newest, and every

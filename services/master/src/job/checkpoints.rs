@@ -68,6 +68,9 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         if let Some(record) = self.committed.clone() {
             return self.restore_ps(&record).await;
         }
+        if let Some(uri) = self.job.spec.start_from.clone() {
+            return self.start_from(&uri).await;
+        }
         let endpoints = self.endpoints();
         let shards = primus_proto::role_endpoints(&endpoints, Role::Ps);
         let opens = shards
@@ -209,13 +212,67 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         ControlFlow::Continue(())
     }
 
-    /// Snapshots every PS shard of the finished Job under `uri/final/<shard id>`; returns
-    /// the manifest URIs.
-    pub(super) async fn final_checkpoint(&self, uri: &str) -> Result<Vec<String>, String> {
+    /// A Job without a checkpoint of its own starts from an earlier Job's (`spec.start_from`):
+    /// the PS shards are restored from it and the serving replicas load it.
+    async fn start_from(&mut self, uri: &str) -> Result<(), Outcome> {
+        let failed = |e: CheckpointError| {
+            Outcome::failed("StartFromFailed", format!("spec.start_from {uri}: {e}"))
+        };
+        let record = checkpoint::read_record(&self.context.settings.storage, uri)
+            .await
+            .map_err(failed)?;
         let endpoints = self.endpoints();
+        let shards = primus_proto::role_endpoints(&endpoints, Role::Ps);
+        let shards: Vec<&Endpoint> = shards.iter().collect();
+        checkpoint::restore_ps(&record, &shards)
+            .await
+            .map_err(failed)?;
+        let manifests: Vec<String> = record.ps.values().cloned().collect();
+        let mut message = format!(
+            "from {uri} (another Job's checkpoint {}, {} samples trained)",
+            record.id,
+            record.samples()
+        );
+        if !with_role(&endpoints, Role::Serving).is_empty() {
+            self.load_into_replicas(&manifests).await.map_err(|e| {
+                Outcome::failed(
+                    "StartFromFailed",
+                    format!("spec.start_from {uri}: serving replicas: {e}"),
+                )
+            })?;
+            message.push_str("; the serving replicas serve it");
+        }
+        tracing::info!(job = self.name, %message, "started from an earlier checkpoint");
+        self.writer
+            .condition("Restored", true, "FromEarlierJob", message);
+        Ok(())
+    }
+
+    /// Snapshots every PS shard of the finished Job under `uri/final/<shard id>` and writes
+    /// the record of `uri/final` (what `spec.start_from` of a later Job reads); returns the
+    /// manifest URIs.
+    pub(super) async fn final_checkpoint(
+        &self,
+        uri: &str,
+        succeeded_tasks: u64,
+    ) -> Result<Vec<String>, String> {
+        let endpoints = self.endpoints();
+        let folder = format!("{}/final", uri.trim_end_matches('/'));
+        let mut record = CheckpointRecord {
+            id: self.committed.as_ref().map_or(1, |c| c.id + 1),
+            unix_ms: crate::driver::now_ms(),
+            uri: folder.clone(),
+            ps: Default::default(),
+            chain_start: 0,
+            trainers: Default::default(),
+            offsets: Default::default(),
+            stream_positions: Default::default(),
+            succeeded_tasks,
+        };
+        record.chain_start = record.id;
         let mut manifests = Vec::new();
         for shard in with_role(&endpoints, Role::Ps) {
-            let target = format!("{}/final/{}", uri.trim_end_matches('/'), shard.id);
+            let target = format!("{folder}/{}", shard.id);
             let mut client = ParameterServerClient::connect(format!("http://{}", shard.grpc_addr))
                 .await
                 .map_err(|e| format!("{}: {e}", shard.id))?;
@@ -227,8 +284,14 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
                 })
                 .await
                 .map_err(|status| format!("{}: {}", shard.id, status.message()))?;
-            manifests.push(response.into_inner().manifest_uri);
+            let manifest = response.into_inner().manifest_uri;
+            record.ps.insert(shard.id.clone(), manifest.clone());
+            manifests.push(manifest);
         }
+        let json = serde_json::to_string_pretty(&record).map_err(|e| e.to_string())?;
+        checkpoint::write_record(&self.context.settings.storage, &folder, &json)
+            .await
+            .map_err(|e| e.to_string())?;
         Ok(manifests)
     }
 }

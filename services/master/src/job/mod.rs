@@ -637,7 +637,10 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         );
         let mut manifests = None;
         if let Some(checkpoint) = &self.job.spec.checkpoint {
-            match self.final_checkpoint(&checkpoint.uri).await {
+            match self
+                .final_checkpoint(&checkpoint.uri, counts.succeeded)
+                .await
+            {
                 Ok(written) => {
                     message.push_str(&format!("; checkpoint: {}", written.join(", ")));
                     manifests = Some(written);

@@ -88,7 +88,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
     }
 
     /// Every replica loads the snapshots at `manifests`.
-    async fn load_into_replicas(&self, manifests: &[String]) -> Result<(), String> {
+    pub(super) async fn load_into_replicas(&self, manifests: &[String]) -> Result<(), String> {
         // As serving-sync exports it: MTRM's memory tower for a batch-only Job.
         let tower = match self.job.spec.mode {
             TrainingMode::Batch => ServedTower::Memory,

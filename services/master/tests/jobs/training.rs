@@ -18,6 +18,7 @@ use primus_spec::job::{
 use primus_spec::status::{Phase, Status};
 use primus_spec::time;
 use primus_testkit::service::signal;
+use tonic::transport::Channel;
 
 use crate::common::{
     DLRM_ROWS, apply_criteo_dataset, data_executor, dlrm_job, start_master_with, topology,
@@ -31,7 +32,9 @@ async fn a_small_dlrm_job_learns_criteo_like_data_with_one_or_two_trainers_and_c
     let master = start_master_with(&sandbox, &data_executor());
 
     let one = train_dlrm_served(&sandbox, "dlrm-one").await;
-    served_after_success(&sandbox, master.addr(), "dlrm-one", &one).await;
+    let final_scores = served_after_success(master.addr(), "dlrm-one", &one).await;
+    started_from_final_checkpoint(&sandbox, master.addr(), "dlrm-one", &final_scores).await;
+    sandbox.delete_job("dlrm-one").await;
     let auc_one = one.progress.as_ref().and_then(|p| p.auc).expect("an AUC");
     assert!(
         auc_one > best - 0.02,
@@ -306,9 +309,9 @@ async fn train_dlrm_served(sandbox: &Sandbox, job: &str) -> Status {
     status
 }
 
-/// After `job` succeeded: its replica alone runs, holds every row of the final checkpoint,
-/// scores samples with missing features, and stops when the Job is deleted.
-async fn served_after_success(sandbox: &Sandbox, master: &str, job: &str, status: &Status) {
+/// After `job` succeeded: its replica alone runs, holds every row of the final checkpoint
+/// and scores samples with missing features. Returns the scores of [`predict_probes`].
+async fn served_after_success(master: &str, job: &str, status: &Status) -> Vec<f32> {
     let complete = condition(status, "Complete");
     assert!(
         complete
@@ -338,6 +341,55 @@ async fn served_after_success(sandbox: &Sandbox, master: &str, job: &str, status
         "{state:?}"
     );
     assert!(state.dense_version > 0, "{state:?}");
+    let scores = predict_probes(&mut client, job).await;
+    assert!(
+        scores.iter().all(|p| (0.0..=1.0).contains(p)) && scores.iter().any(|p| *p != scores[0]),
+        "{scores:?}"
+    );
+    scores
+}
+
+/// A new Job naming `earlier`'s final checkpoint in `spec.start_from`: once Running, its
+/// replica serves that model (the same scores as `earlier`'s replica gave) before any row
+/// of its own training reached it (no serving-sync runs here). Deleted after.
+async fn started_from_final_checkpoint(
+    sandbox: &Sandbox,
+    master: &str,
+    earlier: &str,
+    earlier_scores: &[f32],
+) {
+    let job = "dlrm-warm";
+    let folder = sandbox
+        .dir()
+        .join("checkpoints")
+        .join(earlier)
+        .join("final");
+    let spec = dlrm_job(sandbox, job, 1, 3600)
+        .with(|spec| {
+            spec.topology.serving = Some(RoleSpec::new(1));
+            spec.start_from = Some(folder.display().to_string());
+        })
+        .build();
+    sandbox.apply([spec]).await;
+    let status = sandbox
+        .wait_for_phase(job, Phase::Running, Duration::from_secs(120))
+        .await;
+    let restored = condition(&status, "Restored");
+    assert_eq!(restored.reason, "FromEarlierJob", "{restored:?}");
+    let endpoints = topology(master, job).await;
+    let replica = endpoints
+        .iter()
+        .find(|e| e.role() == Role::Serving)
+        .expect("a serving replica");
+    let mut client = ServingServiceClient::connect(format!("http://{}", replica.grpc_addr))
+        .await
+        .expect("replica");
+    assert_eq!(predict_probes(&mut client, job).await, earlier_scores);
+    sandbox.delete_job(job).await;
+}
+
+/// The scores of eight Criteo-like samples, most features left out.
+async fn predict_probes(client: &mut ServingServiceClient<Channel>, job: &str) -> Vec<f32> {
     let samples: Vec<Sample> = (0..8)
         .map(|i| {
             let mut features = HashMap::new();
@@ -347,20 +399,15 @@ async fn served_after_success(sandbox: &Sandbox, master: &str, job: &str, status
             Sample { features }
         })
         .collect();
-    let scores = client
+    client
         .predict(PredictRequest {
             job: job.into(),
             samples,
         })
         .await
-        .expect("predict after the Job ended")
+        .expect("predict")
         .into_inner()
-        .probabilities;
-    assert!(
-        scores.iter().all(|p| (0.0..=1.0).contains(p)) && scores.iter().any(|p| *p != scores[0]),
-        "{scores:?}"
-    );
-    sandbox.delete_job(job).await;
+        .probabilities
 }
 
 /// Rows in the final checkpoint's snapshots, named in the Complete condition's message

@@ -10,6 +10,7 @@ mod autoscale;
 mod checkpoints;
 pub(crate) mod executors;
 mod memory;
+mod performance;
 mod recovery;
 mod reshard;
 mod rollback;
@@ -202,6 +203,7 @@ pub(crate) struct JobRun<'a, B, C> {
     autoscaler: autoscale::Autoscaler,
     throughputs: stragglers::Throughputs,
     memory: memory::MemoryWatch,
+    performance: performance::PerformanceLog,
     trainers_done: BTreeSet<String>,
     batch_done_declared: bool,
     committed: Option<CheckpointRecord>,
@@ -382,6 +384,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 recovered_tx,
             )),
         ];
+        let performance = performance::PerformanceLog::new(&checked.spec, &checked.layout);
         Ok(Self {
             context,
             writer,
@@ -400,6 +403,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             autoscaler: autoscale::Autoscaler::new(Instant::now()),
             throughputs: stragglers::Throughputs::default(),
             memory: memory::MemoryWatch::default(),
+            performance,
             trainers_done: BTreeSet::new(),
             batch_done_declared: false,
             next_checkpoint: restored.as_ref().map_or(0, |r| r.id) + 1,
@@ -557,6 +561,13 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             self.declare_stream_bindings().await;
         }
         self.report_progress(&counts, all_planned).await;
+        let samples_per_second = self
+            .writer
+            .status
+            .progress
+            .as_ref()
+            .map_or(0.0, |p| p.samples_per_second);
+        self.record_performance(samples_per_second);
         self.measure_and_scale(&counts).await;
         self.handle_stragglers(&counts).await;
         self.watch_ps_memory().await;

@@ -45,7 +45,7 @@ async fn wait_for_replicas(
 }
 
 /// Waits until the DLRM Job `job` succeeds and checks it trained on every row exactly once.
-async fn succeeds_with_every_row_once(sandbox: &Sandbox, job: &str) {
+async fn succeeds_with_every_row_once(sandbox: &Sandbox, job: &str) -> Status {
     let done = sandbox
         .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(600))
         .await;
@@ -56,6 +56,7 @@ async fn succeeds_with_every_row_once(sandbox: &Sandbox, job: &str) {
         "every row trained once: {done:?}\n{}",
         sandbox.logs(job)
     );
+    done
 }
 
 fn events<'a>(status: &'a Status, reason: &str) -> Vec<&'a str> {
@@ -142,7 +143,14 @@ async fn a_running_job_scaled_out_and_in_trains_on_every_row_once() {
         "scaled in while training"
     );
 
-    succeeds_with_every_row_once(&sandbox, "elastic").await;
+    let done = succeeds_with_every_row_once(&sandbox, "elastic").await;
+    // Two allocations ran: the resource-performance model was fitted to them.
+    let model = condition(&done, "ResourceModel");
+    assert!(
+        model.reason == "Fitted" && model.message.starts_with("from 2 allocations: T_iter = "),
+        "{model:?}"
+    );
+    eprintln!("resource model: {}", model.message);
     master.stop();
 }
 

@@ -1,8 +1,10 @@
 //! DLRover-RM's resource-performance model (§4.1, Eqs. 1-6): a training Job's iteration
-//! time as a function of its allocation, and its fit to the iterations the Job ran.
+//! time as a function of its allocation, and its fit to the iterations the Job ran; and
+//! its warm start ([`warm_start`], Alg. 1): a new Job's first allocation from similar
+//! finished Jobs.
 //!
-//! Owns the model's form and its fitting; what allocations to try and when (the
-//! auto-scaling of §4.3) is decided elsewhere from [`FittedModel::throughput`]. With `w`
+//! Owns the model's form, its fitting and the warm-start arithmetic; where the config DB
+//! lives and when allocations change is the master's. With `w`
 //! trainers of `λw` cores, `p` PS shards of `λp` cores, minibatch `m`, dense model `M`
 //! bytes, embedding width `D` and bandwidth `B`:
 //!
@@ -16,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod nnls;
+pub mod warm_start;
 
 use nnls::Matrix;
 

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 mod scaling;
 
-pub use scaling::{LoadWeights, MemoryPolicy, ScalingPolicy, StragglerPolicy};
+pub use scaling::{AllocationPolicy, LoadWeights, MemoryPolicy, ScalingPolicy, StragglerPolicy};
 
 use crate::defaults;
 use crate::validate::{

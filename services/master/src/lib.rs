@@ -14,6 +14,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+mod config_db;
 pub mod controller;
 pub mod driver;
 mod job;

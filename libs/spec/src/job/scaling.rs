@@ -1,4 +1,5 @@
-//! How a running Job's data executors are scaled and how their stragglers are handled.
+//! How a Job is allocated at its start, how its running data executors are scaled and how
+//! their stragglers are handled.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -17,6 +18,9 @@ pub struct ScalingPolicy {
     /// Scale data executors by load.
     #[serde(default)]
     pub enabled: bool,
+    /// Where the Job's first allocation comes from.
+    #[serde(default)]
+    pub policy: AllocationPolicy,
     /// Fewest data executors.
     #[serde(default = "defaults::one_u32")]
     pub min_data_executors: u32,
@@ -44,10 +48,24 @@ pub struct ScalingPolicy {
     pub memory: MemoryPolicy,
 }
 
+/// Where a Job's first allocation comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AllocationPolicy {
+    /// The spec's `topology` as written.
+    #[default]
+    Static,
+    /// DLRover-RM's warm start: replicas and cores of data executors, trainers and PS
+    /// shards from the most similar Jobs that succeeded before (the master's config DB);
+    /// the spec's own numbers when there are none.
+    Auto,
+}
+
 impl Default for ScalingPolicy {
     fn default() -> Self {
         Self {
             enabled: false,
+            policy: AllocationPolicy::default(),
             min_data_executors: defaults::one_u32(),
             max_data_executors: defaults::one_u32(),
             load_threshold: defaults::load_threshold(),

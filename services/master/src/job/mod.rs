@@ -18,6 +18,7 @@ mod scaling;
 mod serving;
 mod status;
 mod stragglers;
+mod warm_start;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::ControlFlow;
@@ -30,7 +31,7 @@ use primus_model::ModelLayout;
 use primus_proto::v1::{DataTask, Endpoint, MetricsReport, Resource, Role};
 use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
-use primus_spec::job::{JobSpec, TrainingMode};
+use primus_spec::job::{AllocationPolicy, JobSpec, TrainingMode};
 use primus_spec::status::{Phase, Progress, SourceProgress, Status};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
@@ -38,6 +39,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::backend::{BackendEvent, ExecutorRole, ResourceBackend};
 use crate::checkpoint::{self, Alignments, CheckpointRecord, KnownTotals, ShardRecovery};
+use crate::config_db::ConfigDb;
 use crate::controller::Context;
 use crate::driver::{self, DriverError, now_ms};
 use crate::metrics::{self, MetricsFold};
@@ -254,7 +256,14 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         writer: &'a mut JobStatus,
     ) -> Result<Self, Outcome> {
         let name = resource.name.clone();
-        let checked = CheckedJob::check(context, resource).await?;
+        let mut checked = CheckedJob::check(context, resource).await?;
+        if checked.spec.scaling.policy == AllocationPolicy::Auto {
+            let db = ConfigDb::new(context.redis.clone(), &context.settings.redis.key_prefix);
+            let (applied, reason, message) =
+                warm_start::apply(&db, &mut checked.spec, &checked.layout).await;
+            tracing::info!(job = name, reason, %message, "warm start");
+            writer.condition("WarmStart", applied, reason, message);
+        }
         let topology = &checked.spec.topology;
         let requested = format!(
             "{} PS, {} data executors, {} trainers",
@@ -659,6 +668,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 Err(e) => return Outcome::failed("CheckpointFailed", e),
             }
         }
+        self.record_in_config_db().await;
         let kept = self.keep_serving(manifests.as_deref(), &mut message).await;
         Outcome {
             phase: Phase::Succeeded,

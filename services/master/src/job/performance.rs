@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use primus_model::{ModelLayout, ParamSet};
+use primus_model::ModelLayout;
 use primus_resource_model::{Allocation, FittedModel, JobShape, Observation};
 use primus_spec::job::JobSpec;
 
@@ -35,11 +35,7 @@ pub(super) struct PerformanceLog {
 
 impl PerformanceLog {
     pub(super) fn new(spec: &JobSpec, layout: &ModelLayout) -> Self {
-        let dense_floats: usize = ParamSet::init(layout, 0)
-            .tensors()
-            .iter()
-            .map(|t| t.values.len())
-            .sum();
+        let dense_floats = super::warm_start::dense_parameters(layout);
         Self {
             shape: JobShape {
                 batch: f64::from(spec.training.batch_size.max(1)),

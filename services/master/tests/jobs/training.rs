@@ -13,7 +13,8 @@ use primus_proto::v1::serving_service_client::ServingServiceClient;
 use primus_proto::v1::{FeatureValue, PredictRequest, ReplicaStateRequest, Role, Sample};
 use primus_spec::dataset::{DenseFeature, DenseTransform, FeatureSchema, SparseFeature};
 use primus_spec::job::{
-    DenseSpec, ModelKind, ModelSpec, OptimizerSpec, RoleSpec, TableSpec, TrainingMode,
+    AllocationPolicy, DenseSpec, ModelKind, ModelSpec, OptimizerSpec, RoleSpec, TableSpec,
+    TrainingMode,
 };
 use primus_spec::status::{Phase, Status};
 use primus_spec::time;
@@ -295,10 +296,14 @@ async fn deepfm_on_movielens_learns_the_later_ratings_from_the_earlier_ones() {
 }
 
 /// `job` trained as [`train_dlrm`] does with one trainer, and one serving replica without
-/// serving-sync: what it serves at the end comes from the final checkpoint alone.
+/// serving-sync: what it serves at the end comes from the final checkpoint alone. Its
+/// allocation policy is `auto`, and the config DB is empty: it runs on its own numbers.
 async fn train_dlrm_served(sandbox: &Sandbox, job: &str) -> Status {
     let spec = dlrm_job(sandbox, job, 1, 3600)
-        .with(|spec| spec.topology.serving = Some(RoleSpec::new(1)))
+        .with(|spec| {
+            spec.topology.serving = Some(RoleSpec::new(1));
+            spec.scaling.policy = AllocationPolicy::Auto;
+        })
         .build();
     sandbox.apply([spec]).await;
     let status = sandbox
@@ -306,6 +311,11 @@ async fn train_dlrm_served(sandbox: &Sandbox, job: &str) -> Status {
         .await;
     let progress = status.progress.clone().expect("trainer progress");
     assert_eq!(progress.samples, DLRM_ROWS, "{job}: {progress:?}");
+    let warm = condition(&status, "WarmStart");
+    assert!(
+        warm.reason == "OwnNumbers" && warm.message.contains("holds no finished Job"),
+        "{warm:?}"
+    );
     status
 }
 
@@ -351,7 +361,9 @@ async fn served_after_success(master: &str, job: &str, status: &Status) -> Vec<f
 
 /// A new Job naming `earlier`'s final checkpoint in `spec.start_from`: once Running, its
 /// replica serves that model (the same scores as `earlier`'s replica gave) before any row
-/// of its own training reached it (no serving-sync runs here). Deleted after.
+/// of its own training reached it (no serving-sync runs here). It asks for one PS shard
+/// with the `auto` policy and starts with `earlier`'s two, the config DB's only Job.
+/// Deleted after.
 async fn started_from_final_checkpoint(
     sandbox: &Sandbox,
     master: &str,
@@ -365,9 +377,11 @@ async fn started_from_final_checkpoint(
         .join(earlier)
         .join("final");
     let spec = dlrm_job(sandbox, job, 1, 3600)
+        .replicas(1, 1, 1)
         .with(|spec| {
             spec.topology.serving = Some(RoleSpec::new(1));
             spec.start_from = Some(folder.display().to_string());
+            spec.scaling.policy = AllocationPolicy::Auto;
         })
         .build();
     sandbox.apply([spec]).await;
@@ -376,6 +390,19 @@ async fn started_from_final_checkpoint(
         .await;
     let restored = condition(&status, "Restored");
     assert_eq!(restored.reason, "FromEarlierJob", "{restored:?}");
+    let warm = condition(&status, "WarmStart");
+    assert!(
+        warm.reason == "FromSimilarJobs"
+            && warm
+                .message
+                .contains(&format!("smoothed from {earlier} (similarity 1.00)")),
+        "{warm:?}"
+    );
+    assert_eq!(
+        status.replicas.as_ref().map(|r| r.ps),
+        Some(2),
+        "{status:?}"
+    );
     let endpoints = topology(master, job).await;
     let replica = endpoints
         .iter()

@@ -1,7 +1,8 @@
 //! DLRover-RM's resource-performance model (§4.1, Eqs. 1-6): a training Job's iteration
-//! time as a function of its allocation, and its fit to the iterations the Job ran; and
-//! its warm start ([`warm_start`], Alg. 1): a new Job's first allocation from similar
-//! finished Jobs.
+//! time as a function of its allocation, and its fit to the iterations the Job ran; its
+//! warm start ([`warm_start`], Alg. 1): a new Job's first allocation from similar finished
+//! Jobs; and its auto-scaling plans ([`plans`]: NSGA-II per Job, weighted greedy across
+//! Jobs).
 //!
 //! Owns the model's form, its fitting and the warm-start arithmetic; where the config DB
 //! lives and when allocations change is the master's. With `w`
@@ -18,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod nnls;
+pub mod plans;
 pub mod warm_start;
 
 use nnls::Matrix;

@@ -113,3 +113,28 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn kept_replicas_go_when_their_time_is_up_or_the_job_is_deleted() {
+        let (cancel, mut cancelled) = watch::channel(false);
+        let timed = KeptServing {
+            keep: Some(Duration::from_millis(20)),
+        };
+        tokio::time::timeout(Duration::from_secs(5), timed.wait(&mut cancelled))
+            .await
+            .expect("the time is up");
+
+        let forever = KeptServing { keep: None };
+        let still_kept =
+            tokio::time::timeout(Duration::from_millis(100), forever.wait(&mut cancelled)).await;
+        assert!(still_kept.is_err(), "kept until the Job is deleted");
+        cancel.send(true).expect("cancel");
+        tokio::time::timeout(Duration::from_secs(5), forever.wait(&mut cancelled))
+            .await
+            .expect("deleted");
+    }
+}

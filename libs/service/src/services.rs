@@ -16,7 +16,7 @@ pub struct Services {
 }
 
 impl Services {
-    /// No service yet (a node serving only health and reflection).
+    /// Nothing added: a node serving only health and reflection.
     pub fn new() -> Self {
         Self::default()
     }

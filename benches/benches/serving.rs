@@ -178,14 +178,11 @@ impl Bench {
         replica.serving.schema = Some(schema.clone());
         let replica = start(replica).await;
         let training = PsClient::connect(&shards).await.expect("training client");
-        let tensors: Vec<_> = ParamSet::init(&layout, 3)
+        let tensors: Vec<primus_embedding::DenseValues> = ParamSet::init(&layout, 3)
             .tensors()
             .iter()
-            .map(|t| primus_embedding::DenseValues {
-                name: t.name.clone(),
-                shape: t.shape.iter().map(|d| *d as u64).collect(),
-                values: t.values.clone(),
-            })
+            .cloned()
+            .map(Into::into)
             .collect();
         training.init_dense(&tensors).await.expect("init dense");
         Self {

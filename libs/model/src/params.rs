@@ -1,6 +1,7 @@
 //! The dense parameters of a model as named flat tensors: what the PS holds, what trainers
 //! pull and push, what a checkpoint and the ONNX export read.
 
+use primus_embedding::DenseValues;
 use primus_spec::job::ModelKind;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -17,6 +18,28 @@ pub struct ParamTensor {
     pub shape: Vec<usize>,
     /// Its values, row-major.
     pub values: Vec<f32>,
+}
+
+/// A tensor as the PS's dense store holds and sends it.
+impl From<DenseValues> for ParamTensor {
+    fn from(tensor: DenseValues) -> Self {
+        Self {
+            name: tensor.name,
+            shape: tensor.shape.iter().map(|d| *d as usize).collect(),
+            values: tensor.values,
+        }
+    }
+}
+
+/// The tensor as the PS's dense store takes it.
+impl From<ParamTensor> for DenseValues {
+    fn from(tensor: ParamTensor) -> Self {
+        Self {
+            name: tensor.name,
+            shape: tensor.shape.iter().map(|d| *d as u64).collect(),
+            values: tensor.values,
+        }
+    }
 }
 
 /// A linear layer's weight `[inputs, outputs]` and bias `[1, outputs]`.

@@ -371,16 +371,7 @@ impl JobSync {
         };
         let mut params = ParamSet::init(&self.target.layout, 0);
         let pulled = client.pull_dense(&params.names()).await?;
-        params.assign(
-            pulled
-                .into_iter()
-                .map(|t| ParamTensor {
-                    name: t.name,
-                    shape: t.shape.iter().map(|d| *d as usize).collect(),
-                    values: t.values,
-                })
-                .collect(),
-        )?;
+        params.assign(pulled.into_iter().map(ParamTensor::from).collect())?;
         let version = self.next_dense_version();
         let model =
             primus_model::onnx::export(&self.target.layout, &params, self.target.tower, version)?;

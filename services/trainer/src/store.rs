@@ -74,31 +74,6 @@ pub trait ParameterStore: Send + Sync + 'static {
     fn flush(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
 
-fn to_wire(tensor: &ParamTensor) -> DenseValues {
-    DenseValues {
-        name: tensor.name.clone(),
-        shape: tensor.shape.iter().map(|d| *d as u64).collect(),
-        values: tensor.values.clone(),
-    }
-}
-
-/// [`to_wire`] without copying the values.
-fn into_wire(tensor: ParamTensor) -> DenseValues {
-    DenseValues {
-        name: tensor.name,
-        shape: tensor.shape.iter().map(|d| *d as u64).collect(),
-        values: tensor.values,
-    }
-}
-
-fn from_wire(tensor: DenseValues) -> ParamTensor {
-    ParamTensor {
-        name: tensor.name,
-        shape: tensor.shape.iter().map(|d| *d as usize).collect(),
-        values: tensor.values,
-    }
-}
-
 /// The job's PS shards, and this trainer's copy of the dense parameters while it is
 /// their only writer (see the `mirror` module).
 pub struct RemoteStore {
@@ -147,18 +122,18 @@ impl ParameterStore for RemoteStore {
     }
 
     async fn init_dense(&self, tensors: &[ParamTensor]) -> anyhow::Result<()> {
-        let wire: Vec<DenseValues> = tensors.iter().map(to_wire).collect();
+        let wire: Vec<DenseValues> = tensors.iter().cloned().map(DenseValues::from).collect();
         self.client.init_dense(&wire).await?;
         Ok(())
     }
 
     async fn pull_dense(&self, names: &[String]) -> anyhow::Result<Vec<ParamTensor>> {
         let pulled = self.dense.lock().await.pull(&self.client, names).await?;
-        Ok(pulled.into_iter().map(from_wire).collect())
+        Ok(pulled.into_iter().map(ParamTensor::from).collect())
     }
 
     async fn push_dense(&self, grads: Vec<ParamTensor>) -> anyhow::Result<()> {
-        let wire: Vec<DenseValues> = grads.into_iter().map(into_wire).collect();
+        let wire: Vec<DenseValues> = grads.into_iter().map(DenseValues::from).collect();
         self.dense.lock().await.push(&self.client, wire).await
     }
 
@@ -256,18 +231,18 @@ impl ParameterStore for LocalStore {
     }
 
     async fn init_dense(&self, tensors: &[ParamTensor]) -> anyhow::Result<()> {
-        let values: Vec<DenseValues> = tensors.iter().map(to_wire).collect();
+        let values: Vec<DenseValues> = tensors.iter().cloned().map(DenseValues::from).collect();
         self.dense.init(&values)?;
         Ok(())
     }
 
     async fn pull_dense(&self, names: &[String]) -> anyhow::Result<Vec<ParamTensor>> {
         let (pulled, _) = self.dense.pull(names)?;
-        Ok(pulled.into_iter().map(from_wire).collect())
+        Ok(pulled.into_iter().map(ParamTensor::from).collect())
     }
 
     async fn push_dense(&self, grads: Vec<ParamTensor>) -> anyhow::Result<()> {
-        let values: Vec<DenseValues> = grads.into_iter().map(into_wire).collect();
+        let values: Vec<DenseValues> = grads.into_iter().map(DenseValues::from).collect();
         self.dense.push(&values)?;
         Ok(())
     }

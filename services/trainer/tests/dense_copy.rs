@@ -55,13 +55,7 @@ fn tensors(step: u32) -> Vec<ParamTensor> {
 }
 
 fn wire(tensors: &[ParamTensor]) -> Vec<DenseValues> {
-    (tensors.iter())
-        .map(|t| DenseValues {
-            name: t.name.clone(),
-            shape: t.shape.iter().map(|d| *d as u64).collect(),
-            values: t.values.clone(),
-        })
-        .collect()
+    tensors.iter().cloned().map(DenseValues::from).collect()
 }
 
 fn bits(tensors: &[ParamTensor]) -> Vec<Vec<u32>> {

@@ -72,17 +72,11 @@ impl Replica {
         let (pulled, _) = store.pull(&params.names()).map_err(|e| {
             Status::failed_precondition(format!("the checkpoint's dense network: {e}"))
         })?;
-        let tensors = pulled
-            .into_iter()
-            .map(|t| ParamTensor {
-                name: t.name,
-                shape: t.shape.iter().map(|d| *d as usize).collect(),
-                values: t.values,
-            })
-            .collect();
-        params.assign(tensors).map_err(|e| {
-            Status::failed_precondition(format!("the checkpoint's dense network: {e}"))
-        })?;
+        params
+            .assign(pulled.into_iter().map(ParamTensor::from).collect())
+            .map_err(|e| {
+                Status::failed_precondition(format!("the checkpoint's dense network: {e}"))
+            })?;
         primus_model::onnx::export(&self.layout, &params, tower, version)
             .map_err(|e| Status::internal(format!("exporting the dense network: {e}")))
     }

@@ -172,15 +172,8 @@ impl Cluster {
         let addrs: Vec<String> = shards.iter().map(|s| s.addr.clone()).collect();
         let training = PsClient::connect(&addrs).await.expect("training client");
         let params = ParamSet::init(&layout, 7);
-        let tensors: Vec<_> = params
-            .tensors()
-            .iter()
-            .map(|t| primus_embedding::DenseValues {
-                name: t.name.clone(),
-                shape: t.shape.iter().map(|d| *d as u64).collect(),
-                values: t.values.clone(),
-            })
-            .collect();
+        let tensors: Vec<primus_embedding::DenseValues> =
+            params.tensors().iter().cloned().map(Into::into).collect();
         training.init_dense(&tensors).await.expect("init dense");
         let mut cluster = Self {
             nats_url: nats.url(),

@@ -137,15 +137,9 @@ async fn trainer_forward(cluster: &Cluster, batch: &RecordBatch) -> Vec<f32> {
         .pull_dense(&params.names())
         .await
         .expect("pull dense");
-    let tensors = pulled
-        .into_iter()
-        .map(|t| ParamTensor {
-            name: t.name,
-            shape: t.shape.iter().map(|d| *d as usize).collect(),
-            values: t.values,
-        })
-        .collect();
-    params.assign(tensors).expect("dense parameters");
+    params
+        .assign(pulled.into_iter().map(ParamTensor::from).collect())
+        .expect("dense parameters");
     let inputs = Inputs {
         rows: batch.num_rows(),
         dense: model.dense_inputs(&minibatch).expect("dense inputs"),

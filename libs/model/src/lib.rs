@@ -103,6 +103,16 @@ pub struct StepOutput {
     pub wide_grad: Vec<f32>,
 }
 
+/// The gradients a step computes for the embeddings, handed out by
+/// [`Model::train_step_with`] as soon as they are known.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbeddingGrads<'a> {
+    /// `rows x embedding_width`: each sample's pooled embeddings'.
+    pub embedded: &'a [f32],
+    /// `rows x features`: each pooled first-order weight's (wide models; empty otherwise).
+    pub wide: &'a [f32],
+}
+
 /// A model of one layout, computing on the CPU or a GPU.
 #[derive(Clone)]
 pub struct Model {
@@ -227,13 +237,32 @@ impl Model {
         labels: &[f32],
         tower: Tower,
     ) -> Result<StepOutput, ModelError> {
+        self.train_step_with(params, inputs, labels, tower, |_| {})
+    }
+
+    /// [`Model::train_step`], handing `on_embedding_grads` the embeddings' gradients as
+    /// soon as they are known: for DLRM on the CPU, before its bottom MLP's backward, so
+    /// that a caller can push them while the rest of the step computes.
+    pub fn train_step_with(
+        &self,
+        params: &ParamSet,
+        inputs: &Inputs<'_>,
+        labels: &[f32],
+        tower: Tower,
+        on_embedding_grads: impl FnOnce(EmbeddingGrads<'_>),
+    ) -> Result<StepOutput, ModelError> {
         self.check(inputs, Some(labels))?;
         match &self.engine {
             Engine::Cpu(pool) => Self::with_workspace(pool, |ws| {
-                cpu::train_step(&self.layout, params, inputs, labels, ws)
+                cpu::train_step(&self.layout, params, inputs, labels, ws, on_embedding_grads)
             }),
             Engine::Burn { train_device, .. } => {
-                Ok(self.burn_train_step(train_device, params, inputs, labels, tower))
+                let output = self.burn_train_step(train_device, params, inputs, labels, tower);
+                on_embedding_grads(EmbeddingGrads {
+                    embedded: &output.embedded_grad,
+                    wide: &output.wide_grad,
+                });
+                Ok(output)
             }
         }
     }

@@ -8,7 +8,9 @@
 
 use primus_batch::{JaggedFeature, Kjt};
 use primus_model::pooling::{BatchKeys, CpuKernels};
-use primus_model::{DenseDevice, Inputs, Model, ModelError, ModelLayout, ParamSet, Tower};
+use primus_model::{
+    DenseDevice, EmbeddingGrads, Inputs, Model, ModelError, ModelLayout, ParamSet, Tower,
+};
 use primus_spec::dataset::{DenseFeature, FeatureSchema, SparseFeature};
 use primus_spec::job::{
     AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
@@ -234,13 +236,27 @@ fn cpu_networks_compute_what_burn_computes() {
         let tower = Tower::Memory;
         let cpu = Model::new(layout.clone());
         let burn = Model::burn_cpu(layout.clone());
+        let mut early = Vec::new();
+        let mut keep = |grads: EmbeddingGrads<'_>| {
+            early.push((grads.embedded.to_vec(), grads.wide.to_vec()));
+        };
         let got = cpu
-            .train_step(&params, &inputs, &labels, tower)
+            .train_step_with(&params, &inputs, &labels, tower, &mut keep)
             .expect("cpu step");
         let want = burn
-            .train_step(&params, &inputs, &labels, tower)
+            .train_step_with(&params, &inputs, &labels, tower, &mut keep)
             .expect("burn step");
         let case = format!("{kind:?} with {dense_features} dense features");
+        // What the step hands out early is what it returns: the pushed gradients.
+        let returned = [got.embedded_grad.clone(), got.wide_grad.clone()];
+        let returned_by_burn = [want.embedded_grad.clone(), want.wide_grad.clone()];
+        assert_eq!(early.len(), 2, "{case}: one early hand-out per step");
+        assert_eq!([early[0].0.clone(), early[0].1.clone()], returned, "{case}");
+        assert_eq!(
+            [early[1].0.clone(), early[1].1.clone()],
+            returned_by_burn,
+            "{case}"
+        );
         assert!(
             (got.loss - want.loss).abs() < 1e-5,
             "{case}: loss {} vs {}",

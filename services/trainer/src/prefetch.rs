@@ -40,7 +40,8 @@ pub struct Prepared {
     pub batch: Minibatch,
     pub tower: Tower,
     pub(crate) span: tracing::Span,
-    pub(crate) keys: BatchKeys,
+    /// Shared with the push, which starts while the compute still holds the minibatch.
+    pub(crate) keys: Arc<BatchKeys>,
     pub(crate) fetched: Vec<Fetched>,
     pub(crate) wide: Vec<Vec<f32>>,
     pub(crate) lookup_time: Duration,
@@ -198,7 +199,7 @@ fn keyed(model: &Model, incoming: Incoming) -> anyhow::Result<Prepared> {
         batch,
         tower: tower(kind),
         span,
-        keys,
+        keys: Arc::new(keys),
         fetched: Vec::new(),
         wide: Vec::new(),
         lookup_time: Duration::ZERO,

@@ -18,11 +18,11 @@ pub use primus_data_client::TrainerTotals;
 use primus_embedding::HotRows;
 use primus_metrics::{EvalWindow, Evaluation};
 use primus_model::pooling::{BatchKeys, EmbeddingKernels, KeySet};
-use primus_model::{Inputs, Model, ParamSet, ParamTensor, StepOutput, TableSlot};
+use primus_model::{EmbeddingGrads, Inputs, Model, ModelLayout, ParamSet, StepOutput, TableSlot};
 use primus_proto::v1::SourceKind;
 use primus_ps_client::TableGrads;
 use primus_telemetry::propagation::{TraceCarrier, set_parent_from_carrier};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::Instrument;
 
 use crate::device::EmbeddingDevice;
@@ -476,29 +476,44 @@ impl<S: ParameterStore> Trainer<S> {
         let (model, params) = (self.model.clone(), self.params.clone());
         let device = self.device.clone();
         let compute_span = tracing::info_span!(parent: &prepared.span, "trainer.compute");
-        let (mut prepared, mut output, grads, wide_grads) =
-            tokio::task::spawn_blocking(move || {
-                compute_span.in_scope(|| compute(&model, &params, device.kernels(), prepared, rows))
-            })
-            .await
-            .context("the compute task")??;
-        let computed = Instant::now();
-        let pushing = self.pushed_keys(&prepared.keys);
+        let push_span = tracing::info_span!(parent: &prepared.span, "trainer.push");
+        let keys = prepared.keys.clone();
+        let (sparse_tx, sparse_rx) = oneshot::channel();
+        let computing = tokio::task::spawn_blocking(move || {
+            compute_span
+                .in_scope(|| compute(&model, &params, device.kernels(), prepared, rows, sparse_tx))
+        });
+        // The sparse push starts as soon as the embeddings' gradients are known, beside
+        // the rest of the backward; the dense push follows that.
+        let sparse = match sparse_rx.await {
+            Ok(sparse) => sparse?,
+            Err(_) => {
+                computing.await.context("the compute task")??;
+                anyhow::bail!("the compute task ended without the embeddings' gradients");
+            }
+        };
+        let pushing = self.pushed_keys(&keys);
         // A hot set's replica may change before the next step: its rows are read then.
         let mut next = (upcoming.filter(|_| self.hot.is_none()))
             .and_then(Upcoming::next_step)
             .filter(|next| next.fetched.iter().all(|f| f.positions.is_none()));
-        let push_span = tracing::info_span!(parent: &prepared.span, "trainer.push");
         let gradients = Gradients {
-            keys: &prepared.keys,
-            grads: &grads,
-            wide_grads: &wide_grads,
+            keys: &keys,
+            grads: &sparse.grads,
+            wide_grads: &sparse.wide_grads,
         };
-        let dense = std::mem::take(&mut output.dense_grads);
-        let hot_share = self
-            .push(gradients, dense, &pushing, next.as_deref_mut())
-            .instrument(push_span)
-            .await?;
+        let sparse_push = self
+            .push_sparse(gradients, &pushing, next.as_deref_mut())
+            .instrument(push_span);
+        let dense_push = async {
+            let (prepared, mut output) = computing.await.context("the compute task")??;
+            let computed = Instant::now();
+            let dense = std::mem::take(&mut output.dense_grads);
+            (self.store.push_dense(dense).await).context("pushing dense gradients")?;
+            anyhow::Ok((prepared, output, computed))
+        };
+        let (hot_share, (mut prepared, output, computed)) =
+            futures::try_join!(sparse_push, dense_push)?;
         self.pushes.record(pushing);
         // This push waited for the dense push before it: those minibatches have landed
         // (and are counted; this one is not yet).
@@ -674,13 +689,12 @@ impl<S: ParameterStore> Trainer<S> {
         self.meter.interval_hot_accesses += on_hot;
     }
 
-    /// Pushes the step's gradients to the PS, except those of hot rows, which it returns.
-    /// With `next`, the push also reads again `next`'s rows that it (`pushing`, each
-    /// table's keys) or a push since `next`'s lookup changes.
-    async fn push(
+    /// Pushes the step's sparse gradients to the PS, except those of hot rows, which it
+    /// returns. With `next`, the push also reads again `next`'s rows that it (`pushing`,
+    /// each table's keys) or a push since `next`'s lookup changes.
+    async fn push_sparse(
         &self,
         gradients: Gradients<'_>,
-        dense: Vec<ParamTensor>,
         pushing: &Vec<KeySet>,
         next: Option<&mut Prepared>,
     ) -> anyhow::Result<Share> {
@@ -698,19 +712,8 @@ impl<S: ParameterStore> Trainer<S> {
             None => Vec::new(),
         };
         let asked = asked_for(layout, &changed);
-        let sparse = async {
-            self.store
-                .push_tables(&pushed, &asked)
-                .await
-                .context("pushing sparse gradients")
-        };
-        let dense = async {
-            self.store
-                .push_dense(dense)
-                .await
-                .context("pushing dense gradients")
-        };
-        let (fresh, ()) = futures::try_join!(sparse, dense)?;
+        let fresh =
+            (self.store.push_tables(&pushed, &asked).await).context("pushing sparse gradients")?;
         if let Some(next) = next {
             let mut rows: Vec<&mut Vec<f32>> =
                 next.fetched.iter_mut().map(|f| &mut f.rows).collect();
@@ -819,16 +822,23 @@ async fn wanted(hot: &mut Option<HotSync>) {
     }
 }
 
-type Computed = (Prepared, StepOutput, Vec<Vec<f32>>, Vec<Vec<f32>>);
+/// A step's sparse gradients per table, on its unique keys (first-order tables' apart).
+struct SparseGrads {
+    grads: Vec<Vec<f32>>,
+    wide_grads: Vec<Vec<f32>>,
+}
 
 /// Pooling, forward/backward and the pooling backward: the compute-bound part of a step.
+/// The sparse gradients go to `sparse_tx` as soon as they are known, before the rest of the
+/// dense network's backward.
 fn compute(
     model: &Model,
     params: &ParamSet,
     kernels: &dyn EmbeddingKernels,
     prepared: Prepared,
     rows: Vec<Vec<f32>>,
-) -> anyhow::Result<Computed> {
+    sparse_tx: oneshot::Sender<anyhow::Result<SparseGrads>>,
+) -> anyhow::Result<(Prepared, StepOutput)> {
     let layout = model.layout();
     let keys = &prepared.keys;
     let embedded = keys.pool(kernels, layout, &rows)?;
@@ -844,12 +854,32 @@ fn compute(
         embedded: &embedded,
         wide: &wide,
     };
-    let output = model.train_step(params, &inputs, &batch.labels, prepared.tower)?;
-    let grads = keys.scatter(kernels, layout, &output.embedded_grad)?;
-    let wide_grads = if layout.has_wide() {
-        keys.scatter_wide(kernels, &output.wide_grad)?
-    } else {
-        Vec::new()
+    let on_embedding_grads = |grads: EmbeddingGrads<'_>| {
+        // The receiver goes away only with the step, which then has no use for them.
+        let _ = sparse_tx.send(scatter(kernels, layout, keys, grads));
     };
-    Ok((prepared, output, grads, wide_grads))
+    let output = model.train_step_with(
+        params,
+        &inputs,
+        &batch.labels,
+        prepared.tower,
+        on_embedding_grads,
+    )?;
+    Ok((prepared, output))
+}
+
+/// The pooling backward: the embeddings' gradients summed onto each table's unique keys.
+fn scatter(
+    kernels: &dyn EmbeddingKernels,
+    layout: &ModelLayout,
+    keys: &BatchKeys,
+    grads: EmbeddingGrads<'_>,
+) -> anyhow::Result<SparseGrads> {
+    Ok(SparseGrads {
+        grads: keys.scatter(kernels, layout, grads.embedded)?,
+        wide_grads: match layout.has_wide() {
+            true => keys.scatter_wide(kernels, grads.wide)?,
+            false => Vec::new(),
+        },
+    })
 }

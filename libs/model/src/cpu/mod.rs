@@ -15,7 +15,7 @@ use rayon::prelude::*;
 use crate::layout::ModelLayout;
 use crate::net::Inputs;
 use crate::params::{ParamSet, ParamTensor};
-use crate::{ModelError, StepOutput};
+use crate::{EmbeddingGrads, ModelError, StepOutput};
 
 use interaction::{Dots, fm_backward, fm_forward};
 use linalg::{ROW_BLOCK, sized};
@@ -130,13 +130,16 @@ impl<'p> Net<'p> {
         }
     }
 
-    /// Gradients from `grad_logits` (`rows x 1`) after [`Net::forward`] on the same inputs.
+    /// Gradients from `grad_logits` (`rows x 1`) after [`Net::forward`] on the same inputs;
+    /// the embeddings' go to `on_embedding_grads` before the layers that do not lead to
+    /// them (DLRM's bottom MLP) run their backward.
     fn backward(
         &self,
         layout: &ModelLayout,
         inputs: &Inputs<'_>,
         grad_logits: &[f32],
         ws: &mut Workspace,
+        on_embedding_grads: impl FnOnce(EmbeddingGrads<'_>),
     ) -> (Vec<ParamTensor>, Vec<f32>, Vec<f32>) {
         let rows = inputs.rows;
         let mut grads = Vec::new();
@@ -163,6 +166,10 @@ impl<'p> Net<'p> {
                     grad_bottom,
                     &mut grad_embedded,
                 );
+                on_embedding_grads(EmbeddingGrads {
+                    embedded: &grad_embedded,
+                    wide: &grad_wide,
+                });
                 let grad_bottom = &ws.grad_bottom;
                 grads.extend(bottom.backward(
                     inputs.dense,
@@ -215,6 +222,10 @@ impl<'p> Net<'p> {
                         .flat_map(|g| std::iter::repeat_n(*g, features))
                         .collect();
                 }
+                on_embedding_grads(EmbeddingGrads {
+                    embedded: &grad_embedded,
+                    wide: &grad_wide,
+                });
             }
         }
         (grads, grad_embedded, grad_wide)
@@ -258,13 +269,15 @@ fn sigmoid(z: f32) -> f32 {
     1.0 / (1.0 + (-z).exp())
 }
 
-/// Forward and backward of one minibatch: the mean binary cross-entropy's gradients.
+/// Forward and backward of one minibatch: the mean binary cross-entropy's gradients, the
+/// embeddings' handed to `on_embedding_grads` as soon as they are known.
 pub(crate) fn train_step(
     layout: &ModelLayout,
     params: &ParamSet,
     inputs: &Inputs<'_>,
     labels: &[f32],
     ws: &mut Workspace,
+    on_embedding_grads: impl FnOnce(EmbeddingGrads<'_>),
 ) -> Result<StepOutput, ModelError> {
     let net = Net::new(layout, params)?;
     net.forward(layout, inputs, ws);
@@ -279,7 +292,8 @@ pub(crate) fn train_step(
         probabilities.push(p);
         grad_logits.push((p - y) / rows);
     }
-    let (grads, embedded_grad, wide_grad) = net.backward(layout, inputs, &grad_logits, ws);
+    let (grads, embedded_grad, wide_grad) =
+        net.backward(layout, inputs, &grad_logits, ws, on_embedding_grads);
     Ok(StepOutput {
         loss: (loss / f64::from(rows)) as f32,
         probabilities,

@@ -1,5 +1,6 @@
 //! The `primus` command: resources (`apply`, `get`, `describe`, `delete`, `watch`) against
-//! the API server, `up` (a local playground cluster), `health`, `datagen` and `import`.
+//! the API server, `up` (a local playground cluster), `health`, `datagen`, `import` and
+//! `simulate` (the cluster simulator).
 //!
 //! Exit codes: 0 ok; 1 the server or the connection failed (or a watched Job failed);
 //! 2 bad input, found locally (a file, a flag, a kind) or by the server (INVALID_ARGUMENT,
@@ -16,6 +17,7 @@ pub mod import;
 pub mod output;
 pub mod replay;
 pub mod resources;
+pub mod simulate;
 pub mod up;
 pub mod watch;
 

@@ -9,6 +9,7 @@ use primus_cli::import::{ImportCommand, import};
 use primus_cli::output::Format;
 use primus_cli::replay::{ReplayArgs, replay};
 use primus_cli::resources::{self, parse_kind, parse_selector, read_resources};
+use primus_cli::simulate::{SimulateArgs, run_simulation};
 use primus_cli::up::{UpOptions, up};
 use primus_cli::{Failure, print_table, probe, services, watch};
 
@@ -103,6 +104,9 @@ enum Commands {
         #[command(subcommand)]
         command: ImportCommand,
     },
+    /// Simulate a cluster under each resource policy (static, Primus, DLRover-RM) on a
+    /// seeded trace of Jobs, and compare their JCT, completion rate and utilisation.
+    Simulate(SimulateArgs),
     /// gRPC health of services (default: the standalone services on their default local ports).
     Health {
         /// host:port addresses to check.
@@ -203,6 +207,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Commands::Datagen { command } => datagen(command).await?,
         Commands::Import { command } => import(command).await?,
         Commands::Replay(args) => replay(args).await?,
+        Commands::Simulate(args) => run_simulation(args)?,
         Commands::Health { addrs } => {
             let targets: Vec<(String, String)> = if addrs.is_empty() {
                 services()

@@ -90,6 +90,16 @@ pub enum ModelError {
     NoObservations,
 }
 
+/// Which of the model's terms a fit may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Terms {
+    /// Eqs. 1-3 (gradient computation, parameter update and the constant): a model of the
+    /// computation alone, which knows nothing of dense synchronisation or lookups.
+    Compute,
+    /// Eqs. 1-5.
+    All,
+}
+
 /// The model of one Job with its fitted coefficients.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FittedModel {
@@ -102,6 +112,15 @@ pub struct FittedModel {
 impl FittedModel {
     /// Fits the coefficients to `observations` of the Job `shape`.
     pub fn fit(shape: JobShape, observations: &[Observation]) -> Result<Self, ModelError> {
+        Self::fit_terms(shape, observations, Terms::All)
+    }
+
+    /// [`FittedModel::fit`] with only `used` terms; the others' coefficients are zero.
+    pub fn fit_terms(
+        shape: JobShape,
+        observations: &[Observation],
+        used: Terms,
+    ) -> Result<Self, ModelError> {
         check_shape(&shape)?;
         if observations.is_empty() {
             return Err(ModelError::NoObservations);
@@ -114,12 +133,12 @@ impl FittedModel {
             let seconds = observation.iteration_seconds;
             positive(&format!("{at}.iteration_seconds"), seconds)?;
             // Relative error: each row divided by its observed time, against 1.
-            rows.push(
-                terms(&shape, &observation.allocation)
-                    .iter()
-                    .map(|t| t / seconds)
-                    .collect(),
-            );
+            let mut row = terms(&shape, &observation.allocation).map(|t| t / seconds);
+            if used == Terms::Compute {
+                // A zero column never enters the fit: its coefficient stays zero.
+                (row[2], row[3]) = (0.0, 0.0);
+            }
+            rows.push(row.to_vec());
             ones.push(1.0);
         }
         let matrix = Matrix::from_rows(&rows).ok_or(ModelError::NoObservations)?;

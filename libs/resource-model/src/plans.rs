@@ -81,6 +81,38 @@ pub fn pareto_plans(
     generations: usize,
     seed: u64,
 ) -> Vec<Plan> {
+    let mut front = pareto_front(model, space, current, population, generations, seed);
+    front.retain(|p| p.gain > 0.0);
+    front
+}
+
+/// The cheapest plan of `front` (from [`pareto_front`]) that keeps at least `keep` (0..=1)
+/// of `current`'s predicted throughput with fewer cores than `current`: an over-provisioned
+/// Job's right size. None when the model sees no such plan.
+pub fn right_size(
+    front: &[Plan],
+    current: &Allocation,
+    current_throughput: f64,
+    keep: f64,
+) -> Option<Plan> {
+    front
+        .iter()
+        .filter(|p| p.cores < cores(current) && p.throughput >= keep * current_throughput)
+        .min_by(|a, b| a.cost.total_cmp(&b.cost))
+        .copied()
+}
+
+/// NSGA-II over `space`: every plan no other plan beats on both cost and gain over
+/// `current`, gains below zero included (cheaper plans that lose throughput), cheapest
+/// first.
+pub fn pareto_front(
+    model: &FittedModel,
+    space: &PlanSpace,
+    current: &Allocation,
+    population: usize,
+    generations: usize,
+    seed: u64,
+) -> Vec<Plan> {
     let valid = space.core_step > 0.0 && space.max_cores >= space.core_step;
     if !valid || !space.core_step.is_finite() || !space.max_cores.is_finite() {
         return Vec::new();
@@ -150,12 +182,8 @@ pub fn pareto_plans(
         order.truncate(population.max(4));
         members = order.into_iter().map(|i| members[i]).collect();
     }
-    let mut front: Vec<Plan> = members
-        .iter()
-        .map(|(_, p)| *p)
-        .filter(|p| p.gain > 0.0)
-        .collect();
-    front = non_dominated(&front);
+    let plans: Vec<Plan> = members.iter().map(|(_, p)| *p).collect();
+    let mut front = non_dominated(&plans);
     front.sort_by(|a, b| a.cost.total_cmp(&b.cost));
     front
 }

@@ -2,7 +2,7 @@
 //! close with it, never negative, and bad input refused naming the field.
 
 use primus_resource_model::{
-    Allocation, Coefficients, FittedModel, JobShape, ModelError, Observation,
+    Allocation, Coefficients, FittedModel, JobShape, ModelError, Observation, Terms,
 };
 
 const SHAPE: JobShape = JobShape {
@@ -192,5 +192,23 @@ fn bad_input_is_refused_naming_the_field() {
     assert_eq!(
         FittedModel::fit(SHAPE, &[]).expect_err("empty"),
         ModelError::NoObservations
+    );
+}
+
+#[test]
+fn a_compute_only_fit_leaves_communication_out_and_fits_worse() {
+    let observations = observe(&allocations(), 0.0);
+    let compute = FittedModel::fit_terms(SHAPE, &observations, Terms::Compute).expect("fit");
+    let c = compute.coefficients;
+    assert_eq!((c.sync, c.embedding), (0.0, 0.0));
+    assert!(c.grad > 0.0);
+    let all = FittedModel::fit(SHAPE, &observations).expect("fit");
+    let (worse, exact) = (
+        compute.rmsle(&observations).expect("rmsle"),
+        all.rmsle(&observations).expect("rmsle"),
+    );
+    assert!(
+        worse > exact + 1e-3,
+        "compute-only RMSLE {worse}, full {exact}"
     );
 }

@@ -2,7 +2,8 @@
 //! greedy selection's priorities and capacity.
 
 use primus_resource_model::plans::{
-    JobPlans, Plan, PlanSpace, non_dominated, pareto_plans, plan, select,
+    JobPlans, Plan, PlanSpace, cores, non_dominated, pareto_front, pareto_plans, plan, right_size,
+    select,
 };
 use primus_resource_model::{Allocation, Coefficients, FittedModel, JobShape};
 
@@ -131,4 +132,29 @@ fn the_greedy_selection_favours_short_jobs_by_rho_and_keeps_to_the_capacity() {
     assert_eq!(select(&jobs, 8.0, 2.5), vec![Some(0), Some(0)]);
     // No room: none.
     assert_eq!(select(&jobs, 3.0, 2.5), vec![None, None]);
+}
+
+#[test]
+fn right_sizing_takes_the_cheapest_plan_that_keeps_the_throughput() {
+    let current = Allocation {
+        trainers: 6,
+        ps: 4,
+        trainer_cpu: 2.0,
+        ps_cpu: 2.0,
+    };
+    let now = model().throughput(&current).expect("throughput");
+    let front = pareto_front(&model(), &SPACE, &current, 40, 30, 5);
+    assert!(
+        front.iter().any(|p| p.gain < 0.0),
+        "cheaper plans stay on the front"
+    );
+    let smaller = right_size(&front, &current, now, 0.9).expect("a smaller allocation");
+    assert!(smaller.cores < cores(&current));
+    assert!(smaller.throughput >= 0.9 * now);
+    let cheaper_that_keeps = (front.iter())
+        .filter(|p| p.throughput >= 0.9 * now && p.cost < smaller.cost)
+        .count();
+    assert_eq!(cheaper_that_keeps, 0);
+    // Nothing keeps all of it with fewer cores in a model where every core helps.
+    assert_eq!(right_size(&front, &current, now * 1.5, 1.0), None);
 }

@@ -1,0 +1,719 @@
+//! The discrete-event loop: submissions, the optimizer's rounds and Job completions in
+//! time order. Between two events every running Job trains at its true throughput; a
+//! completion is the moment its remaining samples run out. What a policy decides (which
+//! allocation, when) comes from `primus-resource-model`, the code the master runs.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+
+use primus_resource_model::plans::{self, PlanSpace};
+use primus_resource_model::warm_start::{self, ConfigRecord, RoleCounts};
+use primus_resource_model::{Allocation, FittedModel, Observation, Terms};
+
+use crate::policy::{Policy, Settings};
+use crate::random::Random;
+use crate::report::Outcome;
+use crate::trace::{JobTrace, Request, Trace};
+use crate::truth::Faults;
+
+/// Seconds a restarted Job (stop, start, restore) trains nothing.
+const RESTART_SECONDS: f64 = 300.0;
+/// Seconds between a static Job's checkpoints.
+const CHECKPOINT_SECONDS: f64 = 1_800.0;
+/// Seconds a process failure costs a Job that recovers in place.
+const RECOVER_SECONDS: f64 = 60.0;
+/// Seconds an allocation change that starts processes costs (measured executor starts).
+const START_SECONDS: f64 = 60.0;
+/// Seconds a change that only resizes processes costs.
+const RESIZE_SECONDS: f64 = 10.0;
+/// A Job whose processes fail this often in all is given up.
+const MOST_FAILURES: u32 = 3;
+/// Seconds after which a process short of memory is killed.
+const OOM_SECONDS: f64 = 300.0;
+/// Memory a right-sizing optimizer leaves above what a process uses.
+const MEMORY_MARGIN: f64 = 1.2;
+/// Observations a fit keeps (the newest).
+const KEPT_OBSERVATIONS: usize = 60;
+
+/// What the scheduler can do next.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Event {
+    Arrival(usize),
+    Round,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Timed(f64, u64, Event);
+
+impl Eq for Timed {}
+
+impl Ord for Timed {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // A min-heap on time, then on insertion order.
+        (other.0.total_cmp(&self.0)).then(other.1.cmp(&self.1))
+    }
+}
+
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Where a Job is.
+#[derive(Debug, Clone, PartialEq)]
+enum Phase {
+    /// Submitted (again, after a failure: not before `from`), waiting for resources.
+    Queued {
+        from: f64,
+    },
+    Running(Box<Run>),
+    Done {
+        at: f64,
+    },
+    Failed,
+}
+
+/// A running Job.
+#[derive(Debug, Clone, PartialEq)]
+struct Run {
+    request: Request,
+    /// The allocation probes return to, and plans start from.
+    settled: Allocation,
+    progress: f64,
+    checkpointed: f64,
+    last_checkpoint: f64,
+    paused_until: f64,
+    oom_at: Option<f64>,
+    faults: Faults,
+    faults_handled: Faults,
+    observations: Vec<Observation>,
+    /// The next probe to run; past the last, the Job is planned.
+    probe: usize,
+    right_sized: bool,
+    /// The allocation it needs, as planned before any scale-up into spare cores: what
+    /// the config DB keeps for warm starts.
+    needed: Allocation,
+}
+
+impl Run {
+    /// Cores and memory the Job holds: a probe's smaller allocation keeps what the Job
+    /// returns to.
+    fn held(&self) -> (f64, f64) {
+        let r = &self.request;
+        let trainers = r.allocation.trainers.max(self.settled.trainers);
+        let cores = r.cores().max(plans::cores(&self.settled));
+        let gib = r.ps_gib * f64::from(r.allocation.ps) + r.trainer_gib * f64::from(trainers);
+        (cores, gib)
+    }
+}
+
+struct JobState {
+    phase: Phase,
+    request: Request,
+    failures: u32,
+    random: Random,
+}
+
+/// The probes a scaling policy runs before it fits a Job's model, one round each: every
+/// term of the model changes under one of them.
+const PROBES: usize = 4;
+
+fn probe(a: Allocation, which: usize) -> Allocation {
+    let half = |n: u32| n.div_ceil(2).max(1);
+    match which {
+        0 => Allocation {
+            trainer_cpu: (a.trainer_cpu / 2.0).max(1.0),
+            ..a
+        },
+        1 => Allocation {
+            ps_cpu: (a.ps_cpu / 2.0).max(1.0),
+            ..a
+        },
+        2 => Allocation {
+            trainers: half(a.trainers),
+            ..a
+        },
+        _ => Allocation {
+            ps: half(a.ps),
+            ..a
+        },
+    }
+}
+
+/// One policy over one trace.
+pub(crate) struct Simulation<'t> {
+    trace: &'t Trace,
+    policy: Policy,
+    settings: Settings,
+    jobs: Vec<JobState>,
+    queue: VecDeque<usize>,
+    events: BinaryHeap<Timed>,
+    sequence: u64,
+    now: f64,
+    config_db: Vec<ConfigRecord>,
+    usage: Usage,
+    scaling_actions: u64,
+    seed: u64,
+}
+
+/// Core- and GiB-seconds the running Jobs held and used while submissions came.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Usage {
+    pub(crate) busy_core_seconds: f64,
+    pub(crate) held_core_seconds: f64,
+    pub(crate) used_gib_seconds: f64,
+    pub(crate) held_gib_seconds: f64,
+}
+
+impl<'t> Simulation<'t> {
+    pub(crate) fn new(trace: &'t Trace, policy: Policy, settings: Settings, seed: u64) -> Self {
+        let jobs = (trace.jobs.iter().enumerate())
+            .map(|(i, job)| JobState {
+                phase: Phase::Queued { from: job.arrival },
+                request: job.user,
+                failures: 0,
+                random: Random::stream(seed ^ 0x5eed, i as u64),
+            })
+            .collect();
+        let mut simulation = Self {
+            trace,
+            policy,
+            settings,
+            jobs,
+            queue: VecDeque::new(),
+            events: BinaryHeap::new(),
+            sequence: 0,
+            now: 0.0,
+            config_db: Vec::new(),
+            usage: Usage::default(),
+            scaling_actions: 0,
+            seed,
+        };
+        for (i, job) in trace.jobs.iter().enumerate() {
+            simulation.schedule(job.arrival, Event::Arrival(i));
+        }
+        simulation.schedule(0.0, Event::Round);
+        simulation
+    }
+
+    fn schedule(&mut self, at: f64, event: Event) {
+        self.sequence += 1;
+        self.events.push(Timed(at, self.sequence, event));
+    }
+
+    /// The last submission plus half a day: what is not done by then counts as not
+    /// completed.
+    pub(crate) fn horizon(&self) -> f64 {
+        self.trace.jobs.last().map_or(0.0, |j| j.arrival) + 12.0 * 3_600.0
+    }
+
+    /// Runs to the horizon, telling `progress` the share of it simulated.
+    pub(crate) fn run(mut self, progress: &mut dyn FnMut(f64)) -> Outcome {
+        let horizon = self.horizon();
+        let mut reported = 0.0;
+        while let Some(&Timed(at, _, event)) = self.events.peek() {
+            let (completion, job) = self.next_completion();
+            if completion <= at && completion <= horizon {
+                self.advance(completion);
+                self.complete(job);
+                continue;
+            }
+            if at > horizon {
+                break;
+            }
+            self.events.pop();
+            self.advance(at);
+            match event {
+                Event::Arrival(i) => {
+                    self.arrive(i);
+                    self.start_queued();
+                }
+                Event::Round => {
+                    self.round();
+                    self.start_queued();
+                    let pending = self
+                        .jobs
+                        .iter()
+                        .any(|j| !matches!(j.phase, Phase::Done { .. } | Phase::Failed));
+                    if pending {
+                        self.schedule(at + self.settings.interval_seconds, Event::Round);
+                    }
+                }
+            }
+            if self.now / horizon - reported >= 0.01 {
+                reported = self.now / horizon;
+                progress(reported.min(1.0));
+            }
+        }
+        progress(1.0);
+        Outcome::of(
+            self.policy,
+            self.trace,
+            &self.finished(),
+            self.usage,
+            self.scaling_actions,
+        )
+    }
+
+    /// Each Job's completion time (None: not completed).
+    fn finished(&self) -> Vec<Option<f64>> {
+        self.jobs
+            .iter()
+            .map(|j| match j.phase {
+                Phase::Done { at } => Some(at),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn run_of(&self, i: usize) -> Option<&Run> {
+        match &self.jobs[i].phase {
+            Phase::Running(run) => Some(run),
+            _ => None,
+        }
+    }
+
+    fn running(&self) -> Vec<usize> {
+        (0..self.jobs.len())
+            .filter(|&i| self.run_of(i).is_some())
+            .collect()
+    }
+
+    fn throughput(&self, i: usize, run: &Run) -> f64 {
+        let job = &self.trace.jobs[i];
+        if run.oom_at.is_some_and(|at| at <= self.now) {
+            return 0.0;
+        }
+        job.truth
+            .throughput(&job.shape, &run.request.allocation, run.faults)
+    }
+
+    /// The earliest completion among running Jobs, and whose.
+    fn next_completion(&self) -> (f64, usize) {
+        let mut best = (f64::INFINITY, 0);
+        for i in self.running() {
+            let Some(run) = self.run_of(i) else { continue };
+            let rate = self.throughput(i, run);
+            if rate <= 0.0 || run.oom_at.is_some() {
+                continue;
+            }
+            let left = (self.trace.jobs[i].samples - run.progress).max(0.0);
+            let at = run.paused_until.max(self.now) + left / rate;
+            if at < best.0 {
+                best = (at, i);
+            }
+        }
+        best
+    }
+
+    /// Trains every running Job up to `to`, and counts the cores and memory they use
+    /// while submissions still come.
+    fn advance(&mut self, to: f64) {
+        let from = self.now;
+        let last_arrival = self.trace.jobs.last().map_or(0.0, |j| j.arrival);
+        let counted = (to.min(last_arrival) - from).max(0.0);
+        for i in self.running() {
+            let job = &self.trace.jobs[i];
+            let rate = self.run_of(i).map_or(0.0, |run| self.throughput(i, run));
+            let Phase::Running(run) = &mut self.jobs[i].phase else {
+                continue;
+            };
+            let training = (to - run.paused_until.max(from)).max(0.0);
+            run.progress = (run.progress + rate * training).min(job.samples);
+            let allocation = run.request.allocation;
+            let (held_cores, held_gib) = run.held();
+            let usage = &mut self.usage;
+            usage.held_core_seconds += held_cores * counted;
+            usage.held_gib_seconds += held_gib * counted;
+            usage.used_gib_seconds += job.truth.used_gib(&allocation).min(held_gib) * counted;
+            if rate > 0.0 {
+                let training = (to.min(last_arrival) - run.paused_until.max(from)).max(0.0);
+                usage.busy_core_seconds +=
+                    job.truth.busy_cores(&job.shape, &allocation, run.faults) * training;
+            }
+        }
+        self.now = to;
+    }
+
+    fn arrive(&mut self, i: usize) {
+        if self.policy == Policy::DlroverRm
+            && let Some(start) =
+                warm_start::warm_start(&self.config_db, &self.trace.jobs[i].features, 5, 0.5)
+        {
+            let user = self.trace.jobs[i].user;
+            let a = start.allocation;
+            let allocation = Allocation {
+                trainers: a.trainers.max(1),
+                ps: a.ps.max(1),
+                trainer_cpu: a.trainer_cpu.max(1.0).round(),
+                ps_cpu: a.ps_cpu.max(1.0).round(),
+            };
+            // Memory is not in the config DB: the user's, over the warm start's shards.
+            let ps_total = user.ps_gib * f64::from(user.allocation.ps);
+            self.jobs[i].request = Request {
+                allocation,
+                ps_gib: ps_total / f64::from(allocation.ps),
+                trainer_gib: user.trainer_gib,
+            };
+        }
+        self.queue.push_back(i);
+    }
+
+    fn free(&self) -> (f64, f64) {
+        let (mut cpu, mut memory) = (self.trace.cluster.cpu, self.trace.cluster.memory_gib);
+        for i in self.running() {
+            if let Some(run) = self.run_of(i) {
+                let (cores, gib) = run.held();
+                cpu -= cores;
+                memory -= gib;
+            }
+        }
+        (cpu, memory)
+    }
+
+    /// Starts queued Jobs in order of submission, each that fits.
+    fn start_queued(&mut self) {
+        let (mut cpu, mut memory) = self.free();
+        let mut waiting = VecDeque::new();
+        while let Some(i) = self.queue.pop_front() {
+            let request = self.jobs[i].request;
+            let from = match self.jobs[i].phase {
+                Phase::Queued { from } => from,
+                _ => continue,
+            };
+            if from > self.now || request.cores() > cpu || request.memory_gib() > memory {
+                waiting.push_back(i);
+                continue;
+            }
+            cpu -= request.cores();
+            memory -= request.memory_gib();
+            self.start(i, request);
+        }
+        self.queue = waiting;
+    }
+
+    fn start(&mut self, i: usize, request: Request) {
+        let job = &self.trace.jobs[i];
+        let short = request.ps_gib < job.truth.ps_gib(request.allocation.ps)
+            || request.trainer_gib < job.truth.trainer_gib;
+        // DLRover-RM's profiler grows a process's memory before it runs out.
+        let oom_at = (short && self.policy != Policy::DlroverRm).then_some(self.now + OOM_SECONDS);
+        self.jobs[i].phase = Phase::Running(Box::new(Run {
+            request,
+            settled: request.allocation,
+            progress: 0.0,
+            checkpointed: 0.0,
+            last_checkpoint: self.now,
+            paused_until: self.now,
+            oom_at,
+            faults: Faults::default(),
+            faults_handled: Faults::default(),
+            observations: Vec::new(),
+            probe: 0,
+            right_sized: false,
+            needed: request.allocation,
+        }));
+    }
+
+    fn complete(&mut self, i: usize) {
+        let job = &self.trace.jobs[i];
+        if let (Policy::DlroverRm, Some(run)) = (self.policy, self.run_of(i)) {
+            let a = run.needed;
+            self.config_db.push(ConfigRecord {
+                job: job.name.clone(),
+                features: job.features.clone(),
+                allocation: RoleCounts {
+                    data_executors: 1,
+                    trainers: a.trainers,
+                    ps: a.ps,
+                    data_executor_cpu: 1.0,
+                    trainer_cpu: a.trainer_cpu,
+                    ps_cpu: a.ps_cpu,
+                },
+                samples_per_second: job.truth.throughput(&job.shape, &a, Faults::default()),
+            });
+        }
+        self.jobs[i].phase = Phase::Done { at: self.now };
+        self.start_queued();
+    }
+
+    /// The optimizer's round: faults and failures first, then profiles, probes and plans.
+    fn round(&mut self) {
+        for i in self.running() {
+            self.check_faults(i);
+        }
+        if !self.policy.scales() {
+            return;
+        }
+        let mut planned = Vec::new();
+        for i in self.running() {
+            if let Some(candidates) = self.profile_and_plan(i) {
+                planned.push(candidates);
+            }
+        }
+        self.select(planned);
+    }
+
+    /// Out-of-memory kills, process failures, checkpoints, and stragglers and hot shards
+    /// (DLRover-RM handles the ones it saw in its last round).
+    fn check_faults(&mut self, i: usize) {
+        let job = &self.trace.jobs[i];
+        let (now, interval, policy) = (self.now, self.settings.interval_seconds, self.policy);
+        let state = &mut self.jobs[i];
+        let Phase::Running(run) = &mut state.phase else {
+            return;
+        };
+        if run.oom_at.is_some_and(|at| at <= now) {
+            state.failures += 1;
+            let retry = Request {
+                ps_gib: run.request.ps_gib * 1.5,
+                trainer_gib: run.request.trainer_gib * 1.5,
+                ..run.request
+            };
+            state.request = retry;
+            state.phase = match state.failures >= MOST_FAILURES {
+                true => Phase::Failed,
+                false => Phase::Queued {
+                    from: now + 2.0 * RESTART_SECONDS,
+                },
+            };
+            if matches!(state.phase, Phase::Queued { .. }) {
+                self.queue.push_back(i);
+            }
+            return;
+        }
+        let a = run.request.allocation;
+        let processes = f64::from(a.trainers + a.ps);
+        let failed = state
+            .random
+            .chance(1.0 - (-job.failure_rate * processes * interval / 3_600.0).exp());
+        if policy == Policy::Static {
+            if now - run.last_checkpoint >= CHECKPOINT_SECONDS {
+                (run.checkpointed, run.last_checkpoint) = (run.progress, now);
+            }
+            if failed {
+                state.failures += 1;
+                run.progress = run.checkpointed;
+                run.paused_until = now + RESTART_SECONDS;
+                if state.failures >= MOST_FAILURES {
+                    state.phase = Phase::Failed;
+                    return;
+                }
+            }
+        } else if failed {
+            run.paused_until = run.paused_until.max(now) + RECOVER_SECONDS;
+        }
+        let done = run.progress / job.samples;
+        if policy == Policy::DlroverRm {
+            // Seen last round: the straggler's data shards go to the others, the hot
+            // shard's rows move (seamless migration).
+            if run.faults.straggler {
+                (run.faults.straggler, run.faults_handled.straggler) = (false, true);
+                run.paused_until = run.paused_until.max(now) + 30.0;
+            }
+            if run.faults.hot_ps {
+                (run.faults.hot_ps, run.faults_handled.hot_ps) = (false, true);
+                run.paused_until = run.paused_until.max(now) + RECOVER_SECONDS;
+            }
+        }
+        run.faults.straggler =
+            !run.faults_handled.straggler && job.straggler_at.is_some_and(|at| done >= at);
+        run.faults.hot_ps =
+            !run.faults_handled.hot_ps && job.hot_ps_at.is_some_and(|at| done >= at);
+    }
+
+    /// Records the Job's iteration time, moves it through its probes, fits its model,
+    /// right-sizes it (DLRover-RM) and returns its scale-up plans.
+    fn profile_and_plan(&mut self, i: usize) -> Option<Planned> {
+        let trace = self.trace;
+        let job = &trace.jobs[i];
+        let (policy, now, seed) = (self.policy, self.now, self.seed);
+        let queued = !self.queue.is_empty();
+        let state = &mut self.jobs[i];
+        let Phase::Running(run) = &mut state.phase else {
+            return None;
+        };
+        if run.paused_until > now || run.oom_at.is_some() {
+            return None;
+        }
+        let a = run.request.allocation;
+        let noise = (job.truth.noise * state.random.normal()).exp();
+        let samples = f64::from(a.trainers) * job.shape.batch;
+        let observed = samples / job.truth.throughput(&job.shape, &a, run.faults);
+        run.observations.push(Observation {
+            allocation: a,
+            iteration_seconds: observed * noise,
+        });
+        if run.observations.len() > KEPT_OBSERVATIONS {
+            run.observations.remove(0);
+        }
+        if policy == Policy::DlroverRm {
+            // Memory right-sized from the profile.
+            run.request.ps_gib = job.truth.ps_gib(a.ps) * MEMORY_MARGIN;
+            run.request.trainer_gib = job.truth.trainer_gib * MEMORY_MARGIN;
+        }
+        let step = if run.probe < PROBES {
+            let next = probe(run.settled, run.probe);
+            run.probe += 1;
+            Step::Resize(next, false)
+        } else if a != run.settled {
+            Step::Resize(run.settled, false)
+        } else {
+            plan(
+                job,
+                run,
+                policy,
+                queued,
+                seed ^ ((i as u64) << 20) ^ now as u64,
+            )
+        };
+        match step {
+            Step::Resize(allocation, settled) => {
+                self.resize(i, allocation, settled);
+                None
+            }
+            Step::Plans(plans) => Some(Planned { job: i, plans }),
+            Step::Stay => None,
+        }
+    }
+
+    /// Eqs. 11-14 over the Jobs' scale-up plans, within the cores that neither a running
+    /// Job nor a queued one needs.
+    fn select(&mut self, planned: Vec<Planned>) {
+        let (cpu, mut memory) = self.free();
+        let queued: f64 = (self.queue.iter())
+            .map(|&i| self.jobs[i].request.cores())
+            .sum();
+        let jobs: Vec<plans::JobPlans> = planned.iter().map(|p| p.plans.clone()).collect();
+        let chosen = plans::select(&jobs, (cpu - queued).max(0.0), self.settings.rho);
+        for (planned, choice) in planned.iter().zip(chosen) {
+            let Some(k) = choice else { continue };
+            let allocation = planned.plans.plans[k].allocation;
+            let Some(run) = self.run_of(planned.job) else {
+                continue;
+            };
+            let added = self.request_for(planned.job, run, allocation).memory_gib()
+                - run.request.memory_gib();
+            if added > memory {
+                continue;
+            }
+            memory -= added;
+            self.resize(planned.job, allocation, true);
+        }
+    }
+
+    /// The request of `run` under `allocation`: DLRover-RM sizes memory from the profile;
+    /// otherwise the PS shards split the memory the user gave them.
+    fn request_for(&self, i: usize, run: &Run, allocation: Allocation) -> Request {
+        let truth = &self.trace.jobs[i].truth;
+        let r = run.request;
+        match self.policy {
+            Policy::DlroverRm => Request {
+                allocation,
+                ps_gib: truth.ps_gib(allocation.ps) * MEMORY_MARGIN,
+                trainer_gib: truth.trainer_gib * MEMORY_MARGIN,
+            },
+            _ => Request {
+                allocation,
+                ps_gib: r.ps_gib * f64::from(r.allocation.ps) / f64::from(allocation.ps),
+                trainer_gib: r.trainer_gib,
+            },
+        }
+    }
+
+    /// Moves Job `i` to `allocation` (settled: where its probes return to), pausing it
+    /// while processes start or resize. A change that would leave a PS shard short of
+    /// memory is not made.
+    fn resize(&mut self, i: usize, allocation: Allocation, settled: bool) {
+        let now = self.now;
+        let truth = self.trace.jobs[i].truth;
+        let Some(run) = self.run_of(i) else { return };
+        let request = self.request_for(i, run, allocation);
+        if request.ps_gib < truth.ps_gib(allocation.ps) {
+            return;
+        }
+        let Phase::Running(run) = &mut self.jobs[i].phase else {
+            return;
+        };
+        let old = run.request.allocation;
+        let starts = allocation.trainers > old.trainers || allocation.ps > old.ps;
+        let pause = if starts {
+            START_SECONDS
+        } else {
+            RESIZE_SECONDS
+        };
+        run.paused_until = run.paused_until.max(now) + pause;
+        run.request = request;
+        if settled {
+            run.settled = allocation;
+            self.scaling_actions += 1;
+        }
+    }
+}
+
+/// One Job's candidate plans for the cluster-level selection.
+struct Planned {
+    job: usize,
+    plans: plans::JobPlans,
+}
+
+/// What a round does with one Job.
+enum Step {
+    Resize(Allocation, bool),
+    Plans(plans::JobPlans),
+    Stay,
+}
+
+/// Fits `run`'s model and searches its plans: DLRover-RM right-sizes an over-provisioned
+/// Job (after its probes, and again while Jobs wait); otherwise the scale-ups worth 5% of
+/// its throughput go to the cluster-level selection.
+fn plan(job: &JobTrace, run: &mut Run, policy: Policy, queued: bool, seed: u64) -> Step {
+    let a = run.request.allocation;
+    let terms = match policy {
+        Policy::Primus => Terms::Compute,
+        _ => Terms::All,
+    };
+    let Ok(model) = FittedModel::fit_terms(job.shape, &run.observations, terms) else {
+        return Step::Stay;
+    };
+    let Ok(predicted) = model.throughput(&a) else {
+        return Step::Stay;
+    };
+    let space = PlanSpace {
+        max_trainers: 32,
+        max_ps: 16,
+        core_step: 2.0,
+        max_cores: 32.0,
+        core_price: 1.0,
+        start_seconds: START_SECONDS,
+        horizon_seconds: ((job.samples - run.progress) / predicted.max(1e-9)).max(600.0),
+    };
+    let front = plans::pareto_front(&model, &space, &a, 16, 10, seed);
+    let first = !run.right_sized;
+    run.right_sized = true;
+    if policy == Policy::DlroverRm
+        && (first || queued)
+        && let Some(smaller) = plans::right_size(&front, &a, predicted, 0.95)
+        && smaller.cores <= 0.9 * plans::cores(&a)
+    {
+        run.needed = smaller.allocation;
+        return Step::Resize(smaller.allocation, true);
+    }
+    // A scale-up is worth its start when it adds 5% and each added core yields at least
+    // half the samples/s a core yields now: spare cores go where they still pay.
+    let per_core = predicted / plans::cores(&a);
+    let pays = |p: &plans::Plan| {
+        let added = p.cores - plans::cores(&a);
+        p.gain >= 0.05 * predicted && (added <= 0.0 || p.gain / added >= 0.5 * per_core)
+    };
+    let plans: Vec<plans::Plan> = front.into_iter().filter(pays).collect();
+    match plans.is_empty() {
+        true => Step::Stay,
+        false => Step::Plans(plans::JobPlans {
+            cores_now: plans::cores(&a),
+            remaining_samples: job.samples - run.progress,
+            plans,
+        }),
+    }
+}

@@ -67,6 +67,8 @@ pub struct ControllerSettings {
     pub fault_injection: FaultInjectionSettings,
     /// Where the Jobs' executors run: `local` or `kubernetes`.
     pub backend: BackendKind,
+    /// What the optimizer of `policy: auto` Jobs divides among them.
+    pub cluster: ClusterSettings,
     /// Bearer tokens (one per line) every serving replica this master starts requires on
     /// Predict, over gRPC and HTTP (the replica's `serving.token_file`). Unset: Predict is
     /// open to whoever reaches a replica.
@@ -230,6 +232,31 @@ impl Default for ControllerSettings {
             fault_injection: FaultInjectionSettings::default(),
             backend: BackendKind::default(),
             predict_token_file: None,
+            cluster: ClusterSettings::default(),
+        }
+    }
+}
+
+/// The capacity DLRover-RM's cluster-level selection (Eqs. 11-14) gives the running
+/// `policy: auto` Jobs of this master, and its priority exponent.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(default)]
+pub struct ClusterSettings {
+    /// Cores in all (> 0). Unset: the local backend's host cores; on Kubernetes the
+    /// optimizer then applies no plan that adds cores.
+    pub cpu: Option<f64>,
+    /// Memory in all (`64Gi`, `512Mi`; > 0). Unset: not a limit.
+    pub memory: Option<String>,
+    /// Eq. 14's `rho` (-10..=10): above 0 the selection favours Jobs close to done.
+    pub rho: f64,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            cpu: None,
+            memory: None,
+            rho: 2.5,
         }
     }
 }

@@ -16,6 +16,10 @@ pub struct PlanSpace {
     pub core_step: f64,
     /// Most cores per process.
     pub max_cores: f64,
+    /// Cores per trainer and per PS shard where they cannot change (a backend that does
+    /// not resize processes): the plans then differ in counts only, and `core_step` and
+    /// `max_cores` are not used.
+    pub fixed_cores: Option<(f64, f64)>,
     /// What a core costs (Eq. 7's `Money`), per core.
     pub core_price: f64,
     /// Seconds a started process takes before it trains (Eq. 8's overhead), measured.
@@ -113,19 +117,28 @@ pub fn pareto_front(
     generations: usize,
     seed: u64,
 ) -> Vec<Plan> {
-    let valid = space.core_step > 0.0 && space.max_cores >= space.core_step;
-    if !valid || !space.core_step.is_finite() || !space.max_cores.is_finite() {
-        return Vec::new();
-    }
+    let steps = match space.fixed_cores {
+        Some(_) => 1,
+        None => {
+            let valid = space.core_step > 0.0 && space.max_cores >= space.core_step;
+            if !valid || !space.core_step.is_finite() || !space.max_cores.is_finite() {
+                return Vec::new();
+            }
+            (space.max_cores / space.core_step).floor().max(1.0) as u32
+        }
+    };
     let mut random = Random(seed | 1);
-    let steps = (space.max_cores / space.core_step).floor().max(1.0) as u32;
     let limits: Genes = [space.max_trainers.max(1), space.max_ps.max(1), steps, steps];
     let evaluate = |genes: &Genes| {
+        let (trainer_cpu, ps_cpu) = space.fixed_cores.unwrap_or((
+            f64::from(genes[2]) * space.core_step,
+            f64::from(genes[3]) * space.core_step,
+        ));
         let allocation = Allocation {
             trainers: genes[0],
             ps: genes[1],
-            trainer_cpu: f64::from(genes[2]) * space.core_step,
-            ps_cpu: f64::from(genes[3]) * space.core_step,
+            trainer_cpu,
+            ps_cpu,
         };
         plan(model, space, current, allocation)
     };

@@ -30,6 +30,7 @@ const SPACE: PlanSpace = PlanSpace {
     max_ps: 4,
     core_step: 0.5,
     max_cores: 2.0,
+    fixed_cores: None,
     core_price: 1.0,
     start_seconds: 30.0,
     horizon_seconds: 3600.0,

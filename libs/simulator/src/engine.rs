@@ -685,6 +685,7 @@ fn plan(job: &JobTrace, run: &mut Run, policy: Policy, queued: bool, seed: u64) 
         max_ps: 16,
         core_step: 2.0,
         max_cores: 32.0,
+        fixed_cores: None,
         core_price: 1.0,
         start_seconds: START_SECONDS,
         horizon_seconds: ((job.samples - run.progress) / predicted.max(1e-9)).max(600.0),

@@ -8,6 +8,10 @@ pub(crate) fn one_u32() -> u32 {
     1
 }
 
+pub(crate) fn max_auto_replicas() -> u32 {
+    8
+}
+
 pub(crate) fn memory() -> String {
     "1Gi".into()
 }

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::ResourceBackend;
+use crate::cluster::{Capacity, ClusterPlans};
 use crate::job;
 use crate::plan::{Catalog, ListingCache};
 use crate::queue::TaskQueue;
@@ -39,6 +40,10 @@ pub struct Context<B, C> {
     pub cache: Arc<ListingCache<C>>,
     pub jobs: JobRegistry,
     pub topologies: Topologies,
+    /// What the optimizer of `policy: auto` Jobs divides among them.
+    pub capacity: Capacity,
+    /// Those Jobs' holdings and plans (DLRover-RM's cluster-level selection).
+    pub cluster: ClusterPlans,
 }
 
 struct Running {

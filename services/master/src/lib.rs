@@ -14,6 +14,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod cluster;
 mod config_db;
 pub mod controller;
 pub mod driver;
@@ -62,6 +63,14 @@ pub fn run(settings: MasterSettings, shutdown: Shutdown) -> ServiceFuture {
 
 async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<()> {
     let shard = shard::parse_shard(&settings.master.shard).map_err(anyhow::Error::msg)?;
+    let host_cores = match settings.master.backend {
+        BackendKind::Local => std::thread::available_parallelism()
+            .ok()
+            .map(|n| n.get() as f64),
+        BackendKind::Kubernetes => None,
+    };
+    let capacity = cluster::Capacity::from_settings(&settings.master.cluster, host_cores)
+        .map_err(anyhow::Error::msg)?;
     let client = ClientSettings::from_settings(&settings.api)?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let master_addr = advertised(node.advertised_addr()?);
@@ -75,6 +84,7 @@ async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<(
         bus,
         redis,
         shard,
+        capacity,
         settings,
     };
     match parts.settings.master.backend {
@@ -112,6 +122,7 @@ struct Parts {
     bus: primus_bus::Bus,
     redis: redis::aio::ConnectionManager,
     shard: (u32, u32),
+    capacity: cluster::Capacity,
     settings: MasterSettings,
 }
 
@@ -128,6 +139,7 @@ async fn drive_jobs<B: backend::ResourceBackend>(
         bus,
         redis,
         shard,
+        capacity,
         settings,
     } = parts;
     let catalog = Arc::new(plan::StoreCatalog::new(settings.storage.clone()));
@@ -142,6 +154,8 @@ async fn drive_jobs<B: backend::ResourceBackend>(
         .grpc(CheckpointServiceServer::from_arc(tasks))
         .grpc(TopologyServiceServer::new(topologies.clone()));
     let context = Arc::new(controller::Context {
+        capacity,
+        cluster: cluster::ClusterPlans::default(),
         api,
         bus: bus.clone(),
         redis,

@@ -40,6 +40,12 @@ pub struct ScalingPolicy {
     /// Seconds after a scaling action before the next one.
     #[serde(default = "defaults::cooldown_seconds")]
     pub cooldown_seconds: u64,
+    /// With `policy: auto`, the most trainers the master's optimizer gives the running Job.
+    #[serde(default = "defaults::max_auto_replicas")]
+    pub max_trainers: u32,
+    /// With `policy: auto`, the most PS shards the master's optimizer gives the running Job.
+    #[serde(default = "defaults::max_auto_replicas")]
+    pub max_ps: u32,
     /// Data executors much slower than their peers (DLRover-RM §5.1).
     #[serde(default)]
     pub stragglers: StragglerPolicy,
@@ -55,9 +61,12 @@ pub enum AllocationPolicy {
     /// The spec's `topology` as written.
     #[default]
     Static,
-    /// DLRover-RM's warm start: replicas and cores of data executors, trainers and PS
-    /// shards from the most similar Jobs that succeeded before (the master's config DB);
-    /// the spec's own numbers when there are none.
+    /// DLRover-RM's optimizer. At the start, the warm start: replicas and cores of data
+    /// executors, trainers and PS shards from the most similar Jobs that succeeded before
+    /// (the master's config DB); the spec's own numbers when there are none. While the Job
+    /// runs: trainers and PS shards moved to the plans its fitted resource-performance
+    /// model and the cluster-level selection choose, within `max_trainers` and `max_ps`
+    /// and the master's `master.cluster` capacity.
     Auto,
 }
 
@@ -72,6 +81,8 @@ impl Default for ScalingPolicy {
             scale_in_threshold: defaults::scale_in_threshold(),
             weights: LoadWeights::default(),
             cooldown_seconds: defaults::cooldown_seconds(),
+            max_trainers: defaults::max_auto_replicas(),
+            max_ps: defaults::max_auto_replicas(),
             stragglers: StragglerPolicy::default(),
             memory: MemoryPolicy::default(),
         }
@@ -134,6 +145,11 @@ impl Validate for ScalingPolicy {
     fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
         if self.min_data_executors == 0 {
             fail(errors, field(path, "min_data_executors"), "must be >= 1");
+        }
+        for (name, value) in [("max_trainers", self.max_trainers), ("max_ps", self.max_ps)] {
+            if value == 0 {
+                fail(errors, field(path, name), "must be >= 1");
+            }
         }
         if self.max_data_executors < self.min_data_executors {
             fail(

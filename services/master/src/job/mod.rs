@@ -10,6 +10,7 @@ mod autoscale;
 mod checkpoints;
 pub(crate) mod executors;
 mod memory;
+mod optimizer;
 mod performance;
 mod recovery;
 mod reshard;
@@ -206,6 +207,7 @@ pub(crate) struct JobRun<'a, B, C> {
     throughputs: stragglers::Throughputs,
     memory: memory::MemoryWatch,
     performance: performance::PerformanceLog,
+    optimizer: optimizer::Optimizer,
     trainers_done: BTreeSet<String>,
     batch_done_declared: bool,
     committed: Option<CheckpointRecord>,
@@ -234,6 +236,7 @@ enum Event {
 
 impl<B, C> Drop for JobRun<'_, B, C> {
     fn drop(&mut self) {
+        self.context.cluster.leave(&self.name);
         for planner in &self.planners {
             planner.abort();
         }
@@ -291,6 +294,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let message = format!("{ready} executors serving");
         run.show_replicas();
         run.autoscaler = autoscale::Autoscaler::new(Instant::now());
+        run.optimizer = optimizer::Optimizer::new(Instant::now());
         run.writer
             .set(Phase::Running, "Ready", "ExecutorsReady", message)
             .await;
@@ -410,6 +414,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             backend_events,
             specs,
             autoscaler: autoscale::Autoscaler::new(Instant::now()),
+            optimizer: optimizer::Optimizer::new(Instant::now()),
             throughputs: stragglers::Throughputs::default(),
             memory: memory::MemoryWatch::default(),
             performance,
@@ -577,6 +582,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             .as_ref()
             .map_or(0.0, |p| p.samples_per_second);
         self.record_performance(samples_per_second);
+        self.optimize().await;
         self.measure_and_scale(&counts).await;
         self.handle_stragglers(&counts).await;
         self.watch_ps_memory().await;

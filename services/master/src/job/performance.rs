@@ -26,11 +26,15 @@ const BANDWIDTH: f64 = 1.25e9;
 /// An allocation as a map key: counts, and cores in thousandths.
 type AllocationKey = (u32, u32, u64, u64);
 
+/// Iteration times of the allocation running now before the optimizer acts on it.
+const SETTLED_TIMES: usize = 3;
+
 /// The iteration times a Job ran at, per allocation.
 pub(super) struct PerformanceLog {
     shape: JobShape,
     times: BTreeMap<AllocationKey, Vec<f64>>,
     current: Option<(AllocationKey, usize)>,
+    fitted: Option<FittedModel>,
 }
 
 impl PerformanceLog {
@@ -45,7 +49,25 @@ impl PerformanceLog {
             },
             times: BTreeMap::new(),
             current: None,
+            fitted: None,
         }
+    }
+
+    /// The model as last fitted.
+    pub(super) fn fitted(&self) -> Option<&FittedModel> {
+        self.fitted.as_ref()
+    }
+
+    /// Allocations with iteration times.
+    pub(super) fn allocations(&self) -> usize {
+        self.times.values().filter(|t| !t.is_empty()).count()
+    }
+
+    /// Whether the allocation running now has enough iteration times to judge it by.
+    pub(super) fn settled(&self) -> bool {
+        self.current
+            .and_then(|(key, _)| self.times.get(&key))
+            .is_some_and(|times| times.len() >= SETTLED_TIMES)
     }
 
     /// One tick: `samples_per_second` of all trainers under `allocation`. Returns the
@@ -75,6 +97,7 @@ impl PerformanceLog {
         }
         let fitted = FittedModel::fit(self.shape, &observations).ok()?;
         let rmsle = fitted.rmsle(&observations).ok()?;
+        self.fitted = Some(fitted);
         Some((fitted, rmsle, observations.len()))
     }
 
@@ -106,24 +129,30 @@ fn key(a: &Allocation) -> AllocationKey {
 }
 
 impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
-    /// Adds this tick's throughput to the log and, once the model fits, says what it found.
-    pub(super) fn record_performance(&mut self, samples_per_second: f64) {
+    /// The trainers and PS shards running now, with their cores; None while either
+    /// role has none.
+    pub(super) fn allocation(&self) -> Option<Allocation> {
         let trainers = self
             .members(ExecutorRole::Trainer)
             .iter()
             .filter(|(_, id)| !self.trainers_done.contains(id))
             .count() as u32;
         let ps = self.members(ExecutorRole::Ps).len() as u32;
-        if trainers == 0 || ps == 0 {
-            return;
-        }
         let topology = &self.job.spec.topology;
-        let allocation = Allocation {
+        (trainers > 0 && ps > 0).then_some(Allocation {
             trainers,
             ps,
             trainer_cpu: topology.trainers.cpu,
             ps_cpu: topology.ps.cpu,
+        })
+    }
+
+    /// Adds this tick's throughput to the log and, once the model fits, says what it found.
+    pub(super) fn record_performance(&mut self, samples_per_second: f64) {
+        let Some(allocation) = self.allocation() else {
+            return;
         };
+        let (trainers, ps) = (allocation.trainers, allocation.ps);
         let Some((fitted, rmsle, allocations)) =
             self.performance.record(allocation, samples_per_second)
         else {
@@ -160,6 +189,7 @@ mod tests {
             },
             times: BTreeMap::new(),
             current: None,
+            fitted: None,
         }
     }
 

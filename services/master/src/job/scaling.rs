@@ -96,7 +96,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
 
     /// Starts or stops executors of `roles`, one at a time, until each runs as many as the
     /// spec asks for.
-    async fn reconcile_replicas(&mut self, roles: &[ExecutorRole]) {
+    pub(super) async fn reconcile_replicas(&mut self, roles: &[ExecutorRole]) {
         for &role in roles {
             let wanted = replicas(&self.job.spec, role);
             let why = format!("spec.topology.{}.replicas is {wanted}", plural(role));
@@ -128,6 +128,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             .find(|i| !members.iter().any(|(member, _)| member == i))
             .unwrap_or(0);
         let parts = self.job.parts(&self.name);
+        let starting = std::time::Instant::now();
         let endpoint = start_executor(self.context, &parts, role, index)
             .await
             .map_err(|e| format!("starting {} {index}: {e}", role.as_str()))?;
@@ -136,6 +137,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         self.trainers_done.remove(&endpoint.id);
         self.fold.rejoin(&endpoint.id);
         wait_serving(&endpoint).await?;
+        self.optimizer.started_in(starting.elapsed());
         let message = format!(
             "started {}: {} {} -> {} ({why})",
             endpoint.id,

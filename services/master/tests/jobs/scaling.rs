@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use primus_spec::job::AllocationPolicy;
 use primus_spec::status::{Phase, Replicas, Status};
 
 use crate::common::{
@@ -151,6 +152,67 @@ async fn a_running_job_scaled_out_and_in_trains_on_every_row_once() {
         "{model:?}"
     );
     eprintln!("resource model: {}", model.message);
+    master.stop();
+}
+
+/// A `policy: auto` Job started with one trainer and one PS shard on a master given 16
+/// cores: the optimizer first explores (a second trainer, so the model has two
+/// allocations to fit), then moves the Job by its fitted model (the rows come slowly, so
+/// more trainers gain nothing); each step is an event and the `ResourcePlan` condition,
+/// and the Job still trains on every row exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_optimizer_moves_an_auto_job_by_its_fitted_model() {
+    let sandbox = Sandbox::start().await;
+    apply_criteo_dataset(&sandbox).await;
+    let job = dlrm_job(&sandbox, "optimized", 1, 3600)
+        .replicas(1, 1, 1)
+        .with(|spec| {
+            let scaling = &mut spec.scaling;
+            scaling.policy = AllocationPolicy::Auto;
+            scaling.cooldown_seconds = 1;
+            scaling.max_trainers = 3;
+            scaling.max_ps = 2;
+        });
+    sandbox.apply([job.build()]).await;
+    let mut settings = master_settings(&sandbox, &data_executor());
+    settings.master.status_interval_ms = 200;
+    settings.master.fault_injection.data_read_delay_ms = 1_000;
+    settings.master.cluster.cpu = Some(16.0);
+    let master = start(&sandbox, &settings);
+    let explored = wait_for_replicas(&sandbox, "optimized", 1, 2, Some(1)).await;
+    let steps = events(&explored, "Optimized");
+    assert!(
+        steps[0].starts_with("step 1: trainers 1 -> 2, PS shards 1 -> 1 (exploring"),
+        "{steps:?}"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let planned = loop {
+        let status = sandbox.status("optimized").await;
+        if events(&status, "Optimized").len() >= 2 {
+            break status;
+        }
+        assert!(
+            !status.phase.is_terminal() && tokio::time::Instant::now() < deadline,
+            "a second step from the fitted model: {status:?}\n{}",
+            sandbox.logs("optimized")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let second = events(&planned, "Optimized")[1].to_owned();
+    assert!(
+        second.starts_with("step 2: ")
+            && (second.contains("(right-sizing: ")
+                || second.contains("(selected among 1 Jobs' plans (rho 2.5)")),
+        "{second}"
+    );
+    assert!(
+        condition(&planned, "ResourcePlan")
+            .message
+            .starts_with("step ")
+    );
+    assert_eq!(condition(&planned, "ResourceModel").reason, "Fitted");
+    let done = succeeds_with_every_row_once(&sandbox, "optimized").await;
+    eprintln!("optimizer steps: {:?}", events(&done, "Optimized"));
     master.stop();
 }
 

@@ -1,24 +1,26 @@
 //! Elastic Jobs, all in one run: (a) horizontal scaling by load ([`scaling`]), (b) live PS
 //! resharding ([`reshard`]: `b` between PS processes under load, `j` in a running Job),
-//! (c) straggler handling ([`straggler`]). The last line sums them up.
+//! (c) straggler handling ([`straggler`]), (o) DLRover-RM's optimizer against a sweep of
+//! topologies ([`optimizer`]). The last line sums up (a) to (c).
 //!
 //! `cargo build --release --bins && cargo bench -p primus-benches --bench elastic`
 //! (or `--profile dev` for both). PRIMUS_BENCH_HOURS sets the data of (a) and (c) (24 hourly
 //! files of 16,384 rows by default), PRIMUS_BENCH_RESHARD_ROWS the table of (b) (1,000,000
 //! rows), PRIMUS_BENCH_RESHARD_HOURS and PRIMUS_BENCH_RESHARD_CARDINALITY the Job's data in
-//! (b) (72 files, Criteo cardinalities times 8), and PRIMUS_BENCH_PARTS the parts to run
-//! (`abjc`).
+//! (b) (72 files, Criteo cardinalities times 8), PRIMUS_BENCH_OPTIMIZER_HOURS the data of
+//! (o) (384 files), and PRIMUS_BENCH_PARTS the parts to run (`abjco`).
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
 
 mod jobs;
+mod optimizer;
 mod reshard;
 mod scaling;
 mod straggler;
 
 #[tokio::main]
 async fn main() {
-    let parts: String = primus_benches::env_or("PRIMUS_BENCH_PARTS", "abjc".to_owned());
+    let parts: String = primus_benches::env_or("PRIMUS_BENCH_PARTS", "abjco".to_owned());
     let hours = primus_benches::env_or("PRIMUS_BENCH_HOURS", 24);
     let speed_up = match parts.contains('a') {
         true => Some(scaling::scale_out(hours).await),
@@ -49,6 +51,17 @@ async fn main() {
         true => Some(straggler::stragglers(hours).await),
         false => None,
     };
+    if parts.contains('o') {
+        let optimized =
+            optimizer::optimize(primus_benches::env_or("PRIMUS_BENCH_OPTIMIZER_HOURS", 384)).await;
+        println!(
+            "(o) the optimizer: {:.0} samples/s = {:.2}x the sweep's best {:.0}, after {} steps",
+            optimized.auto_rate,
+            optimized.auto_rate / optimized.best_rate.max(1.0),
+            optimized.best_rate,
+            optimized.steps
+        );
+    }
     if let Some(resharded) = in_a_job {
         let pause = resharded
             .pause

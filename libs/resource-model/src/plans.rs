@@ -5,6 +5,39 @@
 
 use crate::{Allocation, FittedModel};
 
+/// What predicts a Job's samples/s under an allocation: the fitted model, or
+/// [`Measured`] rates where the Job ran and the model elsewhere.
+pub trait Throughput {
+    /// Predicted samples/s under `allocation`; None where it cannot say.
+    fn throughput(&self, allocation: &Allocation) -> Option<f64>;
+}
+
+impl Throughput for FittedModel {
+    fn throughput(&self, allocation: &Allocation) -> Option<f64> {
+        FittedModel::throughput(self, allocation).ok()
+    }
+}
+
+/// The samples/s a Job measured under the allocations it ran with, and the model's
+/// prediction for the others: a measurement is what the model's form (which knows no
+/// contention between processes sharing cores) cannot always fit.
+#[derive(Debug, Clone, Copy)]
+pub struct Measured<'a> {
+    /// The fitted model.
+    pub model: &'a FittedModel,
+    /// Allocations run, with their measured samples/s.
+    pub rates: &'a [(Allocation, f64)],
+}
+
+impl Throughput for Measured<'_> {
+    fn throughput(&self, allocation: &Allocation) -> Option<f64> {
+        match self.rates.iter().find(|(a, _)| a == allocation) {
+            Some((_, rate)) => Some(*rate),
+            None => FittedModel::throughput(self.model, allocation).ok(),
+        }
+    }
+}
+
 /// Where a Job may go, and what it costs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PlanSpace {
@@ -51,13 +84,13 @@ pub fn cores(a: &Allocation) -> f64 {
 
 /// `candidate` priced and its gain over `current` predicted by `model`.
 pub fn plan(
-    model: &FittedModel,
+    model: &dyn Throughput,
     space: &PlanSpace,
     current: &Allocation,
     candidate: Allocation,
 ) -> Option<Plan> {
-    let now = model.throughput(current).ok()?;
-    let then = model.throughput(&candidate).ok()?;
+    let now = model.throughput(current)?;
+    let then = model.throughput(&candidate)?;
     let added = candidate.trainers.saturating_sub(current.trainers)
         + candidate.ps.saturating_sub(current.ps);
     let overhead = now * space.start_seconds * f64::from(added) / space.horizon_seconds.max(1.0);
@@ -78,7 +111,7 @@ type Genes = [u32; 4];
 /// with a positive gain over `current` that no other plan beats on both cost and gain,
 /// cheapest first. Empty for a space without a core step or cores.
 pub fn pareto_plans(
-    model: &FittedModel,
+    model: &dyn Throughput,
     space: &PlanSpace,
     current: &Allocation,
     population: usize,
@@ -110,7 +143,7 @@ pub fn right_size(
 /// `current`, gains below zero included (cheaper plans that lose throughput), cheapest
 /// first.
 pub fn pareto_front(
-    model: &FittedModel,
+    model: &dyn Throughput,
     space: &PlanSpace,
     current: &Allocation,
     population: usize,

@@ -58,6 +58,17 @@ impl PerformanceLog {
         self.fitted.as_ref()
     }
 
+    /// Each allocation the Job ran with and its samples/s (from its median iteration time).
+    pub(super) fn measured(&self) -> Vec<(Allocation, f64)> {
+        let batch = self.shape.batch;
+        (self.observations().into_iter())
+            .map(|o| {
+                let samples = f64::from(o.allocation.trainers) * batch;
+                (o.allocation, samples / o.iteration_seconds)
+            })
+            .collect()
+    }
+
     /// Allocations with iteration times.
     pub(super) fn allocations(&self) -> usize {
         self.times.values().filter(|t| !t.is_empty()).count()

@@ -79,7 +79,13 @@ pub(crate) fn resources(
     data_executors: u32,
     change: impl FnOnce(&mut JobSpec),
 ) -> [Resource; 2] {
-    let end = format!("2026-11-{:02}T{:02}", 1 + hours / 24, hours % 24);
+    let start = primus_spec::time::parse_window_time(START).unwrap_or(0);
+    let end_unix = start + 3_600 * hours as i64;
+    let end = format!(
+        "{}T{:02}",
+        primus_spec::time::date_of(end_unix),
+        end_unix.rem_euclid(86_400) / 3_600
+    );
     let criteo = dataset("criteo")
         .schema(primus_datagen::criteo::feature_schema("categorical"))
         .stream(

@@ -8,7 +8,7 @@
 //! files of 16,384 rows by default), PRIMUS_BENCH_RESHARD_ROWS the table of (b) (1,000,000
 //! rows), PRIMUS_BENCH_RESHARD_HOURS and PRIMUS_BENCH_RESHARD_CARDINALITY the Job's data in
 //! (b) (72 files, Criteo cardinalities times 8), PRIMUS_BENCH_OPTIMIZER_HOURS the data of
-//! (o) (384 files), and PRIMUS_BENCH_PARTS the parts to run (`abjco`).
+//! (o)'s sweep (384 files; its `auto` run reads three times as many), and PRIMUS_BENCH_PARTS the parts to run (`abjco`).
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
 

@@ -1,11 +1,12 @@
 //! DLRover-RM's resource-performance model (§4.1, Eqs. 1-6): a training Job's iteration
 //! time as a function of its allocation, and its fit to the iterations the Job ran; its
 //! warm start ([`warm_start`], Alg. 1): a new Job's first allocation from similar finished
-//! Jobs; and its auto-scaling plans ([`plans`]: NSGA-II per Job, weighted greedy across
-//! Jobs).
+//! Jobs; its auto-scaling plans ([`plans`]: NSGA-II per Job, weighted greedy across
+//! Jobs); and one Job's auto-scaling step from what it measured ([`autoscale`]), which the
+//! master and the cluster simulator both run.
 //!
-//! Owns the model's form, its fitting and the warm-start arithmetic; where the config DB
-//! lives and when allocations change is the master's. With `w`
+//! Owns the model's form, its fitting, the warm-start arithmetic and the scaling
+//! decisions; where the config DB lives and how an allocation is applied is the master's. With `w`
 //! trainers of `λw` cores, `p` PS shards of `λp` cores, minibatch `m`, dense model `M`
 //! bytes, embedding width `D` and bandwidth `B`:
 //!
@@ -18,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+pub mod autoscale;
 pub mod nnls;
 pub mod plans;
 pub mod warm_start;

@@ -6,14 +6,15 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
 
+use primus_resource_model::autoscale::{self, Measurements, Step};
 use primus_resource_model::plans::{self, PlanSpace};
 use primus_resource_model::warm_start::{self, ConfigRecord, RoleCounts};
-use primus_resource_model::{Allocation, FittedModel, Observation, Terms};
+use primus_resource_model::{Allocation, Terms};
 
 use crate::policy::{Policy, Settings};
 use crate::random::Random;
 use crate::report::Outcome;
-use crate::trace::{JobTrace, Request, Trace};
+use crate::trace::{Request, Trace};
 use crate::truth::Faults;
 
 /// Seconds a restarted Job (stop, start, restore) trains nothing.
@@ -32,8 +33,8 @@ const MOST_FAILURES: u32 = 3;
 const OOM_SECONDS: f64 = 300.0;
 /// Memory a right-sizing optimizer leaves above what a process uses.
 const MEMORY_MARGIN: f64 = 1.2;
-/// Observations a fit keeps (the newest).
-const KEPT_OBSERVATIONS: usize = 60;
+/// Iteration times kept per allocation (the newest).
+const KEPT_TIMES: usize = 30;
 
 /// What the scheduler can do next.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -78,8 +79,6 @@ enum Phase {
 #[derive(Debug, Clone, PartialEq)]
 struct Run {
     request: Request,
-    /// The allocation probes return to, and plans start from.
-    settled: Allocation,
     progress: f64,
     checkpointed: f64,
     last_checkpoint: f64,
@@ -87,24 +86,19 @@ struct Run {
     oom_at: Option<f64>,
     faults: Faults,
     faults_handled: Faults,
-    observations: Vec<Observation>,
-    /// The next probe to run; past the last, the Job is planned.
-    probe: usize,
-    right_sized: bool,
+    measurements: Measurements,
+    /// Allocation changes, and explorations among them.
+    steps: u32,
+    explorations: u32,
     /// The allocation it needs, as planned before any scale-up into spare cores: what
     /// the config DB keeps for warm starts.
     needed: Allocation,
 }
 
 impl Run {
-    /// Cores and memory the Job holds: a probe's smaller allocation keeps what the Job
-    /// returns to.
+    /// Cores and memory the Job holds.
     fn held(&self) -> (f64, f64) {
-        let r = &self.request;
-        let trainers = r.allocation.trainers.max(self.settled.trainers);
-        let cores = r.cores().max(plans::cores(&self.settled));
-        let gib = r.ps_gib * f64::from(r.allocation.ps) + r.trainer_gib * f64::from(trainers);
-        (cores, gib)
+        (self.request.cores(), self.request.memory_gib())
     }
 }
 
@@ -113,32 +107,6 @@ struct JobState {
     request: Request,
     failures: u32,
     random: Random,
-}
-
-/// The probes a scaling policy runs before it fits a Job's model, one round each: every
-/// term of the model changes under one of them.
-const PROBES: usize = 4;
-
-fn probe(a: Allocation, which: usize) -> Allocation {
-    let half = |n: u32| n.div_ceil(2).max(1);
-    match which {
-        0 => Allocation {
-            trainer_cpu: (a.trainer_cpu / 2.0).max(1.0),
-            ..a
-        },
-        1 => Allocation {
-            ps_cpu: (a.ps_cpu / 2.0).max(1.0),
-            ..a
-        },
-        2 => Allocation {
-            trainers: half(a.trainers),
-            ..a
-        },
-        _ => Allocation {
-            ps: half(a.ps),
-            ..a
-        },
-    }
 }
 
 /// One policy over one trace.
@@ -401,7 +369,6 @@ impl<'t> Simulation<'t> {
         let oom_at = (short && self.policy != Policy::DlroverRm).then_some(self.now + OOM_SECONDS);
         self.jobs[i].phase = Phase::Running(Box::new(Run {
             request,
-            settled: request.allocation,
             progress: 0.0,
             checkpointed: 0.0,
             last_checkpoint: self.now,
@@ -409,9 +376,9 @@ impl<'t> Simulation<'t> {
             oom_at,
             faults: Faults::default(),
             faults_handled: Faults::default(),
-            observations: Vec::new(),
-            probe: 0,
-            right_sized: false,
+            measurements: Measurements::new(self.trace.jobs[i].shape, KEPT_TIMES),
+            steps: 0,
+            explorations: 0,
             needed: request.allocation,
         }));
     }
@@ -438,7 +405,7 @@ impl<'t> Simulation<'t> {
         self.start_queued();
     }
 
-    /// The optimizer's round: faults and failures first, then profiles, probes and plans.
+    /// The optimizer's round: faults and failures first, then profiles and plans.
     fn round(&mut self) {
         for i in self.running() {
             self.check_faults(i);
@@ -523,13 +490,13 @@ impl<'t> Simulation<'t> {
             !run.faults_handled.hot_ps && job.hot_ps_at.is_some_and(|at| done >= at);
     }
 
-    /// Records the Job's iteration time, moves it through its probes, fits its model,
-    /// right-sizes it (DLRover-RM) and returns its scale-up plans.
+    /// Records the Job's iteration time and takes its step ([`autoscale::step`]):
+    /// explorations and right-sizing at once, scale-ups returned for the selection.
     fn profile_and_plan(&mut self, i: usize) -> Option<Planned> {
         let trace = self.trace;
         let job = &trace.jobs[i];
         let (policy, now, seed) = (self.policy, self.now, self.seed);
-        let queued = !self.queue.is_empty();
+        let free_cores = self.unclaimed_cores();
         let state = &mut self.jobs[i];
         let Phase::Running(run) = &mut state.phase else {
             return None;
@@ -541,52 +508,67 @@ impl<'t> Simulation<'t> {
         let noise = (job.truth.noise * state.random.normal()).exp();
         let samples = f64::from(a.trainers) * job.shape.batch;
         let observed = samples / job.truth.throughput(&job.shape, &a, run.faults);
-        run.observations.push(Observation {
-            allocation: a,
-            iteration_seconds: observed * noise,
-        });
-        if run.observations.len() > KEPT_OBSERVATIONS {
-            run.observations.remove(0);
-        }
+        run.measurements.add(a, observed * noise);
         if policy == Policy::DlroverRm {
             // Memory right-sized from the profile.
             run.request.ps_gib = job.truth.ps_gib(a.ps) * MEMORY_MARGIN;
             run.request.trainer_gib = job.truth.trainer_gib * MEMORY_MARGIN;
         }
-        let step = if run.probe < PROBES {
-            let next = probe(run.settled, run.probe);
-            run.probe += 1;
-            Step::Resize(next, false)
-        } else if a != run.settled {
-            Step::Resize(run.settled, false)
-        } else {
-            plan(
-                job,
-                run,
-                policy,
-                queued,
-                seed ^ ((i as u64) << 20) ^ now as u64,
-            )
+        let terms = match policy {
+            Policy::Primus => Terms::Compute,
+            _ => Terms::All,
         };
-        match step {
-            Step::Resize(allocation, settled) => {
-                self.resize(i, allocation, settled);
+        let model = run.measurements.fit(terms);
+        let job_state = autoscale::JobState {
+            current: a,
+            model: model.as_ref(),
+            measurements: &run.measurements,
+            space: PlanSpace {
+                max_trainers: 32,
+                max_ps: 16,
+                core_step: 2.0,
+                max_cores: 32.0,
+                fixed_cores: None,
+                core_price: 1.0,
+                start_seconds: START_SECONDS,
+                horizon_seconds: 0.0,
+            },
+            remaining_samples: Some(job.samples - run.progress),
+            free_cores,
+            steps: run.steps,
+            explorations: run.explorations,
+            seed: seed ^ ((i as u64) << 20) ^ now as u64,
+        };
+        match autoscale::step(&job_state) {
+            Step::Stay => None,
+            Step::Explore(next) => {
+                run.explorations += 1;
+                self.resize(i, next);
                 None
             }
-            Step::Plans(plans) => Some(Planned { job: i, plans }),
-            Step::Stay => None,
+            Step::RightSize(smaller) => {
+                run.needed = smaller.allocation;
+                self.resize(i, smaller.allocation);
+                None
+            }
+            Step::Offer(plans) => Some(Planned { job: i, plans }),
         }
+    }
+
+    /// Cores neither a running Job nor a queued one needs.
+    fn unclaimed_cores(&self) -> f64 {
+        let queued: f64 = (self.queue.iter())
+            .map(|&i| self.jobs[i].request.cores())
+            .sum();
+        (self.free().0 - queued).max(0.0)
     }
 
     /// Eqs. 11-14 over the Jobs' scale-up plans, within the cores that neither a running
     /// Job nor a queued one needs.
     fn select(&mut self, planned: Vec<Planned>) {
-        let (cpu, mut memory) = self.free();
-        let queued: f64 = (self.queue.iter())
-            .map(|&i| self.jobs[i].request.cores())
-            .sum();
+        let (_, mut memory) = self.free();
         let jobs: Vec<plans::JobPlans> = planned.iter().map(|p| p.plans.clone()).collect();
-        let chosen = plans::select(&jobs, (cpu - queued).max(0.0), self.settings.rho);
+        let chosen = plans::select(&jobs, self.unclaimed_cores(), self.settings.rho);
         for (planned, choice) in planned.iter().zip(chosen) {
             let Some(k) = choice else { continue };
             let allocation = planned.plans.plans[k].allocation;
@@ -599,7 +581,7 @@ impl<'t> Simulation<'t> {
                 continue;
             }
             memory -= added;
-            self.resize(planned.job, allocation, true);
+            self.resize(planned.job, allocation);
         }
     }
 
@@ -622,10 +604,9 @@ impl<'t> Simulation<'t> {
         }
     }
 
-    /// Moves Job `i` to `allocation` (settled: where its probes return to), pausing it
-    /// while processes start or resize. A change that would leave a PS shard short of
-    /// memory is not made.
-    fn resize(&mut self, i: usize, allocation: Allocation, settled: bool) {
+    /// Moves Job `i` to `allocation`, pausing it while processes start or resize. A
+    /// change that would leave a PS shard short of memory is not made.
+    fn resize(&mut self, i: usize, allocation: Allocation) {
         let now = self.now;
         let truth = self.trace.jobs[i].truth;
         let Some(run) = self.run_of(i) else { return };
@@ -645,10 +626,8 @@ impl<'t> Simulation<'t> {
         };
         run.paused_until = run.paused_until.max(now) + pause;
         run.request = request;
-        if settled {
-            run.settled = allocation;
-            self.scaling_actions += 1;
-        }
+        run.steps += 1;
+        self.scaling_actions += 1;
     }
 }
 
@@ -656,65 +635,4 @@ impl<'t> Simulation<'t> {
 struct Planned {
     job: usize,
     plans: plans::JobPlans,
-}
-
-/// What a round does with one Job.
-enum Step {
-    Resize(Allocation, bool),
-    Plans(plans::JobPlans),
-    Stay,
-}
-
-/// Fits `run`'s model and searches its plans: DLRover-RM right-sizes an over-provisioned
-/// Job (after its probes, and again while Jobs wait); otherwise the scale-ups worth 5% of
-/// its throughput go to the cluster-level selection.
-fn plan(job: &JobTrace, run: &mut Run, policy: Policy, queued: bool, seed: u64) -> Step {
-    let a = run.request.allocation;
-    let terms = match policy {
-        Policy::Primus => Terms::Compute,
-        _ => Terms::All,
-    };
-    let Ok(model) = FittedModel::fit_terms(job.shape, &run.observations, terms) else {
-        return Step::Stay;
-    };
-    let Ok(predicted) = model.throughput(&a) else {
-        return Step::Stay;
-    };
-    let space = PlanSpace {
-        max_trainers: 32,
-        max_ps: 16,
-        core_step: 2.0,
-        max_cores: 32.0,
-        fixed_cores: None,
-        core_price: 1.0,
-        start_seconds: START_SECONDS,
-        horizon_seconds: ((job.samples - run.progress) / predicted.max(1e-9)).max(600.0),
-    };
-    let front = plans::pareto_front(&model, &space, &a, 16, 10, seed);
-    let first = !run.right_sized;
-    run.right_sized = true;
-    if policy == Policy::DlroverRm
-        && (first || queued)
-        && let Some(smaller) = plans::right_size(&front, &a, predicted, 0.95)
-        && smaller.cores <= 0.9 * plans::cores(&a)
-    {
-        run.needed = smaller.allocation;
-        return Step::Resize(smaller.allocation, true);
-    }
-    // A scale-up is worth its start when it adds 5% and each added core yields at least
-    // half the samples/s a core yields now: spare cores go where they still pay.
-    let per_core = predicted / plans::cores(&a);
-    let pays = |p: &plans::Plan| {
-        let added = p.cores - plans::cores(&a);
-        p.gain >= 0.05 * predicted && (added <= 0.0 || p.gain / added >= 0.5 * per_core)
-    };
-    let plans: Vec<plans::Plan> = front.into_iter().filter(pays).collect();
-    match plans.is_empty() {
-        true => Step::Stay,
-        false => Step::Plans(plans::JobPlans {
-            cores_now: plans::cores(&a),
-            remaining_samples: job.samples - run.progress,
-            plans,
-        }),
-    }
 }

@@ -5,49 +5,50 @@
 //! fitted (primus-resource-model) and the `ResourceModel` condition gives its
 //! coefficients, its RMSLE and the samples/s it predicts for the allocation running now.
 
-use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use primus_model::ModelLayout;
-use primus_resource_model::{Allocation, FittedModel, JobShape, Observation};
+use primus_resource_model::autoscale::Measurements;
+use primus_resource_model::{Allocation, FittedModel, JobShape, Terms};
 use primus_spec::job::JobSpec;
 
 use super::JobRun;
 use crate::backend::{ExecutorRole, ResourceBackend};
 use crate::plan::Catalog;
 
-/// Iteration times kept per allocation (the newest), and ticks an allocation must hold
-/// before they count (the trainers' rates lag a change by a report window).
+/// Iteration times kept per allocation (the newest), and ticks and time an allocation must
+/// hold before they count: a trainer's rate covers its last report window (2 s by
+/// default), so the first after a change mix the allocation before.
 const KEPT: usize = 30;
 const SETTLING_TICKS: usize = 3;
+const SETTLING: Duration = Duration::from_secs(5);
 /// Bandwidth between trainers and PS shards assumed by Eq. 4 (10 Gb/s); the sync
 /// coefficient absorbs what it really is, as the paper takes B as a constant.
 const BANDWIDTH: f64 = 1.25e9;
 
-/// An allocation as a map key: counts, and cores in thousandths.
-type AllocationKey = (u32, u32, u64, u64);
-
-/// Iteration times of the allocation running now before the optimizer acts on it.
-const SETTLED_TIMES: usize = 3;
-
-/// The iteration times a Job ran at, per allocation.
+/// The iteration times a Job ran at, per allocation, and the model fitted to them.
 pub(super) struct PerformanceLog {
-    shape: JobShape,
-    times: BTreeMap<AllocationKey, Vec<f64>>,
-    current: Option<(AllocationKey, usize)>,
+    pub(super) measurements: Measurements,
+    /// The allocation of the last ticks, since when, and how many ticks it has held.
+    current: Option<(Allocation, Instant, usize)>,
     fitted: Option<FittedModel>,
 }
 
 impl PerformanceLog {
     pub(super) fn new(spec: &JobSpec, layout: &ModelLayout) -> Self {
         let dense_floats = super::warm_start::dense_parameters(layout);
+        let shape = JobShape {
+            batch: f64::from(spec.training.batch_size.max(1)),
+            model_bytes: (4 * dense_floats.max(1)) as f64,
+            embedding_width: layout.embedding_width.max(1) as f64,
+            bandwidth: BANDWIDTH,
+        };
+        Self::of(shape)
+    }
+
+    fn of(shape: JobShape) -> Self {
         Self {
-            shape: JobShape {
-                batch: f64::from(spec.training.batch_size.max(1)),
-                model_bytes: (4 * dense_floats.max(1)) as f64,
-                embedding_width: layout.embedding_width.max(1) as f64,
-                bandwidth: BANDWIDTH,
-            },
-            times: BTreeMap::new(),
+            measurements: Measurements::new(shape, KEPT),
             current: None,
             fitted: None,
         }
@@ -58,85 +59,32 @@ impl PerformanceLog {
         self.fitted.as_ref()
     }
 
-    /// Each allocation the Job ran with and its samples/s (from its median iteration time).
-    pub(super) fn measured(&self) -> Vec<(Allocation, f64)> {
-        let batch = self.shape.batch;
-        (self.observations().into_iter())
-            .map(|o| {
-                let samples = f64::from(o.allocation.trainers) * batch;
-                (o.allocation, samples / o.iteration_seconds)
-            })
-            .collect()
-    }
-
-    /// Allocations with iteration times.
-    pub(super) fn allocations(&self) -> usize {
-        self.times.values().filter(|t| !t.is_empty()).count()
-    }
-
-    /// Whether the allocation running now has enough iteration times to judge it by.
-    pub(super) fn settled(&self) -> bool {
-        self.current
-            .and_then(|(key, _)| self.times.get(&key))
-            .is_some_and(|times| times.len() >= SETTLED_TIMES)
-    }
-
-    /// One tick: `samples_per_second` of all trainers under `allocation`. Returns the
-    /// fitted model once two allocations have settled iteration times.
+    /// One tick at `now`: `samples_per_second` of all trainers under `allocation`. Returns the
+    /// fitted model, its RMSLE and the allocations it was fitted to, once two allocations
+    /// have settled iteration times.
     pub(super) fn record(
         &mut self,
         allocation: Allocation,
         samples_per_second: f64,
+        now: Instant,
     ) -> Option<(FittedModel, f64, usize)> {
-        let key = key(&allocation);
-        let ticks = match self.current {
-            Some((held, ticks)) if held == key => ticks + 1,
-            _ => 1,
+        let (since, ticks) = match self.current {
+            Some((held, since, ticks)) if held == allocation => (since, ticks + 1),
+            _ => (now, 1),
         };
-        self.current = Some((key, ticks));
-        if ticks > SETTLING_TICKS && samples_per_second > 0.0 {
-            let seconds = f64::from(allocation.trainers) * self.shape.batch / samples_per_second;
-            let kept = self.times.entry(key).or_default();
-            kept.push(seconds);
-            if kept.len() > KEPT {
-                kept.remove(0);
-            }
+        self.current = Some((allocation, since, ticks));
+        let settled = ticks > SETTLING_TICKS && now.duration_since(since) >= SETTLING;
+        if settled && samples_per_second > 0.0 {
+            let batch = self.measurements.shape().batch;
+            let seconds = f64::from(allocation.trainers) * batch / samples_per_second;
+            self.measurements.add(allocation, seconds);
         }
-        let observations = self.observations();
-        if observations.len() < 2 {
-            return None;
-        }
-        let fitted = FittedModel::fit(self.shape, &observations).ok()?;
+        let fitted = self.measurements.fit(Terms::All)?;
+        let observations = self.measurements.observations();
         let rmsle = fitted.rmsle(&observations).ok()?;
         self.fitted = Some(fitted);
         Some((fitted, rmsle, observations.len()))
     }
-
-    /// Each allocation's median iteration time.
-    fn observations(&self) -> Vec<Observation> {
-        self.times
-            .iter()
-            .filter(|(_, times)| !times.is_empty())
-            .map(|(&(trainers, ps, trainer_mcpu, ps_mcpu), times)| {
-                let mut sorted = times.clone();
-                sorted.sort_by(f64::total_cmp);
-                Observation {
-                    allocation: Allocation {
-                        trainers,
-                        ps,
-                        trainer_cpu: trainer_mcpu as f64 / 1000.0,
-                        ps_cpu: ps_mcpu as f64 / 1000.0,
-                    },
-                    iteration_seconds: sorted[sorted.len() / 2],
-                }
-            })
-            .collect()
-    }
-}
-
-fn key(a: &Allocation) -> AllocationKey {
-    let milli = |cores: f64| (cores * 1000.0).round().max(1.0) as u64;
-    (a.trainers, a.ps, milli(a.trainer_cpu), milli(a.ps_cpu))
 }
 
 impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
@@ -165,7 +113,8 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         };
         let (trainers, ps) = (allocation.trainers, allocation.ps);
         let Some((fitted, rmsle, allocations)) =
-            self.performance.record(allocation, samples_per_second)
+            self.performance
+                .record(allocation, samples_per_second, Instant::now())
         else {
             return;
         };
@@ -191,17 +140,12 @@ mod tests {
     use super::*;
 
     fn log() -> PerformanceLog {
-        PerformanceLog {
-            shape: JobShape {
-                batch: 256.0,
-                model_bytes: 1.0e6,
-                embedding_width: 64.0,
-                bandwidth: BANDWIDTH,
-            },
-            times: BTreeMap::new(),
-            current: None,
-            fitted: None,
-        }
+        PerformanceLog::of(JobShape {
+            batch: 256.0,
+            model_bytes: 1.0e6,
+            embedding_width: 64.0,
+            bandwidth: BANDWIDTH,
+        })
     }
 
     fn allocation(trainers: u32, ps: u32) -> Allocation {
@@ -216,15 +160,17 @@ mod tests {
     #[test]
     fn a_fit_needs_two_settled_allocations() {
         let mut log = log();
-        for _ in 0..10 {
-            assert!(log.record(allocation(1, 1), 1000.0).is_none());
+        let start = Instant::now();
+        let tick = |n: u32| start + Duration::from_secs(u64::from(n));
+        for n in 0..10 {
+            assert!(log.record(allocation(1, 1), 1000.0, tick(n)).is_none());
         }
-        // The first ticks of a new allocation do not count yet.
-        for _ in 0..SETTLING_TICKS {
-            assert!(log.record(allocation(2, 2), 2400.0).is_none());
+        // The first ticks and seconds of a new allocation do not count yet.
+        for n in 10..10 + SETTLING.as_secs() as u32 {
+            assert!(log.record(allocation(2, 2), 2400.0, tick(n)).is_none());
         }
         let (fitted, rmsle, allocations) = log
-            .record(allocation(2, 2), 2400.0)
+            .record(allocation(2, 2), 2400.0, tick(20))
             .expect("two allocations");
         assert_eq!(allocations, 2);
         // Two points that non-negative coefficients explain: the fit goes through both.
@@ -238,9 +184,10 @@ mod tests {
     #[test]
     fn an_idle_tick_adds_no_observation() {
         let mut log = log();
-        for _ in 0..10 {
-            log.record(allocation(1, 1), 0.0);
+        let start = Instant::now();
+        for n in 0..10 {
+            log.record(allocation(1, 1), 0.0, start + Duration::from_secs(n));
         }
-        assert!(log.observations().is_empty());
+        assert_eq!(log.measurements.allocations(), 0);
     }
 }

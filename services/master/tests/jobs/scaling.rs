@@ -118,8 +118,11 @@ async fn a_running_job_scaled_out_and_in_trains_on_every_row_once() {
         "{scaled_out:?}"
     );
     assert_eq!(condition(&scaled_out, "SpecChange").reason, "Applied");
+    // Long enough for the resource model to count this allocation (it settles for 5 s).
     let samples = scaled_out.progress.map_or(0, |p| p.samples);
-    sandbox.wait_for_at_least("elastic", samples + 40_000).await;
+    sandbox
+        .wait_for_at_least("elastic", samples + 160_000)
+        .await;
 
     sandbox.apply([job(1, 1, 2)]).await;
     let scaled_in = wait_for_replicas(&sandbox, "elastic", 1, 1, Some(2)).await;

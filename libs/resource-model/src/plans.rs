@@ -107,22 +107,6 @@ pub fn plan(
 /// A plan's genes: trainers, PS shards, and each one's cores in steps.
 type Genes = [u32; 4];
 
-/// NSGA-II over `space` (population `population`, `generations` rounds, seeded): the plans
-/// with a positive gain over `current` that no other plan beats on both cost and gain,
-/// cheapest first. Empty for a space without a core step or cores.
-pub fn pareto_plans(
-    model: &dyn Throughput,
-    space: &PlanSpace,
-    current: &Allocation,
-    population: usize,
-    generations: usize,
-    seed: u64,
-) -> Vec<Plan> {
-    let mut front = pareto_front(model, space, current, population, generations, seed);
-    front.retain(|p| p.gain > 0.0);
-    front
-}
-
 /// The cheapest plan of `front` (from [`pareto_front`]) that keeps at least `keep` (0..=1)
 /// of `current`'s predicted throughput with fewer cores than `current`: an over-provisioned
 /// Job's right size. None when the model sees no such plan.
@@ -139,9 +123,10 @@ pub fn right_size(
         .copied()
 }
 
-/// NSGA-II over `space`: every plan no other plan beats on both cost and gain over
-/// `current`, gains below zero included (cheaper plans that lose throughput), cheapest
-/// first.
+/// NSGA-II over `space` (population `population`, `generations` rounds, seeded): every plan
+/// no other plan beats on both cost and gain over `current`, gains below zero included
+/// (cheaper plans that lose throughput), cheapest first. Empty for a space without a core
+/// step or cores.
 pub fn pareto_front(
     model: &dyn Throughput,
     space: &PlanSpace,

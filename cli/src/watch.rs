@@ -153,6 +153,7 @@ impl View {
             Ok(EventType::Added) => "ADDED",
             Ok(EventType::Modified) => "MODIFIED",
             Ok(EventType::Deleted) => "DELETED",
+            Ok(EventType::Appended) => "APPENDED",
             _ => "CHANGED",
         };
         self.show(resource, label);

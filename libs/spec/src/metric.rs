@@ -40,6 +40,74 @@ pub struct MetricPoint {
     pub value: f64,
 }
 
+impl MetricSpec {
+    /// What `self` adds to `previous`: per series, the points after the last one `previous`
+    /// holds (series without new points left out). None unless `self` is `previous` with
+    /// points appended (and the oldest possibly dropped): a series gone, a point rewritten
+    /// or another Job's metrics must travel whole.
+    pub fn appended_to(&self, previous: &MetricSpec) -> Option<MetricSpec> {
+        if self.job != previous.job {
+            return None;
+        }
+        let same = |a: &MetricSeries, b: &MetricSeries| a.name == b.name && a.role == b.role;
+        let kept = |old: &MetricSeries| self.series.iter().any(|s| same(s, old));
+        if !previous.series.iter().all(kept) {
+            return None;
+        }
+        let mut series = Vec::new();
+        for now in &self.series {
+            let old = previous.series.iter().find(|old| same(now, old));
+            let old_points = old.map_or(&[][..], |old| &old.points[..]);
+            let fresh = appended_points(old_points, &now.points)?;
+            if !fresh.is_empty() {
+                series.push(MetricSeries {
+                    points: fresh.to_vec(),
+                    ..now.clone()
+                });
+            }
+        }
+        Some(MetricSpec {
+            job: self.job.clone(),
+            series,
+        })
+    }
+
+    /// Adds `appended` (as [`MetricSpec::appended_to`] gives it) to these series, keeping
+    /// the newest `max_points` of each.
+    pub fn append(&mut self, appended: MetricSpec, max_points: usize) {
+        for fresh in appended.series {
+            let found = (self.series.iter_mut())
+                .find(|s| s.name == fresh.name && s.role == fresh.role);
+            let points = match found {
+                Some(series) => {
+                    series.points.extend(fresh.points);
+                    &mut series.points
+                }
+                None => {
+                    self.series.push(fresh);
+                    let Some(last) = self.series.last_mut() else {
+                        return;
+                    };
+                    &mut last.points
+                }
+            };
+            let excess = points.len().saturating_sub(max_points);
+            points.drain(..excess);
+        }
+    }
+}
+
+/// The points of `now` after those it shares with the end of `old`; None when `now` does
+/// not begin with a run of `old`'s newest points (in order, values equal).
+fn appended_points<'a>(old: &[MetricPoint], now: &'a [MetricPoint]) -> Option<&'a [MetricPoint]> {
+    let Some(last) = old.last() else {
+        return Some(now);
+    };
+    let shared = now.iter().take_while(|p| p.unix_ms <= last.unix_ms).count();
+    let tail = old.get(old.len().checked_sub(shared)?..)?;
+    (tail == &now[..shared]).then_some(&now[shared..])
+}
+
 /// Metric names may be dotted (`buffer_rows.clicks`: a gauge per data source), unlike
 /// resource names.
 fn check_metric_name(errors: &mut Vec<FieldError>, path: String, name: &str) {
@@ -88,5 +156,70 @@ impl Validate for MetricSpec {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(name: &str, points: &[(i64, f64)]) -> MetricSeries {
+        MetricSeries {
+            name: name.to_owned(),
+            role: Some("trainer".to_owned()),
+            points: (points.iter())
+                .map(|&(unix_ms, value)| MetricPoint { unix_ms, value })
+                .collect(),
+        }
+    }
+
+    fn spec(series: Vec<MetricSeries>) -> MetricSpec {
+        MetricSpec {
+            job: "ctr".to_owned(),
+            series,
+        }
+    }
+
+    #[test]
+    fn appended_points_rebuild_the_newer_series() {
+        let before = spec(vec![series("auc", &[(1, 0.5), (2, 0.6), (3, 0.7)])]);
+        // The oldest point dropped (a cap of 3), one point appended, a new series.
+        let after = spec(vec![
+            series("auc", &[(2, 0.6), (3, 0.7), (4, 0.8)]),
+            series("loss", &[(4, 0.4)]),
+        ]);
+        let appended = after.appended_to(&before).expect("an append");
+        assert_eq!(
+            appended,
+            spec(vec![series("auc", &[(4, 0.8)]), series("loss", &[(4, 0.4)])])
+        );
+        let mut watched = before.clone();
+        watched.append(appended, 3);
+        assert_eq!(watched, after);
+        assert_eq!(
+            after.appended_to(&after),
+            Some(spec(Vec::new())),
+            "nothing new"
+        );
+    }
+
+    #[test]
+    fn a_change_that_is_not_an_append_travels_whole() {
+        let before = spec(vec![
+            series("auc", &[(1, 0.5), (2, 0.6)]),
+            series("loss", &[(2, 0.4)]),
+        ]);
+        let rewritten = spec(vec![
+            series("auc", &[(1, 0.5), (2, 0.9), (3, 0.7)]),
+            series("loss", &[(2, 0.4)]),
+        ]);
+        assert_eq!(rewritten.appended_to(&before), None, "a point rewritten");
+        let dropped = spec(vec![series("auc", &[(1, 0.5), (2, 0.6), (3, 0.7)])]);
+        assert_eq!(dropped.appended_to(&before), None, "a series gone");
+        let other = MetricSpec {
+            job: "other".to_owned(),
+            ..before.clone()
+        };
+        assert_eq!(other.appended_to(&before), None, "another Job");
     }
 }

@@ -14,6 +14,7 @@ use primus_proto::v1::{
     WatchRequest,
 };
 use primus_service::Shutdown;
+use primus_spec::metric::MetricSpec;
 use primus_spec::status::Status as ResourceStatus;
 use primus_spec::{Kind, MAX_DOCUMENT_BYTES, Metadata, check_resource_name};
 use tokio::sync::{mpsc, watch};
@@ -57,11 +58,17 @@ impl Api {
         }
     }
 
-    /// Stamps `state` with its new `version`, publishes the change on
-    /// `primus.events.<kind>.<name>` and wakes local watchers; returns the stamped resource.
-    /// Redis is the record: a failed publish is logged, and watchers still see the change
-    /// on their next poll.
-    async fn announce(&self, event: EventType, state: Resource, version: u64) -> Resource {
+    /// Stamps `state` with its new `version`, publishes the change (`logged` where the
+    /// change log holds less than the whole state) on `primus.events.<kind>.<name>` and
+    /// wakes local watchers; returns the stamped resource. Redis is the record: a failed
+    /// publish is logged, and watchers still see the change on their next poll.
+    async fn announce(
+        &self,
+        event: EventType,
+        state: Resource,
+        logged: Option<Resource>,
+        version: u64,
+    ) -> Resource {
         let resource = Resource {
             resource_version: version,
             ..state
@@ -70,7 +77,13 @@ impl Api {
             .send_modify(|latest| *latest = (*latest).max(version));
         let event = ResourceEvent {
             r#type: event as i32,
-            resource: Some(resource.clone()),
+            resource: Some(match logged {
+                Some(logged) => Resource {
+                    resource_version: version,
+                    ..logged
+                },
+                None => resource.clone(),
+            }),
         };
         let published = match self.bus.subjects().event(&resource.kind, &resource.name) {
             Ok(subject) => self.bus.publish(subject, &event).await,
@@ -122,10 +135,13 @@ impl Api {
                 updated_unix_ms: now,
             };
             let previous_reference = current.as_ref().and_then(stored_reference);
-            let event = if current.is_some() {
-                EventType::Modified
-            } else {
-                EventType::Added
+            let appended = current
+                .as_ref()
+                .and_then(|current| appended_metric(current, &next, &typed));
+            let event = match (&current, &appended) {
+                (None, _) => EventType::Added,
+                (Some(_), Some(_)) => EventType::Appended,
+                (Some(_), None) => EventType::Modified,
             };
             let written = self
                 .store
@@ -135,12 +151,13 @@ impl Api {
                     expected: current_version,
                     resource: &next,
                     event,
+                    logged: appended.as_ref(),
                     reference: reference.as_ref(),
                     previous_reference: previous_reference.as_ref(),
                 })
                 .await;
             if let Some(version) = settled(written, request.expected_version)? {
-                let resource = self.announce(event, next, version).await;
+                let resource = self.announce(event, next, appended, version).await;
                 return Ok(ApplyResponse {
                     resource: Some(resource),
                     created: current.is_none(),
@@ -179,12 +196,13 @@ impl Api {
                     expected: current.resource_version,
                     resource: &next,
                     event: EventType::Modified,
+                    logged: None,
                     reference: None,
                     previous_reference: None,
                 })
                 .await;
             if let Some(version) = settled(written, request.expected_version)? {
-                let resource = self.announce(EventType::Modified, next, version).await;
+                let resource = self.announce(EventType::Modified, next, None, version).await;
                 return Ok(UpdateStatusResponse {
                     resource: Some(resource),
                 });
@@ -210,7 +228,7 @@ impl Api {
                 .delete(&current, kind, current.resource_version, reference.as_ref())
                 .await;
             if let Some(version) = settled(deleted, request.expected_version)? {
-                let resource = self.announce(EventType::Deleted, current, version).await;
+                let resource = self.announce(EventType::Deleted, current, None, version).await;
                 return Ok(DeleteResponse {
                     resource: Some(resource),
                 });
@@ -418,6 +436,28 @@ fn validate(given: &Resource) -> Result<(Kind, primus_spec::Resource), Status> {
         return Err(Status::invalid_argument(lines.join("\n")));
     }
     Ok((kind, typed))
+}
+
+/// A Metric whose new version only appends points to `current`: `next` with those points
+/// alone, what its change carries (a watcher's traffic then grows with the points, not
+/// with the square of the series' age).
+fn appended_metric(
+    current: &Resource,
+    next: &Resource,
+    typed: &primus_spec::Resource,
+) -> Option<Resource> {
+    let primus_spec::Resource::Metric(metric) = typed else {
+        return None;
+    };
+    if current.labels != next.labels {
+        return None;
+    }
+    let previous: MetricSpec = serde_json::from_str(&current.spec_json).ok()?;
+    let appended = metric.spec.appended_to(&previous)?;
+    Some(Resource {
+        spec_json: serde_json::to_string(&appended).ok()?,
+        ..next.clone()
+    })
 }
 
 fn parse_kind(text: &str) -> Result<Kind, Status> {

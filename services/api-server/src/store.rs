@@ -75,6 +75,9 @@ pub struct Change<'a> {
     /// The new state; its `resource_version` is set by the store.
     pub resource: &'a Resource,
     pub event: EventType,
+    /// What the change log carries when not the new state itself (a Metric's appended
+    /// points).
+    pub logged: Option<&'a Resource>,
     /// What the new state references, and what the old state referenced.
     pub reference: Option<&'a Reference>,
     pub previous_reference: Option<&'a Reference>,
@@ -148,8 +151,13 @@ impl Store {
 
     /// Writes `change` if the record is still at `change.expected`; returns the new version.
     pub async fn write(&self, change: Change<'_>) -> Result<u64, StoreError> {
-        let mut body = change.resource.clone();
-        body.resource_version = 0;
+        let encode = |resource: &Resource| {
+            let mut body = resource.clone();
+            body.resource_version = 0;
+            body.encode_to_vec()
+        };
+        let body = encode(change.resource);
+        let logged = change.logged.map_or_else(|| body.clone(), encode);
         let mut script = self.scripts.write.prepare_invoke();
         script
             .key(self.resource_key(change.kind, change.name))
@@ -157,11 +165,12 @@ impl Store {
             .key(self.events_key())
             .key(self.index_key(change.kind))
             .arg(change.expected)
-            .arg(body.encode_to_vec())
+            .arg(body)
             .arg(change.event as i32)
             .arg(self.retention)
             .arg(change.name)
-            .arg(format!("{}/{}", change.kind, change.name));
+            .arg(format!("{}/{}", change.kind, change.name))
+            .arg(logged);
         if let Some(target) = change.reference {
             script
                 .key(self.resource_key(target.kind, &target.name))
@@ -413,7 +422,7 @@ end
 
 /// KEYS: resource, version counter, events, index, [referenced resource, its refs set],
 /// [previous reference's refs set]. ARGV: expected version, body, event type, retention,
-/// name, referrer id (`<Kind>/<name>`).
+/// name, referrer id (`<Kind>/<name>`), the change log's body.
 const WRITE: &str = concat!(
     append_event_lua!(),
     r#"
@@ -421,7 +430,7 @@ local current = current_version(redis.call('GET', KEYS[1]))
 if current ~= tonumber(ARGV[1]) then return {'conflict', string.format('%d', current)} end
 if #KEYS >= 6 and redis.call('EXISTS', KEYS[5]) == 0 then return {'dangling', '0'} end
 local version = redis.call('INCR', KEYS[2])
-local v = append_event(KEYS[3], version, ARGV[3], ARGV[2], tonumber(ARGV[4]))
+local v = append_event(KEYS[3], version, ARGV[3], ARGV[7], tonumber(ARGV[4]))
 redis.call('SET', KEYS[1], v .. '|' .. ARGV[2])
 redis.call('SADD', KEYS[4], ARGV[5])
 if #KEYS == 7 or #KEYS == 5 then redis.call('SREM', KEYS[#KEYS], ARGV[6]) end

@@ -7,6 +7,7 @@ use primus_config::ApiServerSettings;
 use primus_proto::v1::{ApplyRequest, EventType, Resource, ResourceEvent};
 use primus_service::Shutdown;
 use primus_spec::Kind;
+use primus_spec::metric::{MetricPoint, MetricSeries, MetricSpec};
 use primus_spec::status::{Phase, Progress, Status};
 use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, RedisServer, free_port};
@@ -586,6 +587,95 @@ async fn changes_are_published_on_nats() {
     let event: ResourceEvent = prost::Message::decode(message.payload).expect("ResourceEvent");
     assert_eq!(event.r#type, EventType::Added as i32);
     assert_eq!(event.resource, applied.resource);
+    server.stop().await;
+}
+
+fn metric(points: impl IntoIterator<Item = (i64, f64)>) -> (MetricSpec, primus_spec::Resource) {
+    let spec = MetricSpec {
+        job: "ctr".to_owned(),
+        series: vec![MetricSeries {
+            name: "auc".to_owned(),
+            role: Some("trainer".to_owned()),
+            points: (points.into_iter())
+                .map(|(unix_ms, value)| MetricPoint { unix_ms, value })
+                .collect(),
+        }],
+    };
+    let resource = primus_spec::Resource::Metric(Box::new(primus_spec::Object {
+        metadata: primus_spec::Metadata {
+            name: "ctr".to_owned(),
+            labels: Default::default(),
+        },
+        spec: spec.clone(),
+    }));
+    (spec, resource)
+}
+
+/// A Metric resource that grows by a point is logged and published with that point only
+/// (Get still returns the whole series, and a watcher appending rebuilds it); a change
+/// that rewrites a point travels whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_metric_change_carries_only_its_appended_points() {
+    let cluster = Cluster::start();
+    let server = cluster.server().await;
+    let client = server.client().await;
+    let nats = async_nats::connect(cluster.nats.url()).await.expect("nats");
+    let mut published = nats
+        .subscribe("primus.events.Metric.ctr")
+        .await
+        .expect("subscribe");
+    nats.flush().await.expect("flush");
+    let auc = |t: i64| (t, 0.5 + t as f64 / 1e4);
+    let (first, resource) = metric((1..=500).map(auc));
+    let added = client.apply(&resource, 0).await.expect("metric");
+    let since = added.resource.expect("stored").resource_version;
+    let mut watch = (client.watch(Some(Kind::Metric), Some("ctr"), since).await).expect("watch");
+
+    // The oldest point dropped, one appended.
+    let (grown, resource) = metric((2..=501).map(auc));
+    client.apply(&resource, 0).await.expect("grown");
+    let event = next_event(&mut watch).await;
+    assert_eq!(event.r#type, EventType::Appended as i32);
+    let logged = event.resource.expect("resource");
+    let appended: MetricSpec = serde_json::from_str(&logged.spec_json).expect("appended");
+    assert_eq!(appended.series[0].points, grown.series[0].points[499..]);
+    let stored = client.get(Kind::Metric, "ctr").await.expect("get");
+    assert!(
+        logged.spec_json.len() * 100 < stored.spec_json.len(),
+        "{} bytes against the whole series' {}",
+        logged.spec_json.len(),
+        stored.spec_json.len()
+    );
+    let whole: MetricSpec = serde_json::from_str(&stored.spec_json).expect("stored");
+    assert_eq!(whole, grown);
+    let mut rebuilt = first;
+    rebuilt.append(appended, 500);
+    assert_eq!(rebuilt, grown, "a watcher appending has the whole series");
+    let mut types = Vec::new();
+    while types.len() < 2 {
+        let message = tokio::time::timeout(
+            Duration::from_secs(5),
+            futures::StreamExt::next(&mut published),
+        )
+        .await
+        .expect("published within 5 s")
+        .expect("message");
+        let event: ResourceEvent = prost::Message::decode(message.payload).expect("event");
+        types.push(event.r#type);
+    }
+    assert_eq!(
+        types,
+        [EventType::Added as i32, EventType::Appended as i32],
+        "NATS carries the same changes"
+    );
+
+    let (rewritten, resource) = metric((2..=501).map(|t| (t, 0.25)));
+    client.apply(&resource, 0).await.expect("rewritten");
+    let event = next_event(&mut watch).await;
+    assert_eq!(event.r#type, EventType::Modified as i32);
+    let whole: MetricSpec =
+        serde_json::from_str(&event.resource.expect("resource").spec_json).expect("whole");
+    assert_eq!(whole, rewritten);
     server.stop().await;
 }
 

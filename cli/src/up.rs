@@ -71,7 +71,18 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
             "primus-serving-sync" => &sync_settings,
             _ => &nats_settings,
         };
-        running.push(start(&options.bin_dir, &logs, name, port, settings)?);
+        let server_keys = match name {
+            "primus-api-server" => format!("  http_addr: {}\n", dashboard_addr()),
+            _ => String::new(),
+        };
+        running.push(start(
+            &options.bin_dir,
+            &logs,
+            name,
+            port,
+            &server_keys,
+            settings,
+        )?);
     }
     for process in &mut running {
         process
@@ -93,6 +104,12 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
         token_file.display(),
         primus_config::DEFAULT_PORTS.api_server
     );
+    let dashboard = dashboard_addr();
+    match primus_testkit::service::http_request(&dashboard, "GET", "/", &[], "").await {
+        Ok((200, _)) => println!("dashboard  http://{dashboard}/  (sign in with the API token)"),
+        Ok((status, _)) => bail!("the dashboard at {dashboard} answered HTTP {status}"),
+        Err(e) => bail!("the dashboard at {dashboard}: {e}"),
+    }
     if options.check {
         println!("all services healthy; stopping them (--check)");
     } else {
@@ -204,11 +221,17 @@ fn ensure_token(data: &Path) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Where `primus up`'s API server serves its dashboard.
+fn dashboard_addr() -> String {
+    format!("127.0.0.1:{}", primus_config::DEFAULT_PORTS.dashboard)
+}
+
 fn start(
     bin_dir: &Path,
     logs: &Path,
     name: &str,
     port: u16,
+    server_keys: &str,
     settings: &str,
 ) -> anyhow::Result<ServiceProcess> {
     let exe = bin_dir.join(name);
@@ -218,7 +241,7 @@ fn start(
             exe.display()
         );
     }
-    ServiceProcess::start_on(&exe, logs, port, settings)
+    ServiceProcess::start_with_server(&exe, logs, port, server_keys, settings)
         .with_context(|| format!("starting {name} on port {port}"))
 }
 

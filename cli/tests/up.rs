@@ -49,6 +49,10 @@ fn up_check_starts_every_service_healthy_and_stops_them_cleanly() {
     );
     assert_eq!(stdout.matches("SERVING").count(), 4, "{stdout}");
     assert_eq!(stdout.matches("stopped (exit 0)").count(), 4, "{stdout}");
+    assert!(
+        stdout.contains("dashboard  http://127.0.0.1:7080/  (sign in with the API token)"),
+        "the dashboard answered: {stdout}"
+    );
     for per_job in ["primus-data-executor", "primus-trainer"] {
         assert!(
             !stdout.contains(per_job),

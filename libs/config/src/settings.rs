@@ -22,6 +22,10 @@ pub struct ServerSettings {
     /// behind an address it cannot see: a pod's IP on Kubernetes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advertise_ip: Option<IpAddr>,
+    /// host:port of a plain-HTTP listener for web pages beside gRPC: the API server's
+    /// dashboard. Unset: none. Services without web pages refuse it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_addr: Option<SocketAddr>,
 }
 
 /// PEM files of the gRPC listener's certificate chain and private key.
@@ -41,6 +45,7 @@ impl ServerSettings {
             drain_timeout_ms: 10_000,
             tls: None,
             advertise_ip: None,
+            http_addr: None,
         }
     }
 }
@@ -292,6 +297,8 @@ pub struct DefaultPorts {
     pub ps: u16,
     /// `primus-serving-sync`.
     pub serving_sync: u16,
+    /// The API server's dashboard (`server.http_addr`, as `primus up` sets it).
+    pub dashboard: u16,
 }
 
 /// The default ports.
@@ -302,4 +309,5 @@ pub const DEFAULT_PORTS: DefaultPorts = DefaultPorts {
     trainer: 7073,
     ps: 7074,
     serving_sync: 7075,
+    dashboard: 7080,
 };

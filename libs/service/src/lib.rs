@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 mod auth;
+pub mod http;
 mod identity;
 mod node;
 mod services;

@@ -36,7 +36,14 @@ pub struct Node {
 
 impl Node {
     /// Binds the listener of `service` (health NOT_SERVING until serving starts).
+    /// `server.http_addr` is refused: a service with web pages opens that listener itself
+    /// and binds its node without it.
     pub async fn bind(service: &'static str, settings: &ServerSettings) -> anyhow::Result<Self> {
+        if let Some(addr) = settings.http_addr {
+            anyhow::bail!(
+                "server.http_addr ({addr}): {service} serves no web pages; only primus-api-server opens that listener (its dashboard)"
+            );
+        }
         let tls = settings.tls.as_ref().map(load_tls).transpose()?;
         let listener = TcpListener::bind(settings.grpc_addr)
             .await

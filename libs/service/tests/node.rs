@@ -16,6 +16,7 @@ fn settings(drain_timeout_ms: u64) -> ServerSettings {
         drain_timeout_ms,
         tls: None,
         advertise_ip: None,
+        http_addr: None,
     }
 }
 
@@ -105,6 +106,21 @@ async fn reflection_describes_what_a_node_serves_and_http_routes_share_its_port(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_web_listener_for_a_service_without_pages_is_refused_by_name() {
+    let mut asked = settings(1_000);
+    asked.http_addr = Some(([127, 0, 0, 1], 0).into());
+    let err = Node::bind("primus-test", &asked)
+        .await
+        .err()
+        .expect("refused");
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("server.http_addr") && text.contains("primus-test serves no web pages"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_taken_port_is_a_clear_error() {
     let first = Node::bind("primus-test", &settings(1_000))
         .await
@@ -117,6 +133,7 @@ async fn a_taken_port_is_a_clear_error() {
             drain_timeout_ms: 1_000,
             tls: None,
             advertise_ip: None,
+            http_addr: None,
         },
     )
     .await

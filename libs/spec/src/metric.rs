@@ -76,8 +76,8 @@ impl MetricSpec {
     /// the newest `max_points` of each.
     pub fn append(&mut self, appended: MetricSpec, max_points: usize) {
         for fresh in appended.series {
-            let found = (self.series.iter_mut())
-                .find(|s| s.name == fresh.name && s.role == fresh.role);
+            let found =
+                (self.series.iter_mut()).find(|s| s.name == fresh.name && s.role == fresh.role);
             let points = match found {
                 Some(series) => {
                     series.points.extend(fresh.points);
@@ -191,7 +191,10 @@ mod tests {
         let appended = after.appended_to(&before).expect("an append");
         assert_eq!(
             appended,
-            spec(vec![series("auc", &[(4, 0.8)]), series("loss", &[(4, 0.4)])])
+            spec(vec![
+                series("auc", &[(4, 0.8)]),
+                series("loss", &[(4, 0.4)])
+            ])
         );
         let mut watched = before.clone();
         watched.append(appended, 3);

@@ -183,13 +183,27 @@ impl ServiceProcess {
 
     /// Like [`ServiceProcess::start`], on a given port.
     pub fn start_on(exe: &Path, dir: &Path, port: u16, settings: &str) -> Result<Self, Error> {
+        Self::start_with_server(exe, dir, port, "", settings)
+    }
+
+    /// Like [`ServiceProcess::start_on`], with more keys of the `server` section
+    /// (`server_keys`: lines indented by two spaces, e.g. `  http_addr: 127.0.0.1:7080\n`).
+    pub fn start_with_server(
+        exe: &Path,
+        dir: &Path,
+        port: u16,
+        server_keys: &str,
+        settings: &str,
+    ) -> Result<Self, Error> {
         let name = exe
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "service".into());
         let addr = format!("127.0.0.1:{port}");
         let config = dir.join(format!("{name}.yaml"));
-        let body = format!("server:\n  grpc_addr: {addr}\n  drain_timeout_ms: 5000\n{settings}");
+        let body = format!(
+            "server:\n  grpc_addr: {addr}\n  drain_timeout_ms: 5000\n{server_keys}{settings}"
+        );
         std::fs::write(&config, body).map_err(Error::io(format!("write {}", config.display())))?;
         let log = dir.join(format!("{name}.log"));
         let out =

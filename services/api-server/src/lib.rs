@@ -1,18 +1,23 @@
 //! `primus-api-server`: the one place where Job, Dataset and Metric resources are declared
 //! and observed. Resources live in Redis ([`store`]); every change takes the next global
 //! version, is logged for Watch replay and is published on `primus.events.<kind>.<name>`.
-//! Every call needs a bearer token from `auth.token_file`.
+//! Every call needs a bearer token from `auth.token_file`. With `server.http_addr` it also
+//! serves the web dashboard (the `dashboard` module) over the same resources and tokens.
 
+mod dashboard;
 mod service;
 pub mod store;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use primus_bus::Bus;
 use primus_config::ApiServerSettings;
 use primus_proto::v1::ResourceEvent;
 use primus_proto::v1::api_service_server::ApiServiceServer;
 use primus_service::{BearerTokens, Node, ServiceFuture, Services, Shutdown};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
@@ -44,7 +49,15 @@ async fn serve(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Resul
         );
     };
     let tokens = BearerTokens::load(token_file, "auth.token_file")?;
-    let mut node = Node::bind(SERVICE, &settings.server).await?;
+    let mut grpc = settings.server.clone();
+    let pages =
+        match grpc.http_addr.take() {
+            Some(addr) => Some(TcpListener::bind(addr).await.with_context(|| {
+                format!("cannot listen on {addr} (setting `server.http_addr`)")
+            })?),
+            None => None,
+        };
+    let mut node = Node::bind(SERVICE, &grpc).await?;
     let bus = node.connect_nats(&settings.nats).await?;
     let redis = node.connect_redis(&settings.redis).await?;
     let store = store::Store::new(
@@ -54,16 +67,27 @@ async fn serve(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Resul
     );
     let (changes, _) = watch::channel(0);
     let follower = tokio::spawn(follow_changes(bus.clone(), changes.clone()));
-    let api = service::Api::new(
+    let api = Arc::new(service::Api::new(
         store,
         bus.clone(),
         changes,
         Duration::from_millis(settings.store.watch_poll_interval_ms),
         shutdown.clone(),
-    );
-    let api = ApiServiceServer::new(api).max_decoding_message_size(MAX_REQUEST_BYTES);
-    let api = InterceptedService::new(api, move |request| tokens.check(request));
-    node.serve(Services::new().grpc(api), shutdown).await?;
+    ));
+    let dashboard = match pages {
+        Some(listener) => {
+            tracing::info!(addr = %listener.local_addr()?, "serving the dashboard");
+            let serving = dashboard::serve(listener, api.clone(), tokens.clone(), shutdown.clone());
+            Some(tokio::spawn(serving))
+        }
+        None => None,
+    };
+    let grpc = ApiServiceServer::from_arc(api).max_decoding_message_size(MAX_REQUEST_BYTES);
+    let grpc = InterceptedService::new(grpc, move |request| tokens.check(request));
+    node.serve(Services::new().grpc(grpc), shutdown).await?;
+    if let Some(dashboard) = dashboard {
+        dashboard.await.context("the dashboard's listener")??;
+    }
     follower.abort();
     bus.drain().await?;
     Ok(())

@@ -202,7 +202,9 @@ impl Api {
                 })
                 .await;
             if let Some(version) = settled(written, request.expected_version)? {
-                let resource = self.announce(EventType::Modified, next, None, version).await;
+                let resource = self
+                    .announce(EventType::Modified, next, None, version)
+                    .await;
                 return Ok(UpdateStatusResponse {
                     resource: Some(resource),
                 });
@@ -228,7 +230,9 @@ impl Api {
                 .delete(&current, kind, current.resource_version, reference.as_ref())
                 .await;
             if let Some(version) = settled(deleted, request.expected_version)? {
-                let resource = self.announce(EventType::Deleted, current, None, version).await;
+                let resource = self
+                    .announce(EventType::Deleted, current, None, version)
+                    .await;
                 return Ok(DeleteResponse {
                     resource: Some(resource),
                 });
@@ -245,7 +249,13 @@ impl Api {
             .ok_or_else(|| Status::not_found(format!("{kind} {name:?} does not exist")))
     }
 
-    async fn list(&self, request: ListRequest) -> Result<ListResponse, Status> {
+    pub(crate) async fn get(&self, request: GetRequest) -> Result<Resource, Status> {
+        let kind = parse_kind(&request.kind)?;
+        check_name(&request.name)?;
+        self.get_existing(kind, &request.name).await
+    }
+
+    pub(crate) async fn list(&self, request: ListRequest) -> Result<ListResponse, Status> {
         let kind = parse_kind(&request.kind)?;
         let (mut resources, version) = self.store.list(kind).await.map_err(status)?;
         resources.retain(|r| {
@@ -261,7 +271,7 @@ impl Api {
         })
     }
 
-    async fn open_watch(&self, request: WatchRequest) -> Result<EventStream, Status> {
+    pub(crate) async fn open_watch(&self, request: WatchRequest) -> Result<EventStream, Status> {
         let kind = match request.kind.as_str() {
             "" => None,
             text => Some(parse_kind(text)?),
@@ -370,10 +380,7 @@ impl ApiService for Api {
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
-        let request = request.into_inner();
-        let kind = parse_kind(&request.kind)?;
-        check_name(&request.name)?;
-        let resource = self.get_existing(kind, &request.name).await?;
+        let resource = self.get(request.into_inner()).await?;
         Ok(Response::new(GetResponse {
             resource: Some(resource),
         }))

@@ -28,6 +28,8 @@ pub struct Sandbox {
     pub redis: RedisServer,
     dir: tempfile::TempDir,
     api_addr: String,
+    /// The API server's dashboard (host:port), when it serves one.
+    dashboard_addr: Option<String>,
     api: ApiServer,
 }
 
@@ -60,6 +62,8 @@ impl Sandbox {
         settings.redis.url = redis.url();
         settings.auth.token_file = Some(dir.path().join("token"));
         settings.store.watch_poll_interval_ms = 200;
+        settings.server.http_addr = Some(([127, 0, 0, 1], free_port().expect("port")).into());
+        let dashboard_addr = settings.server.http_addr.map(|addr| addr.to_string());
         let api_addr = settings.server.grpc_addr.to_string();
         let api_shutdown = Shutdown::new();
         tokio::spawn(primus_api_server::run(settings, api_shutdown.clone()));
@@ -71,6 +75,7 @@ impl Sandbox {
             redis,
             dir,
             api_addr,
+            dashboard_addr,
             api: ApiServer::InProcess(api_shutdown),
         }
     }
@@ -90,6 +95,7 @@ impl Sandbox {
             nats,
             redis,
             api_addr: format!("127.0.0.1:{port}"),
+            dashboard_addr: None,
             api: ApiServer::Process(api),
             dir,
         }
@@ -125,6 +131,11 @@ impl Sandbox {
     /// The API server, host:port.
     pub fn api_addr(&self) -> &str {
         &self.api_addr
+    }
+
+    /// The API server's dashboard, host:port (a sandbox of [`Sandbox::start`]).
+    pub fn dashboard_addr(&self) -> Option<&str> {
+        self.dashboard_addr.as_deref()
     }
 
     pub fn token_file(&self) -> PathBuf {

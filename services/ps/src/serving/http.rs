@@ -10,13 +10,14 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use primus_proto::v1::feature_value::Value as Feature;
 use primus_proto::v1::{FeatureValue, IntList, PredictRequest, Sample, StringList};
+use primus_service::http::{authorization, error_reply, json_reply};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tonic::{Code, Status};
+use tonic::Status;
 
 use super::Replica;
 
@@ -37,49 +38,21 @@ struct Body {
 }
 
 async fn predict(State(replica): State<Arc<Replica>>, headers: HeaderMap, body: Bytes) -> Response {
-    let header = headers
-        .get(header::AUTHORIZATION)
-        .map(|value| value.to_str().unwrap_or(""));
     let answer = async {
-        replica.authorize(header)?;
+        replica.authorize(authorization(&headers))?;
         replica.answer(request(&body)?).await
     };
     match answer.await {
-        Ok(answer) => reply(
+        Ok(answer) => json_reply(
             StatusCode::OK,
-            &json!({
+            json!({
                 "probabilities": answer.probabilities,
                 "sparse_version": answer.sparse_version,
                 "dense_version": answer.dense_version,
-            }),
+            })
+            .to_string(),
         ),
-        Err(status) => reply(
-            http_status(status.code()),
-            &json!({"code": format!("{:?}", status.code()), "error": status.message()}),
-        ),
-    }
-}
-
-fn reply(status: StatusCode, body: &Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
-}
-
-/// The HTTP status a caller of the gRPC code would act on alike.
-fn http_status(code: Code) -> StatusCode {
-    match code {
-        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
-        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-        Code::PermissionDenied => StatusCode::FORBIDDEN,
-        Code::NotFound => StatusCode::NOT_FOUND,
-        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
+        Err(status) => error_reply(&status),
     }
 }
 

@@ -1,4 +1,8 @@
-//! The resource API against real Redis and NATS, through the real client.
+//! The resource API against real Redis and NATS, through the real client (and over HTTP,
+//! the dashboard's view of it).
+
+mod dashboard;
+
 use std::collections::HashMap;
 use std::time::Duration;
 

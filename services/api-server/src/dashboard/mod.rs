@@ -1,0 +1,208 @@
+//! The web dashboard on `server.http_addr`: its pages, compiled into the binary
+//! ([`assets`]), and the JSON they read, behind the gRPC API's bearer tokens:
+//! - `GET /api/v1/<Kind>[?labels=k=v,...]`: `{"resource_version": n, "items": [...]}`;
+//! - `GET /api/v1/<Kind>/<name>`: one resource;
+//! - `GET /api/v1/watch?kind=&name=&since=`: the Watch as server-sent events, one per
+//!   change (`id` its version, `event` added, modified, appended or deleted, `data` the
+//!   resource); a Watch that ends with an error sends an `error` event, and one that
+//!   cannot start answers like any failed call (`since` gone: 400, OUT_OF_RANGE).
+//!
+//! A resource is `{kind, name, labels, resource_version, generation, created_unix_ms,
+//! updated_unix_ms, spec, status}` with spec and status as JSON values. The pages hold no
+//! data: they ask for a token and keep it in the browser's session storage.
+
+mod assets;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::{Stream, StreamExt};
+use primus_proto::v1::{EventType, GetRequest, ListRequest, Resource, ResourceEvent, WatchRequest};
+use primus_service::http::{authorization, error_reply, json_reply};
+use primus_service::{BearerTokens, Shutdown};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tonic::Status;
+
+use crate::service::Api;
+
+struct Dashboard {
+    api: Arc<Api>,
+    tokens: BearerTokens,
+}
+
+/// Serves the dashboard on `listener` until `shutdown`.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    api: Arc<Api>,
+    tokens: BearerTokens,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let router = Router::new()
+        .route("/", get(assets::index))
+        .route("/assets/{file}", get(assets::file))
+        .route("/api/v1/watch", get(watch))
+        .route("/api/v1/{kind}", get(list))
+        .route("/api/v1/{kind}/{name}", get(get_one))
+        .with_state(Arc::new(Dashboard { api, tokens }));
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move { shutdown.wait().await })
+        .await?;
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    /// `key=value` pairs, comma-separated: every one must match.
+    #[serde(default)]
+    labels: String,
+}
+
+async fn list(
+    State(dashboard): State<Arc<Dashboard>>,
+    headers: HeaderMap,
+    Path(kind): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Response {
+    let listed = async {
+        dashboard.tokens.check_header(authorization(&headers))?;
+        let request = ListRequest {
+            kind,
+            label_selector: label_selector(&query.labels)?,
+        };
+        dashboard.api.list(request).await
+    };
+    match listed.await {
+        Ok(listed) => {
+            let items: Vec<Value> = listed.resources.iter().map(resource_json).collect();
+            let body = json!({"resource_version": listed.resource_version, "items": items});
+            json_reply(StatusCode::OK, body.to_string())
+        }
+        Err(error) => error_reply(&error),
+    }
+}
+
+async fn get_one(
+    State(dashboard): State<Arc<Dashboard>>,
+    headers: HeaderMap,
+    Path((kind, name)): Path<(String, String)>,
+) -> Response {
+    let found = async {
+        dashboard.tokens.check_header(authorization(&headers))?;
+        dashboard.api.get(GetRequest { kind, name }).await
+    };
+    match found.await {
+        Ok(resource) => json_reply(StatusCode::OK, resource_json(&resource).to_string()),
+        Err(error) => error_reply(&error),
+    }
+}
+
+#[derive(Deserialize)]
+struct WatchQuery {
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    name: String,
+    /// 0 (or absent): from now.
+    #[serde(default)]
+    since: u64,
+}
+
+async fn watch(
+    State(dashboard): State<Arc<Dashboard>>,
+    headers: HeaderMap,
+    Query(query): Query<WatchQuery>,
+) -> Response {
+    let opened = async {
+        dashboard.tokens.check_header(authorization(&headers))?;
+        let request = WatchRequest {
+            kind: query.kind,
+            name: query.name,
+            since_version: query.since,
+        };
+        dashboard.api.open_watch(request).await
+    };
+    match opened.await {
+        Ok(events) => Sse::new(server_events(events))
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+        Err(error) => error_reply(&error),
+    }
+}
+
+/// Each change as a server-sent event; a failed Watch as a last `error` event.
+fn server_events(
+    events: impl Stream<Item = Result<ResourceEvent, Status>> + Send + 'static,
+) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
+    events
+        .scan(false, |failed, next| {
+            let event = match (*failed, next) {
+                (true, _) => None,
+                (false, Ok(change)) => Some(change_event(&change)),
+                (false, Err(error)) => {
+                    *failed = true;
+                    let body =
+                        json!({"code": format!("{:?}", error.code()), "error": error.message()});
+                    Some(Event::default().event("error").data(body.to_string()))
+                }
+            };
+            std::future::ready(event)
+        })
+        .map(Ok)
+}
+
+fn change_event(change: &ResourceEvent) -> Event {
+    let kind = match EventType::try_from(change.r#type) {
+        Ok(EventType::Added) => "added",
+        Ok(EventType::Appended) => "appended",
+        Ok(EventType::Deleted) => "deleted",
+        _ => "modified",
+    };
+    let resource = change.resource.clone().unwrap_or_default();
+    Event::default()
+        .id(resource.resource_version.to_string())
+        .event(kind)
+        .data(resource_json(&resource).to_string())
+}
+
+/// `key=value,key=value` as a label selector; a pair without `=` is refused by name.
+fn label_selector(text: &str) -> Result<HashMap<String, String>, Status> {
+    (text.split(',').filter(|pair| !pair.trim().is_empty()))
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                Ok((key.trim().to_owned(), value.trim().to_owned()))
+            }
+            _ => Err(Status::invalid_argument(format!(
+                "labels: {pair:?} is not key=value"
+            ))),
+        })
+        .collect()
+}
+
+/// A resource with its spec and status as JSON values (null where empty, the stored text
+/// where it is not JSON).
+fn resource_json(resource: &Resource) -> Value {
+    let parsed = |text: &str| match text {
+        "" => Value::Null,
+        text => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned())),
+    };
+    json!({
+        "kind": resource.kind,
+        "name": resource.name,
+        "labels": resource.labels,
+        "resource_version": resource.resource_version,
+        "generation": resource.generation,
+        "created_unix_ms": resource.created_unix_ms,
+        "updated_unix_ms": resource.updated_unix_ms,
+        "spec": parsed(&resource.spec_json),
+        "status": parsed(&resource.status_json),
+    })
+}

@@ -1,0 +1,445 @@
+// The Primus dashboard: Jobs, Datasets and Metrics of one API server, live through its
+// Watch (server-sent events on /api/v1/watch). The bearer token stays in this tab's
+// sessionStorage; every call carries it.
+"use strict";
+
+const TOKEN_KEY = "primus-token";
+const MAIN = document.getElementById("main");
+/// Charts drawn first on a Job's page; other series follow by name.
+const FIRST_SERIES = ["auc", "logloss", "calibration", "samples_per_second"];
+/// Points kept per series in the browser, as the master keeps them.
+const MAX_POINTS = 720;
+
+let token = sessionStorage.getItem(TOKEN_KEY);
+/// Aborts the current page's watches and timers when the page changes.
+let page = new AbortController();
+
+class Refused extends Error {}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) {
+    if (child !== null && child !== undefined) node.append(child);
+  }
+  return node;
+}
+
+function age(unixMs) {
+  const s = Math.max(0, Math.round((Date.now() - unixMs) / 1000));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m${s % 60 ? (s % 60) + "s" : ""}`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h${Math.floor((s % 3600) / 60)}m`;
+  return `${Math.floor(s / 86400)}d${Math.floor((s % 86400) / 3600)}h`;
+}
+
+function number(value, digits = 0) {
+  return value === null || value === undefined ? "" : Number(value).toLocaleString("en-US", {
+    minimumFractionDigits: digits, maximumFractionDigits: digits,
+  });
+}
+
+function banner(message) {
+  const node = document.getElementById("banner");
+  node.textContent = message || "";
+  node.hidden = !message;
+}
+
+async function api(path) {
+  const response = await fetch(path, { headers: { Authorization: `Bearer ${token}` } });
+  if (response.status === 401) throw new Refused("the API server refused the token");
+  const body = await response.json();
+  if (!response.ok) {
+    const error = new Error(body.error || response.statusText);
+    error.code = body.code;
+    throw error;
+  }
+  return body;
+}
+
+/// Follows changes from `since` until the page changes: onChange(type, resource) per
+/// change; onRelist() when the server no longer holds `since` (list again, watch anew).
+async function watch(params, since, onChange, onRelist) {
+  const signal = page.signal;
+  while (!signal.aborted) {
+    const query = new URLSearchParams({ ...params, since: String(since) });
+    try {
+      const response = await fetch(`/api/v1/watch?${query}`, {
+        headers: { Authorization: `Bearer ${token}` }, signal,
+      });
+      if (response.status === 401) throw new Refused("the API server refused the token");
+      if (!response.ok) {
+        const body = await response.json();
+        if (body.code === "OutOfRange") return onRelist();
+        throw new Error(body.error);
+      }
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffered = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffered += decoder.decode(value, { stream: true });
+        let end;
+        while ((end = buffered.indexOf("\n\n")) >= 0) {
+          const message = parseEvent(buffered.slice(0, end));
+          buffered = buffered.slice(end + 2);
+          if (!message) continue;
+          if (message.type === "error") {
+            const error = JSON.parse(message.data);
+            if (error.code === "OutOfRange") return onRelist();
+            throw new Error(error.error);
+          }
+          since = Number(message.id);
+          onChange(message.type, JSON.parse(message.data));
+        }
+      }
+    } catch (error) {
+      if (signal.aborted) return;
+      if (error instanceof Refused) return signOut(error.message);
+      banner(`watch: ${error.message}; reconnecting`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
+function parseEvent(text) {
+  const message = { type: "message", data: "", id: null };
+  for (const line of text.split("\n")) {
+    if (line.startsWith(":")) continue;
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+    if (field === "event") message.type = value;
+    else if (field === "data") message.data += (message.data ? "\n" : "") + value;
+    else if (field === "id") message.id = value;
+  }
+  return message.id === null && message.type !== "error" ? null : message;
+}
+
+function every(ms, tick) {
+  const timer = setInterval(tick, ms);
+  page.signal.addEventListener("abort", () => clearInterval(timer));
+}
+
+// ---- Jobs ----
+
+function progressCell(status) {
+  const fraction = status?.progress?.fraction;
+  if (fraction === null || fraction === undefined) return el("td", { class: "muted", text: "-" });
+  const percent = Math.round(fraction * 1000) / 10;
+  const bar = el("span", { class: "bar" }, el("span", { style: `width:${percent}%` }));
+  return el("td", {}, bar, `${percent}%`);
+}
+
+function jobRow(job) {
+  const status = job.status || {};
+  const progress = status.progress || {};
+  const labels = Object.entries(job.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ");
+  return el("tr", { "data-job": job.name },
+    el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(job.name)}`, text: job.name })),
+    el("td", {}, el("span", { class: `phase ${status.phase || ""}`, text: status.phase || "" })),
+    progressCell(status),
+    el("td", { class: "num", text: number(progress.samples_per_second) }),
+    el("td", { class: "num", text: progress.auc === undefined || progress.auc === null ? "" : number(progress.auc, 4) }),
+    el("td", { class: "num", "data-created": String(job.created_unix_ms), text: age(job.created_unix_ms) }),
+    el("td", { class: "muted", text: labels }),
+  );
+}
+
+async function jobsPage(params) {
+  const labels = params.get("labels") || "";
+  const filter = el("input", { value: labels, placeholder: "labels: team=ads,env=prod", id: "label-filter" });
+  filter.addEventListener("change", () => {
+    location.hash = filter.value ? `#/jobs?labels=${encodeURIComponent(filter.value)}` : "#/jobs";
+  });
+  const body = el("tbody");
+  const table = el("table", { id: "jobs" },
+    el("thead", {}, el("tr", {}, ...["Job", "Phase", "Progress", "Samples/s", "AUC", "Age", "Labels"].map((h) => el("th", { text: h })))),
+    body);
+  MAIN.replaceChildren(el("h1", { text: "Jobs" }), el("div", { class: "filter" }, filter), table);
+  const wanted = parseLabels(labels);
+  const listed = await api(`/api/v1/Job?labels=${encodeURIComponent(labels)}`);
+  const rows = new Map();
+  const show = (job) => {
+    const row = jobRow(job);
+    const old = rows.get(job.name);
+    if (old) old.replaceWith(row);
+    else body.append(row);
+    rows.set(job.name, row);
+  };
+  listed.items.forEach(show);
+  every(1000, () => body.querySelectorAll("[data-created]").forEach((cell) => {
+    cell.textContent = age(Number(cell.dataset.created));
+  }));
+  watch({ kind: "Job" }, listed.resource_version, (type, job) => {
+    const matches = Object.entries(wanted).every(([k, v]) => (job.labels || {})[k] === v);
+    if (type === "deleted" || !matches) {
+      rows.get(job.name)?.remove();
+      rows.delete(job.name);
+    } else {
+      show(job);
+    }
+  }, () => route());
+}
+
+function parseLabels(text) {
+  const labels = {};
+  for (const pair of text.split(",")) {
+    const [key, ...value] = pair.split("=");
+    if (key.trim()) labels[key.trim()] = value.join("=").trim();
+  }
+  return labels;
+}
+
+// ---- One Job ----
+
+function summary(job) {
+  const status = job.status || {};
+  const progress = status.progress || {};
+  const replicas = status.replicas || {};
+  const item = (value, label, id) => el("div", id ? { id } : {}, el("b", { text: value }), el("span", { text: label }));
+  const fraction = progress.fraction === null || progress.fraction === undefined ? "-" : `${number(progress.fraction * 100, 1)}%`;
+  return el("div", { class: "summary" },
+    item(status.phase || "", "phase", "phase"),
+    item(fraction, "progress"),
+    item(number(progress.samples), "samples trained", "samples"),
+    item(number(progress.samples_per_second), "samples/s"),
+    item(progress.auc === null || progress.auc === undefined ? "-" : number(progress.auc, 4), "AUC"),
+    item(`${replicas.trainers ?? "-"} / ${replicas.ps ?? "-"} / ${replicas.data_executors ?? "-"} / ${replicas.serving ?? 0}`, "trainers / PS / data executors / serving"),
+    item(age(job.created_unix_ms), "age"),
+  );
+}
+
+function sourcesTable(job) {
+  const sources = job.status?.progress?.sources || [];
+  if (!sources.length) return el("p", { class: "muted", text: "No rows read yet." });
+  return el("table", {},
+    el("thead", {}, el("tr", {}, ...["Source", "Rows read", "Samples trained", "Re-trained after a rollback"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, ...sources.map((s) => el("tr", {},
+      el("td", { text: s.source }), el("td", { class: "num", text: number(s.rows_read) }),
+      el("td", { class: "num", text: number(s.samples) }), el("td", { class: "num", text: number(s.retrained_samples) })))));
+}
+
+function conditionsTable(job) {
+  const conditions = job.status?.conditions || [];
+  return el("table", { id: "conditions" },
+    el("thead", {}, el("tr", {}, ...["Condition", "Status", "Reason", "Since", "Message"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, ...conditions.map((c) => el("tr", {},
+      el("td", { text: c.type ?? c.kind }), el("td", { text: String(c.status) }), el("td", { text: c.reason }),
+      el("td", { class: "num", text: age(c.last_transition_unix_ms) }), el("td", { text: c.message })))));
+}
+
+function timeline(job) {
+  const events = [...(job.status?.events || [])].sort((a, b) => b.unix_ms - a.unix_ms);
+  if (!events.length) return el("p", { class: "muted", text: "No events yet." });
+  return el("ul", { class: "timeline", id: "events" }, ...events.map((e) => el("li", {},
+    el("time", { text: new Date(e.unix_ms).toLocaleTimeString() }),
+    el("span", { class: "reason", text: e.reason }), e.message)));
+}
+
+/// The Job's curves: one chart per series of its Metric resource, kept live.
+class Curves {
+  constructor(container) {
+    this.container = container;
+    this.charts = new Map();
+    this.metric = null;
+  }
+
+  replace(metric) {
+    this.metric = metric;
+    this.draw();
+  }
+
+  append(appended) {
+    if (!this.metric) return;
+    for (const fresh of appended.spec.series || []) {
+      const series = this.metric.spec.series.find((s) => s.name === fresh.name && s.role === fresh.role);
+      if (series) {
+        series.points.push(...fresh.points);
+        series.points.splice(0, Math.max(0, series.points.length - MAX_POINTS));
+      } else {
+        this.metric.spec.series.push(fresh);
+      }
+    }
+    this.draw();
+  }
+
+  draw() {
+    const series = [...(this.metric?.spec?.series || [])].sort((a, b) => rank(a.name) - rank(b.name) || a.name.localeCompare(b.name) || (a.role || "").localeCompare(b.role || ""));
+    if (!series.length) {
+      this.container.replaceChildren(el("p", { class: "muted", text: "No metrics reported yet." }));
+      return;
+    }
+    this.container.querySelector("p")?.remove();
+    for (const s of series) {
+      const key = `${s.name}/${s.role || ""}`;
+      const data = [s.points.map((p) => p.unix_ms / 1000), s.points.map((p) => p.value)];
+      let chart = this.charts.get(key);
+      if (!chart) {
+        const box = el("div", { class: "chart", "data-series": key }, el("h3", { text: s.role ? `${s.name} (${s.role})` : s.name }));
+        this.container.append(box);
+        const plot = new uPlot({
+          width: 380, height: 160, legend: { show: false },
+          series: [{}, { label: s.name, stroke: "#2f6fde", width: 1.5 }],
+          axes: [{}, { size: 60 }],
+        }, data, box);
+        chart = { box, plot };
+        this.charts.set(key, chart);
+      } else {
+        chart.plot.setData(data);
+      }
+      chart.box.dataset.points = String(s.points.length);
+      chart.box.dataset.last = s.points.length ? String(s.points[s.points.length - 1].value) : "";
+    }
+  }
+}
+
+function rank(name) {
+  const at = FIRST_SERIES.indexOf(name);
+  return at < 0 ? FIRST_SERIES.length : at;
+}
+
+async function jobPage(name) {
+  const job = await api(`/api/v1/Job/${encodeURIComponent(name)}`);
+  const head = el("div");
+  const charts = el("div", { class: "charts", id: "charts" });
+  const details = el("div");
+  MAIN.replaceChildren(el("h1", { text: `Job ${name}` }), head, el("h2", { text: "Curves" }), charts, details);
+  const showJob = (job) => {
+    const dataset = job.spec?.dataset;
+    head.replaceChildren(summary(job));
+    details.replaceChildren(
+      el("h2", { text: "Sources" }), sourcesTable(job),
+      el("p", {}, "Dataset ", dataset ? el("a", { href: `#/datasets/${encodeURIComponent(dataset)}`, text: dataset }) : "-",
+        `, mode ${job.spec?.mode ?? "-"}, spec generation ${job.generation}`),
+      el("h2", { text: "Conditions" }), conditionsTable(job),
+      el("h2", { text: "Events" }), timeline(job));
+  };
+  showJob(job);
+  const curves = new Curves(charts);
+  let metricVersion = 0;
+  try {
+    const metric = await api(`/api/v1/Metric/${encodeURIComponent(name)}`);
+    curves.replace(metric);
+    metricVersion = metric.resource_version;
+  } catch (error) {
+    if (error.code !== "NotFound") throw error;
+    curves.replace(null);
+  }
+  watch({ kind: "Job", name }, job.resource_version, (type, job) => {
+    if (type === "deleted") {
+      MAIN.replaceChildren(el("h1", { text: `Job ${name}` }), el("p", { text: "This Job was deleted." }));
+      page.abort();
+    } else {
+      showJob(job);
+    }
+  }, () => route());
+  watch({ kind: "Metric", name }, metricVersion || job.resource_version, (type, metric) => {
+    if (type === "appended") curves.append(metric);
+    else if (type !== "deleted") curves.replace(metric);
+  }, () => route());
+}
+
+// ---- Datasets and Metrics ----
+
+async function datasetsPage() {
+  const listed = await api("/api/v1/Dataset");
+  MAIN.replaceChildren(el("h1", { text: "Datasets" }), el("table", {},
+    el("thead", {}, el("tr", {}, ...["Dataset", "Streams", "Sources", "Age"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, ...listed.items.map((d) => el("tr", { "data-dataset": d.name },
+      el("td", {}, el("a", { href: `#/datasets/${encodeURIComponent(d.name)}`, text: d.name })),
+      el("td", { text: (d.spec.streams || []).map((s) => s.name).join(", ") }),
+      el("td", { text: (d.spec.streams || []).flatMap((s) => s.sources || []).map((s) => s.name).join(", ") }),
+      el("td", { class: "num", text: age(d.created_unix_ms) }))))));
+}
+
+function windowText(window) {
+  return `${window.unit} from ${window.start} ${window.end ? `to ${window.end}` : "(open-ended)"}`;
+}
+
+function sourceText(source) {
+  if (source.parquet) return `Parquet ${source.parquet.uri}`;
+  if (source.jetstream) return `JetStream ${source.jetstream.subject ?? source.jetstream.stream ?? ""}`;
+  if (source.join) return "joined";
+  return "";
+}
+
+async function datasetPage(name) {
+  const [dataset, jobs] = await Promise.all([api(`/api/v1/Dataset/${encodeURIComponent(name)}`), api("/api/v1/Job")]);
+  const readers = jobs.items.filter((j) => j.spec?.dataset === name);
+  MAIN.replaceChildren(el("h1", { text: `Dataset ${name}` }),
+    el("h2", { text: "Streams and windows" }),
+    el("table", {},
+      el("thead", {}, el("tr", {}, ...["Stream", "Window", "Source", "Weight", "Reads"].map((h) => el("th", { text: h })))),
+      el("tbody", {}, ...(dataset.spec.streams || []).flatMap((stream) => (stream.sources || []).map((source) => el("tr", {},
+        el("td", { text: stream.name }), el("td", { text: windowText(stream.window) }), el("td", { text: source.name }),
+        el("td", { class: "num", text: number(source.weight, 2) }), el("td", { text: sourceText(source) })))))),
+    el("h2", { text: "Jobs reading it" }),
+    readers.length ? el("table", {},
+      el("thead", {}, el("tr", {}, ...["Job", "Phase", "Progress", "Rows read per source"].map((h) => el("th", { text: h })))),
+      el("tbody", {}, ...readers.map((j) => el("tr", {},
+        el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(j.name)}`, text: j.name })),
+        el("td", { text: j.status?.phase ?? "" }), progressCell(j.status),
+        el("td", { text: (j.status?.progress?.sources || []).map((s) => `${s.source}: ${number(s.rows_read)}`).join(", ") })))))
+      : el("p", { class: "muted", text: "No Job reads it." }));
+}
+
+async function metricsPage() {
+  const listed = await api("/api/v1/Metric");
+  MAIN.replaceChildren(el("h1", { text: "Metrics" }), el("table", {},
+    el("thead", {}, el("tr", {}, ...["Metric", "Series", "Points", "Updated"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, ...listed.items.map((m) => el("tr", {},
+      el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(m.name)}`, text: m.name })),
+      el("td", { class: "num", text: number((m.spec.series || []).length) }),
+      el("td", { class: "num", text: number((m.spec.series || []).reduce((n, s) => n + s.points.length, 0)) }),
+      el("td", { class: "num", text: age(m.updated_unix_ms) }))))));
+}
+
+// ---- Routing and signing in ----
+
+function signOut(message) {
+  token = null;
+  sessionStorage.removeItem(TOKEN_KEY);
+  page.abort();
+  MAIN.replaceChildren();
+  document.getElementById("sign-out").hidden = true;
+  document.getElementById("sign-in").hidden = false;
+  document.getElementById("sign-in-error").textContent = message || "";
+}
+
+async function route() {
+  page.abort();
+  page = new AbortController();
+  banner("");
+  if (!token) return signOut("");
+  document.getElementById("sign-in").hidden = true;
+  document.getElementById("sign-out").hidden = false;
+  const [path, query] = (location.hash.replace(/^#/, "") || "/jobs").split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.getAttribute("href") === `#/${parts[0]}`));
+  try {
+    if (parts[0] === "jobs" && parts[1]) await jobPage(parts[1]);
+    else if (parts[0] === "datasets" && parts[1]) await datasetPage(parts[1]);
+    else if (parts[0] === "datasets") await datasetsPage();
+    else if (parts[0] === "metrics") await metricsPage();
+    else await jobsPage(new URLSearchParams(query || ""));
+  } catch (error) {
+    if (error instanceof Refused) return signOut(error.message);
+    banner(error.message);
+  }
+}
+
+document.getElementById("sign-in").addEventListener("submit", (event) => {
+  event.preventDefault();
+  token = document.getElementById("token").value.trim();
+  sessionStorage.setItem(TOKEN_KEY, token);
+  route();
+});
+document.getElementById("sign-out").addEventListener("click", () => signOut(""));
+window.addEventListener("hashchange", route);
+route();

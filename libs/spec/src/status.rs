@@ -54,7 +54,8 @@ pub struct Progress {
     pub samples: u64,
     /// Training steps (minibatches) taken.
     pub steps: u64,
-    /// Share of the bounded data consumed (0..=1); unset for open-ended streams.
+    /// Share of a batch Job's rows trained (0..=1), once every window is planned and a
+    /// task with rows has been read; unset for Jobs that read streams.
     #[serde(default)]
     pub fraction: Option<f64>,
     /// Samples trained per second lately.

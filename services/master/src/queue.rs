@@ -10,6 +10,9 @@
 //! - `read` hash source -> rows its tasks' offsets moved forward by (rows served to
 //!   trainers, counting again those served again after a rollback or restore)
 //! - `succeeded` set of ids; `failed` hash id -> last error
+//! - `bytes` hash id -> bytes the task reads (as planned); `rows` hash id -> rows a
+//!   succeeded task served; `totals` hash: `bytes` (every planned task's), `bytes_done` and
+//!   `rows_done` (the succeeded tasks'): the rows per byte a Job's progress is estimated by
 //! - `cursor` hash stream -> start of the next window to plan; `planned` hash stream -> 1
 //!   once a bounded stream is fully planned
 //! - `executors` hash executor -> last heartbeat (unix ms)
@@ -35,7 +38,7 @@ use redis::aio::ConnectionManager;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::plan::{ORDER_WINDOW_DIVISOR, PlannedTask};
+use crate::plan::{ORDER_WINDOW_DIVISOR, PlannedTask, task_bytes};
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
@@ -70,7 +73,7 @@ pub enum Finished {
     NotOwner,
 }
 
-/// Counts of a job's batch tasks.
+/// Counts of a job's batch tasks, and the bytes and rows behind them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QueueCounts {
     pub total: u64,
@@ -78,15 +81,41 @@ pub struct QueueCounts {
     pub running: u64,
     pub succeeded: u64,
     pub failed: u64,
+    /// Bytes every planned task reads.
+    pub bytes: u64,
+    /// Bytes and rows of the tasks that succeeded.
+    pub bytes_done: u64,
+    pub rows_done: u64,
+}
+
+impl QueueCounts {
+    /// The share of the batch rows `trained` covers: the rows the planned tasks hold are
+    /// estimated by the rows per byte of those that succeeded (exact once every task has;
+    /// files are cut by bytes, so a task's rows are only known once it is read). Until a
+    /// task that held rows succeeded, the share of the bytes read (None before any is
+    /// planned).
+    pub fn row_fraction(&self, trained: u64) -> Option<f64> {
+        if self.bytes == 0 {
+            return None;
+        }
+        if self.rows_done == 0 || self.bytes_done == 0 {
+            return Some(self.bytes_done as f64 / self.bytes as f64);
+        }
+        let rows = self.rows_done as f64 * self.bytes as f64 / self.bytes_done as f64;
+        Some((trained as f64 / rows.max(1.0)).min(1.0))
+    }
 }
 
 const ENQUEUE: &str = r#"
--- KEYS: task order pending cursor planned; ARGV: stream next_cursor planned_all then (id order proto)*
+-- KEYS: task order pending cursor planned bytes totals
+-- ARGV: stream next_cursor then (id order proto bytes)* then planned_all
 local added = 0
-for i = 3, #ARGV - 2, 3 do
+for i = 3, #ARGV - 3, 4 do
   if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 2]) == 1 then
     redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
     redis.call('ZADD', KEYS[3], ARGV[i + 1], ARGV[i])
+    redis.call('HSET', KEYS[6], ARGV[i], ARGV[i + 3])
+    redis.call('HINCRBY', KEYS[7], 'bytes', ARGV[i + 3])
     added = added + 1
   end
 end
@@ -159,8 +188,8 @@ return 1
 "#;
 
 const FINISH: &str = r#"
--- KEYS: running succeeded failed pending order attempts offset executors stream
--- ARGV: id executor error max_attempts now_ms
+-- KEYS: running succeeded failed pending order attempts offset executors stream bytes rows
+-- totals; ARGV: id executor error max_attempts now_ms
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   -- A stream binding ends only by failing (a stream has no end): it fails the job.
   local source = string.match(ARGV[1], '^(.*)/stream$')
@@ -177,7 +206,13 @@ end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[8], ARGV[2], ARGV[5])
 if ARGV[3] == '' then
-  redis.call('SADD', KEYS[2], ARGV[1])
+  -- The last offset reported covers every row: executors report it before finishing.
+  local rows = redis.call('HGET', KEYS[7], ARGV[1]) or '0'
+  if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then
+    redis.call('HSET', KEYS[11], ARGV[1], rows)
+    redis.call('HINCRBY', KEYS[12], 'rows_done', rows)
+    redis.call('HINCRBY', KEYS[12], 'bytes_done', redis.call('HGET', KEYS[10], ARGV[1]) or '0')
+  end
   redis.call('HDEL', KEYS[7], ARGV[1])
   return 'succeeded'
 end
@@ -239,9 +274,11 @@ return 0
 "#;
 
 const COUNTS: &str = r#"
--- KEYS: task pending running succeeded failed
+-- KEYS: task pending running succeeded failed totals
+local totals = redis.call('HMGET', KEYS[6], 'bytes', 'bytes_done', 'rows_done')
 return {redis.call('HLEN', KEYS[1]), redis.call('ZCARD', KEYS[2]), redis.call('HLEN', KEYS[3]),
-        redis.call('SCARD', KEYS[4]), redis.call('HLEN', KEYS[5])}
+        redis.call('SCARD', KEYS[4]), redis.call('HLEN', KEYS[5]),
+        tonumber(totals[1] or '0'), tonumber(totals[2] or '0'), tonumber(totals[3] or '0')}
 "#;
 
 const STAGE_CHECKPOINT: &str = r#"
@@ -284,7 +321,8 @@ return 1
 "#;
 
 const ROLLBACK: &str = r#"
--- KEYS: offset succeeded pending order running position; ARGV: prefix id ('0': none)
+-- KEYS: offset succeeded pending order running position bytes rows totals
+-- ARGV: prefix id ('0': none)
 -- Back to the checkpoint: its offsets and stream positions, and every task that succeeded
 -- after it pending again. Runs when no executor holds a task (after the previous ones'
 -- work was taken back).
@@ -300,6 +338,10 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   if redis.call('SISMEMBER', saved_succeeded, id) == 0 then
     redis.call('SREM', KEYS[2], id)
     redis.call('ZADD', KEYS[3], redis.call('HGET', KEYS[4], id), id)
+    -- 0 - n: Redis refuses the '-0' that -n gives for 0.
+    redis.call('HINCRBY', KEYS[9], 'rows_done', 0 - tonumber(redis.call('HGET', KEYS[8], id) or '0'))
+    redis.call('HINCRBY', KEYS[9], 'bytes_done', 0 - tonumber(redis.call('HGET', KEYS[7], id) or '0'))
+    redis.call('HDEL', KEYS[8], id)
     reopened = reopened + 1
   end
 end
@@ -307,8 +349,11 @@ return reopened
 "#;
 
 /// Every key of a job's queue, for [`TaskQueue::delete`].
-const KEYS: [&str; 19] = [
+const KEYS: [&str; 22] = [
     "task",
+    "bytes",
+    "rows",
+    "totals",
     "read",
     "order",
     "pending",
@@ -396,14 +441,17 @@ impl TaskQueue {
     ) -> Result<u64, QueueError> {
         let mut script = self.invoke(
             &self.scripts.enqueue,
-            &["task", "order", "pending", "cursor", "planned"],
+            &[
+                "task", "order", "pending", "cursor", "planned", "bytes", "totals",
+            ],
         );
         script.arg(stream).arg(next_cursor);
         for planned in tasks {
             script
                 .arg(&planned.task.id)
                 .arg(planned.order)
-                .arg(planned.task.encode_to_vec());
+                .arg(planned.task.encode_to_vec())
+                .arg(task_bytes(&planned.task));
         }
         script.arg(if planned_all { "1" } else { "0" });
         Ok(script.invoke_async(&mut self.redis.clone()).await?)
@@ -546,6 +594,9 @@ impl TaskQueue {
                 "offset",
                 "executors",
                 "stream",
+                "bytes",
+                "rows",
+                "totals",
             ],
         );
         script
@@ -683,16 +734,30 @@ impl TaskQueue {
     pub async fn counts(&self) -> Result<QueueCounts, QueueError> {
         let script = self.invoke(
             &self.scripts.counts,
-            &["task", "pending", "running", "succeeded", "failed"],
+            &[
+                "task",
+                "pending",
+                "running",
+                "succeeded",
+                "failed",
+                "totals",
+            ],
         );
-        let c: Vec<u64> = script.invoke_async(&mut self.redis.clone()).await?;
-        let at = |i: usize| c.get(i).copied().unwrap_or_default();
+        let c: Vec<i64> = script.invoke_async(&mut self.redis.clone()).await?;
+        let at = |i: usize| {
+            c.get(i)
+                .copied()
+                .map_or(0, |n| u64::try_from(n).unwrap_or(0))
+        };
         Ok(QueueCounts {
             total: at(0),
             pending: at(1),
             running: at(2),
             succeeded: at(3),
             failed: at(4),
+            bytes: at(5),
+            bytes_done: at(6),
+            rows_done: at(7),
         })
     }
 
@@ -787,6 +852,9 @@ impl TaskQueue {
                 "order",
                 "running",
                 "position",
+                "bytes",
+                "rows",
+                "totals",
             ],
         );
         script.arg(&self.prefix).arg(id.unwrap_or(0));
@@ -829,4 +897,45 @@ fn parse_number(bytes: &[u8]) -> u64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QueueCounts;
+
+    #[test]
+    fn progress_is_rows_trained_over_the_rows_estimated_by_bytes() {
+        let counts = |bytes_done, rows_done| QueueCounts {
+            total: 8,
+            succeeded: 2,
+            bytes: 8_000,
+            bytes_done,
+            rows_done,
+            ..QueueCounts::default()
+        };
+        let unplanned = QueueCounts::default();
+        assert_eq!(unplanned.row_fraction(100), None, "nothing planned");
+        assert_eq!(
+            counts(0, 0).row_fraction(100),
+            Some(0.0),
+            "nothing read yet"
+        );
+        assert_eq!(
+            counts(1_000, 0).row_fraction(100),
+            Some(0.125),
+            "parts without rows"
+        );
+        // 500 rows in 2,000 bytes: 2,000 rows in all.
+        assert_eq!(counts(2_000, 500).row_fraction(600), Some(0.3));
+        assert_eq!(
+            counts(8_000, 2_000).row_fraction(2_000),
+            Some(1.0),
+            "exact at the end"
+        );
+        assert_eq!(
+            counts(2_000, 500).row_fraction(9_000),
+            Some(1.0),
+            "at most all of it"
+        );
+    }
 }

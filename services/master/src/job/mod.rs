@@ -630,18 +630,19 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
     /// Writes the Job's progress when it changed, and its Metric resource when new
     /// reports arrived.
     async fn report_progress(&mut self, counts: &QueueCounts, all_planned: bool) {
-        let fraction = (all_planned && !self.has_streams && counts.total > 0)
-            .then(|| counts.succeeded as f64 / counts.total as f64);
+        let batch_only = all_planned && !self.has_streams;
         let metrics_changed = self.fold.tick(now_ms());
-        let mut progress = self.fold.progress(fraction).or_else(|| {
-            fraction.map(|f| Progress {
-                fraction: Some(f),
-                ..Default::default()
-            })
-        });
+        let mut progress = self.fold.progress(None);
+        if progress.is_none() && batch_only && counts.rows_done > 0 {
+            progress = Some(Progress::default());
+        }
         if let Some(progress) = &mut progress {
             self.count_retrained(progress);
             self.count_read(progress).await;
+            if batch_only {
+                let trained = progress.samples.saturating_sub(progress.retrained_samples);
+                progress.fraction = counts.row_fraction(trained);
+            }
         }
         if progress != self.writer.status.progress {
             self.writer.status.progress = progress;

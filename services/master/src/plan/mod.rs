@@ -195,6 +195,14 @@ fn is_data_file(name: &str) -> bool {
     !(base.is_empty() || base.starts_with('_') || base.starts_with('.'))
 }
 
+/// Bytes a batch task reads (0 for a stream binding).
+pub fn task_bytes(task: &DataTask) -> u64 {
+    match &task.work {
+        Some(data_task::Work::Batch(batch)) => batch.files.iter().map(task_file_bytes).sum(),
+        _ => 0,
+    }
+}
+
 fn task_file_bytes(file: &TaskFile) -> u64 {
     if file.split_end > 0 {
         file.split_end - file.split_start

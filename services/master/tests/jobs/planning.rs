@@ -268,7 +268,18 @@ async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
             assert_eq!(finished, Finished::Succeeded);
         }
     };
+    assert!(
+        queue
+            .report_progress("r", &a.id, 25, None, 0)
+            .await
+            .expect("progress")
+    );
     finish(a.id.clone()).await;
+    let at_checkpoint = queue.counts().await.expect("counts");
+    assert!(
+        at_checkpoint.rows_done == 25 && at_checkpoint.bytes_done > 0,
+        "the rows and bytes of the task done: {at_checkpoint:?}"
+    );
     assert!(
         queue
             .report_progress("r", &b.id, 40, None, 0)
@@ -301,6 +312,11 @@ async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
     assert_eq!(queue.rollback(Some(1)).await.expect("rollback"), 2);
     let counts = queue.counts().await.expect("counts");
     assert_eq!((counts.succeeded, counts.running), (1, 0), "{counts:?}");
+    assert_eq!(
+        (counts.rows_done, counts.bytes_done),
+        (at_checkpoint.rows_done, at_checkpoint.bytes_done),
+        "the rows and bytes of the tasks reopened are no longer done"
+    );
     let mut offsets = HashMap::new();
     while let Acquired::Task(task) = queue.acquire("r", 0, 0).await.expect("acquire") {
         offsets.insert(task.id.clone(), task.start_offset);

@@ -57,6 +57,8 @@ async fn succeeds_with_every_row_once(sandbox: &Sandbox, job: &str) -> Status {
         "every row trained once: {done:?}\n{}",
         sandbox.logs(job)
     );
+    let fraction = done.progress.as_ref().and_then(|p| p.fraction);
+    assert_eq!(fraction, Some(1.0), "every row counted: {done:?}");
     done
 }
 
@@ -120,9 +122,17 @@ async fn a_running_job_scaled_out_and_in_trains_on_every_row_once() {
     assert_eq!(condition(&scaled_out, "SpecChange").reason, "Applied");
     // Long enough for the resource model to count this allocation (it settles for 5 s).
     let samples = scaled_out.progress.map_or(0, |p| p.samples);
-    sandbox
+    let midway = sandbox
         .wait_for_at_least("elastic", samples + 160_000)
         .await;
+    // Progress counts rows, not tasks (files are cut by bytes; some parts hold no rows).
+    let progress = midway.progress.unwrap_or_default();
+    let trained = progress.samples as f64 / DLRM_ROWS as f64;
+    assert!(
+        progress.fraction.is_some_and(|f| (f - trained).abs() < 0.1),
+        "progress {:?} for {trained:.3} of the rows trained",
+        progress.fraction
+    );
 
     sandbox.apply([job(1, 1, 2)]).await;
     let scaled_in = wait_for_replicas(&sandbox, "elastic", 1, 1, Some(2)).await;

@@ -272,6 +272,25 @@ pub fn describe(resource: &Resource) -> anyhow::Result<String> {
         }
         field("Running:", running);
     }
+    if !status.executors.is_empty() {
+        text.push_str("Executors:\n");
+        let rows: Vec<Vec<String>> = (status.executors.iter())
+            .map(|e| {
+                vec![
+                    e.id.clone(),
+                    e.address.clone(),
+                    format!("{:?}", e.state),
+                    age(e.since_unix_ms, now),
+                    e.restarts.to_string(),
+                    e.last_exit.clone().unwrap_or_default(),
+                ]
+            })
+            .collect();
+        let header = ["ID", "ADDRESS", "STATE", "AGE", "RESTARTS", "LAST EXIT"];
+        for line in align(&header, &rows).lines() {
+            text.push_str(&format!("  {}\n", line.trim_end()));
+        }
+    }
     if !status.conditions.is_empty() {
         text.push_str("Conditions:\n");
         let rows: Vec<Vec<String>> = status
@@ -370,6 +389,15 @@ mod tests {
         });
         let at = now_ms() - 5_000;
         status.push_event(at, "ScaledOut", "started data_executor-2".into());
+        status.executors.push(primus_spec::status::ExecutorStatus {
+            id: "trainer-0".into(),
+            role: "trainer".into(),
+            address: "127.0.0.1:7301".into(),
+            state: primus_spec::status::ExecutorState::Running,
+            restarts: 2,
+            last_exit: Some("signal: 9 (SIGKILL)".into()),
+            since_unix_ms: at,
+        });
         let resource = Resource {
             kind: "Job".into(),
             name: "ctr".into(),
@@ -383,6 +411,13 @@ mod tests {
             "{page}"
         );
         assert!(page.contains("Events:\n"), "{page}");
+        assert!(
+            page.lines().any(|l| l.starts_with("  trainer-0")
+                && l.contains("Running")
+                && l.contains(" 2 ")
+                && l.ends_with("signal: 9 (SIGKILL)")),
+            "{page}"
+        );
         assert!(
             page.lines()
                 .any(|l| l.contains("ScaledOut") && l.contains("started data_executor-2")),

@@ -61,6 +61,8 @@ async function main() {
     await page.waitForFunction(([s, n]) => Number(document.querySelector(`.chart[data-series="${s}"]`)?.dataset.points || 0) > n,
       [series, before], { timeout: TIMEOUT });
     const after = await points(page, series);
+    const executors = await page.locator("tr[data-executor]").count();
+    check(executors >= 4, `the topology lists ${executors} executors, not the Job's 4`);
     console.log(`step: ${series} went from ${before} to ${after} points without a reload`);
     await page.screenshot({ path: process.env.PRIMUS_SCREENSHOT, fullPage: false });
 

@@ -106,6 +106,41 @@ pub struct Replicas {
     pub serving: u32,
 }
 
+/// One executor of a Job as its master saw it last.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorStatus {
+    /// `<role>-<index>`, as in the topology.
+    pub id: String,
+    /// `ps`, `data_executor`, `trainer` or `serving`.
+    pub role: String,
+    /// Where it serves gRPC (host:port).
+    pub address: String,
+    /// Whether it runs.
+    pub state: ExecutorState,
+    /// Times it crashed and was started again.
+    #[serde(default)]
+    pub restarts: u32,
+    /// How its last run ended (an exit status or signal), once it crashed or ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<String>,
+    /// When it entered its state or last restarted (Unix milliseconds).
+    pub since_unix_ms: i64,
+}
+
+/// Whether an executor runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "PascalCase")]
+pub enum ExecutorState {
+    /// Started, or started again after a crash.
+    #[default]
+    Running,
+    /// Exited 0 (a trainer whose data ended).
+    Completed,
+    /// Crashed more often than allowed: it stays down.
+    Failed,
+}
+
 /// Something that happened to a resource, such as a scaling decision and the figures it
 /// was made on. A status keeps the latest [`MAX_EVENTS`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,6 +176,9 @@ pub struct Status {
     /// A Job's executors now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<Replicas>,
+    /// Each of a Job's executors: where it serves, whether it runs, how often it restarted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub executors: Vec<ExecutorStatus>,
     /// The latest events, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<Event>,

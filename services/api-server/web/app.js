@@ -225,6 +225,19 @@ function sourcesTable(job) {
       el("td", { class: "num", text: number(s.samples) }), el("td", { class: "num", text: number(s.retrained_samples) })))));
 }
 
+function executorsTable(job) {
+  const executors = job.status?.executors || [];
+  if (!executors.length) return el("p", { class: "muted", text: "No executors running." });
+  return el("table", { id: "executors" },
+    el("thead", {}, el("tr", {}, ...["Executor", "Role", "Address", "State", "Since", "Restarts", "Last exit"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, ...executors.map((e) => el("tr", { "data-executor": e.id },
+      el("td", { text: e.id }), el("td", { text: e.role }), el("td", { text: e.address }),
+      el("td", {}, el("span", { class: `phase ${e.state === "Failed" ? "Failed" : e.state === "Completed" ? "Succeeded" : "Running"}`, text: e.state })),
+      el("td", { class: "num", text: age(e.since_unix_ms) }),
+      el("td", { class: "num", text: String(e.restarts ?? 0) }),
+      el("td", { class: "muted", text: e.last_exit ?? "" })))));
+}
+
 function conditionsTable(job) {
   const conditions = job.status?.conditions || [];
   return el("table", { id: "conditions" },
@@ -314,6 +327,7 @@ async function jobPage(name) {
     const dataset = job.spec?.dataset;
     head.replaceChildren(summary(job));
     details.replaceChildren(
+      el("h2", { text: "Executors" }), executorsTable(job),
       el("h2", { text: "Sources" }), sourcesTable(job),
       el("p", {}, "Dataset ", dataset ? el("a", { href: `#/datasets/${encodeURIComponent(dataset)}`, text: dataset }) : "-",
         `, mode ${job.spec?.mode ?? "-"}, spec generation ${job.generation}`),

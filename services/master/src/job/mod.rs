@@ -33,7 +33,7 @@ use primus_proto::v1::{DataTask, Endpoint, MetricsReport, Resource, Role};
 use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::{AllocationPolicy, JobSpec, TrainingMode};
-use primus_spec::status::{Phase, Progress, SourceProgress, Status};
+use primus_spec::status::{ExecutorState, Phase, Progress, SourceProgress, Status};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
@@ -523,12 +523,24 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             }) if job == self.name => self.on_out_of_memory(&id, memory_bytes).await,
             Ok(BackendEvent::GaveUp { job, id, status }) if job == self.name => {
                 let message = format!("{id} keeps crashing: {status}");
+                self.writer
+                    .executor_changed(&id, ExecutorState::Failed, status, false);
                 return ControlFlow::Break(Outcome::failed("ExecutorFailed", message));
             }
-            Ok(BackendEvent::Completed { job, id })
-                if job == self.name && id.starts_with(ExecutorRole::Trainer.as_str()) =>
-            {
-                self.trainers_done.insert(id);
+            Ok(BackendEvent::Restarting {
+                job, id, status, ..
+            }) if job == self.name => {
+                self.writer
+                    .executor_changed(&id, ExecutorState::Running, status, true);
+                self.writer.write().await;
+            }
+            Ok(BackendEvent::Completed { job, id }) if job == self.name => {
+                let exit = "exit status: 0".to_owned();
+                self.writer
+                    .executor_changed(&id, ExecutorState::Completed, exit, false);
+                if id.starts_with(ExecutorRole::Trainer.as_str()) {
+                    self.trainers_done.insert(id);
+                }
             }
             _ => {}
         }

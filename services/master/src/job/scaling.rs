@@ -251,6 +251,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
     /// Puts what runs now in `status.replicas` (written with the next write).
     pub(super) fn show_replicas(&mut self) {
         let endpoints = self.endpoints();
+        self.writer.show_executors(&endpoints);
         let count = |role: Role| with_role(&endpoints, role).len() as u32;
         self.writer.status.replicas = Some(Replicas {
             ps: count(Role::Ps),

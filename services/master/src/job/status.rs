@@ -1,9 +1,10 @@
-//! The status writer of one Job: its phase, conditions, progress, replicas and events,
-//! written through the API server's UpdateStatus.
+//! The status writer of one Job: its phase, conditions, progress, replicas, executors and
+//! events, written through the API server's UpdateStatus.
 
 use primus_api_client::ApiClient;
+use primus_proto::v1::{Endpoint, Role};
 use primus_spec::Kind;
-use primus_spec::status::{Condition, Phase, Status};
+use primus_spec::status::{Condition, ExecutorState, ExecutorStatus, Phase, Status};
 
 use crate::driver::now_ms;
 
@@ -40,6 +41,57 @@ impl JobStatus {
                 message,
                 last_transition_unix_ms: now,
             }),
+        }
+    }
+
+    /// The executors are those of `endpoints` now: new ones Running, those gone dropped, the
+    /// rest as they were (their restarts count on, under this master and the next).
+    pub(crate) fn show_executors(&mut self, endpoints: &[Endpoint]) {
+        let now = now_ms();
+        let known = std::mem::take(&mut self.status.executors);
+        self.status.executors = endpoints
+            .iter()
+            .map(|endpoint| {
+                let role = Role::try_from(endpoint.role).unwrap_or(Role::Unspecified);
+                let role = role
+                    .as_str_name()
+                    .trim_start_matches("ROLE_")
+                    .to_ascii_lowercase();
+                match known.iter().find(|e| e.id == endpoint.id) {
+                    Some(e) => ExecutorStatus {
+                        address: endpoint.grpc_addr.clone(),
+                        role,
+                        ..e.clone()
+                    },
+                    None => ExecutorStatus {
+                        id: endpoint.id.clone(),
+                        role,
+                        address: endpoint.grpc_addr.clone(),
+                        state: ExecutorState::Running,
+                        restarts: 0,
+                        last_exit: None,
+                        since_unix_ms: now,
+                    },
+                }
+            })
+            .collect();
+        self.status.executors.sort_by(|a, b| a.id.cmp(&b.id));
+    }
+
+    /// Executor `id` is in `state` now, its last run having ended with `exit`; `restarted`
+    /// when the backend started it again.
+    pub(crate) fn executor_changed(
+        &mut self,
+        id: &str,
+        state: ExecutorState,
+        exit: String,
+        restarted: bool,
+    ) {
+        if let Some(executor) = self.status.executors.iter_mut().find(|e| e.id == id) {
+            executor.state = state;
+            executor.since_unix_ms = now_ms();
+            executor.last_exit = Some(exit);
+            executor.restarts += u32::from(restarted);
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use primus_harness::resources::small_wide_deep;
 use primus_harness::{Sandbox, alive, condition};
-use primus_spec::status::Phase;
+use primus_spec::status::{ExecutorState, Phase};
 use primus_testkit::service::signal;
 use primus_testkit::{OtlpReceiver, ReceivedSpan};
 
@@ -35,6 +35,31 @@ async fn a_job_reads_every_row_through_executor_and_master_kills() {
     wait_until_rows(&work, "data_executor-0").await;
     let pid = sandbox.pids("rows")["data_executor-0"];
     signal(pid, "KILL").expect("kill executor");
+    // The Job's status says which executor restarted, and how its last run ended.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = sandbox.status("rows").await;
+        let killed = status.executors.iter().find(|e| e.id == "data_executor-0");
+        if killed.is_some_and(|e| e.restarts == 1 && e.state == ExecutorState::Running) {
+            let exit = killed.and_then(|e| e.last_exit.clone()).unwrap_or_default();
+            assert!(exit.contains("signal: 9"), "{exit}");
+            assert!(
+                status
+                    .executors
+                    .iter()
+                    .any(|e| e.id == "data_executor-1" && e.restarts == 0),
+                "{:?}",
+                status.executors
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the restart in the status: {:?}",
+            status.executors
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // SIGKILL the master too: the next one kills its orphans and resumes the queue.
     wait_until_rows(&work, "data_executor-1").await;

@@ -52,7 +52,7 @@ async function main() {
     await signIn(page, token);
     await page.waitForSelector(`tr[data-job="${job}"]`, { timeout: TIMEOUT });
 
-    console.log("step: the Job's curves grow live");
+    console.log("step: the Job's curves grow live, its executors' CPU among them");
     await page.click(`tr[data-job="${job}"] a`);
     const series = "samples_per_second/trainer";
     await page.waitForFunction((s) => Number(document.querySelector(`.chart[data-series="${s}"]`)?.dataset.points || 0) >= 2,
@@ -61,6 +61,7 @@ async function main() {
     await page.waitForFunction(([s, n]) => Number(document.querySelector(`.chart[data-series="${s}"]`)?.dataset.points || 0) > n,
       [series, before], { timeout: TIMEOUT });
     const after = await points(page, series);
+    await page.waitForSelector('.chart[data-series="cpu_cores/trainer/trainer-0"]', { timeout: TIMEOUT });
     const executors = await page.locator("tr[data-executor]").count();
     check(executors >= 4, `the topology lists ${executors} executors, not the Job's 4`);
     console.log(`step: ${series} went from ${before} to ${after} points without a reload`);

@@ -25,6 +25,10 @@ pub struct MetricSeries {
     /// The role it comes from (`trainer`, `data_executor`, ...); rates are summed over a role's executors, other gauges averaged.
     #[serde(default)]
     pub role: Option<String>,
+    /// The one executor it comes from (`trainer-0`), for a gauge measured per executor
+    /// (`cpu_cores`, `memory_bytes`); unset for the role's sum or mean.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<String>,
     /// The newest points, oldest first.
     #[serde(default)]
     pub points: Vec<MetricPoint>,
@@ -49,7 +53,7 @@ impl MetricSpec {
         if self.job != previous.job {
             return None;
         }
-        let same = |a: &MetricSeries, b: &MetricSeries| a.name == b.name && a.role == b.role;
+        let same = |a: &MetricSeries, b: &MetricSeries| a.same_series(b);
         let kept = |old: &MetricSeries| self.series.iter().any(|s| same(s, old));
         if !previous.series.iter().all(kept) {
             return None;
@@ -76,8 +80,7 @@ impl MetricSpec {
     /// the newest `max_points` of each.
     pub fn append(&mut self, appended: MetricSpec, max_points: usize) {
         for fresh in appended.series {
-            let found =
-                (self.series.iter_mut()).find(|s| s.name == fresh.name && s.role == fresh.role);
+            let found = (self.series.iter_mut()).find(|s| s.same_series(&fresh));
             let points = match found {
                 Some(series) => {
                     series.points.extend(fresh.points);
@@ -94,6 +97,13 @@ impl MetricSpec {
             let excess = points.len().saturating_sub(max_points);
             points.drain(..excess);
         }
+    }
+}
+
+impl MetricSeries {
+    /// Whether `other` is a version of this series (same gauge, role and executor).
+    pub fn same_series(&self, other: &MetricSeries) -> bool {
+        self.name == other.name && self.role == other.role && self.executor == other.executor
     }
 }
 
@@ -167,6 +177,7 @@ mod tests {
         MetricSeries {
             name: name.to_owned(),
             role: Some("trainer".to_owned()),
+            executor: None,
             points: (points.iter())
                 .map(|&(unix_ms, value)| MetricPoint { unix_ms, value })
                 .collect(),

@@ -271,7 +271,7 @@ class Curves {
   append(appended) {
     if (!this.metric) return;
     for (const fresh of appended.spec.series || []) {
-      const series = this.metric.spec.series.find((s) => s.name === fresh.name && s.role === fresh.role);
+      const series = this.metric.spec.series.find((s) => seriesKey(s) === seriesKey(fresh));
       if (series) {
         series.points.push(...fresh.points);
         series.points.splice(0, Math.max(0, series.points.length - MAX_POINTS));
@@ -283,18 +283,20 @@ class Curves {
   }
 
   draw() {
-    const series = [...(this.metric?.spec?.series || [])].sort((a, b) => rank(a.name) - rank(b.name) || a.name.localeCompare(b.name) || (a.role || "").localeCompare(b.role || ""));
+    const series = [...(this.metric?.spec?.series || [])].sort((a, b) => rank(a.name) - rank(b.name)
+      || Number(Boolean(a.executor)) - Number(Boolean(b.executor)) || seriesKey(a).localeCompare(seriesKey(b)));
     if (!series.length) {
       this.container.replaceChildren(el("p", { class: "muted", text: "No metrics reported yet." }));
       return;
     }
     this.container.querySelector("p")?.remove();
     for (const s of series) {
-      const key = `${s.name}/${s.role || ""}`;
+      const key = seriesKey(s);
       const data = [s.points.map((p) => p.unix_ms / 1000), s.points.map((p) => p.value)];
       let chart = this.charts.get(key);
       if (!chart) {
-        const box = el("div", { class: "chart", "data-series": key }, el("h3", { text: s.role ? `${s.name} (${s.role})` : s.name }));
+        const from = s.executor || s.role;
+        const box = el("div", { class: "chart", "data-series": key }, el("h3", { text: from ? `${s.name} (${from})` : s.name }));
         this.container.append(box);
         const plot = new uPlot({
           width: 380, height: 160, legend: { show: false },
@@ -310,6 +312,12 @@ class Curves {
       chart.box.dataset.last = s.points.length ? String(s.points[s.points.length - 1].value) : "";
     }
   }
+}
+
+/// `name/role`, or `name/role/executor` for a series of one executor.
+function seriesKey(series) {
+  const key = `${series.name}/${series.role || ""}`;
+  return series.executor ? `${key}/${series.executor}` : key;
 }
 
 function rank(name) {

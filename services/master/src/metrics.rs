@@ -22,7 +22,8 @@ pub struct MetricsFold {
     /// What the backend measured of each executor, as gauges of a report.
     usage: HashMap<String, MetricsReport>,
     fresh: bool,
-    series: BTreeMap<(String, String), Vec<MetricPoint>>,
+    /// By gauge, role and executor ("" for the role's sum or mean).
+    series: BTreeMap<(String, String, String), Vec<MetricPoint>>,
 }
 
 fn role_name(report: &MetricsReport) -> String {
@@ -62,7 +63,7 @@ impl MetricsFold {
     }
 
     /// The backend's measurement of executor `endpoint`: `cpu_cores` and `memory_bytes`
-    /// series of its role.
+    /// series of its role, and of the executor itself.
     pub fn add_usage(&mut self, endpoint: Endpoint, cpu_cores: f64, memory_bytes: u64) {
         if self.retired.contains(&endpoint.id) {
             return;
@@ -92,31 +93,38 @@ impl MetricsFold {
         self.retired.remove(id);
     }
 
-    /// Appends one point per (gauge, role) from the latest reports, if any arrived since
-    /// the last tick. Returns whether anything changed.
+    /// Appends one point per (gauge, role) from the latest reports, and per (gauge,
+    /// executor) from the backend's measurements, if any arrived since the last tick.
+    /// Returns whether anything changed.
     pub fn tick(&mut self, unix_ms: i64) -> bool {
         if !std::mem::take(&mut self.fresh) {
             return false;
         }
-        let mut values: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
+        let mut values: BTreeMap<(String, String, String), Vec<f64>> = BTreeMap::new();
+        let mut add = |key: (String, String, String), value: f64| {
+            if value.is_finite() {
+                values.entry(key).or_default().push(value);
+            }
+        };
         for report in self.latest.values().chain(self.usage.values()) {
             let role = role_name(report);
             for (name, value) in &report.gauges {
-                if value.is_finite() {
-                    values
-                        .entry((name.clone(), role.clone()))
-                        .or_default()
-                        .push(*value);
-                }
+                add((name.clone(), role.clone(), String::new()), *value);
             }
         }
-        for ((name, role), v) in values {
+        for (id, usage) in &self.usage {
+            let role = role_name(usage);
+            for (name, value) in &usage.gauges {
+                add((name.clone(), role.clone(), id.clone()), *value);
+            }
+        }
+        for ((name, role, executor), v) in values {
             let value = if name.ends_with("_per_second") {
                 v.iter().sum()
             } else {
                 v.iter().sum::<f64>() / v.len() as f64
             };
-            let points = self.series.entry((name, role)).or_default();
+            let points = self.series.entry((name, role, executor)).or_default();
             points.push(MetricPoint { unix_ms, value });
             if points.len() > MAX_POINTS {
                 points.drain(..points.len() - MAX_POINTS);
@@ -131,9 +139,10 @@ impl MetricsFold {
             series: self
                 .series
                 .iter()
-                .map(|((name, role), points)| MetricSeries {
+                .map(|((name, role, executor), points)| MetricSeries {
                     name: name.clone(),
                     role: Some(role.clone()),
+                    executor: (!executor.is_empty()).then(|| executor.clone()),
                     points: points.clone(),
                 })
                 .collect(),
@@ -274,6 +283,33 @@ mod tests {
             .collect();
         assert_eq!(per_source, [("files", 1125), ("live", 375)]);
         assert!(!fold.tick(3), "no new report, no new point");
+    }
+
+    #[test]
+    fn usage_is_a_series_per_executor_beside_its_roles_mean() {
+        let mut fold = MetricsFold::default();
+        let trainer = |id: &str| Endpoint {
+            role: Role::Trainer as i32,
+            id: id.into(),
+            grpc_addr: String::new(),
+        };
+        fold.add_usage(trainer("trainer-0"), 1.0, 100);
+        fold.add_usage(trainer("trainer-1"), 0.5, 300);
+        assert!(fold.tick(7));
+        let spec = fold.spec("j");
+        let cpu = |executor: Option<&str>| {
+            (spec.series.iter())
+                .find(|s| s.name == "cpu_cores" && s.executor.as_deref() == executor)
+                .map(|s| (s.role.clone(), s.points[0].value))
+        };
+        let trainer_role = Some("trainer".to_owned());
+        assert_eq!(cpu(None), Some((trainer_role.clone(), 0.75)));
+        assert_eq!(cpu(Some("trainer-0")), Some((trainer_role.clone(), 1.0)));
+        assert_eq!(cpu(Some("trainer-1")), Some((trainer_role, 0.5)));
+        let memory = (spec.series.iter())
+            .filter(|s| s.name == "memory_bytes")
+            .count();
+        assert_eq!(memory, 3, "the role's mean and one per executor");
     }
 
     #[test]

@@ -600,6 +600,7 @@ fn metric(points: impl IntoIterator<Item = (i64, f64)>) -> (MetricSpec, primus_s
         series: vec![MetricSeries {
             name: "auc".to_owned(),
             role: Some("trainer".to_owned()),
+            executor: None,
             points: (points.into_iter())
                 .map(|(unix_ms, value)| MetricPoint { unix_ms, value })
                 .collect(),

@@ -268,6 +268,7 @@ fn job_status(phase: Phase, fraction: f64, reason: &str) -> Status {
                 samples: (fraction * 1000.0) as u64,
                 retrained_samples: 300,
             }],
+            tasks: None,
         }),
         ..Status::default()
     }

@@ -72,6 +72,11 @@ async function main() {
     await page.waitForFunction(([s, n]) => Number(document.querySelector(`.chart[data-series="${s}"]`)?.dataset.points || 0) >= n,
       [series, after], { timeout: TIMEOUT });
 
+    console.log("step: the Dataset's page shows the Job's data tasks");
+    await page.goto(`${url}#/datasets/criteo`);
+    await page.waitForSelector(`td:has-text("${job}")`, { timeout: TIMEOUT });
+    await page.waitForSelector('td:has-text(" tasks (")', { timeout: TIMEOUT });
+
     console.log("step: a deleted Job leaves the list");
     await page.goto(`${url}#/jobs`);
     await page.waitForSelector(`tr[data-job="${job}"]`, { timeout: TIMEOUT });

@@ -71,6 +71,25 @@ pub struct Progress {
     /// The same per Dataset source, by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<SourceProgress>,
+    /// The batch data tasks planned so far, by state (a Job that reads batch sources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TaskProgress>,
+}
+
+/// A Job's batch data tasks by state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TaskProgress {
+    /// Planned so far (every window once the Dataset's end is planned).
+    pub total: u64,
+    /// Waiting for a data executor.
+    pub pending: u64,
+    /// Being read.
+    pub running: u64,
+    /// Read to the end.
+    pub succeeded: u64,
+    /// Out of attempts.
+    pub failed: u64,
 }
 
 /// One Dataset source's share of a Job's training.

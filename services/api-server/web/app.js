@@ -128,6 +128,15 @@ function every(ms, tick) {
 
 // ---- Jobs ----
 
+/// `12 / 28 tasks (3 running, 13 pending)`, or "-" for a Job without batch tasks.
+function taskText(status) {
+  const t = status?.progress?.tasks;
+  if (!t) return "-";
+  const parts = [`${t.running} running`, `${t.pending} pending`];
+  if (t.failed) parts.push(`${t.failed} failed`);
+  return `${number(t.succeeded)} / ${number(t.total)} tasks (${parts.join(", ")})`;
+}
+
 function progressCell(status) {
   const fraction = status?.progress?.fraction;
   if (fraction === null || fraction === undefined) return el("td", { class: "muted", text: "-" });
@@ -208,6 +217,7 @@ function summary(job) {
     item(status.phase || "", "phase", "phase"),
     item(fraction, "progress"),
     item(number(progress.samples), "samples trained", "samples"),
+    item(progress.tasks ? `${number(progress.tasks.succeeded)} / ${number(progress.tasks.total)}` : "-", "data tasks done"),
     item(number(progress.samples_per_second), "samples/s"),
     item(progress.auc === null || progress.auc === undefined ? "-" : number(progress.auc, 4), "AUC"),
     item(`${replicas.trainers ?? "-"} / ${replicas.ps ?? "-"} / ${replicas.data_executors ?? "-"} / ${replicas.serving ?? 0}`, "trainers / PS / data executors / serving"),
@@ -282,7 +292,14 @@ class Curves {
     this.draw();
   }
 
+  /// The newest value of gauge `name` of `role` (the role's series), or undefined.
+  latest(name, role) {
+    const series = this.metric?.spec?.series?.find((s) => s.name === name && s.role === role && !s.executor);
+    return series?.points?.[series.points.length - 1]?.value;
+  }
+
   draw() {
+    this.onDraw?.();
     const series = [...(this.metric?.spec?.series || [])].sort((a, b) => rank(a.name) - rank(b.name)
       || Number(Boolean(a.executor)) - Number(Boolean(b.executor)) || seriesKey(a).localeCompare(seriesKey(b)));
     if (!series.length) {
@@ -344,6 +361,16 @@ async function jobPage(name) {
   };
   showJob(job);
   const curves = new Curves(charts);
+  const freshness = el("p", { id: "freshness", class: "muted" });
+  head.after(freshness);
+  curves.onDraw = () => {
+    const p50 = curves.latest("freshness_p50_ms", "serving_sync");
+    const p99 = curves.latest("freshness_p99_ms", "serving_sync");
+    const loads = curves.latest("dense_loads", "serving_sync");
+    freshness.textContent = p50 === undefined
+      ? "Serving: no freshness reported (serving-sync reports it once a replica holds synced rows)."
+      : `Serving freshness (a PS push until every replica holds it): sparse p50 ${number(p50)} ms, p99 ${number(p99)} ms; dense model loads ${number(loads)}.`;
+  };
   let metricVersion = 0;
   try {
     const metric = await api(`/api/v1/Metric/${encodeURIComponent(name)}`);
@@ -403,10 +430,10 @@ async function datasetPage(name) {
         el("td", { class: "num", text: number(source.weight, 2) }), el("td", { text: sourceText(source) })))))),
     el("h2", { text: "Jobs reading it" }),
     readers.length ? el("table", {},
-      el("thead", {}, el("tr", {}, ...["Job", "Phase", "Progress", "Rows read per source"].map((h) => el("th", { text: h })))),
+      el("thead", {}, el("tr", {}, ...["Job", "Phase", "Progress", "Tasks", "Rows read per source"].map((h) => el("th", { text: h })))),
       el("tbody", {}, ...readers.map((j) => el("tr", {},
         el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(j.name)}`, text: j.name })),
-        el("td", { text: j.status?.phase ?? "" }), progressCell(j.status),
+        el("td", { text: j.status?.phase ?? "" }), progressCell(j.status), el("td", { text: taskText(j.status) }),
         el("td", { text: (j.status?.progress?.sources || []).map((s) => `${s.source}: ${number(s.rows_read)}`).join(", ") })))))
       : el("p", { class: "muted", text: "No Job reads it." }));
 }

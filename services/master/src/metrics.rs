@@ -150,7 +150,7 @@ impl MetricsFold {
     }
 
     /// The trainers' totals and latest gauges as job progress (None before any report).
-    pub fn progress(&self, fraction: Option<f64>) -> Option<Progress> {
+    pub fn progress(&self) -> Option<Progress> {
         let trainers: Vec<&MetricsReport> = self
             .latest
             .values()
@@ -170,13 +170,14 @@ impl MetricsFold {
         Some(Progress {
             samples: trainers.iter().map(|r| r.samples).sum(),
             steps: trainers.iter().map(|r| r.steps).max().unwrap_or(0),
-            fraction,
+            fraction: None,
             samples_per_second: trainers
                 .iter()
                 .filter_map(|r| r.gauges.get("samples_per_second"))
                 .sum(),
             auc: (!aucs.is_empty()).then(|| aucs.iter().sum::<f64>() / aucs.len() as f64),
             retrained_samples: 0,
+            tasks: None,
             sources: source_samples(&trainers)
                 .into_iter()
                 .map(|(source, samples)| SourceProgress {
@@ -275,7 +276,7 @@ mod tests {
         };
         assert_eq!(value("samples_per_second"), Some(150.0));
         assert!((value("auc").unwrap_or_default() - 0.75).abs() < 1e-12);
-        let progress = fold.progress(Some(0.5)).expect("trainers reported");
+        let progress = fold.progress().expect("trainers reported");
         assert_eq!(progress.samples, 1500);
         assert_eq!(progress.samples_per_second, 150.0);
         let per_source: Vec<(&str, u64)> = (progress.sources.iter())
@@ -320,14 +321,14 @@ mod tests {
         fold.retire("t1");
         // Its last report arrives after it was stopped.
         fold.add(report("t1", 40.0, 0.9, 600));
-        let progress = fold.progress(None).expect("trainers reported");
+        let progress = fold.progress().expect("trainers reported");
         assert_eq!(progress.samples, 1600);
         assert_eq!(progress.samples_per_second, 100.0);
         assert_eq!(progress.auc, Some(0.7));
         // Started again under its id, it continues its totals and counts again.
         fold.rejoin("t1");
         fold.add(report("t1", 30.0, 0.8, 700));
-        let progress = fold.progress(None).expect("trainers reported");
+        let progress = fold.progress().expect("trainers reported");
         assert_eq!(progress.samples, 1700);
         assert_eq!(progress.samples_per_second, 130.0);
     }

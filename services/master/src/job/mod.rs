@@ -33,7 +33,7 @@ use primus_proto::v1::{DataTask, Endpoint, MetricsReport, Resource, Role};
 use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::{AllocationPolicy, JobSpec, TrainingMode};
-use primus_spec::status::{ExecutorState, Phase, Progress, SourceProgress, Status};
+use primus_spec::status::{ExecutorState, Phase, Progress, SourceProgress, Status, TaskProgress};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
@@ -642,20 +642,8 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
     /// Writes the Job's progress when it changed, and its Metric resource when new
     /// reports arrived.
     async fn report_progress(&mut self, counts: &QueueCounts, all_planned: bool) {
-        let batch_only = all_planned && !self.has_streams;
         let metrics_changed = self.fold.tick(now_ms());
-        let mut progress = self.fold.progress(None);
-        if progress.is_none() && batch_only && counts.rows_done > 0 {
-            progress = Some(Progress::default());
-        }
-        if let Some(progress) = &mut progress {
-            self.count_retrained(progress);
-            self.count_read(progress).await;
-            if batch_only {
-                let trained = progress.samples.saturating_sub(progress.retrained_samples);
-                progress.fraction = counts.row_fraction(trained);
-            }
-        }
+        let progress = self.progress(counts, all_planned).await;
         if progress != self.writer.status.progress {
             self.writer.status.progress = progress;
             self.writer.write().await;
@@ -665,10 +653,36 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         }
     }
 
+    /// The Job's progress: the trainers' totals, the rows read and trained again per
+    /// source, the share of the rows trained (a batch Job whose windows are all planned)
+    /// and its tasks. None before a trainer reported or a task with rows was read.
+    async fn progress(&self, counts: &QueueCounts, all_planned: bool) -> Option<Progress> {
+        let batch_only = all_planned && !self.has_streams;
+        let mut progress = self.fold.progress();
+        if progress.is_none() && batch_only && counts.rows_done > 0 {
+            progress = Some(Progress::default());
+        }
+        let mut progress = progress?;
+        self.count_retrained(&mut progress);
+        self.count_read(&mut progress).await;
+        if batch_only {
+            let trained = progress.samples.saturating_sub(progress.retrained_samples);
+            progress.fraction = counts.row_fraction(trained);
+        }
+        progress.tasks = self.job.reads_batch.then_some(TaskProgress {
+            total: counts.total,
+            pending: counts.pending,
+            running: counts.running,
+            succeeded: counts.succeeded,
+            failed: counts.failed,
+        });
+        Some(progress)
+    }
+
     /// Ends a batch Job whose data is read and trained: the reports still in flight are
     /// folded in, and the PS shards are snapshotted when the Job has a checkpoint.
     async fn succeed(&mut self, counts: &QueueCounts) -> Outcome {
-        self.write_final_metrics().await;
+        self.write_final_metrics(counts).await;
         let trainers = self.members(ExecutorRole::Trainer).len();
         let mut message = format!(
             "all {} data tasks succeeded; {trainers} trainers finished",
@@ -699,18 +713,14 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
 
     /// Folds the reports still in flight (a trainer's last one is sent just before it
     /// exits) into the Job's final progress and its Metric resource.
-    async fn write_final_metrics(&mut self) {
+    async fn write_final_metrics(&mut self, counts: &QueueCounts) {
         while let Ok(Some(report)) =
             tokio::time::timeout(Duration::from_millis(300), self.reports.recv()).await
         {
             self.fold.add(report);
         }
         self.fold.tick(now_ms());
-        let mut progress = self.fold.progress(Some(1.0));
-        if let Some(progress) = &mut progress {
-            self.count_retrained(progress);
-            self.count_read(progress).await;
-        }
+        let progress = self.progress(counts, true).await;
         self.writer.status.progress = progress.or(self.writer.status.progress.take());
         metrics::write(&self.context.api, &self.name, &self.fold).await;
     }

@@ -39,6 +39,11 @@ pub fn date_of(unix_s: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
+/// `YYYY-MM-DDTHH` of the hour holding `unix_s` (what [`parse_window_time`] reads).
+pub fn window_time(unix_s: i64) -> String {
+    format!("{}T{:02}", date_of(unix_s), unix_s.rem_euclid(DAY) / HOUR)
+}
+
 /// The partition directory of the window starting at `start`, relative to a source URI:
 /// `date=YYYY-MM-DD/hour=HH` (hourly) or `date=YYYY-MM-DD` (daily).
 pub fn partition(unit: WindowUnit, start: i64) -> String {

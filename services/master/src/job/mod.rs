@@ -12,6 +12,7 @@ pub(crate) mod executors;
 mod memory;
 mod optimizer;
 mod performance;
+mod progress;
 mod recovery;
 mod reshard;
 mod rollback;
@@ -33,7 +34,7 @@ use primus_proto::v1::{DataTask, Endpoint, MetricsReport, Resource, Role};
 use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::{AllocationPolicy, JobSpec, TrainingMode};
-use primus_spec::status::{ExecutorState, Phase, Progress, SourceProgress, Status, TaskProgress};
+use primus_spec::status::{ExecutorState, Phase, Status};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
@@ -42,7 +43,7 @@ use crate::backend::{BackendEvent, ExecutorRole, ResourceBackend};
 use crate::checkpoint::{self, Alignments, CheckpointRecord, KnownTotals, ShardRecovery};
 use crate::config_db::ConfigDb;
 use crate::controller::Context;
-use crate::driver::{self, DriverError, now_ms};
+use crate::driver::{self, DriverError};
 use crate::metrics::{self, MetricsFold};
 use crate::plan::{Catalog, ListingCache, StreamPlan};
 use crate::queue::{QueueCounts, TaskQueue};
@@ -194,6 +195,8 @@ pub(crate) struct JobRun<'a, B, C> {
     recovery: Arc<ShardRecovery>,
     /// The batch planners still running (aborted when the run ends).
     planners: Vec<JoinHandle<Result<(), DriverError>>>,
+    /// The windows of the streams they plan.
+    batch_windows: Vec<progress::BatchWindows>,
     /// The task monitor, the metrics follower and the shard recovery (aborted when the
     /// run ends).
     background: Vec<JoinHandle<()>>,
@@ -354,6 +357,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 .map_err(|e| Outcome::failed("TaskQueueUnavailable", e.to_string()))?;
         }
         let plans = std::mem::take(&mut checked.plans);
+        let batch_windows = plans.iter().map(progress::BatchWindows::of).collect();
         let planners = match checked.reads_batch {
             true => plan_batches(context, &name, queue, plans),
             false => Vec::new(),
@@ -407,6 +411,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             tasks,
             recovery,
             planners,
+            batch_windows,
             background,
             fold: MetricsFold::default(),
             reports,
@@ -587,6 +592,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             self.declare_stream_bindings().await;
         }
         self.report_progress(&counts, all_planned).await;
+        self.show_waiting_windows(&counts).await;
         let samples_per_second = self
             .writer
             .status
@@ -639,46 +645,6 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         }
     }
 
-    /// Writes the Job's progress when it changed, and its Metric resource when new
-    /// reports arrived.
-    async fn report_progress(&mut self, counts: &QueueCounts, all_planned: bool) {
-        let metrics_changed = self.fold.tick(now_ms());
-        let progress = self.progress(counts, all_planned).await;
-        if progress != self.writer.status.progress {
-            self.writer.status.progress = progress;
-            self.writer.write().await;
-        }
-        if metrics_changed {
-            metrics::write(&self.context.api, &self.name, &self.fold).await;
-        }
-    }
-
-    /// The Job's progress: the trainers' totals, the rows read and trained again per
-    /// source, the share of the rows trained (a batch Job whose windows are all planned)
-    /// and its tasks. None before a trainer reported or a task with rows was read.
-    async fn progress(&self, counts: &QueueCounts, all_planned: bool) -> Option<Progress> {
-        let batch_only = all_planned && !self.has_streams;
-        let mut progress = self.fold.progress();
-        if progress.is_none() && batch_only && counts.rows_done > 0 {
-            progress = Some(Progress::default());
-        }
-        let mut progress = progress?;
-        self.count_retrained(&mut progress);
-        self.count_read(&mut progress).await;
-        if batch_only {
-            let trained = progress.samples.saturating_sub(progress.retrained_samples);
-            progress.fraction = counts.row_fraction(trained);
-        }
-        progress.tasks = self.job.reads_batch.then_some(TaskProgress {
-            total: counts.total,
-            pending: counts.pending,
-            running: counts.running,
-            succeeded: counts.succeeded,
-            failed: counts.failed,
-        });
-        Some(progress)
-    }
-
     /// Ends a batch Job whose data is read and trained: the reports still in flight are
     /// folded in, and the PS shards are snapshotted when the Job has a checkpoint.
     async fn succeed(&mut self, counts: &QueueCounts) -> Outcome {
@@ -708,54 +674,6 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             reason: "DataExhausted",
             message,
             kept,
-        }
-    }
-
-    /// Folds the reports still in flight (a trainer's last one is sent just before it
-    /// exits) into the Job's final progress and its Metric resource.
-    async fn write_final_metrics(&mut self, counts: &QueueCounts) {
-        while let Ok(Some(report)) =
-            tokio::time::timeout(Duration::from_millis(300), self.reports.recv()).await
-        {
-            self.fold.add(report);
-        }
-        self.fold.tick(now_ms());
-        let progress = self.progress(counts, true).await;
-        self.writer.status.progress = progress.or(self.writer.status.progress.take());
-        metrics::write(&self.context.api, &self.name, &self.fold).await;
-    }
-
-    /// The rows served to trainers per source, from the task queue.
-    async fn count_read(&self, progress: &mut Progress) {
-        let rows_read = match self.tasks.queue.rows_read().await {
-            Ok(rows_read) => rows_read,
-            Err(e) => return tracing::warn!(job = self.name, error = %e, "reading rows read"),
-        };
-        for (source, rows) in rows_read {
-            match progress.sources.iter_mut().find(|s| s.source == source) {
-                Some(known) => known.rows_read = rows,
-                None => progress.sources.push(SourceProgress {
-                    source,
-                    rows_read: rows,
-                    ..SourceProgress::default()
-                }),
-            }
-        }
-        progress.sources.sort_by(|a, b| a.source.cmp(&b.source));
-    }
-
-    /// The samples trained again after rollbacks, in all and per source.
-    fn count_retrained(&self, progress: &mut Progress) {
-        progress.retrained_samples = self.retrained_samples;
-        for (source, retrained) in &self.retrained_sources {
-            match progress.sources.iter_mut().find(|s| &s.source == source) {
-                Some(known) => known.retrained_samples = *retrained,
-                None => progress.sources.push(SourceProgress {
-                    source: source.clone(),
-                    retrained_samples: *retrained,
-                    ..SourceProgress::default()
-                }),
-            }
         }
     }
 

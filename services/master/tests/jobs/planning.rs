@@ -3,13 +3,18 @@
 //! executors, and the rollback to a checkpoint's offsets and positions.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
+use primus_harness::Sandbox;
 use primus_harness::resources::{dataset, hourly, jetstream, parquet};
 use primus_master::queue::{Acquired, Finished};
 use primus_proto::v1::{StreamPosition, data_task};
+use primus_spec::time;
 use primus_testkit::RedisServer;
 
-use crate::common::{FILES_PER_HOUR, plan_dataset, queue_at, write_partitions};
+use crate::common::{
+    FILES_PER_HOUR, id_job, plan_dataset, queue_at, start_master, write_partitions,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_days_of_hourly_partitions_become_tasks_in_time_order_covering_each_file_once() {
@@ -412,4 +417,53 @@ async fn a_yielded_task_is_pending_again_from_its_served_offset() {
             .expect("progress"),
         "the straggler no longer owns it"
     );
+}
+
+/// A Dataset whose window reaches past now: the Job reads every hour that has ended, then
+/// says which window it waits for (the `DataWindows` condition) instead of sitting in
+/// Running at 0 samples/s without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waiting_for_a_window_to_end_names_it() {
+    let sandbox = Sandbox::start().await;
+    let data = sandbox.dir().join("data");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let today = time::date_of(now);
+    write_partitions(&data, &today, 1).await;
+    let window = (
+        format!("{today}T00"),
+        format!("{}T00", time::date_of(now + time::DAY)),
+    );
+    sandbox
+        .apply(id_job("waiting", &data, (&window.0, &window.1), 1))
+        .await;
+    let master = start_master(&sandbox);
+    // The hour in progress (or the next, should it end meanwhile).
+    let hour = now - now.rem_euclid(time::HOUR);
+    let named = [hour, hour + time::HOUR].map(|h| format!("the window {}", time::window_time(h)));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let status = sandbox.status("waiting").await;
+        let waiting = (status.conditions.iter())
+            .find(|c| c.kind == "DataWindows" && c.status && c.reason == "WaitingForWindow");
+        if let Some(waiting) = waiting {
+            assert!(
+                named.iter().any(|n| waiting.message.contains(n.as_str()))
+                    && waiting
+                        .message
+                        .starts_with("every window that has ended is read; stream logs: "),
+                "{}",
+                waiting.message
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline && !status.phase.is_terminal(),
+            "the Job says which window it waits for: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    sandbox.delete_job("waiting").await;
+    master.stop();
 }

@@ -7,7 +7,8 @@
 //! - `<p>:res:<Kind>:<name>`: `<version>|<Resource protobuf without version>`.
 //! - `<p>:index:<Kind>`: set of names of that kind.
 //! - `<p>:refs:<Kind>:<name>`: set of `<Kind>/<name>` of resources that reference this one.
-//! - `<p>:events`: sorted set, score = version, member = `<version>|<type>|<protobuf>`.
+//! - `<p>:events`: sorted set, score = version, member = `<version>|<type>|<protobuf>` (the
+//!   new state; for an APPENDED Metric, only its new points).
 //!   Every version has exactly one entry until retention trims it, so a reader can tell a
 //!   gap (trimmed history) from "nothing happened".
 

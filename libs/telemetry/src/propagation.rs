@@ -89,6 +89,26 @@ pub fn current_carrier() -> TraceCarrier {
     carrier
 }
 
+/// The current span's W3C `traceparent`, when it is exported.
+pub fn current_traceparent() -> Option<String> {
+    current_carrier().remove("traceparent")
+}
+
+/// Links `span` (OpenTelemetry span links) to the spans of `traceparents`: work that
+/// follows from several traces without being a child of any (a sync cycle moving the rows
+/// of many pushes). Unreadable ones are skipped.
+pub fn add_links(span: &tracing::Span, traceparents: impl IntoIterator<Item = String>) {
+    use opentelemetry::trace::TraceContextExt;
+    for traceparent in traceparents {
+        let carrier: TraceCarrier = [("traceparent".to_owned(), traceparent)].into();
+        let context = opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier));
+        let linked = context.span().span_context().clone();
+        if linked.is_valid() {
+            span.add_link(linked);
+        }
+    }
+}
+
 /// Makes `span` a child of the span a [`TraceCarrier`] was taken from (if any).
 pub fn set_parent_from_carrier(span: &tracing::Span, carrier: &TraceCarrier) {
     if !carrier.is_empty() {

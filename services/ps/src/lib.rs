@@ -183,6 +183,7 @@ async fn announce_deltas(
             job: job.clone(),
             shard: shard.clone(),
             version,
+            pushes: tables.take_pushes(),
         };
         match bus.publish(subject.clone(), &notice).await {
             Ok(()) => announced = version,

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use primus_embedding::{
@@ -32,9 +32,14 @@ use primus_config::TableSettings;
 use primus_proto::packed::{decode_f32, decode_keys, encode_f32, encode_keys};
 use primus_spec::job::Device;
 
+/// Pushes a delta notice names at most (the serving-sync cycle links to each).
+const MAX_NOTICED_PUSHES: usize = 32;
+
 /// The tables of one PS process, sharing one change-version sequence.
 pub(crate) struct Tables {
     tables: HashMap<String, Table>,
+    /// `traceparent`s of the pushes since the last delta notice.
+    pushes: Mutex<Vec<String>>,
 }
 
 impl Tables {
@@ -84,7 +89,25 @@ impl Tables {
                 anyhow::bail!("{path}.name: table {:?} is listed twice", spec.name);
             }
         }
-        Ok(Self { tables })
+        Ok(Self {
+            tables,
+            pushes: Mutex::default(),
+        })
+    }
+
+    /// Remembers the push being handled (its span's `traceparent`) for the next notice.
+    fn record_push(&self) {
+        if let Some(traceparent) = primus_telemetry::propagation::current_traceparent() {
+            let mut pushes = self.pushes.lock().unwrap_or_else(PoisonError::into_inner);
+            if pushes.len() < MAX_NOTICED_PUSHES {
+                pushes.push(traceparent);
+            }
+        }
+    }
+
+    /// The pushes since the last call.
+    pub(crate) fn take_pushes(&self) -> Vec<String> {
+        std::mem::take(&mut *self.pushes.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Tables in name order.
@@ -361,6 +384,7 @@ impl ParameterServer for Ps {
         let fence = self.keys_here(&keys)?;
         let pushed = push_to(&request.table, table, &keys, &grads)?;
         drop(fence);
+        self.tables.record_push();
         Ok(Response::new(pushed))
     }
 
@@ -372,10 +396,11 @@ impl ParameterServer for Ps {
             tables: requests,
             then_lookup,
         } = request.into_inner();
-        let _span = tracing::info_span!(
+        let span = tracing::info_span!(
             "ps.push_tables",
             primus.tables = requests.len(),
             primus.then_lookup = then_lookup.len(),
+            primus.version = tracing::field::Empty,
         )
         .entered();
         let mut pushed = Vec::with_capacity(requests.len());
@@ -408,6 +433,9 @@ impl ParameterServer for Ps {
             .map(|(table, keys)| rows_of(table, keys))
             .collect::<Result<_, _>>()?;
         drop(fence);
+        // Serving holds these rows once it holds this version of the shard.
+        span.record("primus.version", self.tables.version());
+        self.tables.record_push();
         Ok(Response::new(PushTablesResponse { tables, looked_up }))
     }
 

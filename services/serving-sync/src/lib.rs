@@ -66,6 +66,9 @@ async fn serve(settings: ServingSyncSettings, shutdown: Shutdown) -> anyhow::Res
     served
 }
 
+/// Delta notices queued per Job between its cycles (their pushes are linked from the next).
+const NOTICES_QUEUED: usize = 64;
+
 struct RunningSync {
     topology: watch::Sender<Topology>,
     notices: mpsc::Sender<DeltaNotice>,
@@ -98,7 +101,8 @@ async fn discover(
             Some(notice) = notices.next() => {
                 let Ok(notice) = notice else { continue };
                 if let Some(job) = running.get(&notice.message.job) {
-                    // A full channel already holds a notice that triggers a sync.
+                    // A full channel already holds notices that trigger a sync (this one's
+                    // version is moved by it too; its pushes go unlinked).
                     let _ = job.notices.try_send(notice.message);
                 }
             }
@@ -240,7 +244,7 @@ fn start(
     settings: &primus_config::SyncSettings,
 ) -> RunningSync {
     let (topology_tx, topology_rx) = watch::channel(topology);
-    let (notice_tx, notice_rx) = mpsc::channel(1);
+    let (notice_tx, notice_rx) = mpsc::channel(NOTICES_QUEUED);
     let (stop_tx, stop_rx) = watch::channel(false);
     let report_every = Duration::from_millis(settings.report_interval_ms.max(100));
     let task = tokio::spawn(follow(
@@ -294,10 +298,17 @@ pub async fn follow(
                 }
                 continue;
             }
-            Some(notice) = notices.recv() => sync.note(&notice),
+            Some(notice) = notices.recv() => {
+                sync.note(&notice);
+                // Notices queued meanwhile are moved by the same cycle.
+                while let Ok(queued) = notices.try_recv() {
+                    sync.note(&queued);
+                }
+            }
             _ = sparse.tick() => {}
         }
         let cycle = tracing::info_span!(parent: None, "serving_sync.sparse", primus.job = %job);
+        primus_telemetry::propagation::add_links(&cycle, sync.take_pushes());
         sync.sync_sparse().instrument(cycle).await;
         if sync.dense_due() {
             let cycle = tracing::info_span!(parent: None, "serving_sync.dense", primus.job = %job);

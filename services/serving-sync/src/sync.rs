@@ -77,6 +77,9 @@ struct ShardLink {
 /// ApplyDelta request spans on the PS side are children of the sync cycle's span.
 type Traced = InterceptedService<Channel, TraceInterceptor>;
 
+/// Pushes one sparse cycle links to at most.
+const MAX_LINKED_PUSHES: usize = 128;
+
 pub struct JobSync {
     target: SyncTarget,
     shards: Vec<ShardLink>,
@@ -87,6 +90,8 @@ pub struct JobSync {
     last_dense: Option<Instant>,
     /// Per shard: notices not yet held by every replica, oldest first.
     pending: HashMap<String, VecDeque<(u64, Instant)>>,
+    /// `traceparent`s of the pushes the notices since the last cycle named.
+    pushes: Vec<String>,
     report: SyncReport,
 }
 
@@ -107,6 +112,7 @@ impl JobSync {
             dense_model: None,
             last_dense: None,
             pending: HashMap::new(),
+            pushes: Vec::new(),
             report: SyncReport::default(),
         }
     }
@@ -172,6 +178,13 @@ impl JobSync {
             .entry(notice.shard.clone())
             .or_default()
             .push_back((notice.version, Instant::now()));
+        let room = MAX_LINKED_PUSHES.saturating_sub(self.pushes.len());
+        self.pushes.extend(notice.pushes.iter().take(room).cloned());
+    }
+
+    /// The pushes named since the last call: what the next cycle moves.
+    pub fn take_pushes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.pushes)
     }
 
     /// Counters since the last call.

@@ -6,9 +6,12 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use primus_harness::resources::small_wide_deep;
-use primus_harness::{Sandbox, alive, condition};
+use primus_harness::resources::{served, small_wide_deep};
+use primus_harness::{Sandbox, alive, condition, topology};
+use primus_proto::v1::serving_service_client::ServingServiceClient;
+use primus_proto::v1::{PredictRequest, Role, Sample};
 use primus_spec::status::{ExecutorState, Phase};
+use primus_testkit::service::ServiceProcess;
 use primus_testkit::service::signal;
 use primus_testkit::{OtlpReceiver, ReceivedSpan};
 
@@ -296,4 +299,111 @@ async fn a_file_that_does_not_read_fails_the_job_naming_it_once() {
         "the file is named once: {complete:?}"
     );
     master.stop();
+}
+
+/// serving-sync as a process exporting spans to `otlp`, following the master at `master`.
+async fn start_traced_sync(sandbox: &Sandbox, master: &str, otlp: &str) -> ServiceProcess {
+    let settings = format!(
+        "nats:\n  url: {}\napi:\n  server: http://{}\n  token_file: {}\nsync:\n  master_addrs: [\"{master}\"]\n  discovery_interval_ms: 100\ntelemetry:\n  otlp_endpoint: {otlp}\n",
+        sandbox.nats.url(),
+        sandbox.api_addr(),
+        sandbox.token_file().display(),
+    );
+    let binary = primus_harness::binary("primus-serving-sync");
+    let mut sync = ServiceProcess::start(&binary, sandbox.dir(), &settings).expect("serving-sync");
+    sync.wait_healthy(Duration::from_secs(30))
+        .await
+        .expect("serving-sync serving");
+    sync
+}
+
+/// The attribute `key` of a received span, as text (None when it has none).
+fn attribute(span: &ReceivedSpan, key: &str) -> Option<String> {
+    (span.span.attributes.iter())
+        .find(|kv| kv.key == key)
+        .map(|kv| format!("{:?}", kv.value))
+}
+
+/// From a push to the prediction that used it: a serving-sync cycle links (OpenTelemetry
+/// span links) to the `ps.push_tables` spans whose rows it moves, the push records the
+/// shard's version after it, and a Predict's span records the version of every training
+/// shard (and of the dense model) the replica answered with.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sync_cycle_links_the_pushes_it_moves_and_a_predict_records_what_it_used() {
+    let receiver = OtlpReceiver::start().await.expect("otlp receiver");
+    let sandbox = Sandbox::start().await;
+    let data = sandbox.dir().join("data");
+    write_partitions(&data, "2026-11-01", 1).await;
+    let window = ("2026-11-01T00", "2026-11-02T00");
+    let [dataset, job] = id_job("synced", &data, window, 1);
+    let job = match job {
+        primus_spec::Resource::Job(mut job) => {
+            served(&mut job.spec);
+            primus_spec::Resource::Job(job)
+        }
+        other => other,
+    };
+    sandbox.apply([dataset, job]).await;
+    let mut settings = master_settings(&sandbox, &data_executor());
+    settings.telemetry.otlp_endpoint = Some(receiver.endpoint().to_owned());
+    // Slow reads: the Job trains over several sync cycles.
+    settings.master.fault_injection.data_read_delay_ms = 300;
+    let master = start(&sandbox, &settings);
+    let sync = start_traced_sync(&sandbox, master.addr(), receiver.endpoint()).await;
+    sandbox
+        .wait_for_phase("synced", Phase::Succeeded, Duration::from_secs(180))
+        .await;
+    let replica = topology(master.addr(), "synced")
+        .await
+        .into_iter()
+        .find(|e| e.role == Role::Serving as i32)
+        .expect("a serving replica");
+    let mut client = ServingServiceClient::connect(format!("http://{}", replica.grpc_addr))
+        .await
+        .expect("replica");
+    let predicted = client
+        .predict(PredictRequest {
+            job: "synced".into(),
+            samples: vec![Sample::default()],
+        })
+        .await
+        .expect("predict")
+        .into_inner();
+    assert_eq!(predicted.probabilities.len(), 1);
+    sandbox.delete_job("synced").await;
+    drop(sync);
+    master.stop();
+
+    let mut spans = Vec::new();
+    for _ in 0..100 {
+        spans = receiver.spans();
+        if !named(&spans, "serving.predict").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pushes: HashSet<(Vec<u8>, Vec<u8>)> = named(&spans, "ps.push_tables")
+        .into_iter()
+        .map(|s| (s.span.trace_id.clone(), s.span.span_id.clone()))
+        .collect();
+    let cycles = named(&spans, "serving_sync.sparse");
+    let linked = (cycles.iter())
+        .flat_map(|c| &c.span.links)
+        .filter(|l| pushes.contains(&(l.trace_id.clone(), l.span_id.clone())))
+        .count();
+    assert!(
+        linked > 0,
+        "a sync cycle links to a push it moves: {} cycles, {} pushes",
+        cycles.len(),
+        pushes.len()
+    );
+    let push = named(&spans, "ps.push_tables")[0];
+    assert!(attribute(push, "primus.version").is_some(), "{push:?}");
+    let predict = named(&spans, "serving.predict");
+    let applied = predict.iter().find_map(|s| attribute(s, "primus.applied"));
+    assert!(
+        applied.as_deref().is_some_and(|a| a.contains("ps-0=")),
+        "the Predict span names the shard versions it used: {applied:?}"
+    );
+    assert!(attribute(predict[0], "primus.dense_version").is_some());
 }

@@ -18,6 +18,7 @@ use primus_service::http::{authorization, error_reply, json_reply};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tonic::Status;
+use tracing::Instrument;
 
 use super::Replica;
 
@@ -40,7 +41,9 @@ struct Body {
 async fn predict(State(replica): State<Arc<Replica>>, headers: HeaderMap, body: Bytes) -> Response {
     let answer = async {
         replica.authorize(authorization(&headers))?;
-        replica.answer(request(&body)?).await
+        let request = request(&body)?;
+        let span = super::predict_span(request.samples.len());
+        replica.answer(request).instrument(span).await
     };
     match answer.await {
         Ok(answer) => json_reply(

@@ -28,11 +28,24 @@ use primus_proto::v1::{
 };
 use primus_service::{BearerTokens, Node, Services, Shutdown};
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 pub use dense::{DenseError, DenseInputs, DenseModel};
 pub use features::{SampleError, record_batch};
 use primus_config::{PsSettings, ServingSettings, StorageSettings};
 use primus_proto::packed::{decode_f32, decode_keys, encode_f32, encode_keys};
+
+/// The span of one Predict (gRPC or HTTP): its samples, and what the answer used (filled
+/// in by [`Replica::answer`]).
+fn predict_span(samples: usize) -> tracing::Span {
+    tracing::info_span!(
+        "serving.predict",
+        primus.samples = samples,
+        primus.sparse_version = tracing::field::Empty,
+        primus.dense_version = tracing::field::Empty,
+        primus.applied = tracing::field::Empty,
+    )
+}
 
 /// Runs the serving role until `shutdown`.
 pub async fn run(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
@@ -149,6 +162,17 @@ impl Replica {
         Ok(version)
     }
 
+    /// `<shard>=<version>` of every training shard whose changes up to that version this
+    /// replica holds, in shard order.
+    fn applied_versions(&self) -> String {
+        let applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut versions: Vec<String> = (applied.iter())
+            .map(|(shard, version)| format!("{shard}={version}"))
+            .collect();
+        versions.sort_unstable();
+        versions.join(" ")
+    }
+
     /// Whether a Predict with this `authorization` header value (None: no header) may run.
     fn authorize(&self, header: Option<&str>) -> Result<(), Status> {
         match &self.tokens {
@@ -178,6 +202,13 @@ impl Replica {
         }
         let sparse_version = self.newest_row.load(Ordering::Acquire);
         let dense_version = self.dense.version();
+        // What this answer used: every training shard's changes up to its version here.
+        let span = tracing::Span::current();
+        if !span.is_disabled() {
+            span.record("primus.sparse_version", sparse_version);
+            span.record("primus.dense_version", dense_version);
+            span.record("primus.applied", self.applied_versions());
+        }
         let replica = self.clone();
         let probabilities = tokio::task::spawn_blocking(move || replica.predict(&request.samples))
             .await
@@ -416,7 +447,9 @@ impl ServingService for ServingApi {
             .get("authorization")
             .map(|value| value.to_str().unwrap_or(""));
         self.replica.authorize(header)?;
-        let answer = self.replica.answer(request.into_inner()).await?;
+        let request = request.into_inner();
+        let span = predict_span(request.samples.len());
+        let answer = self.replica.answer(request).instrument(span).await?;
         Ok(Response::new(answer))
     }
 

@@ -366,10 +366,11 @@ async function jobPage(name) {
   curves.onDraw = () => {
     const p50 = curves.latest("freshness_p50_ms", "serving_sync");
     const p99 = curves.latest("freshness_p99_ms", "serving_sync");
-    const loads = curves.latest("dense_loads", "serving_sync");
+    const denseAge = curves.latest("dense_age_ms", "serving_sync");
+    const dense = denseAge === undefined ? "no dense model served yet" : `dense model exported ${number(denseAge / 1000, 1)} s before now`;
     freshness.textContent = p50 === undefined
-      ? "Serving: no freshness reported (serving-sync reports it once a replica holds synced rows)."
-      : `Serving freshness (a PS push until every replica holds it): sparse p50 ${number(p50)} ms, p99 ${number(p99)} ms; dense model loads ${number(loads)}.`;
+      ? `Serving: no sparse freshness reported yet (serving-sync reports it once replicas hold synced rows); ${dense}.`
+      : `Serving freshness: sparse p50 ${number(p50)} ms, p99 ${number(p99)} ms (a PS push until every replica holds it); ${dense} (the stalest replica's).`;
   };
   let metricVersion = 0;
   try {

@@ -346,6 +346,9 @@ async fn publish_report(bus: &Bus, job: &str, report: SyncReport) {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
+    if let Some(age) = report.dense_age_ms {
+        gauges.insert("dense_age_ms".into(), age);
+    }
     if let (Some(p50), Some(p99)) = (quantile(0.5), quantile(0.99)) {
         gauges.insert("freshness_p50_ms".into(), p50);
         gauges.insert("freshness_p99_ms".into(), p99);

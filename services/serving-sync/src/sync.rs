@@ -55,6 +55,9 @@ pub struct SyncReport {
     pub freshness_ms: Vec<f64>,
     pub dense_loads: u64,
     pub failures: u64,
+    /// Milliseconds since the dense model the stalest replica serves was exported (dense
+    /// freshness); None until every replica serves one.
+    pub dense_age_ms: Option<f64>,
 }
 
 struct ReplicaLink {
@@ -187,9 +190,20 @@ impl JobSync {
         std::mem::take(&mut self.pushes)
     }
 
-    /// Counters since the last call.
+    /// Counters since the last call, and the dense model's age now.
     pub fn take_report(&mut self) -> SyncReport {
-        std::mem::take(&mut self.report)
+        let mut report = std::mem::take(&mut self.report);
+        report.dense_age_ms = self.dense_age_ms();
+        report
+    }
+
+    /// Dense versions are export times in microseconds: the stalest replica's is its age.
+    fn dense_age_ms(&self) -> Option<f64> {
+        let stalest = self.replicas.iter().map(|r| r.dense_version).min()?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        (stalest > 0).then(|| now.saturating_sub(stalest) as f64 / 1000.0)
     }
 
     /// Per replica id, the version held of each shard (`None` while unknown).

@@ -445,6 +445,12 @@ async fn a_restarted_replica_converges_to_the_training_rows_exactly() {
     .await;
     let b = predict(&mut serving_client(&cluster.replicas[1].addr).await, probe).await;
     assert_eq!(a, b);
+    // Dense freshness: the model every replica serves was exported moments ago.
+    let age = sync.take_report().dense_age_ms;
+    assert!(
+        age.is_some_and(|ms| (0.0..60_000.0).contains(&ms)),
+        "{age:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -64,6 +64,8 @@ async function main() {
     await page.waitForSelector('.chart[data-series="cpu_cores/trainer/trainer-0"]', { timeout: TIMEOUT });
     const executors = await page.locator("tr[data-executor]").count();
     check(executors >= 4, `the topology lists ${executors} executors, not the Job's 4`);
+    const marks = await page.locator("#events svg.strip rect").count();
+    check(marks > 0 && marks === (await page.locator("#events li").count()), `the time line shows ${marks} marks`);
     console.log(`step: ${series} went from ${before} to ${after} points without a reload`);
     await page.screenshot({ path: process.env.PRIMUS_SCREENSHOT, fullPage: false });
 

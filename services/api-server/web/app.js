@@ -257,12 +257,37 @@ function conditionsTable(job) {
       el("td", { class: "num", text: age(c.last_transition_unix_ms) }), el("td", { text: c.message })))));
 }
 
+/// The Job's events (scaling decisions, checkpoints, restores, ...) and its conditions'
+/// transitions on one time line: a strip from the Job's creation to now, newest listed first.
 function timeline(job) {
-  const events = [...(job.status?.events || [])].sort((a, b) => b.unix_ms - a.unix_ms);
-  if (!events.length) return el("p", { class: "muted", text: "No events yet." });
-  return el("ul", { class: "timeline", id: "events" }, ...events.map((e) => el("li", {},
-    el("time", { text: new Date(e.unix_ms).toLocaleTimeString() }),
-    el("span", { class: "reason", text: e.reason }), e.message)));
+  const events = (job.status?.events || []).map((e) => ({ at: e.unix_ms, what: e.reason, message: e.message, kind: "event" }));
+  const changes = (job.status?.conditions || []).map((c) => ({
+    at: c.last_transition_unix_ms, what: `${c.type ?? c.kind} ${c.status ? "" : "(false) "}${c.reason}`, message: c.message, kind: "condition",
+  }));
+  const items = [...events, ...changes].filter((i) => i.at > 0).sort((a, b) => b.at - a.at);
+  if (!items.length) return el("p", { class: "muted", text: "No events yet." });
+  const start = Math.min(job.created_unix_ms, ...items.map((i) => i.at));
+  const span = Math.max(1, Date.now() - start);
+  const strip = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  strip.setAttribute("class", "strip");
+  strip.setAttribute("viewBox", "0 0 1000 24");
+  strip.setAttribute("preserveAspectRatio", "none");
+  for (const item of items) {
+    const mark = document.createElementNS("http://www.w3.org/2000/svg", "rect");
+    const x = ((item.at - start) / span) * 996;
+    for (const [k, v] of Object.entries({ x: String(x), y: item.kind === "event" ? "2" : "13", width: "4", height: "9", class: item.kind })) {
+      mark.setAttribute(k, v);
+    }
+    const title = document.createElementNS("http://www.w3.org/2000/svg", "title");
+    title.textContent = `${new Date(item.at).toLocaleTimeString()} ${item.what}: ${item.message}`;
+    mark.append(title);
+    strip.append(mark);
+  }
+  return el("div", { id: "events" }, strip,
+    el("p", { class: "muted", text: "Events above, condition changes below; hover for details." }),
+    el("ul", { class: "timeline" }, ...items.map((i) => el("li", { class: i.kind },
+      el("time", { text: new Date(i.at).toLocaleTimeString() }),
+      el("span", { class: "reason", text: i.what }), i.message))));
 }
 
 /// The Job's curves: one chart per series of its Metric resource, kept live.
@@ -318,7 +343,7 @@ class Curves {
         const plot = new uPlot({
           width: 380, height: 160, legend: { show: false },
           series: [{}, { label: s.name, stroke: "#2f6fde", width: 1.5 }],
-          axes: [{}, { size: 60 }],
+          axes: [{}, { size: 60, values: (u, splits) => splits.map(compact) }],
         }, data, box);
         chart = { box, plot };
         this.charts.set(key, chart);
@@ -335,6 +360,15 @@ class Curves {
 function seriesKey(series) {
   const key = `${series.name}/${series.role || ""}`;
   return series.executor ? `${key}/${series.executor}` : key;
+}
+
+/// `1.5G`, `300M`, `12k`, `0.25`: axis labels that fit.
+function compact(value) {
+  const size = Math.abs(value);
+  for (const [unit, scale] of [["G", 1e9], ["M", 1e6], ["k", 1e3]]) {
+    if (size >= scale) return `${Number((value / scale).toPrecision(3))}${unit}`;
+  }
+  return String(Number(value.toPrecision(3)));
 }
 
 function rank(name) {
@@ -357,7 +391,7 @@ async function jobPage(name) {
       el("p", {}, "Dataset ", dataset ? el("a", { href: `#/datasets/${encodeURIComponent(dataset)}`, text: dataset }) : "-",
         `, mode ${job.spec?.mode ?? "-"}, spec generation ${job.generation}`),
       el("h2", { text: "Conditions" }), conditionsTable(job),
-      el("h2", { text: "Events" }), timeline(job));
+      el("h2", { text: "Time line" }), timeline(job));
   };
   showJob(job);
   const curves = new Curves(charts);

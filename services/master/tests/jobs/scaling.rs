@@ -309,7 +309,7 @@ async fn a_straggling_data_executor_gives_its_task_to_a_faster_one() {
     let mut settings = master_settings(&sandbox, &data_executor());
     settings.master.status_interval_ms = 200;
     let faults = &mut settings.master.fault_injection;
-    (faults.slow_data_executor, faults.slow_read_delay_ms) = (Some(1), 6_000);
+    (faults.slow_data_executor, faults.slow_read_delay_ms) = (Some(1), 20_000);
     let master = start(&sandbox, &settings);
     succeeds_with_every_row_once(&sandbox, "straggling").await;
     let status = sandbox.status("straggling").await;

@@ -2,37 +2,20 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use primus_api_client::document;
 use primus_proto::v1::Resource;
 use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::JobSpec;
 use primus_spec::metric::MetricSpec;
 use primus_spec::status::Status;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
     Table,
     Yaml,
     Json,
-}
-
-/// A resource as one document: kind, metadata (with the server's fields), spec, status.
-pub fn document(resource: &Resource) -> Value {
-    let parse = |text: &str| serde_json::from_str::<Value>(text).unwrap_or(Value::Null);
-    json!({
-        "kind": resource.kind,
-        "metadata": {
-            "name": resource.name,
-            "labels": resource.labels,
-            "resource_version": resource.resource_version,
-            "generation": resource.generation,
-            "created_unix_ms": resource.created_unix_ms,
-            "updated_unix_ms": resource.updated_unix_ms,
-        },
-        "spec": parse(&resource.spec_json),
-        "status": parse(&resource.status_json),
-    })
 }
 
 /// Renders `resources` of `kind`; `single` (a get by name) prints one object, not a list.

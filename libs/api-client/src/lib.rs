@@ -4,6 +4,10 @@
 
 #![warn(missing_docs)]
 
+mod document;
+
+pub use document::document;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -148,14 +148,14 @@ function progressCell(status) {
 function jobRow(job) {
   const status = job.status || {};
   const progress = status.progress || {};
-  const labels = Object.entries(job.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ");
-  return el("tr", { "data-job": job.name },
-    el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(job.name)}`, text: job.name })),
+  const labels = Object.entries(job.metadata.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ");
+  return el("tr", { "data-job": job.metadata.name },
+    el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(job.metadata.name)}`, text: job.metadata.name })),
     el("td", {}, el("span", { class: `phase ${status.phase || ""}`, text: status.phase || "" })),
     progressCell(status),
     el("td", { class: "num", text: number(progress.samples_per_second) }),
     el("td", { class: "num", text: progress.auc === undefined || progress.auc === null ? "" : number(progress.auc, 4) }),
-    el("td", { class: "num", "data-created": String(job.created_unix_ms), text: age(job.created_unix_ms) }),
+    el("td", { class: "num", "data-created": String(job.metadata.created_unix_ms), text: age(job.metadata.created_unix_ms) }),
     el("td", { class: "muted", text: labels }),
   );
 }
@@ -176,20 +176,20 @@ async function jobsPage(params) {
   const rows = new Map();
   const show = (job) => {
     const row = jobRow(job);
-    const old = rows.get(job.name);
+    const old = rows.get(job.metadata.name);
     if (old) old.replaceWith(row);
     else body.append(row);
-    rows.set(job.name, row);
+    rows.set(job.metadata.name, row);
   };
   listed.items.forEach(show);
   every(1000, () => body.querySelectorAll("[data-created]").forEach((cell) => {
     cell.textContent = age(Number(cell.dataset.created));
   }));
   watch({ kind: "Job" }, listed.resource_version, (type, job) => {
-    const matches = Object.entries(wanted).every(([k, v]) => (job.labels || {})[k] === v);
+    const matches = Object.entries(wanted).every(([k, v]) => (job.metadata.labels || {})[k] === v);
     if (type === "deleted" || !matches) {
-      rows.get(job.name)?.remove();
-      rows.delete(job.name);
+      rows.get(job.metadata.name)?.remove();
+      rows.delete(job.metadata.name);
     } else {
       show(job);
     }
@@ -221,7 +221,7 @@ function summary(job) {
     item(number(progress.samples_per_second), "samples/s"),
     item(progress.auc === null || progress.auc === undefined ? "-" : number(progress.auc, 4), "AUC"),
     item(`${replicas.trainers ?? "-"} / ${replicas.ps ?? "-"} / ${replicas.data_executors ?? "-"} / ${replicas.serving ?? 0}`, "trainers / PS / data executors / serving"),
-    item(age(job.created_unix_ms), "age"),
+    item(age(job.metadata.created_unix_ms), "age"),
   );
 }
 
@@ -266,7 +266,7 @@ function timeline(job) {
   }));
   const items = [...events, ...changes].filter((i) => i.at > 0).sort((a, b) => b.at - a.at);
   if (!items.length) return el("p", { class: "muted", text: "No events yet." });
-  const start = Math.min(job.created_unix_ms, ...items.map((i) => i.at));
+  const start = Math.min(job.metadata.created_unix_ms, ...items.map((i) => i.at));
   const span = Math.max(1, Date.now() - start);
   const strip = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   strip.setAttribute("class", "strip");
@@ -389,7 +389,7 @@ async function jobPage(name) {
       el("h2", { text: "Executors" }), executorsTable(job),
       el("h2", { text: "Sources" }), sourcesTable(job),
       el("p", {}, "Dataset ", dataset ? el("a", { href: `#/datasets/${encodeURIComponent(dataset)}`, text: dataset }) : "-",
-        `, mode ${job.spec?.mode ?? "-"}, spec generation ${job.generation}`),
+        `, mode ${job.spec?.mode ?? "-"}, spec generation ${job.metadata.generation}`),
       el("h2", { text: "Conditions" }), conditionsTable(job),
       el("h2", { text: "Time line" }), timeline(job));
   };
@@ -410,12 +410,12 @@ async function jobPage(name) {
   try {
     const metric = await api(`/api/v1/Metric/${encodeURIComponent(name)}`);
     curves.replace(metric);
-    metricVersion = metric.resource_version;
+    metricVersion = metric.metadata.resource_version;
   } catch (error) {
     if (error.code !== "NotFound") throw error;
     curves.replace(null);
   }
-  watch({ kind: "Job", name }, job.resource_version, (type, job) => {
+  watch({ kind: "Job", name }, job.metadata.resource_version, (type, job) => {
     if (type === "deleted") {
       MAIN.replaceChildren(el("h1", { text: `Job ${name}` }), el("p", { text: "This Job was deleted." }));
       page.abort();
@@ -423,7 +423,7 @@ async function jobPage(name) {
       showJob(job);
     }
   }, () => route());
-  watch({ kind: "Metric", name }, metricVersion || job.resource_version, (type, metric) => {
+  watch({ kind: "Metric", name }, metricVersion || job.metadata.resource_version, (type, metric) => {
     if (type === "appended") curves.append(metric);
     else if (type !== "deleted") curves.replace(metric);
   }, () => route());
@@ -435,11 +435,11 @@ async function datasetsPage() {
   const listed = await api("/api/v1/Dataset");
   MAIN.replaceChildren(el("h1", { text: "Datasets" }), el("table", {},
     el("thead", {}, el("tr", {}, ...["Dataset", "Streams", "Sources", "Age"].map((h) => el("th", { text: h })))),
-    el("tbody", {}, ...listed.items.map((d) => el("tr", { "data-dataset": d.name },
-      el("td", {}, el("a", { href: `#/datasets/${encodeURIComponent(d.name)}`, text: d.name })),
+    el("tbody", {}, ...listed.items.map((d) => el("tr", { "data-dataset": d.metadata.name },
+      el("td", {}, el("a", { href: `#/datasets/${encodeURIComponent(d.metadata.name)}`, text: d.metadata.name })),
       el("td", { text: (d.spec.streams || []).map((s) => s.name).join(", ") }),
       el("td", { text: (d.spec.streams || []).flatMap((s) => s.sources || []).map((s) => s.name).join(", ") }),
-      el("td", { class: "num", text: age(d.created_unix_ms) }))))));
+      el("td", { class: "num", text: age(d.metadata.created_unix_ms) }))))));
 }
 
 function windowText(window) {
@@ -467,7 +467,7 @@ async function datasetPage(name) {
     readers.length ? el("table", {},
       el("thead", {}, el("tr", {}, ...["Job", "Phase", "Progress", "Tasks", "Rows read per source"].map((h) => el("th", { text: h })))),
       el("tbody", {}, ...readers.map((j) => el("tr", {},
-        el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(j.name)}`, text: j.name })),
+        el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(j.metadata.name)}`, text: j.metadata.name })),
         el("td", { text: j.status?.phase ?? "" }), progressCell(j.status), el("td", { text: taskText(j.status) }),
         el("td", { text: (j.status?.progress?.sources || []).map((s) => `${s.source}: ${number(s.rows_read)}`).join(", ") })))))
       : el("p", { class: "muted", text: "No Job reads it." }));
@@ -478,10 +478,10 @@ async function metricsPage() {
   MAIN.replaceChildren(el("h1", { text: "Metrics" }), el("table", {},
     el("thead", {}, el("tr", {}, ...["Metric", "Series", "Points", "Updated"].map((h) => el("th", { text: h })))),
     el("tbody", {}, ...listed.items.map((m) => el("tr", {},
-      el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(m.name)}`, text: m.name })),
+      el("td", {}, el("a", { href: `#/jobs/${encodeURIComponent(m.metadata.name)}`, text: m.metadata.name })),
       el("td", { class: "num", text: number((m.spec.series || []).length) }),
       el("td", { class: "num", text: number((m.spec.series || []).reduce((n, s) => n + s.points.length, 0)) }),
-      el("td", { class: "num", text: age(m.updated_unix_ms) }))))));
+      el("td", { class: "num", text: age(m.metadata.updated_unix_ms) }))))));
 }
 
 // ---- Routing and signing in ----

@@ -298,6 +298,26 @@ impl Sandbox {
             .jetstream()
     }
 
+    /// serving-sync as a process following the master at `master` (exporting spans to
+    /// `otlp` when given); returns once it serves.
+    pub async fn start_serving_sync(&self, master: &str, otlp: Option<&str>) -> ServiceProcess {
+        let mut settings = format!(
+            "nats:\n  url: {}\napi:\n  server: http://{}\n  token_file: {}\nsync:\n  master_addrs: [\"{master}\"]\n  discovery_interval_ms: 200\n",
+            self.nats.url(),
+            self.api_addr(),
+            self.token_file().display(),
+        );
+        if let Some(otlp) = otlp {
+            settings.push_str(&format!("telemetry:\n  otlp_endpoint: {otlp}\n"));
+        }
+        let binary = binary("primus-serving-sync");
+        let mut sync = ServiceProcess::start(&binary, self.dir(), &settings).expect("serving-sync");
+        sync.wait_healthy(Duration::from_secs(30))
+            .await
+            .expect("serving-sync serving");
+        sync
+    }
+
     /// Deletes `job` and waits (20 s at most) until every process it had is gone.
     pub async fn delete_job(&self, job: &str) {
         let pids = self.pids(job);

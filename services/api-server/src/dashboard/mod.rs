@@ -7,9 +7,9 @@
 //!   resource); a Watch that ends with an error sends an `error` event, and one that
 //!   cannot start answers like any failed call (`since` gone: 400, OUT_OF_RANGE).
 //!
-//! A resource is `{kind, name, labels, resource_version, generation, created_unix_ms,
-//! updated_unix_ms, spec, status}` with spec and status as JSON values. The pages hold no
-//! data: they ask for a token and keep it in the browser's session storage.
+//! A resource is the document `primus get -o json` prints ([`primus_api_client::document`]):
+//! `{kind, metadata, spec, status}`. The pages hold no data: they ask for a token and keep
+//! it in the browser's session storage.
 
 mod assets;
 
@@ -24,7 +24,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures::{Stream, StreamExt};
-use primus_proto::v1::{EventType, GetRequest, ListRequest, Resource, ResourceEvent, WatchRequest};
+use primus_api_client::document;
+use primus_proto::v1::{EventType, GetRequest, ListRequest, ResourceEvent, WatchRequest};
 use primus_service::http::{authorization, error_reply, json_reply};
 use primus_service::{BearerTokens, Shutdown};
 use serde::Deserialize;
@@ -82,7 +83,7 @@ async fn list(
     };
     match listed.await {
         Ok(listed) => {
-            let items: Vec<Value> = listed.resources.iter().map(resource_json).collect();
+            let items: Vec<Value> = listed.resources.iter().map(document).collect();
             let body = json!({"resource_version": listed.resource_version, "items": items});
             json_reply(StatusCode::OK, body.to_string())
         }
@@ -100,7 +101,7 @@ async fn get_one(
         dashboard.api.get(GetRequest { kind, name }).await
     };
     match found.await {
-        Ok(resource) => json_reply(StatusCode::OK, resource_json(&resource).to_string()),
+        Ok(resource) => json_reply(StatusCode::OK, document(&resource).to_string()),
         Err(error) => error_reply(&error),
     }
 }
@@ -170,7 +171,7 @@ fn change_event(change: &ResourceEvent) -> Event {
     Event::default()
         .id(resource.resource_version.to_string())
         .event(kind)
-        .data(resource_json(&resource).to_string())
+        .data(document(&resource).to_string())
 }
 
 /// `key=value,key=value` as a label selector; a pair without `=` is refused by name.
@@ -185,24 +186,4 @@ fn label_selector(text: &str) -> Result<HashMap<String, String>, Status> {
             ))),
         })
         .collect()
-}
-
-/// A resource with its spec and status as JSON values (null where empty, the stored text
-/// where it is not JSON).
-fn resource_json(resource: &Resource) -> Value {
-    let parsed = |text: &str| match text {
-        "" => Value::Null,
-        text => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned())),
-    };
-    json!({
-        "kind": resource.kind,
-        "name": resource.name,
-        "labels": resource.labels,
-        "resource_version": resource.resource_version,
-        "generation": resource.generation,
-        "created_unix_ms": resource.created_unix_ms,
-        "updated_unix_ms": resource.updated_unix_ms,
-        "spec": parsed(&resource.spec_json),
-        "status": parsed(&resource.status_json),
-    })
 }

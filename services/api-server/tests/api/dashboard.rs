@@ -63,14 +63,17 @@ async fn the_dashboard_serves_its_pages_and_the_resources_only_with_a_token() {
 
     let (status, jobs) = get_json(&addr, "/api/v1/Job?labels=team=ads", None).await;
     assert_eq!(status, 200);
-    assert_eq!(jobs["items"][0]["name"], "ctr");
+    assert_eq!(jobs["items"][0]["metadata"]["name"], "ctr");
     assert_eq!(jobs["items"][0]["spec"]["dataset"], "clicks");
     assert_eq!(jobs["items"][0]["status"]["phase"], "Pending");
     assert!(jobs["resource_version"].as_u64() > Some(0));
     let (_, others) = get_json(&addr, "/api/v1/Job?labels=team=search", None).await;
     assert_eq!(others["items"], Value::Array(Vec::new()));
     let (status, job) = get_json(&addr, "/api/v1/Job/ctr", None).await;
-    assert_eq!((status, job["labels"]["team"].as_str()), (200, Some("ads")));
+    assert_eq!(
+        (status, job["metadata"]["labels"]["team"].as_str()),
+        (200, Some("ads"))
+    );
 
     let (status, bad) = get_json(&addr, "/api/v1/Job?labels=team", None).await;
     assert!(

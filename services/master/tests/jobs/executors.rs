@@ -11,7 +11,6 @@ use primus_harness::{Sandbox, alive, condition, topology};
 use primus_proto::v1::serving_service_client::ServingServiceClient;
 use primus_proto::v1::{PredictRequest, Role, Sample};
 use primus_spec::status::{ExecutorState, Phase};
-use primus_testkit::service::ServiceProcess;
 use primus_testkit::service::signal;
 use primus_testkit::{OtlpReceiver, ReceivedSpan};
 
@@ -301,22 +300,6 @@ async fn a_file_that_does_not_read_fails_the_job_naming_it_once() {
     master.stop();
 }
 
-/// serving-sync as a process exporting spans to `otlp`, following the master at `master`.
-async fn start_traced_sync(sandbox: &Sandbox, master: &str, otlp: &str) -> ServiceProcess {
-    let settings = format!(
-        "nats:\n  url: {}\napi:\n  server: http://{}\n  token_file: {}\nsync:\n  master_addrs: [\"{master}\"]\n  discovery_interval_ms: 100\ntelemetry:\n  otlp_endpoint: {otlp}\n",
-        sandbox.nats.url(),
-        sandbox.api_addr(),
-        sandbox.token_file().display(),
-    );
-    let binary = primus_harness::binary("primus-serving-sync");
-    let mut sync = ServiceProcess::start(&binary, sandbox.dir(), &settings).expect("serving-sync");
-    sync.wait_healthy(Duration::from_secs(30))
-        .await
-        .expect("serving-sync serving");
-    sync
-}
-
 /// The attribute `key` of a received span, as text (None when it has none).
 fn attribute(span: &ReceivedSpan, key: &str) -> Option<String> {
     (span.span.attributes.iter())
@@ -349,7 +332,9 @@ async fn a_sync_cycle_links_the_pushes_it_moves_and_a_predict_records_what_it_us
     // Slow reads: the Job trains over several sync cycles.
     settings.master.fault_injection.data_read_delay_ms = 300;
     let master = start(&sandbox, &settings);
-    let sync = start_traced_sync(&sandbox, master.addr(), receiver.endpoint()).await;
+    let sync = sandbox
+        .start_serving_sync(master.addr(), Some(receiver.endpoint()))
+        .await;
     sandbox
         .wait_for_phase("synced", Phase::Succeeded, Duration::from_secs(180))
         .await;

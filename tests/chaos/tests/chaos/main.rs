@@ -92,7 +92,7 @@ impl Cluster {
     async fn start(sandbox: &Sandbox) -> Self {
         let master_settings = sandbox.recovering_master_settings();
         let master = MasterProcess::start(sandbox, &master_settings, &[]);
-        let sync = start_sync(sandbox, master.addr()).await;
+        let sync = sandbox.start_serving_sync(master.addr(), None).await;
         Self {
             master_settings,
             master,
@@ -147,22 +147,6 @@ async fn every_fault_loses_and_repeats_no_row() {
 /// How far a disturbed run's AUC may be from the undisturbed one: the rows trained again
 /// after a rollback meet another model state than the first time.
 const MAX_AUC_DELTA: f64 = 0.005;
-
-/// serving-sync as a process (so a fault can kill it), following the master at `master`.
-async fn start_sync(sandbox: &Sandbox, master: &str) -> ServiceProcess {
-    let settings = format!(
-        "nats:\n  url: {}\napi:\n  server: http://{}\n  token_file: {}\nsync:\n  master_addrs: [\"{master}\"]\n  discovery_interval_ms: 200\n",
-        sandbox.nats.url(),
-        sandbox.api_addr(),
-        sandbox.token_file().display(),
-    );
-    let binary = primus_harness::binary("primus-serving-sync");
-    let mut sync = ServiceProcess::start(&binary, sandbox.dir(), &settings).expect("serving-sync");
-    sync.wait_healthy(Duration::from_secs(30))
-        .await
-        .expect("serving-sync serving");
-    sync
-}
 
 /// Trains the suite's Job with no fault until it caught up; its AUC.
 async fn run_undisturbed(sandbox: &Sandbox, cluster: &Cluster) -> f64 {
@@ -246,7 +230,9 @@ async fn inject(sandbox: &mut Sandbox, cluster: &mut Cluster, job: &str, fault: 
         Fault::KillServingReplica => kill(sandbox, job, "serving-0"),
         Fault::KillServingSync => {
             signal(cluster.sync.pid(), "KILL").expect("SIGKILL serving-sync");
-            cluster.sync = start_sync(sandbox, cluster.master.addr()).await;
+            cluster.sync = sandbox
+                .start_serving_sync(cluster.master.addr(), None)
+                .await;
             "killed serving-sync, started another".to_owned()
         }
         Fault::KillMaster => {

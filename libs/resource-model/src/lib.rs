@@ -52,6 +52,18 @@ pub struct Allocation {
     pub ps_cpu: f64,
 }
 
+impl Allocation {
+    /// `trainers` trainers and `ps` PS shards of one core each.
+    pub const fn one_core_each(trainers: u32, ps: u32) -> Self {
+        Self {
+            trainers,
+            ps,
+            trainer_cpu: 1.0,
+            ps_cpu: 1.0,
+        }
+    }
+}
+
 /// One measured iteration time under an allocation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Observation {

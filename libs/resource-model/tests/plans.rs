@@ -35,12 +35,7 @@ const SPACE: PlanSpace = PlanSpace {
     horizon_seconds: 3600.0,
 };
 
-const CURRENT: Allocation = Allocation {
-    trainers: 1,
-    ps: 1,
-    trainer_cpu: 1.0,
-    ps_cpu: 1.0,
-};
+const CURRENT: Allocation = Allocation::one_core_each(1, 1);
 
 /// Every allocation of the space with a positive gain, and the exact front among them.
 fn exhaustive_front() -> Vec<Plan> {

@@ -59,14 +59,14 @@ impl MetricSpec {
             return None;
         }
         let mut series = Vec::new();
-        for now in &self.series {
-            let old = previous.series.iter().find(|old| same(now, old));
+        for newer in &self.series {
+            let old = previous.series.iter().find(|old| same(newer, old));
             let old_points = old.map_or(&[][..], |old| &old.points[..]);
-            let fresh = appended_points(old_points, &now.points)?;
+            let fresh = appended_points(old_points, &newer.points)?;
             if !fresh.is_empty() {
                 series.push(MetricSeries {
                     points: fresh.to_vec(),
-                    ..now.clone()
+                    ..newer.clone()
                 });
             }
         }

@@ -141,12 +141,7 @@ mod tests {
             cores_now,
             remaining_samples: 1e6,
             plans: vec![Plan {
-                allocation: Allocation {
-                    trainers: 2,
-                    ps: 1,
-                    trainer_cpu: 1.0,
-                    ps_cpu: 1.0,
-                },
+                allocation: Allocation::one_core_each(2, 1),
                 cores,
                 cost: cores,
                 gain,

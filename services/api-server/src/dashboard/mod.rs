@@ -9,7 +9,7 @@
 //!
 //! A resource is the document `primus get -o json` prints ([`primus_api_client::document`]):
 //! `{kind, metadata, spec, status}`. The pages hold no data: they ask for a token and keep
-//! it in the browser's session storage.
+//! it in the browser tab's `sessionStorage`.
 
 mod assets;
 

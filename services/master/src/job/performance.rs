@@ -149,12 +149,7 @@ mod tests {
     }
 
     fn allocation(trainers: u32, ps: u32) -> Allocation {
-        Allocation {
-            trainers,
-            ps,
-            trainer_cpu: 1.0,
-            ps_cpu: 1.0,
-        }
+        Allocation::one_core_each(trainers, ps)
     }
 
     #[test]

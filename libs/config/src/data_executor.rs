@@ -45,7 +45,8 @@ pub struct DataSettings {
     pub buffer_rows: usize,
     /// Rows per Parquet read (and per buffered chunk); at most `buffer_rows`.
     pub read_batch_rows: usize,
-    /// How often served offsets are reported to the master and finished tasks closed.
+    /// How often consumed offsets (rows trainers confirmed, without a gap) are reported to
+    /// the master and finished tasks closed.
     pub progress_interval_ms: u64,
     /// How long to wait before asking again when the master has no task.
     pub idle_poll_ms: u64,

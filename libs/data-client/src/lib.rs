@@ -3,9 +3,10 @@
 //! barrier is passed on once every stream still open has sent its marker, so everything
 //! served before the executors paused comes before it. A stream that breaks because its
 //! executor died is opened again at the same address (where the backend restarts it) for
-//! up to [`RECONNECT_FOR`]. What becomes of the dead executor's rows is the task queue's
-//! and the stream's business: a file task resumes from its last reported offset, a stream's
-//! buffered rows are lost (acked once buffered) and its unacked messages redelivered.
+//! up to [`RECONNECT_FOR`]. Before that, the trainer reports to the master the task rows
+//! it received on the broken stream (`TaskService.ReportReceived`): it trains all of them,
+//! and the dead executor's own reports lag what it served, so the tasks' offsets move on
+//! through them and its successor serves none of them again.
 //!
 //! The set of executors may change while reading ([`Membership`]): a joining executor's
 //! stream is merged in; a leaving one sends `leaving` and its stream ends without ending
@@ -19,7 +20,7 @@
 
 #![warn(missing_docs)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use futures::channel::mpsc::{UnboundedSender, unbounded};
@@ -29,10 +30,12 @@ use futures::{FutureExt, Stream, StreamExt};
 use primus_batch::Minibatch;
 use primus_proto::v1::dataset_service_client::DatasetServiceClient;
 use primus_proto::v1::minibatch_stream_request::Kind;
+use primus_proto::v1::task_service_client::TaskServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
 use primus_proto::v1::{
     ConfirmedTotalsRequest, EndMinibatchesRequest, GetTopologyRequest, MinibatchRequest,
-    MinibatchStreamRequest, MinibatchesConsumed, Role, SourceKind,
+    MinibatchStreamRequest, MinibatchesConsumed, ReportReceivedRequest, Role, ServedRange,
+    SourceKind,
 };
 use primus_telemetry::propagation::TraceCarrier;
 
@@ -79,6 +82,8 @@ pub struct ReceivedBatch {
     pub trace: TraceCarrier,
     /// Confirms the minibatch consumed to its executor.
     pub receipt: Receipt,
+    /// Its executor's id and the task rows it holds.
+    served: (String, Vec<ServedRange>),
 }
 
 /// A trainer's counters: steps, samples, and samples per source (Dataset source name).
@@ -152,6 +157,9 @@ pub struct ReaderOptions {
     pub batch_size: u32,
     /// Ask for RecD dedup groups as IKJT.
     pub grouped: bool,
+    /// The master's gRPC address, told the rows received from an executor that died
+    /// (empty: nobody is told).
+    pub master_addr: String,
 }
 
 /// gRPC addresses of the job's data executors, from the master's topology.
@@ -280,6 +288,7 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Items, ReaderE
                     sequence: message.sequence,
                     stream: Some(consumed.clone()),
                 },
+                served: (message.executor_id, message.served),
             })))
         })
         .boxed())
@@ -303,7 +312,78 @@ struct Reconnecting {
     options: ReaderOptions,
     items: Option<Items>,
     failed: bool,
+    received: ReceivedRows,
 }
+
+/// How long the task rows received on a stream are remembered: the executor reports what
+/// its trainers confirmed every progress interval (200 ms by default), and a trainer
+/// confirms a minibatch within a step or two, so older rows are in the executor's reports.
+const RECEIVED_KEPT_FOR: Duration = Duration::from_secs(60);
+
+/// The task rows received on one executor stream lately, to report if it breaks.
+#[derive(Default)]
+struct ReceivedRows {
+    executor_id: String,
+    ranges: VecDeque<(tokio::time::Instant, ServedRange)>,
+}
+
+impl ReceivedRows {
+    fn record(&mut self, batch: &ReceivedBatch) {
+        let now = tokio::time::Instant::now();
+        let (executor_id, ranges) = &batch.served;
+        self.executor_id.clone_from(executor_id);
+        for range in ranges {
+            match self.ranges.back_mut() {
+                Some((at, last)) if last.task_id == range.task_id && last.end == range.first => {
+                    (*at, last.end, last.end_position) = (now, range.end, range.end_position);
+                }
+                _ => self.ranges.push_back((now, range.clone())),
+            }
+        }
+        while (self.ranges.front()).is_some_and(|(at, _)| now - *at > RECEIVED_KEPT_FOR) {
+            self.ranges.pop_front();
+        }
+    }
+
+    /// Tells the master the rows received from the executor whose stream broke; a master
+    /// that cannot be told leaves them to the executor's own reports (they may then be
+    /// served again).
+    async fn report(&mut self, options: &ReaderOptions) {
+        let ranges: Vec<ServedRange> = self.ranges.drain(..).map(|(_, r)| r).collect();
+        if ranges.is_empty() || options.master_addr.is_empty() {
+            return;
+        }
+        let request = ReportReceivedRequest {
+            job: options.job.clone(),
+            trainer_id: options.trainer_id.clone(),
+            executor_id: std::mem::take(&mut self.executor_id),
+            ranges,
+        };
+        let executor = request.executor_id.clone();
+        let url = format!("http://{}", options.master_addr);
+        let reported = tokio::time::timeout(REPORT_TIMEOUT, async {
+            let mut client = TaskServiceClient::connect(url)
+                .await
+                .map_err(|e| primus_telemetry::error_chain(&e))?;
+            (client.report_received(request).await)
+                .map(|r| r.into_inner().tasks_moved)
+                .map_err(|status| status.to_string())
+        })
+        .await
+        .unwrap_or_else(|_| Err("timed out".into()));
+        match reported {
+            Ok(tasks) => {
+                tracing::info!(%executor, tasks, "rows received from a dead data executor reported")
+            }
+            Err(e) => {
+                tracing::warn!(%executor, error = %e, "reporting the rows received from a dead data executor; they may be served again")
+            }
+        }
+    }
+}
+
+/// How long the master is given to take a report of received rows.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `items` of the executor at `addr`, opened again whenever its connection is lost.
 fn reconnecting(addr: String, options: ReaderOptions, items: Items) -> Items {
@@ -312,6 +392,7 @@ fn reconnecting(addr: String, options: ReaderOptions, items: Items) -> Items {
         options,
         items: Some(items),
         failed: false,
+        received: ReceivedRows::default(),
     };
     stream::unfold(state, |mut state| async move {
         loop {
@@ -323,8 +404,14 @@ fn reconnecting(addr: String, options: ReaderOptions, items: Items) -> Items {
                     Some(Err(ReaderError::Status { status, .. })) if connection_lost(&status) => {
                         tracing::warn!(addr = %state.addr, %status, "data executor stream lost; reconnecting");
                         state.items = None;
+                        state.received.report(&state.options).await;
                     }
-                    Some(item) => return Some((item, state)),
+                    Some(item) => {
+                        if let Ok(Item::Batch(batch)) = &item {
+                            state.received.record(batch);
+                        }
+                        return Some((item, state));
+                    }
                     None => return None,
                 }
             }
@@ -656,6 +743,7 @@ mod tests {
             trainer_id: "trainer-0".into(),
             batch_size: 1,
             grouped: false,
+            master_addr: String::new(),
         };
         Merged::new(options, Membership::fixed())
     }

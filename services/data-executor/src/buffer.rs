@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use primus_batch::Minibatch;
-use primus_proto::v1::SourceKind;
+use primus_proto::v1::{ServedRange, SourceKind};
 use primus_telemetry::propagation::TraceCarrier;
 use tokio::sync::{Notify, Semaphore};
 
@@ -28,6 +28,18 @@ pub struct Served {
     pub batch: Minibatch,
     /// The trace of the task that read the first rows.
     pub trace: TraceCarrier,
+    /// The task rows it holds, in serving order, with their tasks.
+    pub ranges: Vec<(Arc<TaskLedger>, ServedRange)>,
+}
+
+impl Served {
+    /// Its trainer trained it and pushed the gradients (or will, the executor having
+    /// ended the stream): its rows count as consumed in their tasks.
+    pub fn consumed(&self) {
+        for (task, range) in &self.ranges {
+            task.consumed(range.first, range.end, range.end_position);
+        }
+    }
 }
 
 struct Queue {
@@ -190,6 +202,7 @@ impl Buffers {
             .map(|(i, _)| i)?;
         let queue = &mut queues[chosen];
         let mut parts = Vec::new();
+        let mut ranges = Vec::new();
         let mut taken = 0;
         let trace = queue.chunks.front().map(|c| c.task.trace.clone())?;
         while taken < rows {
@@ -197,19 +210,20 @@ impl Buffers {
                 break;
             };
             let want = rows - taken;
+            let first = chunk.first_offset;
             let part = if chunk.batch.rows() > want {
                 let head = chunk.batch.slice(0..want).ok()?;
                 let tail = chunk.batch.slice(want..chunk.batch.rows()).ok()?;
                 chunk.batch = tail;
-                let first = chunk.first_offset;
                 chunk.first_offset += want as u64;
                 chunk.task.served_through(first + want as u64);
+                add_range(&mut ranges, &chunk.task, first, want);
                 queue.chunks.push_front(chunk);
                 head
             } else {
-                chunk
-                    .task
-                    .served_through(chunk.first_offset + chunk.batch.rows() as u64);
+                let rows = chunk.batch.rows();
+                chunk.task.served_through(first + rows as u64);
+                add_range(&mut ranges, &chunk.task, first, rows);
                 chunk.batch
             };
             taken += part.rows();
@@ -226,6 +240,7 @@ impl Buffers {
             kind: queue.kind,
             batch,
             trace,
+            ranges,
         })
     }
 
@@ -246,6 +261,33 @@ impl Buffers {
         let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         queues.iter().all(|q| q.rows == 0)
     }
+}
+
+/// Adds `task`'s rows `first..first + rows`, just served, to `ranges` (extending its last
+/// range when they continue it). Called right after the task's served offset moved to
+/// their end, so the stream position read now is the one at that end.
+fn add_range(
+    ranges: &mut Vec<(Arc<TaskLedger>, ServedRange)>,
+    task: &Arc<TaskLedger>,
+    first: u64,
+    rows: usize,
+) {
+    let end = first + rows as u64;
+    let end_position = task.stream_position();
+    if let Some((_, last)) = ranges.last_mut()
+        && last.task_id == task.id
+        && last.end == first
+    {
+        (last.end, last.end_position) = (end, end_position);
+        return;
+    }
+    let range = ServedRange {
+        task_id: task.id.clone(),
+        first,
+        end,
+        end_position,
+    };
+    ranges.push((task.clone(), range));
 }
 
 #[cfg(test)]
@@ -273,6 +315,44 @@ mod tests {
         }
     }
 
+    /// A minibatch names the task rows it holds: a chunk split between two minibatches,
+    /// chunks of one task joined into one range, and two tasks in one minibatch. A task's
+    /// offset to report is what was consumed without a gap, not what was served.
+    #[tokio::test]
+    async fn a_minibatch_names_the_task_rows_it_holds() {
+        let buffers = Buffers::new(vec![("batch".into(), SourceKind::Batch, 1.0)], 1000);
+        let (a, b) = (
+            Arc::new(TaskLedger::new("a".into(), 40)),
+            Arc::new(TaskLedger::new("b".into(), 0)),
+        );
+        buffers.push(0, chunk(30, 0.0, &a, 40)).await;
+        buffers.push(0, chunk(30, 0.0, &a, 70)).await;
+        buffers.push(0, chunk(50, 0.0, &b, 0)).await;
+        let ranges = |served: Served| -> Vec<(String, u64, u64)> {
+            (served.ranges.into_iter())
+                .map(|(_, r)| (r.task_id, r.first, r.end))
+                .collect()
+        };
+        let first = buffers.try_pop(45).expect("a minibatch");
+        let second = buffers.try_pop(45).expect("a minibatch");
+        assert_eq!((a.served(), b.served()), (100, 30));
+        assert_eq!(
+            (a.progress_to_report(), b.progress_to_report()),
+            (None, None)
+        );
+        // Confirmed out of order: a's rows 85..100 wait for 40..85.
+        second.consumed();
+        assert_eq!(a.progress_to_report(), None);
+        assert_eq!(b.progress_to_report(), Some((30, None)));
+        first.consumed();
+        assert_eq!(a.progress_to_report(), Some((100, None)));
+        assert_eq!(ranges(first), [("a".to_owned(), 40, 85)]);
+        assert_eq!(
+            ranges(second),
+            [("a".to_owned(), 85, 100), ("b".to_owned(), 0, 30)]
+        );
+    }
+
     #[tokio::test]
     async fn the_heavier_source_serves_first_and_a_backlog_drains() {
         let buffers = Buffers::new(
@@ -290,6 +370,7 @@ mod tests {
         }
         buffers.push(1, chunk(100, 1.0, &stream_task, 0)).await;
         let order: Vec<String> = std::iter::from_fn(|| buffers.try_pop(50))
+            .inspect(Served::consumed)
             .map(|s| s.source)
             .collect();
         assert_eq!(
@@ -304,7 +385,7 @@ mod tests {
         );
         assert!(order[2..].iter().all(|s| s == "batch"));
         assert!(buffers.is_empty());
-        assert_eq!(batch_task.progress_to_report(), Some(500));
+        assert_eq!(batch_task.progress_to_report(), Some((500, None)));
     }
 
     #[tokio::test]
@@ -330,13 +411,15 @@ mod tests {
         assert!(!pusher.is_finished(), "the buffer is full");
         let served = buffers.try_pop(50).expect("a full minibatch");
         assert_eq!(served.batch.rows(), 50);
+        served.consumed();
         pusher.await.expect("push after space was freed");
         drop(writer);
         let sizes: Vec<usize> = std::iter::from_fn(|| buffers.try_pop(50))
+            .inspect(Served::consumed)
             .map(|s| s.batch.rows())
             .collect();
         assert_eq!(sizes, [50, 40], "with no writer the short rest is served");
-        assert_eq!(task.progress_to_report(), Some(140));
+        assert_eq!(task.progress_to_report(), Some((140, None)));
     }
 
     #[tokio::test]

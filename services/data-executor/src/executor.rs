@@ -546,14 +546,14 @@ impl Executor {
     ) -> Result<(), tonic::Status> {
         // Read before reporting, so a finish never precedes the offset it covers.
         let finished = ledger.finished();
-        if let Some(offset) = ledger.progress_to_report() {
+        if let Some((offset, stream_position)) = ledger.progress_to_report() {
             client
                 .report_progress(ReportProgressRequest {
                     job: self.identity.job.clone(),
                     executor_id: self.identity.executor_id.clone(),
                     task_id: ledger.id.clone(),
                     offset,
-                    stream_position: ledger.stream_position(),
+                    stream_position,
                 })
                 .await?;
         }

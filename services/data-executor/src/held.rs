@@ -114,7 +114,8 @@ impl HeldBatches {
         };
         let released = sequences
             .iter()
-            .filter(|s| held.remove(s).is_some())
+            .filter_map(|s| held.remove(s))
+            .inspect(Served::consumed)
             .count();
         self.unconsumed.held.fetch_sub(released, Ordering::AcqRel);
         released
@@ -130,7 +131,7 @@ impl HeldBatches {
 
     /// The executor ended the stream: the trainer trains what it holds.
     pub(crate) fn ended(&self) {
-        self.close();
+        self.close().iter().for_each(Served::consumed);
     }
 
     fn close(&self) -> Vec<Served> {
@@ -165,6 +166,7 @@ mod tests {
                 }),
             },
             trace: Default::default(),
+            ranges: Vec::new(),
         }
     }
 

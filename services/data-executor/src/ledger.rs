@@ -1,9 +1,12 @@
-//! Per-task bookkeeping: how far a task's rows were read and served. A task's offset as
-//! the master sees it is what has been *served* to trainers, so rows buffered by an
-//! executor that dies are read again by the next attempt, never lost. A stream binding
-//! read in order also keeps its stream cursor (`position.rs`), which turns the served
-//! offset into the binding's stream position.
+//! Per-task bookkeeping: how far a task's rows were read, served and consumed. A task's
+//! offset as the executor reports it is what trainers *consumed* (confirmed after pushing
+//! their gradients), contiguous from the task's start: rows buffered, or served but still
+//! on their way, when the executor dies are served again by the next attempt, never lost;
+//! the rows its trainers received since its last report they report themselves. A stream
+//! binding read in order also keeps its stream cursor (`position.rs`), which turns a
+//! served offset into the binding's stream position.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -32,6 +35,7 @@ impl ReadEnd {
 pub struct TaskLedger {
     pub id: String,
     served: AtomicU64,
+    consumed: Mutex<Consumed>,
     reported: AtomicU64,
     end: Mutex<Option<ReadEnd>>,
     /// The master gave the task to another executor: its runner stops reading.
@@ -43,11 +47,42 @@ pub struct TaskLedger {
     pub trace: TraceCarrier,
 }
 
+/// Rows consumed: every row before `through` (the stream position there, once known), and
+/// ranges consumed beyond a gap (minibatches of several trainers confirm out of order),
+/// by first row.
+#[derive(Debug, Default)]
+struct Consumed {
+    through: u64,
+    position: Option<StreamPosition>,
+    beyond: BTreeMap<u64, (u64, Option<StreamPosition>)>,
+}
+
+impl Consumed {
+    fn add(&mut self, first: u64, end: u64, end_position: Option<StreamPosition>) {
+        let known = self.beyond.entry(first).or_insert((end, end_position));
+        if end > known.0 {
+            *known = (end, end_position);
+        }
+        while let Some(entry) = self.beyond.first_entry()
+            && *entry.key() <= self.through
+        {
+            let (end, position) = entry.remove();
+            if end > self.through {
+                (self.through, self.position) = (end, position);
+            }
+        }
+    }
+}
+
 impl TaskLedger {
     pub fn new(id: String, start_offset: u64) -> Self {
         Self {
             id,
             served: AtomicU64::new(start_offset),
+            consumed: Mutex::new(Consumed {
+                through: start_offset,
+                ..Consumed::default()
+            }),
             reported: AtomicU64::new(start_offset),
             end: Mutex::new(None),
             taken_back: AtomicBool::new(false),
@@ -58,10 +93,21 @@ impl TaskLedger {
 
     /// The ledger of a stream binding read in order from `position`.
     pub fn for_stream(id: String, start_offset: u64, position: StreamPosition) -> Self {
-        Self {
+        let ledger = Self {
             cursor: Some(Mutex::new(StreamCursor::new(position))),
             ..Self::new(id, start_offset)
-        }
+        };
+        ledger.lock_consumed().position = Some(position);
+        ledger
+    }
+
+    fn lock_consumed(&self) -> std::sync::MutexGuard<'_, Consumed> {
+        self.consumed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rows `first..end` were consumed; `end_position` is the stream position after them.
+    pub fn consumed(&self, first: u64, end: u64, end_position: Option<StreamPosition>) {
+        self.lock_consumed().add(first, end, end_position);
     }
 
     /// Stream message `sequence` was read; its `rows` (after `skipped` served before)
@@ -106,18 +152,23 @@ impl TaskLedger {
         *self.end.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
     }
 
-    /// The served offset when it moved since the last call.
-    pub fn progress_to_report(&self) -> Option<u64> {
-        let served = self.served.load(Ordering::Acquire);
-        let before = self.reported.swap(served, Ordering::AcqRel);
-        (served > before).then_some(served)
+    /// The consumed offset, and the stream position there, when it moved since the last
+    /// call.
+    pub fn progress_to_report(&self) -> Option<(u64, Option<StreamPosition>)> {
+        let (through, position) = {
+            let consumed = self.lock_consumed();
+            (consumed.through, consumed.position)
+        };
+        let before = self.reported.swap(through, Ordering::AcqRel);
+        (through > before).then_some((through, position))
     }
 
-    /// Once reading ended and every read row was served: the task's error ("" on success).
+    /// Once reading ended and every read row was consumed: the task's error ("" on
+    /// success).
     pub fn finished(&self) -> Option<String> {
         let end = self.end.lock().unwrap_or_else(|p| p.into_inner());
         let end = end.as_ref()?;
-        (self.served.load(Ordering::Acquire) >= end.rows()).then(|| match end {
+        (self.lock_consumed().through >= end.rows()).then(|| match end {
             ReadEnd::Complete { .. } => String::new(),
             ReadEnd::Failed { error, .. } => error.clone(),
         })

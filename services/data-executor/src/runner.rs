@@ -231,6 +231,7 @@ pub(crate) mod tests {
             .await;
         let mut keys = Vec::new();
         while let Some(served) = buffers.try_pop(10_000) {
+            served.consumed();
             keys.extend(
                 served.batch.to_kjt().expect("kjt").features[0]
                     .values
@@ -239,7 +240,7 @@ pub(crate) mod tests {
         }
         let error = ledger
             .finished()
-            .expect("reading ended and every row was served");
+            .expect("reading ended and every row was consumed");
         (keys, error)
     }
 

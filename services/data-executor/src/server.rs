@@ -155,6 +155,8 @@ fn encode(executor: &Executor, served: &Served, grouped: bool) -> Result<Minibat
         rows: served.batch.rows() as u32,
         arrow_ipc,
         trace_context: served.trace.clone(),
+        executor_id: executor.identity.executor_id.clone(),
+        served: served.ranges.iter().map(|(_, r)| r.clone()).collect(),
         ..Minibatch::default()
     })
 }
@@ -440,6 +442,7 @@ spec:
             trainer_id: trainer.into(),
             batch_size: 10,
             grouped: false,
+            master_addr: String::new(),
         };
         let read = primus_data_client::read(&[addr.to_owned()], &options, Membership::fixed())
             .await

@@ -9,7 +9,8 @@
 //!   task graph in Redis; [`driver`]: planning loop and task monitor per job.
 //! - [`checkpoint`]: the checkpoint coordinator (barrier, PS snapshots and task offsets
 //!   committed together) and the restore of both when a Job starts again.
-//! - gRPC: `TaskService` ([`tasks`]) for data executors, `CheckpointService` for trainers,
+//! - gRPC: `TaskService` ([`tasks`]) for data executors (and trainers reporting the rows a
+//!   dead executor served them, [`received`]), `CheckpointService` for trainers,
 //!   `TopologyService` ([`topology`]).
 
 pub mod backend;
@@ -23,6 +24,7 @@ pub use job::executors::job_executors;
 pub mod metrics;
 pub mod plan;
 pub mod queue;
+pub mod received;
 mod shard;
 pub mod tasks;
 pub mod topology;

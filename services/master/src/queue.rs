@@ -161,12 +161,12 @@ return {'batch', redis.call('HGET', KEYS[3], id), offset, tostring(attempt)}
 
 const PROGRESS: &str = r#"
 -- KEYS: running offset executors stream position read
--- ARGV: id executor offset now_ms sequence rows (both '': no stream position)
+-- ARGV: id executor offset now_ms sequence rows (both '': no stream position) heartbeat
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   local source = string.match(ARGV[1], '^(.*)/stream$')
   if not source or redis.call('HGET', KEYS[4], source) ~= ARGV[2] then return 0 end
 end
-redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+if ARGV[7] == '1' then redis.call('HSET', KEYS[3], ARGV[2], ARGV[4]) end
 local current = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if tonumber(ARGV[3]) > current then
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
@@ -552,6 +552,33 @@ impl TaskQueue {
         position: Option<&StreamPosition>,
         now_ms: i64,
     ) -> Result<bool, QueueError> {
+        self.advance(executor, task_id, offset, position, Some(now_ms))
+            .await
+    }
+
+    /// Moves task `task_id`, still `executor`'s, on to `offset` (and `position`) for rows
+    /// a trainer received from it after it died; no heartbeat of the executor. False when
+    /// the executor no longer holds the task.
+    pub async fn advance_received(
+        &self,
+        executor: &str,
+        task_id: &str,
+        offset: u64,
+        position: Option<&StreamPosition>,
+    ) -> Result<bool, QueueError> {
+        self.advance(executor, task_id, offset, position, None)
+            .await
+    }
+
+    /// The progress script; `heartbeat_ms` records the executor as alive at that time.
+    async fn advance(
+        &self,
+        executor: &str,
+        task_id: &str,
+        offset: u64,
+        position: Option<&StreamPosition>,
+        heartbeat_ms: Option<i64>,
+    ) -> Result<bool, QueueError> {
         let mut script = self.invoke(
             &self.scripts.progress,
             &[
@@ -563,11 +590,16 @@ impl TaskQueue {
                 "read",
             ],
         );
-        script.arg(task_id).arg(executor).arg(offset).arg(now_ms);
+        script
+            .arg(task_id)
+            .arg(executor)
+            .arg(offset)
+            .arg(heartbeat_ms.unwrap_or(0));
         match position {
             Some(p) => script.arg(p.sequence).arg(p.rows),
             None => script.arg("").arg(""),
         };
+        script.arg(if heartbeat_ms.is_some() { "1" } else { "0" });
         let owned: i64 = script.invoke_async(&mut self.redis.clone()).await?;
         Ok(owned == 1)
     }

@@ -11,14 +11,15 @@ use primus_proto::v1::task_service_server::TaskService;
 use primus_proto::v1::{
     AcquireTaskRequest, AcquireTaskResponse, FinishTaskRequest, FinishTaskResponse,
     RegisterExecutorRequest, RegisterExecutorResponse, ReportProgressRequest,
-    ReportProgressResponse, TrainerAlignedRequest, TrainerAlignedResponse, TrainerTotalsRequest,
-    TrainerTotalsResponse,
+    ReportProgressResponse, ReportReceivedRequest, ReportReceivedResponse, TrainerAlignedRequest,
+    TrainerAlignedResponse, TrainerTotalsRequest, TrainerTotalsResponse,
 };
 use tonic::{Request, Response, Status};
 
 use crate::checkpoint::{Alignments, KnownTotals, TrainerTotals};
 use crate::driver::now_ms;
 use crate::queue::{Acquired, Finished, QueueError, TaskQueue};
+use crate::received::ReceivedRanges;
 use primus_config::TaskSettings;
 
 /// What the task service needs of one job.
@@ -34,6 +35,8 @@ pub struct JobTasks {
     pub trainer_totals: Arc<KnownTotals>,
     /// The data executors found much slower than their peers: they get fewer tasks.
     pub stragglers: Arc<Stragglers>,
+    /// Task rows trainers received from executors that died.
+    pub received: Arc<ReceivedRanges>,
 }
 
 /// The data executors of a job that are stragglers now.
@@ -223,6 +226,45 @@ impl TaskService for Tasks {
         }
         Ok(Response::new(FinishTaskResponse {}))
     }
+
+    async fn report_received(
+        &self,
+        request: Request<ReportReceivedRequest>,
+    ) -> Result<Response<ReportReceivedResponse>, Status> {
+        let request = request.into_inner();
+        let executor = required("executor_id", &request.executor_id)?;
+        let trainer = required("trainer_id", &request.trainer_id)?;
+        for (i, range) in request.ranges.iter().enumerate() {
+            required(&format!("ranges[{i}].task_id"), &range.task_id)?;
+            if range.end < range.first {
+                return Err(Status::invalid_argument(format!(
+                    "ranges[{i}]: `end` {} is before `first` {}",
+                    range.end, range.first
+                )));
+            }
+        }
+        let job = self.job(&request.job)?;
+        let tasks = job.received.add(executor, request.ranges);
+        let offsets = job.queue.offsets().await.map_err(unavailable)?;
+        let mut tasks_moved = 0;
+        for task in tasks {
+            let offset = offsets.get(&task).copied().unwrap_or(0);
+            let Some((end, position)) = job.received.continuation(executor, &task, offset) else {
+                continue;
+            };
+            let owned = (job.queue)
+                .advance_received(executor, &task, end, position.as_ref())
+                .await
+                .map_err(unavailable)?;
+            if owned {
+                tasks_moved += 1;
+                tracing::info!(job = %request.job, executor, trainer, task, from = offset, to = end, "rows a dead executor served, reported by their trainer");
+            } else {
+                tracing::warn!(job = %request.job, executor, trainer, task, "the task left the executor before its trainer reported rows {offset}..{end}; they may be served again");
+            }
+        }
+        Ok(Response::new(ReportReceivedResponse { tasks_moved }))
+    }
 }
 
 #[tonic::async_trait]
@@ -264,4 +306,51 @@ fn not_owner(executor: &str, task: &str) -> Status {
     Status::failed_precondition(format!(
         "task {task:?} is not assigned to {executor} (it was re-queued after a missed heartbeat); drop it and acquire again"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use primus_proto::v1::ServedRange;
+
+    use super::*;
+
+    fn range(task_id: &str, first: u64, end: u64) -> ServedRange {
+        ServedRange {
+            task_id: task_id.into(),
+            first,
+            end,
+            end_position: None,
+        }
+    }
+
+    /// A trainer's report of received rows is checked whole before anything moves.
+    #[tokio::test]
+    async fn a_report_of_received_rows_names_what_is_wrong_with_it() {
+        let tasks = Tasks::new(JobRegistry::default(), TaskSettings::default());
+        let report = |executor: &str, ranges: Vec<ServedRange>| ReportReceivedRequest {
+            job: "j".into(),
+            trainer_id: "trainer-0".into(),
+            executor_id: executor.into(),
+            ranges,
+        };
+        let refused = |request| async {
+            let status = (tasks.report_received(Request::new(request)).await).expect_err("refused");
+            (status.code(), status.message().to_owned())
+        };
+        let (code, message) = refused(report("", vec![])).await;
+        assert_eq!(code, tonic::Code::InvalidArgument);
+        assert!(message.contains("executor_id"), "{message}");
+        let (code, message) =
+            refused(report("de-0", vec![range("t", 0, 5), range("", 5, 9)])).await;
+        assert_eq!(code, tonic::Code::InvalidArgument);
+        assert!(message.contains("ranges[1].task_id"), "{message}");
+        let (code, message) = refused(report("de-0", vec![range("t", 9, 5)])).await;
+        assert_eq!(code, tonic::Code::InvalidArgument);
+        assert!(
+            message.contains("ranges[0]") && message.contains("before"),
+            "{message}"
+        );
+        let (code, message) = refused(report("de-0", vec![range("t", 0, 5)])).await;
+        assert_eq!(code, tonic::Code::NotFound, "{message}");
+    }
 }

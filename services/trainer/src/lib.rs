@@ -375,6 +375,7 @@ async fn work(
         trainer_id: identity.executor_id.clone(),
         batch_size: train.batch_size,
         grouped: false,
+        master_addr: identity.master_addr.clone(),
     };
     let batches = retry("opening the data executors' minibatch streams", || async {
         let leaving = shutdown.clone();

@@ -325,6 +325,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             alignments: Arc::new(Alignments::default()),
             trainer_totals: Arc::new(KnownTotals::default()),
             stragglers: Arc::default(),
+            received: Arc::default(),
         };
         context
             .jobs

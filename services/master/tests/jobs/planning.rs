@@ -123,8 +123,23 @@ async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() 
             .await
             .expect("progress")
     );
+    // Rows a trainer received from de-0 after its last report move the binding on, and
+    // are no heartbeat of de-0.
+    assert!(
+        (queue.advance_received("de-0", &task.id, 15, None))
+            .await
+            .expect("received")
+    );
+    let silent = queue.silent_executors(2).await.expect("silent");
+    assert!(silent.contains(&"de-0".to_owned()), "{silent:?}");
 
     queue.requeue_executor("de-0", 3).await.expect("requeue");
+    assert!(
+        !(queue.advance_received("de-0", &task.id, 18, None))
+            .await
+            .expect("received"),
+        "the binding is no longer de-0's"
+    );
     let Acquired::Task(moved) = queue.acquire("de-1", 0, 0).await.expect("acquire") else {
         panic!("the lost executor's binding goes to the next")
     };
@@ -137,7 +152,7 @@ async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() 
     );
     // Rows read count the holder's forward moves only.
     let rows_read = |n: u64| std::collections::HashMap::from([("clicks".to_owned(), n)]);
-    assert_eq!(queue.rows_read().await.expect("rows read"), rows_read(10));
+    assert_eq!(queue.rows_read().await.expect("rows read"), rows_read(15));
     assert!(
         queue
             .report_progress("de-1", &task.id, 25, None, 2)

@@ -167,8 +167,13 @@ pub async fn datagen(command: DatagenCommand) -> Result<(), Failure> {
 }
 
 pub(crate) fn open(url: &str) -> Result<primus_storage::Location, Failure> {
+    open_as("--out", url)
+}
+
+/// The location of command-line flag `flag`'s URL.
+pub(crate) fn open_as(flag: &str, url: &str) -> Result<primus_storage::Location, Failure> {
     primus_storage::open(url, &StorageSettings::default())
-        .with_context(|| format!("--out {url}"))
+        .with_context(|| format!("{flag} {url}"))
         .map_err(Failure::input)
 }
 

@@ -1,6 +1,6 @@
 //! The `primus` command: resources (`apply`, `get`, `describe`, `delete`, `watch`) against
-//! the API server, `up` (a local playground cluster), `health`, `datagen`, `import` and
-//! `simulate` (the cluster simulator).
+//! the API server, `up` (a local playground cluster), `health`, `datagen`, `import`,
+//! `cluster` (RecD's clustering of stored data) and `simulate` (the cluster simulator).
 //!
 //! Exit codes: 0 ok; 1 the server or the connection failed (or a watched Job failed);
 //! 2 bad input, found locally (a file, a flag, a kind) or by the server (INVALID_ARGUMENT,
@@ -11,6 +11,7 @@
     reason = "the command's output is what it prints"
 )]
 
+pub mod cluster;
 pub mod connection;
 pub mod datagen;
 pub mod import;

@@ -3,6 +3,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use primus_api_client::ApiClient;
+use primus_cli::cluster::ClusterArgs;
 use primus_cli::connection::{ConnectionArgs, resolve};
 use primus_cli::datagen::{DatagenCommand, datagen};
 use primus_cli::import::{ImportCommand, import};
@@ -99,6 +100,9 @@ enum Commands {
     },
     /// Publish a Parquet data set onto a JetStream subject, in time order, at a given rate.
     Replay(ReplayArgs),
+    /// Write a stored Parquet data set again with each session's rows together (RecD's
+    /// clustering), and print the storage ratio it achieved.
+    Cluster(ClusterArgs),
     /// Import a public data set (fetched by scripts/install-deps.sh) as time-partitioned Parquet.
     Import {
         #[command(subcommand)]
@@ -207,6 +211,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Commands::Datagen { command } => datagen(command).await?,
         Commands::Import { command } => import(command).await?,
         Commands::Replay(args) => replay(args).await?,
+        Commands::Cluster(args) => primus_cli::cluster::run(args).await?,
         Commands::Simulate(args) => run_simulation(args)?,
         Commands::Health { addrs } => {
             let targets: Vec<(String, String)> = if addrs.is_empty() {

@@ -10,9 +10,12 @@
 //!   redrawn per sample; rows ordered by time or clustered by session.
 //! - [`write`](mod@write): lays batches out as `date=YYYY-MM-DD/hour=HH/part-NNNNN.parquet`.
 //! - [`import`]: public data sets (Adult) into daily partitions with a held-out last day.
+//! - [`cluster`]: a stored data set written again with each session's rows together
+//!   (RecD §4.1), and the storage ratio that achieved.
 
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod criteo;
 mod hidden;
 pub mod import;

@@ -8,8 +8,8 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use primus_batch::Kjt;
 use primus_batch::hash::mix64;
+use primus_batch::{Ikjt, JaggedFeature, Kjt, Sparse};
 use primus_gpu::{Accumulation, FeatureBags, Pooling, PoolingInput, TableShape};
 pub use primus_gpu::{CpuKernels, EmbeddingKernels};
 
@@ -50,23 +50,61 @@ pub struct BatchKeys {
     input: PoolingInput,
 }
 
+/// A feature of a minibatch as pooling reads it: one row per sample, or (RecD's IKJT) one
+/// row per unique row of its dedup group with each sample's row in `inverse`.
+type FeatureRows<'a> = (&'a JaggedFeature, Option<&'a [u32]>);
+
 impl BatchKeys {
     /// Every feature of `layout` must be in `kjt` with one row per sample.
     pub fn collect(layout: &ModelLayout, kjt: &Kjt) -> Result<Self, ModelError> {
+        Self::resolve(layout, kjt.rows, |name| {
+            kjt.feature(name).map(|feature| (feature, None))
+        })
+    }
+
+    /// Every feature of `layout` must be in `ikjt`: a grouped feature's keys are resolved
+    /// once per unique row of its group, and its samples pool through the group's inverse
+    /// index. The keys, pooled rows and gradients are those of the same rows as a KJT.
+    pub fn collect_grouped(layout: &ModelLayout, ikjt: &Ikjt) -> Result<Self, ModelError> {
+        Self::resolve(layout, ikjt.rows, |name| {
+            let jagged = ikjt.jagged.iter().find(|f| f.name == name);
+            jagged.map(|feature| (feature, None)).or_else(|| {
+                ikjt.groups.iter().find_map(|group| {
+                    let feature = group.features.iter().find(|f| f.name == name)?;
+                    Some((feature, Some(group.inverse.as_slice())))
+                })
+            })
+        })
+    }
+
+    /// [`collect`](Self::collect) or [`collect_grouped`](Self::collect_grouped), as the
+    /// minibatch came.
+    pub fn of(layout: &ModelLayout, sparse: &Sparse) -> Result<Self, ModelError> {
+        match sparse {
+            Sparse::Jagged(kjt) => Self::collect(layout, kjt),
+            Sparse::Grouped(ikjt) => Self::collect_grouped(layout, ikjt),
+        }
+    }
+
+    fn resolve<'a>(
+        layout: &ModelLayout,
+        samples: usize,
+        feature_rows: impl Fn(&str) -> Option<FeatureRows<'a>>,
+    ) -> Result<Self, ModelError> {
         let mut maps: Vec<KeyMap> = vec![KeyMap::default(); layout.tables.len()];
         let mut tables: Vec<Vec<u64>> = vec![Vec::new(); layout.tables.len()];
         let mut features = Vec::with_capacity(layout.features.len());
         for slot in &layout.features {
-            let feature = kjt
-                .feature(&slot.name)
-                .ok_or_else(|| ModelError::Mismatch {
+            let (feature, inverse) =
+                feature_rows(&slot.name).ok_or_else(|| ModelError::Mismatch {
                     feature: slot.name.clone(),
                     message: "missing from the minibatch".into(),
                 })?;
-            if feature.rows() != kjt.rows {
+            let rows_expected = inverse.map_or(samples, |_| feature.rows());
+            if feature.rows() != rows_expected || inverse.is_some_and(|i| i.len() != samples) {
                 return Err(ModelError::Mismatch {
                     feature: slot.name.clone(),
-                    message: format!("{} rows in a minibatch of {}", feature.rows(), kjt.rows),
+                    message: format!("{} rows in a minibatch of {samples}", feature.rows()),
                 });
             }
             let (map, keys) = (&mut maps[slot.table], &mut tables[slot.table]);
@@ -84,15 +122,12 @@ impl BatchKeys {
                 table: slot.table,
                 offsets: feature.offsets.clone(),
                 rows,
-                inverse: None,
+                inverse: inverse.map(<[u32]>::to_vec),
             });
         }
         Ok(Self {
             tables,
-            input: PoolingInput {
-                samples: kjt.rows,
-                features,
-            },
+            input: PoolingInput { samples, features },
         })
     }
 
@@ -106,8 +141,19 @@ impl BatchKeys {
     pub fn access_counts(&self) -> Vec<Vec<u64>> {
         let mut counts: Vec<Vec<u64>> = self.tables.iter().map(|k| vec![0; k.len()]).collect();
         for feature in &self.input.features {
-            for &row in &feature.rows {
-                counts[feature.table][row as usize] += 1;
+            // How many samples pool each bag: one each, or as the inverse index says.
+            let mut pooled_by = vec![1_u64; feature.bags()];
+            if let Some(inverse) = &feature.inverse {
+                pooled_by.fill(0);
+                for &bag in inverse {
+                    pooled_by[bag as usize] += 1;
+                }
+            }
+            for (bag, samples) in pooled_by.into_iter().enumerate() {
+                let (start, end) = (feature.offsets[bag], feature.offsets[bag + 1]);
+                for &row in &feature.rows[start as usize..end as usize] {
+                    counts[feature.table][row as usize] += samples;
+                }
             }
         }
         counts

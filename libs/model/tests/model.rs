@@ -6,7 +6,7 @@
     reason = "a check that cannot run here says so on stdout, beside the test's name"
 )]
 
-use primus_batch::{JaggedFeature, Kjt};
+use primus_batch::{Ikjt, JaggedFeature, Kjt, Sparse};
 use primus_model::pooling::{BatchKeys, CpuKernels};
 use primus_model::{
     DenseDevice, EmbeddingGrads, Inputs, Model, ModelError, ModelLayout, ParamSet, Tower,
@@ -462,6 +462,62 @@ fn pooling_sums_rows_and_scatter_adds_back_to_unique_keys() {
         BatchKeys::collect(&layout, &missing),
         Err(ModelError::Mismatch { feature, .. }) if feature == "b"
     ));
+}
+
+/// A minibatch whose rows repeat a user's features (RecD), as an IKJT: the same unique
+/// keys, pooled rows, gradients and access counts as its KJT, bit for bit, while the
+/// grouped features' keys are resolved once per unique row.
+#[test]
+fn a_grouped_minibatch_pools_and_scatters_as_its_jagged_one() {
+    let spec = model(ModelKind::Dlrm, vec![table("t", 4)], &[6, 4], &[8, 1]);
+    let layout = ModelLayout::new(
+        &spec,
+        &schema(3, &[("user", "t"), ("history", "t"), ("item", "t")]),
+    )
+    .expect("layout");
+    let keys = noise(5, 400);
+    let key = |i: usize| (keys[i].abs() * 50.0) as u64;
+    let (mut user, mut history, mut item) = (
+        JaggedFeature::new("user"),
+        JaggedFeature::new("history"),
+        JaggedFeature::new("item"),
+    );
+    let samples = 40;
+    for sample in 0..samples {
+        // Sessions of 4 samples share the user's features.
+        let session = sample / 4;
+        user.push_row(&[1000 + session as u64]);
+        let len = session % 3;
+        history.push_row(&(0..len).map(|j| key(session * 3 + j)).collect::<Vec<_>>());
+        item.push_row(&[key(200 + sample)]);
+    }
+    let kjt = Kjt {
+        rows: samples,
+        features: vec![user, history, item],
+    };
+    let ikjt = Ikjt::from_kjt(&kjt, &[("user".to_owned(), vec![0, 1])]).expect("ikjt");
+    assert_eq!(ikjt.groups[0].unique_rows(), 10);
+    let jagged = BatchKeys::collect(&layout, &kjt).expect("keys");
+    let grouped = BatchKeys::of(&layout, &Sparse::Grouped(ikjt)).expect("keys");
+    assert_eq!(grouped.tables, jagged.tables);
+    assert_eq!(grouped.access_counts(), jagged.access_counts());
+    let rows: Vec<Vec<f32>> = (jagged.tables.iter().enumerate())
+        .map(|(t, keys)| noise(t as u64 + 9, keys.len() * 4))
+        .collect();
+    let pooled = jagged.pool(&CpuKernels, &layout, &rows).expect("pool");
+    assert_eq!(
+        grouped.pool(&CpuKernels, &layout, &rows).expect("pool"),
+        pooled
+    );
+    let grad = noise(11, pooled.len());
+    assert_eq!(
+        grouped
+            .scatter(&CpuKernels, &layout, &grad)
+            .expect("scatter"),
+        jagged
+            .scatter(&CpuKernels, &layout, &grad)
+            .expect("scatter")
+    );
 }
 
 /// Labels from a planted logistic model of one dense feature and per-key weights; a few

@@ -374,9 +374,14 @@ async fn work(
         job: identity.job.clone(),
         trainer_id: identity.executor_id.clone(),
         batch_size: train.batch_size,
-        grouped: false,
+        grouped: (train.schema.iter().flat_map(|s| &s.sparse)).any(|f| f.dedup_group.is_some()),
         master_addr: identity.master_addr.clone(),
     };
+    if options.grouped {
+        tracing::info!(
+            "minibatches come as IKJT: each dedup group's features are resolved once per unique row (RecD)"
+        );
+    }
     let batches = retry("opening the data executors' minibatch streams", || async {
         let leaving = shutdown.clone();
         let membership = Membership {

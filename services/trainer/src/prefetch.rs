@@ -194,7 +194,7 @@ fn keyed(model: &Model, incoming: Incoming) -> anyhow::Result<Prepared> {
         source,
         receipt,
     } = incoming;
-    let keys = BatchKeys::collect(model.layout(), &batch.to_kjt()?)?;
+    let keys = BatchKeys::of(model.layout(), &batch.sparse)?;
     Ok(Prepared {
         batch,
         tower: tower(kind),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use primus_config::StorageSettings;
-use primus_harness::resources::{daily, dataset, job, parquet};
+use primus_harness::resources::{daily, dataset, hourly, job, parquet};
 use primus_harness::{Sandbox, condition};
 use primus_proto::v1::feature_value::Value;
 use primus_proto::v1::serving_service_client::ServingServiceClient;
@@ -258,6 +258,63 @@ async fn wide_deep_on_adult_reaches_auc_090_on_the_held_out_day() {
     let auc = train_in_window_order(&sandbox, "adult-wide-deep", 48_842).await;
     eprintln!("Wide&Deep on Adult: held-out AUC {auc:.4}");
     assert!(auc >= 0.90, "held-out AUC {auc:.4} < 0.90");
+}
+
+/// RecD end to end: session data (clustered, user features in dedup group `user`) read by
+/// a trainer that asks for IKJT, its grouped features resolved once per unique row; every
+/// row is trained once and the per-user and per-item effects are learnt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_job_trains_its_deduplicated_user_features_on_every_row_once() {
+    use primus_datagen::sessions::{RowOrder, SessionOptions, feature_schema};
+    use primus_datagen::write::{Layout, sessions};
+
+    let sandbox = Sandbox::start().await;
+    let data = sandbox.dir().join("sessions");
+    let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
+        .expect("location");
+    let layout = Layout {
+        unit: primus_spec::dataset::WindowUnit::Hourly,
+        start_unix_s: time::parse_window_time("2026-11-01T00").expect("time"),
+        windows: 2,
+        files_per_window: 2,
+        row_group_rows: 2048,
+    };
+    let options = SessionOptions {
+        order: RowOrder::Clustered,
+        items: 300,
+        users: 400,
+        ..SessionOptions::default()
+    };
+    let written = sessions(&location, &layout, 600, options)
+        .await
+        .expect("sessions");
+    let data_set = dataset("sessions").schema(feature_schema("ids")).stream(
+        "sessions",
+        hourly("2026-11-01T00", Some("2026-11-01T02")),
+        vec![parquet("sessions", data.display())],
+    );
+    let model = ModelSpec {
+        kind: ModelKind::Dlrm,
+        tables: vec![TableSpec::new("ids", 8, OptimizerSpec::adagrad(0.1))],
+        dense: DenseSpec {
+            optimizer: OptimizerSpec::adam(0.003),
+            ..DenseSpec::new(vec![16, 8], vec![32, 1])
+        },
+    };
+    let spec = job("sessions-dlrm", "sessions", TrainingMode::Batch, model).batch_size(256);
+    sandbox.apply([data_set.build(), spec.build()]).await;
+    let auc = train_in_window_order(&sandbox, "sessions-dlrm", written.rows).await;
+    eprintln!(
+        "DLRM on {} session rows with IKJT: AUC {auc:.4}",
+        written.rows
+    );
+    assert!(auc > 0.6, "AUC {auc:.4}");
+    let trainer_log = sandbox.work_dir().join("sessions-dlrm/trainer-0.log");
+    let trainer_log = std::fs::read_to_string(&trainer_log).expect("the trainer's log");
+    assert!(
+        trainer_log.contains("minibatches come as IKJT"),
+        "{trainer_log}"
+    );
 }
 
 /// The shipped MovieLens example, run as written on the imported ratings: DeepFM over

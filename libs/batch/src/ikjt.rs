@@ -216,6 +216,13 @@ fn dedup_group(
     for r in 0..rows {
         row.clear();
         row.extend(features.iter().map(|f| f.row(r)));
+        // Clustered data repeats the row before (a session's next sample): no hash needed.
+        if let Some(&last) = inverse.last()
+            && (unique.iter().zip(&row)).all(|(f, values)| f.row(last as usize) == *values)
+        {
+            inverse.push(last);
+            continue;
+        }
         let h = hasher(&row);
         let found = match first.get(&h) {
             None => None,

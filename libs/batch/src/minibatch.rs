@@ -66,7 +66,10 @@ impl Minibatch {
 
     /// The same rows with `groups` deduplicated (RecD); a grouped batch is regrouped.
     pub fn grouped(&self, groups: &DedupGroups) -> Result<Self, BatchError> {
-        let ikjt = Ikjt::from_kjt(&self.to_kjt()?, groups)?;
+        let ikjt = match &self.sparse {
+            Sparse::Jagged(kjt) => Ikjt::from_kjt(kjt, groups)?,
+            Sparse::Grouped(ikjt) => Ikjt::from_kjt(&ikjt.to_kjt()?, groups)?,
+        };
         Ok(Self {
             labels: self.labels.clone(),
             dense: self.dense.clone(),

@@ -10,7 +10,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use primus_batch::hash::mix64;
 use primus_batch::{Ikjt, JaggedFeature, Kjt, Sparse};
-use primus_gpu::{Accumulation, FeatureBags, Pooling, PoolingInput, TableShape};
+use primus_gpu::{Accumulation, FeatureBags, GpuError, Pooling, PoolingInput, TableShape};
 pub use primus_gpu::{CpuKernels, EmbeddingKernels};
 
 use crate::ModelError;
@@ -46,13 +46,48 @@ pub type KeySet = HashSet<u64, BuildHasherDefault<KeyHasher>>;
 pub struct BatchKeys {
     /// Per layout table: its unique keys, in first-seen order.
     pub tables: Vec<Vec<u64>>,
-    /// Per layout feature: its bags, keys replaced by positions among the table's unique keys.
+    samples: usize,
+    /// Per layout feature: its table.
+    feature_tables: Vec<usize>,
+    /// The features pooled once per sample, then each dedup group's features, pooled once
+    /// per unique row of the group (RecD) and expanded to its samples by the inverse
+    /// index where the embedding row mixes them with the others.
+    parts: Vec<Part>,
+}
+
+/// Features pooled together.
+#[derive(Debug, Clone)]
+struct Part {
+    /// Their bags, keys replaced by positions among the table's unique keys; one bag per
+    /// sample, or per unique row of the group.
     input: PoolingInput,
+    /// Each one's index among the layout's features.
+    features: Vec<usize>,
+    /// A dedup group's: each sample's unique row.
+    inverse: Option<Vec<u32>>,
+}
+
+impl Part {
+    fn new(samples: usize, inverse: Option<Vec<u32>>) -> Self {
+        Self {
+            input: PoolingInput {
+                samples,
+                features: Vec::new(),
+            },
+            features: Vec::new(),
+            inverse,
+        }
+    }
+
+    /// The bag sample `b` pools.
+    fn row_of(&self, sample: usize) -> usize {
+        self.inverse.as_ref().map_or(sample, |i| i[sample] as usize)
+    }
 }
 
 /// A feature of a minibatch as pooling reads it: one row per sample, or (RecD's IKJT) one
-/// row per unique row of its dedup group with each sample's row in `inverse`.
-type FeatureRows<'a> = (&'a JaggedFeature, Option<&'a [u32]>);
+/// row per unique row of dedup group `g`, with each sample's row in its inverse index.
+type FeatureRows<'a> = (&'a JaggedFeature, Option<(usize, &'a [u32])>);
 
 impl BatchKeys {
     /// Every feature of `layout` must be in `kjt` with one row per sample.
@@ -63,15 +98,17 @@ impl BatchKeys {
     }
 
     /// Every feature of `layout` must be in `ikjt`: a grouped feature's keys are resolved
-    /// once per unique row of its group, and its samples pool through the group's inverse
-    /// index. The keys, pooled rows and gradients are those of the same rows as a KJT.
+    /// and pooled once per unique row of its group; the pooled rows are expanded to the
+    /// samples, and their gradients summed back onto the unique rows, by the group's
+    /// inverse index. The unique keys are those of the same rows as a KJT, the pooled
+    /// rows equal bit for bit, the gradients within float rounding.
     pub fn collect_grouped(layout: &ModelLayout, ikjt: &Ikjt) -> Result<Self, ModelError> {
         Self::resolve(layout, ikjt.rows, |name| {
             let jagged = ikjt.jagged.iter().find(|f| f.name == name);
             jagged.map(|feature| (feature, None)).or_else(|| {
-                ikjt.groups.iter().find_map(|group| {
+                ikjt.groups.iter().enumerate().find_map(|(g, group)| {
                     let feature = group.features.iter().find(|f| f.name == name)?;
-                    Some((feature, Some(group.inverse.as_slice())))
+                    Some((feature, Some((g, group.inverse.as_slice()))))
                 })
             })
         })
@@ -93,19 +130,45 @@ impl BatchKeys {
     ) -> Result<Self, ModelError> {
         let mut maps: Vec<KeyMap> = vec![KeyMap::default(); layout.tables.len()];
         let mut tables: Vec<Vec<u64>> = vec![Vec::new(); layout.tables.len()];
-        let mut features = Vec::with_capacity(layout.features.len());
-        for slot in &layout.features {
-            let (feature, inverse) =
+        let mut parts = vec![Part::new(samples, None)];
+        // Dedup group -> its part.
+        let mut group_parts: HashMap<usize, usize> = HashMap::new();
+        for (index, slot) in layout.features.iter().enumerate() {
+            let (feature, group) =
                 feature_rows(&slot.name).ok_or_else(|| ModelError::Mismatch {
                     feature: slot.name.clone(),
                     message: "missing from the minibatch".into(),
                 })?;
-            let rows_expected = inverse.map_or(samples, |_| feature.rows());
-            if feature.rows() != rows_expected || inverse.is_some_and(|i| i.len() != samples) {
-                return Err(ModelError::Mismatch {
-                    feature: slot.name.clone(),
-                    message: format!("{} rows in a minibatch of {samples}", feature.rows()),
-                });
+            let mismatch = |message: String| ModelError::Mismatch {
+                feature: slot.name.clone(),
+                message,
+            };
+            let part = match group {
+                None if feature.rows() != samples => {
+                    return Err(mismatch(format!(
+                        "{} rows in a minibatch of {samples}",
+                        feature.rows()
+                    )));
+                }
+                None => 0,
+                Some((_, inverse)) if inverse.len() != samples => {
+                    return Err(mismatch(format!(
+                        "an inverse index of {} rows in a minibatch of {samples}",
+                        inverse.len()
+                    )));
+                }
+                Some((g, inverse)) => *group_parts.entry(g).or_insert_with(|| {
+                    parts.push(Part::new(feature.rows(), Some(inverse.to_vec())));
+                    parts.len() - 1
+                }),
+            };
+            let part = &mut parts[part];
+            if feature.rows() != part.input.samples {
+                return Err(mismatch(format!(
+                    "{} rows where its group has {}",
+                    feature.rows(),
+                    part.input.samples
+                )));
             }
             let (map, keys) = (&mut maps[slot.table], &mut tables[slot.table]);
             let rows = feature
@@ -118,41 +181,60 @@ impl BatchKeys {
                     })
                 })
                 .collect();
-            features.push(FeatureBags {
+            part.input.features.push(FeatureBags {
                 table: slot.table,
                 offsets: feature.offsets.clone(),
                 rows,
-                inverse: inverse.map(<[u32]>::to_vec),
+                inverse: None,
+            });
+            part.features.push(index);
+        }
+        if let Some(part) = parts.iter().find(|p| {
+            p.inverse
+                .as_ref()
+                .is_some_and(|i| i.iter().any(|&u| u as usize >= p.input.samples))
+        }) {
+            let feature = &layout.features[part.features[0]].name;
+            return Err(ModelError::Mismatch {
+                feature: feature.clone(),
+                message: format!(
+                    "its group's inverse index names a row past its {} unique rows",
+                    part.input.samples
+                ),
             });
         }
         Ok(Self {
             tables,
-            input: PoolingInput { samples, features },
+            samples,
+            feature_tables: layout.features.iter().map(|f| f.table).collect(),
+            parts,
         })
     }
 
     /// Samples.
     pub fn rows(&self) -> usize {
-        self.input.samples
+        self.samples
     }
 
     /// How often the minibatch pools each unique key: per table, one count per key of
     /// `tables[t]`, in that order.
     pub fn access_counts(&self) -> Vec<Vec<u64>> {
         let mut counts: Vec<Vec<u64>> = self.tables.iter().map(|k| vec![0; k.len()]).collect();
-        for feature in &self.input.features {
+        for part in &self.parts {
             // How many samples pool each bag: one each, or as the inverse index says.
-            let mut pooled_by = vec![1_u64; feature.bags()];
-            if let Some(inverse) = &feature.inverse {
+            let mut pooled_by = vec![1_u64; part.input.samples];
+            if let Some(inverse) = &part.inverse {
                 pooled_by.fill(0);
-                for &bag in inverse {
-                    pooled_by[bag as usize] += 1;
+                for &row in inverse {
+                    pooled_by[row as usize] += 1;
                 }
             }
-            for (bag, samples) in pooled_by.into_iter().enumerate() {
-                let (start, end) = (feature.offsets[bag], feature.offsets[bag + 1]);
-                for &row in &feature.rows[start as usize..end as usize] {
-                    counts[feature.table][row as usize] += samples;
+            for feature in &part.input.features {
+                for (bag, &samples) in pooled_by.iter().enumerate() {
+                    let (start, end) = (feature.offsets[bag], feature.offsets[bag + 1]);
+                    for &row in &feature.rows[start as usize..end as usize] {
+                        counts[feature.table][row as usize] += samples;
+                    }
                 }
             }
         }
@@ -185,13 +267,7 @@ impl BatchKeys {
         rows_per_table: &[Vec<f32>],
     ) -> Result<Vec<f32>, ModelError> {
         let weights: Vec<&[f32]> = rows_per_table.iter().map(Vec::as_slice).collect();
-        kernels
-            .gather_pool(
-                &self.embedding_shapes(layout),
-                &weights,
-                &self.input,
-                Pooling::Sum,
-            )
+        self.pooled(kernels, &self.embedding_shapes(layout), &weights)
             .map_err(|e| ModelError::Inputs(format!("embedding rows: {e}")))
     }
 
@@ -203,8 +279,7 @@ impl BatchKeys {
         wide_per_table: &[Vec<f32>],
     ) -> Result<Vec<f32>, ModelError> {
         let weights: Vec<&[f32]> = wide_per_table.iter().map(Vec::as_slice).collect();
-        kernels
-            .gather_pool(&self.wide_shapes(), &weights, &self.input, Pooling::Sum)
+        self.pooled(kernels, &self.wide_shapes(), &weights)
             .map_err(|e| ModelError::Inputs(format!("wide rows: {e}")))
     }
 
@@ -216,14 +291,7 @@ impl BatchKeys {
         layout: &ModelLayout,
         embedded_grad: &[f32],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        kernels
-            .pool_backward(
-                &self.embedding_shapes(layout),
-                &self.input,
-                Pooling::Sum,
-                embedded_grad,
-                Accumulation::Deterministic,
-            )
+        self.scattered(kernels, &self.embedding_shapes(layout), embedded_grad)
             .map_err(|e| ModelError::Inputs(format!("embedding gradient: {e}")))
     }
 
@@ -233,14 +301,116 @@ impl BatchKeys {
         kernels: &dyn EmbeddingKernels,
         wide_grad: &[f32],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        kernels
-            .pool_backward(
-                &self.wide_shapes(),
-                &self.input,
-                Pooling::Sum,
-                wide_grad,
-                Accumulation::Deterministic,
-            )
+        self.scattered(kernels, &self.wide_shapes(), wide_grad)
             .map_err(|e| ModelError::Inputs(format!("wide gradient: {e}")))
+    }
+
+    /// The one part when every feature is pooled per sample, in layout order.
+    fn per_sample_only(&self) -> Option<&PoolingInput> {
+        match self.parts.as_slice() {
+            [part] if part.inverse.is_none() => Some(&part.input),
+            _ => None,
+        }
+    }
+
+    /// First column of each layout feature in a sample's row, and the row's width.
+    fn columns(&self, shapes: &[TableShape]) -> (Vec<usize>, usize) {
+        let mut width = 0;
+        let columns = (self.feature_tables.iter())
+            .map(|&t| {
+                width += shapes[t].dim as usize;
+                width - shapes[t].dim as usize
+            })
+            .collect();
+        (columns, width)
+    }
+
+    /// Each part pooled on its own bags, then copied into the samples' rows.
+    fn pooled(
+        &self,
+        kernels: &dyn EmbeddingKernels,
+        shapes: &[TableShape],
+        weights: &[&[f32]],
+    ) -> Result<Vec<f32>, GpuError> {
+        if let Some(input) = self.per_sample_only() {
+            return kernels.gather_pool(shapes, weights, input, Pooling::Sum);
+        }
+        let (columns, width) = self.columns(shapes);
+        let mut out = vec![0.0; self.samples * width];
+        for part in self.parts.iter().filter(|p| !p.features.is_empty()) {
+            let pooled = kernels.gather_pool(shapes, weights, &part.input, Pooling::Sum)?;
+            let (part_width, part_columns) =
+                (part.input.out_width(shapes), part.input.columns(shapes));
+            for sample in 0..self.samples {
+                let from = &pooled[part.row_of(sample) * part_width..][..part_width];
+                let to = &mut out[sample * width..][..width];
+                for (k, &feature) in part.features.iter().enumerate() {
+                    let dim = shapes[self.feature_tables[feature]].dim as usize;
+                    to[columns[feature]..][..dim].copy_from_slice(&from[part_columns[k]..][..dim]);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Each part's gradient rows (a group's summed over the samples of each unique row,
+    /// in sample order) scattered onto its keys; the parts' table gradients added.
+    fn scattered(
+        &self,
+        kernels: &dyn EmbeddingKernels,
+        shapes: &[TableShape],
+        grad_out: &[f32],
+    ) -> Result<Vec<Vec<f32>>, GpuError> {
+        let (columns, width) = self.columns(shapes);
+        if let Some(input) = self.per_sample_only() {
+            return kernels.pool_backward(
+                shapes,
+                input,
+                Pooling::Sum,
+                grad_out,
+                Accumulation::Deterministic,
+            );
+        }
+        if grad_out.len() != self.samples * width {
+            return Err(GpuError::Invalid {
+                field: "grad_out".into(),
+                reason: format!(
+                    "{} floats for {} samples of {width}",
+                    grad_out.len(),
+                    self.samples
+                ),
+            });
+        }
+        let mut grads: Vec<Vec<f32>> = (shapes.iter())
+            .map(|t| vec![0.0; t.rows as usize * t.dim as usize])
+            .collect();
+        for part in self.parts.iter().filter(|p| !p.features.is_empty()) {
+            let (part_width, part_columns) =
+                (part.input.out_width(shapes), part.input.columns(shapes));
+            let mut part_grad = vec![0.0; part.input.samples * part_width];
+            for sample in 0..self.samples {
+                let from = &grad_out[sample * width..][..width];
+                let to = &mut part_grad[part.row_of(sample) * part_width..][..part_width];
+                for (k, &feature) in part.features.iter().enumerate() {
+                    let dim = shapes[self.feature_tables[feature]].dim as usize;
+                    let (to, from) = (
+                        &mut to[part_columns[k]..][..dim],
+                        &from[columns[feature]..][..dim],
+                    );
+                    to.iter_mut().zip(from).for_each(|(t, f)| *t += f);
+                }
+            }
+            let part_grads = kernels.pool_backward(
+                shapes,
+                &part.input,
+                Pooling::Sum,
+                &part_grad,
+                Accumulation::Deterministic,
+            )?;
+            for (total, part) in grads.iter_mut().zip(part_grads) {
+                total.iter_mut().zip(part).for_each(|(t, p)| *t += p);
+            }
+        }
+        Ok(grads)
     }
 }

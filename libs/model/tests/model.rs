@@ -464,9 +464,10 @@ fn pooling_sums_rows_and_scatter_adds_back_to_unique_keys() {
     ));
 }
 
-/// A minibatch whose rows repeat a user's features (RecD), as an IKJT: the same unique
-/// keys, pooled rows, gradients and access counts as its KJT, bit for bit, while the
-/// grouped features' keys are resolved once per unique row.
+/// A minibatch whose rows repeat a user's features (RecD), as an IKJT, pooled once per
+/// unique row of the group: the same unique keys, access counts and pooled rows (bit for
+/// bit) as its KJT, and the same gradients within float rounding (summed per unique row
+/// first).
 #[test]
 fn a_grouped_minibatch_pools_and_scatters_as_its_jagged_one() {
     let spec = model(ModelKind::Dlrm, vec![table("t", 4)], &[6, 4], &[8, 1]);
@@ -509,14 +510,38 @@ fn a_grouped_minibatch_pools_and_scatters_as_its_jagged_one() {
         grouped.pool(&CpuKernels, &layout, &rows).expect("pool"),
         pooled
     );
-    let grad = noise(11, pooled.len());
+    let wide: Vec<Vec<f32>> = (jagged.tables.iter().enumerate())
+        .map(|(t, keys)| noise(t as u64 + 19, keys.len()))
+        .collect();
+    let pooled_wide = jagged.pool_wide(&CpuKernels, &wide).expect("pool");
     assert_eq!(
+        grouped.pool_wide(&CpuKernels, &wide).expect("pool"),
+        pooled_wide
+    );
+    let close = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+        a.len() == b.len()
+            && (a.iter().flatten().zip(b.iter().flatten()))
+                .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
+    };
+    let grad = noise(11, pooled.len());
+    let (by_group, by_sample) = (
         grouped
             .scatter(&CpuKernels, &layout, &grad)
             .expect("scatter"),
         jagged
             .scatter(&CpuKernels, &layout, &grad)
-            .expect("scatter")
+            .expect("scatter"),
+    );
+    assert!(close(&by_group, &by_sample), "{by_group:?}\n{by_sample:?}");
+    let grad = noise(13, pooled_wide.len());
+    let (by_group, by_sample) = (
+        grouped.scatter_wide(&CpuKernels, &grad).expect("scatter"),
+        jagged.scatter_wide(&CpuKernels, &grad).expect("scatter"),
+    );
+    assert!(close(&by_group, &by_sample), "{by_group:?}\n{by_sample:?}");
+    assert!(
+        grouped.scatter(&CpuKernels, &layout, &grad).is_err(),
+        "a gradient of the wrong width"
     );
 }
 

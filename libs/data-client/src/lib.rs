@@ -82,8 +82,8 @@ pub struct ReceivedBatch {
     pub trace: TraceCarrier,
     /// Confirms the minibatch consumed to its executor.
     pub receipt: Receipt,
-    /// Its executor's id and the task rows it holds.
-    served: (String, Vec<ServedRange>),
+    /// The task rows it holds.
+    served: Vec<ServedRange>,
 }
 
 /// A trainer's counters: steps, samples, and samples per source (Dataset source name).
@@ -233,7 +233,10 @@ enum Item {
 
 type Items = BoxStream<'static, Result<Item, ReaderError>>;
 
-async fn open_one(addr: String, options: ReaderOptions) -> Result<Items, ReaderError> {
+/// An opened stream: the executor's id (from the stream's header) and its items.
+type Opened = (String, Items);
+
+async fn open_one(addr: String, options: ReaderOptions) -> Result<Opened, ReaderError> {
     let mut client = DatasetServiceClient::connect(format!("http://{addr}"))
         .await
         .map_err(|e| ReaderError::Connect {
@@ -252,15 +255,19 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Items, ReaderE
         kind: Some(Kind::Open(open)),
     };
     let requests = stream::once(async move { first }).chain(requests);
-    let stream = client
+    let response = client
         .stream_minibatches(requests)
         .await
         .map_err(|status| ReaderError::Status {
             addr: addr.clone(),
             status,
-        })?
-        .into_inner();
-    Ok(stream
+        })?;
+    let executor_id = (response.metadata().get(primus_proto::EXECUTOR_ID_HEADER))
+        .and_then(|id| id.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let items = response
+        .into_inner()
         .map(move |item| {
             let message = item.map_err(|status| ReaderError::Status {
                 addr: addr.clone(),
@@ -288,10 +295,11 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Items, ReaderE
                     sequence: message.sequence,
                     stream: Some(consumed.clone()),
                 },
-                served: (message.executor_id, message.served),
+                served: message.served,
             })))
         })
-        .boxed())
+        .boxed();
+    Ok((executor_id, items))
 }
 
 /// How long a broken executor stream is retried before the reader gives up.
@@ -321,18 +329,22 @@ struct Reconnecting {
 const RECEIVED_KEPT_FOR: Duration = Duration::from_secs(60);
 
 /// The task rows received on one executor stream lately, to report if it breaks.
-#[derive(Default)]
 struct ReceivedRows {
     executor_id: String,
     ranges: VecDeque<(tokio::time::Instant, ServedRange)>,
 }
 
 impl ReceivedRows {
+    fn new(executor_id: String) -> Self {
+        Self {
+            executor_id,
+            ranges: VecDeque::new(),
+        }
+    }
+
     fn record(&mut self, batch: &ReceivedBatch) {
         let now = tokio::time::Instant::now();
-        let (executor_id, ranges) = &batch.served;
-        self.executor_id.clone_from(executor_id);
-        for range in ranges {
+        for range in &batch.served {
             match self.ranges.back_mut() {
                 Some((at, last)) if last.task_id == range.task_id && last.end == range.first => {
                     (*at, last.end, last.end_position) = (now, range.end, range.end_position);
@@ -345,18 +357,19 @@ impl ReceivedRows {
         }
     }
 
-    /// Tells the master the rows received from the executor whose stream broke; a master
-    /// that cannot be told leaves them to the executor's own reports (they may then be
-    /// served again).
+    /// Tells the master the rows received from the executor whose stream broke (none,
+    /// too: the master waits for every trainer's report before it hands the executor's
+    /// tasks on); a master that cannot be told leaves them to the executor's own reports
+    /// (they may then be served again).
     async fn report(&mut self, options: &ReaderOptions) {
         let ranges: Vec<ServedRange> = self.ranges.drain(..).map(|(_, r)| r).collect();
-        if ranges.is_empty() || options.master_addr.is_empty() {
+        if options.master_addr.is_empty() || self.executor_id.is_empty() {
             return;
         }
         let request = ReportReceivedRequest {
             job: options.job.clone(),
             trainer_id: options.trainer_id.clone(),
-            executor_id: std::mem::take(&mut self.executor_id),
+            executor_id: self.executor_id.clone(),
             ranges,
         };
         let executor = request.executor_id.clone();
@@ -385,14 +398,14 @@ impl ReceivedRows {
 /// How long the master is given to take a report of received rows.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// `items` of the executor at `addr`, opened again whenever its connection is lost.
-fn reconnecting(addr: String, options: ReaderOptions, items: Items) -> Items {
+/// The items of the executor at `addr`, opened again whenever its connection is lost.
+fn reconnecting(addr: String, options: ReaderOptions, (executor_id, items): Opened) -> Items {
     let state = Reconnecting {
         addr,
         options,
         items: Some(items),
         failed: false,
-        received: ReceivedRows::default(),
+        received: ReceivedRows::new(executor_id),
     };
     stream::unfold(state, |mut state| async move {
         loop {
@@ -416,7 +429,10 @@ fn reconnecting(addr: String, options: ReaderOptions, items: Items) -> Items {
                 }
             }
             match reopen(&state.addr, &state.options).await {
-                Ok(items) => state.items = Some(items),
+                Ok((executor_id, items)) => {
+                    state.received = ReceivedRows::new(executor_id);
+                    state.items = Some(items);
+                }
                 Err(e) => {
                     state.failed = true;
                     return Some((Err(e), state));
@@ -428,11 +444,11 @@ fn reconnecting(addr: String, options: ReaderOptions, items: Items) -> Items {
 }
 
 /// Opens the stream of `addr` again, retrying for [`RECONNECT_FOR`].
-async fn reopen(addr: &str, options: &ReaderOptions) -> Result<Items, ReaderError> {
+async fn reopen(addr: &str, options: &ReaderOptions) -> Result<Opened, ReaderError> {
     let deadline = tokio::time::Instant::now() + RECONNECT_FOR;
     loop {
         match open_one(addr.to_owned(), options.clone()).await {
-            Ok(items) => return Ok(items),
+            Ok(opened) => return Ok(opened),
             Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
             Err(_) => tokio::time::sleep(RECONNECT_PAUSE).await,
         }
@@ -522,10 +538,10 @@ pub async fn read(
 ) -> Result<impl Stream<Item = Result<Received, ReaderError>> + use<>, ReaderError> {
     let mut merged = Merged::new(options.clone(), membership);
     for addr in addrs {
-        let items = open_one(addr.clone(), options.clone()).await?;
+        let opened = open_one(addr.clone(), options.clone()).await?;
         merged.add(
             addr.clone(),
-            reconnecting(addr.clone(), options.clone(), items),
+            reconnecting(addr.clone(), options.clone(), opened),
         );
     }
     Ok(stream::unfold(merged, |mut merged| async move {
@@ -644,7 +660,7 @@ impl Merged {
             .flat_map({
                 let (addr, options) = (addr.clone(), self.options.clone());
                 move |opened| match opened {
-                    Ok(items) => reconnecting(addr.clone(), options.clone(), items),
+                    Ok(opened) => reconnecting(addr.clone(), options.clone(), opened),
                     Err(e) => stream::once(async move { Err(e) }).boxed(),
                 }
             })

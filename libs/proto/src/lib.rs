@@ -27,6 +27,11 @@ pub mod v1 {
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin"));
 
+/// The response header of `DatasetService.StreamMinibatches` naming the data executor (its
+/// id in the Job's topology): what a trainer reports to `TaskService.ReportReceived` if the
+/// stream breaks.
+pub const EXECUTOR_ID_HEADER: &str = "primus-executor-id";
+
 /// `onnx`: the ONNX model messages the dense-network export builds (see proto/onnx/onnx.proto).
 pub mod onnx {
     #![allow(clippy::all, clippy::unwrap_used, missing_docs)]

@@ -155,7 +155,6 @@ fn encode(executor: &Executor, served: &Served, grouped: bool) -> Result<Minibat
         rows: served.batch.rows() as u32,
         arrow_ipc,
         trace_context: served.trace.clone(),
-        executor_id: executor.identity.executor_id.clone(),
         served: served.ranges.iter().map(|(_, r)| r.clone()).collect(),
         ..Minibatch::default()
     })
@@ -263,7 +262,14 @@ impl DatasetService for DatasetServer {
             drop(open);
             tracing::info!(%trainer, "minibatch stream ended");
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let mut response = Response::new(ReceiverStream::new(rx));
+        let id = &self.executor.identity.executor_id;
+        let id = (id.parse())
+            .map_err(|_| Status::internal(format!("executor id {id:?} is not a header value")))?;
+        response
+            .metadata_mut()
+            .insert(primus_proto::EXECUTOR_ID_HEADER, id);
+        Ok(response)
     }
 
     async fn pause(

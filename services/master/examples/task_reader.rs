@@ -33,6 +33,8 @@ const REPORT_EVERY: u64 = 50;
 /// Streams nothing and ends each stream when the reader shuts down or its trainer leaves.
 struct NoMinibatches {
     shutdown: Shutdown,
+    /// Named in each stream's header, as the real executor does.
+    executor_id: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
     /// Trainers that left.
     departed: tokio::sync::watch::Sender<Vec<String>>,
 }
@@ -61,7 +63,10 @@ impl DatasetService for NoMinibatches {
             }
         })
         .filter_map(|()| async { None });
-        Ok(tonic::Response::new(ended.boxed()))
+        let mut response = tonic::Response::new(ended.boxed());
+        (response.metadata_mut())
+            .insert(primus_proto::EXECUTOR_ID_HEADER, self.executor_id.clone());
+        Ok(response)
     }
 
     async fn end_minibatches(
@@ -138,6 +143,8 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
             .unwrap_or(0),
     );
     let grpc_addr = settings.server.grpc_addr.to_string();
+    let executor_id = (identity.executor_id.parse())
+        .with_context(|| format!("executor id {:?} as a header", identity.executor_id))?;
     let settings = NodeSettings {
         server: settings.server,
         nats: settings.nats,
@@ -151,6 +158,7 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
                 &settings,
                 primus_service::Services::new().grpc(DatasetServiceServer::new(NoMinibatches {
                     shutdown: shutdown.clone(),
+                    executor_id,
                     departed: tokio::sync::watch::channel(Vec::new()).0,
                 })),
                 shutdown,

@@ -149,6 +149,7 @@ async fn drive_jobs<B: backend::ResourceBackend>(
     let topologies = topology::Topologies::default();
     let tasks = Arc::new(tasks::Tasks::new(
         jobs.clone(),
+        topologies.clone(),
         settings.master.tasks.clone(),
     ));
     let services = Services::new()

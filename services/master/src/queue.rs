@@ -756,6 +756,20 @@ impl TaskQueue {
     }
 
     /// Running tasks (task id -> the executor holding it).
+    /// Whether `executor` holds a running task or a stream binding.
+    pub async fn holds_work(&self, executor: &str) -> Result<bool, QueueError> {
+        let mut holders: Vec<String> = redis::cmd("HVALS")
+            .arg(self.key("running"))
+            .query_async(&mut self.redis.clone())
+            .await?;
+        let bindings: Vec<String> = redis::cmd("HVALS")
+            .arg(self.key("stream"))
+            .query_async(&mut self.redis.clone())
+            .await?;
+        holders.extend(bindings);
+        Ok(holders.iter().any(|holder| holder == executor))
+    }
+
     pub async fn running(&self) -> Result<HashMap<String, String>, QueueError> {
         Ok(redis::cmd("HGETALL")
             .arg(self.key("running"))

@@ -4,21 +4,71 @@
 //! and train all of it, so the task's offset moves on through the ranges that continue
 //! it, and the executor's successor serves none of those rows again. Ranges of one task
 //! may come from several trainers, in any order: each is kept until a continuous run from
-//! the task's offset covers it.
+//! the task's offset covers it. A restarted executor's tasks go back to the queue only
+//! once every trainer of the Job reported on its broken stream (or a wait ran out), so
+//! the reports come before its successor reads.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use primus_proto::v1::{ServedRange, StreamPosition};
+use tokio::sync::Notify;
 
-/// Ranges reported per (executor, task), not yet covered by the task's offset.
+/// Ranges reported per (executor, task), not yet covered by the task's offset, and the
+/// trainers that reported on each executor's broken streams.
 #[derive(Debug, Default)]
-pub struct ReceivedRanges(Mutex<HashMap<(String, String), Vec<ServedRange>>>);
+pub struct ReceivedRanges {
+    ranges: Mutex<HashMap<(String, String), Vec<ServedRange>>>,
+    reported: Mutex<HashMap<String, BTreeSet<String>>>,
+    report_came: Notify,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 impl ReceivedRanges {
+    /// `trainer` reported what it received on its broken stream from `executor`.
+    pub fn reported(&self, executor: &str, trainer: &str) {
+        (lock(&self.reported).entry(executor.to_owned()))
+            .or_default()
+            .insert(trainer.to_owned());
+        self.report_came.notify_waiters();
+    }
+
+    /// Waits until each of `trainers` reported on `executor` or `patience` passed, then
+    /// forgets those reports; returns the trainers that did not report.
+    pub async fn await_reports(
+        &self,
+        executor: &str,
+        trainers: &[String],
+        patience: Duration,
+    ) -> Vec<String> {
+        let missing = || -> Vec<String> {
+            let reported = lock(&self.reported);
+            let reported = reported.get(executor);
+            (trainers.iter())
+                .filter(|t| !reported.is_some_and(|r| r.contains(*t)))
+                .cloned()
+                .collect()
+        };
+        let deadline = tokio::time::Instant::now() + patience;
+        let missing = loop {
+            let report_came = self.report_came.notified();
+            let missing = missing();
+            if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+                break missing;
+            }
+            let _ = tokio::time::timeout_at(deadline, report_came).await;
+        };
+        lock(&self.reported).remove(executor);
+        missing
+    }
+
     /// Records `ranges` received from `executor`; returns the tasks they belong to.
     pub fn add(&self, executor: &str, ranges: Vec<ServedRange>) -> BTreeSet<String> {
-        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut known = lock(&self.ranges);
         let mut tasks = BTreeSet::new();
         for range in ranges.into_iter().filter(|r| r.end > r.first) {
             tasks.insert(range.task_id.clone());
@@ -38,7 +88,7 @@ impl ReceivedRanges {
         task: &str,
         offset: u64,
     ) -> Option<(u64, Option<StreamPosition>)> {
-        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut known = lock(&self.ranges);
         let key = (executor.to_owned(), task.to_owned());
         let ranges = known.get_mut(&key)?;
         ranges.sort_by_key(|r| r.first);
@@ -90,6 +140,29 @@ mod tests {
         received.add("f", vec![range(0, 10)]);
         assert_eq!(received.continuation("e", "t", 0), None);
         assert_eq!(received.continuation("f", "t", 0).map(|c| c.0), Some(10));
+    }
+
+    /// A restarted executor's tasks wait for every trainer's report, and no longer than
+    /// the patience for one that never comes; reports are forgotten after each wait.
+    #[tokio::test]
+    async fn the_wait_ends_with_the_last_trainers_report_or_its_patience() {
+        let received = std::sync::Arc::new(ReceivedRanges::default());
+        let trainers = ["trainer-0".to_owned(), "trainer-1".to_owned()];
+        received.reported("e", "trainer-0");
+        let late = {
+            let received = received.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                received.reported("e", "trainer-1");
+            })
+        };
+        let started = tokio::time::Instant::now();
+        let missing = (received.await_reports("e", &trainers, Duration::from_secs(30))).await;
+        assert!(missing.is_empty(), "{missing:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        late.await.expect("reporter");
+        let missing = (received.await_reports("e", &trainers, Duration::from_millis(100))).await;
+        assert_eq!(missing, trainers, "the earlier reports were forgotten");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use primus_proto::v1::checkpoint_service_server::CheckpointService;
 use primus_proto::v1::task_service_server::TaskService;
@@ -20,6 +21,7 @@ use crate::checkpoint::{Alignments, KnownTotals, TrainerTotals};
 use crate::driver::now_ms;
 use crate::queue::{Acquired, Finished, QueueError, TaskQueue};
 use crate::received::ReceivedRanges;
+use crate::topology::Topologies;
 use primus_config::TaskSettings;
 
 /// What the task service needs of one job.
@@ -62,12 +64,60 @@ pub type JobRegistry = Arc<RwLock<HashMap<String, JobTasks>>>;
 
 pub struct Tasks {
     jobs: JobRegistry,
+    topologies: Topologies,
     settings: TaskSettings,
 }
 
+/// How long a restarted data executor's tasks wait for the Job's trainers to report the
+/// rows they received from its previous process. A trainer reports when it next reads,
+/// within a step; one that does not (it died too) is not waited for longer.
+const RECEIVED_REPORTS_WAIT: Duration = Duration::from_secs(10);
+
 impl Tasks {
-    pub fn new(jobs: JobRegistry, settings: TaskSettings) -> Self {
-        Self { jobs, settings }
+    pub fn new(jobs: JobRegistry, topologies: Topologies, settings: TaskSettings) -> Self {
+        Self {
+            jobs,
+            topologies,
+            settings,
+        }
+    }
+
+    /// Waits for the Job's trainers to report what they received from `executor`'s
+    /// previous process, when it held work that is about to go back to the queue.
+    async fn await_received_reports(
+        &self,
+        job: &str,
+        tasks: &JobTasks,
+        executor: &str,
+    ) -> Result<(), Status> {
+        if !tasks
+            .queue
+            .holds_work(executor)
+            .await
+            .map_err(unavailable)?
+        {
+            return Ok(());
+        }
+        let trainers: Vec<String> = (self.topologies.get(job))
+            .map(|(_, endpoints)| {
+                primus_proto::role_endpoints(&endpoints, primus_proto::v1::Role::Trainer)
+            })
+            .unwrap_or_default()
+            .into_iter()
+            .map(|endpoint| endpoint.id)
+            .collect();
+        let missing = (tasks.received)
+            .await_reports(executor, &trainers, RECEIVED_REPORTS_WAIT)
+            .await;
+        if !missing.is_empty() {
+            tracing::warn!(
+                job,
+                executor,
+                ?missing,
+                "trainers did not report the rows they received from the executor's previous process; rows they trained may be served again"
+            );
+        }
+        Ok(())
     }
 
     fn job(&self, job: &str) -> Result<JobTasks, Status> {
@@ -123,7 +173,9 @@ impl TaskService for Tasks {
             .ok_or_else(|| Status::invalid_argument("`endpoint` is required"))?;
         let id = required("endpoint.id", &endpoint.id)?;
         let job = self.job(&request.job)?;
-        // A registration is a new incarnation: whatever this id held before is lost work.
+        // A registration is a new incarnation: whatever this id held before is lost work,
+        // taken back once the trainers said what of it they received.
+        self.await_received_reports(&request.job, &job, id).await?;
         let requeued = job
             .queue
             .requeue_executor(id, self.settings.max_attempts)
@@ -245,25 +297,12 @@ impl TaskService for Tasks {
         }
         let job = self.job(&request.job)?;
         let tasks = job.received.add(executor, request.ranges);
-        let offsets = job.queue.offsets().await.map_err(unavailable)?;
-        let mut tasks_moved = 0;
-        for task in tasks {
-            let offset = offsets.get(&task).copied().unwrap_or(0);
-            let Some((end, position)) = job.received.continuation(executor, &task, offset) else {
-                continue;
-            };
-            let owned = (job.queue)
-                .advance_received(executor, &task, end, position.as_ref())
-                .await
-                .map_err(unavailable)?;
-            if owned {
-                tasks_moved += 1;
-                tracing::info!(job = %request.job, executor, trainer, task, from = offset, to = end, "rows a dead executor served, reported by their trainer");
-            } else {
-                tracing::warn!(job = %request.job, executor, trainer, task, "the task left the executor before its trainer reported rows {offset}..{end}; they may be served again");
-            }
-        }
-        Ok(Response::new(ReportReceivedResponse { tasks_moved }))
+        let moved = move_on_received(&job, &request.job, executor, trainer, tasks).await;
+        // On success or not, the executor's tasks need not wait for this trainer longer.
+        job.received.reported(executor, trainer);
+        Ok(Response::new(ReportReceivedResponse {
+            tasks_moved: moved?,
+        }))
     }
 }
 
@@ -302,6 +341,50 @@ impl CheckpointService for Tasks {
     }
 }
 
+/// Moves each of `tasks`, still `executor`'s, on through the ranges trainers received that
+/// continue its offset; returns how many moved.
+async fn move_on_received(
+    job: &JobTasks,
+    name: &str,
+    executor: &str,
+    trainer: &str,
+    tasks: BTreeSet<String>,
+) -> Result<u32, Status> {
+    let offsets = job.queue.offsets().await.map_err(unavailable)?;
+    let mut moved = 0;
+    for task in tasks {
+        let offset = offsets.get(&task).copied().unwrap_or(0);
+        let Some((end, position)) = job.received.continuation(executor, &task, offset) else {
+            continue;
+        };
+        let owned = (job.queue)
+            .advance_received(executor, &task, end, position.as_ref())
+            .await
+            .map_err(unavailable)?;
+        if owned {
+            moved += 1;
+            tracing::info!(
+                job = name,
+                executor,
+                trainer,
+                task,
+                from = offset,
+                to = end,
+                "rows a dead executor served, reported by their trainer"
+            );
+        } else {
+            tracing::warn!(
+                job = name,
+                executor,
+                trainer,
+                task,
+                "the task left the executor before its trainer reported rows {offset}..{end}; they may be served again"
+            );
+        }
+    }
+    Ok(moved)
+}
+
 fn not_owner(executor: &str, task: &str) -> Status {
     Status::failed_precondition(format!(
         "task {task:?} is not assigned to {executor} (it was re-queued after a missed heartbeat); drop it and acquire again"
@@ -326,7 +409,11 @@ mod tests {
     /// A trainer's report of received rows is checked whole before anything moves.
     #[tokio::test]
     async fn a_report_of_received_rows_names_what_is_wrong_with_it() {
-        let tasks = Tasks::new(JobRegistry::default(), TaskSettings::default());
+        let tasks = Tasks::new(
+            JobRegistry::default(),
+            Topologies::default(),
+            TaskSettings::default(),
+        );
         let report = |executor: &str, ranges: Vec<ServedRange>| ReportReceivedRequest {
             job: "j".into(),
             trainer_id: "trainer-0".into(),

@@ -184,6 +184,41 @@ async fn a_killed_data_executors_stream_goes_on_in_its_replacement_without_loss_
     master.stop();
 }
 
+/// A stream Job's data executor killed while rows still arrive: its replacement takes the
+/// binding at the position of the rows its trainer consumed or received, and every
+/// published row is trained once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_executor_killed_mid_stream_loses_and_repeats_no_row() {
+    let sandbox = Sandbox::start().await;
+    let job = "online-mid-kill";
+    let js = apply_online_job(&sandbox, job, |_| {}).await;
+    let master = start_master_with(&sandbox, &data_executor());
+    let publisher = {
+        let js = js.clone();
+        tokio::spawn(async move {
+            for i in 10..60 {
+                publish_rows(&js, "clicks.live", i * 50..(i + 1) * 50).await;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while sandbox.status(job).await.progress.map_or(0, |p| p.samples) < 1000 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}",
+            sandbox.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    signal(sandbox.pids(job)["data_executor-0"], "KILL").expect("kill executor");
+    publisher.await.expect("publisher");
+    sandbox.wait_for_samples(job, 3000).await;
+    sandbox.assert_samples_stay(job, 3000).await;
+    sandbox.delete_job(job).await;
+    master.stop();
+}
+
 /// `on_worker_failure: rollback` on a stream Job: its data executor killed after rows were
 /// served past the latest checkpoint returns the Job to that checkpoint, whose stream
 /// position the restarted executor reads from. Every published row is trained into the

@@ -139,8 +139,8 @@ async fn a_time_span_bounds_each_group_of_a_session() {
     assert_eq!(clustered.rows, summary.rows);
     assert!(clustered.groups > summary.sessions, "{clustered:?}");
     // Groups start in time order and span at most 60 s, so no row is written after one
-    // more than 60 s newer (without the bound, a long session's last rows come before
-    // later sessions' first rows).
+    // more than 60 s newer (without the bound, a long session's last rows come before the
+    // first rows of sessions that start after it).
     let late = |rows: &[(u64, i64, u64)]| {
         let mut latest = i64::MIN;
         rows.iter().any(|&(_, ts, _)| {

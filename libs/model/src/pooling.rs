@@ -361,7 +361,6 @@ impl BatchKeys {
         shapes: &[TableShape],
         grad_out: &[f32],
     ) -> Result<Vec<Vec<f32>>, GpuError> {
-        let (columns, width) = self.columns(shapes);
         if let Some(input) = self.per_sample_only() {
             return kernels.pool_backward(
                 shapes,
@@ -371,6 +370,7 @@ impl BatchKeys {
                 Accumulation::Deterministic,
             );
         }
+        let (columns, width) = self.columns(shapes);
         if grad_out.len() != self.samples * width {
             return Err(GpuError::Invalid {
                 field: "grad_out".into(),

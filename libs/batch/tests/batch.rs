@@ -156,6 +156,7 @@ fn garbage_bytes_are_an_error_not_a_panic() {
 fn schema() -> FeatureSchema {
     FeatureSchema {
         label: "label".into(),
+        negative_sample_rate: None,
         dense: vec![
             DenseFeature {
                 name: "count".into(),
@@ -325,6 +326,7 @@ fn pipeline_names_the_bad_column() {
         .expect("test step");
     let multi_hot = FeaturePipeline::new(&FeatureSchema {
         label: "history".into(),
+        negative_sample_rate: None,
         dense: vec![],
         sparse: vec![],
     });

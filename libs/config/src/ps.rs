@@ -49,9 +49,6 @@ pub struct ServingSettings {
     pub model: Option<ModelSpec>,
     /// The Dataset's feature schema (serving role).
     pub schema: Option<FeatureSchema>,
-    /// Negatives were sampled at this rate in training: probabilities get the log-odds
-    /// correction (Monolith 2.2.2). Unset: no correction.
-    pub negative_sample_rate: Option<f64>,
     /// libonnxruntime.so; unset: the ORT_DYLIB_PATH environment variable.
     pub onnxruntime_library: Option<PathBuf>,
     /// ONNX Runtime sessions per model (concurrent Predicts computing at once).
@@ -68,7 +65,6 @@ impl Default for ServingSettings {
             job: String::new(),
             model: None,
             schema: None,
-            negative_sample_rate: None,
             onnxruntime_library: None,
             sessions: 2,
             max_samples: 4096,

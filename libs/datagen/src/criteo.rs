@@ -195,6 +195,7 @@ impl Criteo {
 pub fn feature_schema(table: &str) -> FeatureSchema {
     FeatureSchema {
         label: "label".into(),
+        negative_sample_rate: None,
         dense: DENSE_LOG_MEANS
             .iter()
             .enumerate()

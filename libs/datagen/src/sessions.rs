@@ -235,6 +235,7 @@ pub fn feature_schema(table: &str) -> FeatureSchema {
     };
     FeatureSchema {
         label: "label".into(),
+        negative_sample_rate: None,
         dense: vec![DenseFeature {
             name: "item_price".into(),
             transform: DenseTransform::Log1p,

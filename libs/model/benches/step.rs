@@ -27,6 +27,7 @@ fn issue_dlrm() -> ModelLayout {
     };
     let schema = FeatureSchema {
         label: "label".into(),
+        negative_sample_rate: None,
         dense: (1..=13)
             .map(|i| DenseFeature {
                 name: format!("i{i}"),

@@ -52,6 +52,9 @@ pub struct ModelLayout {
     pub features: Vec<FeatureSlot>,
     /// Width of a sample's embedding row (sum of the features' dims).
     pub embedding_width: usize,
+    /// The share of negatives training saw (`schema.negative_sample_rate`): the served
+    /// model's logit is shifted by its log.
+    pub negative_sample_rate: Option<f64>,
     table_specs: Vec<TableSpec>,
 }
 
@@ -110,6 +113,7 @@ impl ModelLayout {
             tables,
             features,
             embedding_width: offset,
+            negative_sample_rate: schema.negative_sample_rate,
             table_specs: model.tables.clone(),
         };
         layout.check_dims()?;

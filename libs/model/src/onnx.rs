@@ -4,7 +4,10 @@
 //!
 //! Inputs (f32, `N` rows): `dense` `[N, dense_inputs]`, `embedded` `[N, embedding_width]`
 //! (each feature's pooled embedding), and for wide models `wide` `[N, features]` (each
-//! feature's pooled first-order weight). Output: `probability` `[N, 1]`.
+//! feature's pooled first-order weight). Output: `probability` `[N, 1]`: for a schema with
+//! a negative sample rate r, sigmoid(logit + ln r), the probability over all rows rather
+//! than over the sampled ones the network was trained on (Monolith §2.2.2), so whoever
+//! runs the model needs no rate of their own.
 
 use primus_proto::onnx::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
@@ -31,6 +34,8 @@ pub const EMBEDDED_INPUT: &str = "embedded";
 pub const WIDE_INPUT: &str = "wide";
 /// Output: the click probability.
 pub const OUTPUT: &str = "probability";
+/// Metadata key of the negative sample rate the output is corrected for.
+pub const NEGATIVE_SAMPLE_RATE_KEY: &str = "negative_sample_rate";
 
 /// The serialized ONNX model of `layout`'s dense network with `params`, predicting with
 /// `tower` (MTRM; other models have one). `version` is recorded as the model version.
@@ -48,7 +53,12 @@ pub fn export(
     if layout.has_wide() {
         inputs.push(input(WIDE_INPUT, layout.features.len()));
     }
-    let logit = graph.logits(layout, tower)?;
+    let mut logit = graph.logits(layout, tower)?;
+    if let Some(rate) = layout.negative_sample_rate.filter(|r| *r < 1.0) {
+        // Sampled negatives leave the odds 1/rate too high: the log-odds correction.
+        let shift = graph.constant_f32(&[rate.ln() as f32], vec![1]);
+        logit = graph.node("Add", &[&logit, &shift], vec![]);
+    }
     let probability = graph.node("Sigmoid", &[&logit], vec![]);
     graph.node_named("Identity", &[&probability], OUTPUT, vec![]);
     let model = ModelProto {
@@ -68,10 +78,16 @@ pub fn export(
             domain: Some(String::new()),
             version: Some(OPSET),
         }],
-        metadata_props: vec![StringStringEntryProto {
-            key: Some("tower".into()),
-            value: Some(format!("{tower:?}")),
-        }],
+        metadata_props: vec![
+            StringStringEntryProto {
+                key: Some("tower".into()),
+                value: Some(format!("{tower:?}")),
+            },
+            StringStringEntryProto {
+                key: Some(NEGATIVE_SAMPLE_RATE_KEY.into()),
+                value: Some(layout.negative_sample_rate.unwrap_or(1.0).to_string()),
+            },
+        ],
     };
     Ok(model.encode_to_vec())
 }

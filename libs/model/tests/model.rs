@@ -19,6 +19,7 @@ use primus_spec::job::{
 fn schema(dense: usize, sparse: &[(&str, &str)]) -> FeatureSchema {
     FeatureSchema {
         label: "label".into(),
+        negative_sample_rate: None,
         dense: (0..dense)
             .map(|i| DenseFeature {
                 name: format!("i{i}"),
@@ -705,6 +706,33 @@ fn the_onnx_export_has_the_documented_inputs_and_every_parameter_once() {
         }
         assert_eq!(model.model_version, Some(7));
     }
+}
+
+#[test]
+fn the_onnx_export_records_the_negative_sample_rate_it_corrects_for() {
+    use primus_model::onnx::{NEGATIVE_SAMPLE_RATE_KEY, export};
+    use primus_proto::onnx::ModelProto;
+    use prost::Message;
+    let recorded = |rate: Option<f64>| {
+        let mut layout = small(ModelKind::WideDeep);
+        layout.negative_sample_rate = rate;
+        let params = ParamSet::init(&layout, 1);
+        let bytes = export(&layout, &params, Tower::Memory, 1).expect("export");
+        let model = ModelProto::decode(bytes.as_slice()).expect("decodes");
+        let adds = model.graph.expect("graph").node.len();
+        let rate = model
+            .metadata_props
+            .into_iter()
+            .find(|p| p.key.as_deref() == Some(NEGATIVE_SAMPLE_RATE_KEY))
+            .and_then(|p| p.value);
+        (rate, adds)
+    };
+    let (unsampled, nodes) = recorded(None);
+    assert_eq!(unsampled.as_deref(), Some("1"));
+    let (sampled, sampled_nodes) = recorded(Some(0.25));
+    assert_eq!(sampled.as_deref(), Some("0.25"));
+    assert_eq!(sampled_nodes, nodes + 1, "one Add shifts the logit");
+    assert_eq!(recorded(Some(1.0)), (Some("1".to_owned()), nodes));
 }
 
 /// The dense network on a GPU (burn's CUDA backend, the `cuda` feature) computes what the

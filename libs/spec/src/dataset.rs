@@ -145,12 +145,18 @@ pub struct JoinSource {
     pub memory_rows: u64,
 }
 
-/// Which columns are the label and the features.
+/// Which columns are the label and the features, and which share of negatives is trained.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FeatureSchema {
     /// Column holding the 0/1 label.
     pub label: String,
+    /// Join sources train this share of their negative (label 0) rows, chosen by request
+    /// id, and the model exported for serving shifts its logit by ln(rate) so its
+    /// probabilities hold for all rows (Monolith §2.2.2). Every source of the Dataset must
+    /// then be a join source. Unset: every negative is trained.
+    #[serde(default)]
+    pub negative_sample_rate: Option<f64>,
     /// Dense (numeric) features, in the order the model sees them.
     #[serde(default)]
     pub dense: Vec<DenseFeature>,
@@ -280,6 +286,29 @@ impl Validate for DatasetSpec {
             stream.validate(&index(&streams, i), errors);
         }
         self.schema.validate(&field(path, "schema"), errors);
+        if self.schema.negative_sample_rate.is_some() {
+            self.check_sources_sample_negatives(&streams, errors);
+        }
+    }
+}
+
+impl DatasetSpec {
+    /// Only the joiner samples negatives: a source whose rows bypass it would train every
+    /// negative, and the served model's correction would then overstate the odds.
+    fn check_sources_sample_negatives(&self, streams: &str, errors: &mut Vec<FieldError>) {
+        for (i, stream) in self.streams.iter().enumerate() {
+            let sources = field(&index(streams, i), "sources");
+            for (j, source) in stream.sources.iter().enumerate() {
+                if source.join.is_none() {
+                    fail(
+                        errors,
+                        index(&sources, j),
+                        "schema.negative_sample_rate is set, but only join sources sample \
+                         negatives: this source's rows would train every negative",
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -387,6 +416,15 @@ impl Validate for FeatureSchema {
     fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
         if self.label.is_empty() {
             fail(errors, field(path, "label"), "must name the label column");
+        }
+        if let Some(rate) = self.negative_sample_rate
+            && !(rate > 0.0 && rate <= 1.0)
+        {
+            fail(
+                errors,
+                field(path, "negative_sample_rate"),
+                format!("must be in (0, 1] (got {rate})"),
+            );
         }
         let dense = field(path, "dense");
         let sparse = field(path, "sparse");

@@ -556,10 +556,6 @@ pub struct ServingSyncSpec {
     /// A fresh dense network reaches the replicas this often.
     #[serde(default = "defaults::dense_interval_seconds")]
     pub dense_interval_seconds: u64,
-    /// Training kept this share of negatives: serving corrects probabilities by the log
-    /// odds (Monolith 2.2.2). Unset: no correction.
-    #[serde(default)]
-    pub negative_sample_rate: Option<f64>,
     /// Once the Job succeeds its serving replicas go on serving its final model (loaded
     /// from the final checkpoint when `spec.checkpoint` is set) for this many seconds; 0:
     /// they stop with the Job. Unset: until the Job is deleted.
@@ -573,7 +569,6 @@ impl Default for ServingSyncSpec {
             enabled: false,
             sparse_interval_ms: defaults::sparse_interval_ms(),
             dense_interval_seconds: defaults::dense_interval_seconds(),
-            negative_sample_rate: None,
             keep_serving_seconds: None,
         }
     }
@@ -669,15 +664,6 @@ impl Validate for JobSpec {
         }
         if sync.dense_interval_seconds == 0 {
             fail(errors, field(&at, "dense_interval_seconds"), "must be > 0");
-        }
-        if let Some(rate) = sync.negative_sample_rate
-            && !(rate > 0.0 && rate <= 1.0)
-        {
-            fail(
-                errors,
-                field(&at, "negative_sample_rate"),
-                "must be in (0, 1]",
-            );
         }
         if sync.enabled
             && self

@@ -346,6 +346,51 @@ spec:
 }
 
 #[test]
+fn a_negative_sample_rate_is_a_share_and_needs_every_source_to_be_a_join() {
+    let dataset = |rate: &str, parquet: &str| {
+        format!(
+            r#"
+kind: Dataset
+metadata: {{name: d}}
+spec:
+  streams:
+    - name: s
+      window: {{unit: hourly, start: "2026-01-01T00"}}
+      sources:
+        - {{name: joined, join: {{stream: LOG, features: log.f, actions: log.a, request_id: rid}}}}
+        {parquet}
+  schema: {{label: y, negative_sample_rate: {rate}, sparse: [{{name: f, table: t}}]}}
+"#
+        )
+    };
+    let resources = parse_documents("d.yaml", &dataset("0.25", "")).expect("valid rate");
+    let Resource::Dataset(parsed) = &resources[0] else {
+        panic!("a Dataset")
+    };
+    assert_eq!(parsed.spec.schema.negative_sample_rate, Some(0.25));
+
+    for rate in ["0", "1.5", "-0.1"] {
+        let Err(SpecError::Invalid { errors, .. }) = parse_documents("d.yaml", &dataset(rate, ""))
+        else {
+            panic!("rate {rate} must be refused")
+        };
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, "spec.schema.negative_sample_rate");
+    }
+
+    let mixed = dataset("0.5", "- {name: logs, parquet: {uri: /data/logs}}");
+    let Err(SpecError::Invalid { errors, .. }) = parse_documents("d.yaml", &mixed) else {
+        panic!("a Parquet source beside a sampled join must be refused")
+    };
+    let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert!(
+        all[0].starts_with("spec.streams[0].sources[1]: schema.negative_sample_rate is set"),
+        "{all:?}"
+    );
+}
+
+#[test]
 fn json_files_work_and_spec_json_round_trips() {
     let resources = parse_documents("job.yaml", JOB).expect("valid");
     let job = &resources[0];

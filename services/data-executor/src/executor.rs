@@ -639,6 +639,7 @@ impl Executor {
                     ("join_joined_rows", &join.joined_rows),
                     ("join_negative_rows", &join.negative_rows),
                     ("join_dropped_actions", &join.dropped_actions),
+                    ("join_sampled_out_rows", &join.sampled_out_rows),
                     ("join_waiting_memory_rows", &join.waiting_memory_rows),
                     ("join_waiting_disk_rows", &join.waiting_disk_rows),
                 ] {

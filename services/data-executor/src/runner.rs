@@ -167,6 +167,7 @@ pub(crate) mod tests {
     pub(crate) fn schema() -> FeatureSchema {
         FeatureSchema {
             label: "label".into(),
+            negative_sample_rate: None,
             dense: vec![],
             sparse: vec![SparseFeature {
                 name: "c1".into(),

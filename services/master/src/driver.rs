@@ -149,6 +149,7 @@ pub fn stream_tasks(job: &str, dataset: &DatasetSpec) -> Vec<DataTask> {
                     memory_rows: join.memory_rows,
                     features_durable: format!("{durable}-features"),
                     actions_durable: format!("{durable}-actions"),
+                    negative_sample_rate: dataset.schema.negative_sample_rate,
                 }),
                 (None, None) => return None,
             };

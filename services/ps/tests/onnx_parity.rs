@@ -68,6 +68,13 @@ fn noise(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// `p` with its odds p / (1 - p) multiplied by `rate`: the probability over all rows of a
+/// model trained on `rate` of the negatives.
+fn corrected(p: f32, rate: f32) -> f32 {
+    p * rate / (p * rate + 1.0 - p)
+}
+
+/// Burn's forward pass, log-odds corrected for the example Datasets that sample negatives.
 #[test]
 fn onnx_runtime_computes_what_burn_computes_for_every_example_model() {
     let library = library();
@@ -101,6 +108,8 @@ fn onnx_runtime_computes_what_burn_computes_for_every_example_model() {
                     tower,
                 )
                 .expect("burn predict");
+            let rate = layout.negative_sample_rate.unwrap_or(1.0) as f32;
+            let burn: Vec<f32> = burn.iter().map(|p| corrected(*p, rate)).collect();
             let onnx = primus_model::onnx::export(layout, &params, tower, 1).expect("export");
             let model = DenseModel::load(&library, 1, &onnx, 1).expect("ONNX Runtime loads it");
             let ort = model
@@ -130,5 +139,61 @@ fn onnx_runtime_computes_what_burn_computes_for_every_example_model() {
                 "{job}: the inputs must move the output ({spread})"
             );
         }
+    }
+}
+
+/// A schema with a negative sample rate r: the exported model answers the burn network's
+/// probability with its odds multiplied by r.
+#[test]
+fn a_sampled_schemas_model_serves_probabilities_corrected_by_the_rate() {
+    let library = library();
+    let (job, mut layout) = example_layouts()
+        .into_iter()
+        .find(|(_, l)| l.has_wide())
+        .expect("an example with a wide part");
+    let rate = 0.2f32;
+    layout.negative_sample_rate = Some(f64::from(rate));
+    let params = ParamSet::init(&layout, 7);
+    let rows = 17;
+    // Small inputs keep the probabilities away from 0 and 1, where no shift shows.
+    let small = |seed, n| -> Vec<f32> { noise(seed, n).iter().map(|v| v / 8.0).collect() };
+    let dense = small(11, rows * layout.dense_inputs);
+    let embedded = small(12, rows * layout.embedding_width);
+    let wide = small(13, rows * layout.features.len());
+    let burn = Model::new(layout.clone())
+        .predict(
+            &params,
+            &Inputs {
+                rows,
+                dense: &dense,
+                embedded: &embedded,
+                wide: &wide,
+            },
+            Tower::Memory,
+        )
+        .expect("burn predict");
+    let onnx = primus_model::onnx::export(&layout, &params, Tower::Memory, 1).expect("export");
+    let model = DenseModel::load(&library, 1, &onnx, 1).expect("ONNX Runtime loads it");
+    let served = model
+        .predict(DenseInputs {
+            rows,
+            dense,
+            dense_width: layout.dense_inputs,
+            embedded,
+            embedded_width: layout.embedding_width,
+            wide,
+            wide_width: layout.features.len(),
+        })
+        .expect("ONNX Runtime predict");
+    for (p, q) in burn.iter().zip(&served) {
+        let expected = corrected(*p, rate);
+        assert!(
+            (q - expected).abs() <= 1e-5,
+            "{job}: burn {p} corrected to {expected}, served {q}"
+        );
+        assert!(
+            p - q > 0.01,
+            "{job}: fewer negatives seen, lower served probability ({p} -> {q})"
+        );
     }
 }

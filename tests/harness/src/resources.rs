@@ -66,6 +66,7 @@ impl DatasetBuilder {
 pub fn id_schema() -> FeatureSchema {
     FeatureSchema {
         label: "label".into(),
+        negative_sample_rate: None,
         dense: Vec::new(),
         sparse: vec![SparseFeature {
             name: "c1".into(),
@@ -121,6 +122,22 @@ pub fn join(name: &str, join: JoinSource) -> DataSource {
         join: Some(join),
         ..source(name)
     }
+}
+
+/// Source `name`: an online joiner of stream `LOG`'s feature rows on `log.features` with
+/// its actions on `log.actions` by request id `rid`, each row waiting 1 s.
+pub fn log_join(name: &str) -> DataSource {
+    join(
+        name,
+        JoinSource {
+            stream: "LOG".into(),
+            features: "log.features".into(),
+            actions: "log.actions".into(),
+            request_id: "rid".into(),
+            wait_seconds: 1.0,
+            memory_rows: 100_000,
+        },
+    )
 }
 
 fn source(name: &str) -> DataSource {

@@ -2,7 +2,7 @@
 //! and consumes its two subjects through two durable consumers, feature rows on one and
 //! action rows (request id + label) on the other. [`table::JoinTable`] pairs them by
 //! request id; joined rows, and feature rows whose wait ran out (as negatives), go into
-//! the source's serving buffer.
+//! the source's serving buffer, negatives at the Dataset's sample rate.
 //!
 //! A message is acked only once every row of it is buffered (a feature message) or no
 //! longer waits (an action message), so an executor that dies loses nothing: JetStream
@@ -32,7 +32,7 @@ use crate::buffer::{Chunk, SourceIndex};
 use crate::ledger::{ReadEnd, TaskLedger};
 use crate::stream::{StreamGauges, StreamInputs};
 use spill::SpillStore;
-use table::{JoinTable, MessageId, Output};
+use table::{JoinTable, MessageId, NegativeSampling, Output};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum JoinError {
@@ -59,6 +59,7 @@ pub(crate) struct JoinGauges {
     pub joined_rows: AtomicU64,
     pub negative_rows: AtomicU64,
     pub dropped_actions: AtomicU64,
+    pub sampled_out_rows: AtomicU64,
     pub waiting_memory_rows: AtomicU64,
     pub waiting_disk_rows: AtomicU64,
 }
@@ -73,6 +74,8 @@ impl JoinGauges {
             .store(totals.negative_rows, Ordering::Relaxed);
         self.dropped_actions
             .store(totals.dropped_actions, Ordering::Relaxed);
+        self.sampled_out_rows
+            .store(totals.sampled_out_rows, Ordering::Relaxed);
     }
 
     /// The waiting rows: a walk over every held message, so with the backlog check.
@@ -150,6 +153,7 @@ impl JoinRunner<'_> {
                 label.clone(),
                 work.wait_ms,
                 usize::try_from(work.memory_rows).unwrap_or(usize::MAX),
+                NegativeSampling::new(work.negative_sample_rate),
                 spill,
             ),
             held: HashMap::new(),
@@ -450,6 +454,7 @@ mod tests {
             memory_rows,
             features_durable: "job-log-features".into(),
             actions_durable: "job-log-actions".into(),
+            negative_sample_rate: None,
         }
     }
 

@@ -7,6 +7,8 @@
 //!   deadline it is handed out as a negative (label 0).
 //! - An action waits as long for its features; one that finds none is dropped (counted).
 //!   An action joins every feature row of its request waiting when it arrives.
+//! - With a negative sample rate, a negative row (label 0) is handed out only when its
+//!   request id hashes into the rate's share of ids: the same rows on every replay.
 //! - Feature messages stay whole in memory (the budget counts their rows) until done, or
 //!   until the budget is exceeded: then the oldest spill to disk, and are read back when a
 //!   row of them joins or they time out.
@@ -81,6 +83,40 @@ pub(super) struct JoinTotals {
     pub joined_rows: u64,
     pub negative_rows: u64,
     pub dropped_actions: u64,
+    /// Negative rows (joined with label 0, or timed out) left out by the sample rate.
+    pub sampled_out_rows: u64,
+}
+
+/// Which negative rows are trained (Monolith §2.2.2's negative sampling): those whose
+/// request id hashes below the rate's share of all hashes. A choice by id rather than by
+/// chance keeps a message joined again after a crash to the same rows.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NegativeSampling {
+    /// Hashes below this are kept; None keeps every row.
+    below: Option<u64>,
+}
+
+impl NegativeSampling {
+    /// Keeps `rate` of the negatives; unset or at least 1 keeps all of them.
+    pub(super) fn new(rate: Option<f64>) -> Self {
+        let below = rate
+            .filter(|r| *r < 1.0)
+            // Saturating: a rate at or below 0 keeps none.
+            .map(|r| (r * u64::MAX as f64) as u64);
+        Self { below }
+    }
+
+    fn keeps(&self, id: &RequestId) -> bool {
+        let Some(below) = self.below else {
+            return true;
+        };
+        let seed = primus_batch::hash::feature_seed("negative_sampling");
+        let hash = match id {
+            RequestId::Int(value) => primus_batch::hash::int_key(seed, *value),
+            RequestId::Text(value) => primus_batch::hash::str_key(seed, value),
+        };
+        hash < below
+    }
 }
 
 pub(super) struct JoinTable {
@@ -88,6 +124,7 @@ pub(super) struct JoinTable {
     label: String,
     wait_ms: i64,
     memory_rows: usize,
+    sampling: NegativeSampling,
     features: HashMap<RequestId, Vec<FeatureRow>>,
     actions: HashMap<RequestId, WaitingAction>,
     feature_messages: BTreeMap<MessageId, FeatureMessage>,
@@ -109,6 +146,7 @@ impl JoinTable {
         label: String,
         wait_ms: u64,
         memory_rows: usize,
+        sampling: NegativeSampling,
         spill: SpillStore,
     ) -> Self {
         Self {
@@ -116,6 +154,7 @@ impl JoinTable {
             label,
             wait_ms: wait_ms.min(i64::MAX as u64) as i64,
             memory_rows: memory_rows.max(1),
+            sampling,
             features: HashMap::new(),
             actions: HashMap::new(),
             feature_messages: BTreeMap::new(),
@@ -316,9 +355,14 @@ impl JoinTable {
             let Some(state) = self.feature_messages.get_mut(&message) else {
                 continue;
             };
-            let rows = std::mem::take(&mut state.ready);
+            let mut rows = std::mem::take(&mut state.ready);
+            state.remaining -= rows.len();
+            let handled = rows.len();
+            rows.retain(|&(row, label)| {
+                label != 0.0 || self.sampling.keeps(&state.ids[row as usize])
+            });
+            self.totals.sampled_out_rows += (handled - rows.len()) as u64;
             if !rows.is_empty() {
-                state.remaining -= rows.len();
                 let all = match &state.rows {
                     Rows::Memory(batch) => batch.clone(),
                     Rows::Disk(at) => self.spill.read(*at)?,
@@ -461,8 +505,20 @@ mod tests {
     const WAIT_MS: u64 = 1000;
 
     fn table(memory_rows: usize, dir: &tempfile::TempDir) -> JoinTable {
+        sampled_table(memory_rows, None, dir)
+    }
+
+    fn sampled_table(memory_rows: usize, rate: Option<f64>, dir: &tempfile::TempDir) -> JoinTable {
         let spill = SpillStore::open(dir.path().join("spill"), 1 << 20).expect("spill");
-        JoinTable::new("rid".into(), "label".into(), WAIT_MS, memory_rows, spill)
+        let sampling = NegativeSampling::new(rate);
+        JoinTable::new(
+            "rid".into(),
+            "label".into(),
+            WAIT_MS,
+            memory_rows,
+            sampling,
+            spill,
+        )
     }
 
     /// Feature rows: request id `rid` and a feature `c1` = 100 + rid.
@@ -555,7 +611,8 @@ mod tests {
             JoinTotals {
                 joined_rows: 3,
                 negative_rows: 2,
-                dropped_actions: 1
+                dropped_actions: 1,
+                sampled_out_rows: 0,
             }
         );
         assert!(
@@ -626,6 +683,52 @@ mod tests {
             !table.holds(3) && !table.holds(4),
             "refused messages leave nothing"
         );
+    }
+
+    /// Every positive is trained and a quarter of the negatives (joined with label 0, or
+    /// timed out), the same ones when the messages are joined again.
+    #[test]
+    fn a_sample_rate_keeps_every_positive_and_its_share_of_negatives_by_request_id() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let handed_out = || {
+            let mut table = sampled_table(1 << 20, Some(0.25), &dir);
+            let rids: Vec<u64> = (0..8000).map(|i| i * 7919).collect();
+            table.add_features(1, 0, features(&rids)).expect("features");
+            // A third clicked, a third explicitly not clicked, the rest time out.
+            let clicks: Vec<(u64, u64)> =
+                rids.iter().map(|r| (*r, u64::from(r % 3 == 0))).collect();
+            table
+                .add_actions(2, 0, &actions(&clicks[..5334]))
+                .expect("actions");
+            table.expire(WAIT_MS as i64);
+            let mut rows = BTreeMap::new();
+            collect(&table.take_output().expect("output"), &mut rows);
+            (rows, table.totals())
+        };
+        let (rows, totals) = handed_out();
+        let positives = rows.values().filter(|l| **l == 1.0).count();
+        assert_eq!(
+            positives,
+            (0..5334u64).filter(|i| (i * 7919) % 3 == 0).count()
+        );
+        let negatives = 8000 - positives;
+        let kept = rows.len() - positives;
+        assert_eq!(totals.sampled_out_rows as usize, negatives - kept);
+        // A quarter of 6,222 negatives: 1,556 expected, binomial sd 34.
+        assert!(
+            (1450..=1660).contains(&kept),
+            "{kept} of {negatives} negatives kept at 0.25"
+        );
+        let (again, _) = handed_out();
+        assert_eq!(again, rows, "joined again, the same rows");
+
+        let mut all = sampled_table(1 << 20, None, &dir);
+        all.add_features(1, 0, features(&[1, 2, 3]))
+            .expect("features");
+        all.expire(WAIT_MS as i64);
+        let mut rows = BTreeMap::new();
+        collect(&all.take_output().expect("output"), &mut rows);
+        assert_eq!(rows.len(), 3, "no rate: every negative");
     }
 
     fn labels_of(values: &[f32]) -> ArrayRef {

@@ -80,7 +80,6 @@ pub(crate) fn executor_settings(
             replica.serving.job = job.name.to_owned();
             replica.serving.model = Some(spec.model.clone());
             replica.serving.schema = Some(dataset.schema.clone());
-            replica.serving.negative_sample_rate = spec.serving_sync.negative_sample_rate;
             replica.serving.token_file = settings.master.predict_token_file.clone();
             ExecutorSettings::Ps(Box::new(replica))
         }

@@ -1,12 +1,17 @@
 //! The serving path through real processes: the master starts the Job's training PS,
 //! trainer, data executor and serving replica; serving-sync (in-process) keeps the replica
-//! equal to the training rows and Predict follows new stream rows.
+//! equal to the training rows and Predict follows new stream rows; a Job sampling
+//! negatives serves probabilities calibrated on all rows.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
+use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
 use primus_harness::Sandbox;
-use primus_harness::resources::served;
+use primus_harness::resources::{
+    dataset, hourly, id_schema, job, log_join, served, small_wide_deep,
+};
 use primus_harness::rows::{Rows, replica_rows, training_rows};
 use primus_proto::v1::serving_service_client::ServingServiceClient;
 use primus_proto::v1::topology_service_client::TopologyServiceClient;
@@ -14,6 +19,8 @@ use primus_proto::v1::{
     FeatureValue, GetTopologyRequest, PredictRequest, Role, Sample, feature_value::Value,
 };
 use primus_service::Shutdown;
+use primus_spec::dataset::FeatureSchema;
+use primus_spec::job::TrainingMode;
 use primus_testkit::free_port;
 
 use crate::common::{
@@ -170,5 +177,177 @@ async fn an_online_job_with_serving_predicts_from_the_rows_it_trains() {
         .expect("joined")
         .expect("serving-sync exits cleanly");
     sandbox.delete_job("served").await;
+    master.stop();
+}
+
+/// Request `rid`'s item: 8 items, each clicked at its own rate.
+fn item(rid: u64) -> u64 {
+    rid % 8
+}
+
+/// Whether request `rid` is clicked: item i at 4% + 6% * i, decided by a hash of `rid`.
+fn clicked(rid: u64) -> bool {
+    let rate = 0.04 + 0.06 * item(rid) as f64;
+    (primus_batch::hash::mix64(rid) % 10_000) < (rate * 10_000.0) as u64
+}
+
+/// Publishes requests `rids` on `log.features` (request id `rid`, item `c1`) and an action
+/// for each on `log.actions`: label 1 when clicked, else 0. Every row joins at once, so
+/// positives and negatives reach training mixed as they happened.
+async fn publish_requests(js: &primus_bus::jetstream::JetStream, rids: std::ops::Range<u64>) {
+    let column = |values: Vec<u64>| -> ArrayRef { Arc::new(UInt64Array::from(values)) };
+    let features = RecordBatch::try_from_iter([
+        ("rid", column(rids.clone().collect())),
+        ("c1", column(rids.clone().map(item).collect())),
+    ])
+    .expect("rows");
+    let actions = RecordBatch::try_from_iter([
+        (
+            "label",
+            column(rids.clone().map(|r| u64::from(clicked(r))).collect()),
+        ),
+        ("rid", column(rids.collect())),
+    ])
+    .expect("rows");
+    for (subject, rows) in [("log.features", features), ("log.actions", actions)] {
+        let message = primus_proto::v1::SampleRows {
+            arrow_ipc: primus_batch::ipc::encode_rows(&rows).expect("encode"),
+        };
+        js.publish(subject.into(), &message).await.expect("publish");
+    }
+}
+
+/// Monolith's negative sampling end to end: the joiner trains a quarter of the negatives,
+/// the model exported to serving carries the rate, and the served probabilities over
+/// every request (sampled out or not) add up to the clicks within 2%. Uncorrected, they
+/// would be about twice too high.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_sampling_negatives_serves_probabilities_calibrated_on_all_rows() {
+    const REQUESTS: u64 = 40_000;
+    const RATE: f64 = 0.25;
+    let sandbox = Sandbox::start().await;
+    let js = sandbox.jetstream().await;
+    js.ensure_stream("LOG", vec!["log.>".into()])
+        .await
+        .expect("stream");
+    for first in (0..REQUESTS).step_by(1000) {
+        publish_requests(&js, first..first + 1000).await;
+    }
+    let schema = FeatureSchema {
+        negative_sample_rate: Some(RATE),
+        ..id_schema()
+    };
+    let joined = dataset("requests").schema(schema).stream(
+        "live",
+        hourly("2026-11-01T00", None),
+        vec![log_join("joined")],
+    );
+    let online = job(
+        "sampled",
+        "requests",
+        TrainingMode::Stream,
+        small_wide_deep(),
+    )
+    .batch_size(64)
+    .with(served);
+    sandbox.apply([joined.build(), online.build()]).await;
+    let master = start_master_with(&sandbox, &data_executor());
+    let _sync = sandbox.start_serving_sync(master.addr(), None).await;
+
+    // Every request handed out or sampled out, and every handed-out row trained.
+    let names = [
+        "join_joined_rows.joined",
+        "join_negative_rows.joined",
+        "join_sampled_out_rows.joined",
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let sampled_out = loop {
+        let latest = sandbox.latest_metrics("sampled", &names).await;
+        let trained = sandbox
+            .status("sampled")
+            .await
+            .progress
+            .map_or(0, |p| p.samples);
+        if let Some([joined, timed_out, sampled_out]) = latest.as_deref()
+            && (joined + timed_out) as u64 == REQUESTS
+            && trained + *sampled_out as u64 == REQUESTS
+        {
+            break *sampled_out as u64;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "join gauges {latest:?}, {trained} trained\n{}",
+            sandbox.logs("sampled")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let clicks = (0..REQUESTS).filter(|r| clicked(*r)).count() as f64;
+    let negatives = REQUESTS as f64 - clicks;
+    let kept = (negatives - sampled_out as f64) / negatives;
+    assert!(
+        (kept - RATE).abs() < 0.02,
+        "{kept} of the negatives trained"
+    );
+
+    // The replica holds the final rows and a dense network exported after them.
+    let (trained, held) = converged(master.addr(), "sampled").await;
+    assert_eq!(held, trained, "{}", sandbox.logs("sampled"));
+    let [replica] =
+        &primus_proto::role_addrs(&topology(master.addr(), "sampled").await, Role::Serving)[..]
+    else {
+        panic!("one serving replica expected");
+    };
+    let mut serving = ServingServiceClient::connect(format!("http://{replica}"))
+        .await
+        .expect("serving replica");
+    let items = PredictRequest {
+        job: "sampled".into(),
+        samples: (0..8)
+            .map(|c1| Sample {
+                features: HashMap::from([(
+                    "c1".to_owned(),
+                    FeatureValue {
+                        value: Some(Value::Number(c1 as f64)),
+                    },
+                )]),
+            })
+            .collect(),
+    };
+    // Dense networks reach the replica every second: two answers 1.5 s apart agree.
+    let mut last: Option<Vec<f32>> = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let served = loop {
+        let now = serving
+            .predict(items.clone())
+            .await
+            .map(|r| r.into_inner().probabilities);
+        match (&last, now) {
+            (Some(before), Ok(now)) if *before == now => break now,
+            (_, now) => last = now.ok(),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no stable answer");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    };
+    let per_item = (REQUESTS / 8) as f64;
+    let predicted: f64 = served.iter().map(|p| f64::from(*p) * per_item).sum();
+    let uncorrected: f64 = served
+        .iter()
+        .map(|p| {
+            let p = f64::from(*p);
+            p / (p + RATE * (1.0 - p)) * per_item
+        })
+        .sum();
+    let calibration = predicted / clicks;
+    eprintln!(
+        "calibration {calibration:.4} ({predicted:.0} predicted, {clicks} clicks), \
+         uncorrected {:.4}; per item {served:?}",
+        uncorrected / clicks
+    );
+    assert!(
+        (calibration - 1.0).abs() <= 0.02,
+        "calibration {calibration}: {served:?}"
+    );
+    assert!(uncorrected / clicks > 1.5, "{uncorrected}");
+    sandbox.delete_job("sampled").await;
     master.stop();
 }

@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
 use primus_harness::Sandbox;
-use primus_harness::resources::{dataset, hourly, jetstream, job, join, parquet, small_wide_deep};
+use primus_harness::resources::{
+    dataset, hourly, jetstream, job, log_join, parquet, small_wide_deep,
+};
 use primus_harness::rows::update_counts;
 use primus_proto::v1::Role;
 use primus_spec::Kind;
-use primus_spec::dataset::JoinSource;
 use primus_spec::job::{CheckpointSpec, StreamLoading, TrainingMode, WorkerFailure};
 use primus_spec::status::Phase;
 use primus_testkit::service::signal;
@@ -105,17 +106,7 @@ async fn an_online_job_trains_on_joined_features_and_actions() {
     let joined = dataset("joined-data").stream(
         "live",
         hourly("2026-11-01T00", None),
-        vec![join(
-            "joined",
-            JoinSource {
-                stream: "LOG".into(),
-                features: "log.features".into(),
-                actions: "log.actions".into(),
-                request_id: "rid".into(),
-                wait_seconds: 1.0,
-                memory_rows: 100_000,
-            },
-        )],
+        vec![log_join("joined")],
     );
     let online = job(
         "joined",

@@ -220,6 +220,7 @@ async fn wide_deep_on_adult_reaches_auc_090_on_the_held_out_day() {
     ];
     let schema = FeatureSchema {
         label: "income_gt_50k".into(),
+        negative_sample_rate: None,
         dense: vec![
             standardized("age", 38.6, 13.7),
             standardized("educational_num", 10.1, 2.6),

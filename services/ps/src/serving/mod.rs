@@ -90,11 +90,6 @@ impl Replica {
         };
         let layout =
             ModelLayout::new(model, schema).map_err(|e| anyhow::anyhow!("serving: {e}"))?;
-        if let Some(rate) = serving.negative_sample_rate
-            && !(rate > 0.0 && rate <= 1.0)
-        {
-            anyhow::bail!("serving.negative_sample_rate: {rate} is not in (0, 1]");
-        }
         #[expect(
             clippy::disallowed_methods,
             reason = "ORT_DYLIB_PATH is ONNX Runtime's own variable for its library, the fallback of serving.onnxruntime_library"
@@ -323,15 +318,9 @@ impl Replica {
             .dense
             .get()
             .map_err(|e| Status::unavailable(e.to_string()))?;
-        let mut probabilities = model
+        model
             .predict(inputs)
-            .map_err(|e| Status::internal(e.to_string()))?;
-        if let Some(rate) = self.serving.negative_sample_rate {
-            for p in &mut probabilities {
-                *p = corrected(*p, rate as f32);
-            }
-        }
-        Ok(probabilities)
+            .map_err(|e| Status::internal(e.to_string()))
     }
 
     fn pipeline_schema(&self) -> &primus_spec::dataset::FeatureSchema {
@@ -350,12 +339,6 @@ impl Replica {
             .map_err(|e| Status::internal(e.to_string()))?;
         Ok(out)
     }
-}
-
-/// Log-odds correction for negatives sampled at `rate` (Monolith §2.2.2): the model saw
-/// 1/rate fewer negatives, so its odds are too high by 1/rate.
-fn corrected(p: f32, rate: f32) -> f32 {
-    p / (p + (1.0 - p) / rate)
 }
 
 struct DecodedDelta<'a> {
@@ -504,18 +487,5 @@ impl ServingService for ServingApi {
             })
             .collect();
         Ok(Response::new(DumpRowsResponse { tables }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::corrected;
-
-    #[test]
-    fn log_odds_correction_divides_the_odds_by_the_sampling_rate() {
-        let p = corrected(0.5, 0.1);
-        // odds 1 -> 0.1, p = 0.1 / 1.1
-        assert!((p - 0.1 / 1.1).abs() < 1e-6, "{p}");
-        assert_eq!(corrected(0.3, 1.0), 0.3);
     }
 }

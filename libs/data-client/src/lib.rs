@@ -105,6 +105,7 @@ pub struct TrainerTotals {
 pub struct Receipt {
     sequence: u64,
     stream: Option<UnboundedSender<MinibatchStreamRequest>>,
+    minibatch: u64,
 }
 
 impl Receipt {
@@ -114,7 +115,15 @@ impl Receipt {
         Self {
             sequence: 0,
             stream: None,
+            minibatch: 0,
         }
+    }
+
+    /// The minibatch's identity: a hash of the task rows it holds, the same when it is
+    /// served again after its trainer died; 0 for one that names no task rows. The PS
+    /// applies a push of an identity once.
+    pub fn minibatch(&self) -> u64 {
+        self.minibatch
     }
 
     /// The minibatch is trained and its gradients pushed; `totals` are the trainer's,
@@ -294,12 +303,28 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Opened, Reader
                 receipt: Receipt {
                     sequence: message.sequence,
                     stream: Some(consumed.clone()),
+                    minibatch: identity(&message.served),
                 },
                 served: message.served,
             })))
         })
         .boxed();
     Ok((executor_id, items))
+}
+
+/// A hash of `served`'s task rows (0 when there are none; never 0 otherwise).
+fn identity(served: &[ServedRange]) -> u64 {
+    if served.is_empty() {
+        return 0;
+    }
+    let mut bytes = Vec::new();
+    for range in served {
+        bytes.extend_from_slice(range.task_id.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(&range.first.to_le_bytes());
+        bytes.extend_from_slice(&range.end.to_le_bytes());
+    }
+    primus_batch::hash::hash_bytes(&bytes).max(1)
 }
 
 /// How long a broken executor stream is retried before the reader gives up.
@@ -735,6 +760,23 @@ mod tests {
                 _ => panic!("only barriers expected"),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_minibatch_is_identified_by_the_task_rows_it_holds() {
+        let range = |task: &str, first, end| ServedRange {
+            task_id: task.into(),
+            first,
+            end,
+            end_position: None,
+        };
+        let held = [range("a/1", 0, 64), range("b/2", 10, 20)];
+        assert_eq!(identity(&held), identity(&held.clone()), "served again");
+        assert_ne!(identity(&held), identity(&held[..1]));
+        assert_ne!(identity(&held[..1]), identity(&[range("a/1", 0, 65)]));
+        assert_ne!(identity(&held[..1]), identity(&[range("a/10", 0, 64)]));
+        assert_eq!(identity(&[]), 0, "no task rows: no identity");
+        assert_ne!(identity(&held[..1]), 0);
     }
 
     #[test]

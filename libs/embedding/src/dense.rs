@@ -179,6 +179,14 @@ impl DenseStore {
         Ok((pulled, inner.version))
     }
 
+    /// The version the tensors are at (one more per push).
+    pub fn version(&self) -> u64 {
+        self.inner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .version
+    }
+
     /// Applies every gradient with the optimizer, all or nothing; returns the new version.
     pub fn push(&self, grads: &[DenseValues]) -> Result<u64, DenseError> {
         let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);

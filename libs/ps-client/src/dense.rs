@@ -17,6 +17,8 @@ pub struct DensePushed {
     pub versions: BTreeMap<String, u64>,
     /// Some part was refused for moved tensors and pushed again elsewhere.
     pub moved: bool,
+    /// Some shard had applied this minibatch already and left it out.
+    pub repeated: bool,
 }
 
 /// Dense tensors with their optimizer state, per shard.

@@ -12,7 +12,7 @@ pub mod layout;
 pub mod reshard;
 mod tables;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -530,14 +530,19 @@ impl PsClient {
 
     /// Applies gradients with each shard's dense optimizer; a shard's part refused because
     /// its tensors moved is pushed again to their new shards, and only that part. Returns
-    /// the version each shard's dense store reached.
-    pub async fn push_dense(&self, grads: Vec<DenseValues>) -> Result<DensePushed, PsClientError> {
+    /// the version each shard's dense store reached. A nonzero `minibatch` identity is
+    /// applied once per shard (see `PushDenseRequest`).
+    pub async fn push_dense(
+        &self,
+        grads: Vec<DenseValues>,
+        minibatch: u64,
+    ) -> Result<DensePushed, PsClientError> {
         let mut refusals = Refusals::default();
         let mut pending = grads;
         let mut pushed = DensePushed::default();
         loop {
             let shards = self.current();
-            match push_dense_on(&shards, pending, &mut pushed.versions).await {
+            match push_dense_on(&shards, pending, minibatch, &mut pushed).await {
                 None => {
                     self.answered(&refusals);
                     return Ok(pushed);
@@ -767,7 +772,8 @@ async fn pull_dense_on(
 async fn push_dense_on(
     shards: &Shards,
     grads: Vec<DenseValues>,
-    versions: &mut BTreeMap<String, u64>,
+    minibatch: u64,
+    pushed: &mut DensePushed,
 ) -> Option<(PsClientError, Vec<DenseValues>)> {
     let groups = shards.by_dense_shard(grads.into_iter().map(|g| (g.name.clone(), g)));
     let calls = groups
@@ -778,7 +784,8 @@ async fn push_dense_on(
             let mut client = shards.clients[shard].clone();
             let grads = part.iter().map(dense_to_proto).collect();
             async move {
-                let answer = client.push_dense(PushDenseRequest { grads }).await;
+                let request = PushDenseRequest { grads, minibatch };
+                let answer = client.push_dense(request).await;
                 (shard, answer, part)
             }
         });
@@ -787,8 +794,9 @@ async fn push_dense_on(
     for (shard, answer, part) in join_all(calls).await {
         match answer {
             Ok(response) => {
-                let version = response.into_inner().version;
-                versions.insert(shards.addrs[shard].clone(), version);
+                let response = response.into_inner();
+                pushed.repeated |= response.repeated;
+                (pushed.versions).insert(shards.addrs[shard].clone(), response.version);
             }
             Err(status) if is_moved(&status) || is_unreachable(&status) => {
                 refused

@@ -66,16 +66,19 @@ impl PsClient {
         &self,
         tables: &[TableGrads<'_>],
     ) -> Result<Vec<(u64, u64)>, PsClientError> {
-        Ok(self.push_tables_then_lookup(tables, &[]).await?.0)
+        Ok(self.push_tables_then_lookup(tables, &[], 0).await?.0)
     }
 
     /// [`PsClient::push_tables`], then the rows of `then_lookup` as
     /// [`PsClient::lookup_tables`] would give them once the push is applied, read by the
-    /// same calls. After a move the rows are looked up by a call of their own.
+    /// same calls. After a move the rows are looked up by a call of their own. A nonzero
+    /// `minibatch` identity is applied once per shard (see `PushTablesRequest`): a shard
+    /// that applied it already answers without applying it again.
     pub async fn push_tables_then_lookup(
         &self,
         tables: &[TableGrads<'_>],
         then_lookup: &[TableKeys<'_>],
+        minibatch: u64,
     ) -> Result<(Vec<(u64, u64)>, Vec<TableRows>), PsClientError> {
         let dims = (tables.iter())
             .map(|t| {
@@ -109,6 +112,7 @@ impl PsClient {
                 names: &names,
                 dims: &dims,
                 parts: &parts,
+                minibatch,
             };
             match push_tables_on(&shards, &pushes, reads, &mut totals).await {
                 Ok(rows) => {
@@ -248,6 +252,7 @@ struct Pushes<'a> {
     names: &'a [&'a str],
     dims: &'a [usize],
     parts: &'a [PartRef<'a>],
+    minibatch: u64,
 }
 
 impl Pushes<'_> {
@@ -303,6 +308,7 @@ async fn push_tables_on(
             let request = PushTablesRequest {
                 tables: pushes.requests(&shard_parts),
                 then_lookup: lookups,
+                minibatch: pushes.minibatch,
             };
             let mut client = shards.clients[shard].clone();
             async move {

@@ -7,6 +7,7 @@
 //! With `ps.role = "serving"` the same binary is a serving replica ([`serving`]): table
 //! replicas fed by serving-sync's deltas, the dense network in ONNX Runtime, Predict.
 
+mod applied;
 mod service;
 pub mod serving;
 mod snapshots;

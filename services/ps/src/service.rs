@@ -27,6 +27,7 @@ use tonic::{Request, Response, Status};
 
 use primus_config::StorageSettings;
 
+use crate::applied::{AppliedMinibatches, call_identity};
 use crate::snapshots;
 use primus_config::TableSettings;
 use primus_proto::packed::{decode_f32, decode_keys, encode_f32, encode_keys};
@@ -166,6 +167,9 @@ pub(crate) struct Ps {
     open: AtomicBool,
     /// Snapshots copied and still being written.
     writes: snapshots::Writes,
+    /// Minibatches whose table gradients, and whose dense gradients, were applied here.
+    applied_tables: AppliedMinibatches,
+    applied_dense: AppliedMinibatches,
 }
 
 impl Ps {
@@ -184,7 +188,15 @@ impl Ps {
             memory_limit,
             open: AtomicBool::new(!await_restore),
             writes: snapshots::Writes::default(),
+            applied_tables: AppliedMinibatches::default(),
+            applied_dense: AppliedMinibatches::default(),
         }
+    }
+
+    /// The shard's rows and dense tensors were replaced: what was applied before may come again.
+    fn forget_applied(&self) {
+        self.applied_tables.forget_all();
+        self.applied_dense.forget_all();
     }
 
     /// UNAVAILABLE until this shard is open for training: a caller holds its call and
@@ -395,6 +407,7 @@ impl ParameterServer for Ps {
         let PushTablesRequest {
             tables: requests,
             then_lookup,
+            minibatch,
         } = request.into_inner();
         let span = tracing::info_span!(
             "ps.push_tables",
@@ -424,10 +437,23 @@ impl ParameterServer for Ps {
         let all_keys = (pushed.iter().map(|(_, _, keys, _)| keys.as_slice()))
             .chain(asked.iter().map(|(_, keys)| keys.as_slice()));
         let fence = self.all_keys_here(all_keys)?;
-        let tables = pushed
-            .iter()
-            .map(|(name, table, keys, grads)| push_to(name, table, keys, grads))
-            .collect::<Result<_, _>>()?;
+        let call = call_identity(
+            minibatch,
+            (pushed.iter()).map(|(name, _, keys, _)| (*name, keys.as_slice())),
+        );
+        let repeated = !self.applied_tables.claim(call);
+        let tables = if repeated {
+            tracing::info!(
+                minibatch,
+                "a minibatch's table gradients came again: applied once"
+            );
+            vec![PushResponse::default(); pushed.len()]
+        } else {
+            let applied = (pushed.iter())
+                .map(|(name, table, keys, grads)| push_to(name, table, keys, grads))
+                .collect::<Result<_, _>>();
+            applied.inspect_err(|_| self.applied_tables.release(call))?
+        };
         let looked_up = asked
             .iter()
             .map(|(table, keys)| rows_of(table, keys))
@@ -436,7 +462,11 @@ impl ParameterServer for Ps {
         // Serving holds these rows once it holds this version of the shard.
         span.record("primus.version", self.tables.version());
         self.tables.record_push();
-        Ok(Response::new(PushTablesResponse { tables, looked_up }))
+        Ok(Response::new(PushTablesResponse {
+            tables,
+            looked_up,
+            repeated,
+        }))
     }
 
     async fn init_dense(
@@ -494,11 +524,27 @@ impl ParameterServer for Ps {
         &self,
         request: Request<PushDenseRequest>,
     ) -> Result<Response<PushDenseResponse>, Status> {
-        let grads = decode_tensors(request.into_inner().grads)?;
+        let PushDenseRequest { grads, minibatch } = request.into_inner();
+        let grads = decode_tensors(grads)?;
         let fence = self.dense_here(grads.iter().map(|g| g.name.as_str()))?;
-        let version = self.dense.push(&grads).map_err(dense_status)?;
+        let call = call_identity(minibatch, grads.iter().map(|g| (g.name.as_str(), &[][..])));
+        if !self.applied_dense.claim(call) {
+            tracing::info!(
+                minibatch,
+                "a minibatch's dense gradients came again: applied once"
+            );
+            return Ok(Response::new(PushDenseResponse {
+                version: self.dense.version(),
+                repeated: true,
+            }));
+        }
+        let pushed = self.dense.push(&grads).map_err(dense_status);
+        let version = pushed.inspect_err(|_| self.applied_dense.release(call))?;
         drop(fence);
-        Ok(Response::new(PushDenseResponse { version }))
+        Ok(Response::new(PushDenseResponse {
+            version,
+            repeated: false,
+        }))
     }
 
     async fn snapshot(
@@ -566,6 +612,7 @@ impl ParameterServer for Ps {
             layout,
         )
         .await?;
+        self.forget_applied();
         tracing::info!(manifest = %manifest_uri, version, rows, "restored");
         self.open.store(true, Ordering::Release);
         Ok(Response::new(RestoreResponse { version, rows }))
@@ -578,6 +625,7 @@ impl ParameterServer for Ps {
                 table.clear();
             }
             let tensors = self.dense.forget(|_| false);
+            self.forget_applied();
             drop(fence);
             tracing::info!(tensors, "every row and dense tensor dropped");
         }

@@ -428,6 +428,7 @@ async fn snapshot_and_restore(nats: &NatsServer, storage: StorageSettings, uri: 
     }
     raw.push_dense(primus_proto::v1::PushDenseRequest {
         grads: vec![dense("top.w", &[4], &[1.0, -1.0, 0.5, 0.0])],
+        minibatch: 0,
     })
     .await
     .expect("push dense");
@@ -636,6 +637,7 @@ async fn dense_parameters_are_initialised_once_and_updated_by_the_server_optimiz
         let grad: Vec<f32> = (0..6).map(|i| (i + step) as f32 * 0.1 - 0.2).collect();
         raw.push_dense(PushDenseRequest {
             grads: vec![dense("top.w", &[2, 3], &grad)],
+            minibatch: 0,
         })
         .await
         .expect("push");
@@ -683,6 +685,7 @@ async fn dense_parameters_are_initialised_once_and_updated_by_the_server_optimiz
     let status = raw
         .push_dense(PushDenseRequest {
             grads: vec![dense("top.w", &[2, 3], &[0.1; 5])],
+            minibatch: 0,
         })
         .await
         .expect_err("size");

@@ -67,18 +67,23 @@ impl DenseMirror {
         }
     }
 
-    /// Applies `grads` to the copy, then sends them to the PS without waiting for it.
+    /// Applies `grads` to the copy, then sends them to the PS without waiting for it. A
+    /// shard that applied `minibatch` already leaves it out, and the copy is dropped then,
+    /// as for another writer: its version did not advance.
     pub(crate) async fn push(
         &mut self,
         client: &PsClient,
         grads: Vec<DenseValues>,
+        minibatch: u64,
     ) -> anyhow::Result<()> {
         self.flush().await?;
         if let Some(copy) = &self.copy {
             copy.push(&grads)?;
         }
         let client = client.clone();
-        self.in_flight = Some(tokio::spawn(async move { client.push_dense(grads).await }));
+        self.in_flight = Some(tokio::spawn(async move {
+            client.push_dense(grads, minibatch).await
+        }));
         Ok(())
     }
 

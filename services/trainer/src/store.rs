@@ -38,11 +38,14 @@ pub trait ParameterStore: Send + Sync + 'static {
     ) -> impl Future<Output = anyhow::Result<Vec<Vec<f32>>>> + Send;
 
     /// Applies several tables' gradients at once, then looks up `then_lookup` (rows in
-    /// its order, as [`ParameterStore::lookup_tables`] gives them after the push).
+    /// its order, as [`ParameterStore::lookup_tables`] gives them after the push). The
+    /// gradients of a `minibatch` identity (`Receipt::minibatch`, 0: none) are applied
+    /// once, however often the minibatch is trained.
     fn push_tables(
         &self,
         tables: &[TableGrads<'_>],
         then_lookup: &[TableKeys<'_>],
+        minibatch: u64,
     ) -> impl Future<Output = anyhow::Result<Vec<Vec<f32>>>> + Send;
 
     /// The stored rows of `keys` with their optimizer state (keys without a row are left
@@ -64,10 +67,12 @@ pub trait ParameterStore: Send + Sync + 'static {
         names: &[String],
     ) -> impl Future<Output = anyhow::Result<Vec<ParamTensor>>> + Send;
 
-    /// Applies dense gradients; the store may send them on after it returns, in order.
+    /// Applies dense gradients, once per `minibatch` identity as `push_tables`; the store
+    /// may send them on after it returns, in order.
     fn push_dense(
         &self,
         grads: Vec<ParamTensor>,
+        minibatch: u64,
     ) -> impl Future<Output = anyhow::Result<()>> + Send;
 
     /// Waits until every push has reached the store (a checkpoint barrier, the end).
@@ -109,10 +114,11 @@ impl ParameterStore for RemoteStore {
         &self,
         tables: &[TableGrads<'_>],
         then_lookup: &[TableKeys<'_>],
+        minibatch: u64,
     ) -> anyhow::Result<Vec<Vec<f32>>> {
         let (_, looked_up) = self
             .client
-            .push_tables_then_lookup(tables, then_lookup)
+            .push_tables_then_lookup(tables, then_lookup, minibatch)
             .await?;
         Ok(looked_up.into_iter().map(|t| t.rows).collect())
     }
@@ -132,9 +138,11 @@ impl ParameterStore for RemoteStore {
         Ok(pulled.into_iter().map(ParamTensor::from).collect())
     }
 
-    async fn push_dense(&self, grads: Vec<ParamTensor>) -> anyhow::Result<()> {
+    async fn push_dense(&self, grads: Vec<ParamTensor>, minibatch: u64) -> anyhow::Result<()> {
         let wire: Vec<DenseValues> = grads.into_iter().map(DenseValues::from).collect();
-        self.dense.lock().await.push(&self.client, wire).await
+        (self.dense.lock().await)
+            .push(&self.client, wire, minibatch)
+            .await
     }
 
     async fn flush(&self) -> anyhow::Result<()> {
@@ -206,10 +214,12 @@ impl ParameterStore for LocalStore {
         Ok(all)
     }
 
+    // In one process no trainer dies alone, so no minibatch comes twice.
     async fn push_tables(
         &self,
         tables: &[TableGrads<'_>],
         then_lookup: &[TableKeys<'_>],
+        _minibatch: u64,
     ) -> anyhow::Result<Vec<Vec<f32>>> {
         for pushed in tables {
             self.push(pushed.table, pushed.keys, pushed.grads)
@@ -241,7 +251,7 @@ impl ParameterStore for LocalStore {
         Ok(pulled.into_iter().map(ParamTensor::from).collect())
     }
 
-    async fn push_dense(&self, grads: Vec<ParamTensor>) -> anyhow::Result<()> {
+    async fn push_dense(&self, grads: Vec<ParamTensor>, _minibatch: u64) -> anyhow::Result<()> {
         let values: Vec<DenseValues> = grads.into_iter().map(DenseValues::from).collect();
         self.dense.push(&values)?;
         Ok(())

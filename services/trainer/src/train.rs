@@ -478,6 +478,8 @@ impl<S: ParameterStore> Trainer<S> {
         let compute_span = tracing::info_span!(parent: &prepared.span, "trainer.compute");
         let push_span = tracing::info_span!(parent: &prepared.span, "trainer.push");
         let keys = prepared.keys.clone();
+        // A minibatch served again after a trainer died is applied where it was not yet.
+        let minibatch = prepared.receipt.minibatch();
         let (sparse_tx, sparse_rx) = oneshot::channel();
         let computing = tokio::task::spawn_blocking(move || {
             compute_span
@@ -503,13 +505,13 @@ impl<S: ParameterStore> Trainer<S> {
             wide_grads: &sparse.wide_grads,
         };
         let sparse_push = self
-            .push_sparse(gradients, &pushing, next.as_deref_mut())
+            .push_sparse(gradients, &pushing, next.as_deref_mut(), minibatch)
             .instrument(push_span);
         let dense_push = async {
             let (prepared, mut output) = computing.await.context("the compute task")??;
             let computed = Instant::now();
             let dense = std::mem::take(&mut output.dense_grads);
-            (self.store.push_dense(dense).await).context("pushing dense gradients")?;
+            (self.store.push_dense(dense, minibatch).await).context("pushing dense gradients")?;
             anyhow::Ok((prepared, output, computed))
         };
         let (hot_share, (mut prepared, output, computed)) =
@@ -697,6 +699,7 @@ impl<S: ParameterStore> Trainer<S> {
         gradients: Gradients<'_>,
         pushing: &Vec<KeySet>,
         next: Option<&mut Prepared>,
+        minibatch: u64,
     ) -> anyhow::Result<Share> {
         let layout = self.model.layout();
         let (pushes, hot_share) = self.split_hot(&gradients);
@@ -712,8 +715,8 @@ impl<S: ParameterStore> Trainer<S> {
             None => Vec::new(),
         };
         let asked = asked_for(layout, &changed);
-        let fresh =
-            (self.store.push_tables(&pushed, &asked).await).context("pushing sparse gradients")?;
+        let fresh = (self.store.push_tables(&pushed, &asked, minibatch).await)
+            .context("pushing sparse gradients")?;
         if let Some(next) = next {
             let mut rows: Vec<&mut Vec<f32>> =
                 next.fetched.iter_mut().map(|f| &mut f.rows).collect();

@@ -93,7 +93,10 @@ async fn the_dense_copy_is_exact_alone_and_gives_way_to_another_writer() {
         let pulled = store.pull_dense(&names).await.expect("pull");
         let (expected, _) = reference.pull(&names).expect("reference");
         assert_eq!(bits(&pulled), wire_bits(&expected), "step {step}");
-        store.push_dense(tensors(step)).await.expect("push");
+        store
+            .push_dense(tensors(step), step.into())
+            .await
+            .expect("push");
         reference
             .push(&wire(&tensors(step)))
             .expect("reference push");
@@ -109,10 +112,10 @@ async fn the_dense_copy_is_exact_alone_and_gives_way_to_another_writer() {
     // Another writer: the answer to the trainer's next push shows it (read by the push
     // after, or a flush), and from then on pulls read the PS.
     other
-        .push_dense(wire(&tensors(100)))
+        .push_dense(wire(&tensors(100)), 100)
         .await
         .expect("other push");
-    store.push_dense(tensors(7)).await.expect("push");
+    store.push_dense(tensors(7), 7).await.expect("push");
     store.flush().await.expect("flush");
     let pulled = store.pull_dense(&names).await.expect("pull");
     let on_the_ps = on_ps(&other).await;
@@ -129,7 +132,10 @@ async fn the_dense_copy_is_exact_alone_and_gives_way_to_another_writer() {
 
     // Alone again: after a few quiet pushes the copy is read again, and stays exact.
     for step in 8..=16 {
-        store.push_dense(tensors(step)).await.expect("push");
+        store
+            .push_dense(tensors(step), step.into())
+            .await
+            .expect("push");
         let pulled = store.pull_dense(&names).await.expect("pull");
         store.flush().await.expect("flush");
         assert_eq!(
@@ -139,16 +145,34 @@ async fn the_dense_copy_is_exact_alone_and_gives_way_to_another_writer() {
         );
     }
 
+    // A minibatch pushed again (served again after its trainer died): the shards leave it
+    // out, and the trainer's copy, which applied it, gives way to the PS's values.
+    let before = on_ps(&other).await;
+    store.push_dense(tensors(16), 16).await.expect("push");
+    store.flush().await.expect("flush");
+    assert_eq!(
+        wire_bits(&on_ps(&other).await),
+        wire_bits(&before),
+        "applied once"
+    );
+    let pulled = store.pull_dense(&names).await.expect("pull");
+    assert_eq!(bits(&pulled), wire_bits(&before), "the PS's values");
+    // Quiet pushes after it: the copy is read again.
+    for step in 19..=23 {
+        store.push_dense(tensors(step), step.into()).await.expect("push");
+        store.pull_dense(&names).await.expect("pull");
+    }
+
     // Gradients that are not finite are refused before anything is sent; a push that
     // does not reach the PS fails the next call that waits for it.
     let mut bad = tensors(17);
     bad[0].values[0] = f32::NAN;
-    let refused = store.push_dense(bad).await.expect_err("not finite");
+    let refused = store.push_dense(bad, 17).await.expect_err("not finite");
     assert!(format!("{refused:#}").contains("not finite"), "{refused:#}");
     stop_b.trigger();
     tokio::time::sleep(Duration::from_millis(500)).await;
     store
-        .push_dense(tensors(18))
+        .push_dense(tensors(18), 18)
         .await
         .expect("sent in the background");
     let failed = store.flush().await.expect_err("a shard is gone");

@@ -16,7 +16,9 @@ use primus_harness::resources::{
 use primus_harness::rows::update_counts;
 use primus_proto::v1::Role;
 use primus_spec::Kind;
-use primus_spec::job::{CheckpointSpec, StreamLoading, TrainingMode, WorkerFailure};
+use primus_spec::job::{
+    CheckpointSpec, DenseSpec, JobSpec, StreamLoading, TrainingMode, WorkerFailure,
+};
 use primus_spec::status::Phase;
 use primus_testkit::service::signal;
 
@@ -181,20 +183,78 @@ async fn a_killed_data_executors_stream_goes_on_in_its_replacement_without_loss_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_executor_killed_mid_stream_loses_and_repeats_no_row() {
     let sandbox = Sandbox::start().await;
+    let publishing = Publishing {
+        rows: 3000,
+        per_message: 50,
+        pause: Duration::from_millis(30),
+    };
+    let (job, master) =
+        train_through_a_kill_mid_stream(&sandbox, "data_executor-0", publishing, |_| {}).await;
+    assert_each_row_trained_once(&sandbox, master.addr(), job, 3000).await;
+    sandbox.delete_job(job).await;
+    master.stop();
+}
+
+/// A stream Job's trainer killed while it trains a backlog: the minibatches it was served
+/// and had not confirmed are served again, and the PS shards apply the one it had pushed
+/// already only once, so every published row is trained into the model once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_killed_mid_stream_trains_every_row_into_the_model_once() {
+    let sandbox = Sandbox::start().await;
+    // Published at once, and a wide dense network: the trainer is the bottleneck, always
+    // busy, so the kill falls between a push and its confirmation (which waits for the
+    // next push) however fast the machine is.
+    let publishing = Publishing {
+        rows: 120_000,
+        per_message: 2000,
+        pause: Duration::ZERO,
+    };
+    let wide =
+        |spec: &mut JobSpec| spec.model.dense = DenseSpec::new(Vec::new(), vec![512, 512, 1]);
+    let (job, master) =
+        train_through_a_kill_mid_stream(&sandbox, "trainer-0", publishing, wide).await;
+    assert_each_row_trained_once(&sandbox, master.addr(), job, publishing.rows).await;
+    sandbox.delete_job(job).await;
+    master.stop();
+}
+
+/// How the rows of [`train_through_a_kill_mid_stream`] are published.
+#[derive(Clone, Copy)]
+struct Publishing {
+    rows: u64,
+    per_message: u64,
+    pause: Duration,
+}
+
+/// Runs a stream Job over rows 0..`rows` (`c1` = the row's id), the first 500 published
+/// before it starts and the rest while it trains, as `publishing` says; SIGKILLs `killed`
+/// a third of the way in, and waits until exactly every row is counted trained. Returns
+/// the Job's name and its master.
+async fn train_through_a_kill_mid_stream(
+    sandbox: &Sandbox,
+    killed: &str,
+    publishing: Publishing,
+    change: fn(&mut JobSpec),
+) -> (&'static str, primus_harness::MasterProcess) {
+    let Publishing {
+        rows,
+        per_message,
+        pause,
+    } = publishing;
     let job = "online-mid-kill";
-    let js = apply_online_job(&sandbox, job, |_| {}).await;
-    let master = start_master_with(&sandbox, &data_executor());
+    let js = apply_online_job(sandbox, job, change).await;
+    let master = start_master_with(sandbox, &data_executor());
     let publisher = {
         let js = js.clone();
         tokio::spawn(async move {
-            for i in 10..60 {
-                publish_rows(&js, "clicks.live", i * 50..(i + 1) * 50).await;
-                tokio::time::sleep(Duration::from_millis(30)).await;
+            for first in (500..rows).step_by(per_message as usize) {
+                publish_rows(&js, "clicks.live", first..rows.min(first + per_message)).await;
+                tokio::time::sleep(pause).await;
             }
         })
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while sandbox.status(job).await.progress.map_or(0, |p| p.samples) < 1000 {
+    while sandbox.status(job).await.progress.map_or(0, |p| p.samples) < rows / 3 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "{}",
@@ -202,12 +262,43 @@ async fn a_data_executor_killed_mid_stream_loses_and_repeats_no_row() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    signal(sandbox.pids(job)["data_executor-0"], "KILL").expect("kill executor");
+    signal(sandbox.pids(job)[killed], "KILL").expect("kill");
+    let at = sandbox.status(job).await.progress.map_or(0, |p| p.samples);
+    eprintln!("{killed} killed at {at} of {rows} samples");
     publisher.await.expect("publisher");
-    sandbox.wait_for_samples(job, 3000).await;
-    sandbox.assert_samples_stay(job, 3000).await;
-    sandbox.delete_job(job).await;
-    master.stop();
+    sandbox.wait_for_samples(job, rows).await;
+    sandbox.assert_samples_stay(job, rows).await;
+    (job, master)
+}
+
+/// Each row 0..`rows` of `job` was trained into the model once: the embedding of its
+/// `c1` (the row's id) was updated once in every table it is read from.
+async fn assert_each_row_trained_once(sandbox: &Sandbox, master: &str, job: &str, rows: u64) {
+    let ids_by_key: HashMap<u64, u64> = {
+        let seed = primus_batch::hash::feature_seed("c1");
+        (0..rows)
+            .map(|id| (primus_batch::hash::int_key(seed, id), id))
+            .collect()
+    };
+    let mut trained: BTreeMap<String, BTreeMap<u64, u64>> = BTreeMap::new();
+    for shard in primus_proto::role_addrs(&topology(master, job).await, Role::Ps) {
+        for ((table, key), updates) in update_counts(&shard).await {
+            if let Some(id) = ids_by_key.get(&key) {
+                trained.entry(table).or_default().insert(*id, updates);
+            }
+        }
+    }
+    assert!(!trained.is_empty(), "no table holds the rows' ids");
+    for (table, ids) in &trained {
+        let wrong: Vec<(&u64, &u64)> = ids.iter().filter(|(_, n)| **n != 1).collect();
+        assert!(
+            ids.len() as u64 == rows && wrong.is_empty(),
+            "table {table}: {} of {rows} ids trained, not once: {:?}\n{}",
+            ids.len(),
+            &wrong[..wrong.len().min(20)],
+            sandbox.logs(job)
+        );
+    }
 }
 
 /// `on_worker_failure: rollback` on a stream Job: its data executor killed after rows were
@@ -254,31 +345,7 @@ async fn a_stream_job_rolled_back_to_its_checkpoint_trains_every_row_once() {
     }
     sandbox.wait_for_samples(job, 2000).await;
     sandbox.assert_samples_stay(job, 2000).await;
-
-    let ids_by_key: HashMap<u64, u64> = {
-        let seed = primus_batch::hash::feature_seed("c1");
-        (0..2000)
-            .map(|id| (primus_batch::hash::int_key(seed, id), id))
-            .collect()
-    };
-    let mut trained: BTreeMap<String, BTreeMap<u64, u64>> = BTreeMap::new();
-    for shard in primus_proto::role_addrs(&topology(master.addr(), job).await, Role::Ps) {
-        for ((table, key), updates) in update_counts(&shard).await {
-            if let Some(id) = ids_by_key.get(&key) {
-                trained.entry(table).or_default().insert(*id, updates);
-            }
-        }
-    }
-    assert!(!trained.is_empty(), "no table holds the rows' ids");
-    for (table, ids) in &trained {
-        let wrong: Vec<(&u64, &u64)> = ids.iter().filter(|(_, n)| **n != 1).collect();
-        assert!(
-            ids.len() == 2000 && wrong.is_empty(),
-            "table {table}: {} of 2000 ids trained, not once: {:?}",
-            ids.len(),
-            &wrong[..wrong.len().min(20)]
-        );
-    }
+    assert_each_row_trained_once(&sandbox, master.addr(), job, 2000).await;
     sandbox.delete_job(job).await;
     master.stop();
 }

@@ -93,7 +93,7 @@ async fn push_all(
                 table: "items",
                 keys: read_back,
             }];
-            let (_, rows) = (client.push_tables_then_lookup(&parts, &read))
+            let (_, rows) = (client.push_tables_then_lookup(&parts, &read, step + 1))
                 .await
                 .expect("push tables");
             reference.push(&keys, &grads, 1).expect("reference push");
@@ -127,7 +127,7 @@ async fn push_all_dense(client: PsClient, reference: Arc<DenseStore>, progress: 
             return;
         }
         client
-            .push_dense(dense_grads(step))
+            .push_dense(dense_grads(step), step + 1)
             .await
             .expect("push dense");
         reference

@@ -64,6 +64,7 @@ async fn several_tables_in_one_call_answer_like_one_call_each() {
                         keys: &[],
                     },
                 ],
+                step + 1,
             )
             .await
             .expect("push tables");
@@ -180,6 +181,7 @@ async fn a_push_of_several_tables_with_one_bad_table_applies_none() {
         let request = PushTablesRequest {
             tables: vec![good.clone(), bad],
             then_lookup: Vec::new(),
+            minibatch: 0,
         };
         let status = raw.push_tables(request).await.expect_err("refused");
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
@@ -197,6 +199,7 @@ async fn a_push_of_several_tables_with_one_bad_table_applies_none() {
                 table: table.into(),
                 keys: read_keys,
             }],
+            minibatch: 0,
         };
         let status = raw.push_tables(request).await.expect_err("refused");
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
@@ -214,10 +217,67 @@ async fn a_push_of_several_tables_with_one_bad_table_applies_none() {
     let request = PushTablesRequest {
         tables: vec![good],
         then_lookup: Vec::new(),
+        minibatch: 0,
     };
     let pushed = raw.push_tables(request).await.expect("push").into_inner();
     assert_eq!(pushed.tables.len(), 1);
     assert_eq!(pushed.tables[0].applied, 2);
     assert!(pushed.looked_up.is_empty());
+    shard.shutdown.trigger();
+}
+
+/// A minibatch pushed again under the same identity (served again after its trainer
+/// died, or retried after its answer was lost) changes the rows once, still reads the
+/// rows asked for, and is answered `repeated`; a failed push leaves its identity free.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_minibatch_pushed_twice_is_applied_once() {
+    let nats = NatsServer::start().expect("nats-server");
+    let shard = start_shard(&nats, vec![table_spec("items")]).await;
+    let mut raw = ParameterServerClient::connect(format!("http://{}", shard.addr))
+        .await
+        .expect("connect");
+    let keys: Vec<u8> = [1u64, 2].iter().flat_map(|k| k.to_le_bytes()).collect();
+    let floats =
+        |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let push = |grads: Vec<u8>, minibatch| PushTablesRequest {
+        tables: vec![PushRequest {
+            table: "items".into(),
+            keys: keys.clone(),
+            grads,
+        }],
+        then_lookup: vec![LookupRequest {
+            table: "items".into(),
+            keys: keys.clone(),
+        }],
+        minibatch,
+    };
+    let mut nan = vec![0.1f32; 2 * DIM];
+    nan[0] = f32::NAN;
+    let refused = raw.push_tables(push(floats(&nan), 7)).await;
+    assert_eq!(refused.expect_err("NaN").code(), Code::InvalidArgument);
+
+    let first = (raw.push_tables(push(floats(&[0.1; 2 * DIM]), 7)).await)
+        .expect("first push")
+        .into_inner();
+    assert!(!first.repeated, "the refused push left the identity free");
+    assert_eq!(first.tables[0].applied, 2);
+    let again = (raw.push_tables(push(floats(&[0.1; 2 * DIM]), 7)).await)
+        .expect("the push again")
+        .into_inner();
+    assert!(again.repeated);
+    assert_eq!(again.tables[0].applied, 0);
+    assert_eq!(again.looked_up, first.looked_up, "the rows, changed once");
+    let other = (raw.push_tables(push(floats(&[0.1; 2 * DIM]), 8)).await)
+        .expect("another minibatch")
+        .into_inner();
+    assert!(!other.repeated);
+    assert_ne!(other.looked_up, first.looked_up);
+    let unnamed = (raw.push_tables(push(floats(&[0.1; 2 * DIM]), 0)).await)
+        .expect("no identity")
+        .into_inner();
+    let again = (raw.push_tables(push(floats(&[0.1; 2 * DIM]), 0)).await)
+        .expect("no identity again")
+        .into_inner();
+    assert!(!unnamed.repeated && !again.repeated && unnamed.looked_up != again.looked_up);
     shard.shutdown.trigger();
 }

@@ -58,7 +58,7 @@ async fn a_push_holds_the_part_of_a_restarting_shard_and_applies_it_once_it_is_b
                 table: "items",
                 keys: &keys,
             }];
-            client.push_tables_then_lookup(&pushed, &read).await
+            client.push_tables_then_lookup(&pushed, &read, 1).await
         })
     };
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -100,6 +100,11 @@ async fn raw_client(addr: &str) -> ParameterServerClient<tonic::transport::Chann
         .expect("connect")
 }
 
+/// `values` as packed little-endian f32 bytes, as the wire carries gradients.
+fn floats(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
 /// Gradients for `keys` keys at `step`, in [-0.5, 0.5).
 fn grads_for(step: u64, keys: usize) -> Vec<f32> {
     (0..keys * DIM)
@@ -226,8 +231,6 @@ async fn bad_requests_are_invalid_argument_and_change_nothing() {
         .await
         .expect("connect");
     let keys: Vec<u8> = [1u64, 2].iter().flat_map(|k| k.to_le_bytes()).collect();
-    let floats =
-        |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
     let mut nan = vec![0.1f32; 2 * DIM];
     nan[DIM + 3] = f32::NAN;
 

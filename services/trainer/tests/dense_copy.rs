@@ -159,7 +159,10 @@ async fn the_dense_copy_is_exact_alone_and_gives_way_to_another_writer() {
     assert_eq!(bits(&pulled), wire_bits(&before), "the PS's values");
     // Quiet pushes after it: the copy is read again.
     for step in 19..=23 {
-        store.push_dense(tensors(step), step.into()).await.expect("push");
+        store
+            .push_dense(tensors(step), step.into())
+            .await
+            .expect("push");
         store.pull_dense(&names).await.expect("pull");
     }
 

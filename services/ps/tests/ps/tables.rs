@@ -8,7 +8,10 @@ use primus_ps_client::{TableGrads, TableKeys, TableRows};
 use primus_testkit::NatsServer;
 use tonic::Code;
 
-use super::{DIM, batch, grads_for, reference_table, start_shard, table_spec, three_shards};
+use super::{
+    DIM, batch, floats, grads_for, raw_client, reference_table, start_shard, table_spec,
+    three_shards,
+};
 
 fn expected_rows(table: &Table, keys: &[u64]) -> TableRows {
     let mut rows = vec![0.0; keys.len() * DIM];
@@ -134,8 +137,6 @@ async fn a_push_of_several_tables_with_one_bad_table_applies_none() {
         .await
         .expect("connect");
     let keys: Vec<u8> = [1u64, 2].iter().flat_map(|k| k.to_le_bytes()).collect();
-    let floats =
-        |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
     let good = PushRequest {
         table: "items".into(),
         keys: keys.clone(),
@@ -233,12 +234,8 @@ async fn a_push_of_several_tables_with_one_bad_table_applies_none() {
 async fn a_minibatch_pushed_twice_is_applied_once() {
     let nats = NatsServer::start().expect("nats-server");
     let shard = start_shard(&nats, vec![table_spec("items")]).await;
-    let mut raw = ParameterServerClient::connect(format!("http://{}", shard.addr))
-        .await
-        .expect("connect");
+    let mut raw = raw_client(&shard.addr).await;
     let keys: Vec<u8> = [1u64, 2].iter().flat_map(|k| k.to_le_bytes()).collect();
-    let floats =
-        |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
     let push = |grads: Vec<u8>, minibatch| PushTablesRequest {
         tables: vec![PushRequest {
             table: "items".into(),

@@ -395,6 +395,23 @@ pub struct HotSetSpec {
     /// A trainer silent this long during a round ends the group: every trainer then goes
     /// back to the PS for all rows until the hot set is chosen again.
     pub sync_timeout_ms: u64,
+    /// How a round's gradients travel between the members.
+    pub exchange: HotExchange,
+}
+
+/// How the hot set's members exchange a round's gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HotExchange {
+    /// Direct gRPC between the trainers on a ring (HypeReca §4): the hot rows are sharded by
+    /// key among the members, reduced around the ring and gathered back; each member sends
+    /// about 2(n-1)/n of one share and pushes its own shard of the sum to the PS. NATS
+    /// carries only the rounds' membership.
+    #[default]
+    Ring,
+    /// Every member publishes its whole share on the Job's NATS subject and sums all of
+    /// them; the lowest member pushes the sum. For trainers that cannot reach each other.
+    Nats,
 }
 
 impl Default for HotSetSpec {
@@ -406,6 +423,7 @@ impl Default for HotSetSpec {
             rows: None,
             drift_tolerance: 0.05,
             sync_timeout_ms: 10_000,
+            exchange: HotExchange::default(),
         }
     }
 }

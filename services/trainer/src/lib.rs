@@ -57,7 +57,7 @@ use primus_spec::job::Device;
 use tonic::transport::Channel;
 
 use device::EmbeddingDevice;
-use hot::{HotSync, TrainerDirectory};
+use hot::{HotSync, RingEndpoint, TrainerDirectory};
 use primus_config::TrainerSettings;
 use store::RemoteStore;
 use train::{Feed, Incoming, Report, Reporter, Trainer};
@@ -103,19 +103,22 @@ async fn serve(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Result<
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let grpc_addr = node.advertised_addr()?.to_string();
     let bus = node.connect_nats(&settings.nats).await?;
+    // The hot set's ring exchange reaches this trainer at its gRPC address.
+    let ring = RingEndpoint {
+        inbox: Arc::default(),
+        addr: grpc_addr.clone(),
+    };
+    let services = Services::new().grpc(ring.inbox.service());
     let worker = {
         let (bus, shutdown, settings) = (bus.clone(), shutdown.clone(), settings.clone());
         tokio::spawn(async move {
-            let result = work(
-                &identity, model, device, &settings, &bus, grpc_addr, &shutdown,
-            )
-            .await;
+            let result = work(&identity, model, device, &settings, &bus, ring, &shutdown).await;
             // Done or failed, the process ends: the master sees its exit status.
             shutdown.trigger();
             result
         })
     };
-    node.serve(Services::new(), shutdown).await?;
+    node.serve(services, shutdown).await?;
     // A leaving trainer trains on what was sent to it and reports before the bus closes.
     let result = match tokio::time::timeout(LEAVE_TIMEOUT, worker).await {
         Ok(joined) => joined.context("the training task")?,
@@ -329,7 +332,7 @@ async fn work(
     device: EmbeddingDevice,
     settings: &TrainerSettings,
     bus: &Bus,
-    grpc_addr: String,
+    ring: RingEndpoint,
     shutdown: &Shutdown,
 ) -> anyhow::Result<()> {
     let train = &settings.trainer;
@@ -349,7 +352,8 @@ async fn work(
         let hot_set = train.hot_set.clone();
         let device = device.clone();
         let layout = model.layout();
-        Some(HotSync::join(hot_set, bus, job, id, layout, directory, device).await?)
+        let ring = Some(ring.clone());
+        Some(HotSync::join(hot_set, bus, job, id, layout, directory, device, ring).await?)
     } else {
         None
     };
@@ -409,7 +413,7 @@ async fn work(
     let endpoint = Endpoint {
         role: Role::Trainer as i32,
         id: identity.executor_id.clone(),
-        grpc_addr,
+        grpc_addr: ring.addr,
     };
     let publisher = Publisher::new(bus, identity, endpoint, client)?;
     tracing::info!(ps = ?ps_addrs, data_executors = ?data_addrs, "training");

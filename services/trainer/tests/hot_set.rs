@@ -13,11 +13,11 @@ use primus_config::NatsSettings;
 use primus_datagen::criteo::{Criteo, CriteoOptions, feature_schema};
 use primus_model::{Model, ModelLayout};
 use primus_proto::v1::SourceKind;
-use primus_spec::job::HotSetSpec;
 use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
+use primus_spec::job::{HotExchange, HotSetSpec};
 use primus_testkit::NatsServer;
 use primus_trainer::device::EmbeddingDevice;
-use primus_trainer::hot::{HotSync, TrainerDirectory};
+use primus_trainer::hot::{HotSync, RingEndpoint, TrainerDirectory};
 use primus_trainer::store::{LocalStore, ParameterStore};
 use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer, TrainerTotals};
 
@@ -87,9 +87,17 @@ async fn join_alone(spec: HotSetSpec, bus: &Bus, layout: &ModelLayout) -> HotSyn
         layout,
         directory,
         EmbeddingDevice::Cpu,
+        Some(ring_endpoint().await),
     )
     .await
     .expect("join")
+}
+
+/// A HotExchange service on loopback, serving until the test's runtime ends.
+async fn ring_endpoint() -> RingEndpoint {
+    let bind = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let (endpoint, _server) = RingEndpoint::serve(bind).await.expect("ring endpoint");
+    endpoint
 }
 
 fn fixed(members: &[&str]) -> TrainerDirectory {
@@ -218,8 +226,23 @@ impl Reporter for Quiet {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_trainers_in_lockstep_keep_bitwise_identical_hot_rows_equal_to_the_ps() {
+    lockstep(HotExchange::Ring).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_trainers_exchanging_over_nats_keep_bitwise_identical_hot_rows_equal_to_the_ps() {
+    lockstep(HotExchange::Nats).await;
+}
+
+/// Two trainers with a hot set of 200 rows whose gradients travel by `exchange`: their
+/// replicas end bitwise equal, and equal to the PS's rows.
+async fn lockstep(exchange: HotExchange) {
     let nats = NatsServer::start().expect("nats-server");
-    let (mut a, mut b, shared) = pair(&nats, settings(200)).await;
+    let spec = HotSetSpec {
+        exchange,
+        ..settings(200)
+    };
+    let (mut a, mut b, shared) = pair(&nats, spec).await;
     // A last checkpoint barrier: past it both have run the same rounds.
     let feeds = [ending_at_a_barrier(11, 24), ending_at_a_barrier(12, 24)];
     train_both([&mut a, &mut b], feeds, [&Quiet, &Quiet]).await;
@@ -230,6 +253,11 @@ async fn two_trainers_in_lockstep_keep_bitwise_identical_hot_rows_equal_to_the_p
         // minibatch was not looked up yet while the other's share came.
         assert_eq!((status.members, status.rows), (2, 200), "{status:?}");
         assert!(status.rounds >= 19, "{status:?}");
+        let traffic = status.exchange;
+        assert!(
+            traffic.sent_bytes > 0 && traffic.received_bytes > 0,
+            "{exchange:?}: {status:?}"
+        );
     }
     let replica_a = assert_replica_on(&a, &shared).await;
     assert_eq!(replica_a, replica_rows(&b), "the replicas diverged");
@@ -285,6 +313,7 @@ async fn pair(
             &layout,
             fixed(&members),
             EmbeddingDevice::Cpu,
+            Some(ring_endpoint().await),
         )
         .await
         .expect("join");

@@ -11,11 +11,15 @@
 //! - **Install.** Each member, at its next step boundary, passes a barrier round (so that
 //!   no member still pushes those rows) and copies the rows with their optimizer state
 //!   from the PS (`ReadRows`). All members read the same values.
-//! - **Rounds.** After each step, every member publishes its gradients of hot rows
-//!   (round `r` of the plan's generation) and waits for every other member's. All sum them
-//!   in member order and apply the sum with the table's optimizer, so the replicas stay
-//!   bitwise equal. The lowest participating member also pushes the sum to the PS, which
-//!   therefore holds the same rows: checkpoints and serving need nothing else.
+//! - **Rounds.** After each step, every member says on NATS that it takes part in round
+//!   `r` of the plan's generation and waits for every other member. With the ring exchange
+//!   (the default) the round's gradients of hot rows are then summed over direct gRPC
+//!   around the ring of participants, the rows sharded among them by key ([`ring`]); each
+//!   member pushes its own shard of the sum to the PS. Over NATS each member publishes its
+//!   gradients, all sum them in member order, and the lowest participant pushes the sum.
+//!   Every member applies the same sum with the table's optimizer, so the replicas stay
+//!   bitwise equal, and the PS holds the same rows: checkpoints and serving need nothing
+//!   else.
 //! - **Waiting.** A member with no minibatch ready answers a round the others started
 //!   with an empty, idle share. At a checkpoint barrier a member takes part in empty
 //!   rounds until every member is at it, so the barrier is passed together and the PS
@@ -43,7 +47,8 @@ use primus_model::ModelLayout;
 use primus_model::pooling::BatchKeys;
 use primus_proto::v1::hot_message::Kind;
 use primus_proto::v1::{HotMessage, HotPlan, HotRound};
-use primus_spec::job::{HotSetSpec, TableSpec};
+use primus_spec::job::{HotExchange, HotSetSpec, TableSpec};
+use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -52,10 +57,12 @@ use crate::store::ParameterStore;
 
 mod choice;
 mod install;
+mod ring;
 mod rounds;
 mod share;
 
 use choice::{Warmup, new_warmup};
+pub use ring::{RingEndpoint, RingInbox, RingService};
 use rounds::RoundMode;
 pub use share::{Rows, Share};
 
@@ -93,6 +100,17 @@ pub struct HotStatus {
     pub expected_coverage: f64,
     /// Rounds completed in this generation.
     pub rounds: u64,
+    /// Bytes of hot-row gradients this member sent and received, and seconds it spent
+    /// exchanging them (from its part in a round to the round's sum), since it started.
+    pub exchange: Traffic,
+}
+
+/// What exchanging hot-row gradients cost one member.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Traffic {
+    pub sent_bytes: u64,
+    pub received_bytes: u64,
+    pub seconds: f64,
 }
 
 struct Group {
@@ -146,6 +164,10 @@ pub struct HotSync {
     sync_seconds: Option<f64>,
     /// This member's push of the latest round's sum, running beside its next step.
     pushing: Option<JoinHandle<anyhow::Result<()>>>,
+    /// The ring exchange, unless the gradients travel over NATS.
+    ring: Option<ring::Ring>,
+    /// Over NATS: the share bytes published and received; and the time spent exchanging.
+    traffic: Traffic,
 }
 
 impl Drop for HotSync {
@@ -156,7 +178,12 @@ impl Drop for HotSync {
 
 impl HotSync {
     /// Joins the job's hot-set subject as trainer `me`. Subscribes before anything is
-    /// published, so no plan naming this trainer can be missed.
+    /// published, so no plan naming this trainer can be missed. The ring exchange passes
+    /// gradients through `ring`, this trainer's HotExchange service.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "what a member is: its job, id, model, peers, device and exchange"
+    )]
     pub async fn join(
         settings: HotSetSpec,
         bus: &Bus,
@@ -165,7 +192,15 @@ impl HotSync {
         layout: &ModelLayout,
         directory: TrainerDirectory,
         device: EmbeddingDevice,
+        ring: Option<RingEndpoint>,
     ) -> anyhow::Result<Self> {
+        let ring = match (settings.exchange, ring) {
+            (HotExchange::Ring, Some(endpoint)) => Some(ring::Ring::new(endpoint)),
+            (HotExchange::Ring, None) => anyhow::bail!(
+                "training.hot_set.exchange is ring, but this trainer serves no HotExchange"
+            ),
+            (HotExchange::Nats, _) => None,
+        };
         let subject = bus.subjects().hot(job)?;
         let mut subscription = bus.subscribe::<HotMessage>(subject.clone()).await?;
         bus.flush().await?;
@@ -214,6 +249,8 @@ impl HotSync {
             remote: None,
             sync_seconds: None,
             pushing: None,
+            ring,
+            traffic: Traffic::default(),
         })
     }
 
@@ -230,8 +267,26 @@ impl HotSync {
                 rows: group.replicas.iter().map(HotRows::len).sum(),
                 expected_coverage: group.expected_coverage,
                 rounds: group.round.saturating_sub(1),
+                exchange: self.traffic(),
             },
-            _ => HotStatus::default(),
+            _ => HotStatus {
+                exchange: self.traffic(),
+                ..HotStatus::default()
+            },
+        }
+    }
+
+    fn traffic(&self) -> Traffic {
+        match &self.ring {
+            Some(ring) => {
+                let (sent_bytes, received_bytes) = ring.bytes();
+                Traffic {
+                    sent_bytes,
+                    received_bytes,
+                    seconds: self.traffic.seconds,
+                }
+            }
+            None => self.traffic,
         }
     }
 
@@ -310,6 +365,7 @@ impl HotSync {
             parts: 1,
             at_barrier: None,
             idle: false,
+            exchange_addr: String::new(),
         };
         self.publish(Kind::Round(message)).await
     }
@@ -344,6 +400,9 @@ impl HotSync {
                 let Some(key) = self.current_round_key(&round) else {
                     return;
                 };
+                if round.trainer_id != self.me {
+                    self.traffic.received_bytes += round.encoded_len() as u64;
+                }
                 let parts = self
                     .rounds
                     .entry(key)

@@ -1,8 +1,11 @@
-//! The rounds of an active group: after each step every member publishes its share of hot
-//! gradients and waits for everyone's; all sum them in member order and apply the sum, and
-//! the lowest participant pushes it to the PS beside its next step. Idle members answer
-//! rounds others started; at a checkpoint barrier members take part in empty rounds until
-//! all are at it; a silent member ends the group.
+//! The rounds of an active group: after each step every member publishes its part in the
+//! round and waits for everyone's. With the ring exchange the parts only say who takes
+//! part, and the gradients are summed around the ring of participants ([`super::ring`]);
+//! each pushes its own shard of the sum to the PS. Over NATS the parts carry the shares,
+//! all sum them in member order, and the lowest participant pushes the sum. Either way
+//! every member applies bitwise the same sum, and the pushes run beside the next step.
+//! Idle members answer rounds others started; at a checkpoint barrier members take part in
+//! empty rounds until all are at it; a silent member ends the group.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,8 +14,10 @@ use anyhow::Context;
 use primus_proto::v1::HotRound;
 use primus_proto::v1::hot_message::Kind;
 use primus_spec::job::TableSpec;
+use prost::Message;
 use tokio::task::JoinHandle;
 
+use super::ring::Participant;
 use super::share::{chunk, parse_share, share_rows, sum_shares};
 use super::{HotSync, Phase, Share, new_warmup};
 use crate::store::ParameterStore;
@@ -51,8 +56,24 @@ struct Outgoing {
 /// One member's part in a completed round.
 struct Contribution {
     member: String,
-    share: Share,
     at_barrier: Option<u64>,
+}
+
+/// A completed exchange, as this member saw it.
+struct Exchanged {
+    /// The participants, in member order.
+    contributions: Vec<Contribution>,
+    leavers: Vec<String>,
+    /// Every participant's gradients summed.
+    summed: Share,
+    /// What of the sum this member pushes to the PS.
+    push: Share,
+}
+
+impl Share {
+    fn is_empty(&self) -> bool {
+        self.tables.iter().all(|(keys, _)| keys.is_empty())
+    }
 }
 
 impl HotSync {
@@ -73,13 +94,18 @@ impl HotSync {
             return Ok(RoundEnd::default());
         };
         let (generation, round, members) = (group.generation, group.round, group.members.clone());
+        let started = Instant::now();
         let exchanged = if members.len() == 1 {
             let mine = Contribution {
                 member: self.me.clone(),
-                share: share.clone(),
                 at_barrier,
             };
-            Ok((vec![mine], Vec::new()))
+            Ok(Exchanged {
+                contributions: vec![mine],
+                leavers: Vec::new(),
+                summed: share.clone(),
+                push: share.clone(),
+            })
         } else {
             let outgoing = Outgoing {
                 generation,
@@ -89,7 +115,13 @@ impl HotSync {
             };
             self.exchange(outgoing, &members, &share).await
         };
-        let (contributions, leavers) = match exchanged {
+        self.traffic.seconds += started.elapsed().as_secs_f64();
+        let Exchanged {
+            contributions,
+            leavers,
+            summed,
+            push,
+        } = match exchanged {
             Ok(exchanged) => exchanged,
             Err(silent) => {
                 tracing::warn!(
@@ -108,11 +140,8 @@ impl HotSync {
         let end = RoundEnd {
             all_at_barrier: at_barrier.is_some()
                 && contributions.iter().all(|c| c.at_barrier == at_barrier),
-            empty: contributions
-                .iter()
-                .all(|c| c.share.tables.iter().all(|(keys, _)| keys.is_empty())),
+            empty: summed.is_empty(),
         };
-        let summed = sum_shares(self.specs.len(), contributions.iter().map(|c| &c.share));
         let Phase::Active(group) = &mut self.phase else {
             return Ok(RoundEnd::default());
         };
@@ -121,12 +150,10 @@ impl HotSync {
                 replica.apply(keys, grads)?;
             }
         }
-        if contributions.first().map(|c| &c.member) == Some(&self.me)
-            && summed.tables.iter().any(|(keys, _)| !keys.is_empty())
-        {
+        if !push.is_empty() {
             // Rounds reach the PS in order; each push runs beside the next step.
             self.settle().await?;
-            self.pushing = Some(spawn_push(store, &self.specs, summed));
+            self.pushing = Some(spawn_push(store, &self.specs, push));
         }
         let Phase::Active(group) = &mut self.phase else {
             return Ok(RoundEnd::default());
@@ -211,22 +238,25 @@ impl HotSync {
         })
     }
 
-    /// Publishes this member's share of a round and collects everyone's, in member
-    /// order. Returns the contributions and the members that left; `Err` names the
-    /// members that stayed silent past the timeout.
+    /// Publishes this member's part in a round (its share, over NATS), collects
+    /// everyone's, in member order, and sums the round's gradients (around the ring, or
+    /// here). `Err` names the members that stayed silent past the timeout.
     async fn exchange(
         &mut self,
         outgoing: Outgoing,
         members: &[String],
         share: &Share,
-    ) -> Result<(Vec<Contribution>, Vec<String>), Vec<String>> {
+    ) -> Result<Exchanged, Vec<String>> {
         let Outgoing {
             generation,
             round,
             at_barrier,
             idle,
         } = outgoing;
-        let parts = chunk(share_rows(share), &self.specs);
+        let (parts, exchange_addr) = match &self.ring {
+            Some(ring) => (vec![Vec::new()], ring.addr().to_owned()),
+            None => (chunk(share_rows(share), &self.specs), String::new()),
+        };
         let count = parts.len() as u32;
         for (part, grads) in parts.into_iter().enumerate() {
             let message = HotRound {
@@ -239,7 +269,11 @@ impl HotSync {
                 parts: count,
                 at_barrier,
                 idle,
+                exchange_addr: exchange_addr.clone(),
             };
+            if self.ring.is_none() {
+                self.traffic.sent_bytes += message.encoded_len() as u64;
+            }
             if let Err(e) = self.publish(Kind::Round(message)).await {
                 tracing::warn!(error = %e, "publishing a hot-set round");
                 return Err(vec![self.me.clone()]);
@@ -259,6 +293,8 @@ impl HotSync {
         self.rounds
             .retain(|(g, r), _| *g > generation || (*g == generation && *r > round));
         let mut contributions = Vec::new();
+        let mut shares = Vec::new();
+        let mut participants = Vec::new();
         let mut leavers = Vec::new();
         for member in members {
             let parts: Vec<HotRound> = arrived
@@ -271,19 +307,65 @@ impl HotSync {
                 leavers.push(member.clone());
                 continue;
             }
+            let addr = parts.first().map(|p| p.exchange_addr.clone());
+            contributions.push(Contribution {
+                member: member.clone(),
+                at_barrier: parts.first().and_then(|p| p.at_barrier),
+            });
+            if self.ring.is_some() {
+                match addr.filter(|a| !a.is_empty()) {
+                    Some(addr) => participants.push(Participant {
+                        id: member.clone(),
+                        addr,
+                    }),
+                    None => {
+                        tracing::warn!(member = %member, "a hot-set member without a ring address");
+                        return Err(vec![member.clone()]);
+                    }
+                }
+                continue;
+            }
             match parse_share(&parts, &self.specs) {
-                Ok(share) => contributions.push(Contribution {
-                    member: member.clone(),
-                    share,
-                    at_barrier: parts.first().and_then(|p| p.at_barrier),
-                }),
+                Ok(share) => shares.push(share),
                 Err(e) => {
                     tracing::warn!(member = %member, error = %e, "a malformed hot-set share");
                     return Err(vec![member.clone()]);
                 }
             }
         }
-        Ok((contributions, leavers))
+        let (summed, push) = match &mut self.ring {
+            Some(_) if participants.len() == 1 => (share.clone(), share.clone()),
+            Some(ring) => {
+                let (specs, me) = (&self.specs, &self.me);
+                let sum = ring
+                    .all_reduce(
+                        me,
+                        &participants,
+                        (generation, round),
+                        share,
+                        specs,
+                        deadline,
+                    )
+                    .await?;
+                (sum.summed, sum.owned)
+            }
+            None => {
+                let summed = sum_shares(self.specs.len(), shares.iter());
+                let first = contributions.first().is_some_and(|c| c.member == self.me);
+                let push = if first {
+                    summed.clone()
+                } else {
+                    Share::empty(self.specs.len())
+                };
+                (summed, push)
+            }
+        };
+        Ok(Exchanged {
+            contributions,
+            leavers,
+            summed,
+            push,
+        })
     }
 
     /// The members whose share of a round has not fully arrived.

@@ -132,8 +132,16 @@ pub(super) fn chunk(rows: Vec<HotTableRows>, specs: &[TableSpec]) -> Vec<Vec<Hot
 
 /// A member's share from its parts, checked against the model's tables.
 pub(super) fn parse_share(parts: &[HotRound], specs: &[TableSpec]) -> anyhow::Result<Share> {
+    parse_rows(parts.iter().flat_map(|p| &p.grads), specs)
+}
+
+/// A share from its tables' rows, checked against the model's tables.
+pub(super) fn parse_rows<'a>(
+    tables: impl IntoIterator<Item = &'a HotTableRows>,
+    specs: &[TableSpec],
+) -> anyhow::Result<Share> {
     let mut share = Share::empty(specs.len());
-    for rows in parts.iter().flat_map(|p| &p.grads) {
+    for rows in tables {
         let t = rows.table as usize;
         let spec = specs
             .get(t)

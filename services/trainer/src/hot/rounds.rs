@@ -70,14 +70,8 @@ struct Exchanged {
     push: Share,
 }
 
-impl Share {
-    fn is_empty(&self) -> bool {
-        self.tables.iter().all(|(keys, _)| keys.is_empty())
-    }
-}
-
 impl HotSync {
-    /// One round of the active group: exchange, apply, and the lowest participant's push
+    /// One round of the active group: exchange, apply, and this member's push of its part
     /// of the sum to the PS. Ends the group when a member stays silent. `at_barrier`: this
     /// member waits at that checkpoint's barrier; returns whether every participant did.
     pub(super) async fn round<S: ParameterStore>(

@@ -26,6 +26,11 @@ impl Share {
             tables: vec![(Vec::new(), Vec::new()); tables],
         }
     }
+
+    /// No table has a row.
+    pub(super) fn is_empty(&self) -> bool {
+        self.tables.iter().all(|(keys, _)| keys.is_empty())
+    }
 }
 
 /// Members' shares summed in the order given, keys in first-seen order: the same inputs

@@ -115,7 +115,15 @@ impl DenseMirror {
         } else {
             self.quiet = 0;
             if self.copy.take().is_some() {
-                tracing::info!("another writer of the dense parameters: pulling them from the PS");
+                if pushed.repeated {
+                    tracing::info!(
+                        "the PS had this minibatch's dense gradients already (it was served again): pulling the dense parameters from the PS"
+                    );
+                } else {
+                    tracing::info!(
+                        "another writer of the dense parameters: pulling them from the PS"
+                    );
+                }
             }
         }
         Ok(())

@@ -14,7 +14,7 @@
 //! - **Rounds.** After each step, every member says on NATS that it takes part in round
 //!   `r` of the plan's generation and waits for every other member. With the ring exchange
 //!   (the default) the round's gradients of hot rows are then summed over direct gRPC
-//!   around the ring of participants, the rows sharded among them by key ([`ring`]); each
+//!   around the ring of participants, the rows sharded among them by key (`ring`); each
 //!   member pushes its own shard of the sum to the PS. Over NATS each member publishes its
 //!   gradients, all sum them in member order, and the lowest participant pushes the sum.
 //!   Every member applies the same sum with the table's optimizer, so the replicas stay

@@ -1,6 +1,6 @@
 //! The rounds of an active group: after each step every member publishes its part in the
 //! round and waits for everyone's. With the ring exchange the parts only say who takes
-//! part, and the gradients are summed around the ring of participants ([`super::ring`]);
+//! part, and the gradients are summed around the ring of participants (`super::ring`);
 //! each pushes its own shard of the sum to the PS. Over NATS the parts carry the shares,
 //! all sum them in member order, and the lowest participant pushes the sum. Either way
 //! every member applies bitwise the same sum, and the pushes run beside the next step.

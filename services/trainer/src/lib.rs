@@ -57,7 +57,7 @@ use primus_spec::job::Device;
 use tonic::transport::Channel;
 
 use device::EmbeddingDevice;
-use hot::{HotSync, RingEndpoint, TrainerDirectory};
+use hot::{HotSync, RingEndpoint, RingInbox, TrainerDirectory};
 use primus_config::TrainerSettings;
 use store::RemoteStore;
 use train::{Feed, Incoming, Report, Reporter, Trainer};
@@ -108,7 +108,8 @@ async fn serve(settings: TrainerSettings, shutdown: Shutdown) -> anyhow::Result<
         inbox: Arc::default(),
         addr: grpc_addr.clone(),
     };
-    let services = Services::new().grpc(ring.inbox.service());
+    let max_pass = RingInbox::max_pass_bytes(train.hot_set.max_rows, &model.layout().ps_tables());
+    let services = Services::new().grpc(ring.inbox.service(max_pass));
     let worker = {
         let (bus, shutdown, settings) = (bus.clone(), shutdown.clone(), settings.clone());
         tokio::spawn(async move {

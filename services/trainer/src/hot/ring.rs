@@ -38,12 +38,21 @@ pub struct RingInbox {
 }
 
 impl RingInbox {
-    /// The gRPC service that files passes here.
-    pub fn service(self: &Arc<Self>) -> HotExchangeServer<RingService> {
+    /// The gRPC service that files passes here, refusing a pass of more than
+    /// `max_pass_bytes` (RESOURCE_EXHAUSTED).
+    pub fn service(self: &Arc<Self>, max_pass_bytes: usize) -> HotExchangeServer<RingService> {
         HotExchangeServer::new(RingService {
             inbox: self.clone(),
         })
-        .max_decoding_message_size(usize::MAX)
+        .max_decoding_message_size(max_pass_bytes)
+    }
+
+    /// The largest pass a hot set of at most `max_rows` rows of tables `specs` can make:
+    /// every row of the widest table, with its key, and room for the pass's own fields.
+    pub fn max_pass_bytes(max_rows: u64, specs: &[TableSpec]) -> usize {
+        let widest = specs.iter().map(|s| s.dim as usize).max().unwrap_or(0);
+        let rows = usize::try_from(max_rows).unwrap_or(usize::MAX);
+        rows.saturating_mul(8 + 4 * widest).saturating_add(1 << 20)
     }
 
     /// Waits for the pass of `key` until `deadline`.
@@ -107,7 +116,7 @@ impl RingEndpoint {
             .with_context(|| format!("binding the hot-set exchange to {bind}"))?;
         let addr = listener.local_addr()?.to_string();
         let inbox = Arc::new(RingInbox::default());
-        let service = inbox.service();
+        let service = inbox.service(usize::MAX);
         // Passes are small and answered at once: no Nagle delay on either side.
         let incoming = tokio_stream::StreamExt::map(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
@@ -435,6 +444,22 @@ mod tests {
         for (_, server) in endpoints {
             server.abort();
         }
+    }
+
+    #[test]
+    fn a_pass_may_hold_every_hot_row_of_the_widest_table() {
+        let specs = [
+            TableSpec::new("narrow", 4, OptimizerSpec::adagrad(0.1)),
+            TableSpec::new("wide", 16, OptimizerSpec::adagrad(0.1)),
+        ];
+        let limit = RingInbox::max_pass_bytes(100_000, &specs);
+        assert_eq!(limit, 100_000 * (8 + 64) + (1 << 20));
+        let rows: Vec<(u64, f32)> = (0..1000).map(|k| (k, 0.5)).collect();
+        let pass = HotPass {
+            rows: share_rows(&share(&rows)),
+            ..HotPass::default()
+        };
+        assert!(pass.encoded_len() <= RingInbox::max_pass_bytes(1000, &specs));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The ring exchange of a round's hot-row gradients over direct gRPC (HypeReca §4). A
+//! The ring exchange of a round's hot-row gradients over direct gRPC streams, one from
+//! each trainer to the next, kept open across rounds (HypeReca §4). A
 //! round's participants, in member order, form a ring; the hot rows are sharded among them
 //! by key (each participant owns the rows whose key hashes to its place). In n-1
 //! reduce-scatter steps every participant passes one shard's partial sum to the next, which
@@ -18,10 +19,10 @@ use anyhow::Context;
 use primus_proto::v1::hot_exchange_client::HotExchangeClient;
 use primus_proto::v1::hot_exchange_server::{HotExchange, HotExchangeServer};
 use primus_proto::v1::{HotPass, HotPassAck};
+
 use primus_spec::job::TableSpec;
 use prost::Message;
 use tokio::sync::Notify;
-use tonic::transport::Channel;
 
 use super::share::{parse_rows, share_rows};
 use super::{Rows, Share};
@@ -87,18 +88,47 @@ pub struct RingService {
 
 #[tonic::async_trait]
 impl HotExchange for RingService {
-    async fn pass(
+    async fn passes(
         &self,
-        request: tonic::Request<HotPass>,
+        request: tonic::Request<tonic::Streaming<HotPass>>,
     ) -> Result<tonic::Response<HotPassAck>, tonic::Status> {
-        let pass = request.into_inner();
-        (self.inbox.received_bytes).fetch_add(pass.encoded_len() as u64, Ordering::Relaxed);
-        let key = (pass.generation, pass.round, pass.step);
-        self.inbox.lock().insert(key, pass);
-        self.inbox.arrived.notify_waiters();
+        let mut passes = request.into_inner();
+        while let Some(pass) = passes.message().await? {
+            (self.inbox.received_bytes).fetch_add(pass.encoded_len() as u64, Ordering::Relaxed);
+            let key = (pass.generation, pass.round, pass.step);
+            self.inbox.lock().insert(key, pass);
+            self.inbox.arrived.notify_waiters();
+        }
         Ok(tonic::Response::new(HotPassAck {}))
     }
 }
+
+/// This trainer's open stream of passes to one other trainer.
+struct Outbox {
+    passes: tokio::sync::mpsc::Sender<HotPass>,
+    stream: tokio::task::JoinHandle<Result<(), tonic::Status>>,
+}
+
+impl Outbox {
+    async fn open(addr: &str) -> anyhow::Result<Self> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .with_context(|| format!("the address {addr:?}"))?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        let mut client = HotExchangeClient::new(channel).max_encoding_message_size(usize::MAX);
+        let (passes, queued) = tokio::sync::mpsc::channel(OUTBOX_PASSES);
+        let stream = tokio::spawn(async move {
+            let queued = tokio_stream::wrappers::ReceiverStream::new(queued);
+            client.passes(queued).await.map(|_| ())
+        });
+        Ok(Self { passes, stream })
+    }
+}
+
+/// Passes queued on a stream before a send waits: a ring round makes 2(n-1).
+const OUTBOX_PASSES: usize = 64;
 
 /// Where a trainer takes part in ring exchanges: its inbox, served at `addr`.
 #[derive(Clone)]
@@ -152,7 +182,7 @@ pub(super) struct RingSum {
 /// One trainer's side of the ring exchanges.
 pub(super) struct Ring {
     endpoint: RingEndpoint,
-    clients: HashMap<String, HotExchangeClient<Channel>>,
+    outboxes: HashMap<String, Outbox>,
     sent_bytes: u64,
 }
 
@@ -160,7 +190,7 @@ impl Ring {
     pub(super) fn new(endpoint: RingEndpoint) -> Self {
         Self {
             endpoint,
-            clients: HashMap::new(),
+            outboxes: HashMap::new(),
             sent_bytes: 0,
         }
     }
@@ -238,27 +268,23 @@ impl Ring {
         Ok(RingSum { summed, owned })
     }
 
+    /// Queues `pass` on the stream to `addr`, opening it (again, once it broke) first.
     async fn send(&mut self, addr: &str, pass: HotPass) -> anyhow::Result<()> {
         let bytes = pass.encoded_len() as u64;
-        let client = match self.clients.get(addr) {
-            Some(client) => client.clone(),
-            None => {
-                let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                    .with_context(|| format!("the address {addr:?}"))?
-                    .tcp_nodelay(true)
-                    .connect()
-                    .await
-                    .with_context(|| format!("connecting to {addr}"))?;
-                let client = HotExchangeClient::new(channel).max_encoding_message_size(usize::MAX);
-                self.clients.insert(addr.to_owned(), client.clone());
-                client
-            }
+        if self
+            .outboxes
+            .get(addr)
+            .is_none_or(|o| o.stream.is_finished())
+        {
+            self.outboxes
+                .insert(addr.to_owned(), Outbox::open(addr).await?);
+        }
+        let Some(outbox) = self.outboxes.get(addr) else {
+            unreachable!("opened above")
         };
-        let mut client = client;
-        if let Err(status) = client.pass(pass).await {
-            // A broken channel is not reused.
-            self.clients.remove(addr);
-            anyhow::bail!("{addr}: {}", status.message());
+        if outbox.passes.send(pass).await.is_err() {
+            self.outboxes.remove(addr);
+            anyhow::bail!("{addr}: the stream of passes ended");
         }
         self.sent_bytes += bytes;
         Ok(())

@@ -15,7 +15,8 @@ use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec
 
 const ROWS: usize = 2048;
 
-fn issue_dlrm() -> ModelLayout {
+/// The reference DLRM of the train bench: 13 dense and 26 sparse features, dim 16.
+fn reference_dlrm() -> ModelLayout {
     let spec = ModelSpec {
         kind: ModelKind::Dlrm,
         tables: vec![TableSpec::new(
@@ -55,7 +56,7 @@ fn values(len: usize, seed: u32) -> Vec<f32> {
 }
 
 fn step(c: &mut Criterion) {
-    let layout = issue_dlrm();
+    let layout = reference_dlrm();
     let params = ParamSet::init(&layout, 0);
     let dense = values(ROWS * layout.dense_inputs, 1);
     let embedded = values(ROWS * layout.embedding_width, 2);
@@ -66,7 +67,7 @@ fn step(c: &mut Criterion) {
         embedded: &embedded,
         wide: &[],
     };
-    let mut group = c.benchmark_group("dlrm_issue_batch_2048");
+    let mut group = c.benchmark_group("dlrm_reference_batch_2048");
     group.throughput(Throughput::Elements(ROWS as u64));
     group.sample_size(20);
     let engines = [

@@ -7,7 +7,7 @@
     reason = "the test loads ONNX Runtime from the variable scripts/env.sh sets"
 )]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use primus_model::{Inputs, Model, ModelLayout, ParamSet, Tower};
 use primus_ps::serving::{DenseInputs, DenseModel};
@@ -74,6 +74,47 @@ fn corrected(p: f32, rate: f32) -> f32 {
     p * rate / (p * rate + 1.0 - p)
 }
 
+/// Inputs of `rows` samples: dense features, pooled embeddings, first-order weights.
+struct Batch {
+    rows: usize,
+    dense: Vec<f32>,
+    embedded: Vec<f32>,
+    wide: Vec<f32>,
+}
+
+/// `layout`'s probabilities for `batch` from burn's forward pass and from its ONNX export
+/// run in ONNX Runtime (the serving role's `DenseModel`).
+fn burn_and_onnx(
+    library: &Path,
+    layout: &ModelLayout,
+    params: &ParamSet,
+    tower: Tower,
+    batch: &Batch,
+) -> (Vec<f32>, Vec<f32>) {
+    let inputs = Inputs {
+        rows: batch.rows,
+        dense: &batch.dense,
+        embedded: &batch.embedded,
+        wide: &batch.wide,
+    };
+    let burn = (Model::new(layout.clone()).predict(params, &inputs, tower)).expect("burn predict");
+    let onnx = primus_model::onnx::export(layout, params, tower, 1).expect("export");
+    let model = DenseModel::load(library, 1, &onnx, 1).expect("ONNX Runtime loads it");
+    let ort = model
+        .predict(DenseInputs {
+            rows: batch.rows,
+            dense: batch.dense.clone(),
+            dense_width: layout.dense_inputs,
+            embedded: batch.embedded.clone(),
+            embedded_width: layout.embedding_width,
+            wide: batch.wide.clone(),
+            wide_width: batch.wide.len() / batch.rows,
+        })
+        .expect("ONNX Runtime predict");
+    assert_eq!(ort.len(), batch.rows);
+    (burn, ort)
+}
+
 /// Burn's forward pass, log-odds corrected for the example Datasets that sample negatives.
 #[test]
 fn onnx_runtime_computes_what_burn_computes_for_every_example_model() {
@@ -92,38 +133,16 @@ fn onnx_runtime_computes_what_burn_computes_for_every_example_model() {
         } else {
             0
         };
-        let dense = noise(3 * seed as u64 + 1, rows * layout.dense_inputs);
-        let embedded = noise(3 * seed as u64 + 2, rows * layout.embedding_width);
-        let wide = noise(3 * seed as u64 + 3, rows * wide_width);
+        let batch = Batch {
+            rows,
+            dense: noise(3 * seed as u64 + 1, rows * layout.dense_inputs),
+            embedded: noise(3 * seed as u64 + 2, rows * layout.embedding_width),
+            wide: noise(3 * seed as u64 + 3, rows * wide_width),
+        };
         for tower in [Tower::Memory, Tower::Adapt] {
-            let burn = Model::new(layout.clone())
-                .predict(
-                    &params,
-                    &Inputs {
-                        rows,
-                        dense: &dense,
-                        embedded: &embedded,
-                        wide: &wide,
-                    },
-                    tower,
-                )
-                .expect("burn predict");
+            let (burn, ort) = burn_and_onnx(&library, layout, &params, tower, &batch);
             let rate = layout.negative_sample_rate.unwrap_or(1.0) as f32;
             let burn: Vec<f32> = burn.iter().map(|p| corrected(*p, rate)).collect();
-            let onnx = primus_model::onnx::export(layout, &params, tower, 1).expect("export");
-            let model = DenseModel::load(&library, 1, &onnx, 1).expect("ONNX Runtime loads it");
-            let ort = model
-                .predict(DenseInputs {
-                    rows,
-                    dense: dense.clone(),
-                    dense_width: layout.dense_inputs,
-                    embedded: embedded.clone(),
-                    embedded_width: layout.embedding_width,
-                    wide: wide.clone(),
-                    wide_width,
-                })
-                .expect("ONNX Runtime predict");
-            assert_eq!(ort.len(), rows);
             let worst = burn
                 .iter()
                 .zip(&ort)
@@ -157,34 +176,13 @@ fn a_sampled_schemas_model_serves_probabilities_corrected_by_the_rate() {
     let rows = 17;
     // Small inputs keep the probabilities away from 0 and 1, where no shift shows.
     let small = |seed, n| -> Vec<f32> { noise(seed, n).iter().map(|v| v / 8.0).collect() };
-    let dense = small(11, rows * layout.dense_inputs);
-    let embedded = small(12, rows * layout.embedding_width);
-    let wide = small(13, rows * layout.features.len());
-    let burn = Model::new(layout.clone())
-        .predict(
-            &params,
-            &Inputs {
-                rows,
-                dense: &dense,
-                embedded: &embedded,
-                wide: &wide,
-            },
-            Tower::Memory,
-        )
-        .expect("burn predict");
-    let onnx = primus_model::onnx::export(&layout, &params, Tower::Memory, 1).expect("export");
-    let model = DenseModel::load(&library, 1, &onnx, 1).expect("ONNX Runtime loads it");
-    let served = model
-        .predict(DenseInputs {
-            rows,
-            dense,
-            dense_width: layout.dense_inputs,
-            embedded,
-            embedded_width: layout.embedding_width,
-            wide,
-            wide_width: layout.features.len(),
-        })
-        .expect("ONNX Runtime predict");
+    let batch = Batch {
+        rows,
+        dense: small(11, rows * layout.dense_inputs),
+        embedded: small(12, rows * layout.embedding_width),
+        wide: small(13, rows * layout.features.len()),
+    };
+    let (burn, served) = burn_and_onnx(&library, &layout, &params, Tower::Memory, &batch);
     for (p, q) in burn.iter().zip(&served) {
         let expected = corrected(*p, rate);
         assert!(

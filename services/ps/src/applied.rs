@@ -4,9 +4,10 @@
 //! a dead trainer pushed and had not yet confirmed, or a push retried after its answer was
 //! lost, changes the shard once.
 //!
-//! A shard remembers an identity together with what the call held (its tables' keys, or
-//! its dense tensors' names): after a move, the part of a push that the old shard refused
-//! reaches the new one as a second call of the same minibatch, which must apply too.
+//! A shard remembers an identity together with what the call held (per table, or dense
+//! tensor, its name, its number of keys and their smallest and largest): after a move,
+//! the part of a push that the old shard refused reaches the new one as a second call of
+//! the same minibatch, which holds other keys and must apply too.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
@@ -31,7 +32,9 @@ struct Remembered {
 }
 
 /// What a shard remembers of a call of `minibatch` holding `parts` (a name and its keys
-/// each): 0 when the call names no minibatch.
+/// each): 0 when the call names no minibatch. The parts of one minibatch on different
+/// shards, or moved between them, hold disjoint keys, so a part's count and smallest and
+/// largest key tell them apart without hashing every key on the push's path.
 pub(crate) fn call_identity<'a>(
     minibatch: u64,
     parts: impl IntoIterator<Item = (&'a str, &'a [u64])>,
@@ -41,9 +44,15 @@ pub(crate) fn call_identity<'a>(
     }
     let mut identity = mix64(minibatch);
     for (name, keys) in parts {
-        identity = mix64(identity ^ hash_bytes(name.as_bytes()));
-        for key in keys {
-            identity = mix64(identity ^ key);
+        let smallest = keys.iter().copied().min().unwrap_or(0);
+        let largest = keys.iter().copied().max().unwrap_or(0);
+        for value in [
+            hash_bytes(name.as_bytes()),
+            keys.len() as u64,
+            smallest,
+            largest,
+        ] {
+            identity = mix64(identity ^ value);
         }
     }
     identity.max(1)
@@ -118,6 +127,7 @@ mod tests {
             "another part of it"
         );
         assert_ne!(call(5, "t", &[1, 2]), call(5, "u", &[1, 2]));
+        assert_eq!(call(5, "t", &[1, 2]), call(5, "t", &[2, 1]), "in any order");
         assert_ne!(call(5, "t", &[1, 2]), call(6, "t", &[1, 2]));
         assert_eq!(call(0, "t", &[1, 2]), 0, "no minibatch named");
     }

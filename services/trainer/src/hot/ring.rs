@@ -385,15 +385,7 @@ mod tests {
     use primus_spec::job::OptimizerSpec;
 
     use super::*;
-
-    fn share(rows: &[(u64, f32)]) -> Share {
-        Share {
-            tables: vec![(
-                rows.iter().map(|r| r.0).collect(),
-                rows.iter().flat_map(|r| [r.1, 2.0 * r.1]).collect(),
-            )],
-        }
-    }
+    use crate::hot::share::tests::share;
 
     /// Four trainers over real gRPC: each gets the sum of all four shares, bit for bit the
     /// same, every shard owned once, each sending 2(n-1)/n of its share.

@@ -168,12 +168,13 @@ pub(super) fn parse_rows<'a>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use primus_embedding::HotRows;
     use primus_spec::job::OptimizerSpec;
 
-    fn share(rows: &[(u64, f32)]) -> Share {
+    /// One table of dim 2: each key's gradient is (g, -g).
+    pub(in crate::hot) fn share(rows: &[(u64, f32)]) -> Share {
         Share {
             tables: vec![(
                 rows.iter().map(|r| r.0).collect(),

@@ -77,12 +77,16 @@ impl Minibatch {
         })
     }
 
-    /// Rows `range` of a jagged batch.
+    /// Rows `range`, as a jagged batch. Copies only those rows of a jagged batch.
     pub fn slice(&self, range: Range<usize>) -> Result<Self, BatchError> {
+        let kjt = match &self.sparse {
+            Sparse::Jagged(kjt) => kjt.slice(range.clone()),
+            Sparse::Grouped(ikjt) => ikjt.to_kjt()?.slice(range.clone()),
+        };
         Ok(Self {
             labels: self.labels[range.clone()].to_vec(),
-            dense: self.dense.slice(range.clone()),
-            sparse: Sparse::Jagged(self.to_kjt()?.slice(range)),
+            dense: self.dense.slice(range),
+            sparse: Sparse::Jagged(kjt),
         })
     }
 

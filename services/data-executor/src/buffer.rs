@@ -47,6 +47,10 @@ struct Queue {
     kind: SourceKind,
     weight: f64,
     chunks: VecDeque<Chunk>,
+    /// Rows of the front chunk already served: a chunk is served in slices of it, never
+    /// copied whole again for what remains.
+    front_served: usize,
+    /// Rows queued and not yet served.
     rows: usize,
     /// Runners currently reading into this buffer: while any is, a short buffer waits for
     /// more rows instead of serving a small minibatch.
@@ -92,6 +96,7 @@ impl Buffers {
                 kind,
                 weight,
                 chunks: VecDeque::new(),
+                front_served: 0,
                 rows: 0,
                 writers: 0,
                 space: Arc::new(Semaphore::new(capacity_rows)),
@@ -182,8 +187,12 @@ impl Buffers {
         let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         for queue in queues.iter_mut() {
             let before = queue.rows;
+            if queue.chunks.front().is_some_and(|c| c.task.id == task_id) {
+                queue.front_served = 0;
+            }
             queue.chunks.retain(|c| c.task.id != task_id);
-            queue.rows = queue.chunks.iter().map(|c| c.batch.rows()).sum();
+            let held: usize = queue.chunks.iter().map(|c| c.batch.rows()).sum();
+            queue.rows = held - queue.front_served;
             queue.space.add_permits(before - queue.rows);
         }
     }
@@ -206,25 +215,28 @@ impl Buffers {
         let mut taken = 0;
         let trace = queue.chunks.front().map(|c| c.task.trace.clone())?;
         while taken < rows {
-            let Some(mut chunk) = queue.chunks.pop_front() else {
+            let Some(chunk) = queue.chunks.pop_front() else {
                 break;
             };
             let want = rows - taken;
-            let first = chunk.first_offset;
-            let part = if chunk.batch.rows() > want {
-                let head = chunk.batch.slice(0..want).ok()?;
-                let tail = chunk.batch.slice(want..chunk.batch.rows()).ok()?;
-                chunk.batch = tail;
-                chunk.first_offset += want as u64;
+            let start = std::mem::take(&mut queue.front_served);
+            let left = chunk.batch.rows() - start;
+            let first = chunk.first_offset + start as u64;
+            let part = if left > want {
+                let head = chunk.batch.slice(start..start + want).ok()?;
                 chunk.task.served_through(first + want as u64);
                 add_range(&mut ranges, &chunk.task, first, want);
+                queue.front_served = start + want;
                 queue.chunks.push_front(chunk);
                 head
             } else {
-                let rows = chunk.batch.rows();
-                chunk.task.served_through(first + rows as u64);
-                add_range(&mut ranges, &chunk.task, first, rows);
-                chunk.batch
+                let rest = match start {
+                    0 => chunk.batch,
+                    _ => chunk.batch.slice(start..start + left).ok()?,
+                };
+                chunk.task.served_through(first + left as u64);
+                add_range(&mut ranges, &chunk.task, first, left);
+                rest
             };
             taken += part.rows();
             parts.push(part);
@@ -292,7 +304,7 @@ fn add_range(
 
 #[cfg(test)]
 mod tests {
-    use primus_batch::{DenseMatrix, Kjt, Sparse};
+    use primus_batch::{DenseMatrix, JaggedFeature, Kjt, Sparse};
 
     use super::*;
 
@@ -351,6 +363,60 @@ mod tests {
             ranges(second),
             [("a".to_owned(), 85, 100), ("b".to_owned(), 0, 30)]
         );
+    }
+
+    /// Row `i` of the chunk at `first_offset` has label `first_offset + i` and, in feature
+    /// `f`, `i % 3` keys of value `first_offset + i`.
+    fn numbered(n: usize, task: &Arc<TaskLedger>, first_offset: u64) -> Chunk {
+        let ids = (0..n as u64).map(|i| first_offset + i);
+        let mut feature = JaggedFeature::new("f");
+        for id in ids.clone() {
+            feature
+                .values
+                .extend(std::iter::repeat_n(id, (id % 3) as usize));
+            feature.offsets.push(feature.values.len() as u32);
+        }
+        Chunk {
+            batch: Minibatch {
+                labels: ids.map(|id| id as f32).collect(),
+                dense: DenseMatrix::default(),
+                sparse: Sparse::Jagged(Kjt {
+                    rows: n,
+                    features: vec![feature],
+                }),
+            },
+            task: task.clone(),
+            first_offset,
+        }
+    }
+
+    #[tokio::test]
+    async fn chunks_served_in_slices_hand_out_each_row_once_in_order() {
+        let buffers = Buffers::new(vec![("batch".into(), SourceKind::Batch, 1.0)], 1000);
+        let task = Arc::new(TaskLedger::new("t".into(), 0));
+        buffers.push(0, numbered(50, &task, 0)).await;
+        buffers.push(0, numbered(50, &task, 50)).await;
+        let mut labels = Vec::new();
+        let mut keys = Vec::new();
+        while let Some(served) = buffers.try_pop(30) {
+            let kjt = served.batch.to_kjt().expect("jagged");
+            assert_eq!(kjt.rows, served.batch.rows());
+            let feature = &kjt.features[0];
+            assert_eq!(feature.offsets.len(), kjt.rows + 1);
+            for (row, label) in served.batch.labels.iter().enumerate() {
+                let row_keys = &feature.values
+                    [feature.offsets[row] as usize..feature.offsets[row + 1] as usize];
+                assert!(row_keys.iter().all(|&k| k as f32 == *label), "row {label}");
+                assert_eq!(row_keys.len() as u64, *label as u64 % 3);
+            }
+            labels.extend_from_slice(&served.batch.labels);
+            keys.extend_from_slice(&feature.values);
+            served.consumed();
+        }
+        assert_eq!(labels, (0..100).map(|i| i as f32).collect::<Vec<_>>());
+        assert_eq!(keys.len(), (0..100).map(|i| i % 3).sum::<usize>());
+        assert_eq!(task.progress_to_report(), Some((100, None)));
+        assert!(buffers.is_empty());
     }
 
     #[tokio::test]
@@ -424,17 +490,43 @@ mod tests {
 
     #[tokio::test]
     async fn rows_of_a_task_taken_back_are_dropped() {
-        let buffers = Buffers::new(vec![("a".into(), SourceKind::Batch, 1.0)], 100);
+        let buffers = Buffers::new(vec![("a".into(), SourceKind::Batch, 1.0)], 200);
         let (kept, lost) = (
             Arc::new(TaskLedger::new("kept".into(), 0)),
             Arc::new(TaskLedger::new("lost".into(), 0)),
         );
         buffers.push(0, chunk(60, 0.0, &lost, 0)).await;
         buffers.push(0, chunk(40, 1.0, &kept, 0)).await;
+        buffers.push(0, chunk(20, 0.0, &lost, 60)).await;
+        // The front chunk is part served when its task is taken back.
+        assert_eq!(buffers.try_pop(25).expect("a minibatch").batch.rows(), 25);
         buffers.discard_task("lost");
         assert_eq!(buffers.fill(), [("a".to_owned(), 40)]);
         let served = buffers.try_pop(100).expect("the kept rows");
         assert_eq!(served.batch.labels, vec![1.0; 40]);
+        assert!(buffers.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_part_served_chunk_stays_at_the_front_when_another_task_is_taken_back() {
+        let buffers = Buffers::new(vec![("a".into(), SourceKind::Batch, 1.0)], 100);
+        let (kept, lost) = (
+            Arc::new(TaskLedger::new("kept".into(), 0)),
+            Arc::new(TaskLedger::new("lost".into(), 0)),
+        );
+        buffers.push(0, numbered(60, &kept, 0)).await;
+        buffers.push(0, chunk(40, 1.0, &lost, 0)).await;
+        let first = buffers.try_pop(25).expect("a minibatch");
+        buffers.discard_task("lost");
+        assert_eq!(buffers.fill(), [("a".to_owned(), 35)]);
+        let rest = buffers.try_pop(100).expect("the kept rows");
+        assert_eq!(
+            rest.batch.labels,
+            (25..60).map(|i| i as f32).collect::<Vec<_>>()
+        );
+        first.consumed();
+        rest.consumed();
+        assert_eq!(kept.progress_to_report(), Some((60, None)));
     }
 
     #[tokio::test]

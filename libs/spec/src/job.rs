@@ -550,8 +550,9 @@ pub enum WorkerFailure {
     /// The restarted process continues: a data executor's tasks and stream bindings go on
     /// from the rows its trainers consumed, a trainer from its last confirmed totals. The
     /// minibatches a trainer was sent and had not confirmed are served again, and each PS
-    /// shard applies a minibatch's gradients once (with a `training.hot_set`, a killed
-    /// member's last minibatch may be applied twice: docs/operations.md).
+    /// shard applies a minibatch's gradients once. With a `training.hot_set` a killed
+    /// member can still cost a minibatch applied twice or a part of a round's update lost
+    /// (docs/operations.md).
     #[default]
     Continue,
     /// The whole Job returns to the latest checkpoint, as `on_ps_failure: rollback` does,

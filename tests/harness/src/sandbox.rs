@@ -318,7 +318,8 @@ impl Sandbox {
         sync
     }
 
-    /// Deletes `job` and waits (20 s at most) until every process it had is gone.
+    /// Deletes `job` and waits (20 s at most) until every process it had is gone and the
+    /// backend has removed their PID files, which it does once it has reaped each one.
     pub async fn delete_job(&self, job: &str) {
         let pids = self.pids(job);
         self.client()
@@ -327,10 +328,11 @@ impl Sandbox {
             .await
             .expect("delete");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while pids.values().any(|pid| alive(*pid)) {
+        while pids.values().any(|pid| alive(*pid)) || !self.pids(job).is_empty() {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{job}: processes left behind: {pids:?}"
+                "{job}: processes left behind: {pids:?}, PID files left: {:?}",
+                self.pids(job)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -92,7 +92,10 @@ pub struct Meter {
     /// Samples per source, summing to `samples`.
     pub sources: BTreeMap<String, u64>,
     window: EvalWindow,
+    /// When the interval began: the last report, or this trainer's first step.
     since: Instant,
+    /// Whether this trainer has begun a step.
+    stepped: bool,
     interval_samples: u64,
     interval_loss: f64,
     interval_steps: u64,
@@ -135,6 +138,7 @@ impl Meter {
             sources: BTreeMap::new(),
             window: EvalWindow::new(eval_window),
             since: Instant::now(),
+            stepped: false,
             interval_samples: 0,
             interval_loss: 0.0,
             interval_steps: 0,
@@ -153,6 +157,16 @@ impl Meter {
             steps: self.steps,
             samples: self.samples,
             sources: self.sources.clone(),
+        }
+    }
+
+    /// A step begins. The first one restarts the interval: until its first minibatch
+    /// came (the data executors opening their files) the trainer was not training, and
+    /// its rate would otherwise count that wait. Later waits for data do count.
+    fn step_begins(&mut self) {
+        if !self.stepped {
+            self.stepped = true;
+            self.since = Instant::now();
         }
     }
 
@@ -444,6 +458,7 @@ impl<S: ParameterStore> Trainer<S> {
         upcoming: Option<&mut Upcoming>,
     ) -> anyhow::Result<StepOutput> {
         let mut prepared = prepared;
+        self.meter.step_begins();
         let late_lookup = Instant::now();
         // The dense pull and the rows' late lookups, both waiting on the last push, at once.
         let pull = self.meter.steps.is_multiple_of(self.dense_pull_every) && self.meter.steps > 0;

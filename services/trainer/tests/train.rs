@@ -150,6 +150,44 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
     );
 }
 
+/// A trainer's rate counts from its first step: the wait for its first minibatch (data
+/// executors opening their files) is not training time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainers_rate_leaves_out_the_wait_for_its_first_minibatch() {
+    let (spec, schema) = dlrm();
+    let layout = ModelLayout::new(&spec, &schema).expect("layout");
+    let (batches, _, _) = generated(&schema, 2, 1024);
+    let store =
+        Arc::new(LocalStore::new(&layout.ps_tables(), &spec.dense.optimizer, 0).expect("store"));
+    let mut trainer = Trainer::start(Model::new(layout), store, 0, 1, 10_000)
+        .await
+        .expect("start");
+    let wait = Duration::from_secs(3);
+    let first_minibatch = futures::stream::once(tokio::time::sleep(wait))
+        .filter_map(|_| async { None::<anyhow::Result<Feed>> });
+    let feed = batches.into_iter().map(|b| {
+        Ok(Feed::batch(Incoming::new(
+            b,
+            SourceKind::Batch,
+            "generated",
+            &Default::default(),
+        )))
+    });
+    let reports = Collect::default();
+    let stream = first_minibatch.chain(futures::stream::iter(feed));
+    trainer
+        .train(stream.boxed(), Duration::ZERO, &reports)
+        .await
+        .expect("train");
+    let reports = reports.reports.into_inner().expect("reports");
+    let waited_rate = 1024.0 / wait.as_secs_f64();
+    assert!(
+        reports[0].samples_per_second > waited_rate,
+        "the first step's rate {:.0} samples/s counts the {wait:?} before it (at most {waited_rate:.0} if it does)",
+        reports[0].samples_per_second
+    );
+}
+
 /// A prefetching trainer prepares a minibatch while the one before computes and reads its
 /// rows in the push before it (the first one just before it computes): it trains bit for
 /// bit like one that looks each minibatch up only after the last push.

@@ -366,6 +366,102 @@ async fn a_silent_member_ends_the_group_and_the_other_trains_through_the_ps() {
     assert_eq!(status.rows, 0, "no hot set is left: {status:?}");
 }
 
+/// A trainer that was not in the group when the leader chose again at a checkpoint (one
+/// restarted, say) installs the new plan at once and waits in its first round for the
+/// leader. The leader passed the barrier and gets no minibatch until the newcomer is at it
+/// too (the data executors pause for the checkpoint): it answers from where it idles,
+/// installs the plan, and tells the newcomer at the barrier that it passed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_idle_past_a_barrier_installs_the_plan_a_newcomer_waits_in() {
+    let nats = NatsServer::start().expect("nats-server");
+    let bus = bus(&nats).await;
+    let (layout, dense) = layout();
+    let shared = store(&layout, &dense);
+    let spec = HotSetSpec {
+        sync_timeout_ms: 5_000,
+        ..settings(200)
+    };
+    let mut trainers = Vec::new();
+    for (id, directory) in [
+        ("trainer-0", listed_alone_first()),
+        ("trainer-1", fixed(&["trainer-0", "trainer-1"])),
+    ] {
+        let hot = HotSync::join(
+            spec.clone(),
+            &bus,
+            "job",
+            id,
+            &layout,
+            directory,
+            EmbeddingDevice::Cpu,
+            Some(ring_endpoint().await),
+        )
+        .await
+        .expect("join");
+        trainers.push(trainer(&layout, shared.clone(), Some(hot)).await);
+    }
+    let (mut b, mut a) = (
+        trainers.pop().expect("trainer-1"),
+        trainers.pop().expect("trainer-0"),
+    );
+    // trainer-0's data resumes once trainer-1 is at checkpoint 9's barrier too.
+    let at_barrier = Arc::new(Releases::default());
+    let paused = {
+        let at_barrier = at_barrier.clone();
+        futures::stream::once(async move { at_barrier.0.notified().await })
+            .filter_map(|_| async { None })
+    };
+    let feed_a = ending_at_a_barrier(41, 8).chain(paused).chain(feed(43, 4));
+    let feed_b = ending_at_a_barrier(42, 8).chain(feed(44, 4));
+    let interval = Duration::from_secs(60);
+    let both = async {
+        tokio::join!(
+            a.train(feed_a.boxed(), interval, &Quiet),
+            b.train(feed_b.boxed(), interval, &*at_barrier)
+        )
+    };
+    let (ra, rb) = tokio::time::timeout(Duration::from_secs(60), both)
+        .await
+        .expect("both trainers end (waiting on each other otherwise)");
+    ra.expect("trainer-0");
+    rb.expect("trainer-1");
+    for trainer in [&a, &b] {
+        assert_eq!(trainer.meter.steps, 12);
+        let status = trainer.hot_set().expect("hot set").status();
+        assert_eq!(
+            (status.generation, status.rows),
+            (2, 200),
+            "trainer-0 alone, then both: {status:?}"
+        );
+    }
+}
+
+/// trainer-0's directory: only itself the first time it is asked, both trainers after.
+fn listed_alone_first() -> TrainerDirectory {
+    let asked = Arc::new(AtomicU64::new(0));
+    Arc::new(move || {
+        let first = asked.fetch_add(1, Ordering::SeqCst) == 0;
+        Box::pin(async move {
+            let listed: &[&str] = match first {
+                true => &["trainer-0"],
+                false => &["trainer-0", "trainer-1"],
+            };
+            Ok(listed.iter().map(|id| id.to_string()).collect())
+        })
+    })
+}
+
+/// Wakes a waiter once its trainer aligned at a checkpoint barrier.
+#[derive(Default)]
+struct Releases(tokio::sync::Notify);
+
+impl Reporter for Releases {
+    async fn report(&self, _: &Report) {}
+    async fn aligned(&self, _: u64, _: &TrainerTotals) {
+        self.0.notify_one();
+    }
+}
+
 /// Counts a trainer's reports (one per step with a zero interval).
 #[derive(Default)]
 struct Steps(AtomicU64);

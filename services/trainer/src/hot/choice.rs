@@ -353,6 +353,15 @@ impl HotSync {
         None
     }
 
+    /// Whether generation `g`'s plan arrived whole and takes effect after a round of
+    /// `generation`.
+    pub(super) fn plan_follows(&self, g: u64, generation: u64) -> bool {
+        self.plans.get(&g).is_some_and(|parts| {
+            parts.iter().all(Option::is_some)
+                && (parts.iter().flatten()).all(|part| part.previous_generation == generation)
+        })
+    }
+
     /// Generation `g`'s plan once all its parts arrived, keys of every part joined.
     fn complete_plan(&self, g: u64) -> Option<HotPlan> {
         let parts = self.plans.get(&g)?;

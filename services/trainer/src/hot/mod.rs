@@ -23,10 +23,13 @@
 //! - **Waiting.** A member with no minibatch ready answers a round the others started
 //!   with an empty, idle share. At a checkpoint barrier a member takes part in empty
 //!   rounds until every member is at it, so the barrier is passed together and the PS
-//!   holds every hot update trained before it.
+//!   holds every hot update trained before it; a member idle after passing a barrier
+//!   answers as at it, since the data executors pause until every trainer is there.
 //! - **Changes.** At a checkpoint the leader chooses again when the hot rows' share of
 //!   its accesses drifted or the directory lists other trainers; the new plan takes
-//!   effect after a round everyone names. A member whose data ends says so in its next
+//!   effect after a round everyone names (a trainer new to the group installs it at
+//!   once, and the members idle at that moment answer the plan's first round, reaching
+//!   it through the named one). A member whose data ends says so in its next
 //!   round. A member silent for `sync_timeout_ms` ends the group: each trainer pushes its
 //!   unsynchronised gradients to the PS and goes back to it for every row, and the
 //!   choice starts over.
@@ -164,6 +167,8 @@ pub struct HotSync {
     sync_seconds: Option<f64>,
     /// This member's push of the latest round's sum, running beside its next step.
     pushing: Option<JoinHandle<anyhow::Result<()>>>,
+    /// The checkpoint barrier this member passed, until its next step.
+    past_barrier: Option<u64>,
     /// The ring exchange, unless the gradients travel over NATS.
     ring: Option<ring::Ring>,
     /// Over NATS: the share bytes published and received; and the time spent exchanging.
@@ -249,6 +254,7 @@ impl HotSync {
             remote: None,
             sync_seconds: None,
             pushing: None,
+            past_barrier: None,
             ring,
             traffic: Traffic::default(),
         })
@@ -328,6 +334,7 @@ impl HotSync {
         remote: Duration,
     ) -> anyhow::Result<()> {
         self.observe(keys, access_counts, remote);
+        self.past_barrier = None;
         if matches!(self.phase, Phase::Active(_)) {
             self.round(store, hot, RoundMode::Step).await?;
         }

@@ -4,7 +4,9 @@
 //! each pushes its own shard of the sum to the PS. Over NATS the parts carry the shares,
 //! all sum them in member order, and the lowest participant pushes the sum. Either way
 //! every member applies bitwise the same sum, and the pushes run beside the next step.
-//! Idle members answer rounds others started; at a checkpoint barrier members take part in
+//! Idle members answer rounds others started (as at the barrier they last passed, until
+//! their next step), also the first round of a plan that follows their group, which a
+//! trainer new to the group installs at once; at a checkpoint barrier members take part in
 //! empty rounds until all are at it; a silent member ends the group.
 
 use std::sync::Arc;
@@ -34,6 +36,9 @@ pub(super) enum RoundMode {
     AtBarrier(u64),
     /// No minibatch ready; answering a round the others started.
     Idle,
+    /// No minibatch since passing that checkpoint's barrier (the data executors pause
+    /// until every trainer is at it); answering a round the others started.
+    IdlePastBarrier(u64),
 }
 
 /// How a round ended.
@@ -81,7 +86,9 @@ impl HotSync {
         mode: RoundMode,
     ) -> anyhow::Result<RoundEnd> {
         let at_barrier = match mode {
-            RoundMode::AtBarrier(checkpoint) => Some(checkpoint),
+            RoundMode::AtBarrier(checkpoint) | RoundMode::IdlePastBarrier(checkpoint) => {
+                Some(checkpoint)
+            }
             RoundMode::Step | RoundMode::Idle => None,
         };
         let Phase::Active(group) = &self.phase else {
@@ -105,7 +112,7 @@ impl HotSync {
                 generation,
                 round,
                 at_barrier,
-                idle: mode == RoundMode::Idle,
+                idle: matches!(mode, RoundMode::Idle | RoundMode::IdlePastBarrier(_)),
             };
             self.exchange(outgoing, &members, &share).await
         };
@@ -192,6 +199,7 @@ impl HotSync {
                 tokio::time::sleep(IDLE_PAUSE).await;
             }
         }
+        self.past_barrier = Some(checkpoint);
         self.settle().await
     }
 
@@ -201,7 +209,8 @@ impl HotSync {
     }
 
     /// Resolves once another member started this member's next round with a share to
-    /// add (or at a barrier): it waits on this member. Cancel-safe.
+    /// add (or at a barrier), or the first round of a plan that follows this member's
+    /// group: it waits on this member. Cancel-safe.
     pub async fn wanted(&mut self) {
         loop {
             if self.others_wait() {
@@ -214,22 +223,39 @@ impl HotSync {
         }
     }
 
-    /// Answers the round the others wait on with nothing to add.
+    /// Answers the round the others wait on with nothing to add. A member whose group is
+    /// followed by a plan reaches that plan's first round through such rounds: after the
+    /// round the plan names, it installs the plan.
     pub async fn idle_round<S: ParameterStore>(&mut self, store: &Arc<S>) -> anyhow::Result<()> {
         let idle = Share::empty(self.specs.len());
-        self.round(store, idle, RoundMode::Idle).await.map(|_| ())
+        let mode = match self.past_barrier {
+            Some(checkpoint) => RoundMode::IdlePastBarrier(checkpoint),
+            None => RoundMode::Idle,
+        };
+        self.round(store, idle, mode).await.map(|_| ())
     }
 
+    /// Whether another member waits on this one: in this group's current round, or in
+    /// the first round of the plan that follows this group (a trainer that was not in the
+    /// group installs it at once, while this member may have no minibatch coming: the
+    /// data executors pause at a checkpoint until that trainer reaches the barrier too).
     fn others_wait(&self) -> bool {
         let Phase::Active(group) = &self.phase else {
             return false;
         };
-        let Some(arrived) = self.rounds.get(&(group.generation, group.round)) else {
-            return false;
+        let started = |generation: u64, round: u64| {
+            self.rounds
+                .get(&(generation, round))
+                .is_some_and(|arrived| {
+                    arrived.iter().any(|(member, parts)| {
+                        *member != self.me && parts.iter().flatten().any(|p| !p.idle && !p.leaving)
+                    })
+                })
         };
-        arrived.iter().any(|(member, parts)| {
-            *member != self.me && parts.iter().flatten().any(|p| !p.idle && !p.leaving)
-        })
+        let mut following = (group.next.iter().map(|(_, plan)| plan.generation)).chain(
+            (self.plans.keys().copied()).filter(|g| self.plan_follows(*g, group.generation)),
+        );
+        started(group.generation, group.round) || following.any(|g| started(g, 0))
     }
 
     /// Publishes this member's part in a round (its share, over NATS), collects

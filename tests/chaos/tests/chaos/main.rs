@@ -2,7 +2,8 @@
 //! to 80% of its rows, 40% for a deleted file, after its first checkpoint). Each Job is a small mixture DLRM over 400,000 Criteo-like Parquet
 //! rows and 40,000 rows of a JetStream subject, each row's `c26` replaced by its unique id
 //! (`workload.rs`), with a serving replica kept in sync by a serving-sync process, and
-//! `on_ps_failure` and `on_worker_failure: rollback`. After each fault the Job must catch
+//! `on_ps_failure` and `on_worker_failure: rollback`; one trainer, or for the hot-set
+//! fault two trainers sharing a hot set (compared with an undisturbed run of the same). After each fault the Job must catch
 //! up on both sources with every row trained into its final model exactly once: each
 //! row's own embedding updated exactly once (by id), and the Job's trained-sample count
 //! equal to those updates. Its serving replica must then hold the training
@@ -33,7 +34,7 @@ use primus_spec::status::{Phase, Progress, Status};
 use primus_testkit::service::{ServiceProcess, signal};
 use tokio::time::Instant;
 
-use workload::{ROWS, Trained, job_resource, prepare, trained_rows};
+use workload::{ROWS, Trained, Training, job_resource, prepare, trained_rows};
 
 /// One fault the suite injects.
 #[derive(Debug, Clone, Copy)]
@@ -47,11 +48,14 @@ enum Fault {
     KillApiServer,
     RestartNats,
     RestartRedis,
+    /// SIGKILL of one of two trainers sharing a hot set, while the set is replicated.
+    KillHotSetTrainer,
+    /// Last: the other Jobs read the same files.
     DeleteParquetFile,
 }
 
 impl Fault {
-    const ALL: [Fault; 10] = [
+    const ALL: [Fault; 11] = [
         Fault::KillDataExecutor,
         Fault::KillTrainer,
         Fault::KillPsShard,
@@ -61,6 +65,7 @@ impl Fault {
         Fault::KillApiServer,
         Fault::RestartNats,
         Fault::RestartRedis,
+        Fault::KillHotSetTrainer,
         Fault::DeleteParquetFile,
     ];
 
@@ -76,6 +81,14 @@ impl Fault {
             Fault::RestartNats => "restart NATS",
             Fault::RestartRedis => "restart Redis",
             Fault::DeleteParquetFile => "delete a Parquet file",
+            Fault::KillHotSetTrainer => "SIGKILL hot-set trainer",
+        }
+    }
+
+    fn training(self) -> Training {
+        match self {
+            Fault::KillHotSetTrainer => Training::HotSet,
+            _ => Training::OneTrainer,
         }
     }
 }
@@ -111,7 +124,8 @@ async fn every_fault_loses_and_repeats_no_row() {
     let best = prepare(&sandbox).await;
     let mut cluster = Cluster::start(&sandbox).await;
 
-    let baseline = run_undisturbed(&sandbox, &cluster).await;
+    let baseline = run_undisturbed(&sandbox, &cluster, Training::OneTrainer).await;
+    let hot_set_baseline = run_undisturbed(&sandbox, &cluster, Training::HotSet).await;
     let mut report = Report::default();
     for (i, fault) in Fault::ALL.into_iter().enumerate() {
         // Somewhere between 10% and 80% of the rows, after the first checkpoint. A deleted
@@ -123,13 +137,17 @@ async fn every_fault_loses_and_repeats_no_row() {
         };
         let at = ROWS / 100 * (10 + fault_draw(seed, i as u64) % (latest - 9));
         let job = format!("chaos-{i}");
+        let baseline = match fault.training() {
+            Training::OneTrainer => baseline,
+            Training::HotSet => hot_set_baseline,
+        };
         let outcome = run_with(&mut sandbox, &mut cluster, &job, fault, at, baseline).await;
         report.outcomes.push(outcome);
     }
     cluster.master.stop();
 
     println!(
-        "chaos seed {seed}; undisturbed AUC {baseline:.4} (Parquet data's best achievable {best:.4})"
+        "chaos seed {seed}; undisturbed AUC {baseline:.4}, {hot_set_baseline:.4} with a hot set (Parquet data's best achievable {best:.4})"
     );
     println!("{}", report.table());
     assert_eq!(
@@ -148,10 +166,13 @@ async fn every_fault_loses_and_repeats_no_row() {
 /// after a rollback meet another model state than the first time.
 const MAX_AUC_DELTA: f64 = 0.005;
 
-/// Trains the suite's Job with no fault until it caught up; its AUC.
-async fn run_undisturbed(sandbox: &Sandbox, cluster: &Cluster) -> f64 {
-    let job = "chaos-undisturbed";
-    sandbox.apply([job_resource(sandbox, job)]).await;
+/// Trains the suite's Job as `training` says with no fault until it caught up; its AUC.
+async fn run_undisturbed(sandbox: &Sandbox, cluster: &Cluster, training: Training) -> f64 {
+    let job = match training {
+        Training::OneTrainer => "chaos-undisturbed",
+        Training::HotSet => "chaos-undisturbed-hot-set",
+    };
+    sandbox.apply([job_resource(sandbox, job, training)]).await;
     let status = caught_up(sandbox, job).await;
     let progress = status.progress.expect("progress");
     let trained = trained_rows(&shards(cluster, job).await).await;
@@ -186,8 +207,13 @@ async fn run_with(
     at: u64,
     baseline: f64,
 ) -> Outcome {
-    sandbox.apply([job_resource(sandbox, job)]).await;
+    sandbox
+        .apply([job_resource(sandbox, job, fault.training())])
+        .await;
     let before = wait_for_fault_moment(sandbox, job, at).await;
+    if fault.training() == Training::HotSet {
+        wait_for_hot_set(sandbox, job).await;
+    }
     let injected = Instant::now();
     let note = inject(sandbox, cluster, job, fault).await;
     if let Fault::DeleteParquetFile = fault {
@@ -258,6 +284,24 @@ async fn inject(sandbox: &mut Sandbox, cluster: &mut Cluster, job: &str, fault: 
             std::fs::remove_file(&file).expect("delete");
             file.display().to_string()
         }
+        Fault::KillHotSetTrainer => kill(sandbox, job, "trainer-0"),
+    }
+}
+
+/// Waits until `job`'s trainers report the hot set replicated.
+async fn wait_for_hot_set(sandbox: &Sandbox, job: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let rows = sandbox.latest_metrics(job, &["hot_rows"]).await;
+        if rows.is_some_and(|rows| rows.first().is_some_and(|r| *r > 0.0)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{job}: no hot set replicated: {:?}",
+            status(sandbox, job).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

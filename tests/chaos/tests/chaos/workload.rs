@@ -114,11 +114,28 @@ async fn publish_stream_rows(sandbox: &Sandbox) {
     }
 }
 
+/// Who trains a Job of the suite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Training {
+    /// One trainer, every row on the PS.
+    OneTrainer,
+    /// Two trainers replicating a hot set of 1,000 rows after 10 minibatches of warm-up.
+    HotSet,
+}
+
 /// The suite's Job: the small DLRM of `primus_harness::criteo` in mixture mode over both
-/// sources, a serving replica kept in sync, checkpoints every 2 s, and every crash rolled
-/// back to the latest.
-pub(crate) fn job_resource(sandbox: &Sandbox, job: &str) -> primus_spec::Resource {
-    dlrm_job(sandbox, job, 1, 2)
+/// sources, trained as `training` says, a serving replica kept in sync, checkpoints every
+/// 2 s, and every crash rolled back to the latest.
+pub(crate) fn job_resource(
+    sandbox: &Sandbox,
+    job: &str,
+    training: Training,
+) -> primus_spec::Resource {
+    let trainers = match training {
+        Training::OneTrainer => 1,
+        Training::HotSet => 2,
+    };
+    dlrm_job(sandbox, job, trainers, 2)
         .with(|spec| {
             spec.dataset = "criteo-mixed".into();
             spec.mode = TrainingMode::Mixture;
@@ -126,6 +143,10 @@ pub(crate) fn job_resource(sandbox: &Sandbox, job: &str) -> primus_spec::Resourc
             if let Some(checkpoint) = &mut spec.checkpoint {
                 checkpoint.on_ps_failure = PsFailure::Rollback;
                 checkpoint.on_worker_failure = WorkerFailure::Rollback;
+            }
+            if training == Training::HotSet {
+                let hot_set = &mut spec.training.hot_set;
+                (hot_set.enabled, hot_set.warmup_batches, hot_set.rows) = (true, 10, Some(1000));
             }
         })
         .build()

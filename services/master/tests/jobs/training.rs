@@ -114,8 +114,8 @@ fn hot_set_job(sandbox: &Sandbox, name: &str, checkpoint_seconds: u64) -> primus
     job.build()
 }
 
-/// A hot-set member killed mid-Job: the other ends the group when the member falls silent
-/// and trains from the PS, the restarted member joins a new group, the minibatches the dead
+/// A hot-set member killed mid-Job: the master tells the other, which ends the group at
+/// once and trains from the PS, the restarted member joins a new group, the minibatches the dead
 /// one had not confirmed are trained again, and the Job counts every row once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_hot_set_member_is_replaced_without_losing_rows_or_what_was_learned() {
@@ -168,6 +168,14 @@ async fn a_killed_hot_set_member_is_replaced_without_losing_rows_or_what_was_lea
     assert!(
         auc > best - 0.05,
         "AUC {auc:.4} after a hot-set member was killed; best achievable {best:.4}"
+    );
+    // The survivor heard of the crash from the master rather than waiting out the sync
+    // timeout.
+    let master_log = std::fs::read_to_string(sandbox.dir().join("master.log")).expect("master log");
+    assert!(
+        master_log.contains("hot-set members told of a crashed trainer"),
+        "{}",
+        sandbox.logs("dlrm-hot-kill")
     );
     master.stop();
 }

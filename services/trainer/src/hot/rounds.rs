@@ -7,16 +7,18 @@
 //! Idle members answer rounds others started (as at the barrier they last passed, until
 //! their next step), also the first round of a plan that follows their group, which a
 //! trainer new to the group installs at once; at a checkpoint barrier members take part in
-//! empty rounds until all are at it; a silent member ends the group.
+//! empty rounds until all are at it; a silent member, or one the master reported crashed,
+//! ends the group.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use primus_proto::v1::HotRound;
 use primus_proto::v1::hot_message::Kind;
+use primus_proto::v1::{HotMessage, HotRound};
 use primus_spec::job::TableSpec;
 use prost::Message;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::ring::Participant;
@@ -129,7 +131,7 @@ impl HotSync {
                     generation,
                     round,
                     ?silent,
-                    "a hot-set member stayed silent; every row goes through the PS again"
+                    "a hot-set member stayed silent or crashed; every row goes through the PS again"
                 );
                 self.phase = Phase::Warmup(new_warmup());
                 self.publish_keys();
@@ -260,7 +262,8 @@ impl HotSync {
 
     /// Publishes this member's part in a round (its share, over NATS), collects
     /// everyone's, in member order, and sums the round's gradients (around the ring, or
-    /// here). `Err` names the members that stayed silent past the timeout.
+    /// here). `Err` names the members that stayed silent past the timeout, or that the
+    /// master reported crashed while this member waited for them.
     async fn exchange(
         &mut self,
         outgoing: Outgoing,
@@ -304,6 +307,13 @@ impl HotSync {
             let missing = self.missing(generation, round, members);
             if missing.is_empty() {
                 break;
+            }
+            let crashed: Vec<String> = (missing.iter())
+                .filter(|m| self.crashed.contains(*m))
+                .cloned()
+                .collect();
+            if !crashed.is_empty() {
+                return Err(crashed);
             }
             if self.receive(deadline).await.is_err() {
                 return Err(missing);
@@ -357,16 +367,25 @@ impl HotSync {
             Some(_) if participants.len() == 1 => (share.clone(), share.clone()),
             Some(ring) => {
                 let (specs, me) = (&self.specs, &self.me);
-                let sum = ring
-                    .all_reduce(
-                        me,
-                        &participants,
-                        (generation, round),
-                        share,
-                        specs,
-                        deadline,
-                    )
-                    .await?;
+                let summing = ring.all_reduce(
+                    me,
+                    &participants,
+                    (generation, round),
+                    share,
+                    specs,
+                    deadline,
+                );
+                // A participant that crashed mid-ring never passes its part: the master's
+                // report of it ends the round. Other messages are filed after it.
+                let mut held = Vec::new();
+                let ids: Vec<&str> = participants.iter().map(|p| p.id.as_str()).collect();
+                let crash = participant_crash(&mut self.inbox, &ids, me, &mut held);
+                let sum = tokio::select! {
+                    sum = summing => sum,
+                    crashed = crash => Err(vec![crashed]),
+                };
+                held.into_iter().for_each(|message| self.file(message));
+                let sum = sum?;
                 (sum.summed, sum.owned)
             }
             None => {
@@ -401,6 +420,29 @@ impl HotSync {
             })
             .cloned()
             .collect()
+    }
+}
+
+/// Resolves with the id of the first of `participants` (other than `me`) that the master
+/// reports crashed; every other message of `inbox` goes to `held`.
+async fn participant_crash(
+    inbox: &mut mpsc::UnboundedReceiver<HotMessage>,
+    participants: &[&str],
+    me: &str,
+    held: &mut Vec<HotMessage>,
+) -> String {
+    loop {
+        match inbox.recv().await {
+            Some(HotMessage {
+                kind: Some(Kind::Crashed(crashed)),
+            }) if crashed.trainer_id != me
+                && participants.contains(&crashed.trainer_id.as_str()) =>
+            {
+                return crashed.trainer_id;
+            }
+            Some(message) => held.push(message),
+            None => std::future::pending().await,
+        }
     }
 }
 

@@ -350,15 +350,8 @@ async fn a_silent_member_ends_the_group_and_the_other_trains_through_the_ps() {
         let hung = a.train(feed(31, 20), Duration::ZERO, &steps_a);
         let other = b.train(feed(32, 20), Duration::from_secs(60), &Quiet);
         tokio::pin!(hung, other);
-        // Both train until trainer-0 has done 8 steps; then nothing polls trainer-0 any
-        // more, as if its process hung.
-        while steps_a.0.load(Ordering::SeqCst) < 8 {
-            tokio::select! {
-                _ = &mut hung => panic!("trainer-0 ended"),
-                _ = &mut other => panic!("trainer-1 ended before trainer-0 hung"),
-                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
-            }
-        }
+        // Then nothing polls trainer-0 any more, as if its process hung.
+        until_trainer_0_stepped(hung, other.as_mut(), &steps_a, 8).await;
         other.await
     };
     done.expect("trainer-1");
@@ -479,15 +472,9 @@ async fn a_member_the_master_reports_crashed_ends_the_group_at_once() {
         let hung = a.train(feed(51, 20), Duration::ZERO, &steps_a);
         let other = b.train(feed(52, 20), Duration::from_secs(60), &Quiet);
         tokio::pin!(hung, other);
-        // Both train until trainer-0 has done 8 steps in the group; then nothing polls
-        // trainer-0 any more, as if its process died, and the master says it crashed.
-        while steps_a.0.load(Ordering::SeqCst) < 8 {
-            tokio::select! {
-                _ = &mut hung => panic!("trainer-0 ended"),
-                _ = &mut other => panic!("trainer-1 ended before trainer-0 crashed"),
-                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
-            }
-        }
+        // Then nothing polls trainer-0 any more, as if its process died, and the master
+        // says it crashed.
+        until_trainer_0_stepped(hung, other.as_mut(), &steps_a, 8).await;
         let crashed = HotMessage {
             kind: Some(Kind::Crashed(HotMemberCrashed {
                 trainer_id: "trainer-0".into(),
@@ -503,6 +490,23 @@ async fn a_member_the_master_reports_crashed_ends_the_group_at_once() {
     assert_eq!(b.meter.steps, 20, "trainer-1 trained every minibatch");
     let status = b.hot_set().expect("hot set").status();
     assert_eq!(status.rows, 0, "no hot set is left: {status:?}");
+}
+
+/// Polls both trainings until trainer-0 (`hung`, counted by `reports`) did `steps` steps;
+/// neither may end before.
+async fn until_trainer_0_stepped<A: Future, B: Future>(
+    mut hung: std::pin::Pin<&mut A>,
+    mut other: std::pin::Pin<&mut B>,
+    reports: &Steps,
+    steps: u64,
+) {
+    while reports.0.load(Ordering::SeqCst) < steps {
+        tokio::select! {
+            _ = &mut hung => panic!("trainer-0 ended"),
+            _ = &mut other => panic!("trainer-1 ended before trainer-0 stopped"),
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+    }
 }
 
 /// Counts a trainer's reports (one per step with a zero interval).

@@ -327,16 +327,18 @@ mod tests {
         }
     }
 
+    /// Task `id`'s ledger, its rows starting at `offset`.
+    fn ledger(id: &str, offset: u64) -> Arc<TaskLedger> {
+        Arc::new(TaskLedger::new(id.into(), offset))
+    }
+
     /// A minibatch names the task rows it holds: a chunk split between two minibatches,
     /// chunks of one task joined into one range, and two tasks in one minibatch. A task's
     /// offset to report is what was consumed without a gap, not what was served.
     #[tokio::test]
     async fn a_minibatch_names_the_task_rows_it_holds() {
         let buffers = Buffers::new(vec![("batch".into(), SourceKind::Batch, 1.0)], 1000);
-        let (a, b) = (
-            Arc::new(TaskLedger::new("a".into(), 40)),
-            Arc::new(TaskLedger::new("b".into(), 0)),
-        );
+        let (a, b) = (ledger("a", 40), ledger("b", 0));
         buffers.push(0, chunk(30, 0.0, &a, 40)).await;
         buffers.push(0, chunk(30, 0.0, &a, 70)).await;
         buffers.push(0, chunk(50, 0.0, &b, 0)).await;
@@ -393,7 +395,7 @@ mod tests {
     #[tokio::test]
     async fn chunks_served_in_slices_hand_out_each_row_once_in_order() {
         let buffers = Buffers::new(vec![("batch".into(), SourceKind::Batch, 1.0)], 1000);
-        let task = Arc::new(TaskLedger::new("t".into(), 0));
+        let task = ledger("t", 0);
         buffers.push(0, numbered(50, &task, 0)).await;
         buffers.push(0, numbered(50, &task, 50)).await;
         let mut labels = Vec::new();
@@ -428,8 +430,8 @@ mod tests {
             ],
             1000,
         );
-        let batch_task = Arc::new(TaskLedger::new("b".into(), 0));
-        let stream_task = Arc::new(TaskLedger::new("s".into(), 0));
+        let batch_task = ledger("b", 0);
+        let stream_task = ledger("s", 0);
         // A backlog of 500 batch rows, 100 stream rows.
         for i in 0..5 {
             buffers.push(0, chunk(100, 0.0, &batch_task, i * 100)).await;
@@ -460,7 +462,7 @@ mod tests {
             vec![("a".into(), SourceKind::Batch, 1.0)],
             100,
         ));
-        let task = Arc::new(TaskLedger::new("t".into(), 0));
+        let task = ledger("t", 0);
         let writer = buffers.writer(0);
         buffers.push(0, chunk(30, 0.0, &task, 0)).await;
         assert!(
@@ -491,10 +493,7 @@ mod tests {
     #[tokio::test]
     async fn rows_of_a_task_taken_back_are_dropped() {
         let buffers = Buffers::new(vec![("a".into(), SourceKind::Batch, 1.0)], 200);
-        let (kept, lost) = (
-            Arc::new(TaskLedger::new("kept".into(), 0)),
-            Arc::new(TaskLedger::new("lost".into(), 0)),
-        );
+        let (kept, lost) = (ledger("kept", 0), ledger("lost", 0));
         buffers.push(0, chunk(60, 0.0, &lost, 0)).await;
         buffers.push(0, chunk(40, 1.0, &kept, 0)).await;
         buffers.push(0, chunk(20, 0.0, &lost, 60)).await;
@@ -510,10 +509,7 @@ mod tests {
     #[tokio::test]
     async fn a_part_served_chunk_stays_at_the_front_when_another_task_is_taken_back() {
         let buffers = Buffers::new(vec![("a".into(), SourceKind::Batch, 1.0)], 100);
-        let (kept, lost) = (
-            Arc::new(TaskLedger::new("kept".into(), 0)),
-            Arc::new(TaskLedger::new("lost".into(), 0)),
-        );
+        let (kept, lost) = (ledger("kept", 0), ledger("lost", 0));
         buffers.push(0, numbered(60, &kept, 0)).await;
         buffers.push(0, chunk(40, 1.0, &lost, 0)).await;
         let first = buffers.try_pop(25).expect("a minibatch");
@@ -532,11 +528,11 @@ mod tests {
     #[tokio::test]
     async fn a_chunk_of_a_task_taken_back_is_not_buffered_and_frees_its_space() {
         let buffers = Buffers::new(vec![("a".into(), SourceKind::Batch, 1.0)], 100);
-        let gone = Arc::new(TaskLedger::new("gone".into(), 0));
+        let gone = ledger("gone", 0);
         gone.take_back();
         buffers.push(0, chunk(100, 0.0, &gone, 0)).await;
         assert!(buffers.is_empty());
-        let kept = Arc::new(TaskLedger::new("kept".into(), 0));
+        let kept = ledger("kept", 0);
         // Would wait forever if the refused chunk kept its space.
         tokio::time::timeout(
             Duration::from_secs(5),

@@ -26,6 +26,25 @@ pub struct MetricsFold {
     series: BTreeMap<(String, String, String), Vec<MetricPoint>>,
 }
 
+/// A trainer's scores over the newest samples it trained (its progressive evaluation).
+const EVALUATION: [&str; 3] = ["auc", "logloss", "calibration"];
+
+/// A trainer process that has scored nothing yet (one restarted, say) keeps the scores its
+/// executor last reported: the newest samples trained under its id are still those.
+fn keep_evaluation(previous: &MetricsReport, report: &mut MetricsReport) {
+    if EVALUATION
+        .iter()
+        .any(|name| report.gauges.contains_key(*name))
+    {
+        return;
+    }
+    for name in EVALUATION {
+        if let Some(value) = previous.gauges.get(name) {
+            report.gauges.insert(name.to_owned(), *value);
+        }
+    }
+}
+
 fn role_name(report: &MetricsReport) -> String {
     let role = report
         .endpoint
@@ -44,6 +63,9 @@ impl MetricsFold {
             .as_ref()
             .map(|e| e.id.clone())
             .unwrap_or_default();
+        if let Some(previous) = self.latest.get(&id) {
+            keep_evaluation(previous, &mut report);
+        }
         if self.retired.contains(&id) {
             report.gauges.clear();
         }
@@ -284,6 +306,20 @@ mod tests {
             .collect();
         assert_eq!(per_source, [("files", 1125), ("live", 375)]);
         assert!(!fold.tick(3), "no new report, no new point");
+    }
+
+    #[test]
+    fn a_restarted_trainer_keeps_its_scores_until_it_scores_again() {
+        let mut fold = MetricsFold::default();
+        fold.add(report("t0", 100.0, 0.7, 1000));
+        let mut restarted = report("t0", 0.0, 0.0, 1000);
+        restarted.gauges.remove("auc");
+        fold.add(restarted);
+        let progress = fold.progress().expect("trainers reported");
+        assert_eq!(progress.auc, Some(0.7));
+        assert_eq!(progress.samples_per_second, 0.0, "rates are not kept");
+        fold.add(report("t0", 90.0, 0.72, 1200));
+        assert_eq!(fold.progress().and_then(|p| p.auc), Some(0.72));
     }
 
     #[test]

@@ -53,8 +53,9 @@ impl Report {
 
     /// The table, one row per fault, then the summary line.
     pub fn table(&self) -> String {
+        let width = (self.outcomes.iter().map(|o| o.fault.len())).fold("fault".len(), usize::max);
         let mut out = format!(
-            "{:<24} {:>12} {:>10} {:>16} {:>10}  note\n",
+            "{:<width$} {:>12} {:>10} {:>16} {:>10}  note\n",
             "fault", "recovered s", "rows lost", "rows duplicated", "AUC delta"
         );
         for o in &self.outcomes {
@@ -62,7 +63,7 @@ impl Report {
             let delta = o.auc_delta.map_or("-".to_owned(), |d| format!("{d:.4}"));
             let _ = writeln!(
                 out,
-                "{:<24} {recovered:>12} {:>10} {:>16} {delta:>10}  {}",
+                "{:<width$} {recovered:>12} {:>10} {:>16} {delta:>10}  {}",
                 o.fault, o.lost, o.duplicated, o.note
             );
         }
@@ -122,6 +123,21 @@ mod tests {
         let table = report.table();
         assert!(table.ends_with(&report.summary()), "{table}");
         assert_eq!(table.lines().count(), 5, "{table}");
+    }
+
+    #[test]
+    fn the_columns_line_up_past_the_longest_fault() {
+        let long = "a fault with a name longer than the header allows";
+        let mut slow = outcome(long, 0, 0, Some(0.001));
+        slow.recovered_s = Some(12.5);
+        let report = Report {
+            outcomes: vec![outcome("a", 0, 0, None), slow],
+        };
+        let table = report.table();
+        let recovered: Vec<&str> = (table.lines().take(3))
+            .map(|line| line[long.len() + 1..long.len() + 13].trim())
+            .collect();
+        assert_eq!(recovered, ["recovered s", "-", "12.5"], "{table}");
     }
 
     #[test]

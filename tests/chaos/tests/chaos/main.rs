@@ -3,7 +3,9 @@
 //! rows and 40,000 rows of a JetStream subject, each row's `c26` replaced by its unique id
 //! (`workload.rs`), with a serving replica kept in sync by a serving-sync process, and
 //! `on_ps_failure` and `on_worker_failure: rollback`; one trainer, or for the hot-set
-//! fault two trainers sharing a hot set (compared with an undisturbed run of the same). After each fault the Job must catch
+//! fault two trainers sharing a hot set (compared with an undisturbed run of the same). A
+//! data executor and a trainer are also killed under `on_worker_failure: continue`, the
+//! default, where nothing is rolled back. After each fault the Job must catch
 //! up on both sources with every row trained into its final model exactly once: each
 //! row's own embedding updated exactly once (by id), and the Job's trained-sample count
 //! equal to those updates. Its serving replica must then hold the training
@@ -30,6 +32,7 @@ use primus_harness::rows::{Rows, replica_rows, training_rows};
 use primus_harness::{MasterProcess, Sandbox};
 use primus_proto::v1::Role;
 use primus_spec::Kind;
+use primus_spec::job::WorkerFailure;
 use primus_spec::status::{Phase, Progress, Status};
 use primus_testkit::service::{ServiceProcess, signal};
 use tokio::time::Instant;
@@ -41,6 +44,12 @@ use workload::{ROWS, Trained, Training, job_resource, prepare, trained_rows};
 enum Fault {
     KillDataExecutor,
     KillTrainer,
+    /// As `KillDataExecutor` under `on_worker_failure: continue`: its successor goes on
+    /// from the rows the trainer consumed.
+    KillDataExecutorContinuing,
+    /// As `KillTrainer` under `on_worker_failure: continue`: the minibatches it had not
+    /// confirmed are served again and each PS shard applies them once.
+    KillTrainerContinuing,
     KillPsShard,
     KillServingReplica,
     KillServingSync,
@@ -55,9 +64,11 @@ enum Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 11] = [
+    const ALL: [Fault; 13] = [
         Fault::KillDataExecutor,
         Fault::KillTrainer,
+        Fault::KillDataExecutorContinuing,
+        Fault::KillTrainerContinuing,
         Fault::KillPsShard,
         Fault::KillServingReplica,
         Fault::KillServingSync,
@@ -73,6 +84,8 @@ impl Fault {
         match self {
             Fault::KillDataExecutor => "SIGKILL data executor",
             Fault::KillTrainer => "SIGKILL trainer",
+            Fault::KillDataExecutorContinuing => "SIGKILL data executor (continue)",
+            Fault::KillTrainerContinuing => "SIGKILL trainer (continue)",
             Fault::KillPsShard => "SIGKILL PS shard",
             Fault::KillServingReplica => "SIGKILL serving replica",
             Fault::KillServingSync => "SIGKILL serving-sync",
@@ -89,6 +102,16 @@ impl Fault {
         match self {
             Fault::KillHotSetTrainer => Training::HotSet,
             _ => Training::OneTrainer,
+        }
+    }
+
+    /// `spec.checkpoint.on_worker_failure` of the Job it is injected into.
+    fn on_worker_failure(self) -> WorkerFailure {
+        match self {
+            Fault::KillDataExecutorContinuing | Fault::KillTrainerContinuing => {
+                WorkerFailure::Continue
+            }
+            _ => WorkerFailure::Rollback,
         }
     }
 }
@@ -172,7 +195,8 @@ async fn run_undisturbed(sandbox: &Sandbox, cluster: &Cluster, training: Trainin
         Training::OneTrainer => "chaos-undisturbed",
         Training::HotSet => "chaos-undisturbed-hot-set",
     };
-    sandbox.apply([job_resource(sandbox, job, training)]).await;
+    let resource = job_resource(sandbox, job, training, WorkerFailure::Rollback);
+    sandbox.apply([resource]).await;
     let status = caught_up(sandbox, job).await;
     let progress = status.progress.expect("progress");
     let trained = trained_rows(&shards(cluster, job).await).await;
@@ -207,9 +231,8 @@ async fn run_with(
     at: u64,
     baseline: f64,
 ) -> Outcome {
-    sandbox
-        .apply([job_resource(sandbox, job, fault.training())])
-        .await;
+    let resource = job_resource(sandbox, job, fault.training(), fault.on_worker_failure());
+    sandbox.apply([resource]).await;
     let before = wait_for_fault_moment(sandbox, job, at).await;
     if fault.training() == Training::HotSet {
         wait_for_hot_set(sandbox, job).await;
@@ -226,6 +249,10 @@ async fn run_with(
     let progress = status.progress.clone().expect("progress");
     let trained = trained_rows(&shards(cluster, job).await).await;
     counted_as_trained(job, &progress, &trained);
+    if fault.on_worker_failure() == WorkerFailure::Continue {
+        let rollback = rolled_back(&status);
+        assert!(rollback.is_none(), "{job} rolled back: {rollback:?}");
+    }
     let (lost, duplicated) = (trained.lost, trained.repeated);
     let (held, served) = served_rows(cluster, job).await;
     assert!(
@@ -235,8 +262,9 @@ async fn run_with(
         differing(&held, &served),
         held.len()
     );
+    let logs = sandbox.logs(job);
     sandbox.delete_job(job).await;
-    let auc = progress.auc.expect("an AUC");
+    let auc = (progress.auc).unwrap_or_else(|| panic!("{job}: no AUC in {status:?}\n{logs}"));
     Outcome {
         fault: fault.name(),
         recovered_s,
@@ -250,8 +278,10 @@ async fn run_with(
 /// Injects `fault` into the running `job`; what was done.
 async fn inject(sandbox: &mut Sandbox, cluster: &mut Cluster, job: &str, fault: Fault) -> String {
     match fault {
-        Fault::KillDataExecutor => kill(sandbox, job, "data_executor-0"),
-        Fault::KillTrainer => kill(sandbox, job, "trainer-0"),
+        Fault::KillDataExecutor | Fault::KillDataExecutorContinuing => {
+            kill(sandbox, job, "data_executor-0")
+        }
+        Fault::KillTrainer | Fault::KillTrainerContinuing => kill(sandbox, job, "trainer-0"),
         Fault::KillPsShard => kill(sandbox, job, "ps-0"),
         Fault::KillServingReplica => kill(sandbox, job, "serving-0"),
         Fault::KillServingSync => {

@@ -125,11 +125,13 @@ pub(crate) enum Training {
 
 /// The suite's Job: the small DLRM of `primus_harness::criteo` in mixture mode over both
 /// sources, trained as `training` says, a serving replica kept in sync, checkpoints every
-/// 2 s, and every crash rolled back to the latest.
+/// 2 s, a crashed PS shard rolled back to the latest, and a crashed data executor or
+/// trainer as `on_worker_failure` says.
 pub(crate) fn job_resource(
     sandbox: &Sandbox,
     job: &str,
     training: Training,
+    on_worker_failure: WorkerFailure,
 ) -> primus_spec::Resource {
     let trainers = match training {
         Training::OneTrainer => 1,
@@ -142,7 +144,7 @@ pub(crate) fn job_resource(
             served(spec);
             if let Some(checkpoint) = &mut spec.checkpoint {
                 checkpoint.on_ps_failure = PsFailure::Rollback;
-                checkpoint.on_worker_failure = WorkerFailure::Rollback;
+                checkpoint.on_worker_failure = on_worker_failure;
             }
             if training == Training::HotSet {
                 let hot_set = &mut spec.training.hot_set;

@@ -366,6 +366,11 @@ impl HotSync {
         let (summed, push) = match &mut self.ring {
             Some(_) if participants.len() == 1 => (share.clone(), share.clone()),
             Some(ring) => {
+                // A crash the master reported before this round's ring (filed while
+                // waiting for the parts) ends it here: the dead participant passes nothing.
+                if let Some(dead) = participants.iter().find(|p| self.crashed.contains(&p.id)) {
+                    return Err(vec![dead.id.clone()]);
+                }
                 let (specs, me) = (&self.specs, &self.me);
                 let summing = ring.all_reduce(
                     me,
@@ -380,11 +385,14 @@ impl HotSync {
                 let mut held = Vec::new();
                 let ids: Vec<&str> = participants.iter().map(|p| p.id.as_str()).collect();
                 let crash = participant_crash(&mut self.inbox, &ids, me, &mut held);
-                let sum = tokio::select! {
-                    sum = summing => sum,
-                    crashed = crash => Err(vec![crashed]),
+                let (sum, reported) = tokio::select! {
+                    sum = summing => (sum, None),
+                    crashed = crash => (Err(vec![crashed.clone()]), Some(crashed)),
                 };
                 held.into_iter().for_each(|message| self.file(message));
+                // Remembered like a crash filed from the inbox: a choice that follows
+                // does not wait for that trainer's plan.
+                self.crashed.extend(reported);
                 let sum = sum?;
                 (sum.summed, sum.owned)
             }

@@ -53,6 +53,19 @@ fn table_spec(name: &str) -> TableSpec {
 struct Shard {
     addr: String,
     shutdown: Shutdown,
+    running: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Shard {
+    /// Shuts the shard down and waits until it has stopped serving, on its listener and on
+    /// the connections clients hold open.
+    async fn stop(self) {
+        self.shutdown.trigger();
+        self.running
+            .await
+            .expect("the shard's task")
+            .expect("the shard stops cleanly");
+    }
 }
 
 async fn start_shard(nats: &NatsServer, tables: Vec<TableSpec>) -> Shard {
@@ -85,12 +98,16 @@ fn shard_settings(nats: &NatsServer, tables: Vec<TableSpec>) -> PsSettings {
 async fn start(settings: PsSettings) -> Shard {
     let addr = settings.server.grpc_addr.to_string();
     let shutdown = Shutdown::new();
-    tokio::spawn(primus_ps::run(settings, shutdown.clone()));
+    let running = tokio::spawn(primus_ps::run(settings, shutdown.clone()));
     // A PS on a GPU compiles its kernels (NVRTC) before it serves.
     wait_for_health(&addr, ServingStatus::Serving, Duration::from_secs(60))
         .await
         .expect("ps serving");
-    Shard { addr, shutdown }
+    Shard {
+        addr,
+        shutdown,
+        running,
+    }
 }
 
 /// A raw gRPC client of the shard at `addr`.

@@ -41,10 +41,9 @@ async fn a_push_holds_the_part_of_a_restarting_shard_and_applies_it_once_it_is_b
     let (keys0, grads0) = (batch(0, 300), grads_for(0, 300));
     client.push("items", &keys0, &grads0).await.expect("push 0");
 
-    shards[1].shutdown.trigger();
-    while TcpStream::connect(&addrs[1]).await.is_ok() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Stopped, not only closed to new connections: the client's open connection to it
+    // must not serve the push below.
+    shards.pop().expect("shard 1").stop().await;
     let (keys1, grads1) = (batch(1, 300), grads_for(1, 300));
     let pushing = {
         let (client, keys, grads) = (client.clone(), keys1.clone(), grads1.clone());

@@ -385,14 +385,11 @@ impl HotSync {
                 let mut held = Vec::new();
                 let ids: Vec<&str> = participants.iter().map(|p| p.id.as_str()).collect();
                 let crash = participant_crash(&mut self.inbox, &ids, me, &mut held);
-                let (sum, reported) = tokio::select! {
-                    sum = summing => (sum, None),
-                    crashed = crash => (Err(vec![crashed.clone()]), Some(crashed)),
+                let sum = tokio::select! {
+                    sum = summing => sum,
+                    crashed = crash => Err(vec![crashed]),
                 };
                 held.into_iter().for_each(|message| self.file(message));
-                // Remembered like a crash filed from the inbox: a choice that follows
-                // does not wait for that trainer's plan.
-                self.crashed.extend(reported);
                 let sum = sum?;
                 (sum.summed, sum.owned)
             }
@@ -432,7 +429,8 @@ impl HotSync {
 }
 
 /// Resolves with the id of the first of `participants` (other than `me`) that the master
-/// reports crashed; every other message of `inbox` goes to `held`.
+/// reports crashed. Every message of `inbox` it read goes to `held`, the report too, so
+/// that filing them records the crash for the choice that follows.
 async fn participant_crash(
     inbox: &mut mpsc::UnboundedReceiver<HotMessage>,
     participants: &[&str],
@@ -440,16 +438,21 @@ async fn participant_crash(
     held: &mut Vec<HotMessage>,
 ) -> String {
     loop {
-        match inbox.recv().await {
-            Some(HotMessage {
-                kind: Some(Kind::Crashed(crashed)),
-            }) if crashed.trainer_id != me
-                && participants.contains(&crashed.trainer_id.as_str()) =>
+        let Some(message) = inbox.recv().await else {
+            return std::future::pending().await;
+        };
+        let crashed = match &message.kind {
+            Some(Kind::Crashed(crashed))
+                if crashed.trainer_id != me
+                    && participants.contains(&crashed.trainer_id.as_str()) =>
             {
-                return crashed.trainer_id;
+                Some(crashed.trainer_id.clone())
             }
-            Some(message) => held.push(message),
-            None => std::future::pending().await,
+            _ => None,
+        };
+        held.push(message);
+        if let Some(crashed) = crashed {
+            return crashed;
         }
     }
 }

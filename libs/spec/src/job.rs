@@ -550,9 +550,9 @@ pub enum WorkerFailure {
     /// The restarted process continues: a data executor's tasks and stream bindings go on
     /// from the rows its trainers consumed, a trainer from its last confirmed totals. The
     /// minibatches a trainer was sent and had not confirmed are served again, and each PS
-    /// shard applies a minibatch's gradients once. With a `training.hot_set` a killed
-    /// member can still cost a minibatch applied twice or a part of a round's update lost
-    /// (docs/operations.md).
+    /// shard applies a minibatch's gradients once. With a `training.hot_set` a crashed
+    /// trainer rolls the Job back as `rollback` does: its gradients in the hot set's last
+    /// round cannot be continued from exactly (docs/operations.md).
     #[default]
     Continue,
     /// The whole Job returns to the latest checkpoint, as `on_ps_failure: rollback` does,

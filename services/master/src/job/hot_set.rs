@@ -1,6 +1,7 @@
 //! A Job's hot set, seen from the master: when one of its trainers crashes, the master
 //! says so on the Job's hot-set subject, so the other members end a group it was in at once
-//! instead of waiting out `training.hot_set.sync_timeout_ms` in their next round.
+//! instead of waiting out `training.hot_set.sync_timeout_ms` in their next round, while the
+//! Job rolls back (`recovery.rs`).
 
 use primus_bus::Bus;
 use primus_proto::v1::hot_message::Kind;

@@ -399,6 +399,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                     workers: (checked.spec.checkpoint.as_ref())
                         .map(|c| c.on_worker_failure)
                         .unwrap_or_default(),
+                    hot_set: checked.spec.training.hot_set.enabled,
                 },
                 recovered_tx,
             )),

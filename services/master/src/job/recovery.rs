@@ -25,8 +25,8 @@ pub(crate) type Recovered = Result<(&'static str, String), String>;
 pub(crate) enum Restart {
     /// `restore_shard`: it was restored alone ([`Recovered`]).
     Restored(Recovered),
-    /// `rollback`: the Job returns to its checkpoint after this executor crashed (a PS
-    /// shard awaits that restore).
+    /// `rollback`: the Job returns to its checkpoint after an executor crashed (a PS shard
+    /// awaits that restore); what crashed, as a phrase (`trainer-0 crashed`).
     RollBack(String),
 }
 
@@ -41,6 +41,8 @@ pub(crate) struct ShardRestarts {
     pub(crate) policy: PsFailure,
     /// `spec.checkpoint.on_worker_failure`.
     pub(crate) workers: WorkerFailure,
+    /// Whether the Job's trainers share a `training.hot_set`.
+    pub(crate) hot_set: bool,
 }
 
 /// Restores every PS shard of the Job the backend restarts, sending how each went, or with
@@ -60,6 +62,7 @@ pub(crate) async fn recover_restarted_shards(
         totals,
         policy,
         workers,
+        hot_set,
     } = restarts;
     loop {
         let shard = match events.recv().await {
@@ -76,10 +79,10 @@ pub(crate) async fn recover_restarted_shards(
             {
                 id
             }
-            Ok(BackendEvent::Restarting { job: of, id, .. })
-                if of == job && workers == WorkerFailure::Rollback && is_worker(&id) =>
-            {
-                if outcomes.send(Restart::RollBack(id)).await.is_err() {
+            Ok(BackendEvent::Restarting { job: of, id, .. }) if of == job => {
+                if let Some(crash) = worker_rollback(workers, hot_set, &id)
+                    && outcomes.send(Restart::RollBack(crash)).await.is_err()
+                {
                     return;
                 }
                 continue;
@@ -104,7 +107,7 @@ pub(crate) async fn recover_restarted_shards(
         let outcome = match policy {
             // The Job's loop restores every shard and says when it is done.
             PsFailure::Rollback => match serving_again(endpoint).await {
-                Ok(()) => Restart::RollBack(shard),
+                Ok(()) => Restart::RollBack(format!("{shard} crashed")),
                 Err(message) => Restart::Restored(Err(message)),
             },
             PsFailure::RestoreShard => {
@@ -173,9 +176,67 @@ async fn serving_again(shard: &Endpoint) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether executor `id` is a data executor or a trainer.
-fn is_worker(id: &str) -> bool {
-    [ExecutorRole::DataExecutor, ExecutorRole::Trainer]
-        .iter()
-        .any(|role| id.starts_with(role.as_str()))
+/// The crash that rolls the Job back when worker `id` restarts, if it does: any data
+/// executor's or trainer's under `on_worker_failure: rollback`, and a trainer's under either
+/// policy when the trainers share a hot set. A hot-set member's crash cannot be continued
+/// from exactly: the gradients it gave to a round reach the PS only through the round's
+/// sum, which survivors may or may not have applied and pushed, so the minibatch served
+/// again could be applied twice or a share of the round lost. The rounds are a collective,
+/// and like DLRover-RM's allreduce jobs (§5.2) the group restarts from the checkpoint.
+fn worker_rollback(workers: WorkerFailure, hot_set: bool, id: &str) -> Option<String> {
+    let is = |role: ExecutorRole| id.starts_with(role.as_str());
+    if hot_set && is(ExecutorRole::Trainer) {
+        return Some(format!("{id}, a member of the hot set, crashed"));
+    }
+    let worker = is(ExecutorRole::DataExecutor) || is(ExecutorRole::Trainer);
+    (workers == WorkerFailure::Rollback && worker).then(|| format!("{id} crashed"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_rolls_the_job_back_under_rollback_and_a_hot_set_member_always() {
+        use WorkerFailure::{Continue, Rollback};
+        let cases = [
+            (
+                Rollback,
+                false,
+                "data_executor-1",
+                Some("data_executor-1 crashed"),
+            ),
+            (Rollback, false, "trainer-0", Some("trainer-0 crashed")),
+            (Continue, false, "trainer-0", None),
+            (Continue, false, "data_executor-0", None),
+            (
+                Continue,
+                true,
+                "trainer-1",
+                Some("trainer-1, a member of the hot set, crashed"),
+            ),
+            (
+                Rollback,
+                true,
+                "trainer-0",
+                Some("trainer-0, a member of the hot set, crashed"),
+            ),
+            (Continue, true, "data_executor-0", None),
+            (
+                Rollback,
+                true,
+                "data_executor-0",
+                Some("data_executor-0 crashed"),
+            ),
+            (Rollback, true, "serving-0", None),
+            (Rollback, false, "ps-0", None),
+        ];
+        for (workers, hot_set, id, expected) in cases {
+            assert_eq!(
+                worker_rollback(workers, hot_set, id).as_deref(),
+                expected,
+                "{workers:?}, hot set {hot_set}, {id}"
+            );
+        }
+    }
 }

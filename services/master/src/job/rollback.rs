@@ -1,5 +1,6 @@
 //! `spec.checkpoint.on_ps_failure: rollback` (a crashed PS shard) and `on_worker_failure:
-//! rollback` (a crashed data executor or trainer) return the whole Job to its latest
+//! rollback` (a crashed data executor or trainer), and under either worker policy a crashed
+//! trainer of a Job with a hot set (`recovery.rs`), return the whole Job to its latest
 //! checkpoint, so no Parquet row's update is lost or applied twice. The data
 //! executors and trainers are killed (nothing they would still send or push counts), their
 //! tasks go back to the queue at the checkpoint's offsets, every PS shard is restored from
@@ -25,13 +26,13 @@ const WORKERS: [ExecutorRole; 2] = [ExecutorRole::DataExecutor, ExecutorRole::Tr
 const REPORTS_IN_FLIGHT: Duration = Duration::from_millis(300);
 
 impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
-    /// Rolls the Job back to its latest checkpoint after executor `crashed` crashed, and
+    /// Rolls the Job back to its latest checkpoint after `crash` (`ps-0 crashed`), and
     /// says so in the `RolledBack` condition and the Job's events.
-    pub(super) async fn roll_back(&mut self, crashed: &str) -> ControlFlow<Outcome> {
+    pub(super) async fn roll_back(&mut self, crash: &str) -> ControlFlow<Outcome> {
         let failed = |message: String| {
             ControlFlow::Break(Outcome::failed(
                 "RollbackFailed",
-                format!("rolling back after {crashed} crashed: {message}"),
+                format!("rolling back after {crash}: {message}"),
             ))
         };
         // It cannot commit with a shard gone, and must not pause executors being killed.
@@ -88,7 +89,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             *self.retrained_sources.entry(source).or_default() += samples;
         }
         let message = format!(
-            "{crashed} crashed: the Job returned to {restored}; {retrained} samples trained since are trained again, {} in all",
+            "{crash}: the Job returned to {restored}; {retrained} samples trained since are trained again, {} in all",
             self.retrained_samples
         );
         tracing::warn!(job = self.name, %message, "rolled back");

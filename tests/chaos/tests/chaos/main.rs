@@ -5,7 +5,8 @@
 //! `on_ps_failure` and `on_worker_failure: rollback`; one trainer, or for the hot-set
 //! fault two trainers sharing a hot set (compared with an undisturbed run of the same). A
 //! data executor and a trainer are also killed under `on_worker_failure: continue`, the
-//! default, where nothing is rolled back. After each fault the Job must catch
+//! default, where nothing is rolled back, and so is a hot-set member, whose crash rolls
+//! the Job back under either policy. After each fault the Job must catch
 //! up on both sources with every row trained into its final model exactly once: each
 //! row's own embedding updated exactly once (by id), and the Job's trained-sample count
 //! equal to those updates. Its serving replica must then hold the training
@@ -57,7 +58,8 @@ enum Fault {
     KillApiServer,
     RestartNats,
     RestartRedis,
-    /// SIGKILL of one of two trainers sharing a hot set, while the set is replicated.
+    /// SIGKILL of one of two trainers sharing a hot set, while the set is replicated, under
+    /// `on_worker_failure: continue`: the Job rolls back all the same.
     KillHotSetTrainer,
     /// Last: the other Jobs read the same files.
     DeleteParquetFile,
@@ -94,7 +96,7 @@ impl Fault {
             Fault::RestartNats => "restart NATS",
             Fault::RestartRedis => "restart Redis",
             Fault::DeleteParquetFile => "delete a Parquet file",
-            Fault::KillHotSetTrainer => "SIGKILL hot-set trainer",
+            Fault::KillHotSetTrainer => "SIGKILL hot-set trainer (continue)",
         }
     }
 
@@ -108,10 +110,19 @@ impl Fault {
     /// `spec.checkpoint.on_worker_failure` of the Job it is injected into.
     fn on_worker_failure(self) -> WorkerFailure {
         match self {
-            Fault::KillDataExecutorContinuing | Fault::KillTrainerContinuing => {
-                WorkerFailure::Continue
-            }
+            Fault::KillDataExecutorContinuing
+            | Fault::KillTrainerContinuing
+            | Fault::KillHotSetTrainer => WorkerFailure::Continue,
             _ => WorkerFailure::Rollback,
+        }
+    }
+
+    /// What the Job's `RolledBack` condition must say under `on_worker_failure: continue`
+    /// (`None`: the Job must not roll back); unchecked under `rollback`.
+    fn rollback_under_continue(self) -> Option<&'static str> {
+        match self {
+            Fault::KillHotSetTrainer => Some("trainer-0, a member of the hot set, crashed"),
+            _ => None,
         }
     }
 }
@@ -251,7 +262,13 @@ async fn run_with(
     counted_as_trained(job, &progress, &trained);
     if fault.on_worker_failure() == WorkerFailure::Continue {
         let rollback = rolled_back(&status);
-        assert!(rollback.is_none(), "{job} rolled back: {rollback:?}");
+        match fault.rollback_under_continue() {
+            None => assert!(rollback.is_none(), "{job} rolled back: {rollback:?}"),
+            Some(crash) => assert!(
+                rollback.as_ref().is_some_and(|m| m.starts_with(crash)),
+                "{job} did not roll back after {crash}: {rollback:?}"
+            ),
+        }
     }
     let (lost, duplicated) = (trained.lost, trained.repeated);
     let (held, served) = served_rows(cluster, job).await;

@@ -158,7 +158,7 @@ async fn a_killed_hot_set_member_rolls_the_job_back_without_losing_rows_or_what_
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(status.phase, Phase::Succeeded, "{status:?}");
-    let rolled_back = condition(&status, "RolledBack");
+    let rolled_back = condition(&status, "RolledBack").clone();
     assert_eq!(rolled_back.reason, "ToCheckpoint", "{rolled_back:?}");
     assert!(
         (rolled_back.message).starts_with(

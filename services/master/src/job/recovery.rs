@@ -182,7 +182,7 @@ async fn serving_again(shard: &Endpoint) -> Result<(), String> {
 /// from exactly: the gradients it gave to a round reach the PS only through the round's
 /// sum, which survivors may or may not have applied and pushed, so the minibatch served
 /// again could be applied twice or a share of the round lost. The rounds are a collective,
-/// and like DLRover-RM's allreduce jobs (§5.2) the group restarts from the checkpoint.
+/// and like DLRover-RM's allreduce jobs the group restarts from the checkpoint.
 fn worker_rollback(workers: WorkerFailure, hot_set: bool, id: &str) -> Option<String> {
     let is = |role: ExecutorRole| id.starts_with(role.as_str());
     if hot_set && is(ExecutorRole::Trainer) {

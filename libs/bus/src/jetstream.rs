@@ -362,6 +362,15 @@ impl<M> Delivery<M> {
             .map_err(|e| js_error("message info")(e.to_string()))
     }
 
+    /// How many of the consumer's messages were still undelivered when this one was
+    /// delivered: 0 once the consumer has read to the end of its stream.
+    pub fn pending(&self) -> Result<u64, BusError> {
+        self.raw
+            .info()
+            .map(|info| info.pending)
+            .map_err(|e| js_error("message info")(e.to_string()))
+    }
+
     /// Acknowledges the message: it is not delivered again.
     pub async fn ack(&self) -> Result<(), BusError> {
         self.raw

@@ -11,8 +11,10 @@
 //! [`MAX_HELD_MESSAGES`] unacked, so holding messages for the whole join wait is normal,
 //! while a dead joiner's messages come back within one ack wait: soon enough to still
 //! join in its successor. What a dead joiner had buffered from a message it had not
-//! finished is buffered again: the unacked window of a joiner is its wait.
+//! finished is buffered again: the unacked window of a joiner is its wait. Waits run on
+//! [`clock::JoinClock`], the streams' own time while a subject has a backlog.
 
+mod clock;
 mod spill;
 mod table;
 
@@ -31,6 +33,7 @@ use tokio::sync::mpsc;
 use crate::buffer::{Chunk, SourceIndex};
 use crate::ledger::{ReadEnd, TaskLedger};
 use crate::stream::{StreamGauges, StreamInputs};
+use clock::JoinClock;
 use spill::SpillStore;
 use table::{JoinTable, MessageId, NegativeSampling, Output};
 
@@ -104,6 +107,7 @@ pub(crate) struct JoinRunner<'a> {
 /// The joiner's loop state.
 struct Joining<'a> {
     table: JoinTable,
+    clock: JoinClock,
     /// Deliveries of the messages the table holds, acked once they are done.
     held: HashMap<MessageId, Delivery<SampleRows>>,
     /// Columns a feature message must carry: the schema's, but the label.
@@ -156,6 +160,7 @@ impl JoinRunner<'_> {
                 NegativeSampling::new(work.negative_sample_rate),
                 spill,
             ),
+            clock: JoinClock::default(),
             held: HashMap::new(),
             feature_columns: self
                 .inputs
@@ -193,7 +198,7 @@ impl JoinRunner<'_> {
                 {
                     self.take_in(&mut joining, side, fetched).await;
                 }
-                joining.table.expire(crate::unix_ms());
+                joining.table.expire(joining.clock.now(crate::unix_ms()));
                 let output = joining
                     .table
                     .take_output()
@@ -253,7 +258,8 @@ impl JoinRunner<'_> {
                 .fetch(self.inputs.fetching.messages, self.inputs.fetching.wait)
                 .await
             {
-                Ok(fetched) if fetched.deliveries.is_empty() && fetched.rejected.is_empty() => {}
+                // An empty fetch goes to the loop too: it says the subject is read to
+                // its end, after what this loop sent before it.
                 Ok(fetched) => {
                     if sender.send((side, fetched)).await.is_err() {
                         return;
@@ -276,17 +282,25 @@ impl JoinRunner<'_> {
     }
 
     async fn take_in(&self, joining: &mut Joining<'_>, side: Side, fetched: Fetched<SampleRows>) {
+        if fetched.deliveries.is_empty() && fetched.rejected.is_empty() {
+            joining.clock.read_to_end(side);
+            return;
+        }
         for error in &fetched.rejected {
             tracing::warn!(stream = %joining.work.stream, %error, "message terminated: not SampleRows");
             self.inputs.rejected.fetch_add(1, Ordering::Relaxed);
         }
         for delivery in fetched.deliveries {
-            let (Ok(message), Ok(stored_ms)) = (delivery.sequence(), delivery.stored_unix_ms())
-            else {
+            let (Ok(message), Ok(stored_ms), Ok(pending)) = (
+                delivery.sequence(),
+                delivery.stored_unix_ms(),
+                delivery.pending(),
+            ) else {
                 self.reject(joining.work, &delivery, "no stream sequence or time")
                     .await;
                 continue;
             };
+            joining.clock.took(side, stored_ms, pending);
             if joining.table.holds(message) {
                 // Redelivered while held: the newest delivery is the one to ack.
                 joining.held.insert(message, delivery);
@@ -606,6 +620,40 @@ mod tests {
             (12, 8, 3)
         );
         assert_eq!(gauge(&source.rejected), 0);
+    }
+
+    /// A joiner started long after its subjects were published (a backlog older than the
+    /// wait) pairs the rows as they were published: the clicked ones join, the rest time
+    /// out once both subjects are read past their wait. On the wall clock alone every row
+    /// would have timed out as it was taken in.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_backlog_older_than_the_wait_joins_as_it_was_published() {
+        let nats = NatsServer::start().expect("nats-server");
+        let js = connect(&nats).await;
+        js.ensure_stream(STREAM, vec!["log.>".into()])
+            .await
+            .expect("stream");
+        for first in (0..20).step_by(4) {
+            let rids: Vec<u64> = (first..first + 4).collect();
+            publish(&js, "log.features", &features(&rids)).await;
+            let clicked: Vec<u64> = rids.into_iter().filter(|r| r % 2 == 0).collect();
+            publish(&js, "log.actions", &clicks(&clicked)).await;
+        }
+        let work = work(1000, 100);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+
+        let pipeline = FeaturePipeline::new(&crate::runner::tests::schema());
+        let source = Source::new();
+        let ledger = Arc::new(TaskLedger::new("log/stream".into(), 0));
+        let runner = source.runner(&pipeline, &js);
+        let rows = tokio::select! {
+            _ = runner.run(0, &work, 0, &ledger) => panic!("a join does not end: {:?}", ledger.finished()),
+            rows = source.collect(20) => rows,
+        };
+        let expected: BTreeMap<u64, f32> = (0..20)
+            .map(|rid| (rid, if rid % 2 == 0 { 1.0 } else { 0.0 }))
+            .collect();
+        assert_eq!(rows, expected, "the clicked rows positive, each row once");
     }
 
     /// A joiner that dies holds messages: its successor gets them within an ack wait,

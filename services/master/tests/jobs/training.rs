@@ -369,11 +369,15 @@ async fn deepfm_on_movielens_learns_the_later_ratings_from_the_earlier_ones() {
 /// `job` trained as [`train_dlrm`] does with one trainer, and one serving replica without
 /// serving-sync: what it serves at the end comes from the final checkpoint alone. Its
 /// allocation policy is `auto`, and the config DB is empty: it runs on its own numbers.
+/// The optimizer's cooldown outlasts the Job, so it ends with the two PS shards it began
+/// with (a loaded machine's run passes the default 30 s, and a right-sizing to one shard
+/// would change what the next Job warm-starts from).
 async fn train_dlrm_served(sandbox: &Sandbox, job: &str) -> Status {
     let spec = dlrm_job(sandbox, job, 1, 3600)
         .with(|spec| {
             spec.topology.serving = Some(RoleSpec::new(1));
             spec.scaling.policy = AllocationPolicy::Auto;
+            spec.scaling.cooldown_seconds = 3600;
         })
         .build();
     sandbox.apply([spec]).await;

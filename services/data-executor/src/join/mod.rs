@@ -546,6 +546,16 @@ mod tests {
         }
     }
 
+    /// A NATS server holding stream `LOG` over `log.>`, and a JetStream context on it.
+    async fn log_stream() -> (NatsServer, JetStream) {
+        let nats = NatsServer::start().expect("nats-server");
+        let js = connect(&nats).await;
+        js.ensure_stream(STREAM, vec!["log.>".into()])
+            .await
+            .expect("stream");
+        (nats, js)
+    }
+
     async fn publish(js: &JetStream, subject: &str, message: &SampleRows) {
         js.publish(subject.into(), message).await.expect("publish");
     }
@@ -576,11 +586,7 @@ mod tests {
     /// (a memory budget of 4 rows): every feature row is served once, with its label.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn out_of_order_features_and_actions_join_once_and_the_rest_time_out() {
-        let nats = NatsServer::start().expect("nats-server");
-        let js = connect(&nats).await;
-        js.ensure_stream(STREAM, vec!["log.>".into()])
-            .await
-            .expect("stream");
+        let (_nats, js) = log_stream().await;
         publish(&js, "log.actions", &clicks(&[0, 1, 2, 100])).await;
         for first in (0..20).step_by(4) {
             let rids: Vec<u64> = (first..first + 4).collect();
@@ -624,15 +630,11 @@ mod tests {
 
     /// A joiner started long after its subjects were published (a backlog older than the
     /// wait) pairs the rows as they were published: the clicked ones join, the rest time
-    /// out once both subjects are read past their wait. On the wall clock alone every row
-    /// would have timed out as it was taken in.
+    /// out once both subjects are read past their wait (measured on the wall clock, every
+    /// row would time out as it is taken in).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_backlog_older_than_the_wait_joins_as_it_was_published() {
-        let nats = NatsServer::start().expect("nats-server");
-        let js = connect(&nats).await;
-        js.ensure_stream(STREAM, vec!["log.>".into()])
-            .await
-            .expect("stream");
+        let (_nats, js) = log_stream().await;
         for first in (0..20).step_by(4) {
             let rids: Vec<u64> = (first..first + 4).collect();
             publish(&js, "log.features", &features(&rids)).await;
@@ -661,11 +663,7 @@ mod tests {
     /// (finished messages, acked) is not served again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dead_joiners_held_messages_join_in_its_successor_and_nothing_twice() {
-        let nats = NatsServer::start().expect("nats-server");
-        let js = connect(&nats).await;
-        js.ensure_stream(STREAM, vec!["log.>".into()])
-            .await
-            .expect("stream");
+        let (_nats, js) = log_stream().await;
         publish(&js, "log.actions", &clicks(&[0, 1])).await;
         for rid in 0..6 {
             publish(&js, "log.features", &features(&[rid])).await;

@@ -19,10 +19,35 @@ pub struct Outcome {
     pub lost: u64,
     /// How many more samples the final model was trained on than the data has rows.
     pub duplicated: u64,
+    /// The AUC its final model served (none: the Job failed).
+    pub auc: Option<f64>,
     /// |AUC - the undisturbed run's AUC| (none: the Job failed).
     pub auc_delta: Option<f64>,
     /// What happened (the rollback's message, or the failure's).
     pub note: String,
+}
+
+impl Outcome {
+    /// The header of [`Report::table`] over rows of [`Outcome::row`]`(width)`.
+    pub fn header(width: usize) -> String {
+        format!(
+            "{:<width$} {:>12} {:>10} {:>16} {:>7} {:>10}  note",
+            "fault", "recovered s", "rows lost", "rows duplicated", "AUC", "AUC delta"
+        )
+    }
+
+    /// Its row of [`Report::table`], the fault's name padded to `width`.
+    pub fn row(&self, width: usize) -> String {
+        let recovered = self
+            .recovered_s
+            .map_or("-".to_owned(), |s| format!("{s:.1}"));
+        let auc = self.auc.map_or("-".to_owned(), |a| format!("{a:.4}"));
+        let delta = self.auc_delta.map_or("-".to_owned(), |d| format!("{d:.4}"));
+        format!(
+            "{:<width$} {recovered:>12} {:>10} {:>16} {auc:>7} {delta:>10}  {}",
+            self.fault, self.lost, self.duplicated, self.note
+        )
+    }
 }
 
 /// Every run's outcome.
@@ -54,18 +79,9 @@ impl Report {
     /// The table, one row per fault, then the summary line.
     pub fn table(&self) -> String {
         let width = (self.outcomes.iter().map(|o| o.fault.len())).fold("fault".len(), usize::max);
-        let mut out = format!(
-            "{:<width$} {:>12} {:>10} {:>16} {:>10}  note\n",
-            "fault", "recovered s", "rows lost", "rows duplicated", "AUC delta"
-        );
+        let mut out = format!("{}\n", Outcome::header(width));
         for o in &self.outcomes {
-            let recovered = o.recovered_s.map_or("-".to_owned(), |s| format!("{s:.1}"));
-            let delta = o.auc_delta.map_or("-".to_owned(), |d| format!("{d:.4}"));
-            let _ = writeln!(
-                out,
-                "{:<width$} {recovered:>12} {:>10} {:>16} {delta:>10}  {}",
-                o.fault, o.lost, o.duplicated, o.note
-            );
+            let _ = writeln!(out, "{}", o.row(width));
         }
         out.push_str(&self.summary());
         out
@@ -102,6 +118,7 @@ mod tests {
             recovered_s: delta.map(|_| 1.5),
             lost,
             duplicated,
+            auc: delta.map(|d| 0.75 + d),
             auc_delta: delta,
             note: String::new(),
         }

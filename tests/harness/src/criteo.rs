@@ -20,7 +20,23 @@ pub const DLRM_ROW_GROUP_ROWS: usize = 16_384;
 /// Writes the Criteo-like data under the sandbox's `criteo/` (one Parquet file per hour)
 /// and applies its Dataset `criteo`. Returns the data's best achievable AUC.
 pub async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
-    use primus_datagen::criteo::feature_schema;
+    let best = write_criteo_rows(sandbox, DLRM_HOURS).await;
+    let end = format!("2026-11-01T{DLRM_HOURS:02}");
+    let criteo = dataset("criteo")
+        .schema(primus_datagen::criteo::feature_schema("categorical"))
+        .stream(
+            "clicks",
+            hourly("2026-11-01T00", Some(&end)),
+            vec![parquet("criteo", sandbox.dir().join("criteo").display())],
+        );
+    sandbox.apply([criteo.build()]).await;
+    best
+}
+
+/// Writes `hours` hours of the Criteo-like data from 2026-11-01T00 under the sandbox's
+/// `criteo/`, one Parquet file of [`DLRM_ROWS_PER_HOUR`] rows per hour. Returns the data's
+/// best achievable AUC.
+pub async fn write_criteo_rows(sandbox: &Sandbox, hours: usize) -> f64 {
     use primus_datagen::write::{Layout, criteo};
 
     let data = sandbox.dir().join("criteo");
@@ -29,22 +45,13 @@ pub async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
     let layout = Layout {
         unit: primus_spec::dataset::WindowUnit::Hourly,
         start_unix_s: time::parse_window_time("2026-11-01T00").expect("time"),
-        windows: DLRM_HOURS,
+        windows: hours,
         files_per_window: 1,
         row_group_rows: DLRM_ROW_GROUP_ROWS,
     };
     let summary = criteo(&location, &layout, DLRM_ROWS_PER_HOUR, dlrm_options())
         .await
         .expect("generate");
-    let end = format!("2026-11-01T{DLRM_HOURS:02}");
-    let criteo = dataset("criteo")
-        .schema(feature_schema("categorical"))
-        .stream(
-            "clicks",
-            hourly("2026-11-01T00", Some(&end)),
-            vec![parquet("criteo", data.display())],
-        );
-    sandbox.apply([criteo.build()]).await;
     summary.best_auc.expect("both classes")
 }
 

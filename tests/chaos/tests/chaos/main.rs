@@ -1,6 +1,7 @@
 //! The chaos suite: real processes and servers, one fault per Job at a seeded moment (10%
-//! to 80% of its rows, 40% for a deleted file, after its first checkpoint). Each Job is a small mixture DLRM over 400,000 Criteo-like Parquet
-//! rows and 40,000 rows of a JetStream subject, each row's `c26` replaced by its unique id
+//! to 80% of its rows, 30% for a deleted file, after its first checkpoint). Each Job is a
+//! small mixture DLRM over 200,000 Criteo-like Parquet rows and 40,000 rows of a JetStream
+//! subject, each row's `c26` replaced by its unique id
 //! (`workload.rs`), with a serving replica kept in sync by a serving-sync process, and
 //! `on_ps_failure` and `on_worker_failure: rollback`; one trainer, or for the hot-set
 //! fault two trainers sharing a hot set (compared with an undisturbed run of the same). A
@@ -10,10 +11,11 @@
 //! up on both sources with every row trained into its final model exactly once: each
 //! row's own embedding updated exactly once (by id), and the Job's trained-sample count
 //! equal to those updates. Its serving replica must then hold the training
-//! PS's rows, row for row, and its AUC be within 0.005 of an undisturbed run on the same
-//! rows. A deleted Parquet file must fail the Job naming it.
-//! Prints a table (fault, seconds to recover, rows lost, rows duplicated, AUC delta) and
-//! ends with `chaos: F faults, L rows lost, D rows duplicated, max AUC delta X`.
+//! PS's rows, row for row, and the AUC it serves on 20,000 held-out rows be within 0.005 of
+//! an undisturbed run's. A deleted Parquet file must fail the Job naming it.
+//! Prints a row per fault as it ends (fault, seconds to recover, rows lost, rows
+//! duplicated, AUC delta), then the table, ending with
+//! `chaos: F faults, L rows lost, D rows duplicated, max AUC delta X`.
 //!
 //! `PRIMUS_CHAOS_SEED` picks the fault moments (default 1).
 
@@ -31,14 +33,17 @@ use primus_chaos::{Outcome, Report, fault_draw};
 use primus_config::MasterSettings;
 use primus_harness::rows::{Rows, replica_rows, training_rows};
 use primus_harness::{MasterProcess, Sandbox};
-use primus_proto::v1::Role;
+use primus_proto::v1::serving_service_client::ServingServiceClient;
+use primus_proto::v1::{PredictRequest, Role, Sample};
 use primus_spec::Kind;
 use primus_spec::job::WorkerFailure;
 use primus_spec::status::{Phase, Progress, Status};
 use primus_testkit::service::{ServiceProcess, signal};
 use tokio::time::Instant;
 
-use workload::{ROWS, Trained, Training, job_resource, prepare, trained_rows};
+use workload::{
+    Holdout, PARQUET_HOURS, ROWS, Trained, Training, holdout, job_resource, prepare, trained_rows,
+};
 
 /// One fault the suite injects.
 #[derive(Debug, Clone, Copy)]
@@ -154,19 +159,28 @@ async fn every_fault_loses_and_repeats_no_row() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
+    // A failure's message, not a backtrace through the runtime, ends the output.
+    std::panic::set_hook(Box::new(|info| eprintln!("{info}")));
     let mut sandbox = Sandbox::start_restartable().await;
     let best = prepare(&sandbox).await;
+    let holdout = holdout();
     let mut cluster = Cluster::start(&sandbox).await;
 
-    let baseline = run_undisturbed(&sandbox, &cluster, Training::OneTrainer).await;
-    let hot_set_baseline = run_undisturbed(&sandbox, &cluster, Training::HotSet).await;
+    let baseline = run_undisturbed(&sandbox, &cluster, &holdout, Training::OneTrainer).await;
+    let hot_set_baseline = run_undisturbed(&sandbox, &cluster, &holdout, Training::HotSet).await;
+    println!(
+        "chaos seed {seed}; served AUC on {} held-out rows undisturbed {baseline:.4}, {hot_set_baseline:.4} with a hot set (the Parquet data's best achievable {best:.4})",
+        holdout.labels.len()
+    );
     let mut report = Report::default();
+    let width = (Fault::ALL.iter().map(|f| f.name().len())).fold(0, usize::max);
+    println!("{}", Outcome::header(width));
     for (i, fault) in Fault::ALL.into_iter().enumerate() {
         // Somewhere between 10% and 80% of the rows, after the first checkpoint. A deleted
-        // file fails the Job only while unread: the last hour's file, the last quarter of
-        // the Parquet rows, is deleted before 40%.
+        // file fails the Job only while unread: the last hour's file, from 42% of the rows
+        // on, is deleted before 30%.
         let latest = match fault {
-            Fault::DeleteParquetFile => 40,
+            Fault::DeleteParquetFile => 30,
             _ => 80,
         };
         let at = ROWS / 100 * (10 + fault_draw(seed, i as u64) % (latest - 9));
@@ -175,14 +189,18 @@ async fn every_fault_loses_and_repeats_no_row() {
             Training::OneTrainer => baseline,
             Training::HotSet => hot_set_baseline,
         };
-        let outcome = run_with(&mut sandbox, &mut cluster, &job, fault, at, baseline).await;
+        let run = Run {
+            job: &job,
+            fault,
+            at,
+            baseline,
+        };
+        let outcome = run_with(&mut sandbox, &mut cluster, &holdout, run).await;
+        println!("{}", outcome.row(width));
         report.outcomes.push(outcome);
     }
     cluster.master.stop();
 
-    println!(
-        "chaos seed {seed}; undisturbed AUC {baseline:.4}, {hot_set_baseline:.4} with a hot set (Parquet data's best achievable {best:.4})"
-    );
     println!("{}", report.table());
     assert_eq!(
         (report.lost(), report.duplicated()),
@@ -200,8 +218,14 @@ async fn every_fault_loses_and_repeats_no_row() {
 /// after a rollback meet another model state than the first time.
 const MAX_AUC_DELTA: f64 = 0.005;
 
-/// Trains the suite's Job as `training` says with no fault until it caught up; its AUC.
-async fn run_undisturbed(sandbox: &Sandbox, cluster: &Cluster, training: Training) -> f64 {
+/// Trains the suite's Job as `training` says with no fault until it caught up; the AUC it
+/// serves on `holdout`.
+async fn run_undisturbed(
+    sandbox: &Sandbox,
+    cluster: &Cluster,
+    holdout: &Holdout,
+    training: Training,
+) -> f64 {
     let job = match training {
         Training::OneTrainer => "chaos-undisturbed",
         Training::HotSet => "chaos-undisturbed-hot-set",
@@ -217,8 +241,10 @@ async fn run_undisturbed(sandbox: &Sandbox, cluster: &Cluster, training: Trainin
         "undisturbed: {progress:?}, {trained:?}"
     );
     counted_as_trained(job, &progress, &trained);
+    replica_converged(cluster, job, "undisturbed").await;
+    let auc = served_auc(cluster, job, holdout).await;
     sandbox.delete_job(job).await;
-    progress.auc.expect("an AUC")
+    auc
 }
 
 /// The Job's trained-sample count is what its model trained (since its last rollback),
@@ -232,16 +258,29 @@ fn counted_as_trained(job: &str, progress: &Progress, trained: &Trained) {
     );
 }
 
-/// Runs Job `job` with `fault` injected once it trained `at` samples and committed a
+/// One faulty run: Job `job` with `fault` injected once it trained `at` samples, compared
+/// with an undisturbed run that served AUC `baseline`.
+struct Run<'a> {
+    job: &'a str,
+    fault: Fault,
+    at: u64,
+    baseline: f64,
+}
+
+/// Runs `run`'s Job, injecting its fault once the Job trained its samples and committed a
 /// checkpoint.
 async fn run_with(
     sandbox: &mut Sandbox,
     cluster: &mut Cluster,
-    job: &str,
-    fault: Fault,
-    at: u64,
-    baseline: f64,
+    holdout: &Holdout,
+    run: Run<'_>,
 ) -> Outcome {
+    let Run {
+        job,
+        fault,
+        at,
+        baseline,
+    } = run;
     let resource = job_resource(sandbox, job, fault.training(), fault.on_worker_failure());
     sandbox.apply([resource]).await;
     let before = wait_for_fault_moment(sandbox, job, at).await;
@@ -271,22 +310,15 @@ async fn run_with(
         }
     }
     let (lost, duplicated) = (trained.lost, trained.repeated);
-    let (held, served) = served_rows(cluster, job).await;
-    assert!(
-        held == served,
-        "{job} ({}): the serving replica differs from the training PS in {} of {} rows",
-        fault.name(),
-        differing(&held, &served),
-        held.len()
-    );
-    let logs = sandbox.logs(job);
+    replica_converged(cluster, job, fault.name()).await;
+    let auc = served_auc(cluster, job, holdout).await;
     sandbox.delete_job(job).await;
-    let auc = (progress.auc).unwrap_or_else(|| panic!("{job}: no AUC in {status:?}\n{logs}"));
     Outcome {
         fault: fault.name(),
         recovered_s,
         lost,
         duplicated,
+        auc: Some(auc),
         auc_delta: Some((auc - baseline).abs()),
         note: rolled_back(&status).unwrap_or(note),
     }
@@ -361,7 +393,8 @@ fn kill(sandbox: &Sandbox, job: &str, id: &str) -> String {
 
 /// A file of the data's last hour, which the Job reads last.
 fn last_hour_file(dir: &Path) -> PathBuf {
-    let hour = dir.join("criteo").join("date=2026-11-01").join("hour=03");
+    let hour = format!("hour={:02}", PARQUET_HOURS - 1);
+    let hour = dir.join("criteo").join("date=2026-11-01").join(hour);
     std::fs::read_dir(&hour)
         .unwrap_or_else(|e| panic!("{}: {e}", hour.display()))
         .flatten()
@@ -395,6 +428,7 @@ async fn deleted_file_fails_the_job(
         recovered_s: None,
         lost: 0,
         duplicated: 0,
+        auc: None,
         auc_delta: None,
         note: format!("failed {}: {}", complete.reason, complete.message),
     }
@@ -483,6 +517,18 @@ async fn shards(cluster: &Cluster, job: &str) -> Vec<String> {
     )
 }
 
+/// Waits until `job`'s serving replica holds its training PS shards' rows, row for row
+/// (60 s at most); `run` says which run it is in the failure.
+async fn replica_converged(cluster: &Cluster, job: &str, run: &str) {
+    let (held, served) = served_rows(cluster, job).await;
+    assert!(
+        held == served,
+        "{job} ({run}): the serving replica differs from the training PS in {} of {} rows",
+        differing(&held, &served),
+        held.len()
+    );
+}
+
 /// Every training row of `job` and every row of its serving replica, once they are equal
 /// (or after 60 s).
 async fn served_rows(cluster: &Cluster, job: &str) -> (Rows, Rows) {
@@ -503,6 +549,44 @@ async fn served_rows(cluster: &Cluster, job: &str) -> (Rows, Rows) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The AUC `job`'s serving replica answers on `holdout`, once its dense network settled:
+/// two answers 1.5 s apart agree (serving-sync exports it every second).
+async fn served_auc(cluster: &Cluster, job: &str, holdout: &Holdout) -> f64 {
+    let endpoints = primus_harness::topology(cluster.master.addr(), job).await;
+    let [replica] = &primus_proto::role_addrs(&endpoints, Role::Serving)[..] else {
+        panic!("{job}: one serving replica expected: {endpoints:?}");
+    };
+    let mut serving = ServingServiceClient::connect(format!("http://{replica}"))
+        .await
+        .unwrap_or_else(|e| panic!("{job}: serving replica {replica}: {e}"));
+    let request = |samples: &[Sample]| PredictRequest {
+        job: job.to_owned(),
+        samples: samples.to_vec(),
+    };
+    let probe = request(&holdout.samples[..256]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    loop {
+        let now = (serving.predict(probe.clone()).await).map(|r| r.into_inner().probabilities);
+        match (&last, now) {
+            (Some(before), Ok(now)) if *before == now => break,
+            (_, now) => last = now.ok(),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{job}: no settled answer from its serving replica"
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    let mut scores = Vec::with_capacity(holdout.samples.len());
+    for samples in holdout.samples.chunks(2000) {
+        let answer = (serving.predict(request(samples)).await)
+            .unwrap_or_else(|e| panic!("{job}: Predict: {e}"));
+        scores.extend(answer.into_inner().probabilities.into_iter().map(f64::from));
+    }
+    primus_metrics::auc(&scores, &holdout.labels).expect("held-out rows of both classes")
 }
 
 /// Rows one side lacks or holds differently.

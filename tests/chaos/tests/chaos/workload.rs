@@ -1,29 +1,38 @@
 //! The suite's workload: the Criteo-like Parquet rows of `primus_harness::criteo` and a
 //! JetStream subject of Criteo-like rows from the same hidden model, each row's `c26`
 //! replaced by its unique id in both, trained together by a mixture DLRM Job with a
-//! serving replica; and what such a Job trained, id by id.
+//! serving replica; what such a Job trained, id by id; and the held-out rows its served
+//! model is scored on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch};
 use futures::TryStreamExt;
 use primus_batch::hash::{feature_seed, int_key};
+use primus_datagen::criteo::Criteo;
 use primus_harness::Sandbox;
 use primus_harness::criteo::{
-    DLRM_ROW_GROUP_ROWS, DLRM_ROWS, apply_criteo_dataset, dlrm_job, dlrm_options,
+    DLRM_ROW_GROUP_ROWS, DLRM_ROWS_PER_HOUR, dlrm_job, dlrm_options, write_criteo_rows,
 };
 use primus_harness::resources::{dataset, hourly, jetstream, parquet, served};
 use primus_harness::rows::update_counts;
+use primus_proto::v1::{FeatureValue, Sample, feature_value};
 use primus_spec::job::{PsFailure, TrainingMode, WorkerFailure};
 
 /// Rows published to the stream subject.
 pub(crate) const STREAM_ROWS: u64 = 40_000;
 /// Every row a Job of the suite trains: the Parquet data and the stream.
-pub(crate) const ROWS: u64 = DLRM_ROWS + STREAM_ROWS;
+pub(crate) const ROWS: u64 = PARQUET_ROWS + STREAM_ROWS;
+/// Hours of Parquet rows (one file each, from 2026-11-01T00), and their rows.
+pub(crate) const PARQUET_HOURS: usize = 2;
+const PARQUET_ROWS: u64 = (PARQUET_HOURS * DLRM_ROWS_PER_HOUR) as u64;
 const ROWS_PER_MESSAGE: u64 = 400;
-/// Stream row ids, after the Parquet rows' (0 to `DLRM_ROWS`).
+/// Stream row ids, after the Parquet rows' (0 to `PARQUET_ROWS`).
 const FIRST_STREAM_ID: u64 = 1 << 40;
+/// Held-out rows: how many, and their ids, after the stream rows'.
+const HOLDOUT_ROWS: u64 = 20_000;
+const FIRST_HOLDOUT_ID: u64 = 2 << 40;
 const STREAM: &str = "CHAOS";
 const SUBJECT: &str = "chaos.rows";
 /// The embedding table every categorical column is looked up in.
@@ -32,21 +41,22 @@ const TABLE: &str = "categorical";
 /// Writes the Parquet data, publishes the stream rows and applies Dataset `criteo-mixed`
 /// (both served together). Returns the Parquet data's best achievable AUC.
 pub(crate) async fn prepare(sandbox: &Sandbox) -> f64 {
-    let best = apply_criteo_dataset(sandbox).await;
+    let best = write_criteo_rows(sandbox, PARQUET_HOURS).await;
     let data = sandbox.dir().join("criteo");
     number_parquet_rows(&data).await;
     publish_stream_rows(sandbox).await;
+    let live_from = live_window_start();
     let mixed = dataset("criteo-mixed")
         .schema(primus_datagen::criteo::feature_schema(TABLE))
         .simultaneous()
         .stream(
             "history",
-            hourly("2026-11-01T00", Some("2026-11-01T04")),
+            hourly("2026-11-01T00", Some(&live_from)),
             vec![parquet("criteo", data.display())],
         )
         .stream(
             "live",
-            hourly("2026-11-01T04", None),
+            hourly(&live_from, None),
             vec![jetstream("live", STREAM, SUBJECT)],
         );
     sandbox.apply([mixed.build()]).await;
@@ -79,7 +89,7 @@ async fn number_parquet_rows(data: &std::path::Path) {
             .await
             .expect("the file rewritten");
     }
-    assert_eq!(next, DLRM_ROWS, "every Parquet row numbered");
+    assert_eq!(next, PARQUET_ROWS, "every Parquet row numbered");
 }
 
 /// `rows` with `c26` replaced by `ids`.
@@ -98,19 +108,92 @@ async fn publish_stream_rows(sandbox: &Sandbox) {
     js.ensure_stream(STREAM, vec![SUBJECT.into()])
         .await
         .expect("stream");
-    let mut generator = primus_datagen::criteo::Criteo::new(dlrm_options()).expect("generator");
-    let start_unix_s = primus_spec::time::parse_window_time("2026-11-01T04").expect("time");
+    let mut generator = Criteo::new(dlrm_options()).expect("generator");
     for message in 0..STREAM_ROWS / ROWS_PER_MESSAGE {
-        let rows = generator
-            .generate(ROWS_PER_MESSAGE as usize, start_unix_s)
-            .expect("rows")
-            .batch;
+        let rows = stream_message_rows(&mut generator);
         let first = FIRST_STREAM_ID + message * ROWS_PER_MESSAGE;
         let rows = with_ids(rows, first..first + ROWS_PER_MESSAGE);
         let message = primus_proto::v1::SampleRows {
             arrow_ipc: primus_batch::ipc::encode_rows(&rows).expect("encode"),
         };
         js.publish(SUBJECT.into(), &message).await.expect("publish");
+    }
+}
+
+/// Where the Parquet rows' hours end and the stream's window starts.
+fn live_window_start() -> String {
+    format!("2026-11-01T{PARQUET_HOURS:02}")
+}
+
+/// The rows of one stream message, drawn next from `generator`.
+fn stream_message_rows(generator: &mut Criteo) -> RecordBatch {
+    let start_unix_s = primus_spec::time::parse_window_time(&live_window_start()).expect("time");
+    generator
+        .generate(ROWS_PER_MESSAGE as usize, start_unix_s)
+        .expect("rows")
+        .batch
+}
+
+/// Rows no Job trains, from the same hidden model, that each Job's served model is scored
+/// on: every Job is compared on the same rows, whatever order it trained its rows in.
+pub(crate) struct Holdout {
+    /// Each row's features, as Predict takes them.
+    pub samples: Vec<Sample>,
+    /// Each row's click.
+    pub labels: Vec<bool>,
+}
+
+/// Held-out rows: the ones the stream's generator draws after the stream's, `c26` replaced
+/// by ids from [`FIRST_HOLDOUT_ID`] on (unseen, as each trained row's was when first
+/// scored).
+pub(crate) fn holdout() -> Holdout {
+    let mut generator = Criteo::new(dlrm_options()).expect("generator");
+    for _ in 0..STREAM_ROWS / ROWS_PER_MESSAGE {
+        stream_message_rows(&mut generator);
+    }
+    let mut holdout = Holdout {
+        samples: Vec::with_capacity(HOLDOUT_ROWS as usize),
+        labels: Vec::with_capacity(HOLDOUT_ROWS as usize),
+    };
+    for message in 0..HOLDOUT_ROWS / ROWS_PER_MESSAGE {
+        let first = FIRST_HOLDOUT_ID + message * ROWS_PER_MESSAGE;
+        let rows = with_ids(
+            stream_message_rows(&mut generator),
+            first..first + ROWS_PER_MESSAGE,
+        );
+        append_samples(&rows, &mut holdout);
+    }
+    holdout
+}
+
+/// Appends each of `rows` to `holdout`: its label, and every other non-null column as a
+/// number (the data's values are all integers below 2^53).
+fn append_samples(rows: &RecordBatch, holdout: &mut Holdout) {
+    let schema = rows.schema();
+    let columns: Vec<(&str, &Int64Array)> = (schema.fields().iter())
+        .zip(rows.columns())
+        .map(|(field, column)| {
+            let values = column.as_any().downcast_ref().expect("Int64 columns");
+            (field.name().as_str(), values)
+        })
+        .collect();
+    for row in 0..rows.num_rows() {
+        let mut sample = Sample::default();
+        for (name, values) in &columns {
+            if values.is_null(row) {
+                continue;
+            }
+            let value = values.value(row);
+            if *name == "label" {
+                holdout.labels.push(value == 1);
+                continue;
+            }
+            let value = Some(feature_value::Value::Number(value as f64));
+            sample
+                .features
+                .insert((*name).to_owned(), FeatureValue { value });
+        }
+        holdout.samples.push(sample);
     }
 }
 
@@ -170,7 +253,7 @@ pub(crate) struct Trained {
 pub(crate) async fn trained_rows(shards: &[String]) -> Trained {
     let seed = feature_seed("c26");
     let stream_ids = FIRST_STREAM_ID..FIRST_STREAM_ID + STREAM_ROWS;
-    let ids: HashMap<u64, u64> = ((0..DLRM_ROWS).chain(stream_ids))
+    let ids: HashMap<u64, u64> = ((0..PARQUET_ROWS).chain(stream_ids))
         .map(|id| (int_key(seed, id), id))
         .collect();
     let mut updates: HashMap<u64, u64> = HashMap::new();

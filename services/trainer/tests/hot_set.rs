@@ -12,8 +12,7 @@ use primus_bus::Bus;
 use primus_config::NatsSettings;
 use primus_datagen::criteo::{Criteo, CriteoOptions, feature_schema};
 use primus_model::{Model, ModelLayout};
-use primus_proto::v1::hot_message::Kind;
-use primus_proto::v1::{HotMemberCrashed, HotMessage, SourceKind};
+use primus_proto::v1::SourceKind;
 use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 use primus_spec::job::{HotExchange, HotSetSpec};
 use primus_testkit::NatsServer;
@@ -454,42 +453,6 @@ impl Reporter for Releases {
     async fn aligned(&self, _: u64, _: &TrainerTotals) {
         self.0.notify_one();
     }
-}
-
-/// The master reports a member crashed: the member waiting for it in a round ends the
-/// group at once instead of waiting out the sync timeout (two minutes here).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_the_master_reports_crashed_ends_the_group_at_once() {
-    let nats = NatsServer::start().expect("nats-server");
-    let spec = HotSetSpec {
-        sync_timeout_ms: 120_000,
-        ..settings(200)
-    };
-    let (mut a, mut b, _) = pair(&nats, spec).await;
-    let steps_a = Steps::default();
-    let master = bus(&nats).await;
-    let done = {
-        let hung = a.train(feed(51, 20), Duration::ZERO, &steps_a);
-        let other = b.train(feed(52, 20), Duration::from_secs(60), &Quiet);
-        tokio::pin!(hung, other);
-        // Then nothing polls trainer-0 any more, as if its process died, and the master
-        // says it crashed.
-        until_trainer_0_stepped(hung, other.as_mut(), &steps_a, 8).await;
-        let crashed = HotMessage {
-            kind: Some(Kind::Crashed(HotMemberCrashed {
-                trainer_id: "trainer-0".into(),
-            })),
-        };
-        let subject = master.subjects().hot("job").expect("subject");
-        master.publish(subject, &crashed).await.expect("publish");
-        tokio::time::timeout(Duration::from_secs(60), other)
-            .await
-            .expect("trainer-1 went on without waiting out the sync timeout")
-    };
-    done.expect("trainer-1");
-    assert_eq!(b.meter.steps, 20, "trainer-1 trained every minibatch");
-    let status = b.hot_set().expect("hot set").status();
-    assert_eq!(status.rows, 0, "no hot set is left: {status:?}");
 }
 
 /// Polls both trainings until trainer-0 (`hung`, counted by `reports`) did `steps` steps;

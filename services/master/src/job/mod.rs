@@ -9,7 +9,6 @@
 mod autoscale;
 mod checkpoints;
 pub(crate) mod executors;
-mod hot_set;
 mod memory;
 mod optimizer;
 mod performance;
@@ -368,7 +367,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let backend_events = context.backend.events();
         let (reports_tx, reports) = mpsc::channel(1024);
         let (recovered_tx, recovered) = mpsc::channel(16);
-        let mut background = vec![
+        let background = vec![
             tokio::spawn(driver::monitor(
                 queue.clone(),
                 context.bus.clone(),
@@ -404,13 +403,6 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 recovered_tx,
             )),
         ];
-        if checked.spec.training.hot_set.enabled {
-            background.push(tokio::spawn(hot_set::announce_crashed_trainers(
-                context.backend.events(),
-                context.bus.clone(),
-                name.clone(),
-            )));
-        }
         let performance = performance::PerformanceLog::new(&checked.spec, &checked.layout);
         Ok(Self {
             context,

@@ -139,7 +139,7 @@ impl HotSync {
         if let Some(leader) = members.first().filter(|leader| **leader != self.me) {
             tracing::info!(%leader, "waiting for the hot-set leader's plan");
             self.phase = Phase::Following;
-            return self.await_plan(store, leader).await;
+            return self.await_plan(store).await;
         }
         let Phase::Warmup(warmup) = std::mem::replace(&mut self.phase, Phase::Following) else {
             return Ok(());
@@ -190,18 +190,10 @@ impl HotSync {
     /// A follower at the end of its warmup waits (up to `sync_timeout_ms`) for the
     /// leader's plan, which every trainer chooses after the same number of minibatches:
     /// all members then start the same round after the same step.
-    async fn await_plan<S: ParameterStore>(
-        &mut self,
-        store: &Arc<S>,
-        leader: &str,
-    ) -> anyhow::Result<()> {
+    async fn await_plan<S: ParameterStore>(&mut self, store: &Arc<S>) -> anyhow::Result<()> {
         let deadline = Instant::now() + self.timeout();
         loop {
             self.drain();
-            if self.crashed.contains(leader) {
-                tracing::info!(%leader, "the hot-set leader crashed; training through the PS");
-                return Ok(());
-            }
             let newest = self.plans.keys().copied().max();
             if let Some(plan) = newest.and_then(|g| self.complete_plan(g)) {
                 if plan.members.contains(&self.me) {

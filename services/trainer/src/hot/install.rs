@@ -25,8 +25,6 @@ impl HotSync {
         let mut members = plan.members.clone();
         members.sort();
         self.generation = self.generation.max(plan.generation);
-        // Crashes reported before this group formed are of members it does not wait on.
-        self.crashed.clear();
         let replicas = self
             .specs
             .iter()

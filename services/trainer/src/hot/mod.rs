@@ -30,9 +30,10 @@
 //!   effect after a round everyone names (a trainer new to the group installs it at
 //!   once, and the members idle at that moment answer the plan's first round, reaching
 //!   it through the named one). A member whose data ends says so in its next round. A
-//!   member silent for `sync_timeout_ms`, or reported crashed by the master, ends the
-//!   group: each trainer pushes its unsynchronised gradients to the PS and goes back to
-//!   it for every row, and the choice starts over.
+//!   member silent for `sync_timeout_ms` ends the group: each trainer pushes its
+//!   unsynchronised gradients to the PS and goes back to it for every row, and the choice
+//!   starts over. A member's crash rolls the Job back to its checkpoint (the master
+//!   restarts every trainer), so the group never continues without it.
 //!
 //! A single member needs no NATS: its rounds are local. Wide (first-order) companion
 //! tables always go through the PS.
@@ -169,9 +170,6 @@ pub struct HotSync {
     pushing: Option<JoinHandle<anyhow::Result<()>>>,
     /// The checkpoint barrier this member passed, until its next step.
     past_barrier: Option<u64>,
-    /// Trainers the master reported crashed since this member's group formed: a round
-    /// waiting on one of them ends the group at once.
-    crashed: HashSet<String>,
     /// The ring exchange, unless the gradients travel over NATS.
     ring: Option<ring::Ring>,
     /// Over NATS: the share bytes published and received; and the time spent exchanging.
@@ -258,7 +256,6 @@ impl HotSync {
             sync_seconds: None,
             pushing: None,
             past_barrier: None,
-            crashed: HashSet::new(),
             ring,
             traffic: Traffic::default(),
         })
@@ -440,9 +437,6 @@ impl HotSync {
             }
             Some(Kind::Probe(probe)) if probe.trainer_id == self.me => {
                 self.echoes.insert(probe.nonce);
-            }
-            Some(Kind::Crashed(crashed)) if crashed.trainer_id != self.me => {
-                self.crashed.insert(crashed.trainer_id);
             }
             _ => {}
         }

@@ -7,18 +7,16 @@
 //! Idle members answer rounds others started (as at the barrier they last passed, until
 //! their next step), also the first round of a plan that follows their group, which a
 //! trainer new to the group installs at once; at a checkpoint barrier members take part in
-//! empty rounds until all are at it; a silent member, or one the master reported crashed,
-//! ends the group.
+//! empty rounds until all are at it; a silent member ends the group.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use primus_proto::v1::HotRound;
 use primus_proto::v1::hot_message::Kind;
-use primus_proto::v1::{HotMessage, HotRound};
 use primus_spec::job::TableSpec;
 use prost::Message;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::ring::Participant;
@@ -262,8 +260,7 @@ impl HotSync {
 
     /// Publishes this member's part in a round (its share, over NATS), collects
     /// everyone's, in member order, and sums the round's gradients (around the ring, or
-    /// here). `Err` names the members that stayed silent past the timeout, or that the
-    /// master reported crashed while this member waited for them.
+    /// here). `Err` names the members that stayed silent past the timeout.
     async fn exchange(
         &mut self,
         outgoing: Outgoing,
@@ -307,13 +304,6 @@ impl HotSync {
             let missing = self.missing(generation, round, members);
             if missing.is_empty() {
                 break;
-            }
-            let crashed: Vec<String> = (missing.iter())
-                .filter(|m| self.crashed.contains(*m))
-                .cloned()
-                .collect();
-            if !crashed.is_empty() {
-                return Err(crashed);
             }
             if self.receive(deadline).await.is_err() {
                 return Err(missing);
@@ -366,31 +356,16 @@ impl HotSync {
         let (summed, push) = match &mut self.ring {
             Some(_) if participants.len() == 1 => (share.clone(), share.clone()),
             Some(ring) => {
-                // A crash the master reported before this round's ring (filed while
-                // waiting for the parts) ends it here: the dead participant passes nothing.
-                if let Some(dead) = participants.iter().find(|p| self.crashed.contains(&p.id)) {
-                    return Err(vec![dead.id.clone()]);
-                }
-                let (specs, me) = (&self.specs, &self.me);
-                let summing = ring.all_reduce(
-                    me,
-                    &participants,
-                    (generation, round),
-                    share,
-                    specs,
-                    deadline,
-                );
-                // A participant that crashed mid-ring never passes its part: the master's
-                // report of it ends the round. Other messages are filed after it.
-                let mut held = Vec::new();
-                let ids: Vec<&str> = participants.iter().map(|p| p.id.as_str()).collect();
-                let crash = participant_crash(&mut self.inbox, &ids, me, &mut held);
-                let sum = tokio::select! {
-                    sum = summing => sum,
-                    crashed = crash => Err(vec![crashed]),
-                };
-                held.into_iter().for_each(|message| self.file(message));
-                let sum = sum?;
+                let sum = ring
+                    .all_reduce(
+                        &self.me,
+                        &participants,
+                        (generation, round),
+                        share,
+                        &self.specs,
+                        deadline,
+                    )
+                    .await?;
                 (sum.summed, sum.owned)
             }
             None => {
@@ -425,35 +400,6 @@ impl HotSync {
             })
             .cloned()
             .collect()
-    }
-}
-
-/// Resolves with the id of the first of `participants` (other than `me`) that the master
-/// reports crashed. Every message of `inbox` it read goes to `held`, the report too, so
-/// that filing them records the crash for the choice that follows.
-async fn participant_crash(
-    inbox: &mut mpsc::UnboundedReceiver<HotMessage>,
-    participants: &[&str],
-    me: &str,
-    held: &mut Vec<HotMessage>,
-) -> String {
-    loop {
-        let Some(message) = inbox.recv().await else {
-            return std::future::pending().await;
-        };
-        let crashed = match &message.kind {
-            Some(Kind::Crashed(crashed))
-                if crashed.trainer_id != me
-                    && participants.contains(&crashed.trainer_id.as_str()) =>
-            {
-                Some(crashed.trainer_id.clone())
-            }
-            _ => None,
-        };
-        held.push(message);
-        if let Some(crashed) = crashed {
-            return crashed;
-        }
     }
 }
 

@@ -1,11 +1,16 @@
 //! A minimal data executor for the master's tests: registers with the task service,
 //! acquires batch tasks, reads each task's rows (the `id` column) through primus-storage,
-//! appends every id to `rows-<executor>.txt` in its working folder, reports its offset
-//! every `REPORT_EVERY` rows (after the ids are flushed), finishes the task, and exits 0
-//! once the job's data is exhausted. It serves no minibatches: a trainer's stream stays
-//! open, empty, until then (or until the trainer leaves) and ends cleanly at exit. `PRIMUS_TASK_READER_DELAY_MS` slows each batch down
-//! so a test can kill it mid-task. The real data executor (minibatches for trainers) is
-//! `primus-data-executor`.
+//! reports its offset every `REPORT_EVERY` rows, finishes the task, and exits 0 once the
+//! job's data is exhausted. It serves no minibatches: a trainer's stream stays open,
+//! empty, until then (or until the trainer leaves) and ends cleanly at exit.
+//! `PRIMUS_TASK_READER_DELAY_MS` slows each batch down so a test can kill it mid-task. The
+//! real data executor (minibatches for trainers) is `primus-data-executor`.
+//!
+//! Its ledger, `rows-<executor>.txt` in its working folder, says what each attempt at a
+//! task read and what the master acknowledged, a line each, written before the next step:
+//! `start <task> <offset>` (the offset the task was handed over at), `row <task> <offset>
+//! <id>` (ids flushed before their offset is reported), `reported <task> <offset>` (once
+//! the master accepted it) and `finished <task>` (once the master accepted the end).
 
 use std::io::Write;
 use std::time::Duration;
@@ -177,7 +182,7 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
             }),
         })
         .await?;
-    let mut rows = std::fs::OpenOptions::new()
+    let mut ledger = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(format!("rows-{}.txt", identity.executor_id))?;
@@ -191,7 +196,12 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
             .into_inner();
         match response.task {
             Some(task) => {
-                let outcome = read_task(&mut client, &identity, &task, &mut rows, delay).await;
+                record(
+                    &mut ledger,
+                    &format!("start {} {}", task.id, task.start_offset),
+                )?;
+                let outcome = read_task(&mut client, &identity, &task, &mut ledger, delay).await;
+                let completed = outcome.is_ok();
                 client
                     .finish_task(FinishTaskRequest {
                         job: identity.job.clone(),
@@ -200,6 +210,9 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
                         error: outcome.err().map(|e| format!("{e:#}")).unwrap_or_default(),
                     })
                     .await?;
+                if completed {
+                    record(&mut ledger, &format!("finished {}", task.id))?;
+                }
             }
             None if response.exhausted => break,
             None => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -214,7 +227,7 @@ async fn read_task(
     client: &mut TaskServiceClient<Channel>,
     identity: &ExecutorIdentity,
     task: &DataTask,
-    rows: &mut std::fs::File,
+    ledger: &mut std::fs::File,
     delay: Duration,
 ) -> anyhow::Result<()> {
     let Some(data_task::Work::Batch(work)) = &task.work else {
@@ -247,13 +260,14 @@ async fn read_task(
                 .as_any()
                 .downcast_ref::<arrow_array::UInt64Array>()
                 .context("column `id` is not UInt64")?;
+            let mut lines = String::new();
             for id in ids.values() {
                 offset += 1;
                 if offset > task.start_offset {
-                    writeln!(rows, "{id}")?;
+                    lines.push_str(&format!("row {} {offset} {id}\n", task.id));
                 }
             }
-            rows.flush()?;
+            ledger.write_all(lines.as_bytes())?;
             if offset > reported {
                 client
                     .report_progress(ReportProgressRequest {
@@ -264,10 +278,16 @@ async fn read_task(
                         stream_position: None,
                     })
                     .await?;
+                record(ledger, &format!("reported {} {offset}", task.id))?;
                 reported = offset;
             }
             tokio::time::sleep(delay).await;
         }
     }
     Ok(())
+}
+
+/// Appends `line` to the ledger in one write, so a kill leaves no partial line.
+fn record(ledger: &mut std::fs::File, line: &str) -> std::io::Result<()> {
+    ledger.write_all(format!("{line}\n").as_bytes())
 }

@@ -2,7 +2,6 @@
 //! master's settings for a sandbox, the small Jobs over those rows, JetStream rows, the
 //! Criteo-like DLRM Job, and waiting for checkpoints.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -179,34 +178,6 @@ pub(crate) fn id_job_with(
             .replicas(executors, 1, 1)
             .build(),
     ]
-}
-
-/// Ids read by all executors of a job (its work folder), with how often each was read.
-pub(crate) fn rows_read(work: &Path) -> HashMap<u64, u32> {
-    let mut counts = HashMap::new();
-    for file in std::fs::read_dir(work).expect("job folder").flatten() {
-        let name = file.file_name();
-        if !name.to_string_lossy().starts_with("rows-") {
-            continue;
-        }
-        for line in std::fs::read_to_string(file.path()).expect("rows").lines() {
-            *counts.entry(line.parse::<u64>().expect("id")).or_default() += 1;
-        }
-    }
-    counts
-}
-
-/// Waits until `executor` (a task reader) recorded some rows.
-pub(crate) async fn wait_until_rows(work: &Path, executor: &str) {
-    let path = work.join(format!("rows-{executor}.txt"));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while std::fs::metadata(&path).map_or(0, |m| m.len()) < 20 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{executor} read nothing"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Publishes rows with c1 ids `ids` (label: odd ids) on `subject` as `SampleRows`.

@@ -12,4 +12,5 @@ mod planning;
 mod scaling;
 mod serving;
 mod streams;
+mod task_reads;
 mod training;

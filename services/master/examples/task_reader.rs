@@ -7,11 +7,12 @@
 //! real data executor (minibatches for trainers) is `primus-data-executor`.
 //!
 //! Its ledger, `rows-<executor>.txt` in its working folder, says what each attempt at a
-//! task read and what the master acknowledged, a line each, written before the next step:
+//! task read and what the master acknowledged, a line each, written before the reader goes on:
 //! `start <task> <offset>` (the offset the task was handed over at), `row <task> <offset>
 //! <id>` (ids flushed before their offset is reported), `reported <task> <offset>` (once
 //! the master accepted it) and `finished <task>` (once the master accepted the end).
 
+use std::fmt::Write as _;
 use std::io::Write;
 use std::time::Duration;
 
@@ -264,7 +265,7 @@ async fn read_task(
             for id in ids.values() {
                 offset += 1;
                 if offset > task.start_offset {
-                    lines.push_str(&format!("row {} {offset} {id}\n", task.id));
+                    writeln!(lines, "row {} {offset} {id}", task.id)?;
                 }
             }
             ledger.write_all(lines.as_bytes())?;

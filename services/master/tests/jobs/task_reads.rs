@@ -22,7 +22,7 @@ struct Attempt {
 
 impl Attempt {
     /// Whether the master had accepted this attempt's read of `offset`.
-    fn acknowledged(&self, offset: u64) -> bool {
+    fn accepted(&self, offset: u64) -> bool {
         self.finished || offset <= self.acknowledged
     }
 }
@@ -95,7 +95,7 @@ impl TaskReads {
                     );
                     let reads = positions.entry((task.clone(), offset)).or_default();
                     reads.ids.push(id);
-                    reads.acknowledged += u32::from(attempt.acknowledged(offset));
+                    reads.acknowledged += u32::from(attempt.accepted(offset));
                 }
             }
         }

@@ -41,6 +41,12 @@ pub(crate) struct Tables {
     tables: HashMap<String, Table>,
     /// `traceparent`s of the pushes since the last delta notice.
     pushes: Mutex<Vec<String>>,
+    /// Held exclusively while every row is replaced (a restore, an emptying Open) and
+    /// shared by each delta export, so that no export sees a table emptied and not yet
+    /// refilled: its watermark would pass the rows the refill writes with their older
+    /// versions, and no later delta would carry them to serving. Waited for without
+    /// blocking a runtime thread: a restore of many rows takes seconds.
+    replacing: tokio::sync::RwLock<()>,
 }
 
 impl Tables {
@@ -93,7 +99,23 @@ impl Tables {
         Ok(Self {
             tables,
             pushes: Mutex::default(),
+            replacing: tokio::sync::RwLock::default(),
         })
+    }
+
+    /// Held while every row is replaced; delta exports wait for it.
+    async fn replacing_rows(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.replacing.write().await
+    }
+
+    /// [`Tables::replacing_rows`] on a thread that may block (a restore's).
+    pub(crate) fn replacing_rows_blocking(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.replacing.blocking_write()
+    }
+
+    /// Held while a delta is exported; a replacement of every row waits for it.
+    async fn exporting(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.replacing.read().await
     }
 
     /// Remembers the push being handled (its span's `traceparent`) for the next notice.
@@ -620,10 +642,12 @@ impl ParameterServer for Ps {
 
     async fn open(&self, request: Request<OpenRequest>) -> Result<Response<OpenResponse>, Status> {
         if request.into_inner().empty {
+            let replacing = self.tables.replacing_rows().await;
             let fence = self.fence.write().unwrap_or_else(PoisonError::into_inner);
             for (_, table) in self.tables.iter() {
                 table.clear();
             }
+            drop(replacing);
             let tensors = self.dense.forget(|_| false);
             self.forget_applied();
             drop(fence);
@@ -639,9 +663,13 @@ impl ParameterServer for Ps {
         &self,
         request: Request<ExportDeltaRequest>,
     ) -> Result<Response<ExportDeltaResponse>, Status> {
+        // A shard awaiting its restore holds none of its rows yet: a delta of it would tell
+        // serving that every change up to now is held.
+        self.opened()?;
         let request = request.into_inner();
         let since = request.since_version;
         let mut response = ExportDeltaResponse::default();
+        let exporting = self.tables.exporting().await;
         for (name, table) in self.tables.iter() {
             let delta = table.export_delta(since).map_err(table_status)?;
             // Every table shares the version sequence; the smallest watermark is safe for all.
@@ -667,6 +695,7 @@ impl ParameterServer for Ps {
                 },
             });
         }
+        drop(exporting);
         Ok(Response::new(response))
     }
 

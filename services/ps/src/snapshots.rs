@@ -298,6 +298,7 @@ pub(crate) async fn restore(
             };
             restored.map_err(|e| Status::failed_precondition(format!("{DENSE}: {e}")))?;
         }
+        let _replacing = tables.replacing_rows_blocking();
         for (_, table) in tables.iter() {
             table.clear();
         }

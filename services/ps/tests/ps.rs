@@ -23,6 +23,8 @@ use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, S3Bucket, SeaweedS3, restartable_port};
 use tonic::Code;
 
+#[path = "ps/exports.rs"]
+mod exports;
 #[path = "ps/flash.rs"]
 mod flash;
 #[path = "ps/reshard.rs"]

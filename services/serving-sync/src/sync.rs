@@ -6,7 +6,9 @@
 //! replica's own answers), so a replica that restarted empty is brought back with a full
 //! copy (ExportDelta since 0) and then deltas, and one that missed a delta gets it again.
 //! Replicas keep the newest version of each row, so re-sent rows are harmless and a training
-//! shard that restarts from an older checkpoint does not take serving backwards.
+//! shard that restarts from an older checkpoint does not take serving backwards. A shard
+//! awaiting its restore refuses to export, so a replica's version of it never passes the
+//! rows the restore brings back with their checkpoint's versions.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -284,6 +286,13 @@ impl JobSync {
             .await
         {
             Ok(response) => Some(response.into_inner()),
+            // A shard awaiting its restore refuses until its rows are back: expected
+            // while a Job recovers, so not worth a warning each cycle.
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                self.report.failures += 1;
+                tracing::debug!(job = %self.target.job, shard = %shard.id, error = %status.message(), "training shard not exporting yet");
+                None
+            }
             Err(status) => {
                 self.report.failures += 1;
                 tracing::warn!(job = %self.target.job, shard = %shard.id, error = %status.message(), "ExportDelta failed");

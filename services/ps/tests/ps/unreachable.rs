@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use primus_proto::v1::{LookupRequest, OpenRequest, PushRequest, RestoreRequest, SnapshotRequest};
+use primus_proto::v1::{
+    ExportDeltaRequest, LookupRequest, OpenRequest, PushRequest, RestoreRequest, SnapshotRequest,
+};
 use primus_ps_client::{PsClient, ShardSource, TableGrads, TableKeys, layout};
 use primus_testkit::service::{ServiceProcess, signal};
 use primus_testkit::{NatsServer, restartable_port};
@@ -99,8 +101,8 @@ async fn a_push_holds_the_part_of_a_restarting_shard_and_applies_it_once_it_is_b
 }
 
 /// A shard started with `ps.await_restore` (as the master starts a Job's shards) refuses
-/// training calls as UNAVAILABLE; a push waits, and lands on the restored rows once the
-/// shard is restored, so the checkpoint does not overwrite it.
+/// training calls, snapshots and delta exports as UNAVAILABLE; a push waits, and lands on
+/// the restored rows once the shard is restored, so the checkpoint does not overwrite it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_awaiting_its_restore_holds_pushes_until_the_restore_then_applies_them() {
     let nats = NatsServer::start().expect("nats-server");
@@ -157,6 +159,11 @@ async fn a_shard_awaiting_its_restore_holds_pushes_until_the_restore_then_applie
         .await
         .expect_err("a snapshot before the restore");
     assert_eq!(snapshot.code(), Code::Unavailable, "{snapshot:?}");
+    let export = raw
+        .export_delta(ExportDeltaRequest::default())
+        .await
+        .expect_err("a delta export before the restore");
+    assert_eq!(export.code(), Code::Unavailable, "{export:?}");
 
     let (keys1, grads1) = (batch(1, 300), grads_for(1, 300));
     let pushing = {

@@ -1,7 +1,8 @@
 //! Serving-sync against real training PS shards and serving replicas (the primus-ps server
 //! code on loopback gRPC, NATS from primus-testkit): Predict follows training, a restarted
 //! replica converges to the training rows exactly, a training shard restarted empty does not
-//! take serving backwards, Predicts never fail during syncs; Predict itself in [`predict`].
+//! take serving backwards, one restored from a checkpoint serving lagged brings serving its
+//! rows, Predicts never fail during syncs; Predict itself in [`predict`].
 //! Needs libonnxruntime.so (ORT_DYLIB_PATH).
 
 mod predict;
@@ -19,8 +20,11 @@ use primus_harness::rows::{Rows, replica_rows, training_rows};
 use primus_model::pooling::BatchKeys;
 use primus_model::{ModelLayout, ParamSet, Tower};
 use primus_proto::v1::feature_value::Value;
+use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::serving_service_client::ServingServiceClient;
-use primus_proto::v1::{DeltaNotice, FeatureValue, PredictRequest, Sample};
+use primus_proto::v1::{
+    DeltaNotice, FeatureValue, PredictRequest, RestoreRequest, Sample, SnapshotRequest,
+};
 use primus_ps_client::PsClient;
 use primus_service::Shutdown;
 use primus_serving_sync::sync::{JobSync, SyncTarget, Topology};
@@ -194,12 +198,15 @@ impl Cluster {
         cluster
     }
 
-    /// Stops training shard `index` and starts it again, empty, on the same address.
-    async fn restart_shard_empty(&mut self, index: usize) {
+    /// Stops training shard `index` and starts it again, empty, on the same address;
+    /// with `await_restore`, as the master starts it: refusing training calls until a
+    /// Restore or an Open.
+    async fn restart_shard(&mut self, index: usize, await_restore: bool) {
         let down = self.shards.remove(index);
         let port = port_of(&down.addr);
         down.stop().await;
-        let settings = shard_settings(&self.nats_url, &self.job, &self.layout, index, port);
+        let mut settings = shard_settings(&self.nats_url, &self.job, &self.layout, index, port);
+        settings.ps.await_restore = await_restore;
         self.shards.insert(index, Process::start(settings).await);
     }
 
@@ -465,7 +472,7 @@ async fn a_training_shard_restarted_empty_does_not_take_serving_backwards() {
     let shard0 = training_rows(&cluster.shards[0].addr).await;
     assert!(!shard0.is_empty(), "shard 0 holds none of the trained rows");
 
-    cluster.restart_shard_empty(0).await;
+    cluster.restart_shard(0, false).await;
     sync.sync_sparse().await;
     sync.sync_sparse().await;
     for replica in &cluster.replicas {
@@ -487,6 +494,69 @@ async fn a_training_shard_restarted_empty_does_not_take_serving_backwards() {
         for (key, row) in &fresh {
             assert_eq!(held.get(key), Some(row), "{key:?} on {}", replica.addr);
         }
+    }
+}
+
+/// A shard that crashed soon after a checkpoint comes back from it holding changes serving
+/// had not received before the crash; once restored, every replica gets them. Until its
+/// restore the shard exports nothing, so serving's watermark of it cannot pass the versions
+/// the restore gives those rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shard_restored_from_a_checkpoint_serving_lagged_brings_every_replica_its_rows() {
+    let mut cluster = Cluster::start().await;
+    let mut sync = cluster.synced().await;
+    for item in 0..100 {
+        cluster.train_on(&sample(item), 0.1).await;
+    }
+    sync.sync_sparse().await;
+    for item in 100..200 {
+        cluster.train_on(&sample(item), -0.2).await;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let checkpoint = format!("file://{}/ckpt", dir.path().display());
+    let mut shard = ParameterServerClient::connect(format!("http://{}", cluster.shards[0].addr))
+        .await
+        .expect("connect to shard 0");
+    let manifest_uri = shard
+        .snapshot(SnapshotRequest {
+            uri: checkpoint,
+            ..SnapshotRequest::default()
+        })
+        .await
+        .expect("snapshot of shard 0")
+        .into_inner()
+        .manifest_uri;
+    let trained = every_training_row(&cluster).await;
+    let replica = replica_rows(&cluster.replicas[0].addr).await;
+    let unsent = trained.iter().filter(|(k, r)| replica.get(*k) != Some(*r));
+    assert!(
+        unsent.count() > 0,
+        "serving already holds the checkpoint's rows"
+    );
+
+    cluster.restart_shard(0, true).await;
+    sync.sync_sparse().await;
+    let mut shard = ParameterServerClient::connect(format!("http://{}", cluster.shards[0].addr))
+        .await
+        .expect("connect to the restarted shard 0");
+    shard
+        .restore(RestoreRequest {
+            manifest_uri,
+            ..RestoreRequest::default()
+        })
+        .await
+        .expect("restore of shard 0");
+    sync.sync_sparse().await;
+    assert_eq!(every_training_row(&cluster).await, trained);
+    for replica in &cluster.replicas {
+        let held = replica_rows(&replica.addr).await;
+        let differing = trained.iter().filter(|(k, r)| held.get(*k) != Some(*r));
+        assert_eq!(
+            differing.count(),
+            0,
+            "rows on {} unlike training",
+            replica.addr
+        );
     }
 }
 

@@ -17,7 +17,8 @@
 //! duplicated, AUC delta), then the table, ending with
 //! `chaos: F faults, L rows lost, D rows duplicated, max AUC delta X`.
 //!
-//! `PRIMUS_CHAOS_SEED` picks the fault moments (default 1).
+//! `PRIMUS_CHAOS_SEED` picks the fault moments (default 1); `PRIMUS_CHAOS_FAULTS` runs only
+//! the faults whose names contain one of its comma-separated words (`ps shard,nats`).
 
 #![allow(
     clippy::print_stdout,
@@ -161,21 +162,26 @@ async fn every_fault_loses_and_repeats_no_row() {
         .unwrap_or(1);
     // A failure's message, not a backtrace through the runtime, ends the output.
     std::panic::set_hook(Box::new(|info| eprintln!("{info}")));
+    let faults = chosen_faults();
     let mut sandbox = Sandbox::start_restartable().await;
     let best = prepare(&sandbox).await;
     let holdout = holdout();
     let mut cluster = Cluster::start(&sandbox).await;
 
     let baseline = run_undisturbed(&sandbox, &cluster, &holdout, Training::OneTrainer).await;
-    let hot_set_baseline = run_undisturbed(&sandbox, &cluster, &holdout, Training::HotSet).await;
+    let hot_set_baseline = match faults.iter().any(|(_, f)| f.training() == Training::HotSet) {
+        true => Some(run_undisturbed(&sandbox, &cluster, &holdout, Training::HotSet).await),
+        false => None,
+    };
+    let hot_set = hot_set_baseline.map_or("not run".to_owned(), |auc| format!("{auc:.4}"));
     println!(
-        "chaos seed {seed}; served AUC on {} held-out rows undisturbed {baseline:.4}, {hot_set_baseline:.4} with a hot set (the Parquet data's best achievable {best:.4})",
+        "chaos seed {seed}; served AUC on {} held-out rows undisturbed {baseline:.4}, {hot_set} with a hot set (the Parquet data's best achievable {best:.4})",
         holdout.labels.len()
     );
     let mut report = Report::default();
     let width = (Fault::ALL.iter().map(|f| f.name().len())).fold(0, usize::max);
     println!("{}", Outcome::header(width));
-    for (i, fault) in Fault::ALL.into_iter().enumerate() {
+    for (i, fault) in faults {
         // Somewhere between 10% and 80% of the rows, after the first checkpoint. A deleted
         // file fails the Job only while unread: the last hour's file, from 42% of the rows
         // on, is deleted before 30%.
@@ -187,7 +193,7 @@ async fn every_fault_loses_and_repeats_no_row() {
         let job = format!("chaos-{i}");
         let baseline = match fault.training() {
             Training::OneTrainer => baseline,
-            Training::HotSet => hot_set_baseline,
+            Training::HotSet => hot_set_baseline.expect("run for the hot-set fault"),
         };
         let run = Run {
             job: &job,
@@ -212,6 +218,31 @@ async fn every_fault_loses_and_repeats_no_row() {
         max_delta <= MAX_AUC_DELTA,
         "an AUC moved {max_delta:.4} from the undisturbed run's (allowed {MAX_AUC_DELTA})"
     );
+}
+
+/// The faults `PRIMUS_CHAOS_FAULTS` names (a comma-separated list of parts of their names,
+/// any case), each with its place in [`Fault::ALL`], which its moment is drawn for; every
+/// fault when unset.
+fn chosen_faults() -> Vec<(usize, Fault)> {
+    let all = Fault::ALL.into_iter().enumerate();
+    let Ok(wanted) = std::env::var("PRIMUS_CHAOS_FAULTS") else {
+        return all.collect();
+    };
+    let wanted: Vec<String> = wanted.split(',').map(|w| w.trim().to_lowercase()).collect();
+    let chosen: Vec<(usize, Fault)> = all
+        .filter(|(_, fault)| {
+            let name = fault.name().to_lowercase();
+            wanted
+                .iter()
+                .any(|w| !w.is_empty() && name.contains(w.as_str()))
+        })
+        .collect();
+    assert!(
+        !chosen.is_empty(),
+        "PRIMUS_CHAOS_FAULTS: {wanted:?} names none of {:?}",
+        Fault::ALL.map(Fault::name)
+    );
+    chosen
 }
 
 /// How far a disturbed run's AUC may be from the undisturbed one: the rows trained again
@@ -523,9 +554,9 @@ async fn replica_converged(cluster: &Cluster, job: &str, run: &str) {
     let (held, served) = served_rows(cluster, job).await;
     assert!(
         held == served,
-        "{job} ({run}): the serving replica differs from the training PS in {} of {} rows",
-        differing(&held, &served),
-        held.len()
+        "{job} ({run}): the serving replica differs from the training PS ({} rows): {}",
+        held.len(),
+        differences(&held, &served)
     );
 }
 
@@ -589,10 +620,52 @@ async fn served_auc(cluster: &Cluster, job: &str, holdout: &Holdout) -> f64 {
     primus_metrics::auc(&scores, &holdout.labels).expect("held-out rows of both classes")
 }
 
-/// Rows one side lacks or holds differently.
-fn differing(a: &Rows, b: &Rows) -> usize {
-    let missing = b.keys().filter(|k| !a.contains_key(*k)).count();
-    missing + a.iter().filter(|(k, v)| b.get(*k) != Some(*v)).count()
+/// How the rows of `served` differ from `trained`, by kind, with a few examples: what a
+/// failure must show to be understood from CI's output alone.
+fn differences(trained: &Rows, served: &Rows) -> String {
+    let (mut missing, mut extra, mut older, mut newer, mut same_version) = (0, 0, 0, 0, 0);
+    let mut examples = Vec::new();
+    for (key, row) in trained {
+        let kind = match served.get(key) {
+            None => {
+                missing += 1;
+                "missing"
+            }
+            Some(held) if held == row => continue,
+            Some(held) if held.0 < row.0 => {
+                older += 1;
+                "older"
+            }
+            Some(held) if held.0 > row.0 => {
+                newer += 1;
+                "newer"
+            }
+            Some(_) => {
+                same_version += 1;
+                "same version, other values"
+            }
+        };
+        if examples.len() < 5 {
+            let held = served.get(key).map(|(version, _)| *version);
+            examples.push(format!(
+                "{key:?} {kind}: trained version {}, served {held:?}",
+                row.0
+            ));
+        }
+    }
+    for (key, (version, _)) in served {
+        if !trained.contains_key(key) {
+            extra += 1;
+            if examples.len() < 10 {
+                examples.push(format!("{key:?} only served, version {version}"));
+            }
+        }
+    }
+    format!(
+        "{missing} missing, {extra} only served, {older} older, {newer} newer, {same_version} \
+         of the same version with other values; {}",
+        examples.join("; ")
+    )
 }
 
 /// The `RolledBack` condition's message, if the Job rolled back.

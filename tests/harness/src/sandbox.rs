@@ -368,12 +368,31 @@ impl Sandbox {
         logs.sort();
         for log in logs {
             let content = std::fs::read_to_string(&log).unwrap_or_default();
-            let lines: Vec<&str> = content.lines().collect();
+            let lines = without_backtraces(&content);
             let tail = lines[lines.len().saturating_sub(30)..].join("\n");
-            text.push_str(&format!("\n--- {} (last 30 lines):\n{tail}", log.display()));
+            text.push_str(&format!(
+                "\n--- {} (last 30 lines, backtraces left out):\n{tail}",
+                log.display()
+            ));
         }
         text
     }
+}
+
+/// The lines of a log without the frames of its backtraces, which would otherwise fill a
+/// log's tail and hide the error above them.
+fn without_backtraces(log: &str) -> Vec<&str> {
+    let mut in_backtrace = false;
+    log.lines()
+        .filter(|line| {
+            if line.trim_end() == "Stack backtrace:" || line.starts_with("stack backtrace:") {
+                in_backtrace = true;
+                return false;
+            }
+            in_backtrace &= line.starts_with(char::is_whitespace);
+            !in_backtrace
+        })
+        .collect()
 }
 
 /// Whether process `pid` runs (a zombie does not).
@@ -521,4 +540,25 @@ pub fn condition<'a>(status: &'a Status, kind: &str) -> &'a Condition {
         .iter()
         .find(|c| c.kind == kind)
         .unwrap_or_else(|| panic!("no {kind} condition in {:?}", status.conditions))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_backtraces;
+
+    #[test]
+    fn a_log_tail_keeps_the_error_and_what_follows_its_backtrace() {
+        let log = "starting\nError: ps.tables[0].dim: must be > 0\n\nStack backtrace:\n   0: anyhow::error\n             at src/error.rs:1:1\n   1: main\nrestarted\nthread 'main' panicked at x.rs:1:1:\nboom\nstack backtrace:\n   0: core::panicking\n";
+        assert_eq!(
+            without_backtraces(log),
+            [
+                "starting",
+                "Error: ps.tables[0].dim: must be > 0",
+                "",
+                "restarted",
+                "thread 'main' panicked at x.rs:1:1:",
+                "boom"
+            ]
+        );
+    }
 }

@@ -5,9 +5,11 @@
 //! 1. every data executor pauses (`DatasetService.Pause`): nothing more leaves its serving
 //!    buffers, each open minibatch stream sends the barrier marker, and the executor answers
 //!    with the rows served of each task it holds and the position of each stream binding it
-//!    reads in order, which go into the task queue;
+//!    reads in order;
 //! 2. every running trainer trains what came before the markers of all its streams and says
-//!    so (`CheckpointService.TrainerAligned`, with its step and sample totals);
+//!    so (`CheckpointService.TrainerAligned`, with its step and sample totals); only then do
+//!    the served offsets and positions go into the task queue, as every row before them is
+//!    trained (an executor that dies before leaves the queue at what trainers consumed);
 //! 3. every PS shard copies its snapshot in memory (DLRover-RM §5.2's flash checkpoint), and
 //!    the queue's offsets, stream positions and succeeded set are staged in Redis;
 //! 4. the data executors resume (also when any step failed; a pause also expires by
@@ -507,11 +509,17 @@ impl Coordinator {
         participants: &Participants,
     ) -> Result<Staged, CheckpointError> {
         let restarts = self.recovery.settled()?;
-        self.pause(id, &participants.data_executors).await?;
+        let served = self.pause(id, &participants.data_executors).await?;
         let trainers = self
             .alignments
             .wait(id, &participants.trainers, self.limits.align)
             .await?;
+        // Only now is every row served before the pause trained: an executor that dies
+        // between its pause and the trainers' alignment may have served rows no trainer
+        // received, which its successor must serve again from the consumed offsets.
+        for (executor, served) in served {
+            self.record_offsets(&executor, served).await?;
+        }
         let uri = format!("{}/ckpt-{id}", self.uri.trim_end_matches('/'));
         shards::copy_snapshots(&uri, &participants.ps, base.map(|b| &b.ps)).await?;
         self.queue.stage_checkpoint(id).await?;
@@ -555,8 +563,12 @@ impl Coordinator {
         Ok(record)
     }
 
-    /// Pauses every data executor and records the offsets they served up to the pause.
-    async fn pause(&self, id: u64, executors: &[Endpoint]) -> Result<(), CheckpointError> {
+    /// Pauses every data executor; what each served up to its pause, by executor id.
+    async fn pause(
+        &self,
+        id: u64,
+        executors: &[Endpoint],
+    ) -> Result<Vec<(String, PauseResponse)>, CheckpointError> {
         let request = || PauseRequest {
             job: self.job.to_owned(),
             checkpoint_id: id,
@@ -575,15 +587,16 @@ impl Coordinator {
                 .map_err(|status| status.message().to_owned())
         }))
         .await;
+        let mut served = Vec::new();
         for (executor, result) in executors.iter().zip(paused) {
-            let served = result.map_err(|message| CheckpointError::DataExecutor {
+            let response = result.map_err(|message| CheckpointError::DataExecutor {
                 id: executor.id.clone(),
                 addr: executor.grpc_addr.clone(),
                 message,
             })?;
-            self.record_offsets(&executor.id, served).await?;
+            served.push((executor.id.clone(), response));
         }
-        Ok(())
+        Ok(served)
     }
 
     async fn record_offsets(

@@ -13,6 +13,10 @@ use primus_spec::status::{Progress, SourceProgress};
 /// Points kept per series (older ones are dropped).
 pub const MAX_POINTS: usize = 720;
 
+/// Bytes a Metric resource's spec may take as JSON: the API server's limit for a
+/// resource, with room to spare.
+const SPEC_BUDGET: usize = primus_spec::MAX_DOCUMENT_BYTES / 10 * 9;
+
 #[derive(Default)]
 pub struct MetricsFold {
     /// Latest report per executor id.
@@ -155,7 +159,24 @@ impl MetricsFold {
         true
     }
 
+    /// The Metric resource's spec: every series with as many of its newest points (up to
+    /// [`MAX_POINTS`]) as fit the API server's limit for a resource. A Job of many
+    /// executors has many series, whose full history would be refused whole, and its
+    /// metrics would then stop moving.
     pub fn spec(&self, job: &str) -> MetricSpec {
+        let mut kept = MAX_POINTS;
+        loop {
+            let spec = self.newest(job, kept);
+            let bytes = serde_json::to_string(&spec).map_or(0, |json| json.len());
+            if bytes <= SPEC_BUDGET || kept == 1 {
+                return spec;
+            }
+            kept = (kept * SPEC_BUDGET / bytes).clamp(1, kept - 1);
+        }
+    }
+
+    /// Every series with its newest `kept` points.
+    fn newest(&self, job: &str, kept: usize) -> MetricSpec {
         MetricSpec {
             job: job.to_owned(),
             series: self
@@ -165,7 +186,7 @@ impl MetricsFold {
                     name: name.clone(),
                     role: Some(role.clone()),
                     executor: (!executor.is_empty()).then(|| executor.clone()),
-                    points: points.clone(),
+                    points: points[points.len().saturating_sub(kept)..].to_vec(),
                 })
                 .collect(),
         }
@@ -279,6 +300,44 @@ mod tests {
                 ("live".into(), samples / 4),
             ]
             .into(),
+        }
+    }
+
+    /// 80 series over the whole history would be over 2 MB: the spec keeps every series,
+    /// with the newest points that fit the API server's limit.
+    #[test]
+    fn a_spec_of_many_series_keeps_their_newest_points_within_the_resource_limit() {
+        let mut fold = MetricsFold::default();
+        for tick in 0..MAX_POINTS as i64 {
+            let mut report = report("t0", 100.0, 0.7, 1000);
+            report.gauges = (0..80)
+                .map(|g| (format!("gauge_{g}"), tick as f64 / 7.0 + f64::from(g) / 3.0))
+                .collect();
+            fold.add(report);
+            fold.tick(1_795_000_000_000 + tick * 1000);
+        }
+        let whole = fold.newest("j", MAX_POINTS);
+        let whole_bytes = serde_json::to_string(&whole).expect("json").len();
+        assert!(
+            whole_bytes > primus_spec::MAX_DOCUMENT_BYTES,
+            "{whole_bytes} bytes"
+        );
+
+        let spec = fold.spec("j");
+        let bytes = serde_json::to_string(&spec).expect("json").len();
+        assert!(bytes <= SPEC_BUDGET, "{bytes} bytes");
+        assert_eq!(spec.series.len(), whole.series.len());
+        for (kept, all) in spec.series.iter().zip(&whole.series) {
+            assert!(
+                kept.points.len() >= MAX_POINTS / 4,
+                "{} points",
+                kept.points.len()
+            );
+            assert!(
+                all.points.ends_with(&kept.points),
+                "the newest points of {}",
+                all.name
+            );
         }
     }
 

@@ -165,6 +165,9 @@ impl MetricsFold {
     /// metrics would then stop moving.
     pub fn spec(&self, job: &str) -> MetricSpec {
         let mut kept = MAX_POINTS;
+        if self.json_bytes_at_most(job) <= SPEC_BUDGET {
+            return self.newest(job, kept);
+        }
         loop {
             let spec = self.newest(job, kept);
             let bytes = serde_json::to_string(&spec).map_or(0, |json| json.len());
@@ -173,6 +176,18 @@ impl MetricsFold {
             }
             kept = (kept * SPEC_BUDGET / bytes).clamp(1, kept - 1);
         }
+    }
+
+    /// More bytes than the whole spec takes as JSON, counted without writing it (most
+    /// Jobs' specs fit well within the limit): a point is at most 64 bytes (the longest
+    /// `i64` and `f64`), a series' other fields at most twice their text (escapes) and 96.
+    fn json_bytes_at_most(&self, job: &str) -> usize {
+        let series: usize = (self.series.iter())
+            .map(|((name, role, executor), points)| {
+                2 * (name.len() + role.len() + executor.len()) + 96 + 64 * points.len()
+            })
+            .sum();
+        2 * job.len() + 64 + series
     }
 
     /// Every series with its newest `kept` points.
@@ -323,6 +338,7 @@ mod tests {
             "{whole_bytes} bytes"
         );
 
+        assert!(fold.json_bytes_at_most("j") >= whole_bytes);
         let spec = fold.spec("j");
         let bytes = serde_json::to_string(&spec).expect("json").len();
         assert!(bytes <= SPEC_BUDGET, "{bytes} bytes");

@@ -311,6 +311,20 @@ impl Cluster {
             .collect()
     }
 
+    /// [`Cluster::train_on`] the samples of `items`, one after another.
+    async fn train_items(&self, items: std::ops::Range<i64>, step: f32) {
+        for item in items {
+            self.train_on(&sample(item), step).await;
+        }
+    }
+
+    /// A raw client of training shard `index`, for snapshots and restores.
+    async fn shard_client(&self, index: usize) -> ParameterServerClient<Channel> {
+        ParameterServerClient::connect(format!("http://{}", self.shards[index].addr))
+            .await
+            .expect("connect to a training shard")
+    }
+
     /// Pushes gradients that move every key of `sample` (all tables).
     async fn train_on(&self, sample: &Sample, step: f32) {
         for (table, keys) in self.keys_of(sample) {
@@ -415,23 +429,17 @@ async fn predict_follows_training_within_the_sparse_interval() {
 async fn a_restarted_replica_converges_to_the_training_rows_exactly() {
     let mut cluster = Cluster::start().await;
     let mut sync = cluster.synced().await;
-    for item in 0..200 {
-        cluster.train_on(&sample(item), 0.1).await;
-    }
+    cluster.train_items(0..200, 0.1).await;
     sync.sync_sparse().await;
     let down = cluster.replicas.remove(0);
     let port = port_of(&down.addr);
     down.stop().await;
     // Training goes on while the replica is down; the other replica keeps up.
-    for item in 150..400 {
-        cluster.train_on(&sample(item), -0.2).await;
-    }
+    cluster.train_items(150..400, -0.2).await;
     sync.sync_sparse().await;
     let restarted = cluster.start_replica(port).await;
     cluster.replicas.insert(0, restarted);
-    for item in 390..420 {
-        cluster.train_on(&sample(item), 0.3).await;
-    }
+    cluster.train_items(390..420, 0.3).await;
     sync.sync_sparse().await;
     sync.sync_sparse().await;
     let expected = every_training_row(&cluster).await;
@@ -464,9 +472,7 @@ async fn a_restarted_replica_converges_to_the_training_rows_exactly() {
 async fn a_training_shard_restarted_empty_does_not_take_serving_backwards() {
     let mut cluster = Cluster::start().await;
     let mut sync = cluster.synced().await;
-    for item in 0..100 {
-        cluster.train_on(&sample(item), 0.1).await;
-    }
+    cluster.train_items(0..100, 0.1).await;
     sync.sync_sparse().await;
     let before = replica_rows(&cluster.replicas[0].addr).await;
     let shard0 = training_rows(&cluster.shards[0].addr).await;
@@ -483,9 +489,7 @@ async fn a_training_shard_restarted_empty_does_not_take_serving_backwards() {
     }
 
     // Training goes on against the restarted shard; its new rows reach serving.
-    for item in 1_000..1_100 {
-        cluster.train_on(&sample(item), 0.3).await;
-    }
+    cluster.train_items(1_000..1_100, 0.3).await;
     sync.sync_sparse().await;
     let fresh = training_rows(&cluster.shards[0].addr).await;
     assert!(!fresh.is_empty(), "the restarted shard trained nothing");
@@ -505,19 +509,14 @@ async fn a_training_shard_restarted_empty_does_not_take_serving_backwards() {
 async fn a_shard_restored_from_a_checkpoint_serving_lagged_brings_every_replica_its_rows() {
     let mut cluster = Cluster::start().await;
     let mut sync = cluster.synced().await;
-    for item in 0..100 {
-        cluster.train_on(&sample(item), 0.1).await;
-    }
+    cluster.train_items(0..100, 0.1).await;
     sync.sync_sparse().await;
-    for item in 100..200 {
-        cluster.train_on(&sample(item), -0.2).await;
-    }
+    cluster.train_items(100..200, -0.2).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let checkpoint = format!("file://{}/ckpt", dir.path().display());
-    let mut shard = ParameterServerClient::connect(format!("http://{}", cluster.shards[0].addr))
+    let manifest_uri = cluster
+        .shard_client(0)
         .await
-        .expect("connect to shard 0");
-    let manifest_uri = shard
         .snapshot(SnapshotRequest {
             uri: checkpoint,
             ..SnapshotRequest::default()
@@ -528,18 +527,16 @@ async fn a_shard_restored_from_a_checkpoint_serving_lagged_brings_every_replica_
         .manifest_uri;
     let trained = every_training_row(&cluster).await;
     let replica = replica_rows(&cluster.replicas[0].addr).await;
-    let unsent = trained.iter().filter(|(k, r)| replica.get(*k) != Some(*r));
     assert!(
-        unsent.count() > 0,
+        unlike(&trained, &replica) > 0,
         "serving already holds the checkpoint's rows"
     );
 
     cluster.restart_shard(0, true).await;
     sync.sync_sparse().await;
-    let mut shard = ParameterServerClient::connect(format!("http://{}", cluster.shards[0].addr))
+    cluster
+        .shard_client(0)
         .await
-        .expect("connect to the restarted shard 0");
-    shard
         .restore(RestoreRequest {
             manifest_uri,
             ..RestoreRequest::default()
@@ -550,14 +547,21 @@ async fn a_shard_restored_from_a_checkpoint_serving_lagged_brings_every_replica_
     assert_eq!(every_training_row(&cluster).await, trained);
     for replica in &cluster.replicas {
         let held = replica_rows(&replica.addr).await;
-        let differing = trained.iter().filter(|(k, r)| held.get(*k) != Some(*r));
         assert_eq!(
-            differing.count(),
+            unlike(&trained, &held),
             0,
             "rows on {} unlike training",
             replica.addr
         );
     }
+}
+
+/// Rows of `trained` that `held` lacks or holds otherwise.
+fn unlike(trained: &Rows, held: &Rows) -> usize {
+    trained
+        .iter()
+        .filter(|(key, row)| held.get(*key) != Some(*row))
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread")]

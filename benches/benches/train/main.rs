@@ -504,6 +504,11 @@ async fn train_through_services(
     // The master in this process; its executors are processes of the release binaries.
     let mut settings = sandbox.master_settings();
     settings.local.bin_dir = Some(bin_dir.to_path_buf());
+    // The sandbox ticks the master's status loop 10x as often as the product does, so that
+    // tests react quickly; a training run is measured at the cadence a deployment has.
+    settings.master.status_interval_ms = (primus_config::MasterSettings::default())
+        .master
+        .status_interval_ms;
     let shutdown = Shutdown::new();
     let master = tokio::spawn(primus_master::run(settings, shutdown.clone()));
 

@@ -267,13 +267,19 @@ pub(crate) fn with_role(endpoints: &[Endpoint], role: Role) -> Vec<&Endpoint> {
     endpoints.iter().filter(|e| e.role == role as i32).collect()
 }
 
-/// Whether the gRPC health service at `addr` says SERVING.
+/// How long an executor has to answer a call the Job's loop waits on. Everything else the
+/// loop handles waits meanwhile: an executor that stopped answering (a stopped or wedged
+/// process, whose socket still accepts) must not hold it up for longer.
+pub(crate) const ANSWER_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Whether the gRPC health service at `addr` says SERVING (within [`ANSWER_DEADLINE`]).
 pub(crate) async fn serving(addr: &str) -> bool {
     let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")) else {
         return false;
     };
     let Ok(channel) = endpoint
         .connect_timeout(Duration::from_secs(1))
+        .timeout(ANSWER_DEADLINE)
         .connect()
         .await
     else {

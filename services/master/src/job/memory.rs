@@ -22,7 +22,7 @@ use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{Endpoint, Role, SetMemoryLimitRequest, StatsRequest};
 
 use super::JobRun;
-use super::executors::role_spec;
+use super::executors::{ANSWER_DEADLINE, role_spec};
 use crate::backend::{ExecutorRole, ExecutorUsage, ResourceBackend};
 use crate::plan::Catalog;
 
@@ -349,12 +349,19 @@ fn role_of(endpoint: &Endpoint) -> Option<ExecutorRole> {
         .find(|role| role.proto() as i32 == endpoint.role)
 }
 
-/// The bytes a PS shard holds and the gradients it refused at its limit.
+/// The bytes a PS shard holds and the gradients it refused at its limit; None when it
+/// does not answer within [`ANSWER_DEADLINE`].
 async fn held(addr: &str) -> Option<(u64, u64)> {
-    let mut client = ParameterServerClient::connect(format!("http://{addr}"))
+    let asked = async {
+        let mut client = ParameterServerClient::connect(format!("http://{addr}"))
+            .await
+            .ok()?;
+        client.stats(StatsRequest {}).await.ok()
+    };
+    let stats = tokio::time::timeout(ANSWER_DEADLINE, asked)
         .await
-        .ok()?;
-    let stats = client.stats(StatsRequest {}).await.ok()?.into_inner();
+        .ok()??
+        .into_inner();
     let refused = stats.tables.iter().map(|t| t.refused).sum();
     Some((stats.memory_bytes, refused))
 }

@@ -1,7 +1,8 @@
 //! Checkpoints and recovery through the real services: a Job restarted under a new master
 //! continues from its checkpoint, a killed PS shard comes back with the checkpoint's rows
 //! (or, with `on_ps_failure: rollback`, the whole Job goes back to the checkpoint), a killed
-//! trainer continues its counters, a crash during a barrier abandons it at once.
+//! trainer continues its counters, a crash during a barrier abandons it at once, a stopped
+//! PS shard holds up nothing else.
 
 use std::path::Path;
 use std::time::Duration;
@@ -418,6 +419,51 @@ async fn a_killed_data_executor_is_succeeded_without_losing_or_repeating_a_row()
         "{before} samples before the kill, {} of {DLRM_ROWS} rows read",
         progress.sources[0].rows_read
     );
+    master.stop();
+}
+
+/// A PS shard that stops answering (SIGSTOP: its socket still accepts) does not hold up
+/// the Job's loop, which asks every shard for its memory each status tick: a data executor
+/// killed meanwhile is seen restarting, and once the shard continues the Job succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_ps_shard_does_not_hold_up_the_job() {
+    let sandbox = Sandbox::start().await;
+    apply_criteo_dataset(&sandbox).await;
+    let master = start_master_with(&sandbox, &data_executor());
+    let job = "dlrm-stopped-shard";
+    sandbox
+        .apply([dlrm_job(&sandbox, job, 1, 3600).build()])
+        .await;
+    wait_for_samples_past(&sandbox, job, 0).await;
+    let shard = sandbox.pids(job)["ps-0"];
+    signal(shard, "STOP").expect("stop ps-0");
+    // Status ticks (200 ms) reach the stopped shard.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    signal(sandbox.pids(job)["data_executor-0"], "KILL").expect("kill data_executor-0");
+    let killed = tokio::time::Instant::now();
+    loop {
+        let status = sandbox.status(job).await;
+        let executor = status.executors.iter().find(|e| e.id == "data_executor-0");
+        if executor.is_some_and(|e| e.restarts == 1) {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the restart of data_executor-0 is not in the Job's status 30 s after the kill, with ps-0 stopped: {:?}",
+            status.executors
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "the restart was in the status {:.1} s after the kill",
+        killed.elapsed().as_secs_f64()
+    );
+    signal(shard, "CONT").expect("continue ps-0");
+    let status = sandbox
+        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(300))
+        .await;
+    let samples = status.progress.map_or(0, |p| p.samples);
+    eprintln!("{samples} samples trained of {DLRM_ROWS} rows");
     master.stop();
 }
 

@@ -14,6 +14,8 @@ use primus_spec::job::TrainingMode;
 
 use crate::plan::{self, BatchSource, Catalog, ListingCache, PlanError, PlanOptions, StreamPlan};
 use crate::queue::{QueueError, TaskQueue};
+use crate::tasks::JobTasks;
+use crate::topology::Topologies;
 use primus_config::{PlannerSettings, TaskSettings};
 use primus_spec::time;
 
@@ -209,9 +211,17 @@ pub async fn plan_stream<C: Catalog>(
     }
 }
 
-/// Re-queues the work of executors silent for longer than the heartbeat timeout, and
-/// takes heartbeats from NATS. Runs until aborted.
-pub async fn monitor(queue: TaskQueue, bus: Bus, job: String, settings: TaskSettings) {
+/// Re-queues the work of executors silent for longer than the heartbeat timeout, once the
+/// trainers reported what they received from them, and takes heartbeats from NATS. Runs
+/// until aborted.
+pub async fn monitor(
+    tasks: JobTasks,
+    topologies: Topologies,
+    bus: Bus,
+    job: String,
+    settings: TaskSettings,
+) {
+    let queue = &tasks.queue;
     let heartbeats = async {
         let subject = match bus.subjects().heartbeat(&job, "data_executor", "*") {
             Ok(subject) => subject,
@@ -238,7 +248,8 @@ pub async fn monitor(queue: TaskQueue, bus: Bus, job: String, settings: TaskSett
         ));
         loop {
             ticks.tick().await;
-            let silent = match queue.silent_executors(now_ms() - timeout).await {
+            let silent_before = now_ms() - timeout;
+            let silent = match queue.silent_executors(silent_before).await {
                 Ok(silent) => silent,
                 Err(e) => {
                     tracing::warn!(%job, error = %e, "task monitor");
@@ -246,13 +257,23 @@ pub async fn monitor(queue: TaskQueue, bus: Bus, job: String, settings: TaskSett
                 }
             };
             for executor in silent {
-                match queue
-                    .requeue_executor(&executor, settings.max_attempts)
-                    .await
-                {
-                    Ok(requeued) => {
+                // As for a restart: the trainers' reports move its tasks on through the
+                // rows they received, before a successor reads them again.
+                if let Err(e) = (tasks.await_received_reports(&job, &topologies, &executor)).await {
+                    tracing::warn!(%job, %executor, error = %e, "waiting for received rows");
+                }
+                // Meanwhile it may have registered again (a restart) and taken new work.
+                let requeued = (queue.requeue_silent_executor(
+                    &executor,
+                    settings.max_attempts,
+                    silent_before,
+                ))
+                .await;
+                match requeued {
+                    Ok(Some(requeued)) => {
                         tracing::warn!(%job, %executor, requeued, "executor stopped heartbeating; its tasks are re-queued")
                     }
+                    Ok(None) => {}
                     Err(e) => tracing::warn!(%job, %executor, error = %e, "re-queueing"),
                 }
             }

@@ -226,7 +226,12 @@ return 'requeued'
 
 const REQUEUE_EXECUTOR: &str = r#"
 -- KEYS: running executors pending order attempts failed stream
--- ARGV: executor max_attempts reason refund ('1': the attempt does not count)
+-- ARGV: executor max_attempts reason refund ('1': the attempt does not count) silent_before
+-- (when set, an executor that heartbeated at or after it keeps its work: -1)
+if ARGV[5] ~= '' then
+  local seen = redis.call('HGET', KEYS[2], ARGV[1])
+  if seen and tonumber(seen) >= tonumber(ARGV[5]) then return -1 end
+end
 local requeued = 0
 local running = redis.call('HGETALL', KEYS[1])
 for i = 1, #running, 2 do
@@ -686,13 +691,26 @@ impl TaskQueue {
         executor: &str,
         max_attempts: u32,
     ) -> Result<u64, QueueError> {
-        self.take_back(executor, max_attempts, false).await
+        let requeued = self.take_back(executor, max_attempts, false, None).await?;
+        Ok(requeued.unwrap_or(0))
+    }
+
+    /// [`TaskQueue::requeue_executor`] for an executor found silent since `silent_before_ms`,
+    /// unless it heartbeated (or registered again) since: then None, and it keeps its work.
+    pub async fn requeue_silent_executor(
+        &self,
+        executor: &str,
+        max_attempts: u32,
+        silent_before_ms: i64,
+    ) -> Result<Option<u64>, QueueError> {
+        (self.take_back(executor, max_attempts, false, Some(silent_before_ms))).await
     }
 
     /// Takes every task and stream binding back from an executor the Job no longer runs
     /// (scaled in): its tasks go back to pending at their offsets, the attempt refunded.
     pub async fn release_executor(&self, executor: &str) -> Result<u64, QueueError> {
-        self.take_back(executor, u32::MAX, true).await
+        let released = self.take_back(executor, u32::MAX, true, None).await?;
+        Ok(released.unwrap_or(0))
     }
 
     /// Takes back the work of every executor recorded by a previous master, refunding the
@@ -704,7 +722,7 @@ impl TaskQueue {
             .await?;
         let mut requeued = 0;
         for executor in executors {
-            requeued += self.take_back(&executor, u32::MAX, true).await?;
+            requeued += (self.take_back(&executor, u32::MAX, true, None).await?).unwrap_or(0);
         }
         Ok(requeued)
     }
@@ -714,7 +732,8 @@ impl TaskQueue {
         executor: &str,
         max_attempts: u32,
         refund: bool,
-    ) -> Result<u64, QueueError> {
+        silent_before_ms: Option<i64>,
+    ) -> Result<Option<u64>, QueueError> {
         let mut script = self.invoke(
             &self.scripts.requeue_executor,
             &[
@@ -733,8 +752,10 @@ impl TaskQueue {
             .arg(format!(
                 "executor {executor} stopped heartbeating on its last allowed attempt ({max_attempts})"
             ))
-            .arg(if refund { "1" } else { "0" });
-        Ok(script.invoke_async(&mut self.redis.clone()).await?)
+            .arg(if refund { "1" } else { "0" })
+            .arg(silent_before_ms.map_or(String::new(), |ms| ms.to_string()));
+        let requeued: i64 = script.invoke_async(&mut self.redis.clone()).await?;
+        Ok(u64::try_from(requeued).ok())
     }
 
     /// Puts task `task_id`, which `executor` gave back after serving its rows up to

@@ -4,9 +4,9 @@
 //! and train all of it, so the task's offset moves on through the ranges that continue
 //! it, and the executor's successor serves none of those rows again. Ranges of one task
 //! may come from several trainers, in any order: each is kept until a continuous run from
-//! the task's offset covers it. A restarted executor's tasks go back to the queue only
-//! once every trainer of the Job reported on its broken stream (or a wait ran out), so
-//! the reports come before its successor reads.
+//! the task's offset covers it. A lost executor's tasks (it restarted, or stopped
+//! heartbeating) go back to the queue only once every trainer of the Job reported on its
+//! broken stream (or a wait ran out), so the reports come before its successor reads.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;

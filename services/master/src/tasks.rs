@@ -41,6 +41,42 @@ pub struct JobTasks {
     pub received: Arc<ReceivedRanges>,
 }
 
+impl JobTasks {
+    /// Waits for the Job's trainers to report what they received from `executor`'s lost
+    /// process (it restarted, or stopped heartbeating), when it held work that is about to
+    /// go back to the queue: the reports move its tasks on through those rows first.
+    pub async fn await_received_reports(
+        &self,
+        job: &str,
+        topologies: &Topologies,
+        executor: &str,
+    ) -> Result<(), QueueError> {
+        if !self.queue.holds_work(executor).await? {
+            return Ok(());
+        }
+        let trainers: Vec<String> = (topologies.get(job))
+            .map(|(_, endpoints)| {
+                primus_proto::role_endpoints(&endpoints, primus_proto::v1::Role::Trainer)
+            })
+            .unwrap_or_default()
+            .into_iter()
+            .map(|endpoint| endpoint.id)
+            .collect();
+        let missing = (self.received)
+            .await_reports(executor, &trainers, RECEIVED_REPORTS_WAIT)
+            .await;
+        if !missing.is_empty() {
+            tracing::warn!(
+                job,
+                executor,
+                ?missing,
+                "trainers did not report the rows they received from the executor's lost process; rows they trained may be served again"
+            );
+        }
+        Ok(())
+    }
+}
+
 /// The data executors of a job that are stragglers now.
 #[derive(Debug, Default)]
 pub struct Stragglers(RwLock<BTreeSet<String>>);
@@ -68,9 +104,9 @@ pub struct Tasks {
     settings: TaskSettings,
 }
 
-/// How long a restarted data executor's tasks wait for the Job's trainers to report the
-/// rows they received from its previous process. A trainer reports when it next reads,
-/// within a step; one that does not (it died too) is not waited for longer.
+/// How long a lost data executor's tasks wait for the Job's trainers to report the rows
+/// they received from it. A trainer reports when it next reads, within a step; one that
+/// does not (it died too, or it is stalled) is not waited for longer.
 const RECEIVED_REPORTS_WAIT: Duration = Duration::from_secs(10);
 
 impl Tasks {
@@ -80,44 +116,6 @@ impl Tasks {
             topologies,
             settings,
         }
-    }
-
-    /// Waits for the Job's trainers to report what they received from `executor`'s
-    /// previous process, when it held work that is about to go back to the queue.
-    async fn await_received_reports(
-        &self,
-        job: &str,
-        tasks: &JobTasks,
-        executor: &str,
-    ) -> Result<(), Status> {
-        if !tasks
-            .queue
-            .holds_work(executor)
-            .await
-            .map_err(unavailable)?
-        {
-            return Ok(());
-        }
-        let trainers: Vec<String> = (self.topologies.get(job))
-            .map(|(_, endpoints)| {
-                primus_proto::role_endpoints(&endpoints, primus_proto::v1::Role::Trainer)
-            })
-            .unwrap_or_default()
-            .into_iter()
-            .map(|endpoint| endpoint.id)
-            .collect();
-        let missing = (tasks.received)
-            .await_reports(executor, &trainers, RECEIVED_REPORTS_WAIT)
-            .await;
-        if !missing.is_empty() {
-            tracing::warn!(
-                job,
-                executor,
-                ?missing,
-                "trainers did not report the rows they received from the executor's previous process; rows they trained may be served again"
-            );
-        }
-        Ok(())
     }
 
     fn job(&self, job: &str) -> Result<JobTasks, Status> {
@@ -175,7 +173,9 @@ impl TaskService for Tasks {
         let job = self.job(&request.job)?;
         // A registration is a new incarnation: whatever this id held before is lost work,
         // taken back once the trainers said what of it they received.
-        self.await_received_reports(&request.job, &job, id).await?;
+        (job.await_received_reports(&request.job, &self.topologies, id)
+            .await)
+            .map_err(unavailable)?;
         let requeued = job
             .queue
             .requeue_executor(id, self.settings.max_attempts)

@@ -369,7 +369,8 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let (recovered_tx, recovered) = mpsc::channel(16);
         let background = vec![
             tokio::spawn(driver::monitor(
-                queue.clone(),
+                tasks.clone(),
+                context.topologies.clone(),
                 context.bus.clone(),
                 name.clone(),
                 context.settings.master.tasks.clone(),

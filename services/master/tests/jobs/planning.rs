@@ -133,7 +133,17 @@ async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() 
     let silent = queue.silent_executors(2).await.expect("silent");
     assert!(silent.contains(&"de-0".to_owned()), "{silent:?}");
 
-    queue.requeue_executor("de-0", 3).await.expect("requeue");
+    // A sweep that found it silent before 1 ms leaves it its work: it heartbeated at 1 since.
+    let kept = queue.requeue_silent_executor("de-0", 3, 1).await;
+    assert_eq!(kept.expect("requeue"), None);
+    assert!(
+        (queue.advance_received("de-0", &task.id, 15, None))
+            .await
+            .expect("received"),
+        "the binding is still de-0's"
+    );
+    let requeued = queue.requeue_silent_executor("de-0", 3, 2).await;
+    assert!(requeued.expect("requeue").is_some());
     assert!(
         !(queue.advance_received("de-0", &task.id, 18, None))
             .await

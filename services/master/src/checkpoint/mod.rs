@@ -1,23 +1,21 @@
 //! The checkpoint coordinator: a model snapshot and the data offsets it was trained to,
 //! taken at one moment and restored together.
 //!
-//! Checkpoint `id` (every `spec.checkpoint.interval_seconds`):
-//! 1. every data executor pauses (`DatasetService.Pause`): nothing more leaves its serving
-//!    buffers, each open minibatch stream sends the barrier marker, and the executor answers
-//!    with the rows served of each task it holds and the position of each stream binding it
-//!    reads in order;
-//! 2. every running trainer trains what came before the markers of all its streams and says
-//!    so (`CheckpointService.TrainerAligned`, with its step and sample totals); only then do
-//!    the served offsets and positions go into the task queue, as every row before them is
-//!    trained (an executor that dies before leaves the queue at what trainers consumed);
-//! 3. every PS shard copies its snapshot in memory (DLRover-RM §5.2's flash checkpoint), and
-//!    the queue's offsets, stream positions and succeeded set are staged in Redis;
-//! 4. the data executors resume (also when any step failed; a pause also expires by
-//!    itself): training pauses only for steps 1-3;
-//! 5. every PS shard writes its copy to `<uri>/ckpt-<id>/<shard>`; once all are written,
-//!    `<uri>/ckpt-<id>/checkpoint.json` is, then the record is committed in Redis with the
-//!    staged queue state (the commit point);
-//! 6. the files of checkpoints `keep` ids or more before it are deleted.
+//! Checkpoint `id` is taken every `spec.checkpoint.interval_seconds`. First every data
+//! executor pauses (`DatasetService.Pause`): nothing more leaves its serving buffers, each
+//! open minibatch stream sends the barrier marker, and the executor answers with the rows
+//! served of each task it holds and the position of each stream binding it reads in order.
+//! Every running trainer then trains what came before the markers of all its streams and
+//! says so (`CheckpointService.TrainerAligned`, with its step and sample totals); only then
+//! do the served offsets and positions go into the task queue, as every row before them is
+//! trained (an executor that dies before leaves the queue at what trainers consumed). Every
+//! PS shard then copies its snapshot in memory (DLRover-RM §5.2's flash checkpoint), and the
+//! queue's offsets, stream positions and succeeded set are staged in Redis. The data
+//! executors resume after that, or as soon as any of it failed (a pause also expires by
+//! itself): training pauses only from the pause to the staging. Each PS shard then writes
+//! its copy to `<uri>/ckpt-<id>/<shard>`; once all are written, `<uri>/ckpt-<id>/checkpoint.json`
+//! is, then the record is committed in Redis with the staged queue state (the commit point).
+//! Last, the files of checkpoints `keep` ids or more before it are deleted.
 //!
 //! A Job started again (a new master, the same master after a restart) with a committed
 //! checkpoint restores every PS shard from it, rolls the queue back to its offsets and

@@ -15,7 +15,7 @@ use primus_testkit::service::signal;
 
 use crate::common::{
     DLRM_ROWS, apply_criteo_dataset, checkpoint_where, data_executor, dlrm_job, job_queue,
-    master_settings, start, start_master_with, wait_for_samples_past,
+    master_settings, start, start_master_with, wait_for_samples_past, wait_for_status,
 };
 
 /// A data executor killed while a checkpoint waits for the trainer to align: the barrier
@@ -39,21 +39,15 @@ async fn a_crash_during_a_barrier_abandons_the_checkpoint_at_once() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     signal(sandbox.pids(job)["data_executor-0"], "KILL").expect("kill data_executor-0");
     let killed = tokio::time::Instant::now();
-    let abandoned = loop {
-        let status = sandbox.status(job).await;
-        let abandoned = (status.events.iter()).find(|e| {
-            e.reason == "CheckpointAbandoned" && e.message.contains("data_executor-0 crashed")
-        });
-        if let Some(event) = abandoned {
-            break event.message.clone();
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(30),
-            "no checkpoint abandoned for the crash within 30 s: {status:?}\n{}",
-            sandbox.logs(job)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let within = Duration::from_secs(30);
+    let abandoned = wait_for_status(&sandbox, job, within, "a checkpoint abandoned", |status| {
+        (status.events.iter())
+            .find(|e| {
+                e.reason == "CheckpointAbandoned" && e.message.contains("data_executor-0 crashed")
+            })
+            .map(|event| event.message.clone())
+    })
+    .await;
     eprintln!(
         "abandoned {:.1} s after the kill: {abandoned}",
         killed.elapsed().as_secs_f64()
@@ -442,19 +436,13 @@ async fn a_stopped_ps_shard_does_not_hold_up_the_job() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     signal(sandbox.pids(job)["data_executor-0"], "KILL").expect("kill data_executor-0");
     let killed = tokio::time::Instant::now();
-    loop {
-        let status = sandbox.status(job).await;
-        let executor = status.executors.iter().find(|e| e.id == "data_executor-0");
-        if executor.is_some_and(|e| e.restarts == 1) {
-            break;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(30),
-            "the restart of data_executor-0 is not in the Job's status 30 s after the kill, with ps-0 stopped: {:?}",
-            status.executors
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = "the restart of data_executor-0 in the Job's status, with ps-0 stopped,";
+    wait_for_status(&sandbox, job, Duration::from_secs(30), what, |status| {
+        (status.executors.iter())
+            .any(|e| e.id == "data_executor-0" && e.restarts == 1)
+            .then_some(())
+    })
+    .await;
     eprintln!(
         "the restart was in the status {:.1} s after the kill",
         killed.elapsed().as_secs_f64()

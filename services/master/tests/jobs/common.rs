@@ -262,6 +262,30 @@ pub(crate) async fn wait_for_samples_past(sandbox: &Sandbox, job: &str, samples:
     }
 }
 
+/// Polls `job`'s status every 100 ms until `found` finds something in it; fails naming
+/// `what`, with the status and the executors' logs, when `within` passes first.
+pub(crate) async fn wait_for_status<T>(
+    sandbox: &Sandbox,
+    job: &str,
+    within: Duration,
+    what: &str,
+    found: impl Fn(&Status) -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let status = sandbox.status(job).await;
+        if let Some(found) = found(&status) {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} not within {within:?}: {status:?}\n{}",
+            sandbox.logs(job)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Waits for a committed checkpoint of a running job that `wanted` accepts.
 pub(crate) async fn checkpoint_where(
     sandbox: &Sandbox,

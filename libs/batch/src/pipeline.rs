@@ -1,6 +1,8 @@
 //! Rows (an Arrow record batch read from Parquet or a stream) to a [`Minibatch`], as the
 //! Dataset's feature schema says.
 
+use std::sync::LazyLock;
+
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Float64Type, Int64Type, UInt64Type};
 use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
@@ -220,9 +222,27 @@ impl FeaturePipeline {
 fn transform(transform: &DenseTransform, x: f64) -> f64 {
     match *transform {
         DenseTransform::None => x,
-        DenseTransform::Log1p => x.max(0.0).ln_1p(),
+        DenseTransform::Log1p => log1p(x.max(0.0)),
         DenseTransform::Standardize { mean, std } => (x - mean) / std,
         DenseTransform::Clip { min, max } => x.clamp(min, max),
+    }
+}
+
+/// Integers below this have their `ln_1p` in [`LOG1P_OF_SMALL_INTEGERS`].
+const LOG1P_TABLE_LEN: usize = 4096;
+
+/// `ln_1p(i)` for every integer `i` below [`LOG1P_TABLE_LEN`]. Dense features are mostly
+/// small counts (Criteo's are), and `ln_1p` was half of the feature pipeline's time.
+static LOG1P_OF_SMALL_INTEGERS: LazyLock<Vec<f64>> =
+    LazyLock::new(|| (0..LOG1P_TABLE_LEN).map(|i| (i as f64).ln_1p()).collect());
+
+/// `x.ln_1p()`, bit for bit, looked up where `x` is a small non-negative integer.
+fn log1p(x: f64) -> f64 {
+    if x.is_sign_positive() && x < LOG1P_TABLE_LEN as f64 && x == x.trunc() {
+        // In range and integral, so the cast is exact.
+        LOG1P_OF_SMALL_INTEGERS[x as usize]
+    } else {
+        x.ln_1p()
     }
 }
 
@@ -316,4 +336,29 @@ fn sparse_feature(
         feature.close_row();
     }
     Ok(feature)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log1p_is_ln_1p_bit_for_bit() {
+        let integers = (0..LOG1P_TABLE_LEN as u32 + 10).map(f64::from);
+        let others = [
+            -0.0,
+            0.5,
+            1e-300,
+            4095.5,
+            4096.0,
+            1e12,
+            f64::MAX,
+            f64::INFINITY,
+            f64::MIN_POSITIVE,
+        ];
+        for x in integers.chain(others) {
+            assert_eq!(log1p(x).to_bits(), x.ln_1p().to_bits(), "log1p({x:e})");
+        }
+        assert!(log1p(f64::NAN).is_nan());
+    }
 }

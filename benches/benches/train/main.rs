@@ -16,7 +16,8 @@
 //!    processes from the release binaries, which read the rows as hourly Parquet files.
 //!    Its ratio to (2) is the overhead of distribution. Everything shares this machine's
 //!    cores. (2), the peer and (3) run in turn, PRIMUS_BENCH_ROUNDS times (default 3), and
-//!    each side's best round is compared, so the machine's noise weighs on all alike;
+//!    each side's best round is compared, so the machine's noise weighs on all alike; the
+//!    ratio of (3) to (2) is printed round by round too, each pair run back to back;
 //! 4. the same through the services with the Job's hot set on (HypeReca 2FP, size chosen
 //!    by the trainer's cost model): the rows it replicates skip the PS lookups.
 //!
@@ -281,6 +282,13 @@ async fn main() {
             distributed.push((through, wall));
         }
     }
+    // Each round's services run against the in-process run just before it: this VM's speed
+    // drifts over minutes, and the two runs of a round see about the same machine.
+    let paired: Vec<f64> = ours
+        .iter()
+        .zip(&distributed)
+        .map(|(alone, (through, _))| through.rate() / alone.rate())
+        .collect();
     let in_process = best_of(ours, Stages::rate).expect("at least one round");
     let peer = best_of(theirs, |p| p.samples_per_second);
     let peak = primus_model::peak::fma_peak_gflops(cores);
@@ -339,8 +347,14 @@ async fn main() {
         through.shares()
     );
     println!(
-        "overhead of distribution: the services train at {:.2}x the in-process rate",
-        through.rate() / in_process.rate()
+        "overhead of distribution: the services train at {:.2}x the in-process rate (best against best); round by round {} (median {:.2}x)",
+        through.rate() / in_process.rate(),
+        paired
+            .iter()
+            .map(|r| format!("{r:.2}x"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        median(&paired)
     );
     let (hot, wall) = train_through_services(&bin_dir, &data, &spec, batch, true).await;
     let (rows, share) = hot.hot.unwrap_or_default();
@@ -381,6 +395,17 @@ fn last_line(in_process: &Stages, peer: Option<&PeerFigures>, through: Option<&S
 /// The run with the highest `rate`.
 fn best_of<T>(runs: Vec<T>, rate: impl Fn(&T) -> f64) -> Option<T> {
     runs.into_iter().max_by(|a, b| rate(a).total_cmp(&rate(b)))
+}
+
+/// The middle value (the mean of the two middle ones for an even count); NaN when empty.
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
 }
 
 /// The 1-minute load average, to judge whether the machine was quiet.
@@ -479,11 +504,8 @@ fn dense_only(layout: &ModelLayout, batches: &[Minibatch]) -> DenseTimes {
             step.push(predicted.elapsed());
         }
     }
-    let median_ms = |mut times: Vec<Duration>| {
-        times.sort();
-        times
-            .get(times.len() / 2)
-            .map_or(f64::NAN, |t| t.as_secs_f64() * 1000.0)
+    let median_ms = |times: Vec<Duration>| {
+        median(&times.iter().map(|t| t.as_secs_f64() * 1000.0).collect::<Vec<_>>())
     };
     DenseTimes {
         forward_ms: median_ms(forward),

@@ -505,7 +505,12 @@ fn dense_only(layout: &ModelLayout, batches: &[Minibatch]) -> DenseTimes {
         }
     }
     let median_ms = |times: Vec<Duration>| {
-        median(&times.iter().map(|t| t.as_secs_f64() * 1000.0).collect::<Vec<_>>())
+        median(
+            &times
+                .iter()
+                .map(|t| t.as_secs_f64() * 1000.0)
+                .collect::<Vec<_>>(),
+        )
     };
     DenseTimes {
         forward_ms: median_ms(forward),

@@ -282,8 +282,8 @@ async fn main() {
             distributed.push((through, wall));
         }
     }
-    // Each round's services run against the in-process run just before it: this VM's speed
-    // drifts over minutes, and the two runs of a round see about the same machine.
+    // Each round's services run against the in-process run just before it: a shared
+    // machine's speed drifts over minutes, and the two runs of a round see about the same.
     let paired: Vec<f64> = ours
         .iter()
         .zip(&distributed)

@@ -232,7 +232,7 @@ fn transform(transform: &DenseTransform, x: f64) -> f64 {
 const LOG1P_TABLE_LEN: usize = 4096;
 
 /// `ln_1p(i)` for every integer `i` below [`LOG1P_TABLE_LEN`]. Dense features are mostly
-/// small counts (Criteo's are), and `ln_1p` was half of the feature pipeline's time.
+/// small counts (Criteo's are), and `ln_1p` was the largest part of the pipeline's own work.
 static LOG1P_OF_SMALL_INTEGERS: LazyLock<Vec<f64>> =
     LazyLock::new(|| (0..LOG1P_TABLE_LEN).map(|i| (i as f64).ln_1p()).collect());
 

@@ -850,7 +850,8 @@ impl ParameterServer for Ps {
 
 /// Unique keys in first-seen order, and for each request position its unique index.
 fn dedup(keys: &[u64]) -> (Vec<u64>, Vec<usize>) {
-    // Keys are hashes already: the trainer's key hasher, not SipHash (3% of a shard's profile).
+    // Keys are hashes already, so the trainer's one-mix key hasher spreads them; SipHash
+    // showed in a shard's profile.
     let mut seen: HashMap<u64, usize, BuildHasherDefault<KeyHasher>> =
         HashMap::with_capacity_and_hasher(keys.len(), Default::default());
     let mut unique = Vec::with_capacity(keys.len());

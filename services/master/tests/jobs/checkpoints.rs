@@ -37,34 +37,26 @@ async fn a_crash_during_a_barrier_abandons_the_checkpoint_at_once() {
     signal(trainer, "STOP").expect("stop trainer-0");
     // The next checkpoint (1 s interval) opens its barrier and waits for the trainer.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    signal(sandbox.pids(job)["data_executor-0"], "KILL").expect("kill data_executor-0");
-    let killed = tokio::time::Instant::now();
-    let within = Duration::from_secs(30);
-    let abandoned = wait_for_status(&sandbox, job, within, "a checkpoint abandoned", |status| {
-        (status.events.iter())
-            .find(|e| {
-                e.reason == "CheckpointAbandoned" && e.message.contains("data_executor-0 crashed")
-            })
-            .map(|event| event.message.clone())
-    })
+    let status = kill_data_executor_while_stopped(
+        &sandbox,
+        job,
+        trainer,
+        "a checkpoint abandoned",
+        |status| {
+            (status.events.iter())
+                .find(|e| {
+                    e.reason == "CheckpointAbandoned"
+                        && e.message.contains("data_executor-0 crashed")
+                })
+                .map(|event| event.message.clone())
+        },
+    )
     .await;
-    eprintln!(
-        "abandoned {:.1} s after the kill: {abandoned}",
-        killed.elapsed().as_secs_f64()
-    );
-    signal(trainer, "CONT").expect("continue trainer-0");
-    let status = sandbox
-        .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(300))
-        .await;
     assert!(
         condition(&status, "Checkpoint").status,
         "checkpoints are taken again after the abandoned one: {:?}",
         status.conditions
     );
-    // The executor served rows up to its pause that never reached the stopped trainer:
-    // its successor serves them again, so none is lost.
-    let progress = status.progress.unwrap_or_default();
-    assert_eq!(progress.samples, DLRM_ROWS, "{progress:?}");
     master.stop();
 }
 
@@ -434,33 +426,47 @@ async fn a_stopped_ps_shard_does_not_hold_up_the_job() {
     signal(shard, "STOP").expect("stop ps-0");
     // Status ticks (200 ms) reach the stopped shard.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    signal(sandbox.pids(job)["data_executor-0"], "KILL").expect("kill data_executor-0");
-    let killed = tokio::time::Instant::now();
-    let what = "the restart of data_executor-0 in the Job's status, with ps-0 stopped,";
-    wait_for_status(&sandbox, job, Duration::from_secs(30), what, |status| {
+    let what = "the restart of data_executor-0 in the Job's status, with ps-0 stopped";
+    kill_data_executor_while_stopped(&sandbox, job, shard, what, |status| {
         (status.executors.iter())
             .any(|e| e.id == "data_executor-0" && e.restarts == 1)
             .then_some(())
     })
     .await;
+    master.stop();
+}
+
+/// SIGKILLs `job`'s data_executor-0 while the process `stopped` is held (SIGSTOP), waits
+/// up to 30 s for `found` in the Job's status (printing how soon it came), continues
+/// `stopped`, and waits for the Job to succeed. Rows the killed executor served that never
+/// reached a stalled trainer are served again by its successor, and rows the trainer
+/// received are not: every row is trained once. Returns the final status.
+async fn kill_data_executor_while_stopped<T>(
+    sandbox: &Sandbox,
+    job: &str,
+    stopped: u32,
+    what: &str,
+    found: impl Fn(&Status) -> Option<T>,
+) -> Status {
+    signal(sandbox.pids(job)["data_executor-0"], "KILL").expect("kill data_executor-0");
+    let killed = tokio::time::Instant::now();
+    wait_for_status(sandbox, job, Duration::from_secs(30), what, found).await;
     eprintln!(
-        "the restart was in the status {:.1} s after the kill",
+        "{what}: {:.1} s after the kill",
         killed.elapsed().as_secs_f64()
     );
-    signal(shard, "CONT").expect("continue ps-0");
+    signal(stopped, "CONT").expect("continue the stopped process");
     let status = sandbox
         .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(300))
         .await;
-    // The trainer, stalled on the shard, reports the rows it received from the killed
-    // executor only after the executor's heartbeat ran out: those rows are not read again.
-    let progress = status.progress.unwrap_or_default();
+    let progress = status.progress.clone().unwrap_or_default();
     assert_eq!(
         progress.samples,
         DLRM_ROWS,
         "{progress:?}\n{}",
         sandbox.logs(job)
     );
-    master.stop();
+    status
 }
 
 /// Runs DLRM Job `job` (no checkpoint within its run), SIGKILLs `killed` a third of the

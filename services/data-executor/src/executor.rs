@@ -277,18 +277,21 @@ impl Executor {
             Err(_) if shutdown.is_triggered() => return Ok(()),
             Err(e) => return Err(e),
         };
-        let registered = client
-            .register_executor(RegisterExecutorRequest {
-                job: self.identity.job.clone(),
-                endpoint: Some(Endpoint {
-                    role: Role::DataExecutor as i32,
-                    id: self.identity.executor_id.clone(),
-                    grpc_addr,
-                }),
-            })
-            .await
-            .context("registering with the master")?
-            .into_inner();
+        let registering = client.register_executor(RegisterExecutorRequest {
+            job: self.identity.job.clone(),
+            endpoint: Some(Endpoint {
+                role: Role::DataExecutor as i32,
+                id: self.identity.executor_id.clone(),
+                grpc_addr,
+            }),
+        });
+        // A restart's registration waits for the trainers to report on the lost process,
+        // which a stalled trainer may hold up: a stop meanwhile has nothing to hand back.
+        let registered = tokio::select! {
+            registered = registering => registered.context("registering with the master")?,
+            () = shutdown.wait() => return Ok(()),
+        }
+        .into_inner();
         let heartbeat = Duration::from_millis(registered.heartbeat_interval_ms.max(100));
         let beats = tokio::spawn(self.clone().heartbeats(bus.clone(), heartbeat));
         let reporter = tokio::spawn(self.clone().report_progress(client.clone()));

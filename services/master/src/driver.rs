@@ -212,8 +212,8 @@ pub async fn plan_stream<C: Catalog>(
 }
 
 /// Re-queues the work of executors silent for longer than the heartbeat timeout, once the
-/// trainers reported what they received from them, and takes heartbeats from NATS. Runs
-/// until aborted.
+/// trainers reported what they received from them (an executor the backend restarts gets
+/// its work back when it registers), and takes heartbeats from NATS. Runs until aborted.
 pub async fn monitor(
     tasks: JobTasks,
     topologies: Topologies,
@@ -257,9 +257,19 @@ pub async fn monitor(
                 }
             };
             for executor in silent {
+                if tasks.received.restarting(&executor) {
+                    // Its restart takes its tasks back once it registers.
+                    continue;
+                }
                 // As for a restart: the trainers' reports move its tasks on through the
                 // rows they received, before a successor reads them again.
-                if let Err(e) = (tasks.await_received_reports(&job, &topologies, &executor)).await {
+                let waited = tasks.await_received_reports(
+                    &job,
+                    &topologies,
+                    &executor,
+                    crate::tasks::SILENT_REPORTS_PATIENCE,
+                );
+                if let Err(e) = waited.await {
                     tracing::warn!(%job, %executor, error = %e, "waiting for received rows");
                 }
                 // Meanwhile it may have registered again (a restart) and taken new work.

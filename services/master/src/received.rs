@@ -5,8 +5,14 @@
 //! it, and the executor's successor serves none of those rows again. Ranges of one task
 //! may come from several trainers, in any order: each is kept until a continuous run from
 //! the task's offset covers it. A lost executor's tasks (it restarted, or stopped
-//! heartbeating) go back to the queue only once every trainer of the Job reported on its
-//! broken stream (or a wait ran out), so the reports come before its successor reads.
+//! heartbeating) go back to the queue only once every trainer of the Job settled on its
+//! broken stream, so the reports come before its successor reads. A trainer settles when
+//! it reports; when it was lost itself (crashed, restarted or ended) since the executor
+//! registered, as it then holds nothing of it to report; when it kept training without
+//! reporting (it never read from the executor's lost process); or when the wait's
+//! patience runs out. A trainer that is alive but stalled (a PS shard it waits on is
+//! stopped) is waited for: it reports once it reads again, and its rows are not served
+//! twice.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -14,15 +20,23 @@ use std::time::Duration;
 
 use primus_proto::v1::{ServedRange, StreamPosition};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
-/// Ranges reported per (executor, task), not yet covered by the task's offset, and the
-/// trainers that reported on each executor's broken streams.
+/// Ranges reported per (executor, task), not yet covered by the task's offset, the
+/// trainers that reported on each executor's broken streams, and when each executor last
+/// registered and crashed and each trainer was last lost.
 #[derive(Debug, Default)]
 pub struct ReceivedRanges {
     ranges: Mutex<HashMap<(String, String), Vec<ServedRange>>>,
     reported: Mutex<HashMap<String, BTreeSet<String>>>,
+    registered: Mutex<HashMap<String, Instant>>,
+    executors_crashed: Mutex<HashMap<String, Instant>>,
+    trainers_lost: Mutex<HashMap<String, Instant>>,
     report_came: Notify,
 }
+
+/// How often a wait for reports looks again at whether its trainers kept training.
+const RECHECK: Duration = Duration::from_millis(250);
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
@@ -37,30 +51,66 @@ impl ReceivedRanges {
         self.report_came.notify_waiters();
     }
 
-    /// Waits until each of `trainers` reported on `executor` or `patience` passed, then
-    /// forgets those reports; returns the trainers that did not report.
+    /// `executor`'s process registered now: its trainers' streams open to this one.
+    pub fn registered(&self, executor: &str) {
+        lock(&self.registered).insert(executor.to_owned(), Instant::now());
+    }
+
+    /// `executor`'s process crashed and the backend starts it again.
+    pub fn executor_crashed(&self, executor: &str) {
+        lock(&self.executors_crashed).insert(executor.to_owned(), Instant::now());
+    }
+
+    /// Whether `executor` crashed since it last registered: its restart registers, and
+    /// takes its tasks back once the trainers reported on the crashed process.
+    pub fn restarting(&self, executor: &str) -> bool {
+        let registered = lock(&self.registered).get(executor).copied();
+        (lock(&self.executors_crashed).get(executor))
+            .is_some_and(|crashed| registered.is_none_or(|since| *crashed >= since))
+    }
+
+    /// `trainer`'s process ended (crashed, restarted or exited): whatever it received from
+    /// an executor lost before is gone with it, and it reports none of it.
+    pub fn trainer_lost(&self, trainer: &str) {
+        lock(&self.trainers_lost).insert(trainer.to_owned(), Instant::now());
+        self.report_came.notify_waiters();
+    }
+
+    /// Waits until each of `trainers` settled on `executor`'s lost process (it reported,
+    /// was lost since the executor registered, or `kept_training` says it went on
+    /// training without a report) or `patience` passed, then forgets those reports;
+    /// returns the trainers that did not settle.
     pub async fn await_reports(
         &self,
         executor: &str,
         trainers: &[String],
         patience: Duration,
+        kept_training: impl Fn(&str) -> bool,
     ) -> Vec<String> {
+        let registered = lock(&self.registered).get(executor).copied();
         let missing = || -> Vec<String> {
             let reported = lock(&self.reported);
             let reported = reported.get(executor);
+            let lost = lock(&self.trainers_lost);
+            // Without a registration known (a new master), any loss counts.
+            let lost_since = |t: &String| {
+                (lost.get(t)).is_some_and(|at| registered.is_none_or(|since| *at >= since))
+            };
             (trainers.iter())
                 .filter(|t| !reported.is_some_and(|r| r.contains(*t)))
+                .filter(|t| !lost_since(t) && !kept_training(t))
                 .cloned()
                 .collect()
         };
-        let deadline = tokio::time::Instant::now() + patience;
+        let deadline = Instant::now() + patience;
         let missing = loop {
             let report_came = self.report_came.notified();
             let missing = missing();
-            if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+            if missing.is_empty() || Instant::now() >= deadline {
                 break missing;
             }
-            let _ = tokio::time::timeout_at(deadline, report_came).await;
+            let _ =
+                tokio::time::timeout_at(deadline.min(Instant::now() + RECHECK), report_came).await;
         };
         lock(&self.reported).remove(executor);
         missing
@@ -156,13 +206,59 @@ mod tests {
                 received.reported("e", "trainer-1");
             })
         };
-        let started = tokio::time::Instant::now();
-        let missing = (received.await_reports("e", &trainers, Duration::from_secs(30))).await;
+        let started = Instant::now();
+        let stalled = |_: &str| false;
+        let missing =
+            (received.await_reports("e", &trainers, Duration::from_secs(30), stalled)).await;
         assert!(missing.is_empty(), "{missing:?}");
         assert!(started.elapsed() < Duration::from_secs(10));
         late.await.expect("reporter");
-        let missing = (received.await_reports("e", &trainers, Duration::from_millis(100))).await;
+        let patience = Duration::from_millis(100);
+        let missing = (received.await_reports("e", &trainers, patience, stalled)).await;
         assert_eq!(missing, trainers, "the earlier reports were forgotten");
+    }
+
+    #[test]
+    fn an_executor_is_restarting_from_its_crash_until_it_registers() {
+        let received = ReceivedRanges::default();
+        assert!(!received.restarting("e"));
+        received.registered("e");
+        received.executor_crashed("e");
+        assert!(received.restarting("e"));
+        received.registered("e");
+        assert!(!received.restarting("e"));
+    }
+
+    /// A trainer lost since the executor registered, or one that keeps training, is not
+    /// waited for; one lost before the executor registered is (its successor read from it).
+    #[tokio::test]
+    async fn lost_or_training_trainers_are_not_waited_for() {
+        let received = std::sync::Arc::new(ReceivedRanges::default());
+        let trainers = ["trainer-0".to_owned(), "trainer-1".to_owned()];
+        received.trainer_lost("trainer-0");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        received.registered("e");
+        let lost = {
+            let received = received.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                received.trainer_lost("trainer-1");
+            })
+        };
+        let training = |t: &str| t == "trainer-0";
+        let started = Instant::now();
+        let missing =
+            (received.await_reports("e", &trainers, Duration::from_secs(30), training)).await;
+        assert!(missing.is_empty(), "{missing:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        lost.await.expect("loser");
+        received.registered("e");
+        let patience = Duration::from_millis(100);
+        let missing = (received.await_reports("e", &trainers, patience, |_| false)).await;
+        assert_eq!(
+            missing, trainers,
+            "both were lost before the executor registered"
+        );
     }
 
     #[test]

@@ -42,14 +42,18 @@ pub struct JobTasks {
 }
 
 impl JobTasks {
-    /// Waits for the Job's trainers to report what they received from `executor`'s lost
-    /// process (it restarted, or stopped heartbeating), when it held work that is about to
-    /// go back to the queue: the reports move its tasks on through those rows first.
+    /// Waits (for `patience` at most) for the Job's trainers to report what they received
+    /// from `executor`'s lost process (it restarted, or stopped heartbeating), when it held
+    /// work that is about to go back to the queue: the reports move its tasks on through
+    /// those rows first. A trainer lost itself, or one that trained on for
+    /// [`TRAINED_ON_STEPS`] steps and [`TRAINED_ON_FOR`] without a report, is not waited
+    /// for.
     pub async fn await_received_reports(
         &self,
         job: &str,
         topologies: &Topologies,
         executor: &str,
+        patience: Duration,
     ) -> Result<(), QueueError> {
         if !self.queue.holds_work(executor).await? {
             return Ok(());
@@ -62,8 +66,28 @@ impl JobTasks {
             .into_iter()
             .map(|endpoint| endpoint.id)
             .collect();
+        let started = tokio::time::Instant::now();
+        let steps_then: HashMap<String, u64> = (trainers.iter())
+            .map(|t| (t.clone(), self.trainer_totals.steps(t)))
+            .collect();
+        // Counted from the first report after the wait began: the one before may be a
+        // report interval behind the steps a stalled trainer took.
+        let counted_from = std::sync::Mutex::new(HashMap::<String, u64>::new());
+        let kept_training = |trainer: &str| {
+            let now = self.trainer_totals.steps(trainer);
+            let mut counted_from = counted_from.lock().unwrap_or_else(|p| p.into_inner());
+            match counted_from.get(trainer) {
+                Some(from) => started.elapsed() >= TRAINED_ON_FOR && now >= from + TRAINED_ON_STEPS,
+                None => {
+                    if steps_then.get(trainer).is_some_and(|then| now > *then) {
+                        counted_from.insert(trainer.to_owned(), now);
+                    }
+                    false
+                }
+            }
+        };
         let missing = (self.received)
-            .await_reports(executor, &trainers, RECEIVED_REPORTS_WAIT)
+            .await_reports(executor, &trainers, patience, kept_training)
             .await;
         if !missing.is_empty() {
             tracing::warn!(
@@ -104,10 +128,23 @@ pub struct Tasks {
     settings: TaskSettings,
 }
 
-/// How long a lost data executor's tasks wait for the Job's trainers to report the rows
-/// they received from it. A trainer reports when it next reads, within a step; one that
-/// does not (it died too, or it is stalled) is not waited for longer.
-const RECEIVED_REPORTS_WAIT: Duration = Duration::from_secs(10);
+/// How long a restarted data executor's tasks wait for the Job's trainers to report the
+/// rows they received from its lost process. A trainer reports when it next reads, within
+/// a step once it is not stalled; one stalled longer (or cut off from the master) is not
+/// waited for, and what it trained of those rows may be served again.
+pub const RESTART_REPORTS_PATIENCE: Duration = Duration::from_secs(120);
+
+/// As [`RESTART_REPORTS_PATIENCE`] for an executor that stopped heartbeating: it may be
+/// alive with its streams open, so its trainers may have nothing to report.
+pub const SILENT_REPORTS_PATIENCE: Duration = Duration::from_secs(10);
+
+/// A trainer that trains this many steps (counted from its first progress report after a
+/// data executor was lost), over [`TRAINED_ON_FOR`] at least, without reporting on it
+/// read nothing from it: its reads run a few minibatches ahead of its steps, a read that
+/// finds a stream broken reports before it yields, and a trainer reports its progress as
+/// it steps.
+const TRAINED_ON_STEPS: u64 = 8;
+const TRAINED_ON_FOR: Duration = Duration::from_secs(2);
 
 impl Tasks {
     pub fn new(jobs: JobRegistry, topologies: Topologies, settings: TaskSettings) -> Self {
@@ -173,7 +210,7 @@ impl TaskService for Tasks {
         let job = self.job(&request.job)?;
         // A registration is a new incarnation: whatever this id held before is lost work,
         // taken back once the trainers said what of it they received.
-        (job.await_received_reports(&request.job, &self.topologies, id)
+        (job.await_received_reports(&request.job, &self.topologies, id, RESTART_REPORTS_PATIENCE)
             .await)
             .map_err(unavailable)?;
         let requeued = job
@@ -185,6 +222,7 @@ impl TaskService for Tasks {
             tracing::warn!(job = %request.job, executor = id, requeued, "executor restarted; its tasks are re-queued");
         }
         job.queue.touch(id, now_ms()).await.map_err(unavailable)?;
+        job.received.registered(id);
         tracing::info!(job = %request.job, executor = id, addr = %endpoint.grpc_addr, "executor registered");
         Ok(Response::new(RegisterExecutorResponse {
             heartbeat_interval_ms: self.settings.heartbeat_interval_ms,

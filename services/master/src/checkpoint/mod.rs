@@ -247,6 +247,12 @@ impl KnownTotals {
         }
     }
 
+    /// `trainer`'s highest step count so far (0 before its first report).
+    pub fn steps(&self, trainer: &str) -> u64 {
+        let known = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        known.get(trainer).map_or(0, |totals| totals.steps)
+    }
+
     /// Raises each of `trainers`' totals to the highest it confirmed with its minibatches
     /// to the data executors `executors` (its reports lag behind what it trained). An
     /// executor that does not answer within a second is skipped.

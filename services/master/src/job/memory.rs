@@ -1,5 +1,7 @@
 //! PS memory (Primus Eq. 2-3, DLRover-RM §5.3 OOM prevention). Every status tick the master
-//! asks each PS shard how many bytes its tables and dense parameters hold, keeps the last
+//! asks each PS shard how many bytes its tables and dense parameters hold (all at once, in
+//! the background: a shard that does not answer never holds up the Job's loop; the answers
+//! are taken at the next tick that finds them all in), keeps the last
 //! `N` samples, forecasts the change over the next ones with Primus's weights
 //! `w(i) = 1 / (N - i + 1)` (the newest counts most):
 //!
@@ -20,6 +22,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{Endpoint, Role, SetMemoryLimitRequest, StatsRequest};
+use tokio::task::JoinHandle;
 
 use super::JobRun;
 use super::executors::{ANSWER_DEADLINE, role_spec};
@@ -35,6 +38,52 @@ pub(crate) struct MemoryWatch {
     allotted: HashMap<String, u64>,
     refused_reported: u64,
     short: HashSet<String>,
+    /// The shards' answers on their way, asked at an earlier tick.
+    asking: Option<JoinHandle<Vec<ShardMemory>>>,
+}
+
+/// What a PS shard answered about its memory.
+#[derive(Debug)]
+struct ShardMemory {
+    id: String,
+    bytes: u64,
+    /// Gradients of new keys it refused at its limit, so far.
+    refused: u64,
+}
+
+impl MemoryWatch {
+    /// The answers asked at an earlier tick, once all are in (None while some are still
+    /// awaited, and at the first tick); asks `shards` again whenever it takes answers.
+    async fn answers(&mut self, shards: &[Endpoint]) -> Option<Vec<ShardMemory>> {
+        if self
+            .asking
+            .as_ref()
+            .is_some_and(|asking| !asking.is_finished())
+        {
+            return None;
+        }
+        let answered = match self.asking.take() {
+            Some(asking) => Some(asking.await.unwrap_or_default()),
+            None => None,
+        };
+        let shards = shards.to_vec();
+        self.asking = Some(tokio::spawn(async move {
+            let asked = shards.iter().map(|shard| async move {
+                let (bytes, refused) = held(&shard.grpc_addr).await?;
+                Some(ShardMemory {
+                    id: shard.id.clone(),
+                    bytes,
+                    refused,
+                })
+            });
+            futures::future::join_all(asked)
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
+        }));
+        answered
+    }
 }
 
 /// The last samples of one executor's memory, oldest first.
@@ -125,17 +174,17 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         let policy = self.job.spec.scaling.memory.clone();
         let endpoints = self.endpoints();
         let shards = primus_proto::role_endpoints(&endpoints, Role::Ps);
+        let Some(answers) = self.memory.answers(&shards).await else {
+            return;
+        };
         let mut refused = 0;
-        for shard in &shards {
-            let Some((bytes, shard_refused)) = held(&shard.grpc_addr).await else {
-                continue;
-            };
-            refused += shard_refused;
+        for answer in answers {
+            refused += answer.refused;
             self.memory
                 .samples
-                .entry(shard.id.clone())
+                .entry(answer.id)
                 .or_insert_with(|| MemorySamples::new(policy.samples as usize))
-                .push(bytes);
+                .push(answer.bytes);
         }
         if refused > self.memory.refused_reported {
             self.memory.refused_reported = refused;
@@ -314,13 +363,18 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             .resize(&self.name, &shard.id, cpu, bytes)
             .await
             .map_err(|e| e.to_string())?;
-        let mut client = ParameterServerClient::connect(format!("http://{}", shard.grpc_addr))
+        let set = async {
+            let mut client = ParameterServerClient::connect(format!("http://{}", shard.grpc_addr))
+                .await
+                .map_err(|e| e.to_string())?;
+            client
+                .set_memory_limit(SetMemoryLimitRequest { bytes })
+                .await
+                .map_err(|s| s.message().to_owned())
+        };
+        tokio::time::timeout(ANSWER_DEADLINE, set)
             .await
-            .map_err(|e| e.to_string())?;
-        client
-            .set_memory_limit(SetMemoryLimitRequest { bytes })
-            .await
-            .map_err(|s| s.message().to_owned())?;
+            .map_err(|_| format!("{} did not answer within {ANSWER_DEADLINE:?}", shard.id))??;
         Ok(())
     }
 }

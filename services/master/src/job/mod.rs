@@ -523,6 +523,23 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         &mut self,
         event: Result<BackendEvent, broadcast::error::RecvError>,
     ) -> ControlFlow<Outcome> {
+        if let Ok(
+            BackendEvent::Restarting { job, id, .. }
+            | BackendEvent::GaveUp { job, id, .. }
+            | BackendEvent::Completed { job, id },
+        ) = &event
+            && *job == self.name
+            && id.starts_with(ExecutorRole::Trainer.as_str())
+        {
+            // Nothing it received from a lost data executor will be reported now.
+            self.tasks.received.trainer_lost(id);
+        }
+        if let Ok(BackendEvent::Restarting { job, id, .. }) = &event
+            && *job == self.name
+            && id.starts_with(ExecutorRole::DataExecutor.as_str())
+        {
+            self.tasks.received.executor_crashed(id);
+        }
         match event {
             Ok(BackendEvent::OutOfMemory {
                 job,

@@ -15,6 +15,7 @@ use primus_proto::v1::dataset_service_client::DatasetServiceClient;
 use tokio::time::Instant;
 
 use super::JobRun;
+use super::executors::ANSWER_DEADLINE;
 use crate::backend::{ExecutorRole, ResourceBackend};
 use crate::plan::Catalog;
 use crate::queue::QueueCounts;
@@ -181,19 +182,21 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             .find(|e| e.id == holder)
             .map(|e| e.grpc_addr.clone())
             .ok_or_else(|| format!("{holder} is not in the topology"))?;
-        let mut client = DatasetServiceClient::connect(format!("http://{addr}"))
-            .await
-            .map_err(|e| e.to_string())?;
         let request = YieldTaskRequest {
             job: self.name.clone(),
             task_id: task.to_owned(),
         };
-        let offset = client
-            .yield_task(request)
+        let yielded = async {
+            let mut client = DatasetServiceClient::connect(format!("http://{addr}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            (client.yield_task(request).await)
+                .map(|answer| answer.into_inner().served_offset)
+                .map_err(|s| s.message().to_owned())
+        };
+        let offset = tokio::time::timeout(ANSWER_DEADLINE, yielded)
             .await
-            .map_err(|s| s.message().to_owned())?
-            .into_inner()
-            .served_offset;
+            .map_err(|_| format!("{holder} did not answer within {ANSWER_DEADLINE:?}"))??;
         let yielded = self
             .tasks
             .queue

@@ -436,11 +436,16 @@ async fn a_stopped_ps_shard_does_not_hold_up_the_job() {
     master.stop();
 }
 
+/// How long a stopped process stays stopped after what a test waits for: longer than a
+/// silent data executor's tasks wait for its trainers' reports.
+const STALL: Duration = Duration::from_secs(12);
+
 /// SIGKILLs `job`'s data_executor-0 while the process `stopped` is held (SIGSTOP), waits
-/// up to 30 s for `found` in the Job's status (printing how soon it came), continues
-/// `stopped`, and waits for the Job to succeed. Rows the killed executor served that never
-/// reached a stalled trainer are served again by its successor, and rows the trainer
-/// received are not: every row is trained once. Returns the final status.
+/// up to 30 s for `found` in the Job's status (printing how soon it came), holds `stopped`
+/// for [`STALL`] more, continues it, and waits for the Job to succeed. Rows the killed
+/// executor served that never reached the stalled trainer are served again by its
+/// successor, and rows the trainer received are not, however long it stalled: every row
+/// is trained once. Returns the final status.
 async fn kill_data_executor_while_stopped<T>(
     sandbox: &Sandbox,
     job: &str,
@@ -455,6 +460,7 @@ async fn kill_data_executor_while_stopped<T>(
         "{what}: {:.1} s after the kill",
         killed.elapsed().as_secs_f64()
     );
+    tokio::time::sleep(STALL).await;
     signal(stopped, "CONT").expect("continue the stopped process");
     let status = sandbox
         .wait_for_phase(job, Phase::Succeeded, Duration::from_secs(300))

@@ -46,8 +46,7 @@ impl JobTasks {
     /// from `executor`'s lost process (it restarted, or stopped heartbeating), when it held
     /// work that is about to go back to the queue: the reports move its tasks on through
     /// those rows first. A trainer lost itself, or one that trained on for
-    /// [`TRAINED_ON_STEPS`] steps and [`TRAINED_ON_FOR`] without a report, is not waited
-    /// for.
+    /// `TRAINED_ON_STEPS` steps and `TRAINED_ON_FOR` without a report, is not waited for.
     pub async fn await_received_reports(
         &self,
         job: &str,

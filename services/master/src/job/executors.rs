@@ -1,7 +1,8 @@
 //! A Job's executors as the backend starts them: each one's typed settings, built from the
 //! master's own sections and the Job, its Dataset and its model layout; starting a role's
-//! replicas; waiting until every executor's gRPC health says SERVING.
+//! replicas; waiting until every executor's gRPC health says SERVING (or it is done).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,8 +14,12 @@ use primus_proto::v1::{Endpoint, Role};
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::{Device, JobSpec, RoleSpec};
 
+use tokio::sync::broadcast;
+
 use super::Outcome;
-use crate::backend::{BackendError, ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend};
+use crate::backend::{
+    BackendError, BackendEvent, ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend,
+};
 use crate::controller::Context;
 use crate::plan::Catalog;
 
@@ -223,18 +228,43 @@ pub fn job_executors(
         .collect())
 }
 
-/// Waits until every executor of the Job's topology serves; returns how many there are.
+/// Waits until every executor of the Job's topology serves, or has already finished its
+/// work (exited 0: a small Job's executors may be done before they are asked); returns
+/// how many there are. `events` is subscribed before the executors started, so no exit
+/// is missed.
 pub(crate) async fn wait_ready<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
     job: &str,
+    events: &mut broadcast::Receiver<BackendEvent>,
 ) -> Result<usize, Outcome> {
     let endpoints = endpoints(context, job);
+    let mut completed = HashSet::new();
     for endpoint in &endpoints {
-        wait_serving(endpoint)
-            .await
-            .map_err(|message| Outcome::failed("ExecutorsNotReady", message))?;
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        loop {
+            completed.extend(completions(events, job));
+            if completed.contains(&endpoint.id) || serving(&endpoint.grpc_addr).await {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(Outcome::failed("ExecutorsNotReady", not_serving(endpoint)));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
     Ok(endpoints.len())
+}
+
+/// The executors of `job` that `events` says exited 0 since it was last read.
+fn completions(events: &mut broadcast::Receiver<BackendEvent>, job: &str) -> Vec<String> {
+    let mut completed = Vec::new();
+    loop {
+        match events.try_recv() {
+            Ok(BackendEvent::Completed { job: of, id }) if of == job => completed.push(id),
+            Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+            Err(_) => return completed,
+        }
+    }
 }
 
 /// Waits until `endpoint`'s gRPC health says SERVING, for up to [`READY_TIMEOUT`].
@@ -242,16 +272,20 @@ pub(crate) async fn wait_serving(endpoint: &Endpoint) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
     while !serving(&endpoint.grpc_addr).await {
         if tokio::time::Instant::now() > deadline {
-            return Err(format!(
-                "{} at {} did not report SERVING within {}s",
-                endpoint.id,
-                endpoint.grpc_addr,
-                READY_TIMEOUT.as_secs()
-            ));
+            return Err(not_serving(endpoint));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(())
+}
+
+fn not_serving(endpoint: &Endpoint) -> String {
+    format!(
+        "{} at {} did not report SERVING within {}s",
+        endpoint.id,
+        endpoint.grpc_addr,
+        READY_TIMEOUT.as_secs()
+    )
 }
 
 /// Every executor of the Job's topology.
@@ -301,6 +335,30 @@ mod tests {
     use primus_spec::{Resource, parse_documents};
 
     const EXAMPLE: &str = include_str!("../../../../examples/criteo-like.yaml");
+
+    /// Only the Job's own executors that exited 0 count as done; a crash does not.
+    #[test]
+    fn the_executors_done_are_the_jobs_that_exited_0() {
+        let (sender, mut events) = broadcast::channel(8);
+        let completed = |job: &str, id: &str| BackendEvent::Completed {
+            job: job.into(),
+            id: id.into(),
+        };
+        sender.send(completed("a", "trainer-0")).expect("send");
+        sender.send(completed("b", "trainer-1")).expect("send");
+        let crashed = BackendEvent::Restarting {
+            job: "a".into(),
+            id: "data_executor-0".into(),
+            status: "signal: 9".into(),
+            restart: 1,
+        };
+        sender.send(crashed).expect("send");
+        assert_eq!(completions(&mut events, "a"), ["trainer-0"]);
+        assert!(
+            completions(&mut events, "a").is_empty(),
+            "each event read once"
+        );
+    }
 
     fn settings_of(example: &str, role: ExecutorRole) -> ExecutorSettings {
         let resources = parse_documents("criteo-like.yaml", example).expect("example parses");

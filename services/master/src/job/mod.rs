@@ -286,14 +286,15 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let mut run = Self::open(context, writer, name, checked, specs).await?;
         // PS shards (and serving replicas) first: a restored checkpoint must be in them
         // before any trainer offers its initial parameters or reads a row.
+        let mut events = context.backend.events();
         let parts = run.job.parts(&run.name);
         start_executors(context, &parts, &[ExecutorRole::Ps, ExecutorRole::Serving]).await?;
-        wait_ready(context, &run.name).await?;
+        wait_ready(context, &run.name, &mut events).await?;
         run.restore_or_open_ps(false).await?;
         let parts = run.job.parts(&run.name);
         let roles = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];
         start_executors(context, &parts, &roles).await?;
-        let ready = wait_ready(context, &run.name).await?;
+        let ready = wait_ready(context, &run.name, &mut events).await?;
         let message = format!("{ready} executors serving");
         run.show_replicas();
         run.autoscaler = autoscale::Autoscaler::new(Instant::now());

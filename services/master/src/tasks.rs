@@ -65,28 +65,9 @@ impl JobTasks {
             .into_iter()
             .map(|endpoint| endpoint.id)
             .collect();
-        let started = tokio::time::Instant::now();
-        let steps_then: HashMap<String, u64> = (trainers.iter())
-            .map(|t| (t.clone(), self.trainer_totals.steps(t)))
-            .collect();
-        // Counted from the first report after the wait began: the one before may be a
-        // report interval behind the steps a stalled trainer took.
-        let counted_from = std::sync::Mutex::new(HashMap::<String, u64>::new());
-        let kept_training = |trainer: &str| {
-            let now = self.trainer_totals.steps(trainer);
-            let mut counted_from = counted_from.lock().unwrap_or_else(|p| p.into_inner());
-            match counted_from.get(trainer) {
-                Some(from) => started.elapsed() >= TRAINED_ON_FOR && now >= from + TRAINED_ON_STEPS,
-                None => {
-                    if steps_then.get(trainer).is_some_and(|then| now > *then) {
-                        counted_from.insert(trainer.to_owned(), now);
-                    }
-                    false
-                }
-            }
-        };
+        let since = TrainedOn::new(&self.trainer_totals, &trainers);
         let missing = (self.received)
-            .await_reports(executor, &trainers, patience, kept_training)
+            .await_reports(executor, &trainers, patience, |t| since.trained_on(t))
             .await;
         if !missing.is_empty() {
             tracing::warn!(
@@ -97,6 +78,47 @@ impl JobTasks {
             );
         }
         Ok(())
+    }
+}
+
+/// Whether each of a Job's trainers went on training since a data executor was lost,
+/// counted from its first progress report after the loss: the report before may be a
+/// report interval behind the steps a stalled trainer took.
+struct TrainedOn<'a> {
+    totals: &'a KnownTotals,
+    started: tokio::time::Instant,
+    steps_then: HashMap<String, u64>,
+    counted_from: std::sync::Mutex<HashMap<String, u64>>,
+}
+
+impl<'a> TrainedOn<'a> {
+    fn new(totals: &'a KnownTotals, trainers: &[String]) -> Self {
+        Self {
+            totals,
+            started: tokio::time::Instant::now(),
+            steps_then: (trainers.iter())
+                .map(|t| (t.clone(), totals.steps(t)))
+                .collect(),
+            counted_from: Default::default(),
+        }
+    }
+
+    /// Whether `trainer` trained `TRAINED_ON_STEPS` steps since its first report after
+    /// the loss, and `TRAINED_ON_FOR` passed.
+    fn trained_on(&self, trainer: &str) -> bool {
+        let now = self.totals.steps(trainer);
+        let mut counted_from = (self.counted_from.lock()).unwrap_or_else(|p| p.into_inner());
+        match counted_from.get(trainer) {
+            Some(from) => {
+                self.started.elapsed() >= TRAINED_ON_FOR && now >= from + TRAINED_ON_STEPS
+            }
+            None => {
+                if (self.steps_then.get(trainer)).is_some_and(|then| now > *then) {
+                    counted_from.insert(trainer.to_owned(), now);
+                }
+                false
+            }
+        }
     }
 }
 
@@ -433,6 +455,41 @@ mod tests {
     use primus_proto::v1::ServedRange;
 
     use super::*;
+
+    /// A trainer's steps count from its first report after the loss (the one before may
+    /// lag its steps by a report interval), and only once enough time passed too.
+    #[tokio::test]
+    async fn a_trainer_trained_on_after_steps_counted_from_a_fresh_report() {
+        let totals = KnownTotals::default();
+        let steps = |n: u64| TrainerTotals::new(n, n * 256, Default::default());
+        totals.raise("trainer-0", steps(100));
+        let since = TrainedOn::new(&totals, &["trainer-0".to_owned()]);
+        totals.raise("trainer-0", steps(101));
+        assert!(!since.trained_on("trainer-0"), "counted from 101");
+        totals.raise("trainer-0", steps(101 + TRAINED_ON_STEPS));
+        assert!(!since.trained_on("trainer-0"), "too soon");
+        tokio::time::sleep(TRAINED_ON_FOR).await;
+        assert!(since.trained_on("trainer-0"));
+
+        // A stalled trainer's first report after the loss jumps by the steps it took
+        // before the loss that its last report missed: it only sets the count.
+        let since = TrainedOn::new(&totals, &["trainer-0".to_owned()]);
+        tokio::time::sleep(TRAINED_ON_FOR).await;
+        let first = 101 + 3 * TRAINED_ON_STEPS;
+        totals.raise("trainer-0", steps(first));
+        assert!(
+            !since.trained_on("trainer-0"),
+            "a first report only sets the count"
+        );
+        totals.raise("trainer-0", steps(first + TRAINED_ON_STEPS - 1));
+        assert!(!since.trained_on("trainer-0"), "one step short");
+        totals.raise("trainer-0", steps(first + TRAINED_ON_STEPS));
+        assert!(since.trained_on("trainer-0"));
+        assert!(
+            !since.trained_on("trainer-1"),
+            "not one of the Job's trainers then"
+        );
+    }
 
     fn range(task_id: &str, first: u64, end: u64) -> ServedRange {
         ServedRange {

@@ -284,9 +284,9 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             )
             .await;
         let mut run = Self::open(context, writer, name, checked, specs).await?;
+        let mut events = context.backend.events();
         // PS shards (and serving replicas) first: a restored checkpoint must be in them
         // before any trainer offers its initial parameters or reads a row.
-        let mut events = context.backend.events();
         let parts = run.job.parts(&run.name);
         start_executors(context, &parts, &[ExecutorRole::Ps, ExecutorRole::Serving]).await?;
         wait_ready(context, &run.name, &mut events).await?;

@@ -306,6 +306,15 @@ pub(crate) fn with_role(endpoints: &[Endpoint], role: Role) -> Vec<&Endpoint> {
 /// process, whose socket still accepts) must not hold it up for longer.
 pub(crate) const ANSWER_DEADLINE: Duration = Duration::from_secs(2);
 
+/// `call` to executor `who`, given up after [`ANSWER_DEADLINE`] with an error saying so.
+pub(crate) async fn answered<T>(
+    who: &str,
+    call: impl Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    (tokio::time::timeout(ANSWER_DEADLINE, call).await)
+        .unwrap_or_else(|_| Err(format!("{who} did not answer within {ANSWER_DEADLINE:?}")))
+}
+
 /// Whether the gRPC health service at `addr` says SERVING (within [`ANSWER_DEADLINE`]).
 pub(crate) async fn serving(addr: &str) -> bool {
     let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")) else {

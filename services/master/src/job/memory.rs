@@ -25,7 +25,7 @@ use primus_proto::v1::{Endpoint, Role, SetMemoryLimitRequest, StatsRequest};
 use tokio::task::JoinHandle;
 
 use super::JobRun;
-use super::executors::{ANSWER_DEADLINE, role_spec};
+use super::executors::{ANSWER_DEADLINE, answered, role_spec};
 use crate::backend::{ExecutorRole, ExecutorUsage, ResourceBackend};
 use crate::plan::Catalog;
 
@@ -370,12 +370,10 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             client
                 .set_memory_limit(SetMemoryLimitRequest { bytes })
                 .await
+                .map(|_| ())
                 .map_err(|s| s.message().to_owned())
         };
-        tokio::time::timeout(ANSWER_DEADLINE, set)
-            .await
-            .map_err(|_| format!("{} did not answer within {ANSWER_DEADLINE:?}", shard.id))??;
-        Ok(())
+        answered(&shard.id, set).await
     }
 }
 

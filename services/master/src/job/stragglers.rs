@@ -15,7 +15,7 @@ use primus_proto::v1::dataset_service_client::DatasetServiceClient;
 use tokio::time::Instant;
 
 use super::JobRun;
-use super::executors::ANSWER_DEADLINE;
+use super::executors::answered;
 use crate::backend::{ExecutorRole, ResourceBackend};
 use crate::plan::Catalog;
 use crate::queue::QueueCounts;
@@ -194,9 +194,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
                 .map(|answer| answer.into_inner().served_offset)
                 .map_err(|s| s.message().to_owned())
         };
-        let offset = tokio::time::timeout(ANSWER_DEADLINE, yielded)
-            .await
-            .map_err(|_| format!("{holder} did not answer within {ANSWER_DEADLINE:?}"))??;
+        let offset = answered(holder, yielded).await?;
         let yielded = self
             .tasks
             .queue

@@ -175,21 +175,25 @@ impl ParamSet {
                 self.tensors.len()
             )));
         }
-        for tensor in other {
-            let slot = self
-                .tensors
-                .iter_mut()
-                .find(|t| t.name == tensor.name)
+        // Checked whole before any tensor changes: a refused set leaves the values as they were.
+        let mut slots = Vec::with_capacity(other.len());
+        for tensor in &other {
+            let slot = (self.tensors.iter())
+                .position(|t| t.name == tensor.name)
                 .ok_or_else(|| {
                     ModelError::Params(format!("the model has no tensor {:?}", tensor.name))
                 })?;
-            if slot.shape != tensor.shape || tensor.values.len() != slot.values.len() {
+            let mine = &self.tensors[slot];
+            if mine.shape != tensor.shape || tensor.values.len() != mine.values.len() {
                 return Err(ModelError::Params(format!(
                     "tensor {:?}: shape {:?} given, the model's is {:?}",
-                    tensor.name, tensor.shape, slot.shape
+                    tensor.name, tensor.shape, mine.shape
                 )));
             }
-            slot.values = tensor.values;
+            slots.push(slot);
+        }
+        for (slot, tensor) in slots.into_iter().zip(other) {
+            self.tensors[slot].values = tensor.values;
         }
         Ok(())
     }

@@ -423,6 +423,12 @@ fn wrong_input_sizes_are_errors_not_panics() {
     tensors[0].values.pop();
     assert!(bad.assign(tensors).is_err());
     assert_eq!(bad, params, "a rejected assign changes nothing");
+    // The first tensors fit and the last does not: still nothing changes.
+    let mut tensors = params.tensors().to_vec();
+    tensors[0].values.iter_mut().for_each(|v| *v += 1.0);
+    tensors.last_mut().expect("a tensor").values.pop();
+    assert!(bad.assign(tensors).is_err());
+    assert_eq!(bad, params, "a rejected assign changes none of its tensors");
 }
 
 #[test]

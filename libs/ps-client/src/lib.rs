@@ -154,7 +154,7 @@ fn dense_to_proto(tensor: &DenseValues) -> DenseTensor {
     DenseTensor {
         name: tensor.name.clone(),
         shape: tensor.shape.clone(),
-        values,
+        values: values.into(),
     }
 }
 
@@ -567,7 +567,7 @@ async fn lookup_on(
         .per_shard(&routes, |mut client, keys| async move {
             let request = LookupRequest {
                 table: table.to_owned(),
-                keys,
+                keys: keys.into(),
             };
             let response = client.lookup(request).await?.into_inner();
             let rows = decode_f32("rows", &response.rows)?;
@@ -662,8 +662,8 @@ async fn push_on(
             encode_f32(&shard_grads, &mut packed);
             let request = PushRequest {
                 table: table.to_owned(),
-                keys: encode_keys(&shard_keys),
-                grads: packed,
+                keys: encode_keys(&shard_keys).into(),
+                grads: packed.into(),
             };
             async move {
                 let answer = client.push(request).await.map(tonic::Response::into_inner);

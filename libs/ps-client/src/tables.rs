@@ -191,7 +191,7 @@ impl<'a, 'b> Reads<'a, 'b> {
         let requests = (asked.iter())
             .map(|&t| LookupRequest {
                 table: self.tables[t].table.to_owned(),
-                keys: encode_keys(&self.routes[t][shard].keys),
+                keys: encode_keys(&self.routes[t][shard].keys).into(),
             })
             .collect();
         (asked, requests)
@@ -283,8 +283,8 @@ impl Pushes<'_> {
                 encode_f32(grads, &mut packed);
                 PushRequest {
                     table: self.names[*t].to_owned(),
-                    keys: encode_keys(keys),
-                    grads: packed,
+                    keys: encode_keys(keys).into(),
+                    grads: packed.into(),
                 }
             })
             .collect()

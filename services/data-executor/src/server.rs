@@ -153,7 +153,7 @@ fn encode(executor: &Executor, served: &Served, grouped: bool) -> Result<Minibat
         source_kind: served.kind as i32,
         source: served.source.clone(),
         rows: served.batch.rows() as u32,
-        arrow_ipc,
+        arrow_ipc: arrow_ipc.into(),
         trace_context: served.trace.clone(),
         served: served.ranges.iter().map(|(_, r)| r.clone()).collect(),
         ..Minibatch::default()

@@ -293,7 +293,7 @@ fn rows_of(table: &Table, keys: &[u64]) -> Result<LookupResponse, Status> {
     }
     Ok(LookupResponse {
         dim: dim as u32,
-        rows: out,
+        rows: out.into(),
     })
 }
 
@@ -533,7 +533,7 @@ impl ParameterServer for Ps {
                 DenseTensor {
                     name: t.name,
                     shape: t.shape,
-                    values,
+                    values: values.into(),
                 }
             })
             .collect();

@@ -257,32 +257,32 @@ async fn bad_requests_are_invalid_argument_and_change_nothing() {
         (
             PushRequest {
                 table: "nope".into(),
-                keys: keys.clone(),
-                grads: floats(&[0.1; 2 * DIM]),
+                keys: keys.clone().into(),
+                grads: floats(&[0.1; 2 * DIM]).into(),
             },
             "\"nope\" is not held",
         ),
         (
             PushRequest {
                 table: "items".into(),
-                keys: keys.clone(),
-                grads: floats(&[0.1; DIM]),
+                keys: keys.clone().into(),
+                grads: floats(&[0.1; DIM]).into(),
             },
             "need 16",
         ),
         (
             PushRequest {
                 table: "items".into(),
-                keys: keys.clone(),
-                grads: floats(&nan),
+                keys: keys.clone().into(),
+                grads: floats(&nan).into(),
             },
             "not finite",
         ),
         (
             PushRequest {
                 table: "items".into(),
-                keys: keys[..12].to_vec(),
-                grads: floats(&[0.1; DIM]),
+                keys: keys[..12].to_vec().into(),
+                grads: floats(&[0.1; DIM]).into(),
             },
             "8-byte keys",
         ),
@@ -299,7 +299,7 @@ async fn bad_requests_are_invalid_argument_and_change_nothing() {
     let status = raw
         .lookup(LookupRequest {
             table: "users".into(),
-            keys: keys.clone(),
+            keys: keys.clone().into(),
         })
         .await
         .expect_err("unknown table");

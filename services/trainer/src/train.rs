@@ -339,9 +339,7 @@ impl<S: ParameterStore> Trainer<S> {
 
     async fn pull_dense(&mut self) -> anyhow::Result<()> {
         let pulled = self.store.pull_dense(&self.params.names()).await?;
-        let mut params = (*self.params).clone();
-        params.assign(pulled)?;
-        self.params = Arc::new(params);
+        Arc::make_mut(&mut self.params).assign(pulled)?;
         Ok(())
     }
 
@@ -477,9 +475,8 @@ impl<S: ParameterStore> Trainer<S> {
         };
         let (pulled, rows) = futures::try_join!(pulled, self.rows(&mut prepared))?;
         if let Some(pulled) = pulled {
-            let mut params = (*self.params).clone();
-            params.assign(pulled)?;
-            self.params = Arc::new(params);
+            // The last step's compute has let go of its share: assigned in place, not copied.
+            Arc::make_mut(&mut self.params).assign(pulled)?;
         }
         let lookup_time = prepared.lookup_time + late_lookup.elapsed();
         // Counted once, for the hot share and the hot set's samples.

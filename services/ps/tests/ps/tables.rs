@@ -139,8 +139,8 @@ async fn a_push_of_several_tables_with_one_bad_table_applies_none() {
     let keys: Vec<u8> = [1u64, 2].iter().flat_map(|k| k.to_le_bytes()).collect();
     let good = PushRequest {
         table: "items".into(),
-        keys: keys.clone(),
-        grads: floats(&[0.1; 2 * DIM]),
+        keys: keys.clone().into(),
+        grads: floats(&[0.1; 2 * DIM]).into(),
     };
     let mut nan = vec![0.1f32; 2 * DIM];
     nan[DIM] = f32::NAN;
@@ -148,32 +148,32 @@ async fn a_push_of_several_tables_with_one_bad_table_applies_none() {
         (
             PushRequest {
                 table: "users".into(),
-                keys: keys.clone(),
-                grads: floats(&nan),
+                keys: keys.clone().into(),
+                grads: floats(&nan).into(),
             },
             "tables[1]",
         ),
         (
             PushRequest {
                 table: "users".into(),
-                keys: keys.clone(),
-                grads: floats(&[0.1; DIM]),
+                keys: keys.clone().into(),
+                grads: floats(&[0.1; DIM]).into(),
             },
             "tables[1]",
         ),
         (
             PushRequest {
                 table: "nope".into(),
-                keys: keys.clone(),
-                grads: floats(&[0.1; 2 * DIM]),
+                keys: keys.clone().into(),
+                grads: floats(&[0.1; 2 * DIM]).into(),
             },
             "\"nope\" is not held",
         ),
         (
             PushRequest {
                 table: "users".into(),
-                keys: vec![1, 2, 3],
-                grads: floats(&[0.1; 2 * DIM]),
+                keys: vec![1u8, 2, 3].into(),
+                grads: floats(&[0.1; 2 * DIM]).into(),
             },
             "tables[1].keys",
         ),
@@ -198,7 +198,7 @@ async fn a_push_of_several_tables_with_one_bad_table_applies_none() {
             tables: vec![good.clone()],
             then_lookup: vec![LookupRequest {
                 table: table.into(),
-                keys: read_keys,
+                keys: read_keys.into(),
             }],
             minibatch: 0,
         };
@@ -239,12 +239,12 @@ async fn a_minibatch_pushed_twice_is_applied_once() {
     let push = |grads: Vec<u8>, minibatch| PushTablesRequest {
         tables: vec![PushRequest {
             table: "items".into(),
-            keys: keys.clone(),
-            grads,
+            keys: keys.clone().into(),
+            grads: grads.into(),
         }],
         then_lookup: vec![LookupRequest {
             table: "items".into(),
-            keys: keys.clone(),
+            keys: keys.clone().into(),
         }],
         minibatch,
     };

@@ -145,7 +145,7 @@ async fn a_shard_awaiting_its_restore_holds_pushes_until_the_restore_then_applie
     let refused = raw
         .lookup(LookupRequest {
             table: "items".into(),
-            keys: primus_proto::packed::encode_keys(&keys0),
+            keys: primus_proto::packed::encode_keys(&keys0).into(),
         })
         .await
         .expect_err("a lookup before the restore");
@@ -213,8 +213,8 @@ async fn open_lets_a_shard_awaiting_its_restore_train_without_one() {
         primus_proto::packed::encode_f32(&grads_for(0, keys.len()), &mut grads);
         PushRequest {
             table: "items".into(),
-            keys: primus_proto::packed::encode_keys(keys),
-            grads,
+            keys: primus_proto::packed::encode_keys(keys).into(),
+            grads: grads.into(),
         }
     };
     let keys = batch(0, 50);

@@ -9,6 +9,7 @@ use primus_spec::job::OptimizerSpec;
 
 use crate::optimizer::Optimizer;
 use crate::snapshot::{SnapshotError, open_checked, seal};
+use crate::table::first_non_finite;
 
 const MAGIC: &[u8; 4] = b"PRDN";
 
@@ -354,7 +355,7 @@ fn check_size(name: &str, shape: &[u64], got: usize) -> Result<(), DenseError> {
 }
 
 fn check_finite(name: &str, values: &[f32]) -> Result<(), DenseError> {
-    match values.iter().position(|v| !v.is_finite()) {
+    match first_non_finite(values) {
         Some(index) => Err(DenseError::NonFinite {
             name: name.to_owned(),
             index,

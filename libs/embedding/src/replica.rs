@@ -11,7 +11,7 @@ use primus_spec::job::TableSpec;
 
 use crate::hash::seeded;
 use crate::init::Init;
-use crate::table::{EmbeddingError, check_width};
+use crate::table::{EmbeddingError, check_width, first_non_finite};
 
 /// Spreads keys over independently locked shards (not the training table's salt: any
 /// spreading does).
@@ -100,7 +100,7 @@ impl ReplicaTable {
         check_width("delta versions", keys, delta.versions.len(), 1)?;
         let evicted = delta.evicted.len();
         check_width("evicted versions", evicted, delta.evicted_versions.len(), 1)?;
-        if let Some(bad) = delta.weights.iter().position(|w| !w.is_finite()) {
+        if let Some(bad) = first_non_finite(delta.weights) {
             let position = bad / self.dim;
             return Err(EmbeddingError::NonFinite {
                 key: delta.keys[position],

@@ -84,13 +84,22 @@ pub(crate) fn check_gradients(
     dim: usize,
 ) -> Result<(), EmbeddingError> {
     check_width("gradients", keys.len(), grads.len(), dim)?;
-    match grads.iter().position(|g| !g.is_finite()) {
+    match first_non_finite(grads) {
         Some(bad) => Err(EmbeddingError::NonFinite {
             key: keys[bad / dim],
             position: bad / dim,
         }),
         None => Ok(()),
     }
+}
+
+/// Where the first NaN or infinity of `values` is. Every push checks all its floats, so the
+/// common answer (none) is found in one pass that vectorizes, without a branch per float.
+pub(crate) fn first_non_finite(values: &[f32]) -> Option<usize> {
+    if values.iter().fold(true, |finite, v| finite & v.is_finite()) {
+        return None;
+    }
+    values.iter().position(|v| !v.is_finite())
 }
 
 /// `got` floats must be `per_key` for each of `keys` keys.
@@ -111,5 +120,25 @@ pub(crate) fn check_width(
             dim: per_key,
             want,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_non_finite;
+
+    #[test]
+    fn the_first_nan_or_infinity_is_found() {
+        assert_eq!(first_non_finite(&[]), None);
+        assert_eq!(
+            first_non_finite(&[0.0, -1.5, f32::MAX, f32::MIN_POSITIVE]),
+            None
+        );
+        let mut values = vec![0.25f32; 100];
+        values[70] = f32::NEG_INFINITY;
+        values[41] = f32::NAN;
+        assert_eq!(first_non_finite(&values), Some(41));
+        values[3] = f32::INFINITY;
+        assert_eq!(first_non_finite(&values), Some(3));
     }
 }

@@ -36,7 +36,7 @@ use crate::region::Region;
 use crate::snapshot::{ShardSnapshot, SnapshotError};
 use change_log::ChangeLog;
 pub use error::EmbeddingError;
-pub(crate) use error::{check_gradients, check_width, device_error};
+pub(crate) use error::{check_gradients, check_width, device_error, first_non_finite};
 use shard::{Shard, Staged};
 
 /// log2 of the rows in a shard's first arena chunk (chunk k > 0 holds 1024 << (k - 1)).

@@ -17,7 +17,9 @@
 //!    Its ratio to (2) is the overhead of distribution. Everything shares this machine's
 //!    cores. (2), the peer and (3) run in turn, PRIMUS_BENCH_ROUNDS times (default 3), and
 //!    each side's best round is compared, so the machine's noise weighs on all alike; the
-//!    ratio of (3) to (2) is printed round by round too, each pair run back to back;
+//!    ratio of (3) to (2) is printed round by round too, each pair run back to back, with
+//!    the CPU time a minibatch costs each way, per process ([`cpu`]): where the cores are
+//!    the limit, in-process CPU over the services' CPU is the rate ratio they allow;
 //! 4. the same through the services with the Job's hot set on (HypeReca 2FP, size chosen
 //!    by the trainer's cost model): the rows it replicates skip the PS lookups.
 //!
@@ -29,6 +31,7 @@
 //! spin, and on a busy machine it slows several times over.
 #![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
 
+mod cpu;
 mod peer;
 
 use std::path::Path;
@@ -238,9 +241,14 @@ async fn main() {
     let mut ours: Vec<Stages> = Vec::with_capacity(rounds);
     let mut theirs: Vec<PeerFigures> = Vec::with_capacity(rounds);
     let mut distributed: Vec<(Stages, f64)> = Vec::with_capacity(rounds);
+    let mut cpu_ratios: Vec<f64> = Vec::with_capacity(rounds);
     for round in 1..=rounds {
-        let cpu = (EmbeddingDevice::Cpu, Model::new(model_layout.clone()));
-        let run = train_in_process(&spec, batches.clone(), cpu).await;
+        let on_cpu = (EmbeddingDevice::Cpu, Model::new(model_layout.clone()));
+        let cpu_before = cpu::own_seconds();
+        let run = train_in_process(&spec, batches.clone(), on_cpu).await;
+        let in_process_cpu = cpu::own_seconds()
+            .zip(cpu_before)
+            .map(|(end, start)| end - start);
         println!(
             "round {round}: in-process trainer: {:.0} samples/s ({:.2}x of the dense network alone), AUC {:.4} vs best {best:.4}; {}; load {}",
             run.rate(),
@@ -269,8 +277,10 @@ async fn main() {
             None => {}
         }
         if services {
+            let children = cpu::ChildrenCpu::start();
             let (through, wall) =
                 train_through_services(&bin_dir, &data, &spec, batch, false).await;
+            let services_cpu = children.stop();
             println!(
                 "round {round}: through the services (1 data executor, 2 PS shards, 1 trainer): {:.0} samples/s while training ({:.0} over the Job's {wall:.1} s from apply to Succeeded), AUC {:.4} vs best {best:.4}; {}; load {}",
                 through.rate(),
@@ -279,6 +289,17 @@ async fn main() {
                 through.shares(),
                 load_average()
             );
+            if let Some(in_process_cpu) = in_process_cpu {
+                let minibatches = |samples: u64| samples as f64 / batch as f64;
+                let alone = 1000.0 * in_process_cpu / minibatches(ours[round - 1].samples);
+                let (parts, total) =
+                    cpu::per_minibatch(&services_cpu, minibatches(through.samples));
+                println!(
+                    "round {round}: CPU a minibatch: in-process {alone:.1} ms; through the services {total:.1} ms ({parts}): {:.2}x, the services' rate against in-process where the cores are the limit",
+                    alone / total
+                );
+                cpu_ratios.push(alone / total);
+            }
             distributed.push((through, wall));
         }
     }
@@ -356,6 +377,16 @@ async fn main() {
             .join(", "),
         median(&paired)
     );
+    if !cpu_ratios.is_empty() {
+        println!(
+            "CPU a minibatch, in-process against through the services: round by round {} (median {:.2}x)",
+            (cpu_ratios.iter())
+                .map(|r| format!("{r:.2}x"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            median(&cpu_ratios)
+        );
+    }
     let (hot, wall) = train_through_services(&bin_dir, &data, &spec, batch, true).await;
     let (rows, share) = hot.hot.unwrap_or_default();
     println!(

@@ -246,13 +246,18 @@ type Items = BoxStream<'static, Result<Item, ReaderError>>;
 type Opened = (String, Items);
 
 async fn open_one(addr: String, options: ReaderOptions) -> Result<Opened, ReaderError> {
-    let mut client = DatasetServiceClient::connect(format!("http://{addr}"))
+    let failed = |message: String| ReaderError::Connect {
+        addr: addr.clone(),
+        message,
+    };
+    // Minibatches are about a megabyte: the executor may send them in frames that large.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| failed(e.to_string()))?
+        .max_frame_size(1 << 20)
+        .connect()
         .await
-        .map_err(|e| ReaderError::Connect {
-            addr: addr.clone(),
-            message: primus_telemetry::error_chain(&e),
-        })?
-        .max_decoding_message_size(usize::MAX);
+        .map_err(|e| failed(primus_telemetry::error_chain(&e)))?;
+    let mut client = DatasetServiceClient::new(channel).max_decoding_message_size(usize::MAX);
     let open = MinibatchRequest {
         job: options.job,
         trainer_id: options.trainer_id,

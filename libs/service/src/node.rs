@@ -9,6 +9,10 @@ use primus_config::{NatsSettings, NodeSettings, RedisSettings, ServerSettings, T
 use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
+
+/// The largest HTTP/2 frame peers may send: a training step's megabyte messages then
+/// cross in a few frames instead of one per 16 KiB.
+const MAX_FRAME_SIZE: u32 = 1 << 20;
 use tonic::transport::{Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -154,7 +158,9 @@ impl Node {
         let incoming = TcpIncoming::from(self.listener);
         let tls_enabled = self.tls.is_some();
         // HTTP/1.1 too, for the plain HTTP routes; gRPC itself stays on h2.
-        let mut builder = tonic::transport::Server::builder().accept_http1(true);
+        let mut builder = tonic::transport::Server::builder()
+            .accept_http1(true)
+            .max_frame_size(MAX_FRAME_SIZE);
         if let Some(tls) = self.tls {
             builder = builder
                 .tls_config(tls)

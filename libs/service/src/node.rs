@@ -9,15 +9,15 @@ use primus_config::{NatsSettings, NodeSettings, RedisSettings, ServerSettings, T
 use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
-
-/// The largest HTTP/2 frame peers may send: a training step's megabyte messages then
-/// cross in a few frames instead of one per 16 KiB.
-const MAX_FRAME_SIZE: u32 = 1 << 20;
 use tonic::transport::{Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::{Services, Shutdown};
+
+/// The largest HTTP/2 frame peers may send: a training step's megabyte messages then
+/// cross in a few frames instead of one per 16 KiB.
+const MAX_FRAME_SIZE: u32 = 1 << 20;
 
 /// gRPC health's service name, which every node serves.
 const HEALTH_SERVICE: &str = "grpc.health.v1.Health";

@@ -368,23 +368,14 @@ async fn main() {
         through.shares()
     );
     println!(
-        "overhead of distribution: the services train at {:.2}x the in-process rate (best against best); round by round {} (median {:.2}x)",
+        "overhead of distribution: the services train at {:.2}x the in-process rate (best against best); round by round {}",
         through.rate() / in_process.rate(),
-        paired
-            .iter()
-            .map(|r| format!("{r:.2}x"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        median(&paired)
+        round_by_round(&paired)
     );
     if !cpu_ratios.is_empty() {
         println!(
-            "CPU a minibatch, in-process against through the services: round by round {} (median {:.2}x)",
-            (cpu_ratios.iter())
-                .map(|r| format!("{r:.2}x"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            median(&cpu_ratios)
+            "CPU a minibatch, in-process against through the services: round by round {}",
+            round_by_round(&cpu_ratios)
         );
     }
     let (hot, wall) = train_through_services(&bin_dir, &data, &spec, batch, true).await;
@@ -437,6 +428,12 @@ fn median(values: &[f64]) -> f64 {
         n if n % 2 == 1 => sorted[n / 2],
         n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
+}
+
+/// `ratios` as `0.86x, 0.83x (median 0.85x)`.
+fn round_by_round(ratios: &[f64]) -> String {
+    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}x")).collect();
+    format!("{} (median {:.2}x)", each.join(", "), median(ratios))
 }
 
 /// The 1-minute load average, to judge whether the machine was quiet.

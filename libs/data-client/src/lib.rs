@@ -250,10 +250,9 @@ async fn open_one(addr: String, options: ReaderOptions) -> Result<Opened, Reader
         addr: addr.clone(),
         message,
     };
-    // Minibatches are about a megabyte: the executor may send them in frames that large.
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| failed(e.to_string()))?
-        .max_frame_size(1 << 20)
+        .max_frame_size(primus_proto::MAX_FRAME_SIZE)
         .connect()
         .await
         .map_err(|e| failed(primus_telemetry::error_chain(&e)))?;

@@ -4,7 +4,7 @@
 //! Owns the generated messages, clients and servers (the `.proto` files at the repository
 //! root are the source of truth) and [`role_endpoints`], the one ordering of a topology's
 //! endpoints every client of a job's shards relies on, and [`packed`], the encoding of
-//! keys and rows in `bytes` fields.
+//! keys and rows in `bytes` fields, and [`MAX_FRAME_SIZE`], the HTTP/2 frames peers may send.
 
 #![warn(missing_docs)]
 
@@ -26,6 +26,11 @@ pub mod v1 {
 /// Every compiled `.proto` file as an encoded `FileDescriptorSet`, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin"));
+
+/// The largest HTTP/2 frame a service or a trainer's client lets its peer send: a training
+/// step's megabyte messages (dense pushes, minibatches) cross in a few frames instead of
+/// one per 16 KiB, HTTP/2's default.
+pub const MAX_FRAME_SIZE: u32 = 1 << 20;
 
 /// The response header of `DatasetService.StreamMinibatches` naming the data executor (its
 /// id in the Job's topology): what a trainer reports to `TaskService.ReportReceived` if the

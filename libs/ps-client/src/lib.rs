@@ -300,8 +300,7 @@ async fn connect_shard(addr: &str) -> Result<ShardClient, PsClientError> {
     };
     let channel = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| failed(e.to_string()))?
-        // A step's pushes and answers are megabytes: the shard may send frames that large.
-        .max_frame_size(1 << 20)
+        .max_frame_size(primus_proto::MAX_FRAME_SIZE)
         .connect()
         .await
         .map_err(|e| failed(primus_telemetry::error_chain(&e)))?;

@@ -15,10 +15,6 @@ use tonic_health::server::HealthReporter;
 
 use crate::{Services, Shutdown};
 
-/// The largest HTTP/2 frame peers may send: a training step's megabyte messages then
-/// cross in a few frames instead of one per 16 KiB.
-const MAX_FRAME_SIZE: u32 = 1 << 20;
-
 /// gRPC health's service name, which every node serves.
 const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
 
@@ -160,7 +156,7 @@ impl Node {
         // HTTP/1.1 too, for the plain HTTP routes; gRPC itself stays on h2.
         let mut builder = tonic::transport::Server::builder()
             .accept_http1(true)
-            .max_frame_size(MAX_FRAME_SIZE);
+            .max_frame_size(primus_proto::MAX_FRAME_SIZE);
         if let Some(tls) = self.tls {
             builder = builder
                 .tls_config(tls)

@@ -91,6 +91,10 @@ pub struct Meter {
     pub steps: u64,
     /// Samples per source, summing to `samples`.
     pub sources: BTreeMap<String, u64>,
+    /// The totals of the minibatches whose pushes landed, as last confirmed: what reports
+    /// say, so no count leaving the trainer holds a minibatch that is served again if it
+    /// dies now.
+    confirmed: TrainerTotals,
     window: EvalWindow,
     /// When the interval began: the last report, or this trainer's first step.
     since: Instant,
@@ -110,10 +114,13 @@ pub struct Meter {
 /// What one report says.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
+    /// Samples and steps of the minibatches confirmed consumed (their pushes landed); the
+    /// one just trained is counted from the next confirmation.
     pub samples: u64,
     pub steps: u64,
-    /// Samples per source.
+    /// Samples per source, confirmed likewise.
     pub sources: BTreeMap<String, u64>,
+    /// Samples trained in the interval, confirmed or not.
     pub samples_per_second: f64,
     /// Mean training loss of the interval's steps.
     pub loss: Option<f64>,
@@ -136,6 +143,7 @@ impl Meter {
             samples: 0,
             steps: 0,
             sources: BTreeMap::new(),
+            confirmed: TrainerTotals::default(),
             window: EvalWindow::new(eval_window),
             since: Instant::now(),
             stepped: false,
@@ -158,6 +166,12 @@ impl Meter {
             samples: self.samples,
             sources: self.sources.clone(),
         }
+    }
+
+    /// Every minibatch counted so far has landed; returns the totals now confirmed.
+    fn confirm(&mut self) -> &TrainerTotals {
+        self.confirmed = self.totals();
+        &self.confirmed
     }
 
     /// A step begins. The first one restarts the interval: until its first minibatch
@@ -185,9 +199,9 @@ impl Meter {
         let elapsed = self.since.elapsed().as_secs_f64().max(1e-9);
         let share = |d: Duration| d.as_secs_f64() / elapsed;
         let report = Report {
-            samples: self.samples,
-            steps: self.steps,
-            sources: self.sources.clone(),
+            samples: self.confirmed.samples,
+            steps: self.confirmed.steps,
+            sources: self.confirmed.sources.clone(),
             samples_per_second: self.interval_samples as f64 / elapsed,
             loss: (self.interval_steps > 0)
                 .then(|| self.interval_loss / self.interval_steps as f64),
@@ -279,6 +293,7 @@ impl<S: ParameterStore> Trainer<S> {
         self.meter.steps = totals.steps;
         self.meter.samples = totals.samples;
         self.meter.sources = totals.sources;
+        self.meter.confirm();
     }
 
     pub fn params(&self) -> &ParamSet {
@@ -323,11 +338,8 @@ impl<S: ParameterStore> Trainer<S> {
     /// Confirms the minibatches whose pushes have landed, with the totals counting them
     /// (every step counted so far).
     fn confirm_pushed(&mut self) {
-        if self.unconfirmed.is_empty() {
-            return;
-        }
-        let totals = self.meter.totals();
-        (self.unconfirmed.drain(..)).for_each(|receipt| receipt.consumed(&totals));
+        let totals = self.meter.confirm();
+        (self.unconfirmed.drain(..)).for_each(|receipt| receipt.consumed(totals));
     }
 
     /// Looks `incoming`'s keys up, leaving out the rows the hot set holds now.

@@ -1,6 +1,7 @@
 //! The trainer's step loop against in-process tables: it learns Criteo-like data, its
-//! pushes reach the tables and the dense store, every minibatch is scored before it is
-//! trained on, and prefetching changes no parameter.
+//! pushes reach the tables and the dense store, its reports count only minibatches
+//! confirmed consumed, every minibatch is scored before it is trained on, and prefetching
+//! changes no parameter.
 
 #![allow(
     clippy::print_stdout,
@@ -134,6 +135,13 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
     );
     assert_eq!(trainer.meter.samples, 60 * 1024);
     assert_eq!(trainer.meter.steps, 60);
+    // A report counts only minibatches confirmed consumed: after step k, the k - 1 whose
+    // pushes landed (step k confirms its predecessor). The last is counted once settled.
+    let counted: Vec<(u64, u64)> = reports.iter().map(|r| (r.steps, r.samples)).collect();
+    let confirmed: Vec<(u64, u64)> = (0..60).map(|k| (k, k * 1024)).collect();
+    assert_eq!(counted, confirmed);
+    let settled = trainer.meter.report();
+    assert_eq!((settled.steps, settled.samples), (60, 60 * 1024));
     let first = reports[0].evaluation.auc.expect("auc");
     let last = reports[59].evaluation.auc.expect("auc");
     assert!(

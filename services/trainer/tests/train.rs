@@ -135,8 +135,9 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
     );
     assert_eq!(trainer.meter.samples, 60 * 1024);
     assert_eq!(trainer.meter.steps, 60);
-    // A report counts only minibatches confirmed consumed: after step k, the k - 1 whose
-    // pushes landed (step k confirms its predecessor). The last is counted once settled.
+    // A report counts only minibatches confirmed consumed: a minibatch's push confirms the
+    // one before it, so each report leaves out the minibatch just trained, which the
+    // settled trainer's report counts.
     let counted: Vec<(u64, u64)> = reports.iter().map(|r| (r.steps, r.samples)).collect();
     let confirmed: Vec<(u64, u64)> = (0..60).map(|k| (k, k * 1024)).collect();
     assert_eq!(counted, confirmed);

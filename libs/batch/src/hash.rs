@@ -1,7 +1,11 @@
 //! Feature keys: a raw sparse value hashed together with its feature's name into the u64
 //! key the embedding tables are indexed by. Stable across processes and releases (the
 //! serving side hashes the same way), so it is spelled out here rather than taken from
-//! `std::hash`, whose output may change between Rust versions.
+//! `std::hash`, whose output may change between Rust versions. Also the hasher of maps
+//! and sets keyed by those keys.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// SplitMix64's finaliser: a bijection on u64 with full avalanche.
 pub fn mix64(mut x: u64) -> u64 {
@@ -58,3 +62,30 @@ mod tests {
         assert_eq!(hash_bytes(b""), mix64(0xcbf2_9ce4_8422_2325));
     }
 }
+
+/// Hashes feature keys for maps and sets: keys are hashes already, so one mixing round
+/// spreads them (SipHash, the standard maps' default, cost far more on a step's path).
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = mix64(self.0 ^ u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = mix64(key);
+    }
+}
+
+/// A map keyed by feature keys, hashed with [`KeyHasher`].
+pub type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
+
+/// A set of feature keys, hashed with [`KeyHasher`].
+pub type KeySet = HashSet<u64, BuildHasherDefault<KeyHasher>>;

@@ -5,10 +5,8 @@
 //! primus-gpu's kernels over the batch's unique rows, run by the caller's
 //! [`EmbeddingKernels`]: the CPU references, or the CUDA kernels.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::HashMap;
 
-use primus_batch::hash::mix64;
 use primus_batch::{Ikjt, JaggedFeature, Kjt, Sparse};
 use primus_gpu::{Accumulation, FeatureBags, GpuError, Pooling, PoolingInput, TableShape};
 pub use primus_gpu::{CpuKernels, EmbeddingKernels};
@@ -16,30 +14,7 @@ pub use primus_gpu::{CpuKernels, EmbeddingKernels};
 use crate::ModelError;
 use crate::layout::ModelLayout;
 
-/// Keys are hashes already; one multiply-xorshift round is enough to spread them.
-#[derive(Default)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = mix64(self.0 ^ u64::from(*b));
-        }
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        self.0 = mix64(key);
-    }
-}
-
-type KeyMap = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
-
-/// A set of keys, hashed as cheaply as a minibatch's key maps hash them.
-pub type KeySet = HashSet<u64, BuildHasherDefault<KeyHasher>>;
+type KeyMap = primus_batch::hash::KeyMap<u32>;
 
 /// A minibatch's sparse features, resolved to unique keys per table.
 #[derive(Debug, Clone)]

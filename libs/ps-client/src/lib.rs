@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 pub use dense::{DensePushed, DenseState};
 use futures::future::{BoxFuture, join_all, try_join_all};
 pub use layout::{Layout, jump_consistent_hash};
+use primus_batch::hash::KeyMap;
 pub use primus_embedding::DenseValues;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
 use primus_proto::v1::{
@@ -244,7 +245,8 @@ impl Shards {
                 positions: Vec::new(),
             })
             .collect();
-        let mut seen: HashMap<u64, (usize, usize)> = HashMap::with_capacity(keys.len());
+        let mut seen: KeyMap<(usize, usize)> =
+            KeyMap::with_capacity_and_hasher(keys.len(), Default::default());
         for (position, key) in keys.iter().enumerate() {
             let (shard, index) = *seen.entry(*key).or_insert_with(|| {
                 let shard = layout::key_shard(*key, n) as usize;

@@ -1,16 +1,15 @@
 //! The ParameterServer RPCs over this process's tables.
 
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use primus_batch::hash::KeyMap;
 use primus_embedding::{
     DenseError, DenseStore, DenseValues, EmbeddingError, ShardSnapshot, Table, TableOptions,
 };
 use primus_gpu::{CudaKernels, DeviceRows, RowStore};
-use primus_model::pooling::KeyHasher;
 use primus_proto::v1::parameter_server_server::ParameterServer;
 use primus_proto::v1::{
     AwaitSnapshotRequest, DenseTensor, DropMovedRequest, DropMovedResponse, ExportDeltaRequest,
@@ -850,10 +849,7 @@ impl ParameterServer for Ps {
 
 /// Unique keys in first-seen order, and for each request position its unique index.
 fn dedup(keys: &[u64]) -> (Vec<u64>, Vec<usize>) {
-    // Keys are hashes already, so the trainer's one-mix key hasher spreads them; SipHash
-    // showed in a shard's profile.
-    let mut seen: HashMap<u64, usize, BuildHasherDefault<KeyHasher>> =
-        HashMap::with_capacity_and_hasher(keys.len(), Default::default());
+    let mut seen: KeyMap<usize> = KeyMap::with_capacity_and_hasher(keys.len(), Default::default());
     let mut unique = Vec::with_capacity(keys.len());
     let positions = keys
         .iter()

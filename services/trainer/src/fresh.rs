@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context;
+use primus_batch::hash::KeySet;
 use primus_model::ModelLayout;
-use primus_model::pooling::{BatchKeys, KeySet};
+use primus_model::pooling::BatchKeys;
 use primus_ps_client::TableKeys;
 
 use crate::prefetch::{asked_of, check_rows, wide_positions};

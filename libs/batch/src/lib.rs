@@ -8,6 +8,7 @@
 //!   batch) to a minibatch, as the Dataset's feature schema says: sparse values hashed
 //!   with their feature name into u64 keys ([`hash`]), multi-hot lists, dense transforms,
 //!   missing values.
+//! - [`RecentIdentities`]: the latest minibatch identities seen, up to a bound.
 
 #![warn(missing_docs)]
 
@@ -18,9 +19,11 @@ pub mod ipc;
 mod kjt;
 mod minibatch;
 mod pipeline;
+mod recent;
 
 pub use error::BatchError;
 pub use ikjt::{DedupGroups, Ikjt, IkjtGroup, RowHasher, row_hash};
 pub use kjt::{JaggedFeature, Kjt};
 pub use minibatch::{DenseMatrix, Minibatch, Sparse};
 pub use pipeline::FeaturePipeline;
+pub use recent::RecentIdentities;

@@ -9,9 +9,9 @@
 //! the part of a push that the old shard refused reaches the new one as a second call of
 //! the same minibatch, which holds other keys and must apply too.
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
 
+use primus_batch::RecentIdentities;
 use primus_batch::hash::{hash_bytes, mix64};
 
 /// Identities remembered, newest kept: about ten minutes of one push per step from four
@@ -19,16 +19,16 @@ use primus_batch::hash::{hash_bytes, mix64};
 const REMEMBERED: usize = 1 << 16;
 
 /// The identities applied (or being applied) on one shard, for one kind of push.
-#[derive(Default)]
 pub(crate) struct AppliedMinibatches {
-    remembered: Mutex<Remembered>,
+    remembered: Mutex<RecentIdentities>,
 }
 
-#[derive(Default)]
-struct Remembered {
-    ids: HashSet<u64>,
-    /// Oldest first, for forgetting beyond [`REMEMBERED`].
-    order: VecDeque<u64>,
+impl Default for AppliedMinibatches {
+    fn default() -> Self {
+        Self {
+            remembered: Mutex::new(RecentIdentities::new(REMEMBERED)),
+        }
+    }
 }
 
 /// What a shard remembers of a call of `minibatch` holding `parts` (a name and its keys
@@ -65,36 +65,21 @@ impl AppliedMinibatches {
         if minibatch == 0 {
             return true;
         }
-        let mut remembered = self.lock();
-        if !remembered.ids.insert(minibatch) {
-            return false;
-        }
-        remembered.order.push_back(minibatch);
-        if remembered.order.len() > REMEMBERED
-            && let Some(oldest) = remembered.order.pop_front()
-        {
-            remembered.ids.remove(&oldest);
-        }
-        true
+        self.lock().insert(minibatch)
     }
 
     /// A claimed push failed before it was applied: its identity may come again.
     pub(crate) fn release(&self, minibatch: u64) {
-        let mut remembered = self.lock();
-        if remembered.ids.remove(&minibatch)
-            && let Some(at) = remembered.order.iter().rposition(|id| *id == minibatch)
-        {
-            remembered.order.remove(at);
-        }
+        self.lock().remove(minibatch);
     }
 
     /// The shard's state was replaced (a restore, or every row dropped): a minibatch
     /// applied before may have to be applied again.
     pub(crate) fn forget_all(&self) {
-        *self.lock() = Remembered::default();
+        self.lock().clear();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Remembered> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RecentIdentities> {
         self.remembered
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

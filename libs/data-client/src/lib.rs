@@ -16,7 +16,10 @@
 //!
 //! Each minibatch comes with a [`Receipt`]: the trainer confirms it once the minibatch's
 //! gradients are pushed, and until then the executor holds it; if this trainer dies
-//! first, the executor serves it again to whichever trainer asks next.
+//! first, the executor serves it again to whichever trainer asks next. When only the
+//! connection broke, the executor serves what it held again on the reopened stream,
+//! confirmations lost with the connection included: a minibatch this read yielded
+//! before comes as [`Received::Again`], its receipt only, so it is not trained twice.
 
 #![warn(missing_docs)]
 
@@ -27,7 +30,7 @@ use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream, SelectAll};
 use futures::{FutureExt, Stream, StreamExt};
-use primus_batch::Minibatch;
+use primus_batch::{Minibatch, RecentIdentities};
 use primus_proto::v1::dataset_service_client::DatasetServiceClient;
 use primus_proto::v1::minibatch_stream_request::Kind;
 use primus_proto::v1::task_service_client::TaskServiceClient;
@@ -150,6 +153,12 @@ impl Receipt {
 pub enum Received {
     /// A minibatch.
     Batch(Box<ReceivedBatch>),
+    /// A minibatch this read yielded before, served again: its stream broke before the
+    /// executor read the confirmation (the executor lives on and serves what it held
+    /// again). The trainer trains everything it is fed, in order, so this one is trained
+    /// already: its receipt is confirmed, once what came before it is pushed, and it is
+    /// neither trained nor counted twice.
+    Again(Receipt),
     /// Every minibatch served before the data executors paused for this checkpoint has
     /// been yielded; nothing more comes until they resume.
     Barrier(u64),
@@ -573,10 +582,34 @@ pub async fn read(
             reconnecting(addr.clone(), options.clone(), opened),
         );
     }
-    Ok(stream::unfold(merged, |mut merged| async move {
-        let item = merged.next().await?;
-        Some((item, merged))
-    }))
+    let yielded = RecentIdentities::new(YIELDED_REMEMBERED);
+    Ok(stream::unfold(
+        (merged, yielded),
+        |(mut merged, mut yielded)| async move {
+            let item = match merged.next().await? {
+                Ok(Received::Batch(batch)) => Ok(again_or_new(batch, &mut yielded)),
+                other => other,
+            };
+            Some((item, (merged, yielded)))
+        },
+    ))
+}
+
+/// Minibatch identities a read remembers having yielded: far more than an executor holds
+/// for a trainer, which is what it serves again after the stream breaks.
+const YIELDED_REMEMBERED: usize = 1 << 16;
+
+/// `batch`, or only its receipt where a minibatch of its identity was yielded already.
+fn again_or_new(batch: Box<ReceivedBatch>, yielded: &mut RecentIdentities) -> Received {
+    let identity = batch.receipt.minibatch;
+    if identity == 0 || yielded.insert(identity) {
+        return Received::Batch(batch);
+    }
+    tracing::info!(
+        executor = %batch.executor,
+        "a minibatch trained already, served again after its stream broke: confirming it without training it again"
+    );
+    Received::Again(batch.receipt)
 }
 
 /// The state of [`read`]: the executors' streams and what joins or leaves.

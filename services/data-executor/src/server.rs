@@ -442,7 +442,7 @@ spec:
         (executor, addr)
     }
 
-    async fn reader(addr: &str, trainer: &str) -> impl futures::Stream<Item = ReceivedBatch> {
+    async fn read(addr: &str, trainer: &str) -> impl futures::Stream<Item = Received> {
         let options = ReaderOptions {
             job: "j".into(),
             trainer_id: trainer.into(),
@@ -453,12 +453,50 @@ spec:
         let read = primus_data_client::read(&[addr.to_owned()], &options, Membership::fixed())
             .await
             .expect("the stream opens");
-        read.filter_map(|item| async move {
-            match item.expect("a minibatch") {
+        read.map(|item| item.expect("a minibatch"))
+    }
+
+    async fn reader(addr: &str, trainer: &str) -> impl futures::Stream<Item = ReceivedBatch> {
+        read(addr, trainer).await.filter_map(|item| async move {
+            match item {
                 Received::Batch(batch) => Some(*batch),
-                Received::Barrier(_) => None,
+                Received::Again(_) | Received::Barrier(_) => None,
             }
         })
+    }
+
+    /// Forwards loopback connections to `to` until [`Relay::cut`] drops those it carries
+    /// (both ends see their connection close); it accepts new ones all along.
+    struct Relay {
+        addr: String,
+        carried: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    }
+
+    impl Relay {
+        async fn to(to: String) -> Self {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("a loopback port");
+            let addr = listener.local_addr().expect("its address").to_string();
+            let carried: Arc<std::sync::Mutex<Vec<_>>> = Arc::default();
+            let accepting = carried.clone();
+            tokio::spawn(async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    let to = to.clone();
+                    let pipe = tokio::spawn(async move {
+                        let mut outbound = (tokio::net::TcpStream::connect(&to).await)
+                            .expect("the executor's port");
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    });
+                    accepting.lock().expect("connections").push(pipe);
+                }
+            });
+            Self { addr, carried }
+        }
+
+        fn cut(&self) {
+            (self.carried.lock().expect("connections").drain(..)).for_each(|pipe| pipe.abort());
+        }
     }
 
     fn ids(batch: &ReceivedBatch) -> Vec<u64> {
@@ -532,6 +570,67 @@ spec:
             let confirmed = primus_data_client::confirmed_totals(&addr, "j", trainer).await;
             assert_eq!(confirmed.expect("totals"), expected, "{trainer}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_minibatch_served_again_to_the_trainer_that_had_it_is_confirmed_not_trained_again() {
+        let (executor, addr) = serving(100).await;
+        let relay = Relay::to(addr).await;
+        let mut trained: BTreeMap<u64, u32> = BTreeMap::new();
+        let mut items = Box::pin(read(&relay.addr, "trainer-0").await);
+        let mut next_batch = async || match items.next().await {
+            Some(Received::Batch(batch)) => *batch,
+            _ => panic!("a minibatch"),
+        };
+
+        // The trainer confirms one minibatch and trains a second, whose confirmation is
+        // lost with the connection: the executor, alive, serves that one again.
+        let confirmed = next_batch().await;
+        let unconfirmed = next_batch().await;
+        for batch in [&confirmed, &unconfirmed] {
+            ids(batch)
+                .into_iter()
+                .for_each(|id| *trained.entry(id).or_default() += 1);
+        }
+        let confirmed_identity = confirmed.receipt.minibatch();
+        confirmed.receipt.consumed(&totals(1, 10));
+        let again = unconfirmed.receipt.minibatch();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        relay.cut();
+        unconfirmed.receipt.consumed(&totals(2, 20));
+
+        // The read reconnects through the relay. Every minibatch whose confirmation the cut
+        // lost (the one trained before it, and those the connection had delivered
+        // already) is served again and comes as its receipt only; the rest come once.
+        let mut yielded = vec![confirmed_identity, again];
+        let mut served_again = Vec::new();
+        let mut steps = 2;
+        while let Some(item) = items.next().await {
+            match item {
+                Received::Batch(batch) => {
+                    ids(&batch)
+                        .into_iter()
+                        .for_each(|id| *trained.entry(id).or_default() += 1);
+                    yielded.push(batch.receipt.minibatch());
+                    steps += 1;
+                    batch.receipt.consumed(&totals(steps, steps * 10));
+                }
+                Received::Again(receipt) => {
+                    let identity = receipt.minibatch();
+                    assert!(yielded.contains(&identity), "yielded before it came again");
+                    assert!(!served_again.contains(&identity), "served again once");
+                    served_again.push(identity);
+                    receipt.consumed(&totals(steps, steps * 10));
+                }
+                Received::Barrier(_) => {}
+            }
+        }
+        assert!(served_again.contains(&again), "{served_again:?}");
+        assert_eq!(trained.len(), 100, "every row trained: {trained:?}");
+        assert!(trained.values().all(|n| *n == 1), "none twice: {trained:?}");
+        assert!(executor.unconsumed.is_empty());
+        let confirmed = primus_data_client::confirmed_totals(&relay.addr, "j", "trainer-0").await;
+        assert_eq!(confirmed.expect("totals"), totals(10, 100));
     }
 
     fn totals(steps: u64, samples: u64) -> TrainerTotals {

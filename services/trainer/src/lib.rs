@@ -407,6 +407,7 @@ async fn work(
                 )
                 .with_receipt(received.receipt),
             ),
+            Received::Again(receipt) => Feed::Again(receipt),
             Received::Barrier(id) => Feed::Barrier(id),
         })
         .map_err(anyhow::Error::from)

@@ -25,6 +25,7 @@ use crate::train::{Feed, Incoming};
 /// What the prefetcher hands the step loop, in the order it was fed.
 pub(crate) enum Ready {
     Step(Box<Prepared>),
+    Again(Receipt),
     Barrier(u64),
 }
 
@@ -243,6 +244,7 @@ pub(crate) async fn prefetch<S: ParameterStore, B>(
                 };
                 prepared.map(|prepared| Ready::Step(Box::new(prepared)))
             }
+            Ok(Feed::Again(receipt)) => Ok(Ready::Again(receipt)),
             Ok(Feed::Barrier(id)) => Ok(Ready::Barrier(id)),
             Err(e) => Err(e),
         };

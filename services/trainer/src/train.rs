@@ -75,6 +75,10 @@ impl Incoming {
 /// What a trainer is fed: minibatches, and checkpoint barriers between them.
 pub enum Feed {
     Batch(Box<Incoming>),
+    /// A minibatch fed before and served again (its stream broke before the executor read
+    /// the confirmation): only its receipt, confirmed once everything fed before it is
+    /// pushed; it is not trained or counted again.
+    Again(Receipt),
     /// Every minibatch served before checkpoint `id`'s barrier came before this.
     Barrier(u64),
 }
@@ -430,6 +434,9 @@ impl<S: ParameterStore> Trainer<S> {
                         last_report = Instant::now();
                     }
                 }
+                // Pushed with the next confirmation, which follows the pushes of every
+                // minibatch fed before it, the same minibatch's first copy among them.
+                Ready::Again(receipt) => self.unconfirmed.push(receipt),
                 Ready::Barrier(id) => {
                     if let Some(hot) = &mut self.hot {
                         hot.wait_at_barrier(&self.store, id).await?;

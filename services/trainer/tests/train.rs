@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use primus_batch::{FeaturePipeline, Minibatch};
 use primus_config::TrainerSettings;
+use primus_data_client::Receipt;
 use primus_datagen::criteo::{Criteo, CriteoOptions, feature_schema};
 use primus_gpu::{CudaStatus, cuda_status};
 use primus_model::pooling::BatchKeys;
@@ -120,6 +121,9 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
         })
         .collect();
     feed.insert(30, Feed::Barrier(4));
+    // A minibatch fed before, served again after its stream broke: it is confirmed, and
+    // neither trained nor counted nor reported again.
+    feed.insert(46, Feed::Again(Receipt::none()));
     let stream = futures::stream::iter(feed.into_iter().map(Ok));
     trainer
         .train(stream.boxed(), Duration::ZERO, &reports)

@@ -434,7 +434,7 @@ impl<S: ParameterStore> Trainer<S> {
                         last_report = Instant::now();
                     }
                 }
-                // Pushed with the next confirmation, which follows the pushes of every
+                // Confirmed with the next confirmation, which follows the pushes of every
                 // minibatch fed before it, the same minibatch's first copy among them.
                 Ready::Again(receipt) => self.unconfirmed.push(receipt),
                 Ready::Barrier(id) => {

@@ -41,28 +41,6 @@ pub fn str_key(seed: u64, value: &str) -> u64 {
     mix64(seed.rotate_left(17) ^ hash_bytes(value.as_bytes()))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_depend_on_feature_and_value() {
-        let (a, b) = (feature_seed("c1"), feature_seed("c2"));
-        assert_ne!(int_key(a, 7), int_key(b, 7));
-        assert_ne!(int_key(a, 7), int_key(a, 8));
-        assert_eq!(int_key(a, 7), int_key(feature_seed("c1"), 7));
-        assert_ne!(str_key(a, "7"), int_key(a, 7));
-    }
-
-    #[test]
-    fn keys_are_stable_across_builds() {
-        // Serving and training hash separately; a change here breaks every saved model.
-        assert_eq!(mix64(0), 0);
-        assert_eq!(mix64(1), 0x5692_161d_100b_05e5);
-        assert_eq!(hash_bytes(b""), mix64(0xcbf2_9ce4_8422_2325));
-    }
-}
-
 /// Hashes feature keys for maps and sets: keys are hashes already, so one mixing round
 /// spreads them (SipHash, the standard maps' default, cost far more on a step's path).
 #[derive(Default)]
@@ -89,3 +67,25 @@ pub type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
 
 /// A set of feature keys, hashed with [`KeyHasher`].
 pub type KeySet = HashSet<u64, BuildHasherDefault<KeyHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_depend_on_feature_and_value() {
+        let (a, b) = (feature_seed("c1"), feature_seed("c2"));
+        assert_ne!(int_key(a, 7), int_key(b, 7));
+        assert_ne!(int_key(a, 7), int_key(a, 8));
+        assert_eq!(int_key(a, 7), int_key(feature_seed("c1"), 7));
+        assert_ne!(str_key(a, "7"), int_key(a, 7));
+    }
+
+    #[test]
+    fn keys_are_stable_across_builds() {
+        // Serving and training hash separately; a change here breaks every saved model.
+        assert_eq!(mix64(0), 0);
+        assert_eq!(mix64(1), 0x5692_161d_100b_05e5);
+        assert_eq!(hash_bytes(b""), mix64(0xcbf2_9ce4_8422_2325));
+    }
+}

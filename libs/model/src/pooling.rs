@@ -7,14 +7,13 @@
 
 use std::collections::HashMap;
 
+use primus_batch::hash::KeyMap;
 use primus_batch::{Ikjt, JaggedFeature, Kjt, Sparse};
 use primus_gpu::{Accumulation, FeatureBags, GpuError, Pooling, PoolingInput, TableShape};
 pub use primus_gpu::{CpuKernels, EmbeddingKernels};
 
 use crate::ModelError;
 use crate::layout::ModelLayout;
-
-type KeyMap = primus_batch::hash::KeyMap<u32>;
 
 /// A minibatch's sparse features, resolved to unique keys per table.
 #[derive(Debug, Clone)]
@@ -103,7 +102,7 @@ impl BatchKeys {
         samples: usize,
         feature_rows: impl Fn(&str) -> Option<FeatureRows<'a>>,
     ) -> Result<Self, ModelError> {
-        let mut maps: Vec<KeyMap> = vec![KeyMap::default(); layout.tables.len()];
+        let mut maps: Vec<KeyMap<u32>> = vec![KeyMap::default(); layout.tables.len()];
         let mut tables: Vec<Vec<u64>> = vec![Vec::new(); layout.tables.len()];
         let mut parts = vec![Part::new(samples, None)];
         // Dedup group -> its part.

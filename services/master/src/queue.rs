@@ -791,6 +791,15 @@ impl TaskQueue {
         Ok(holders.iter().any(|holder| holder == executor))
     }
 
+    /// Whether `task_id` succeeded: its last reported offset covered every row it served.
+    pub async fn succeeded(&self, task_id: &str) -> Result<bool, QueueError> {
+        Ok(redis::cmd("SISMEMBER")
+            .arg(self.key("succeeded"))
+            .arg(task_id)
+            .query_async(&mut self.redis.clone())
+            .await?)
+    }
+
     pub async fn running(&self) -> Result<HashMap<String, String>, QueueError> {
         Ok(redis::cmd("HGETALL")
             .arg(self.key("running"))

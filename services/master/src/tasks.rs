@@ -431,6 +431,15 @@ async fn move_on_received(
                 to = end,
                 "rows a dead executor served, reported by their trainer"
             );
+        } else if job.queue.succeeded(&task).await.map_err(unavailable)? {
+            // Its last offset counted every row it served, these among them.
+            tracing::debug!(
+                job = name,
+                executor,
+                trainer,
+                task,
+                "rows a dead executor served, of a task that succeeded before the report"
+            );
         } else {
             tracing::warn!(
                 job = name,

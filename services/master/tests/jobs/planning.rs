@@ -305,6 +305,14 @@ async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
             .expect("progress")
     );
     finish(a.id.clone()).await;
+    assert!(queue.succeeded(&a.id).await.expect("succeeded"));
+    assert!(!queue.succeeded(&b.id).await.expect("succeeded"));
+    assert!(
+        !(queue.advance_received("r", &a.id, 30, None))
+            .await
+            .expect("received"),
+        "a task that succeeded is no executor's to move on"
+    );
     let at_checkpoint = queue.counts().await.expect("counts");
     assert!(
         at_checkpoint.rows_done == 25 && at_checkpoint.bytes_done > 0,

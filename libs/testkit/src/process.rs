@@ -1,6 +1,8 @@
+use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Why a test server could not be started.
@@ -24,6 +26,24 @@ pub enum Error {
         /// How long it had.
         timeout: Duration,
         /// The last error seen.
+        detail: String,
+    },
+    /// A server exited before it answered.
+    #[error("{what} exited before it was ready ({status}); the end of its log:\n{log}")]
+    Exited {
+        /// The server.
+        what: String,
+        /// How it exited.
+        status: String,
+        /// The last lines of what it wrote.
+        log: String,
+    },
+    /// A server shared by a test binary failed to start on its first use.
+    #[error("{what} failed to start earlier in this test binary: {detail}")]
+    FailedEarlier {
+        /// The server.
+        what: String,
+        /// Why it failed then.
         detail: String,
     },
     /// An S3 bucket could not be created.
@@ -117,32 +137,37 @@ pub fn restartable_port() -> Result<u16, Error> {
 /// them seconds after they are chosen (SeaweedFS starts its listeners one after another):
 /// a port from the ephemeral range could meanwhile become the source port of some other
 /// test's connection.
+///
+/// A port is handed out at most once per process: until its server binds it, it still
+/// looks free, and a test running beside this one would otherwise be given it too.
 pub(crate) fn restartable_ports(count: usize) -> Result<Vec<u16>, Error> {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32_768);
     let range = low.saturating_sub(8_000).max(1_024)..low;
     let span = u32::from(range.end - range.start).max(1);
-    // Test binaries run side by side, and tests within one binary too: each call starts
-    // somewhere else in the range.
-    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    // Other processes pick from the same range (a test binary's servers may outlive it by
+    // a moment): each call starts somewhere else in it.
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos())
         ^ std::process::id().wrapping_mul(2_654_435_761);
-    let seed = seed.wrapping_add(CALLS.fetch_add(997, std::sync::atomic::Ordering::Relaxed));
     let mut ports: Vec<u16> = (0..span)
         .map(|step| range.start + (seed.wrapping_add(step) % span) as u16)
+        .filter(|port| !handed_out.contains(port))
         .filter(|port| TcpListener::bind(("127.0.0.1", *port)).is_ok())
         .take(count)
         .collect();
     while ports.len() < count {
         let port = free_port()?;
-        if !ports.contains(&port) {
+        if !ports.contains(&port) && !handed_out.contains(&port) {
             ports.push(port);
         }
     }
+    handed_out.extend(&ports);
     Ok(ports)
 }
 
@@ -152,19 +177,77 @@ pub fn wait_until<T>(
     timeout: Duration,
     mut probe: impl FnMut() -> Result<T, String>,
 ) -> Result<T, Error> {
+    poll(what, timeout, || probe().map_err(Attempt::Retry))
+}
+
+/// Polls `probe` as [`wait_until`] while `process` runs; fails at once, with the end of
+/// the `logs` it writes, when it exits first (a taken port, a bad flag): it will not
+/// answer later.
+pub(crate) fn wait_for_start(
+    what: &str,
+    timeout: Duration,
+    process: &mut Guarded,
+    logs: &[PathBuf],
+    mut probe: impl FnMut() -> Result<(), String>,
+) -> Result<(), Error> {
+    poll(what, timeout, || {
+        if let Some(status) = process.exit_status() {
+            return Err(Attempt::Fail(Error::Exited {
+                what: what.into(),
+                status,
+                log: log_tails(logs),
+            }));
+        }
+        probe().map_err(Attempt::Retry)
+    })
+}
+
+/// What one failed probe means.
+enum Attempt {
+    /// Not yet: try again until the deadline.
+    Retry(String),
+    /// Never: stop now.
+    Fail(Error),
+}
+
+fn poll<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Result<T, Attempt>,
+) -> Result<T, Error> {
     let deadline = Instant::now() + timeout;
     loop {
         match probe() {
             Ok(value) => return Ok(value),
-            Err(detail) if Instant::now() >= deadline => {
+            Err(Attempt::Fail(error)) => return Err(error),
+            Err(Attempt::Retry(detail)) if Instant::now() >= deadline => {
                 return Err(Error::NotReady {
                     what: what.into(),
                     timeout,
                     detail,
                 });
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            Err(Attempt::Retry(_)) => std::thread::sleep(Duration::from_millis(50)),
         }
+    }
+}
+
+/// The last lines of each log that has any, headed by its path.
+fn log_tails(logs: &[PathBuf]) -> String {
+    const LINES: usize = 20;
+    let tails: Vec<String> = logs
+        .iter()
+        .filter_map(|path| {
+            let text = std::fs::read_to_string(path).ok()?;
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(LINES)..].join("\n");
+            (!tail.is_empty()).then(|| format!("{}:\n{tail}", path.display()))
+        })
+        .collect();
+    if tails.is_empty() {
+        "(it wrote nothing)".into()
+    } else {
+        tails.join("\n")
     }
 }
 
@@ -200,18 +283,23 @@ impl Guarded {
         let _ = self.child.wait();
     }
 
-    /// Fails with the child's exit status if it has already died (e.g. its port was taken).
-    pub(crate) fn check_alive(&mut self, what: &str) -> Result<(), String> {
+    /// How the child exited, if it has.
+    pub(crate) fn exit_status(&mut self) -> Option<String> {
         match self.child.try_wait() {
-            Ok(Some(status)) => Err(format!("{what} exited early with {status}")),
-            Ok(None) => Ok(()),
-            Err(e) => Err(format!("{what}: {e}")),
+            Ok(Some(status)) => Some(status.to_string()),
+            Ok(None) => None,
+            Err(e) => Some(format!("its status could not be read: {e}")),
         }
     }
 }
 
 impl Drop for Guarded {
     fn drop(&mut self) {
+        // A child already reaped has no PID of its own any more: signalling it could hit
+        // another process that was given the number since.
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
         let terminated = self.graceful
             && Command::new("kill")
                 .args(["-TERM", &self.child.id().to_string()])

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::process::{
     Error, Guarded, find_binary, free_port, loopback, restartable_port, restartable_ports,
-    wait_until,
+    wait_for_start,
 };
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -50,18 +50,28 @@ impl DataDir {
     }
 }
 
-fn spawn(binary: &str, args: &[String], dir: &DataDir) -> Result<Guarded, Error> {
+/// Starts `binary` in `dir` and waits until `probe` answers Ok; fails at once, with the
+/// end of its logs, if it exits first.
+fn spawn(
+    binary: &str,
+    args: &[String],
+    dir: &DataDir,
+    probe: impl FnMut() -> Result<(), String>,
+) -> Result<Guarded, Error> {
     let exe = find_binary(binary)?;
-    let log = format!("{binary}.log");
+    let (out, err) = (format!("{binary}.log"), format!("{binary}.err.log"));
     let child = Command::new(&exe)
         .args(args)
         .current_dir(dir.path())
         .stdin(Stdio::null())
-        .stdout(dir.log_file(&log)?)
-        .stderr(dir.log_file(&format!("{binary}.err.log"))?)
+        .stdout(dir.log_file(&out)?)
+        .stderr(dir.log_file(&err)?)
         .spawn()
         .map_err(Error::io(format!("start {}", exe.display())))?;
-    Ok(Guarded::new(child))
+    let mut process = Guarded::new(child);
+    let logs = [dir.path().join(out), dir.path().join(err)];
+    wait_for_start(binary, READY_TIMEOUT, &mut process, &logs, probe)?;
+    Ok(process)
 }
 
 /// Sends `request` to 127.0.0.1:`port` and returns the first bytes of the answer.
@@ -131,16 +141,13 @@ impl NatsServer {
             "-sd".into(),
             store.display().to_string(),
         ];
-        let mut process = spawn("nats-server", &args, dir)?;
-        wait_until("nats-server", READY_TIMEOUT, || {
-            process.check_alive("nats-server")?;
+        spawn("nats-server", &args, dir, || {
             let hello = exchange(port, b"")?;
             hello
                 .starts_with("INFO")
                 .then_some(())
                 .ok_or(format!("unexpected greeting {hello:?}"))
-        })?;
-        Ok(process)
+        })
     }
 
     /// `nats://127.0.0.1:<port>`.
@@ -223,15 +230,12 @@ impl RedisServer {
             "--appendonly".into(),
             if persistent { "yes" } else { "no" }.into(),
         ]);
-        let mut process = spawn("redis-server", &args, dir)?;
-        wait_until("redis-server", READY_TIMEOUT, || {
-            process.check_alive("redis-server")?;
+        spawn("redis-server", &args, dir, || {
             let pong = exchange(port, b"PING\r\n")?;
             pong.starts_with("+PONG")
                 .then_some(())
                 .ok_or(format!("unexpected answer {pong:?}"))
-        })?;
-        Ok(process)
+        })
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -258,12 +262,18 @@ const SECRET_KEY: &str = "primus-test-secret";
 ///
 /// SeaweedFS ignores SIGTERM for a long time, so it runs under a small shell watchdog that
 /// SIGKILLs it when the owning process exits; that also covers the per-test-binary shared
-/// instance, which lives in a static and is never dropped.
+/// instance, which lives in a static and is never dropped. If SeaweedFS dies on its own
+/// while its owner lives, the watchdog leaves its folder (and `weed.log` in it) behind.
 pub struct SeaweedS3 {
     s3_port: u16,
     filer_port: u16,
     _watchdog: Guarded,
 }
+
+/// How many times [`SeaweedS3::start`] launches SeaweedFS, on fresh ports each time,
+/// before it gives up on one that exits while it starts.
+const SEAWEED_LAUNCHES: usize = 3;
+const SEAWEED_READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl SeaweedS3 {
     /// The one instance of this test binary, started on first use.
@@ -272,16 +282,26 @@ impl SeaweedS3 {
         SHARED
             .get_or_init(|| SeaweedS3::start().map_err(|e| e.to_string()))
             .as_ref()
-            .map_err(|detail| Error::NotReady {
+            .map_err(|detail| Error::FailedEarlier {
                 what: "seaweedfs (shared)".into(),
-                timeout: READY_TIMEOUT,
                 detail: detail.clone(),
             })
     }
 
-    /// A new instance on free ports; its files are deleted when it stops.
+    /// A new instance on free ports; its files are deleted when it stops. One that exits
+    /// while it starts (another process took one of its ten ports) is launched again.
     pub fn start() -> Result<Self, Error> {
         let weed = find_binary("weed")?;
+        let mut launches = 1;
+        loop {
+            match Self::launch(&weed) {
+                Err(Error::Exited { .. }) if launches < SEAWEED_LAUNCHES => launches += 1,
+                done => return done,
+            }
+        }
+    }
+
+    fn launch(weed: &Path) -> Result<Self, Error> {
         let dir = std::env::temp_dir().join(format!(
             "primus-weed-{}-{}",
             std::process::id(),
@@ -339,6 +359,7 @@ impl SeaweedS3 {
              cleanup() {{ kill -9 $w 2>/dev/null; rm -rf '{d}' {sockets}; }}\n\
              trap 'cleanup; exit 0' TERM INT\n\
              while kill -0 {owner} 2>/dev/null && kill -0 $w 2>/dev/null; do sleep 0.5; done\n\
+             if kill -0 {owner} 2>/dev/null; then rm -f {sockets}; exit 3; fi\n\
              cleanup",
             cmd = quoted.join(" "),
             d = dir.display(),
@@ -353,13 +374,23 @@ impl SeaweedS3 {
             .map_err(Error::io("start the seaweedfs watchdog"))?;
         let mut watchdog = Guarded::with_stop_signal(child);
         // An anonymous PUT answers 403 once the S3 gateway is up (500 while it starts).
-        wait_until("seaweedfs", Duration::from_secs(60), || {
-            watchdog.check_alive("seaweedfs")?;
-            match http_status(s3_port, "PUT", "/primus-probe")? {
+        let log = [dir.join("weed.log")];
+        let started = wait_for_start(
+            "seaweedfs",
+            SEAWEED_READY_TIMEOUT,
+            &mut watchdog,
+            &log,
+            || match http_status(s3_port, "PUT", "/primus-probe")? {
                 403 => Ok(()),
                 other => Err(format!("S3 gateway answered {other}")),
-            }
-        })?;
+            },
+        );
+        if let Err(error) = started {
+            drop(watchdog);
+            // The watchdog leaves the folder of a SeaweedFS that died by itself.
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(error);
+        }
         Ok(Self {
             s3_port,
             filer_port,

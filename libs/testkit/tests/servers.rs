@@ -1,8 +1,9 @@
 //! The testkit's servers start, answer, and go away.
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpListener, TcpStream};
 
-use primus_testkit::{NatsServer, RedisServer, SeaweedS3};
+use primus_testkit::{Error, NatsServer, RedisServer, SeaweedS3, restartable_port};
 
 fn roundtrip(port: u16, send: &[u8]) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
@@ -37,4 +38,28 @@ fn seaweed_buckets_are_distinct() {
     let b = s3.bucket("Some Test").expect("bucket");
     assert_ne!(a.name, b.name);
     assert!(a.name.starts_with("some-test-"), "{}", a.name);
+}
+
+#[test]
+fn a_server_that_exits_while_starting_fails_at_once_with_its_log() {
+    let port = restartable_port().expect("port");
+    let _taken = TcpListener::bind(("127.0.0.1", port)).expect("bind the port first");
+    match NatsServer::start_with(port, None) {
+        Err(Error::Exited { what, log, .. }) => {
+            assert_eq!(what, "nats-server");
+            assert!(log.contains("address already in use"), "{log}");
+        }
+        Err(other) => panic!("expected an early exit with its log, got: {other}"),
+        Ok(_) => panic!("nats-server started on a port that was taken"),
+    }
+}
+
+#[test]
+fn a_port_is_handed_out_once_per_process() {
+    // None of these is bound: each still looks free when the next is picked.
+    let ports: Vec<u16> = (0..500)
+        .map(|_| restartable_port().expect("port"))
+        .collect();
+    let distinct: BTreeSet<u16> = ports.iter().copied().collect();
+    assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
 }

@@ -17,5 +17,5 @@ mod servers;
 pub mod service;
 
 pub use otlp::{OtlpReceiver, ReceivedSpan};
-pub use process::{Error, find_binary, free_port, repo_root, restartable_port, wait_until};
+pub use process::{Error, find_binary, free_port, repo_root, restartable_port};
 pub use servers::{NatsServer, RedisServer, S3Bucket, SeaweedS3};

@@ -171,18 +171,9 @@ pub(crate) fn restartable_ports(count: usize) -> Result<Vec<u16>, Error> {
     Ok(ports)
 }
 
-/// Polls `probe` every 50 ms until it returns Ok, or fails with its last error.
-pub fn wait_until<T>(
-    what: &str,
-    timeout: Duration,
-    mut probe: impl FnMut() -> Result<T, String>,
-) -> Result<T, Error> {
-    poll(what, timeout, || probe().map_err(Attempt::Retry))
-}
-
-/// Polls `probe` as [`wait_until`] while `process` runs; fails at once, with the end of
-/// the `logs` it writes, when it exits first (a taken port, a bad flag): it will not
-/// answer later.
+/// Polls `probe` every 50 ms while `process` runs, until it answers Ok; fails with its last
+/// error at `timeout`, and at once, with the end of the `logs` the process writes, when it
+/// exits first (a taken port, a bad flag): it will not answer later.
 pub(crate) fn wait_for_start(
     what: &str,
     timeout: Duration,
@@ -190,44 +181,25 @@ pub(crate) fn wait_for_start(
     logs: &[PathBuf],
     mut probe: impl FnMut() -> Result<(), String>,
 ) -> Result<(), Error> {
-    poll(what, timeout, || {
+    let deadline = Instant::now() + timeout;
+    loop {
         if let Some(status) = process.exit_status() {
-            return Err(Attempt::Fail(Error::Exited {
+            return Err(Error::Exited {
                 what: what.into(),
                 status,
                 log: log_tails(logs),
-            }));
+            });
         }
-        probe().map_err(Attempt::Retry)
-    })
-}
-
-/// What one failed probe means.
-enum Attempt {
-    /// Not yet: try again until the deadline.
-    Retry(String),
-    /// Never: stop now.
-    Fail(Error),
-}
-
-fn poll<T>(
-    what: &str,
-    timeout: Duration,
-    mut probe: impl FnMut() -> Result<T, Attempt>,
-) -> Result<T, Error> {
-    let deadline = Instant::now() + timeout;
-    loop {
         match probe() {
-            Ok(value) => return Ok(value),
-            Err(Attempt::Fail(error)) => return Err(error),
-            Err(Attempt::Retry(detail)) if Instant::now() >= deadline => {
+            Ok(()) => return Ok(()),
+            Err(detail) if Instant::now() >= deadline => {
                 return Err(Error::NotReady {
                     what: what.into(),
                     timeout,
                     detail,
                 });
             }
-            Err(Attempt::Retry(_)) => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }
 }

@@ -12,5 +12,9 @@ if [ -d "$_primus_root/.tools/nvrtc/nvidia/cuda_nvrtc/lib" ]; then
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$_primus_root/.tools/nvrtc/nvidia/cuda_nvrtc/lib"
 fi
 unset _primus_root
+# The cluster tools (Kubernetes, etcd, CoreDNS, MinIO, Jaeger, Compose, the image base layer)
+# that scripts/install-cluster-tools.sh builds once per machine, outside the clone.
+export CLUSTER_TOOLS_DIR="${CLUSTER_TOOLS_DIR:-$HOME/.cache/primus-rs/tools}"
+export PATH="$CLUSTER_TOOLS_DIR/bin:$PATH"
 # Builds live outside the clone so a fresh clone (CI) reuses what an earlier one compiled.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/primus-rs/target}"

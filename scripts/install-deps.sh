@@ -20,6 +20,10 @@
 #   cargo-deny              crates.io, built into .tools/cargo-deny (scripts/test.sh checks
 #                           licenses, duplicates and sources with it); left out with
 #                           --without-check-tools (the quickstart: building it takes minutes)
+#   the cluster tools       scripts/install-cluster-tools.sh: Kubernetes, etcd, CoreDNS, MinIO,
+#                           Jaeger and Compose from the Go module proxy, containerd, runc, CNI
+#                           and dockerd from Debian, the images' Debian root; built once per
+#                           machine outside the clone; left out with --without-check-tools
 # rust-toolchain.toml pins the Rust release; when rustup lacks a toolchain of that name but
 # its stable toolchain is that release, the name is linked to it (nothing is downloaded).
 # Each PyPI package gets its own --target: pip does not merge bin/ folders of two installs.
@@ -170,6 +174,10 @@ if [ "$CHECK_TOOLS" = 1 ] && [ ! -x "$TOOLS/cargo-deny/bin/cargo-deny" ]; then
   CARGO_TARGET_DIR="$deny_build" cargo install --quiet --locked --version "$CARGO_DENY_VERSION" \
     --root "$TOOLS/cargo-deny" cargo-deny
   rm -rf "$deny_build"
+fi
+
+if [ "$CHECK_TOOLS" = 1 ]; then
+  "$ROOT/scripts/install-cluster-tools.sh"
 fi
 
 # shellcheck source=scripts/env.sh

@@ -2,7 +2,9 @@
 //! SeaweedFS (an S3-compatible store), each started on free loopback ports in its own
 //! temporary directory, waited on until it answers, and killed (by PID) when dropped;
 //! and an OTLP/gRPC trace receiver ([`OtlpReceiver`]) for tests that follow a trace
-//! across processes.
+//! across processes. On machines where `scripts/install-cluster-tools.sh` ran, also a
+//! two-node Kubernetes cluster ([`kube::KubeCluster`]) and the container images it runs
+//! ([`images`]).
 //!
 //! Binaries are looked up on `PATH`, then in the repository's `.tools/` (where
 //! `scripts/install-deps.sh` puts them). When one is missing, [`Error::MissingBinary`] says
@@ -11,11 +13,16 @@
 
 #![warn(missing_docs)]
 
+mod docker;
+mod host;
+pub mod images;
+pub mod kube;
 mod otlp;
 mod process;
 mod servers;
 pub mod service;
 
+pub use docker::DockerEngine;
 pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use process::{Error, find_binary, free_port, repo_root, restartable_port};
 pub use servers::{NatsServer, RedisServer, S3Bucket, SeaweedS3};

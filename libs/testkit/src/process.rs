@@ -54,6 +54,24 @@ pub enum Error {
         /// What the server said.
         detail: String,
     },
+    /// A command run to completion failed.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// How it exited.
+        status: String,
+        /// What it wrote on stderr.
+        stderr: String,
+    },
+    /// A fixture cannot run on this machine as it is.
+    #[error("{what}: {detail}")]
+    Unsupported {
+        /// The fixture.
+        what: String,
+        /// What is missing and how to get it.
+        detail: String,
+    },
     /// A file or process operation failed.
     #[error("{what}: {source}")]
     Io {

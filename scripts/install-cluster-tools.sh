@@ -13,7 +13,7 @@
 #   Docker Compose v2.40.3                        `docker-compose` for deploy/docker-compose.yaml
 # From Debian: containerd, runc, the CNI plugins, iptables, docker.io (dockerd), debootstrap.
 # And a Debian bookworm root file system (debootstrap minbase, with tini, ca-certificates,
-# curl and redis-server), with its tar as the base layer of every image the tests build.
+# curl, wget and redis-server), with its tar as the base layer of every image the tests build.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/env.sh
@@ -30,7 +30,7 @@ MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"
 JAEGER_VERSION="v1.76.0"
 COMPOSE_VERSION="v2.40.3"
 DEBIAN_SUITE="bookworm"
-ROOTFS_PACKAGES="tini,ca-certificates,curl,redis-server"
+ROOTFS_PACKAGES="tini,ca-certificates,curl,wget,redis-server"
 
 log() { printf '[install-cluster-tools] %s\n' "$*"; }
 need_sudo() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -131,8 +131,8 @@ ln -sfn "$ROOTFS.tar" "$CACHE/base-layer.tar"
 
 log "kubernetes: $("$CACHE/bin/kubectl" version --client 2>/dev/null | head -1), etcd $("$CACHE/bin/etcd" --version | head -1 | awk '{print $3}')"
 log "coredns:    $("$CACHE/bin/coredns" -version | head -1)"
-log "minio:      $("$CACHE/bin/minio" --version 2>/dev/null | head -1)"
-log "jaeger:     $JAEGER_DIR/jaeger"
-log "compose:    $("$CACHE/bin/docker-compose-v2" version --short 2>/dev/null)"
+log "minio:      $MINIO_VERSION ($CACHE/bin/minio)"
+log "jaeger:     $JAEGER_VERSION (Jaeger v2, $CACHE/bin/jaeger)"
+log "compose:    $COMPOSE_VERSION ($CACHE/bin/docker-compose-v2)"
 log "containerd: $(containerd --version | awk '{print $3}'), runc $(runc --version | head -1 | awk '{print $3}'), dockerd $(dockerd --version | awk '{print $3}' | tr -d ,)"
-log "base layer: $(readlink -f "$CACHE/base-layer.tar") ($(du -m "$CACHE/base-layer.tar" | cut -f1) MiB)"
+log "base layer: $(readlink -f "$CACHE/base-layer.tar") ($(du -mL "$CACHE/base-layer.tar" | cut -f1) MiB)"

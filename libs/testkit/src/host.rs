@@ -13,7 +13,7 @@ use crate::process::Error;
 
 /// Runs `program` with `args` to completion; a failure names the command and carries what
 /// it wrote on stderr.
-pub(crate) fn run(program: &str, args: &[&str]) -> Result<String, Error> {
+pub fn run(program: &str, args: &[&str]) -> Result<String, Error> {
     let output = Command::new(program)
         .args(args)
         .stdin(Stdio::null())

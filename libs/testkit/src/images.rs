@@ -215,9 +215,9 @@ fn sha256_file(path: &Path) -> Result<String, Error> {
     Ok(format!("{:x}", hasher.finalize()))
 }
 
-/// The image archives' folder, and the fingerprint of a set of inputs (paths, sizes,
-/// modification times): an archive is written again only when an input changed.
-fn cached(
+/// The archive `<images>/<name>.tar`, written by `build` when it is missing or one of
+/// `inputs` changed since (by path, size and modification time).
+pub fn cached(
     name: &str,
     inputs: &[&Path],
     build: impl FnOnce(&Path) -> Result<(), Error>,

@@ -23,6 +23,7 @@ mod servers;
 pub mod service;
 
 pub use docker::DockerEngine;
+pub use host::run;
 pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use process::{Error, find_binary, free_port, repo_root, restartable_port};
 pub use servers::{NatsServer, RedisServer, S3Bucket, SeaweedS3};

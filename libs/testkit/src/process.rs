@@ -84,7 +84,8 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+    /// Wraps an I/O error with what was being done.
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let what = what.into();
         move |source| Error::Io { what, source }
     }

@@ -1,5 +1,5 @@
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -76,8 +76,13 @@ fn spawn(
 
 /// Sends `request` to 127.0.0.1:`port` and returns the first bytes of the answer.
 fn exchange(port: u16, request: &[u8]) -> Result<String, String> {
-    let mut stream = TcpStream::connect_timeout(&loopback(port), Duration::from_millis(500))
-        .map_err(|e| e.to_string())?;
+    exchange_at(loopback(port), request)
+}
+
+/// Sends `request` to `addr` and returns the first bytes of the answer.
+fn exchange_at(addr: SocketAddr, request: &[u8]) -> Result<String, String> {
+    let mut stream =
+        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(Duration::from_secs(2)))
         .map_err(|e| e.to_string())?;
@@ -102,6 +107,7 @@ fn http_status(port: u16, method: &str, path: &str) -> Result<u16, String> {
 
 /// A NATS server with JetStream.
 pub struct NatsServer {
+    ip: IpAddr,
     port: u16,
     process: Guarded,
     dir: DataDir,
@@ -117,24 +123,35 @@ impl NatsServer {
 
     /// On `port`, keeping JetStream data in `dir` when given.
     pub fn start_with(port: u16, dir: Option<&Path>) -> Result<Self, Error> {
+        Self::start_on(IpAddr::from([127, 0, 0, 1]), port, dir)
+    }
+
+    /// Listening on `ip` (an address of a network the test made, such as the host's
+    /// address on a test cluster's network, where its pods reach it) and `port`.
+    pub fn start_on(ip: IpAddr, port: u16, dir: Option<&Path>) -> Result<Self, Error> {
         let dir = DataDir::new(dir)?;
-        let process = Self::launch(port, &dir)?;
-        Ok(Self { port, process, dir })
+        let process = Self::launch(ip, port, &dir)?;
+        Ok(Self {
+            ip,
+            port,
+            process,
+            dir,
+        })
     }
 
     /// Kills the server (as a crash would) and starts it again on the same port over the
     /// same JetStream data, as a restarted server comes back.
     pub fn restart(&mut self) -> Result<(), Error> {
         self.process.kill_now();
-        self.process = Self::launch(self.port, &self.dir)?;
+        self.process = Self::launch(self.ip, self.port, &self.dir)?;
         Ok(())
     }
 
-    fn launch(port: u16, dir: &DataDir) -> Result<Guarded, Error> {
+    fn launch(ip: IpAddr, port: u16, dir: &DataDir) -> Result<Guarded, Error> {
         let store = dir.path().join("jetstream");
         let args = [
             "-a".into(),
-            "127.0.0.1".into(),
+            ip.to_string(),
             "-p".into(),
             port.to_string(),
             "-js".into(),
@@ -142,7 +159,7 @@ impl NatsServer {
             store.display().to_string(),
         ];
         spawn("nats-server", &args, dir, || {
-            let hello = exchange(port, b"")?;
+            let hello = exchange_at(SocketAddr::new(ip, port), b"")?;
             hello
                 .starts_with("INFO")
                 .then_some(())
@@ -150,9 +167,9 @@ impl NatsServer {
         })
     }
 
-    /// `nats://127.0.0.1:<port>`.
+    /// `nats://<ip>:<port>`.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://{}:{}", self.ip, self.port)
     }
 
     /// The port.

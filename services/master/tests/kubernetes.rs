@@ -1,12 +1,8 @@
-//! The Kubernetes backend where no cluster runs: every object it creates for each example
-//! Job, rendered by its own code, passes `kubernetes-validate --strict`; and the resource
-//! backend conformance test, which runs against the local backend always and against a
-//! cluster when `PRIMUS_TEST_KUBECONFIG` names one.
+//! The Kubernetes backend: every object it creates for each example Job, rendered by its
+//! own code, passes `kubernetes-validate --strict`; and the resource backend conformance
+//! test, against the local backend and against the testkit's two-node cluster (real
+//! kubelets and containers, the Primus image built from deploy/Dockerfile).
 
-#![expect(
-    clippy::disallowed_methods,
-    reason = "the cluster conformance run is chosen by PRIMUS_TEST_* variables"
-)]
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -14,6 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use primus_config::{KubernetesBackendSettings, LocalBackendSettings, MasterSettings, PsSettings};
 use primus_harness::binary;
+use primus_harness::image::{PRIMUS_IMAGE, primus_image};
 use primus_master::backend::kubernetes::KubernetesBackend;
 use primus_master::backend::kubernetes::render::{self, JobOwner, RenderContext};
 use primus_master::backend::local::LocalBackend;
@@ -22,21 +19,16 @@ use primus_master::backend::{
     ResourceBackend,
 };
 use primus_spec::Resource;
-use primus_testkit::NatsServer;
+use primus_testkit::kube::{HOST_IP, KubeCluster};
 use primus_testkit::service::{ServingStatus, wait_for_health};
+use primus_testkit::{NatsServer, restartable_port};
 
 /// The oldest Kubernetes the backend's types model (`k8s-openapi`'s `v1_33`).
 const KUBERNETES_VERSION: &str = "1.33.0";
 
-fn repo_root() -> PathBuf {
-    let crate_dir =
-        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
-    PathBuf::from(crate_dir).join("../..")
-}
-
 /// The files of example Jobs: `examples/` and the Kubernetes example's.
 fn example_files() -> Vec<PathBuf> {
-    let root = repo_root();
+    let root = primus_testkit::repo_root();
     let mut files: Vec<PathBuf> = (std::fs::read_dir(root.join("examples")).expect("examples/"))
         .map(|entry| entry.expect("entry").path())
         .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
@@ -138,6 +130,13 @@ fn kubernetes_objects_of_every_example_job_pass_strict_validation() {
 /// it started is ready (serving gRPC health).
 trait Probe {
     async fn ready(&self, executor: &Executor) -> bool;
+
+    /// What to show when an executor did not become ready or stop in time.
+    fn diagnostics(&self) -> String;
+
+    /// The memory limit the executor runs under, where the backend sets one it can read
+    /// back (the local backend's is a figure the master enforces itself).
+    async fn memory_limit(&self, executor: &Executor) -> Option<Result<u64, String>>;
 }
 
 /// The local backend's executors are reached directly.
@@ -150,15 +149,26 @@ impl Probe for Direct {
             .await
             .is_ok()
     }
+
+    async fn memory_limit(&self, _executor: &Executor) -> Option<Result<u64, String>> {
+        None
+    }
+
+    fn diagnostics(&self) -> String {
+        String::new()
+    }
 }
 
 /// A cluster's pods may not be reachable from the test: the kubelet's gRPC probe says.
-struct PodReady(kube::Api<Pod>);
+struct PodReady {
+    pods: kube::Api<Pod>,
+    cluster: &'static KubeCluster,
+}
 
 impl Probe for PodReady {
     async fn ready(&self, executor: &Executor) -> bool {
         let name = render::pod_name(&executor.job, &executor.id);
-        let Ok(Some(pod)) = self.0.get_opt(&name).await else {
+        let Ok(Some(pod)) = self.pods.get_opt(&name).await else {
             return false;
         };
         (pod.status
@@ -167,6 +177,60 @@ impl Probe for PodReady {
             .iter())
         .any(|c| c.type_ == "Ready" && c.status == "True")
     }
+
+    fn diagnostics(&self) -> String {
+        self.cluster.diagnostics("default")
+    }
+
+    /// The limit the pod's status reports, once the kernel's cgroup of its container says
+    /// the same.
+    async fn memory_limit(&self, executor: &Executor) -> Option<Result<u64, String>> {
+        let name = render::pod_name(&executor.job, &executor.id);
+        let pod = match self.pods.get(&name).await {
+            Ok(pod) => pod,
+            Err(e) => return Some(Err(format!("pod {name}: {e}"))),
+        };
+        let status = (pod.status.and_then(|s| s.container_statuses))
+            .unwrap_or_default()
+            .into_iter()
+            .next();
+        let Some(status) = status else {
+            return Some(Err(format!("pod {name} has no container status")));
+        };
+        let reported = (status.resources.and_then(|r| r.limits))
+            .and_then(|limits| limits.get("memory").map(|q| q.0.clone()));
+        let container = (status.container_id.unwrap_or_default())
+            .rsplit("://")
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let cgroup = self.cluster.container_cgroup("memory", &container);
+        let limit = cgroup.and_then(|dir| {
+            std::fs::read_to_string(dir.join("memory.limit_in_bytes"))
+                .ok()
+                .and_then(|text| text.trim().parse::<u64>().ok())
+        });
+        Some(match (reported, limit) {
+            (Some(reported), Some(limit)) if bytes(&reported) == Some(limit) => Ok(limit),
+            other => Err(format!("pod status limit and cgroup limit: {other:?}")),
+        })
+    }
+}
+
+/// A memory quantity the API server reports (`384Mi`, or plain bytes) in bytes.
+fn bytes(quantity: &str) -> Option<u64> {
+    let (digits, unit) = quantity.split_at(
+        quantity
+            .find(|c: char| !c.is_ascii_digit())?
+            .min(quantity.len()),
+    );
+    let scale = match unit {
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => return None,
+    };
+    digits.parse::<u64>().ok().map(|n| n * scale)
 }
 
 async fn eventually(probe: &impl Probe, executor: &Executor, ready: bool, within: Duration) {
@@ -174,9 +238,10 @@ async fn eventually(probe: &impl Probe, executor: &Executor, ready: bool, within
     while probe.ready(executor).await != ready {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{} not {} within {within:?}",
+            "{} not {} within {within:?}\n{}",
             executor.id,
-            if ready { "ready" } else { "stopped" }
+            if ready { "ready" } else { "stopped" },
+            probe.diagnostics()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -238,6 +303,19 @@ async fn conformance<B: ResourceBackend>(
     .await
     .expect("a Resized event");
     assert_eq!(resized, 384 << 20);
+    // The backend reports the resize once the API server took it; the kubelet applies it
+    // to the container after.
+    let deadline = tokio::time::Instant::now() + within;
+    while let Some(limit) = probe.memory_limit(&first).await {
+        if limit == Ok(384 << 20) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "resize of ps-0 to 384 MiB, pod status and cgroup: {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     backend.release(&job, "ps-1").await.expect("release ps-1");
     eventually(probe, &second, false, within).await;
     let unknown = backend.release(&job, "ps-1").await;
@@ -265,26 +343,34 @@ async fn kubernetes_backend_conformance() {
     conformance(&local, &Direct, &nats.url(), Duration::from_secs(60)).await;
     local.shutdown().await;
     eprintln!("resource backend conformance: local backend PASSED");
-    let Ok(kubeconfig) = std::env::var("PRIMUS_TEST_KUBECONFIG") else {
-        eprintln!(
-            "resource backend conformance: kubernetes backend NOT RUN: no cluster \
-             (set PRIMUS_TEST_KUBECONFIG, and PRIMUS_TEST_IMAGE / PRIMUS_TEST_NATS_URL; docs/kubernetes.md)"
-        );
-        return;
-    };
+
+    let cluster = KubeCluster::shared().expect("the test cluster");
+    let image = primus_image().expect("the Primus image");
+    cluster
+        .import_image(&image)
+        .expect("the image in the cluster");
+    let host_ip = HOST_IP.parse().expect("an IP");
+    let nats = NatsServer::start_on(host_ip, restartable_port().expect("a port"), None)
+        .expect("nats-server on the cluster network");
     let settings = KubernetesBackendSettings {
-        kubeconfig: Some(kubeconfig.into()),
-        namespace: std::env::var("PRIMUS_TEST_NAMESPACE").ok(),
-        image: std::env::var("PRIMUS_TEST_IMAGE").unwrap_or_else(|_| "primus-rs".into()),
+        kubeconfig: Some(cluster.kubeconfig()),
+        namespace: Some("default".into()),
+        image: PRIMUS_IMAGE.into(),
+        image_pull_policy: "Never".into(),
         stop_grace_ms: 5_000,
         ..KubernetesBackendSettings::default()
     };
-    let nats_url =
-        std::env::var("PRIMUS_TEST_NATS_URL").unwrap_or_else(|_| "nats://nats:4222".into());
-    let cluster = KubernetesBackend::connect(settings, (0, 1), "127.0.0.1:1".into())
+    let backend = KubernetesBackend::connect(settings, (0, 1), "127.0.0.1:1".into())
         .await
-        .expect("the cluster of PRIMUS_TEST_KUBECONFIG");
-    let probe = PodReady(cluster.pods());
-    conformance(&cluster, &probe, &nats_url, Duration::from_secs(300)).await;
-    eprintln!("resource backend conformance: kubernetes backend PASSED against the cluster");
+        .expect("the test cluster's API server");
+    let probe = PodReady {
+        pods: backend.pods(),
+        cluster,
+    };
+    conformance(&backend, &probe, &nats.url(), Duration::from_secs(120)).await;
+    eprintln!(
+        "resource backend conformance: kubernetes backend PASSED on the test cluster \
+         ({} nodes, real containers, in-place resize seen in the pod status and its cgroup)",
+        cluster.node_names().len()
+    );
 }

@@ -5,6 +5,7 @@
 //! the end-to-end benchmarks share it instead of each keeping its own copy.
 
 pub mod criteo;
+pub mod image;
 pub mod resources;
 pub mod rows;
 mod sandbox;

@@ -240,6 +240,64 @@ impl KubeCluster {
         self.wait_node_ready(name)
     }
 
+    /// What a failed test needs to see of `namespace`: its pods with their nodes and
+    /// addresses, its latest events, and the end of each pod's log.
+    pub fn diagnostics(&self, namespace: &str) -> String {
+        let mut out = String::new();
+        let show = |args: &[&str]| {
+            self.kubectl_run(args)
+                .unwrap_or_else(|e| format!("(kubectl {}: {e})\n", args.join(" ")))
+        };
+        out.push_str(&show(&["-n", namespace, "get", "pods", "-o", "wide"]));
+        let events = show(&["-n", namespace, "get", "events", "--sort-by=.lastTimestamp"]);
+        let lines: Vec<&str> = events.lines().collect();
+        out.push_str(&lines[lines.len().saturating_sub(30)..].join("\n"));
+        let pods = show(&["-n", namespace, "get", "pods", "-o", "name"]);
+        for pod in pods.lines() {
+            out.push_str(&format!("\n--- {pod}\n"));
+            out.push_str(&show(&[
+                "-n",
+                namespace,
+                "logs",
+                "--all-containers",
+                "--tail=20",
+                pod,
+            ]));
+        }
+        out
+    }
+
+    /// The cgroup folder of container `container_id` (as its status names it, without the
+    /// `containerd://`) in cgroup v1 hierarchy `hierarchy` (`memory`, `cpu`, ...).
+    pub fn container_cgroup(&self, hierarchy: &str, container_id: &str) -> Option<PathBuf> {
+        if container_id.is_empty() {
+            return None;
+        }
+        let mut pending: Vec<PathBuf> = (lock(&self.nodes).iter())
+            .map(|node| {
+                Path::new("/sys/fs/cgroup")
+                    .join(hierarchy)
+                    .join(node.cgroup_root().trim_start_matches('/'))
+            })
+            .collect();
+        while let Some(dir) = pending.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if !path.is_dir() {
+                    continue;
+                }
+                if entry.file_name().to_string_lossy().ends_with(container_id) {
+                    return Some(path);
+                }
+                pending.push(path);
+            }
+        }
+        None
+    }
+
     /// Stops the API server (SIGTERM); [`KubeCluster::start_api_server`] brings it back.
     pub fn stop_api_server(&self) {
         if let Some(apiserver) = lock(&self.control).apiserver.take() {

@@ -51,7 +51,9 @@ pub(crate) fn first_node(netns: &str, host_if: &str) -> Result<(), Error> {
     node_sysctls(netns)
 }
 
-/// Makes the namespace of a further node (`index` >= 1), joined to the first node's.
+/// Makes the namespace of a further node (`index` >= 1), joined to the first node's. The
+/// host's address lies in the node subnet but only the first node's link reaches it: a
+/// route says so (else the node asks for it on its own link and gets no answer).
 pub(crate) fn further_node(
     first: &str,
     netns: &str,
@@ -69,6 +71,7 @@ pub(crate) fn further_node(
          ip -n {netns} link set lo up
          ip -n {netns} link set eth0 up
          ip -n {netns} route add default via {first_ip} dev eth0
+         ip -n {netns} route add {HOST_IP}/32 via {first_ip} dev eth0
          ip route replace {ip}/32 via {first_ip} dev {host_if}"
     ))?;
     node_sysctls(netns)

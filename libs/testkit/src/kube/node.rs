@@ -40,6 +40,11 @@ impl Node {
         }
     }
 
+    /// The kubelet's cgroup root (`/primus-<id>-<node>`).
+    pub(crate) fn cgroup_root(&self) -> &str {
+        &self.cgroup_root
+    }
+
     pub(crate) fn ip(&self) -> String {
         network::node_ip(self.index)
     }

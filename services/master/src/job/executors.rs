@@ -41,7 +41,8 @@ pub(crate) struct JobParts<'a> {
 /// the storage section, the PS tables (the model's and their companions), the dense
 /// optimizer and the device for PS shards; the storage section and the Dataset for data
 /// executors; the model, the Dataset's schema and the Job's training settings for
-/// trainers; the tables, model and schema for serving replicas.
+/// trainers; the storage section (they load checkpoints), the tables, model and schema for
+/// serving replicas.
 pub(crate) fn executor_settings(
     settings: &MasterSettings,
     role: ExecutorRole,
@@ -78,6 +79,7 @@ pub(crate) fn executor_settings(
             let mut replica = PsSettings {
                 nats: settings.nats.clone(),
                 telemetry: settings.telemetry.clone(),
+                storage: settings.storage.clone(),
                 ..PsSettings::default()
             };
             replica.ps.role = PsRole::Serving;
@@ -370,6 +372,14 @@ mod tests {
     }
 
     fn settings_of(example: &str, role: ExecutorRole) -> ExecutorSettings {
+        settings_with(&MasterSettings::default(), example, role)
+    }
+
+    fn settings_with(
+        master: &MasterSettings,
+        example: &str,
+        role: ExecutorRole,
+    ) -> ExecutorSettings {
         let resources = parse_documents("criteo-like.yaml", example).expect("example parses");
         let (mut job, mut dataset) = (None, None);
         for resource in resources {
@@ -387,13 +397,33 @@ mod tests {
             dataset: &dataset,
             layout: &layout,
         };
-        executor_settings(&MasterSettings::default(), role, &parts)
+        executor_settings(master, role, &parts)
     }
 
     fn ps_section(example: &str) -> TableSettings {
         match settings_of(example, ExecutorRole::Ps) {
             ExecutorSettings::Ps(settings) => settings.ps,
             other => panic!("not a PS's settings: {other:?}"),
+        }
+    }
+
+    /// PS shards write checkpoints, data executors read data, serving replicas load
+    /// checkpoints: each gets the master's storage section (endpoint, credentials).
+    #[test]
+    fn executors_that_touch_the_object_store_get_the_masters_storage_section() {
+        let mut master = MasterSettings::default();
+        master.storage.s3.endpoint = Some("http://minio:9000".into());
+        for role in [
+            ExecutorRole::Ps,
+            ExecutorRole::Serving,
+            ExecutorRole::DataExecutor,
+        ] {
+            let storage = match settings_with(&master, EXAMPLE, role) {
+                ExecutorSettings::Ps(ps) => ps.storage,
+                ExecutorSettings::DataExecutor(executor) => executor.storage,
+                other => panic!("{role:?}: {other:?}"),
+            };
+            assert_eq!(storage, master.storage, "{role:?}");
         }
     }
 

@@ -156,6 +156,8 @@ pub struct Tracked {
     /// A restart to report once the replacement pod has its address (so a recovery that
     /// follows the report reaches the new pod).
     pub pending: Option<BackendEvent>,
+    /// The pod whose loss was counted (it may be observed again before it is gone).
+    pub lost_uid: Option<String>,
 }
 
 /// Limits reconciliation works within.
@@ -203,10 +205,19 @@ pub fn reconcile(
         };
     };
     let Some(pod) = observed else {
-        return match tracked.done {
-            true => Vec::new(),
-            false => vec![Action::Create],
-        };
+        if tracked.done {
+            return Vec::new();
+        }
+        // Its pod went away without this backend deleting it (`kubectl delete pod`, a node
+        // drain): the replacement starts as empty as after a crash.
+        if let Some(uid) = tracked.pod_uid.take()
+            && tracked.pending.is_none()
+            && tracked.lost_uid.as_deref() != Some(uid.as_str())
+        {
+            tracked.restarts += 1;
+            tracked.pending = Some(replaced(wanted, tracked, "its pod was deleted"));
+        }
+        return vec![Action::Create];
     };
     if tracked.pod_uid.as_deref() != Some(pod.uid.as_str()) {
         // A new pod, or one adopted after a master restart: its earlier restarts are not news.
@@ -215,7 +226,15 @@ pub fn reconcile(
     }
     let mut actions = Vec::new();
     if pod.deleting {
-        return actions;
+        // A pod whose node is gone stays Terminating until that node returns (only its
+        // kubelet confirms a deletion): it is removed at once, so that its replacement,
+        // which takes its name, can start on another node.
+        return match lost(pod) {
+            Some(reason) if node_gone(pod, &reason) => {
+                replace_lost(wanted, pod, tracked, limits, reason)
+            }
+            _ => actions,
+        };
     }
     if tracked.done {
         if pod.phase != Phase::Succeeded {
@@ -231,20 +250,7 @@ pub fn reconcile(
         return actions;
     }
     if let Some(reason) = lost(pod) {
-        tracked.restarts += 1;
-        let force = pod.phase == Phase::Unknown || reason.contains("NodeLost");
-        actions.push(delete(pod, force));
-        let event = crashed(
-            wanted,
-            tracked,
-            limits,
-            format!("pod {} lost: {reason}", pod.name),
-        );
-        match tracked.done {
-            true => actions.push(report(event)),
-            false => tracked.pending = Some(event),
-        }
-        return actions;
+        return replace_lost(wanted, pod, tracked, limits, reason);
     }
     if pod.phase == Phase::Succeeded || pod.exit.as_ref().is_some_and(|e| e.exit_code == 0) {
         tracked.done = true;
@@ -311,6 +317,41 @@ fn lost(pod: &ObservedPod) -> Option<String> {
         Phase::Unknown => Some(reason.unwrap_or_else(|| "NodeLost".into())),
         _ => reason.filter(|r| r == "NodeLost" || r.starts_with("DeletionByTaint")),
     }
+}
+
+/// Whether a lost pod's node is gone (its kubelet will never confirm a deletion).
+fn node_gone(pod: &ObservedPod, reason: &str) -> bool {
+    pod.phase == Phase::Unknown
+        || reason.contains("NodeLost")
+        || reason.starts_with("DeletionByTaint")
+}
+
+/// Deletes a lost pod (at once where its node is gone) and counts the loss once per pod:
+/// the restart is reported when the replacement has its address, or GaveUp at once.
+fn replace_lost(
+    wanted: &Wanted,
+    pod: &ObservedPod,
+    tracked: &mut Tracked,
+    limits: Limits,
+    reason: String,
+) -> Vec<Action> {
+    let mut actions = vec![delete(pod, node_gone(pod, &reason))];
+    if tracked.lost_uid.as_deref() == Some(pod.uid.as_str()) {
+        return actions;
+    }
+    tracked.lost_uid = Some(pod.uid.clone());
+    tracked.restarts += 1;
+    let event = crashed(
+        wanted,
+        tracked,
+        limits,
+        format!("pod {} lost: {reason}", pod.name),
+    );
+    match tracked.done {
+        true => actions.push(report(event)),
+        false => tracked.pending = Some(event),
+    }
+    actions
 }
 
 fn delete(pod: &ObservedPod, force: bool) -> Action {

@@ -299,16 +299,74 @@ fn kubernetes_node_loss_deletes_the_pod_at_once() {
         }]),
         ..PodStatus::default()
     };
-    let tainted = observed(&wanted, "u2", status);
+    let mut tainted = observed(&wanted, "u2", status);
+    // It is deleted already (the taint manager's eviction), but its node never confirms.
+    tainted.deleting = true;
     let actions = reconcile(Some(&wanted), Some(&tainted), &mut tracked, LIMITS, LATER);
     assert_eq!(
         actions,
         vec![Action::Delete {
             name: tainted.name.clone(),
-            force: false
+            force: true
         }]
     );
     assert_eq!(tracked.restarts, 2);
+    // Seen again before it is gone: deleted again, not counted again.
+    let again = reconcile(Some(&wanted), Some(&tainted), &mut tracked, LIMITS, LATER);
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(tracked.restarts, 2);
+    assert_eq!(
+        reconcile(Some(&wanted), None, &mut tracked, LIMITS, LATER),
+        vec![Action::Create]
+    );
+    assert_eq!(tracked.restarts, 2);
+}
+
+#[test]
+fn kubernetes_a_pod_deleted_by_someone_else_is_replaced_as_a_restart() {
+    let (wanted, mut tracked) = started();
+    // `kubectl delete pod`: Terminating for its grace period, then gone.
+    let mut terminating = running(&wanted, "u1", "10.1.0.5");
+    terminating.deleting = true;
+    assert!(
+        reconcile(
+            Some(&wanted),
+            Some(&terminating),
+            &mut tracked,
+            LIMITS,
+            LATER
+        )
+        .is_empty()
+    );
+    assert_eq!(
+        reconcile(Some(&wanted), None, &mut tracked, LIMITS, LATER),
+        vec![Action::Create]
+    );
+    // Not yet observed again: created again, the restart counted once.
+    assert_eq!(
+        reconcile(Some(&wanted), None, &mut tracked, LIMITS, LATER),
+        vec![Action::Create]
+    );
+    let replacement = running(&wanted, "u2", "10.1.0.9");
+    let actions = reconcile(
+        Some(&wanted),
+        Some(&replacement),
+        &mut tracked,
+        LIMITS,
+        LATER,
+    );
+    match events(&actions)[..] {
+        [
+            BackendEvent::Moved { grpc_addr, .. },
+            BackendEvent::Restarting {
+                status, restart: 1, ..
+            },
+        ] => {
+            assert_eq!(grpc_addr.to_string(), "10.1.0.9:7080");
+            assert!(status.contains("deleted"), "{status}");
+        }
+        _ => panic!("{actions:?}"),
+    }
 }
 
 #[test]

@@ -1,20 +1,26 @@
-//! A cluster whose test process is killed (SIGKILL, no destructor runs) leaves nothing
-//! behind: its watchdog stops every process and container, unmounts, deletes the network
-//! namespaces and host routes, removes the cgroups and folders. The test runs itself again
-//! as the process to kill.
+//! A cluster or a Docker engine whose test process is killed (SIGKILL, no destructor runs)
+//! leaves nothing behind: its watchdog stops every process and container, unmounts, deletes
+//! the network namespaces and host routes, removes the cgroups and folders. Each test runs
+//! itself again as the process to kill.
+
+#![expect(
+    clippy::print_stdout,
+    reason = "the child process tells its parent where its fixture is on stdout"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use primus_testkit::DockerEngine;
 use primus_testkit::kube::KubeCluster;
 
-const CHILD: &str = "PRIMUS_TESTKIT_CLUSTER_CHILD";
+const CHILD: &str = "PRIMUS_TESTKIT_TEARDOWN_CHILD";
 
 #[test]
 fn a_killed_test_process_leaves_no_trace_of_its_cluster() {
-    if std::env::var_os(CHILD).is_some() {
+    if std::env::var_os(CHILD).is_some_and(|c| c == "kube") {
         let cluster = KubeCluster::start().expect("cluster");
         // A pod on each node: containers, their network namespaces, volume mounts.
         let pods = cluster.dir().join("pods.yaml");
@@ -44,23 +50,11 @@ fn a_killed_test_process_leaves_no_trace_of_its_cluster() {
         std::thread::sleep(Duration::from_secs(600));
         return;
     }
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            "a_killed_test_process_leaves_no_trace_of_its_cluster",
-            "--nocapture",
-        ])
-        .env(CHILD, "1")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the test binary again");
+    let (mut child, dir) = child(
+        "kube",
+        "a_killed_test_process_leaves_no_trace_of_its_cluster",
+    );
     let pid = child.id();
-    let stdout = child.stdout.take().expect("stdout");
-    let dir = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|line| line.strip_prefix("UP ").map(str::to_owned))
-        .expect("the child's cluster came up");
     assert!(Path::new(&dir).join("parts/node2").is_dir(), "{dir}");
     let netns_prefix = format!("primus-k{pid}-");
     assert!(
@@ -71,13 +65,7 @@ fn a_killed_test_process_leaves_no_trace_of_its_cluster() {
     assert!(!processes(&dir).is_empty());
     assert_eq!(netns("cni-").len(), 2, "a pod namespace per node");
 
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reaped");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while Path::new(&dir).exists() {
-        assert!(Instant::now() < deadline, "{dir} still there after 120 s");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    kill_and_wait_for_teardown(&mut child, &dir);
     assert_eq!(processes(&dir), Vec::<String>::new(), "processes left");
     assert_eq!(
         netns(&netns_prefix),
@@ -112,6 +100,78 @@ fn a_killed_test_process_leaves_no_trace_of_its_cluster() {
     }
 }
 
+#[test]
+fn a_killed_test_process_leaves_no_trace_of_its_docker_engine() {
+    if std::env::var_os(CHILD).is_some_and(|c| c == "docker") {
+        let engine = DockerEngine::start().expect("dockerd");
+        let (tag, archive) = primus_testkit::images::debian_image().expect("an image");
+        engine.load(&archive).expect("docker load");
+        engine
+            .docker_run(&[
+                "run",
+                "-d",
+                "--name",
+                "sleeper",
+                "-p",
+                "8080:8080",
+                &tag,
+                "sleep",
+                "600",
+            ])
+            .expect("docker run");
+        println!("UP {}", engine.dir().display());
+        std::thread::sleep(Duration::from_secs(600));
+        return;
+    }
+    let (mut child, dir) = child(
+        "docker",
+        "a_killed_test_process_leaves_no_trace_of_its_docker_engine",
+    );
+    let netns_name = format!("primus-d{}", child.id());
+    assert_eq!(netns(&netns_name), std::slice::from_ref(&netns_name));
+    assert!(!processes(&dir).is_empty());
+    kill_and_wait_for_teardown(&mut child, &dir);
+    assert_eq!(processes(&dir), Vec::<String>::new(), "processes left");
+    assert_eq!(netns(&netns_name), Vec::<String>::new(), "namespaces left");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(!mounts.contains(&dir), "mounts left under {dir}");
+    let sleepers: Vec<String> = processes("sleep 600");
+    assert_eq!(
+        sleepers,
+        Vec::<String>::new(),
+        "the container is still running"
+    );
+}
+
+/// Runs this test binary again as the child of kind `kind`, running only `test`, and
+/// returns once it printed the folder of its fixture.
+fn child(kind: &str, test: &str) -> (std::process::Child, String) {
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", test, "--nocapture"])
+        .env(CHILD, kind)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the test binary again");
+    let stdout = child.stdout.take().expect("stdout");
+    let dir = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|line| line.strip_prefix("UP ").map(str::to_owned))
+        .expect("the child's fixture came up");
+    (child, dir)
+}
+
+/// SIGKILLs `child` and waits for its fixture's folder to go (its watchdog's teardown).
+fn kill_and_wait_for_teardown(child: &mut std::process::Child, dir: &str) {
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Path::new(dir).exists() {
+        assert!(Instant::now() < deadline, "{dir} still there after 120 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Network namespaces whose names start with `prefix`.
 fn netns(prefix: &str) -> Vec<String> {
     let list = Command::new("ip")
@@ -126,8 +186,13 @@ fn netns(prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// Processes whose command line names `dir`, or that run in a pod (the pause image).
-fn processes(dir: &str) -> Vec<String> {
+/// Processes whose command line contains `text`.
+fn processes(text: &str) -> Vec<String> {
+    processes_where(|cmdline| cmdline.contains(text))
+}
+
+/// Processes whose command line passes `matches`.
+fn processes_where(matches: impl Fn(&str) -> bool) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
@@ -138,7 +203,7 @@ fn processes(dir: &str) -> Vec<String> {
         let zombie = state
             .lines()
             .any(|l| l.starts_with("State:") && l.contains('Z'));
-        if !zombie && (cmdline.contains(dir) || cmdline.trim() == "/pause") {
+        if !zombie && matches(&cmdline) {
             found.push(format!(
                 "{}: {cmdline}",
                 entry.file_name().to_string_lossy()

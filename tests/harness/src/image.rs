@@ -34,7 +34,7 @@ pub fn primus_image() -> Result<PathBuf, Error> {
     let binaries: Vec<PathBuf> = PRIMUS_BINARIES.iter().map(|b| binary(b)).collect();
     let mut inputs: Vec<&Path> = vec![&dockerfile, &entrypoint, &onnxruntime, &base];
     inputs.extend(binaries.iter().map(PathBuf::as_path));
-    images::cached("primus-rs", &inputs, |archive| {
+    images::cached("primus-rs", PRIMUS_IMAGE, &inputs, |archive| {
         let engine = DockerEngine::shared()?;
         let (base_tag, base_archive) = debian_image()?;
         engine.load(&base_archive)?;

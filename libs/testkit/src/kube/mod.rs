@@ -249,6 +249,18 @@ impl KubeCluster {
                 .unwrap_or_else(|e| format!("(kubectl {}: {e})\n", args.join(" ")))
         };
         out.push_str(&show(&["-n", namespace, "get", "pods", "-o", "wide"]));
+        let nodes = show(&["describe", "nodes"]);
+        let mut allocated = false;
+        for line in nodes.lines() {
+            if line.starts_with("Name:") || line.starts_with("Allocated resources:") {
+                allocated = line.starts_with("Allocated");
+                out.push_str(line);
+                out.push('\n');
+            } else if allocated && (line.contains("cpu") || line.contains("memory")) {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
         let events = show(&["-n", namespace, "get", "events", "--sort-by=.lastTimestamp"]);
         let lines: Vec<&str> = events.lines().collect();
         out.push_str(&lines[lines.len().saturating_sub(30)..].join("\n"));

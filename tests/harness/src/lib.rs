@@ -6,6 +6,7 @@
 
 pub mod criteo;
 pub mod image;
+pub mod numbered;
 pub mod resources;
 pub mod rows;
 mod sandbox;

@@ -66,10 +66,15 @@ impl KubeDeployment {
         let dev = primus_testkit::repo_root().join("k8s/overlays/dev");
         let up = "../".repeat(overlay.components().count().saturating_sub(1));
         let dev = format!("{up}{}", dev.display().to_string().trim_start_matches('/'));
+        // The services stay on the first node, as an operator keeps stateful services on
+        // nodes of their own: the node-loss test loses the second node, and with it only
+        // Job pods.
         let kustomization = format!(
             "# k8s/overlays/dev with the images this machine built.\n\
              apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources: [{dev}]\nimages:\n{overrides}"
+             resources: [{dev}]\nimages:\n{overrides}patches:\n{}{}",
+            on_first_node("StatefulSet"),
+            on_first_node("Deployment")
         );
         std::fs::write(overlay.join("kustomization.yaml"), kustomization)
             .map_err(|e| e.to_string())?;
@@ -175,7 +180,8 @@ impl KubeDeployment {
     /// The pods of Job `job` now: (executor id, node, pod IP).
     pub fn job_pods(&self, job: &str) -> Vec<JobPod> {
         let template = "{range .items[*]}{.metadata.annotations.primus\\.dev/executor-id} \
-                        {.spec.nodeName} {.status.podIP} {.metadata.name}{\"\\n\"}{end}";
+                        {.spec.nodeName} {.metadata.uid} {.metadata.name} {.status.podIP}\
+                        {\"\\n\"}{end}";
         let listed = self
             .cluster
             .kubectl_run(&[
@@ -196,8 +202,9 @@ impl KubeDeployment {
                 Some(JobPod {
                     executor: parts.next()?.to_owned(),
                     node: parts.next()?.to_owned(),
+                    uid: parts.next()?.to_owned(),
+                    name: parts.next()?.to_owned(),
                     ip: parts.next().unwrap_or_default().to_owned(),
-                    name: parts.next().unwrap_or_default().to_owned(),
                 })
             })
             .collect()
@@ -228,6 +235,15 @@ impl KubeDeployment {
     }
 }
 
+/// A kustomize patch placing every workload of `kind` on the first node.
+fn on_first_node(kind: &str) -> String {
+    format!(
+        "  - target: {{kind: {kind}}}\n    patch: |-\n      - op: add\n        \
+         path: /spec/template/spec/nodeSelector\n        \
+         value: {{kubernetes.io/hostname: node1}}\n"
+    )
+}
+
 /// One pod of a Job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobPod {
@@ -235,6 +251,8 @@ pub struct JobPod {
     pub executor: String,
     /// The node it runs on.
     pub node: String,
+    /// The pod's uid (a replacement has another).
+    pub uid: String,
     /// Its address (empty while it has none).
     pub ip: String,
     /// The pod's name.

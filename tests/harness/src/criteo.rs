@@ -37,11 +37,17 @@ pub async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
 /// `criteo/`, one Parquet file of [`DLRM_ROWS_PER_HOUR`] rows per hour. Returns the data's
 /// best achievable AUC.
 pub async fn write_criteo_rows(sandbox: &Sandbox, hours: usize) -> f64 {
-    use primus_datagen::write::{Layout, criteo};
-
     let data = sandbox.dir().join("criteo");
     let location = primus_storage::open(data.to_str().expect("utf-8"), &StorageSettings::default())
         .expect("location");
+    write_criteo_rows_to(&location, hours).await
+}
+
+/// Writes `hours` hours of the Criteo-like data from 2026-11-01T00 under `location` (any
+/// object store), as [`write_criteo_rows`] does. Returns the data's best achievable AUC.
+pub async fn write_criteo_rows_to(location: &primus_storage::Location, hours: usize) -> f64 {
+    use primus_datagen::write::{Layout, criteo};
+
     let layout = Layout {
         unit: primus_spec::dataset::WindowUnit::Hourly,
         start_unix_s: time::parse_window_time("2026-11-01T00").expect("time"),
@@ -49,7 +55,7 @@ pub async fn write_criteo_rows(sandbox: &Sandbox, hours: usize) -> f64 {
         files_per_window: 1,
         row_group_rows: DLRM_ROW_GROUP_ROWS,
     };
-    let summary = criteo(&location, &layout, DLRM_ROWS_PER_HOUR, dlrm_options())
+    let summary = criteo(location, &layout, DLRM_ROWS_PER_HOUR, dlrm_options())
         .await
         .expect("generate");
     summary.best_auc.expect("both classes")
@@ -72,6 +78,17 @@ pub fn dlrm_job(
     trainers: u32,
     checkpoint_seconds: u64,
 ) -> JobBuilder {
+    let checkpoints = sandbox.dir().join("checkpoints").join(name);
+    dlrm_job_checkpointed_at(name, trainers, checkpoints.display(), checkpoint_seconds)
+}
+
+/// The Job of [`dlrm_job`] with its checkpoints under `checkpoint_uri`.
+pub fn dlrm_job_checkpointed_at(
+    name: &str,
+    trainers: u32,
+    checkpoint_uri: impl std::fmt::Display,
+    checkpoint_seconds: u64,
+) -> JobBuilder {
     let table = TableSpec {
         initializer: Initializer::Uniform { scale: 0.1 },
         ..TableSpec::new("categorical", 16, OptimizerSpec::adagrad(0.3))
@@ -89,8 +106,5 @@ pub fn dlrm_job(
         .batch_size(256)
         // Each trainer scores its own samples: together they cover the newest 20,000.
         .with(|spec| spec.training.eval_window = 20_000 / trainers)
-        .checkpoint(
-            sandbox.dir().join("checkpoints").join(name).display(),
-            checkpoint_seconds,
-        )
+        .checkpoint(checkpoint_uri, checkpoint_seconds)
 }

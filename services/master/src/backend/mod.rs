@@ -208,4 +208,21 @@ pub trait ResourceBackend: Send + Sync + 'static {
 
     /// CPU and memory of each running executor of `job`.
     fn usage(&self, job: &str) -> impl Future<Output = Vec<ExecutorUsage>> + Send;
+
+    /// Whether executors outlive the master that started them (pods do, child processes
+    /// do not): a master that stops then leaves its Jobs' executors running for the next.
+    fn executors_outlive_master(&self) -> bool {
+        false
+    }
+
+    /// Kills, and waits until they are gone, the executors of `job` with a role in `roles`
+    /// that a previous master left running: a Job taken over resumes from its latest
+    /// checkpoint, so nothing they did since may count.
+    fn kill_previous(
+        &self,
+        _job: &str,
+        _roles: &[ExecutorRole],
+    ) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send {
+        async { Ok(Vec::new()) }
+    }
 }

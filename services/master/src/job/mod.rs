@@ -88,7 +88,14 @@ pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
         kept.wait(&mut cancelled).await;
         tracing::info!(job = %name, "serving replicas of the succeeded Job stopped");
     }
-    context.backend.release_job(&name).await;
+    // A master that stops leaves executors that outlive it running: the next master takes
+    // the Job over with them (a deleted Job's are stopped by the controller).
+    let stopping = *cancelled.borrow();
+    if stopping && context.backend.executors_outlive_master() {
+        tracing::info!(job = %name, "master stopping: the Job's executors are left to the next master");
+    } else {
+        context.backend.release_job(&name).await;
+    }
     context.topologies.remove_job(&name);
     context
         .jobs
@@ -283,6 +290,17 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 requested,
             )
             .await;
+        // A previous master's executors may still run. The Job resumes from its latest
+        // checkpoint: its data executors and trainers go before the queue is rolled back;
+        // its PS shards and serving replicas are taken over and restored in place.
+        let roles = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];
+        let previous = (context.backend.kill_previous(&name, &roles).await)
+            .map_err(|e| Outcome::failed("ExecutorStopFailed", e.to_string()))?;
+        if !previous.is_empty() {
+            let message = format!("the previous master's {} stopped", previous.join(", "));
+            tracing::info!(job = name, %message, "taking the Job over");
+            writer.event("TakenOver", message);
+        }
         let mut run = Self::open(context, writer, name, checked, specs).await?;
         let mut events = context.backend.events();
         // PS shards (and serving replicas) first: a restored checkpoint must be in them

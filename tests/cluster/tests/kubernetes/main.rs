@@ -3,6 +3,7 @@
 //! cluster and one deployment and run one at a time.
 
 mod example;
+mod faults;
 
 use tokio::sync::Mutex;
 

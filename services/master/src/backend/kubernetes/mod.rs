@@ -8,20 +8,23 @@
 pub mod reconcile;
 pub mod render;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use kube::api::{Api, DeleteParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use primus_config::KubernetesBackendSettings;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
-use super::{BackendError, BackendEvent, Executor, ExecutorSpec, ExecutorUsage, ResourceBackend};
+use super::{
+    BackendError, BackendEvent, Executor, ExecutorRole, ExecutorSpec, ExecutorUsage,
+    ResourceBackend,
+};
 use reconcile::{Action, Limits, ObservedPod, Tracked, Wanted};
 use render::{JobOwner, RenderContext};
 
@@ -35,6 +38,23 @@ const SCHEDULE_TIMEOUT: Duration = Duration::from_secs(300);
 const RESYNC: Duration = Duration::from_secs(10);
 
 type Key = (String, String);
+
+/// The grace period of a kill: the least the kubelet honours (0 removes the pod object at
+/// once, before its containers are dead).
+const KILL_GRACE_SECONDS: u32 = 1;
+
+/// How a pod is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deletion {
+    /// With its termination grace period: SIGTERM, then SIGKILL.
+    Graceful,
+    /// Its containers killed at once. The pod object goes only once its kubelet confirmed
+    /// the containers are dead, so nothing of it runs once it is gone (a rollback restores
+    /// the PS shards only then).
+    Kill,
+    /// Removed from the API at once: its node is gone and will never confirm.
+    Forced,
+}
 
 #[derive(Default)]
 struct State {
@@ -123,34 +143,45 @@ impl KubernetesBackend {
         self.inner.pods.clone()
     }
 
-    /// Deletes executor `id`'s pod (at once with `force`) and waits until it is gone, then
-    /// its settings Secret.
-    async fn delete_executor(&self, job: &str, id: &str, force: bool) -> Result<(), BackendError> {
+    /// Deletes executor `id`'s pod as `deletion` says (forced where its node is gone) and
+    /// waits until it is gone, then its settings Secret.
+    async fn delete_executor(
+        &self,
+        job: &str,
+        id: &str,
+        deletion: Deletion,
+    ) -> Result<(), BackendError> {
         let key = (job.to_owned(), id.to_owned());
         let inner = &self.inner;
-        let known = inner.lock().wanted.remove(&key).is_some();
+        let (known, node_gone) = {
+            let mut state = inner.lock();
+            let node_gone = state.observed.get(&key).is_some_and(ObservedPod::node_gone);
+            (state.wanted.remove(&key).is_some(), node_gone)
+        };
         if !known {
             return Err(BackendError::Unknown {
                 job: job.into(),
                 id: id.into(),
             });
         }
+        let deletion = if node_gone {
+            Deletion::Forced
+        } else {
+            deletion
+        };
         let name = render::pod_name(job, id);
-        inner.delete_pod(&name, force).await?;
-        let grace = match force {
-            true => RESYNC,
-            false => Duration::from_millis(inner.settings.stop_grace_ms) + RESYNC,
+        inner.delete_pod(&name, deletion).await?;
+        let grace = match deletion {
+            Deletion::Forced => RESYNC,
+            Deletion::Kill => Duration::from_secs(u64::from(KILL_GRACE_SECONDS)) + RESYNC,
+            Deletion::Graceful => Duration::from_millis(inner.settings.stop_grace_ms) + RESYNC,
         };
         inner
             .wait_for(grace, |state| {
                 (!state.observed.contains_key(&key)).then_some(())
             })
             .await;
-        match inner.secrets.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(e) => Err(api_error("deleting the settings Secret")(e)),
-        }
+        inner.delete_secret(&name).await
     }
 }
 
@@ -217,7 +248,14 @@ impl Inner {
                 Some(wanted) => self.create(wanted).await,
                 None => Ok(()),
             },
-            Action::Delete { name, force } => self.delete_pod(&name, force).await,
+            Action::Delete { name, force } => {
+                let deletion = if force {
+                    Deletion::Forced
+                } else {
+                    Deletion::Graceful
+                };
+                self.delete_pod(&name, deletion).await
+            }
             Action::Resize { name } => match wanted {
                 Some(wanted) => self.resize_pod(&name, wanted).await,
                 None => Ok(()),
@@ -259,9 +297,22 @@ impl Inner {
         }
     }
 
-    async fn delete_pod(&self, name: &str, force: bool) -> Result<(), BackendError> {
+    /// Deletes an executor's settings Secret (gone already is fine).
+    async fn delete_secret(&self, name: &str) -> Result<(), BackendError> {
+        match self.secrets.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(api_error("deleting the settings Secret")(e)),
+        }
+    }
+
+    async fn delete_pod(&self, name: &str, deletion: Deletion) -> Result<(), BackendError> {
         let params = DeleteParams {
-            grace_period_seconds: force.then_some(0),
+            grace_period_seconds: match deletion {
+                Deletion::Graceful => None,
+                Deletion::Kill => Some(KILL_GRACE_SECONDS),
+                Deletion::Forced => Some(0),
+            },
             ..DeleteParams::background()
         };
         match self.pods.delete(name, &params).await {
@@ -286,7 +337,7 @@ impl Inner {
             Ok(_) => {}
             Err(e) => {
                 tracing::info!(pod = name, error = %kube_message(&e), "no in-place resize: replacing the pod");
-                self.delete_pod(name, false).await?;
+                self.delete_pod(name, Deletion::Graceful).await?;
                 let key = (wanted.job.clone(), wanted.id.clone());
                 let mut state = self.lock();
                 let tracked = state.tracked.entry(key).or_default();
@@ -605,29 +656,46 @@ impl ResourceBackend for KubernetesBackend {
     }
 
     async fn release(&self, job: &str, id: &str) -> Result<(), BackendError> {
-        self.delete_executor(job, id, false).await
+        self.delete_executor(job, id, Deletion::Graceful).await
     }
 
     async fn kill(&self, job: &str, id: &str) -> Result<(), BackendError> {
-        self.delete_executor(job, id, true).await
+        self.delete_executor(job, id, Deletion::Kill).await
     }
 
+    /// Deletes each executor's pod and settings Secret itself, then the owner ConfigMap:
+    /// the garbage collector, which removes what the owner owns, is only the backstop (it
+    /// can lag, as after an API server restart).
     async fn release_job(&self, job: &str) {
         let inner = &self.inner;
-        {
+        let ids: BTreeSet<String> = {
             let mut state = inner.lock();
+            let ids = (state.wanted.keys().chain(state.observed.keys()))
+                .filter(|(j, _)| j == job)
+                .map(|(_, id)| id.clone())
+                .collect();
             state.wanted.retain(|(j, _), _| j != job);
             state.owners.remove(job);
-        }
+            ids
+        };
+        let deletions = ids.iter().map(|id| async move {
+            let name = render::pod_name(job, id);
+            let pod = inner.delete_pod(&name, Deletion::Graceful).await;
+            let secret = inner.delete_secret(&name).await;
+            if let Err(e) = pod.and(secret) {
+                tracing::warn!(job, id, error = %e, "deleting an executor's objects");
+            }
+        });
+        futures::future::join_all(deletions).await;
         let owner = render::owner_name(job);
         match inner
             .config_maps
-            .delete(&owner, &DeleteParams::foreground())
+            .delete(&owner, &DeleteParams::background())
             .await
         {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(e) => tracing::warn!(job, error = %kube_message(&e), "deleting the Job's objects"),
+            Err(e) => tracing::warn!(job, error = %kube_message(&e), "deleting the Job's owner"),
         }
         let grace = Duration::from_millis(inner.settings.stop_grace_ms) + RESYNC;
         inner
@@ -670,6 +738,63 @@ impl ResourceBackend for KubernetesBackend {
 
     fn events(&self) -> broadcast::Receiver<BackendEvent> {
         self.inner.events.subscribe()
+    }
+
+    /// Pods belong to the Job's owner ConfigMap, not to the master.
+    fn executors_outlive_master(&self) -> bool {
+        true
+    }
+
+    /// Asks the API server (not the watch, which may not have listed yet) for the Job's
+    /// pods of `roles` that no request of this master claims, kills them and waits until
+    /// each is gone.
+    async fn kill_previous(
+        &self,
+        job: &str,
+        roles: &[ExecutorRole],
+    ) -> Result<Vec<String>, BackendError> {
+        let inner = &self.inner;
+        let selector = format!(
+            "{},{}={}",
+            inner.selector(),
+            render::LABEL_JOB,
+            render::dns_label(job, 63)
+        );
+        let pods = (inner
+            .pods
+            .list(&ListParams::default().labels(&selector))
+            .await)
+            .map_err(api_error("listing a Job's pods"))?;
+        let mut killed = Vec::new();
+        for pod in (pods.items.iter()).filter_map(ObservedPod::of) {
+            let role = pod.id.rsplit_once('-').map(|(role, _)| role);
+            let claimed = (inner.lock().wanted).contains_key(&(job.to_owned(), pod.id.clone()));
+            if pod.job != job || claimed || !roles.iter().any(|r| Some(r.as_str()) == role) {
+                continue;
+            }
+            let deletion = if pod.node_gone() {
+                Deletion::Forced
+            } else {
+                Deletion::Kill
+            };
+            inner.delete_pod(&pod.name, deletion).await?;
+            killed.push((pod.id, pod.name));
+        }
+        let deadline = Instant::now() + Duration::from_secs(u64::from(KILL_GRACE_SECONDS)) + RESYNC;
+        for (id, name) in &killed {
+            loop {
+                match inner.pods.get_opt(name).await {
+                    Ok(None) => break,
+                    _ if Instant::now() >= deadline => {
+                        return Err(BackendError::Io(format!(
+                            "pod {name} of {id} was killed and is still there"
+                        )));
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+        }
+        Ok(killed.into_iter().map(|(id, _)| id).collect())
     }
 
     /// From the cluster's metrics API (metrics-server); none where it has none.

@@ -128,6 +128,13 @@ impl ObservedPod {
     }
 }
 
+impl ObservedPod {
+    /// Whether its node is gone (its kubelet will never confirm a deletion).
+    pub fn node_gone(&self) -> bool {
+        lost(self).is_some_and(|reason| node_gone(self, &reason))
+    }
+}
+
 /// `500m`, `2`, `1.5`, `250000000n` (as the metrics API writes) as millicores.
 pub fn cpu_millis(quantity: &str) -> Option<u64> {
     let (number, per_core) = match quantity.char_indices().last()? {

@@ -5,7 +5,7 @@
 //! trained a share of its rows, the fault: its trainer's pod deleted, a PS shard's pod
 //! deleted, the second node lost at once (kubelet, containerd, every container), the
 //! Kubernetes API server stopped for 30 s, the master's pod deleted (its StatefulSet starts
-//! it again and it adopts the running pods). Every row must have been trained exactly once.
+//! it again and it takes the Job over). Every row must have been trained exactly once.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

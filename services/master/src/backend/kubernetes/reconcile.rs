@@ -67,6 +67,8 @@ pub struct ObservedPod {
     pub last_exit: Option<Exit>,
     /// How its current run ended, when it has.
     pub exit: Option<Exit>,
+    /// Whether its container runs now (not waiting to start again, not ended).
+    pub running: bool,
     /// CPU (millicores) and memory (bytes) the pod's spec gives its container.
     pub cpu_millis: u64,
     pub memory_bytes: u64,
@@ -117,6 +119,9 @@ impl ObservedPod {
                 .as_ref()
                 .and_then(|c| exit_of(c.last_state.as_ref())),
             exit: container.as_ref().and_then(|c| exit_of(c.state.as_ref())),
+            running: (container.as_ref())
+                .and_then(|c| c.state.as_ref())
+                .is_some_and(|s| s.running.is_some()),
             cpu_millis: limits
                 .get("cpu")
                 .and_then(|q| cpu_millis(&q.0))
@@ -309,9 +314,16 @@ pub fn reconcile(
     let cpu_differs = wanted_millis.is_some_and(|m| m != pod.cpu_millis);
     let memory_differs = wanted.memory_bytes > 0 && wanted.memory_bytes != pod.memory_bytes;
     if pod.phase == Phase::Running && (cpu_differs || memory_differs) {
-        actions.push(Action::Resize {
-            name: pod.name.clone(),
-        });
+        if pod.running {
+            actions.push(Action::Resize {
+                name: pod.name.clone(),
+            });
+        } else {
+            // A container that is not running (crash-looping, as after an OOM kill) starts
+            // again within its pod's old limits: a new pod has the new ones everywhere.
+            actions.push(delete(pod, false));
+            tracked.pending = Some(replaced(wanted, tracked, "resized while not running"));
+        }
     }
     actions
 }

@@ -5,7 +5,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateTerminated, ContainerStatus, PodCondition, PodStatus,
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, PodCondition,
+    PodStatus,
 };
 use primus_config::KubernetesBackendSettings;
 
@@ -81,6 +82,10 @@ fn running(wanted: &Wanted, uid: &str, ip: &str) -> ObservedPod {
         container_statuses: Some(vec![ContainerStatus {
             name: "executor".into(),
             restart_count: 0,
+            state: Some(ContainerState {
+                running: Some(ContainerStateRunning::default()),
+                ..ContainerState::default()
+            }),
             ..ContainerStatus::default()
         }]),
         ..PodStatus::default()
@@ -432,6 +437,42 @@ fn kubernetes_new_resources_resize_the_running_pod() {
         vec![Action::Resize {
             name: pod.name.clone()
         }]
+    );
+}
+
+#[test]
+fn kubernetes_new_resources_replace_a_pod_whose_container_is_not_running() {
+    let before = wanted(1 << 30);
+    let (_, mut tracked) = started();
+    // OOM-killed and waiting to start again: it would start within the pod's old limits.
+    let mut waiting = running(&before, "u1", "10.1.0.5");
+    waiting.running = false;
+    let after = wanted(3 << 29);
+    let actions = reconcile(Some(&after), Some(&waiting), &mut tracked, LIMITS, LATER);
+    assert_eq!(
+        actions,
+        vec![Action::Delete {
+            name: waiting.name.clone(),
+            force: false
+        }]
+    );
+    assert_eq!(
+        reconcile(Some(&after), None, &mut tracked, LIMITS, LATER),
+        vec![Action::Create]
+    );
+    let replacement = running(&after, "u2", "10.1.0.9");
+    let actions = reconcile(
+        Some(&after),
+        Some(&replacement),
+        &mut tracked,
+        LIMITS,
+        LATER,
+    );
+    assert!(
+        events(&actions).iter().any(
+            |e| matches!(e, BackendEvent::Restarting { status, .. } if status.contains("resized"))
+        ),
+        "{actions:?}"
     );
 }
 

@@ -20,8 +20,8 @@
 #   cargo-deny              crates.io, built into .tools/cargo-deny (scripts/test.sh checks
 #                           licenses, duplicates and sources with it); left out with
 #                           --without-check-tools (the quickstart: building it takes minutes)
-#   the cluster tools       scripts/install-cluster-tools.sh: Kubernetes, etcd, CoreDNS, MinIO,
-#                           Jaeger and Compose from the Go module proxy, containerd, runc, CNI
+#   the cluster tools       scripts/install-cluster-tools.sh: Kubernetes, etcd, CoreDNS, MinIO
+#                           and Jaeger from the Go module proxy, containerd, runc, CNI
 #                           and dockerd from Debian, the images' Debian root; built once per
 #                           machine outside the clone; left out with --without-check-tools
 # rust-toolchain.toml pins the Rust release; when rustup lacks a toolchain of that name but

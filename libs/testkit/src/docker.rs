@@ -2,7 +2,7 @@
 //! containerd it starts) inside a network namespace joined to the host by a veth pair,
 //! its data, state, socket and cgroups under a folder of its own, so that it never meets
 //! another engine and its bridges, iptables rules and published ports stay inside that
-//! namespace. A [`crate::host::Watchdog`] removes all of it when the engine is dropped or
+//! namespace. A watchdog (`host.rs`) removes all of it when the engine is dropped or
 //! the test process ends in any way.
 //!
 //! ```text

@@ -8,6 +8,9 @@
 
 #![warn(missing_docs)]
 
+pub mod example;
+pub mod faults;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -180,7 +183,8 @@ impl KubeDeployment {
     /// The pods of Job `job` now: (executor id, node, pod IP).
     pub fn job_pods(&self, job: &str) -> Vec<JobPod> {
         let template = "{range .items[*]}{.metadata.annotations.primus\\.dev/executor-id} \
-                        {.spec.nodeName} {.metadata.uid} {.metadata.name} {.status.podIP}\
+                        {.spec.nodeName} {.metadata.uid} {.metadata.name} \
+                        {.status.conditions[?(@.type==\"Ready\")].status}- {.status.podIP}\
                         {\"\\n\"}{end}";
         let listed = self
             .cluster
@@ -204,6 +208,7 @@ impl KubeDeployment {
                     node: parts.next()?.to_owned(),
                     uid: parts.next()?.to_owned(),
                     name: parts.next()?.to_owned(),
+                    ready: parts.next()? == "True-",
                     ip: parts.next().unwrap_or_default().to_owned(),
                 })
             })
@@ -257,6 +262,8 @@ pub struct JobPod {
     pub ip: String,
     /// The pod's name.
     pub name: String,
+    /// Whether it is Ready.
+    pub ready: bool,
 }
 
 /// The address of Service `name` of k8s/ (the host reaches Services through the first

@@ -5,7 +5,7 @@
 //! into both nodes' containerd.
 //!
 //! The binaries come from `scripts/install-cluster-tools.sh` (`$CLUSTER_TOOLS_DIR/bin`),
-//! containerd, runc and the CNI plugins from Debian. A [`crate::host::Watchdog`] holds the
+//! containerd, runc and the CNI plugins from Debian. A watchdog (`host.rs`) holds the
 //! machine-wide lock for the cluster's life and removes everything it made (processes,
 //! containers, mounts, network namespaces, cgroups, host routes, host folders) when the
 //! cluster is dropped or the test process ends in any way.

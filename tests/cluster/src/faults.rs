@@ -1,0 +1,381 @@
+//! Faults of a cluster, one per Job, each counted as the chaos suite counts them: a mixture
+//! DLRM Job over 200,000 Parquet rows in MinIO whose `c26` is each row's own id (and a live
+//! JetStream subject that stays empty, so the Job keeps its PS shards after it trained every
+//! row), with a serving replica and checkpoints every 2 s. Once it committed a checkpoint and
+//! trained a share of its rows, the fault: its trainer's pod deleted, a PS shard's pod
+//! deleted, the second node lost at once (kubelet, containerd, every container), the
+//! Kubernetes API server stopped for 30 s, the master's pod deleted (its StatefulSet starts
+//! it again and it takes the Job over). Every row must have been trained exactly once.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::{JobPod, KubeDeployment, NAMESPACE, service_ip};
+use primus_chaos::Outcome;
+use primus_config::{NatsSettings, StorageSettings};
+use primus_harness::criteo::{dlrm_job_checkpointed_at, write_criteo_rows_to};
+use primus_harness::numbered::{Trained, number_parquet_rows, trained_rows};
+use primus_harness::resources::{dataset, hourly, jetstream, parquet, served};
+use primus_spec::job::{PsFailure, RoleSpec, TrainingMode, WorkerFailure};
+use primus_spec::status::{Phase, Status};
+use primus_spec::{Kind, Resource};
+
+const HOURS: usize = 2;
+/// The Parquet rows every fault's Job trains.
+pub const ROWS: u64 = 200_000;
+const TABLE: &str = "categorical";
+const DATA: &str = "s3://primus/faults/criteo";
+const STREAM: &str = "FAULTS";
+const SUBJECT: &str = "faults.rows";
+const DATASET: &str = "criteo-faults";
+/// The node the platform's services are not on (see `KubeDeployment`).
+const LOST_NODE: &str = "node2";
+
+/// A fault of the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `kubectl delete pod` of the trainer.
+    TrainerPodDeleted,
+    /// `kubectl delete pod` of a PS shard.
+    PsPodDeleted,
+    /// The second node lost at once.
+    NodeLost,
+    /// The Kubernetes API server stopped for 30 s.
+    ApiServerStopped,
+    /// `kubectl delete pod master-0`.
+    MasterRestarted,
+}
+
+impl Fault {
+    /// Every fault, in the order the tests inject them.
+    pub const ALL: [Fault; 5] = [
+        Fault::TrainerPodDeleted,
+        Fault::PsPodDeleted,
+        Fault::NodeLost,
+        Fault::ApiServerStopped,
+        Fault::MasterRestarted,
+    ];
+
+    /// The fault in words.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::TrainerPodDeleted => "trainer pod deleted",
+            Fault::PsPodDeleted => "PS pod deleted",
+            Fault::NodeLost => "node lost (kubelet, containerd, containers)",
+            Fault::ApiServerStopped => "Kubernetes API server stopped 30 s",
+            Fault::MasterRestarted => "master pod deleted (restarted, takes over)",
+        }
+    }
+
+    fn job(self) -> &'static str {
+        match self {
+            Fault::TrainerPodDeleted => "fault-trainer-pod",
+            Fault::PsPodDeleted => "fault-ps-pod",
+            Fault::NodeLost => "fault-node-lost",
+            Fault::ApiServerStopped => "fault-api-server",
+            Fault::MasterRestarted => "fault-master",
+        }
+    }
+}
+
+/// Writes the rows into MinIO, numbered; makes the live subject's stream; applies Dataset
+/// `criteo-faults`.
+pub async fn prepare(deployment: &KubeDeployment) {
+    let cluster = deployment.cluster;
+    let minio = service_ip(cluster, "minio").expect("MinIO's Service");
+    let mut storage = StorageSettings::default();
+    storage.s3.endpoint = Some(format!("http://{minio}:9000"));
+    storage.s3.region = Some("us-east-1".into());
+    storage.s3.access_key_id = Some("primus".into());
+    storage.s3.secret_access_key = Some("primus-dev-secret".into());
+    storage.s3.allow_http = true;
+    let location = primus_storage::open(DATA, &storage).expect("the data's location in MinIO");
+    write_criteo_rows_to(&location, HOURS).await;
+    assert_eq!(number_parquet_rows(&location, 0).await, 0..ROWS);
+
+    let nats = service_ip(cluster, "nats").expect("NATS's Service");
+    let settings = NatsSettings {
+        url: format!("nats://{nats}:4222"),
+        ..Default::default()
+    };
+    let bus = primus_bus::Bus::connect(&settings).await.expect("NATS");
+    bus.jetstream()
+        .ensure_stream(STREAM, vec![SUBJECT.into()])
+        .await
+        .expect("the live stream");
+
+    let live_from = format!("2026-11-01T{HOURS:02}");
+    let faults = dataset(DATASET)
+        .schema(primus_datagen::criteo::feature_schema(TABLE))
+        .simultaneous()
+        .stream(
+            "history",
+            hourly("2026-11-01T00", Some(&live_from)),
+            vec![parquet("criteo", DATA)],
+        )
+        .stream(
+            "live",
+            hourly(&live_from, None),
+            vec![jetstream("live", STREAM, SUBJECT)],
+        );
+    let client = deployment.client().await;
+    client.apply(&faults.build(), 0).await.expect("the Dataset");
+}
+
+/// The Job of `fault`: small enough that every pod fits the first node when the second is
+/// lost (1.5 CPUs beside the services' 0.45).
+fn job_resource(job: &str) -> Resource {
+    dlrm_job_checkpointed_at(job, 1, format!("s3://primus/checkpoints/{job}"), 2)
+        .with(|spec| {
+            spec.dataset = DATASET.into();
+            spec.mode = TrainingMode::Mixture;
+            served(spec);
+            let topology = &mut spec.topology;
+            topology.ps = sized(2, 0.25, "512Mi");
+            topology.data_executors = sized(1, 0.25, "1Gi");
+            topology.trainers = sized(1, 0.5, "1Gi");
+            topology.serving = Some(sized(1, 0.25, "512Mi"));
+            if let Some(checkpoint) = &mut spec.checkpoint {
+                checkpoint.on_ps_failure = PsFailure::Rollback;
+                checkpoint.on_worker_failure = WorkerFailure::Rollback;
+            }
+        })
+        .build()
+}
+
+fn sized(replicas: u32, cpu: f64, memory: &str) -> RoleSpec {
+    RoleSpec {
+        cpu,
+        memory: memory.into(),
+        ..RoleSpec::new(replicas)
+    }
+}
+
+/// Runs `fault`'s Job, injecting the fault once the Job committed a checkpoint and trained
+/// `at` samples; counts what it trained once it trained every row, and deletes it.
+pub async fn run(deployment: &KubeDeployment, fault: Fault, at: u64) -> Outcome {
+    let job = fault.job();
+    let client = deployment.client().await;
+    client.apply(&job_resource(job), 0).await.expect("the Job");
+    let before = wait_for_fault_moment(deployment, job, at).await;
+    let pods = deployment.job_pods(job);
+    let injected = Instant::now();
+    let note = inject(deployment, fault, &pods).await;
+    let recovered_s = recovery(deployment, job, before, injected).await;
+    let status = caught_up(deployment, job).await;
+    let progress = status.progress.clone().expect("progress");
+    let shards: Vec<String> = (deployment.job_pods(job).iter())
+        .filter(|p| p.executor.starts_with("ps-") && !p.ip.is_empty())
+        .map(|p| format!("{}:7080", p.ip))
+        .collect();
+    assert_eq!(
+        shards.len(),
+        2,
+        "{job}: its PS shards' pods: {:?}",
+        deployment.job_pods(job)
+    );
+    let trained = trained_rows(&shards, TABLE, 0..ROWS).await;
+    let events: Vec<String> = (status.events.iter())
+        .map(|e| format!("{} {}: {}", e.unix_ms, e.reason, e.message))
+        .collect();
+    eprintln!("{job}: {trained:?}, events:\n{}", events.join("\n"));
+    counted_as_trained(job, &progress, &trained);
+    if fault == Fault::MasterRestarted {
+        // The PS shards and the serving replica are taken over; the data executors and
+        // trainers, whose work since the checkpoint the Job does again, are replaced.
+        let (before, after) = (uids(&pods), uids(&deployment.job_pods(job)));
+        for (executor, uid) in &before {
+            let kept = after.get(executor) == Some(uid);
+            let adopted = executor.starts_with("ps-") || executor.starts_with("serving-");
+            assert_eq!(
+                kept, adopted,
+                "{job}: {executor}: before {before:?}, after {after:?}"
+            );
+        }
+        assert!(
+            status.events.iter().any(|e| e.reason == "TakenOver"),
+            "{job}: {:?}",
+            status.events
+        );
+    }
+    if fault == Fault::NodeLost {
+        deployment
+            .cluster
+            .rejoin_node(LOST_NODE)
+            .expect("the lost node joins again");
+    }
+    delete(deployment, job).await;
+    Outcome {
+        fault: fault.name(),
+        recovered_s,
+        lost: trained.lost,
+        duplicated: trained.repeated,
+        auc: progress.auc,
+        auc_delta: None,
+        note,
+    }
+}
+
+/// Injects `fault` into the Job whose pods are `pods`; what was done.
+async fn inject(deployment: &KubeDeployment, fault: Fault, pods: &[JobPod]) -> String {
+    let cluster = deployment.cluster;
+    let pod_of = |prefix: &str| {
+        (pods.iter())
+            .find(|p| p.executor.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} pod: {pods:?}"))
+            .name
+            .clone()
+    };
+    match fault {
+        Fault::TrainerPodDeleted | Fault::PsPodDeleted => {
+            let prefix = if fault == Fault::PsPodDeleted {
+                "ps-"
+            } else {
+                "trainer-"
+            };
+            let pod = pod_of(prefix);
+            cluster
+                .kubectl_run(&["-n", NAMESPACE, "delete", "pod", &pod, "--wait=false"])
+                .expect("kubectl delete pod");
+            format!("kubectl delete pod {pod}")
+        }
+        Fault::NodeLost => {
+            let on_node: Vec<&str> = (pods.iter())
+                .filter(|p| p.node == LOST_NODE)
+                .map(|p| p.executor.as_str())
+                .collect();
+            assert!(
+                !on_node.is_empty(),
+                "no pod of the Job on {LOST_NODE}: {pods:?}"
+            );
+            cluster.lose_node(LOST_NODE).expect("the node lost");
+            format!("{LOST_NODE} lost with {}", on_node.join(", "))
+        }
+        Fault::ApiServerStopped => {
+            cluster.stop_api_server();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            cluster.start_api_server().expect("the API server again");
+            "kube-apiserver stopped for 30 s".into()
+        }
+        Fault::MasterRestarted => {
+            cluster
+                .kubectl_run(&["-n", NAMESPACE, "delete", "pod", "master-0", "--wait=false"])
+                .expect("kubectl delete pod master-0");
+            "kubectl delete pod master-0".into()
+        }
+    }
+}
+
+/// Waits until `job` committed a checkpoint and trained `at` samples; its samples then.
+async fn wait_for_fault_moment(deployment: &KubeDeployment, job: &str, at: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let status = deployment.status(job).await;
+        let committed = (status.conditions.iter()).any(|c| c.kind == "Checkpoint" && c.status);
+        let samples = status.progress.as_ref().map_or(0, |p| p.samples);
+        if committed && samples >= at {
+            return samples;
+        }
+        assert!(
+            !status.phase.is_terminal() && Instant::now() < deadline,
+            "{job}: no checkpoint or not {at} samples: {status:?}\n{}",
+            deployment.cluster.diagnostics(NAMESPACE)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Seconds from the fault until the Job reported more samples than `before` again.
+async fn recovery(
+    deployment: &KubeDeployment,
+    job: &str,
+    before: u64,
+    injected: Instant,
+) -> Option<f64> {
+    let deadline = injected + Duration::from_secs(600);
+    loop {
+        let status = deployment.status(job).await;
+        let samples = status.progress.as_ref().map_or(0, |p| p.samples);
+        if samples > before || samples >= ROWS {
+            return Some(injected.elapsed().as_secs_f64());
+        }
+        if status.phase.is_terminal() || Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the Job trained as many samples as the Parquet rows, and a few seconds more
+/// for any sample trained twice to be counted; its status then.
+async fn caught_up(deployment: &KubeDeployment, job: &str) -> Status {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let status = deployment.status(job).await;
+        let samples = status.progress.as_ref().map_or(0, |p| p.samples);
+        if samples >= ROWS {
+            break;
+        }
+        assert!(
+            status.phase != Phase::Failed && Instant::now() < deadline,
+            "{job}: {samples} of {ROWS} rows trained: {status:#?}\n{}",
+            deployment.cluster.diagnostics(NAMESPACE)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    deployment.status(job).await
+}
+
+/// The Job's trained-sample count is what its model trained (since its last rollback),
+/// and its sources' counts add up to it.
+fn counted_as_trained(job: &str, progress: &primus_spec::status::Progress, trained: &Trained) {
+    let per_source: u64 = progress.sources.iter().map(|s| s.samples).sum();
+    assert_eq!(per_source, progress.samples, "{job}: {progress:?}");
+    assert_eq!(
+        progress.samples, trained.trainings,
+        "{job}: samples counted against row trainings in the model: {trained:?}"
+    );
+}
+
+fn uids(pods: &[JobPod]) -> BTreeMap<String, String> {
+    (pods.iter())
+        .map(|p| (p.executor.clone(), p.uid.clone()))
+        .collect()
+}
+
+/// Deletes the Job and waits until no object of it is left.
+async fn delete(deployment: &KubeDeployment, job: &str) {
+    deployment
+        .client()
+        .await
+        .delete(Kind::Job, job, 0)
+        .await
+        .expect("delete the Job");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !deployment.job_objects(job).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{job}: objects left: {:?}\n{}\n{}",
+            deployment.job_objects(job),
+            deployment
+                .cluster
+                .kubectl_run(&[
+                    "-n",
+                    NAMESPACE,
+                    "get",
+                    "configmaps,secrets",
+                    "-l",
+                    &format!("primus.dev/job={job}"),
+                    "-o",
+                    "yaml"
+                ])
+                .unwrap_or_default(),
+            deployment
+                .cluster
+                .kubectl_run(&["-n", NAMESPACE, "logs", "master-0", "--tail=40"])
+                .unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

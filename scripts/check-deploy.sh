@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Validates the deployment files: the compose file with docker-compose, and each
+# Validates the deployment files: the compose file with Docker Compose v2, and each
 # Kubernetes overlay rendered by `kubectl kustomize` against the Kubernetes schemas
 # (kubernetes-validate --strict: unknown fields fail). That every setting they give a
 # service exists is a cargo test (tests/deploy).
@@ -9,7 +9,7 @@ cd "$ROOT"
 # shellcheck source=scripts/env.sh
 . scripts/env.sh
 
-for tool in docker-compose kubernetes-validate; do
+for tool in docker-compose-v2 kubernetes-validate; do
   command -v "$tool" >/dev/null 2>&1 || { echo "[check-deploy] $tool is missing: run scripts/install-deps.sh" >&2; exit 1; }
 done
 if ! command -v kubectl >/dev/null 2>&1; then
@@ -17,8 +17,8 @@ if ! command -v kubectl >/dev/null 2>&1; then
   exit 1
 fi
 
-echo "[check-deploy] docker-compose config: deploy/docker-compose.yaml"
-docker-compose -f deploy/docker-compose.yaml config --quiet
+echo "[check-deploy] docker compose config: deploy/docker-compose.yaml"
+docker-compose-v2 -f deploy/docker-compose.yaml config --quiet
 
 rendered="$(mktemp -d)"
 trap 'rm -rf "$rendered"' EXIT

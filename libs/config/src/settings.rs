@@ -223,6 +223,8 @@ pub struct ApiServerSettings {
     pub store: ResourceStoreSettings,
     /// Logs and traces.
     pub telemetry: TelemetrySettings,
+    /// Where the dashboard reads traces back.
+    pub traces: TraceQuerySettings,
 }
 
 impl Default for ApiServerSettings {
@@ -234,8 +236,18 @@ impl Default for ApiServerSettings {
             auth: AuthSettings::default(),
             store: ResourceStoreSettings::default(),
             telemetry: TelemetrySettings::default(),
+            traces: TraceQuerySettings::default(),
         }
     }
+}
+
+/// The trace backend the dashboard reads a Job's traces from.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default, JsonSchema)]
+#[serde(default)]
+pub struct TraceQuerySettings {
+    /// Jaeger's query service (`http://jaeger:16686`), whose HTTP API the dashboard's trace
+    /// page reads; unset: the page says traces are not configured.
+    pub jaeger_query_url: Option<String>,
 }
 
 /// How a service reaches the API server (the master and serving-sync read resources).

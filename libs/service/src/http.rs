@@ -31,6 +31,7 @@ pub fn http_status(code: Code) -> StatusCode {
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,
         Code::PermissionDenied => StatusCode::FORBIDDEN,
         Code::NotFound => StatusCode::NOT_FOUND,
+        Code::FailedPrecondition => StatusCode::PRECONDITION_FAILED,
         Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
         Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,

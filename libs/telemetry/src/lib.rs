@@ -126,10 +126,24 @@ fn tracer_provider(service: &str, endpoint: &str) -> Result<SdkTracerProvider, T
         })?;
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
-        .with_resource(
-            Resource::builder()
-                .with_service_name(service.to_owned())
-                .build(),
-        )
+        .with_resource(resource(service))
         .build())
+}
+
+/// The process's resource: its service name and, for a Job's executor, which executor of
+/// which Job it is (the environment the master starts executors with), so that a trace
+/// backend tells `ps-0`'s spans from `ps-1`'s.
+fn resource(service: &str) -> Resource {
+    let identity = [
+        ("PRIMUS_EXECUTOR_ID", "service.instance.id"),
+        ("PRIMUS_JOB", "primus.job"),
+    ];
+    let attributes = identity.into_iter().filter_map(|(variable, key)| {
+        let value = std::env::var(variable).ok().filter(|v| !v.is_empty())?;
+        Some(opentelemetry::KeyValue::new(key, value))
+    });
+    Resource::builder()
+        .with_service_name(service.to_owned())
+        .with_attributes(attributes)
+        .build()
 }

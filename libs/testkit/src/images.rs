@@ -39,7 +39,7 @@ pub fn cluster_tools_dir() -> PathBuf {
 }
 
 /// A program `scripts/install-cluster-tools.sh` builds (Kubernetes, etcd, CoreDNS, MinIO,
-/// Jaeger).
+/// Jaeger, Docker Compose).
 pub fn cluster_tool(name: &str) -> Result<PathBuf, Error> {
     let bin = cluster_tools_dir().join("bin");
     let path = bin.join(name);

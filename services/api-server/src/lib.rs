@@ -77,7 +77,14 @@ async fn serve(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Resul
     let dashboard = match pages {
         Some(listener) => {
             tracing::info!(addr = %listener.local_addr()?, "serving the dashboard");
-            let serving = dashboard::serve(listener, api.clone(), tokens.clone(), shutdown.clone());
+            let jaeger = settings.traces.jaeger_query_url.clone();
+            let serving = dashboard::serve(
+                listener,
+                api.clone(),
+                tokens.clone(),
+                jaeger,
+                shutdown.clone(),
+            );
             Some(tokio::spawn(serving))
         }
         None => None,

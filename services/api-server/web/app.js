@@ -391,7 +391,10 @@ async function jobPage(name) {
       el("p", {}, "Dataset ", dataset ? el("a", { href: `#/datasets/${encodeURIComponent(dataset)}`, text: dataset }) : "-",
         `, mode ${job.spec?.mode ?? "-"}, spec generation ${job.metadata.generation}`),
       el("h2", { text: "Conditions" }), conditionsTable(job),
-      el("h2", { text: "Time line" }), timeline(job));
+      el("h2", { text: "Time line" }),
+      el("p", {}, el("a", { id: "traces-link", href: `#/jobs/${encodeURIComponent(name)}/traces`,
+        text: "Traces: a training step, the serving-sync cycle that moved its push, the Predicts that used it" })),
+      timeline(job));
   };
   showJob(job);
   const curves = new Curves(charts);
@@ -427,6 +430,60 @@ async function jobPage(name) {
     if (type === "appended") curves.append(metric);
     else if (type !== "deleted") curves.replace(metric);
   }, () => route());
+}
+
+// ---- A Job's traces ----
+
+/// One path through the system, read from Jaeger by the API server: a training step of the
+/// Job with its PS calls, the serving-sync cycle that moved its push, the Predicts that used it.
+async function tracesPage(name) {
+  const title = el("h1", {}, el("a", { href: `#/jobs/${encodeURIComponent(name)}`, text: `Job ${name}` }), ": traces");
+  MAIN.replaceChildren(title, el("p", { class: "muted", text: "Reading Jaeger..." }));
+  const path = await api(`/api/v1/traces/${encodeURIComponent(name)}`);
+  const origin = path.step[0]?.start_us ?? 0;
+  const sections = [title, el("h2", { text: "A training step" }), waterfall("step", path.step, origin)];
+  if (path.push) {
+    sections.push(
+      el("p", { class: "muted", text: `Its push left PS shard ${path.push.shard} at version ${path.push.version}.` }),
+      el("h2", { text: "The serving-sync cycle that moved it" }), waterfall("sync", path.sync, origin),
+      el("h2", { text: "Predicts that used it" }));
+    if (!path.predicts.length) sections.push(el("p", { class: "muted", text: "No Predict has used it yet." }));
+    for (const predict of path.predicts) {
+      const held = predict[0]?.attributes["primus.applied"] ?? "";
+      sections.push(el("p", { class: "muted", text: `${predict[0]?.instance || "a replica"} held ${held}` }),
+        waterfall("predict", predict, origin));
+    }
+  } else {
+    sections.push(el("p", { class: "muted",
+      text: "No serving-sync cycle of this Job moved a push that Jaeger still holds (a Job without serving, or none yet)." }));
+  }
+  MAIN.replaceChildren(...sections);
+}
+
+function duration(us) {
+  return us >= 1000 ? `${number(us / 1000, 1)} ms` : `${us} µs`;
+}
+
+/// Spans as bars on their group's own time scale, each row indented under its parent;
+/// the caption gives the group's start after `origin` (the step's start).
+function waterfall(group, spans, origin) {
+  if (!spans.length) return el("p", { class: "muted", text: "No spans." });
+  const start = spans[0].start_us;
+  const end = Math.max(...spans.map((s) => s.start_us + s.duration_us));
+  const total = Math.max(1, end - start);
+  const offset = start === origin ? "the step" : `${duration(start - origin)} after the step began`;
+  const rows = spans.map((s) => {
+    const details = [`${s.service}${s.instance ? ` (${s.instance})` : ""}`, ...Object.entries(s.attributes).map(([k, v]) => `${k} = ${v}`)].join("\n");
+    const left = ((s.start_us - start) / total) * 100;
+    const width = Math.max(0.4, (s.duration_us / total) * 100);
+    return el("div", { class: "span-row", "data-operation": s.operation, title: details },
+      el("div", { class: "span-label", style: `padding-left: ${s.depth * 14}px` },
+        el("span", { class: "span-process", text: s.instance || s.service }), ` ${s.operation}`),
+      el("div", { class: "span-lane" }, el("div", { class: `span-bar ${s.service}`, style: `left: ${left}%; width: ${width}%` })),
+      el("div", { class: "span-duration", text: duration(s.duration_us) }));
+  });
+  return el("div", { class: "waterfall", "data-group": group },
+    el("div", { class: "muted", text: `${offset}, ${duration(total)} in all` }), ...rows);
 }
 
 // ---- Datasets and Metrics ----
@@ -507,7 +564,8 @@ async function route() {
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.getAttribute("href") === `#/${parts[0]}`));
   try {
-    if (parts[0] === "jobs" && parts[1]) await jobPage(parts[1]);
+    if (parts[0] === "jobs" && parts[1] && parts[2] === "traces") await tracesPage(parts[1]);
+    else if (parts[0] === "jobs" && parts[1]) await jobPage(parts[1]);
     else if (parts[0] === "datasets" && parts[1]) await datasetPage(parts[1]);
     else if (parts[0] === "datasets") await datasetsPage();
     else if (parts[0] === "metrics") await metricsPage();

@@ -3,7 +3,6 @@
 //! reload, and the Job leaves the list when it is deleted. The screenshot the README shows
 //! is taken here (written to `docs/images/dashboard.png` with `PRIMUS_BLESS=1`).
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -14,36 +13,8 @@ use tokio::process::Command;
 
 const JOB: &str = "dashboard";
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Debian's chromium (or `PRIMUS_CHROMIUM`); the test fails naming the fix without one.
-fn chromium() -> PathBuf {
-    let path = std::env::var_os("PRIMUS_CHROMIUM")
-        .map_or_else(|| "/usr/bin/chromium".into(), PathBuf::from);
-    assert!(
-        path.is_file(),
-        "no Chromium at {}: scripts/install-deps.sh installs Debian's chromium (PRIMUS_CHROMIUM names another)",
-        path.display()
-    );
-    path
-}
-
-/// Where playwright-core is installed (`.tools/web/node_modules`).
-fn node_modules() -> PathBuf {
-    let modules = root().join(".tools/web/node_modules");
-    assert!(
-        modules.join("playwright-core/package.json").is_file(),
-        "no playwright-core under {}: scripts/install-deps.sh installs it",
-        modules.display()
-    );
-    modules
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_job_shows_live_curves_to_its_token_only_and_leaves_the_list_when_deleted() {
-    let (chromium, modules) = (chromium(), node_modules());
     let sandbox = Sandbox::start().await;
     apply_criteo_dataset(&sandbox).await;
     sandbox
@@ -58,21 +29,18 @@ async fn a_running_job_shows_live_curves_to_its_token_only_and_leaves_the_list_w
     let master = MasterProcess::start(&sandbox, &settings, &[]);
     sandbox.wait_for_at_least(JOB, 1).await;
 
-    let screenshot = match std::env::var_os("PRIMUS_BLESS") {
-        Some(_) => root().join("docs/images/dashboard.png"),
-        None => sandbox.dir().join("dashboard.png"),
-    };
+    let screenshot = primus_browser::screenshot_path("dashboard.png", sandbox.dir());
     let dashboard = sandbox
         .dashboard_addr()
         .expect("the sandbox serves a dashboard");
-    let mut browser = Command::new("node")
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("dashboard.cjs"))
-        .env("NODE_PATH", &modules)
-        .env("PRIMUS_DASHBOARD_URL", format!("http://{dashboard}/"))
-        .env("PRIMUS_TOKEN", TOKEN)
-        .env("PRIMUS_JOB", JOB)
-        .env("PRIMUS_SCREENSHOT", &screenshot)
-        .env("PRIMUS_CHROMIUM", &chromium)
+    let script = primus_browser::script(
+        "dashboard.cjs",
+        &format!("http://{dashboard}/"),
+        TOKEN,
+        JOB,
+        &screenshot,
+    );
+    let mut browser = Command::from(script)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()

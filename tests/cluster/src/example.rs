@@ -125,7 +125,7 @@ fn example_step_done(deployment: &KubeDeployment) -> bool {
 
 /// Seconds from the master starting the Job (its `Scheduled` condition) to its end (its
 /// `Complete` condition), as the master recorded them.
-fn job_seconds(status: &primus_spec::status::Status) -> f64 {
+pub(crate) fn job_seconds(status: &primus_spec::status::Status) -> f64 {
     let at = |kind: &str| {
         (status.conditions.iter())
             .find(|c| c.kind == kind)

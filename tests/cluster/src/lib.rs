@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod compose;
 pub mod example;
 pub mod faults;
 

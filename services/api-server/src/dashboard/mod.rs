@@ -5,13 +5,17 @@
 //! - `GET /api/v1/watch?kind=&name=&since=`: the Watch as server-sent events, one per
 //!   change (`id` its version, `event` added, modified, appended or deleted, `data` the
 //!   resource); a Watch that ends with an error sends an `error` event, and one that
-//!   cannot start answers like any failed call (`since` gone: 400, OUT_OF_RANGE).
+//!   cannot start answers like any failed call (`since` gone: 400, OUT_OF_RANGE);
+//! - `GET /api/v1/traces/<job>`: a step of the Job, the sync that moved its push and the
+//!   Predicts that used it, read from Jaeger ([`traces`]; 412, FAILED_PRECONDITION, when
+//!   no `traces.jaeger_query_url` is set; 503 when Jaeger does not answer).
 //!
 //! A resource is the document `primus get -o json` prints ([`primus_api_client::document`]):
 //! `{kind, metadata, spec, status}`. The pages hold no data: they ask for a token and keep
 //! it in the browser tab's `sessionStorage`.
 
 mod assets;
+mod traces;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -38,6 +42,7 @@ use crate::service::Api;
 struct Dashboard {
     api: Arc<Api>,
     tokens: BearerTokens,
+    jaeger: Option<traces::Jaeger>,
 }
 
 /// Serves the dashboard on `listener` until `shutdown`.
@@ -45,15 +50,22 @@ pub(crate) async fn serve(
     listener: TcpListener,
     api: Arc<Api>,
     tokens: BearerTokens,
+    jaeger_query_url: Option<String>,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
+    let jaeger = jaeger_query_url.as_deref().map(traces::Jaeger::new);
     let router = Router::new()
         .route("/", get(assets::index))
         .route("/assets/{file}", get(assets::file))
         .route("/api/v1/watch", get(watch))
+        .route("/api/v1/traces/{job}", get(job_traces))
         .route("/api/v1/{kind}", get(list))
         .route("/api/v1/{kind}/{name}", get(get_one))
-        .with_state(Arc::new(Dashboard { api, tokens }));
+        .with_state(Arc::new(Dashboard {
+            api,
+            tokens,
+            jaeger,
+        }));
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.wait().await })
         .await?;
@@ -102,6 +114,34 @@ async fn get_one(
     };
     match found.await {
         Ok(resource) => json_reply(StatusCode::OK, document(&resource).to_string()),
+        Err(error) => error_reply(&error),
+    }
+}
+
+async fn job_traces(
+    State(dashboard): State<Arc<Dashboard>>,
+    headers: HeaderMap,
+    Path(job): Path<String>,
+) -> Response {
+    let found = async {
+        dashboard.tokens.check_header(authorization(&headers))?;
+        let jaeger = dashboard.jaeger.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "this API server reads no traces: set traces.jaeger_query_url (Jaeger's query service, http://jaeger:16686)",
+            )
+        })?;
+        let request = GetRequest {
+            kind: "Job".into(),
+            name: job.clone(),
+        };
+        let resource = dashboard.api.get(request).await?;
+        jaeger.step_path(&job, resource.created_unix_ms).await
+    };
+    match found.await {
+        Ok(path) => match serde_json::to_string(&path) {
+            Ok(body) => json_reply(StatusCode::OK, body),
+            Err(e) => error_reply(&Status::internal(e.to_string())),
+        },
         Err(error) => error_reply(&error),
     }
 }

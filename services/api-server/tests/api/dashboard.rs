@@ -12,9 +12,15 @@ use super::{Cluster, DATASET, Server, TOKEN, apply_job, parse_one};
 
 /// An API server with its dashboard; returns it and the dashboard's address.
 async fn dashboard(cluster: &Cluster) -> (Server, String) {
+    dashboard_with(cluster, None).await
+}
+
+/// An API server with its dashboard reading traces from `jaeger`.
+async fn dashboard_with(cluster: &Cluster, jaeger: Option<String>) -> (Server, String) {
     let mut settings = cluster.settings();
     let addr = format!("127.0.0.1:{}", free_port().expect("port"));
     settings.server.http_addr = Some(addr.parse().expect("addr"));
+    settings.traces.jaeger_query_url = jaeger;
     (Server::start(settings).await, addr)
 }
 
@@ -75,6 +81,19 @@ async fn the_dashboard_serves_its_pages_and_the_resources_only_with_a_token() {
         (200, Some("ads"))
     );
 
+    // Traces come from Jaeger, which this server has not been given.
+    let (status, traces) = get_json(&addr, "/api/v1/traces/ctr", None).await;
+    assert!(
+        status == 412
+            && traces["code"] == "FailedPrecondition"
+            && traces["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("traces.jaeger_query_url")),
+        "{status} {traces}"
+    );
+    let (status, _) = get_json(&addr, "/api/v1/traces/ctr", Some("not-a-token")).await;
+    assert_eq!(status, 401);
+
     let (status, bad) = get_json(&addr, "/api/v1/Job?labels=team", None).await;
     assert!(
         status == 400
@@ -91,6 +110,27 @@ async fn the_dashboard_serves_its_pages_and_the_resources_only_with_a_token() {
     );
     let (status, gone) = get_json(&addr, "/api/v1/Job/absent", None).await;
     assert_eq!((status, gone["code"].as_str()), (404, Some("NotFound")));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_jobs_traces_name_the_jaeger_that_did_not_answer() {
+    let cluster = Cluster::start();
+    // A port nothing listens on.
+    let jaeger = format!("http://127.0.0.1:{}", free_port().expect("port"));
+    let (server, addr) = dashboard_with(&cluster, Some(jaeger.clone())).await;
+    let client = server.client().await;
+    client.apply(&parse_one(DATASET), 0).await.expect("dataset");
+    apply_job(&client, "ctr", 16).await;
+    let (status, away) = get_json(&addr, "/api/v1/traces/ctr", None).await;
+    assert!(
+        status == 503
+            && away["code"] == "Unavailable"
+            && away["error"].as_str().is_some_and(|e| e.contains(&jaeger)),
+        "{status} {away}"
+    );
+    let (status, absent) = get_json(&addr, "/api/v1/traces/absent", None).await;
+    assert_eq!((status, absent["code"].as_str()), (404, Some("NotFound")));
     server.stop().await;
 }
 

@@ -179,6 +179,24 @@ pub async fn run(deployment: &KubeDeployment, fault: Fault, at: u64) -> Outcome 
         .map(|e| format!("{} {}: {}", e.unix_ms, e.reason, e.message))
         .collect();
     eprintln!("{job}: {trained:?}, events:\n{}", events.join("\n"));
+    if trained.lost > 0 || trained.repeated > 0 || progress.samples != trained.trainings {
+        let cluster = deployment.cluster;
+        let master = (cluster.kubectl_run(&["-n", NAMESPACE, "logs", "master-0", "--tail=300"]))
+            .unwrap_or_else(|e| e.to_string());
+        let previous = (cluster.kubectl_run(&[
+            "-n",
+            NAMESPACE,
+            "logs",
+            "master-0",
+            "--previous",
+            "--tail=100",
+        ]))
+        .unwrap_or_else(|e| e.to_string());
+        eprintln!(
+            "{job}: {status:#?}\n{}\n--- master-0:\n{master}\n--- master-0, its previous container:\n{previous}",
+            cluster.diagnostics(NAMESPACE)
+        );
+    }
     counted_as_trained(job, &progress, &trained);
     if fault == Fault::MasterRestarted {
         // The PS shards and the serving replica are taken over; the data executors and

@@ -13,7 +13,14 @@ async fn every_fault_of_the_cluster_loses_and_repeats_no_row() {
     let deployment = KubeDeployment::shared();
     prepare(deployment).await;
     let mut report = Report::default();
+    // PRIMUS_CLUSTER_FAULT=<index> runs one fault alone (Fault::ALL's order).
+    let only: Option<usize> = std::env::var("PRIMUS_CLUSTER_FAULT")
+        .ok()
+        .and_then(|v| v.parse().ok());
     for (index, fault) in Fault::ALL.into_iter().enumerate() {
+        if only.is_some_and(|only| only != index) {
+            continue;
+        }
         // Between a third and two thirds of the rows, a different share for each fault.
         let at = ROWS / 3 + (index as u64 * ROWS / 15);
         let outcome = run(deployment, fault, at).await;

@@ -76,18 +76,20 @@ fn shard_error(shard: &Endpoint, message: String) -> CheckpointError {
     }
 }
 
-/// Restores every PS shard of `shards` (the Job's, in shard order) from `record`.
+/// Restores every PS shard of `shards` (the Job's, in shard order) from `record`; the rows
+/// each wrote, as `<shard> <rows>` in shard order.
 pub async fn restore_ps(
     record: &CheckpointRecord,
     shards: &[&Endpoint],
-) -> Result<(), CheckpointError> {
+) -> Result<String, CheckpointError> {
     let restores = shards
         .iter()
         .map(|shard| restore_shard(record, shard, shards));
-    for restored in join_all(restores).await {
-        restored?;
+    let mut rows = Vec::with_capacity(shards.len());
+    for (shard, restored) in shards.iter().zip(join_all(restores).await) {
+        rows.push(format!("{} {}", shard.id, restored?));
     }
-    Ok(())
+    Ok(rows.join(", "))
 }
 
 /// Restores `shard`, one of `shards` (the Job's, in shard order), from `record`; returns

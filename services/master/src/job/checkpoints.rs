@@ -87,11 +87,11 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         let endpoints = self.endpoints();
         let shards = primus_proto::role_endpoints(&endpoints, Role::Ps);
         let shards: Vec<&Endpoint> = shards.iter().collect();
-        checkpoint::restore_ps(record, &shards)
+        let rows = checkpoint::restore_ps(record, &shards)
             .await
             .map_err(|e| Outcome::failed("CheckpointRestoreFailed", e.to_string()))?;
         let message = format!(
-            "from checkpoint {} ({}): {} samples trained, {} tasks done, {} in progress",
+            "from checkpoint {} ({}): {} samples trained, {} tasks done, {} in progress; rows restored: {rows}",
             record.id,
             record.uri,
             record.samples(),
@@ -224,12 +224,12 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         let endpoints = self.endpoints();
         let shards = primus_proto::role_endpoints(&endpoints, Role::Ps);
         let shards: Vec<&Endpoint> = shards.iter().collect();
-        checkpoint::restore_ps(&record, &shards)
+        let rows = checkpoint::restore_ps(&record, &shards)
             .await
             .map_err(failed)?;
         let manifests: Vec<String> = record.ps.values().cloned().collect();
         let mut message = format!(
-            "from {uri} (another Job's checkpoint {}, {} samples trained)",
+            "from {uri} (another Job's checkpoint {}, {} samples trained; rows restored: {rows})",
             record.id,
             record.samples()
         );

@@ -300,6 +300,9 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             let message = format!("the previous master's {} stopped", previous.join(", "));
             tracing::info!(job = name, %message, "taking the Job over");
             writer.event("TakenOver", message);
+            // Written now: a master that stops again before the Job runs leaves the next
+            // one nothing to kill, and the takeover would otherwise go unrecorded.
+            writer.write().await;
         }
         let mut run = Self::open(context, writer, name, checked, specs).await?;
         let mut events = context.backend.events();

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use primus_harness::{MasterProcess, Sandbox, binary};
 use primus_proto::v1::serving_service_client::ServingServiceClient;
 use primus_proto::v1::{FeatureValue, PredictRequest, PredictResponse, Sample, feature_value};
-use primus_spec::Kind;
 use primus_spec::status::Phase;
 
 use crate::{KubeDeployment, NAMESPACE};
@@ -219,24 +218,7 @@ pub async fn predict(deployment: &KubeDeployment) -> PredictResponse {
 /// Deletes the Job through the API server, waits until no object of it is left, and
 /// deletes `k8s/example`.
 pub async fn delete(deployment: &KubeDeployment) {
-    deployment
-        .client()
-        .await
-        .delete(Kind::Job, JOB, 0)
-        .await
-        .expect("delete the Job");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let left = deployment.job_objects(JOB);
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "objects of the deleted Job left: {left:?}"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    deployment.delete_job(JOB).await;
     let example = KubeDeployment::example_dir().display().to_string();
     deployment
         .cluster

@@ -16,9 +16,9 @@ use primus_config::{NatsSettings, StorageSettings};
 use primus_harness::criteo::{dlrm_job_checkpointed_at, write_criteo_rows_to};
 use primus_harness::numbered::{Trained, number_parquet_rows, trained_rows};
 use primus_harness::resources::{dataset, hourly, jetstream, parquet, served};
+use primus_spec::Resource;
 use primus_spec::job::{PsFailure, RoleSpec, TrainingMode, WorkerFailure};
 use primus_spec::status::{Phase, Status};
-use primus_spec::{Kind, Resource};
 
 const HOURS: usize = 2;
 /// The Parquet rows every fault's Job trains.
@@ -222,7 +222,7 @@ pub async fn run(deployment: &KubeDeployment, fault: Fault, at: u64) -> Outcome 
             .rejoin_node(LOST_NODE)
             .expect("the lost node joins again");
     }
-    delete(deployment, job).await;
+    deployment.delete_job(job).await;
     Outcome {
         fault: fault.name(),
         recovered_s,
@@ -360,40 +360,4 @@ fn uids(pods: &[JobPod]) -> BTreeMap<String, String> {
     (pods.iter())
         .map(|p| (p.executor.clone(), p.uid.clone()))
         .collect()
-}
-
-/// Deletes the Job and waits until no object of it is left.
-async fn delete(deployment: &KubeDeployment, job: &str) {
-    deployment
-        .client()
-        .await
-        .delete(Kind::Job, job, 0)
-        .await
-        .expect("delete the Job");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !deployment.job_objects(job).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{job}: objects left: {:?}\n{}\n{}",
-            deployment.job_objects(job),
-            deployment
-                .cluster
-                .kubectl_run(&[
-                    "-n",
-                    NAMESPACE,
-                    "get",
-                    "configmaps,secrets",
-                    "-l",
-                    &format!("primus.dev/job={job}"),
-                    "-o",
-                    "yaml"
-                ])
-                .unwrap_or_default(),
-            deployment
-                .cluster
-                .kubectl_run(&["-n", NAMESPACE, "logs", "master-0", "--tail=40"])
-                .unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
 }

@@ -235,6 +235,40 @@ impl KubeDeployment {
             .collect()
     }
 
+    /// Deletes Job `job` through the API server and waits until no object of it is left
+    /// (2 minutes at most; then fails with what is left and the master's log).
+    pub async fn delete_job(&self, job: &str) {
+        self.client()
+            .await
+            .delete(Kind::Job, job, 0)
+            .await
+            .expect("delete the Job");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.job_objects(job).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{job}: objects left: {:?}\n{}\n{}",
+                self.job_objects(job),
+                self.cluster
+                    .kubectl_run(&[
+                        "-n",
+                        NAMESPACE,
+                        "get",
+                        "configmaps,secrets",
+                        "-l",
+                        &format!("primus.dev/job={job}"),
+                        "-o",
+                        "yaml"
+                    ])
+                    .unwrap_or_default(),
+                self.cluster
+                    .kubectl_run(&["-n", NAMESPACE, "logs", "master-0", "--tail=40"])
+                    .unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
     /// `k8s/example`, as the repository has it.
     pub fn example_dir() -> PathBuf {
         primus_testkit::repo_root().join("k8s/example")

@@ -5,7 +5,9 @@
 //! trained a share of its rows, the fault: its trainer's pod deleted, a PS shard's pod
 //! deleted, the second node lost at once (kubelet, containerd, every container), the
 //! Kubernetes API server stopped for 30 s, the master's pod deleted (its StatefulSet starts
-//! it again and it takes the Job over). Every row must have been trained exactly once.
+//! it again and it takes the Job over); and a trainer given less memory than it uses, which
+//! the kernel OOM-kills until the master gives it more. Every row must have been trained
+//! exactly once.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -44,16 +46,20 @@ pub enum Fault {
     ApiServerStopped,
     /// `kubectl delete pod master-0`.
     MasterRestarted,
+    /// The trainer given less memory than it uses once it trains at full speed: the
+    /// kernel OOM-kills it, and the master gives it more (`scaling.memory.vertical`).
+    OutOfMemory,
 }
 
 impl Fault {
     /// Every fault, in the order the tests inject them.
-    pub const ALL: [Fault; 5] = [
+    pub const ALL: [Fault; 6] = [
         Fault::TrainerPodDeleted,
         Fault::PsPodDeleted,
         Fault::NodeLost,
         Fault::ApiServerStopped,
         Fault::MasterRestarted,
+        Fault::OutOfMemory,
     ];
 
     /// The fault in words.
@@ -64,6 +70,7 @@ impl Fault {
             Fault::NodeLost => "node lost (kubelet, containerd, containers)",
             Fault::ApiServerStopped => "Kubernetes API server stopped 30 s",
             Fault::MasterRestarted => "master pod deleted (restarted, takes over)",
+            Fault::OutOfMemory => "trainer OOMKilled (given more memory)",
         }
     }
 
@@ -74,6 +81,7 @@ impl Fault {
             Fault::NodeLost => "fault-node-lost",
             Fault::ApiServerStopped => "fault-api-server",
             Fault::MasterRestarted => "fault-master",
+            Fault::OutOfMemory => "fault-oom",
         }
     }
 }
@@ -122,9 +130,14 @@ pub async fn prepare(deployment: &KubeDeployment) {
     client.apply(&faults.build(), 0).await.expect("the Dataset");
 }
 
+/// The trainer's memory in the out-of-memory fault: it starts in less (about 13 MiB) and
+/// uses more once it trains at full speed (about 17 MiB).
+const TRAINER_MEMORY_SHORT: &str = "14Mi";
+
 /// The Job of `fault`: small enough that every pod fits the first node when the second is
 /// lost (1.5 CPUs beside the services' 0.45).
-fn job_resource(job: &str) -> Resource {
+fn job_resource(fault: Fault) -> Resource {
+    let job = fault.job();
     dlrm_job_checkpointed_at(job, 1, format!("s3://primus/checkpoints/{job}"), 2)
         .with(|spec| {
             spec.dataset = DATASET.into();
@@ -135,6 +148,10 @@ fn job_resource(job: &str) -> Resource {
             topology.data_executors = sized(1, 0.25, "1Gi");
             topology.trainers = sized(1, 0.5, "1Gi");
             topology.serving = Some(sized(1, 0.25, "512Mi"));
+            if fault == Fault::OutOfMemory {
+                topology.trainers.memory = TRAINER_MEMORY_SHORT.into();
+                spec.scaling.memory.vertical = true;
+            }
             if let Some(checkpoint) = &mut spec.checkpoint {
                 checkpoint.on_ps_failure = PsFailure::Rollback;
                 checkpoint.on_worker_failure = WorkerFailure::Rollback;
@@ -152,15 +169,25 @@ fn sized(replicas: u32, cpu: f64, memory: &str) -> RoleSpec {
 }
 
 /// Runs `fault`'s Job, injecting the fault once the Job committed a checkpoint and trained
-/// `at` samples; counts what it trained once it trained every row, and deletes it.
+/// `at` samples (the out-of-memory fault comes by itself); counts what it trained once it
+/// trained every row, and deletes it.
 pub async fn run(deployment: &KubeDeployment, fault: Fault, at: u64) -> Outcome {
     let job = fault.job();
     let client = deployment.client().await;
-    client.apply(&job_resource(job), 0).await.expect("the Job");
-    let before = wait_for_fault_moment(deployment, job, at).await;
-    let pods = deployment.job_pods(job);
-    let injected = Instant::now();
-    let note = inject(deployment, fault, &pods).await;
+    client
+        .apply(&job_resource(fault), 0)
+        .await
+        .expect("the Job");
+    let (before, pods, injected, note) = if fault == Fault::OutOfMemory {
+        let (before, note) = wait_for_oom_kill(deployment, job).await;
+        (before, deployment.job_pods(job), Instant::now(), note)
+    } else {
+        let before = wait_for_fault_moment(deployment, job, at).await;
+        let pods = deployment.job_pods(job);
+        let injected = Instant::now();
+        let note = inject(deployment, fault, &pods).await;
+        (before, pods, injected, note)
+    };
     let recovered_s = recovery(deployment, job, before, injected).await;
     let status = caught_up(deployment, job).await;
     let progress = status.progress.clone().expect("progress");
@@ -215,6 +242,9 @@ pub async fn run(deployment: &KubeDeployment, fault: Fault, at: u64) -> Outcome 
             "{job}: {:?}",
             status.events
         );
+    }
+    if fault == Fault::OutOfMemory {
+        given_more_memory(deployment, job, &status);
     }
     if fault == Fault::NodeLost {
         deployment
@@ -281,7 +311,87 @@ async fn inject(deployment: &KubeDeployment, fault: Fault, pods: &[JobPod]) -> S
                 .expect("kubectl delete pod master-0");
             "kubectl delete pod master-0".into()
         }
+        Fault::OutOfMemory => unreachable!("the kernel injects it"),
     }
+}
+
+/// The trainer's pod of `job`: its name, its container's id and restarts, the reason its
+/// previous run ended, and its memory limit.
+fn trainer_container(deployment: &KubeDeployment, job: &str) -> Option<[String; 5]> {
+    let template = "{range .items[*]}{.metadata.name} \
+                    {.status.containerStatuses[0].containerID}- \
+                    {.status.containerStatuses[0].restartCount}- \
+                    {.status.containerStatuses[0].lastState.terminated.reason}- \
+                    {.spec.containers[0].resources.limits.memory}{\"\\n\"}{end}";
+    let listed = (deployment.cluster.kubectl_run(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "pods",
+        "-l",
+        &format!("primus.dev/job={job}"),
+        "-o",
+        &format!("jsonpath={template}"),
+    ]))
+    .ok()?;
+    let line = listed.lines().find(|l| l.contains("-trainer-"))?;
+    let mut parts = line.split_whitespace().map(|p| p.trim_end_matches('-'));
+    let mut next = || parts.next().unwrap_or_default().to_owned();
+    let name = next();
+    let id = next().trim_start_matches("containerd://").to_owned();
+    Some([name, id, next(), next(), next()])
+}
+
+/// Waits until the kernel OOM-killed `job`'s trainer; the Job's samples then, and what
+/// happened.
+async fn wait_for_oom_kill(deployment: &KubeDeployment, job: &str) -> (u64, String) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let status = deployment.status(job).await;
+        if let Some([name, _, restarts, reason, _]) = trainer_container(deployment, job)
+            && reason == "OOMKilled"
+        {
+            let samples = status.progress.as_ref().map_or(0, |p| p.samples);
+            let note = format!("{name} OOMKilled at {TRAINER_MEMORY_SHORT} ({restarts} restarts)");
+            return (samples, note);
+        }
+        assert!(
+            !status.phase.is_terminal() && Instant::now() < deadline,
+            "{job}: its trainer was never OOM-killed at {TRAINER_MEMORY_SHORT}: {status:#?}\n{}",
+            deployment.cluster.diagnostics(NAMESPACE)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The Job's events say the trainer was given more memory, its pod's limit is what it
+/// was given, and so is its container's cgroup's: the kernel enforces the new limit.
+fn given_more_memory(deployment: &KubeDeployment, job: &str, status: &Status) {
+    let raised: Vec<&str> = (status.events.iter())
+        .filter(|e| e.reason == "MemoryRaised" && e.message.starts_with("trainer-0"))
+        .map(|e| e.message.as_str())
+        .collect();
+    let given: u64 = (raised.last())
+        .and_then(|m| m.rsplit_once("given "))
+        .and_then(|(_, bytes)| bytes.trim_end_matches(" bytes").parse().ok())
+        .unwrap_or_else(|| panic!("{job}: no MemoryRaised for trainer-0: {:?}", status.events));
+    let short = primus_spec::job::parse_memory(TRAINER_MEMORY_SHORT).expect("a quantity");
+    assert!(given > short, "{job}: {raised:?}");
+    let [name, id, _, _, limit] = trainer_container(deployment, job).expect("the trainer's pod");
+    assert_eq!(
+        primus_spec::job::parse_memory(&limit).ok(),
+        Some(given),
+        "{job}: {name}'s memory limit {limit}, given {raised:?}"
+    );
+    let cgroup = (deployment.cluster.container_cgroup("memory", &id))
+        .unwrap_or_else(|| panic!("{job}: no cgroup of {name}'s container {id}"));
+    let enforced = std::fs::read_to_string(cgroup.join("memory.limit_in_bytes"))
+        .expect("memory.limit_in_bytes");
+    assert_eq!(
+        enforced.trim().parse::<u64>().ok(),
+        Some(given),
+        "{job}: {name}'s cgroup"
+    );
 }
 
 /// Waits until `job` committed a checkpoint and trained `at` samples; its samples then.

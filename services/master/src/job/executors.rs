@@ -2,7 +2,7 @@
 //! master's own sections and the Job, its Dataset and its model layout; starting a role's
 //! replicas; waiting until every executor's gRPC health says SERVING (or it is done).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +35,9 @@ pub(crate) struct JobParts<'a> {
     pub(crate) spec: &'a JobSpec,
     pub(crate) dataset: &'a DatasetSpec,
     pub(crate) layout: &'a ModelLayout,
+    /// Memory executors were given beyond their role's, by id: a raise outlives a restart
+    /// under the same id (a rollback's, a scale-out's into a departed one's place).
+    pub(crate) memory_given: &'a HashMap<String, u64>,
 }
 
 /// The settings of one executor of `role`: the master's NATS and telemetry sections, plus
@@ -181,7 +184,7 @@ pub(crate) async fn request_executor<B: ResourceBackend, C: Catalog>(
 }
 
 /// What the backend is asked to start for executor `index` of `role`: its settings and
-/// the Job's resources for its role.
+/// the Job's resources for its role, with the memory it was given since where it was.
 pub(crate) fn executor_spec(
     settings: &MasterSettings,
     job: &JobParts<'_>,
@@ -199,14 +202,18 @@ pub(crate) fn executor_spec(
     {
         executor.data.read_delay_ms += faults.slow_read_delay_ms;
     }
-    ExecutorSpec {
+    let mut spec = ExecutorSpec {
         job: job.name.to_owned(),
         role,
         index,
         settings: executor_settings,
         cpu,
         memory_bytes,
+    };
+    if let Some(given) = job.memory_given.get(&spec.id()) {
+        spec.memory_bytes = *given;
     }
+    spec
 }
 
 /// Every executor a Job starts with, as the backend is asked for them.
@@ -217,11 +224,13 @@ pub fn job_executors(
     dataset: &DatasetSpec,
 ) -> Result<Vec<ExecutorSpec>, String> {
     let layout = ModelLayout::new(&spec.model, &dataset.schema).map_err(|e| e.to_string())?;
+    let none_given = HashMap::new();
     let job = JobParts {
         name,
         spec,
         dataset,
         layout: &layout,
+        memory_given: &none_given,
     };
     Ok((ExecutorRole::ALL.into_iter())
         .filter_map(|role| Some((role, role_spec(spec, role)?.replicas)))
@@ -375,11 +384,8 @@ mod tests {
         settings_with(&MasterSettings::default(), example, role)
     }
 
-    fn settings_with(
-        master: &MasterSettings,
-        example: &str,
-        role: ExecutorRole,
-    ) -> ExecutorSettings {
+    /// The Job, Dataset and model layout of `example`.
+    fn example_job(example: &str) -> (JobSpec, DatasetSpec, ModelLayout) {
         let resources = parse_documents("criteo-like.yaml", example).expect("example parses");
         let (mut job, mut dataset) = (None, None);
         for resource in resources {
@@ -391,13 +397,51 @@ mod tests {
         }
         let (spec, dataset) = (job.expect("a job"), dataset.expect("a dataset"));
         let layout = ModelLayout::new(&spec.model, &dataset.schema).expect("layout");
+        (spec, dataset, layout)
+    }
+
+    fn settings_with(
+        master: &MasterSettings,
+        example: &str,
+        role: ExecutorRole,
+    ) -> ExecutorSettings {
+        let (spec, dataset, layout) = example_job(example);
+        let none_given = HashMap::new();
         let parts = JobParts {
             name: "criteo-like",
             spec: &spec,
             dataset: &dataset,
             layout: &layout,
+            memory_given: &none_given,
         };
         executor_settings(master, role, &parts)
+    }
+
+    /// A trainer given more memory after an OOM kill starts again with it; its role's
+    /// other replicas keep the role's memory.
+    #[test]
+    fn an_executor_started_again_keeps_the_memory_it_was_given() {
+        let (spec, dataset, layout) = example_job(EXAMPLE);
+        let role_memory = primus_spec::job::parse_memory(&spec.topology.trainers.memory)
+            .expect("the example's trainer memory");
+        let given = HashMap::from([("trainer-0".to_owned(), role_memory * 3 / 2)]);
+        let parts = JobParts {
+            name: "criteo-like",
+            spec: &spec,
+            dataset: &dataset,
+            layout: &layout,
+            memory_given: &given,
+        };
+        let settings = MasterSettings::default();
+        let memory = |index| executor_spec(&settings, &parts, ExecutorRole::Trainer, index);
+        assert_eq!(memory(0).memory_bytes, role_memory * 3 / 2);
+        assert_eq!(memory(1).memory_bytes, role_memory);
+        let ps = executor_spec(&settings, &parts, ExecutorRole::Ps, 0);
+        assert_ne!(
+            ps.memory_bytes,
+            role_memory * 3 / 2,
+            "ps-0 was given nothing"
+        );
     }
 
     fn ps_section(example: &str) -> TableSettings {

@@ -52,6 +52,11 @@ struct ShardMemory {
 }
 
 impl MemoryWatch {
+    /// The memory executors were given since they started, by id.
+    pub(super) fn given(&self) -> &HashMap<String, u64> {
+        &self.allotted
+    }
+
     /// The answers asked at an earlier tick, once all are in (None while some are still
     /// awaited, and at the first tick); asks `shards` again whenever it takes answers.
     async fn answers(&mut self, shards: &[Endpoint]) -> Option<Vec<ShardMemory>> {

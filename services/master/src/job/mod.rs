@@ -22,7 +22,7 @@ mod status;
 mod stragglers;
 mod warm_start;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -178,12 +178,13 @@ impl CheckedJob {
         })
     }
 
-    fn parts<'a>(&'a self, name: &'a str) -> JobParts<'a> {
+    fn parts<'a>(&'a self, name: &'a str, memory_given: &'a HashMap<String, u64>) -> JobParts<'a> {
         JobParts {
             name,
             spec: &self.spec,
             dataset: &self.dataset,
             layout: &self.layout,
+            memory_given,
         }
     }
 }
@@ -308,11 +309,11 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let mut events = context.backend.events();
         // PS shards (and serving replicas) first: a restored checkpoint must be in them
         // before any trainer offers its initial parameters or reads a row.
-        let parts = run.job.parts(&run.name);
+        let parts = run.job.parts(&run.name, run.memory.given());
         start_executors(context, &parts, &[ExecutorRole::Ps, ExecutorRole::Serving]).await?;
         wait_ready(context, &run.name, &mut events).await?;
         run.restore_or_open_ps(false).await?;
-        let parts = run.job.parts(&run.name);
+        let parts = run.job.parts(&run.name, run.memory.given());
         let roles = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];
         start_executors(context, &parts, &roles).await?;
         let ready = wait_ready(context, &run.name, &mut events).await?;

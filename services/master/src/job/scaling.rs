@@ -127,7 +127,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         let index = (0..)
             .find(|i| !members.iter().any(|(member, _)| member == i))
             .unwrap_or(0);
-        let parts = self.job.parts(&self.name);
+        let parts = self.job.parts(&self.name, self.memory.given());
         let starting = std::time::Instant::now();
         let endpoint = start_executor(self.context, &parts, role, index)
             .await

@@ -323,17 +323,7 @@ fn trainer_container(deployment: &KubeDeployment, job: &str) -> Option<[String; 
                     {.status.containerStatuses[0].restartCount}- \
                     {.status.containerStatuses[0].lastState.terminated.reason}- \
                     {.spec.containers[0].resources.limits.memory}{\"\\n\"}{end}";
-    let listed = (deployment.cluster.kubectl_run(&[
-        "-n",
-        NAMESPACE,
-        "get",
-        "pods",
-        "-l",
-        &format!("primus.dev/job={job}"),
-        "-o",
-        &format!("jsonpath={template}"),
-    ]))
-    .ok()?;
+    let listed = deployment.job_pods_listed(job, template).ok()?;
     let line = listed.lines().find(|l| l.contains("-trainer-"))?;
     let mut parts = line.split_whitespace().map(|p| p.trim_end_matches('-'));
     let mut next = || parts.next().unwrap_or_default().to_owned();

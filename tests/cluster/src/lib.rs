@@ -187,20 +187,8 @@ impl KubeDeployment {
                         {.spec.nodeName} {.metadata.uid} {.metadata.name} \
                         {.status.conditions[?(@.type==\"Ready\")].status}- {.status.podIP}\
                         {\"\\n\"}{end}";
-        let listed = self
-            .cluster
-            .kubectl_run(&[
-                "-n",
-                NAMESPACE,
-                "get",
-                "pods",
-                "-l",
-                &format!("primus.dev/job={job}"),
-                "-o",
-                &format!("jsonpath={template}"),
-            ])
-            .unwrap_or_default();
-        listed
+        self.job_pods_listed(job, template)
+            .unwrap_or_default()
             .lines()
             .filter_map(|line| {
                 let mut parts = line.split_whitespace();
@@ -214,6 +202,21 @@ impl KubeDeployment {
                 })
             })
             .collect()
+    }
+
+    /// The pods of Job `job`, one line each as the kubectl jsonpath `template` writes them.
+    pub fn job_pods_listed(&self, job: &str, template: &str) -> Result<String, String> {
+        (self.cluster.kubectl_run(&[
+            "-n",
+            NAMESPACE,
+            "get",
+            "pods",
+            "-l",
+            &format!("primus.dev/job={job}"),
+            "-o",
+            &format!("jsonpath={template}"),
+        ]))
+        .map_err(|e| e.to_string())
     }
 
     /// Every object of Job `job` left in the namespace (pods, Secrets, ConfigMaps).

@@ -436,12 +436,10 @@ mod tests {
         let memory = |index| executor_spec(&settings, &parts, ExecutorRole::Trainer, index);
         assert_eq!(memory(0).memory_bytes, role_memory * 3 / 2);
         assert_eq!(memory(1).memory_bytes, role_memory);
+        let ps_memory = primus_spec::job::parse_memory(&spec.topology.ps.memory)
+            .expect("the example's PS memory");
         let ps = executor_spec(&settings, &parts, ExecutorRole::Ps, 0);
-        assert_ne!(
-            ps.memory_bytes,
-            role_memory * 3 / 2,
-            "ps-0 was given nothing"
-        );
+        assert_eq!(ps.memory_bytes, ps_memory, "ps-0 was given nothing");
     }
 
     fn ps_section(example: &str) -> TableSettings {

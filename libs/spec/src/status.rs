@@ -158,6 +158,9 @@ pub enum ExecutorState {
     Completed,
     /// Crashed more often than allowed: it stays down.
     Failed,
+    /// Stopped by its master because the Job ended (a succeeded Job's serving replicas once
+    /// their time to keep serving is up).
+    Stopped,
 }
 
 /// Something that happened to a resource, such as a scaling decision and the figures it

@@ -242,7 +242,7 @@ function executorsTable(job) {
     el("thead", {}, el("tr", {}, ...["Executor", "Role", "Address", "State", "Since", "Restarts", "Last exit"].map((h) => el("th", { text: h })))),
     el("tbody", {}, ...executors.map((e) => el("tr", { "data-executor": e.id },
       el("td", { text: e.id }), el("td", { text: e.role }), el("td", { text: e.address }),
-      el("td", {}, el("span", { class: `phase ${e.state === "Failed" ? "Failed" : e.state === "Completed" ? "Succeeded" : "Running"}`, text: e.state })),
+      el("td", {}, el("span", { class: `phase ${{ Failed: "Failed", Completed: "Succeeded", Running: "Running" }[e.state] ?? ""}`, text: e.state })),
       el("td", { class: "num", text: age(e.since_unix_ms) }),
       el("td", { class: "num", text: String(e.restarts ?? 0) }),
       el("td", { class: "muted", text: e.last_exit ?? "" })))));

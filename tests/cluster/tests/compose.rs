@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use primus_cluster_tests::compose::{ComposeDeployment, JOB, ROWS};
+use primus_spec::status::ExecutorState;
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,6 +35,16 @@ async fn the_compose_example_job_succeeds_with_minio_and_its_traces_reach_jaeger
     let replica = (status.executors.iter())
         .find(|e| e.id == "serving-0")
         .unwrap_or_else(|| panic!("no serving replica: {:#?}", status.executors));
+    // The replica serves on; the rest of the Job exited or was stopped.
+    for executor in &status.executors {
+        let running = executor.state == ExecutorState::Running;
+        assert_eq!(
+            running,
+            executor.id == "serving-0",
+            "{:#?}",
+            status.executors
+        );
+    }
     let answer = deployment.predict_in_master(&replica.address, &samples(JOB));
     let probabilities = answer["probabilities"]
         .as_array()

@@ -77,6 +77,9 @@ pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
     let kept = match outcome {
         Some(outcome) => {
             tracing::info!(job = %name, phase = ?outcome.phase, reason = outcome.reason, message = %outcome.message, "Job ended");
+            let serving = outcome.kept.is_some();
+            // Stopped below (the PS shards and data executors of a succeeded Job already).
+            writer.executors_stopped(|e| serving && e.role == ExecutorRole::Serving.as_str());
             writer
                 .set(outcome.phase, "Complete", outcome.reason, outcome.message)
                 .await;
@@ -84,9 +87,8 @@ pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
         }
         None => None,
     };
-    if let Some(kept) = kept {
+    if let Some(kept) = &kept {
         kept.wait(&mut cancelled).await;
-        tracing::info!(job = %name, "serving replicas of the succeeded Job stopped");
     }
     // A master that stops leaves executors that outlive it running: the next master takes
     // the Job over with them (a deleted Job's are stopped by the controller).
@@ -95,6 +97,11 @@ pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
         tracing::info!(job = %name, "master stopping: the Job's executors are left to the next master");
     } else {
         context.backend.release_job(&name).await;
+    }
+    if kept.is_some() && !stopping {
+        tracing::info!(job = %name, "serving replicas of the succeeded Job stopped");
+        writer.executors_stopped(|_| false);
+        writer.write().await;
     }
     context.topologies.remove_job(&name);
     context

@@ -105,9 +105,10 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         let mut progress = progress?;
         self.count_retrained(&mut progress);
         self.count_read(&mut progress).await;
+        // The trainers' totals continue from the checkpoint a rollback returned to, so
+        // they already leave out what was trained again.
         if batch_only {
-            let trained = progress.samples.saturating_sub(progress.retrained_samples);
-            progress.fraction = counts.row_fraction(trained);
+            progress.fraction = counts.row_fraction(progress.samples);
         }
         progress.tasks = self.job.reads_batch.then_some(TaskProgress {
             total: counts.total,

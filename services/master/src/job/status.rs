@@ -95,6 +95,18 @@ impl JobStatus {
         }
     }
 
+    /// Every executor still shown as Running, but those `kept`, was stopped by the master
+    /// as the Job ended.
+    pub(crate) fn executors_stopped(&mut self, kept: impl Fn(&ExecutorStatus) -> bool) {
+        let now = now_ms();
+        for executor in &mut self.status.executors {
+            if executor.state == ExecutorState::Running && !kept(executor) {
+                executor.state = ExecutorState::Stopped;
+                executor.since_unix_ms = now;
+            }
+        }
+    }
+
     /// Records an event in the status (written with the next write) and the log.
     pub(crate) fn event(&mut self, reason: &str, message: String) {
         tracing::info!(job = %self.name, reason, %message, "Job event");

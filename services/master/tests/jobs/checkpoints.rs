@@ -10,7 +10,7 @@ use std::time::Duration;
 use primus_harness::{Sandbox, condition};
 use primus_master::checkpoint;
 use primus_spec::job::{PsFailure, WorkerFailure};
-use primus_spec::status::{Phase, SourceProgress, Status};
+use primus_spec::status::{ExecutorState, Phase, SourceProgress, Status};
 use primus_testkit::service::signal;
 
 use crate::common::{
@@ -278,6 +278,11 @@ async fn a_killed_ps_shard_under_rollback_returns_the_job_to_its_checkpoint_and_
         progress.samples, DLRM_ROWS,
         "every row trained once into the final model: {progress:?}"
     );
+    assert_eq!(
+        progress.fraction,
+        Some(1.0),
+        "every row trained, some of them twice, is all of them: {progress:?}"
+    );
     assert!(
         progress.retrained_samples > 0
             && rolled_back
@@ -336,6 +341,7 @@ async fn a_killed_trainer_or_data_executor_under_rollback_loses_and_repeats_no_r
             "{job}: every row trained once into the final model: {progress:?}"
         );
         assert!(progress.retrained_samples > 0, "{progress:?}");
+        assert_eq!(progress.fraction, Some(1.0), "{job}: {progress:?}");
         let per_source =
             |count: fn(&SourceProgress) -> u64| -> u64 { progress.sources.iter().map(count).sum() };
         assert_eq!(per_source(|s| s.samples), progress.samples, "{progress:?}");
@@ -401,6 +407,14 @@ async fn a_killed_data_executor_is_succeeded_without_losing_or_repeating_a_row()
         "{:?}",
         status.executors
     );
+    // The trainer exits at the end of its data; the master stops the rest.
+    for executor in &status.executors {
+        let ended = match executor.id.starts_with("trainer-") {
+            true => ExecutorState::Completed,
+            false => ExecutorState::Stopped,
+        };
+        assert_eq!(executor.state, ended, "{:?}", status.executors);
+    }
     eprintln!(
         "{before} samples before the kill, {} of {DLRM_ROWS} rows read",
         progress.sources[0].rows_read

@@ -20,7 +20,6 @@ use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::backend::ResourceBackend;
 use crate::cluster::{Capacity, ClusterPlans};
 use crate::job;
 use crate::plan::{Catalog, ListingCache};
@@ -28,6 +27,7 @@ use crate::queue::TaskQueue;
 use crate::shard::owns_job;
 use crate::tasks::JobRegistry;
 use crate::topology::Topologies;
+use primus_backend::ResourceBackend;
 
 /// Everything the job drivers share.
 pub struct Context<B, C> {

@@ -2,9 +2,8 @@
 //!
 //! - [`controller`]: follows Jobs through the API server's Watch and runs each one through
 //!   its phases, writing status conditions and folding metrics into the Metric resource.
-//! - [`backend`]: the resource controller interface; [`backend::local`] runs executors as
-//!   child processes (restarted with backoff, cleaned up on job end and master shutdown),
-//!   [`backend::kubernetes`] as pods (`master.backend`).
+//! - The resource backend (`master.backend`) comes from `primus-backend`: executors as
+//!   child processes or as pods.
 //! - [`plan`]: the data task planner (DTGG); [`queue`]: the batch task queue and stream
 //!   task graph in Redis; [`driver`]: planning loop and task monitor per job.
 //! - [`checkpoint`]: the checkpoint coordinator (barrier, PS snapshots and task offsets
@@ -13,7 +12,6 @@
 //!   dead executor served them, [`received`]), `CheckpointService` for trainers,
 //!   `TopologyService` ([`topology`]).
 
-pub mod backend;
 pub mod checkpoint;
 pub mod cluster;
 mod config_db;
@@ -91,7 +89,7 @@ async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<(
     };
     match parts.settings.master.backend {
         BackendKind::Local => {
-            let backend = Arc::new(backend::local::LocalBackend::new(
+            let backend = Arc::new(primus_backend::local::LocalBackend::new(
                 parts.settings.local.clone(),
                 master_addr.to_string(),
             ));
@@ -106,7 +104,7 @@ async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<(
         BackendKind::Kubernetes => {
             let kubernetes = parts.settings.kubernetes.clone();
             let reach = kubernetes.master_addr.clone();
-            let backend = backend::kubernetes::KubernetesBackend::connect(
+            let backend = primus_backend::kubernetes::KubernetesBackend::connect(
                 kubernetes,
                 shard,
                 reach.unwrap_or_else(|| master_addr.to_string()),
@@ -129,7 +127,7 @@ struct Parts {
 }
 
 /// Serves the master's gRPC services and drives its Jobs on `backend` until `shutdown`.
-async fn drive_jobs<B: backend::ResourceBackend>(
+async fn drive_jobs<B: primus_backend::ResourceBackend>(
     node: Node,
     parts: Parts,
     backend: Arc<B>,

@@ -12,10 +12,10 @@ use primus_proto::v1::{Endpoint, Role, SnapshotRequest};
 
 use super::executors::with_role;
 use super::{JobRun, Outcome};
-use crate::backend::{BackendEvent, ResourceBackend};
 use crate::checkpoint::{self, Alignments, CheckpointError, CheckpointRecord};
 use crate::plan::Catalog;
 use crate::queue::TaskQueue;
+use primus_backend::{BackendEvent, ResourceBackend};
 
 /// Puts the queue back to the latest committed checkpoint (to the start when there is
 /// none) and returns that checkpoint.

@@ -17,11 +17,11 @@ use primus_spec::job::{Device, JobSpec, RoleSpec};
 use tokio::sync::broadcast;
 
 use super::Outcome;
-use crate::backend::{
-    BackendError, BackendEvent, ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend,
-};
 use crate::controller::Context;
 use crate::plan::Catalog;
+use primus_backend::{
+    BackendError, BackendEvent, ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend,
+};
 
 /// How long a started executor has to report SERVING.
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(60);

@@ -39,7 +39,6 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
-use crate::backend::{BackendEvent, ExecutorRole, ResourceBackend};
 use crate::checkpoint::{self, Alignments, CheckpointRecord, KnownTotals, ShardRecovery};
 use crate::config_db::ConfigDb;
 use crate::controller::Context;
@@ -49,6 +48,7 @@ use crate::plan::{Catalog, ListingCache, StreamPlan};
 use crate::queue::{QueueCounts, TaskQueue};
 use crate::tasks::JobTasks;
 use executors::{JobParts, start_executors, wait_ready};
+use primus_backend::{BackendEvent, ExecutorRole, ResourceBackend};
 use recovery::{Recovered, Restart, ShardRestarts, recover_restarted_shards};
 use serving::KeptServing;
 use status::JobStatus;

@@ -8,11 +8,11 @@ use primus_spec::status::{Progress, SourceProgress, TaskProgress};
 use primus_spec::time;
 
 use super::JobRun;
-use crate::backend::ResourceBackend;
 use crate::driver::now_ms;
 use crate::metrics;
 use crate::plan::{Catalog, StreamPlan};
 use crate::queue::QueueCounts;
+use primus_backend::ResourceBackend;
 
 /// Where a batch stream's windows start and how long each is: what tells a Job waiting
 /// for a window to end from one that reads.

@@ -13,10 +13,10 @@ use primus_spec::job::{PsFailure, WorkerFailure};
 use tokio::sync::{broadcast, mpsc};
 
 use super::executors::{READY_TIMEOUT, serving};
-use crate::backend::{BackendEvent, ExecutorRole};
 use crate::checkpoint::{self, KnownTotals, ShardRecovery};
 use crate::queue::TaskQueue;
 use crate::topology::Topologies;
+use primus_backend::{BackendEvent, ExecutorRole};
 
 /// A recovered shard's condition reason and message, or the error that fails the Job.
 pub(crate) type Recovered = Result<(&'static str, String), String>;

@@ -13,9 +13,9 @@ use primus_ps_client::reshard::{ReshardReport, reshard};
 
 use super::JobRun;
 use super::executors::{request_executor, wait_serving};
-use crate::backend::{ExecutorRole, ResourceBackend};
 use crate::checkpoint;
 use crate::plan::Catalog;
+use primus_backend::{ExecutorRole, ResourceBackend};
 
 /// How long leaving shards keep running (refusing) after the switch.
 const LEAVING_GRACE: Duration = Duration::from_secs(1);

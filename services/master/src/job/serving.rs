@@ -10,8 +10,8 @@ use primus_spec::job::TrainingMode;
 use tokio::sync::watch;
 
 use super::JobRun;
-use crate::backend::{ExecutorRole, ResourceBackend};
 use crate::plan::Catalog;
+use primus_backend::{ExecutorRole, ResourceBackend};
 
 /// Serving replicas kept after their Job succeeded.
 pub(super) struct KeptServing {

@@ -7,9 +7,9 @@ use primus_resource_model::warm_start::{ConfigRecord, JobFeatures, RoleCounts, w
 use primus_spec::job::{JobSpec, Topology};
 
 use super::JobRun;
-use crate::backend::{ExecutorRole, ResourceBackend};
 use crate::config_db::ConfigDb;
 use crate::plan::Catalog;
+use primus_backend::{ExecutorRole, ResourceBackend};
 
 /// Similar Jobs drawn on, and the smoothing factor of Eq. 10.
 const TOP_K: usize = 5;

@@ -12,9 +12,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;
 
+use primus_backend::local::LocalBackend;
+use primus_backend::{ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend};
 use primus_config::LocalBackendSettings;
-use primus_master::backend::local::LocalBackend;
-use primus_master::backend::{ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend};
 
 /// Set in the child run: it does the real check.
 const INNER: &str = "PRIMUS_TEST_LOCAL_BACKEND_ENV";

@@ -12,7 +12,7 @@ use primus_config::KubernetesBackendSettings;
 
 use super::reconcile::{Action, Limits, ObservedPod, Phase, Tracked, Wanted, reconcile};
 use super::render::{self, JobOwner, RenderContext};
-use crate::backend::{BackendEvent, ExecutorRole, ExecutorSettings, ExecutorSpec};
+use crate::{BackendEvent, ExecutorRole, ExecutorSettings, ExecutorSpec};
 
 const LIMITS: Limits = Limits {
     max_restarts: 2,

@@ -1,6 +1,8 @@
-//! The unified resource controller's interface (Primus §3.1): a backend starts, stops and
-//! watches a job's executors. [`local::LocalBackend`] runs them as child processes;
-//! [`kubernetes::KubernetesBackend`] as pods.
+//! `primus-backend`: the master's resource backends, behind the unified resource
+//! controller's interface (Primus §3.1): a backend starts, stops, resizes and watches a
+//! job's executors, and knows nothing of Jobs' policies, task queues or checkpoints.
+//! [`local::LocalBackend`] runs them as child processes; [`kubernetes::KubernetesBackend`]
+//! as pods.
 
 pub mod kubernetes;
 pub mod local;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Secret};
 
 use super::render::{ANNOTATION_EXECUTOR, ANNOTATION_JOB, ANNOTATION_SPEC};
-use crate::backend::BackendEvent;
+use crate::BackendEvent;
 
 /// The pod an executor should have (with its settings Secret), with its resources.
 #[derive(Debug, Clone)]

@@ -598,7 +598,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
-    use crate::backend::{ExecutorRole, ExecutorSettings};
+    use crate::{ExecutorRole, ExecutorSettings};
 
     /// An executable shell script `name` in `dir` running `body`.
     fn script(dir: &Path, name: &str, body: &str) -> PathBuf {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use primus_master::plan::{
+use primus_data_tasks::plan::{
     BatchSource, Catalog, FileEntry, ListingCache, PlanError, PlanOptions, StreamPlan, plan_windows,
 };
 use primus_spec::dataset::WindowUnit;

@@ -1,5 +1,6 @@
-//! UTC window arithmetic and the partition layout of Parquet sources (`date=YYYY-MM-DD/hour=HH`),
-//! computed without a calendar dependency (days-from-civil and its inverse, proleptic Gregorian).
+//! The wall clock, UTC window arithmetic and the partition layout of Parquet sources
+//! (`date=YYYY-MM-DD/hour=HH`), computed without a calendar dependency (days-from-civil and
+//! its inverse, proleptic Gregorian).
 
 use crate::dataset::WindowUnit;
 
@@ -7,6 +8,13 @@ use crate::dataset::WindowUnit;
 pub const HOUR: i64 = 3600;
 /// Seconds in a day.
 pub const DAY: i64 = 24 * HOUR;
+
+/// The wall clock as Unix milliseconds (0 for a clock set before 1970).
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
 
 /// Seconds in one window of `unit`.
 pub fn window_seconds(unit: WindowUnit) -> i64 {

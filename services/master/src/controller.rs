@@ -22,12 +22,12 @@ use tokio::task::JoinHandle;
 
 use crate::cluster::{Capacity, ClusterPlans};
 use crate::job;
-use crate::plan::{Catalog, ListingCache};
-use crate::queue::TaskQueue;
 use crate::shard::owns_job;
 use crate::tasks::JobRegistry;
 use crate::topology::Topologies;
 use primus_backend::ResourceBackend;
+use primus_data_tasks::plan::{Catalog, ListingCache};
+use primus_data_tasks::queue::TaskQueue;
 
 /// Everything the job drivers share.
 pub struct Context<B, C> {

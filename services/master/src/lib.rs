@@ -2,27 +2,23 @@
 //!
 //! - [`controller`]: follows Jobs through the API server's Watch and runs each one through
 //!   its phases, writing status conditions and folding metrics into the Metric resource.
-//! - The resource backend (`master.backend`) comes from `primus-backend`: executors as
-//!   child processes or as pods.
-//! - [`plan`]: the data task planner (DTGG); [`queue`]: the batch task queue and stream
-//!   task graph in Redis; [`driver`]: planning loop and task monitor per job.
 //! - [`checkpoint`]: the checkpoint coordinator (barrier, PS snapshots and task offsets
 //!   committed together) and the restore of both when a Job starts again.
 //! - gRPC: `TaskService` ([`tasks`]) for data executors (and trainers reporting the rows a
-//!   dead executor served them, [`received`]), `CheckpointService` for trainers,
-//!   `TopologyService` ([`topology`]).
+//!   dead executor served them), `CheckpointService` for trainers, `TopologyService`
+//!   ([`topology`]).
+//!
+//! The resource backends (`master.backend`: executors as child processes or as pods) are
+//! `primus-backend`; the data-task plane (planner, task queue, monitor) is
+//! `primus-data-tasks`.
 
 pub mod checkpoint;
 pub mod cluster;
 mod config_db;
 pub mod controller;
-pub mod driver;
 mod job;
 pub use job::executors::job_executors;
 pub mod metrics;
-pub mod plan;
-pub mod queue;
-pub mod received;
 mod shard;
 pub mod tasks;
 pub mod topology;
@@ -142,7 +138,9 @@ async fn drive_jobs<B: primus_backend::ResourceBackend>(
         capacity,
         settings,
     } = parts;
-    let catalog = Arc::new(plan::StoreCatalog::new(settings.storage.clone()));
+    let catalog = Arc::new(primus_data_tasks::plan::StoreCatalog::new(
+        settings.storage.clone(),
+    ));
     let jobs = tasks::JobRegistry::default();
     let topologies = topology::Topologies::default();
     let tasks = Arc::new(tasks::Tasks::new(
@@ -162,7 +160,10 @@ async fn drive_jobs<B: primus_backend::ResourceBackend>(
         redis,
         shard,
         backend,
-        cache: Arc::new(plan::ListingCache::new(catalog, LISTING_CACHE_PARTITIONS)),
+        cache: Arc::new(primus_data_tasks::plan::ListingCache::new(
+            catalog,
+            LISTING_CACHE_PARTITIONS,
+        )),
         jobs,
         topologies,
         settings,

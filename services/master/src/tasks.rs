@@ -18,11 +18,11 @@ use primus_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::checkpoint::{Alignments, KnownTotals, TrainerTotals};
-use crate::driver::now_ms;
-use crate::queue::{Acquired, Finished, QueueError, TaskQueue};
-use crate::received::ReceivedRanges;
 use crate::topology::Topologies;
 use primus_config::TaskSettings;
+use primus_data_tasks::queue::{Acquired, Finished, QueueError, TaskQueue};
+use primus_data_tasks::received::ReceivedRanges;
+use primus_spec::time::unix_ms;
 
 /// What the task service needs of one job.
 #[derive(Clone)]
@@ -242,7 +242,7 @@ impl TaskService for Tasks {
         if requeued > 0 {
             tracing::warn!(job = %request.job, executor = id, requeued, "executor restarted; its tasks are re-queued");
         }
-        job.queue.touch(id, now_ms()).await.map_err(unavailable)?;
+        job.queue.touch(id, unix_ms()).await.map_err(unavailable)?;
         job.received.registered(id);
         tracing::info!(job = %request.job, executor = id, addr = %endpoint.grpc_addr, "executor registered");
         Ok(Response::new(RegisterExecutorResponse {
@@ -264,7 +264,7 @@ impl TaskService for Tasks {
         }
         let acquired = job
             .queue
-            .acquire(executor, now_ms(), self.settings.max_lead_hours)
+            .acquire(executor, unix_ms(), self.settings.max_lead_hours)
             .await
             .map_err(unavailable)?;
         let (task, exhausted) = match acquired {
@@ -296,7 +296,7 @@ impl TaskService for Tasks {
                 task,
                 request.offset,
                 request.stream_position.as_ref(),
-                now_ms(),
+                unix_ms(),
             )
             .await
             .map_err(unavailable)?;
@@ -321,7 +321,7 @@ impl TaskService for Tasks {
                 task,
                 &request.error,
                 self.settings.max_attempts,
-                now_ms(),
+                unix_ms(),
             )
             .await
             .map_err(unavailable)?;

@@ -1,8 +1,9 @@
 //! The workspace's shape, read from `cargo metadata`: a service crate is deployed on its
 //! own, so no service and no library depends on a service crate (tests, benchmarks and
-//! the CLI may use one as a dev-dependency, to run it in-process).
+//! the CLI may use one as a dev-dependency, to run it in-process); and a service's own
+//! crates (`services/<service>/<part>/`) are used by that service alone.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use serde_json::Value;
@@ -53,12 +54,20 @@ fn packages() -> Vec<(String, String, BTreeSet<String>)> {
         .collect()
 }
 
+/// The service a package in `folder` belongs to, and whether it is the service's own
+/// crate (`services/<service>/`) rather than one of its parts.
+fn service_of(folder: &str) -> Option<(&str, bool)> {
+    let rest = folder.strip_prefix("services/")?;
+    let (service, part) = rest.split_once('/')?;
+    Some((service, part.is_empty()))
+}
+
 #[test]
 fn no_service_or_library_depends_on_a_service_crate() {
     let packages = packages();
     let services: BTreeSet<&str> = packages
         .iter()
-        .filter(|(_, folder, _)| folder.starts_with("services/"))
+        .filter(|(_, folder, _)| service_of(folder).is_some_and(|(_, own)| own))
         .map(|(name, _, _)| name.as_str())
         .collect();
     assert!(
@@ -78,5 +87,37 @@ fn no_service_or_library_depends_on_a_service_crate() {
     assert!(
         offenders.is_empty(),
         "service crates used as dependencies (move the shared part into libs/): {offenders:?}"
+    );
+}
+
+#[test]
+fn a_services_own_crates_serve_that_service_alone() {
+    let packages = packages();
+    let part_of: BTreeMap<&str, &str> = (packages.iter())
+        .filter_map(|(name, folder, _)| match service_of(folder)? {
+            (service, false) => Some((name.as_str(), service)),
+            (_, true) => None,
+        })
+        .collect();
+    assert!(
+        part_of.get("primus-backend") == Some(&"master"),
+        "the master's own crates were found: {part_of:?}"
+    );
+    let part_of = &part_of;
+    let offenders: Vec<String> = (packages.iter())
+        .flat_map(|(name, folder, dependencies)| {
+            let service = service_of(folder).map(|(service, _)| service);
+            (dependencies.iter())
+                .filter(move |d| {
+                    part_of
+                        .get(d.as_str())
+                        .is_some_and(|of| Some(*of) != service)
+                })
+                .map(move |d| format!("{name} -> {d}"))
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "a service's own crates used beyond it (move the shared part into libs/): {offenders:?}"
     );
 }

@@ -46,8 +46,8 @@ use primus_proto::v1::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::driver::now_ms;
-use crate::queue::{QueueError, TaskQueue};
+use primus_data_tasks::queue::{QueueError, TaskQueue};
+use primus_spec::time::unix_ms;
 
 mod shards;
 
@@ -537,7 +537,7 @@ impl Coordinator {
             .collect();
         let record = CheckpointRecord {
             id,
-            unix_ms: now_ms(),
+            unix_ms: unix_ms(),
             uri,
             ps: BTreeMap::new(),
             chain_start: base.map_or(id, |b| b.chain_start),
@@ -612,7 +612,7 @@ impl Coordinator {
             // A task taken back from this executor is not its to report: skipped.
             let position = served.stream_positions.get(&task);
             self.queue
-                .report_progress(executor, &task, offset, position, now_ms())
+                .report_progress(executor, &task, offset, position, unix_ms())
                 .await?;
         }
         Ok(())

@@ -13,9 +13,9 @@ use primus_proto::v1::{Endpoint, Role, SnapshotRequest};
 use super::executors::with_role;
 use super::{JobRun, Outcome};
 use crate::checkpoint::{self, Alignments, CheckpointError, CheckpointRecord};
-use crate::plan::Catalog;
-use crate::queue::TaskQueue;
 use primus_backend::{BackendEvent, ResourceBackend};
+use primus_data_tasks::plan::Catalog;
+use primus_data_tasks::queue::TaskQueue;
 
 /// Puts the queue back to the latest committed checkpoint (to the start when there is
 /// none) and returns that checkpoint.
@@ -260,7 +260,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         let folder = format!("{}/final", uri.trim_end_matches('/'));
         let mut record = CheckpointRecord {
             id: self.committed.as_ref().map_or(1, |c| c.id + 1),
-            unix_ms: crate::driver::now_ms(),
+            unix_ms: primus_spec::time::unix_ms(),
             uri: folder.clone(),
             ps: Default::default(),
             chain_start: 0,

@@ -18,10 +18,10 @@ use tokio::sync::broadcast;
 
 use super::Outcome;
 use crate::controller::Context;
-use crate::plan::Catalog;
 use primus_backend::{
     BackendError, BackendEvent, ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend,
 };
+use primus_data_tasks::plan::Catalog;
 
 /// How long a started executor has to report SERVING.
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(60);

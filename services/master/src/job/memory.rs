@@ -26,8 +26,8 @@ use tokio::task::JoinHandle;
 
 use super::JobRun;
 use super::executors::{ANSWER_DEADLINE, answered, role_spec};
-use crate::plan::Catalog;
 use primus_backend::{ExecutorRole, ExecutorUsage, ResourceBackend};
+use primus_data_tasks::plan::Catalog;
 
 /// The executors' memory samples and allotments, how many refused keys were reported
 /// already, and which executors were reported short of memory.

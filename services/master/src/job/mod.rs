@@ -42,13 +42,16 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use crate::checkpoint::{self, Alignments, CheckpointRecord, KnownTotals, ShardRecovery};
 use crate::config_db::ConfigDb;
 use crate::controller::Context;
-use crate::driver::{self, DriverError};
 use crate::metrics::{self, MetricsFold};
-use crate::plan::{Catalog, ListingCache, StreamPlan};
-use crate::queue::{QueueCounts, TaskQueue};
-use crate::tasks::JobTasks;
+use crate::tasks::{JobTasks, SILENT_REPORTS_PATIENCE};
+use crate::topology::Topologies;
 use executors::{JobParts, start_executors, wait_ready};
+use futures::future::BoxFuture;
 use primus_backend::{BackendEvent, ExecutorRole, ResourceBackend};
+use primus_data_tasks::monitor;
+use primus_data_tasks::plan::{Catalog, ListingCache, StreamPlan};
+use primus_data_tasks::planning::{self, PlanningError};
+use primus_data_tasks::queue::{QueueCounts, QueueError, TaskQueue};
 use recovery::{Recovered, Restart, ShardRestarts, recover_restarted_shards};
 use serving::KeptServing;
 use status::JobStatus;
@@ -167,13 +170,13 @@ impl CheckedJob {
         let dataset = load_dataset(&context.api, &spec.dataset).await?;
         let layout = ModelLayout::new(&spec.model, &dataset.schema)
             .map_err(|e| Outcome::failed("ModelMismatch", e.to_string()))?;
-        let (reads_batch, reads_streams) = driver::reads(spec.mode);
-        driver::check_mode(spec.mode, &dataset)
+        let (reads_batch, reads_streams) = planning::reads(spec.mode);
+        planning::check_mode(spec.mode, &dataset)
             .map_err(|message| Outcome::failed("ModeMismatch", message))?;
         if reads_batch {
             check_sources(&context.cache, &dataset).await?;
         }
-        let plans = driver::stream_plans(&dataset)
+        let plans = planning::stream_plans(&dataset)
             .map_err(|e| Outcome::failed("InvalidDataset", e.to_string()))?;
         Ok(Self {
             spec,
@@ -209,7 +212,7 @@ pub(crate) struct JobRun<'a, B, C> {
     tasks: JobTasks,
     recovery: Arc<ShardRecovery>,
     /// The batch planners still running (aborted when the run ends).
-    planners: Vec<JoinHandle<Result<(), DriverError>>>,
+    planners: Vec<JoinHandle<Result<(), PlanningError>>>,
     /// The windows of the streams they plan.
     batch_windows: Vec<progress::BatchWindows>,
     /// The task monitor, the metrics follower and the shard recovery (aborted when the
@@ -380,7 +383,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         for (trainer, totals) in restored.iter().flat_map(|r| &r.trainers) {
             tasks.trainer_totals.raise(trainer, totals.clone());
         }
-        let stream_bindings = driver::stream_tasks(&name, &checked.dataset);
+        let stream_bindings = planning::stream_tasks(&name, &checked.dataset);
         if checked.reads_streams && checked.spec.mode != TrainingMode::BatchThenStream {
             queue
                 .add_stream_tasks(&stream_bindings)
@@ -398,9 +401,10 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let (reports_tx, reports) = mpsc::channel(1024);
         let (recovered_tx, recovered) = mpsc::channel(16);
         let background = vec![
-            tokio::spawn(driver::monitor(
-                tasks.clone(),
-                context.topologies.clone(),
+            tokio::spawn(monitor::monitor(
+                tasks.queue.clone(),
+                tasks.received.clone(),
+                received_reports(&tasks, &context.topologies, &name),
                 context.bus.clone(),
                 name.clone(),
                 context.settings.master.tasks.clone(),
@@ -761,13 +765,13 @@ fn plan_batches<B, C: Catalog>(
     name: &str,
     queue: &TaskQueue,
     plans: Vec<StreamPlan>,
-) -> Vec<JoinHandle<Result<(), DriverError>>> {
+) -> Vec<JoinHandle<Result<(), PlanningError>>> {
     let job: Arc<str> = Arc::from(name);
     let settings = &context.settings.master.planner;
     plans
         .into_iter()
         .map(|plan| {
-            tokio::spawn(driver::plan_stream(
+            tokio::spawn(planning::plan_stream(
                 queue.clone(),
                 context.cache.clone(),
                 job.clone(),
@@ -822,4 +826,21 @@ async fn check_sources<C: Catalog>(
         }
     }
     Ok(())
+}
+
+/// What the task monitor waits for before it gives a silent data executor's work back:
+/// the Job's trainers' reports of the rows they received from it.
+fn received_reports(
+    tasks: &JobTasks,
+    topologies: &Topologies,
+    job: &str,
+) -> impl Fn(String) -> BoxFuture<'static, Result<(), QueueError>> + Send + 'static {
+    let (tasks, topologies, job) = (tasks.clone(), topologies.clone(), job.to_owned());
+    move |executor| {
+        let (tasks, topologies, job) = (tasks.clone(), topologies.clone(), job.clone());
+        Box::pin(async move {
+            (tasks.await_received_reports(&job, &topologies, &executor, SILENT_REPORTS_PATIENCE))
+                .await
+        })
+    }
 }

@@ -21,8 +21,8 @@ use primus_spec::job::{AllocationPolicy, parse_memory};
 use tokio::time::Instant;
 
 use super::JobRun;
-use crate::plan::Catalog;
 use primus_backend::{ExecutorRole, ResourceBackend};
+use primus_data_tasks::plan::Catalog;
 
 /// Seconds a new executor took to serve, before one was measured.
 const FIRST_START_SECONDS: f64 = 5.0;

@@ -13,8 +13,8 @@ use primus_resource_model::{Allocation, FittedModel, JobShape, Terms};
 use primus_spec::job::JobSpec;
 
 use super::JobRun;
-use crate::plan::Catalog;
 use primus_backend::{ExecutorRole, ResourceBackend};
+use primus_data_tasks::plan::Catalog;
 
 /// Iteration times kept per allocation (the newest), and ticks and time an allocation must
 /// hold before they count: a trainer's rate covers its last report window (2 s by

@@ -8,11 +8,11 @@ use primus_spec::status::{Progress, SourceProgress, TaskProgress};
 use primus_spec::time;
 
 use super::JobRun;
-use crate::driver::now_ms;
 use crate::metrics;
-use crate::plan::{Catalog, StreamPlan};
-use crate::queue::QueueCounts;
 use primus_backend::ResourceBackend;
+use primus_data_tasks::plan::{Catalog, StreamPlan};
+use primus_data_tasks::queue::QueueCounts;
+use primus_spec::time::unix_ms;
 
 /// Where a batch stream's windows start and how long each is: what tells a Job waiting
 /// for a window to end from one that reads.
@@ -40,7 +40,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         let idle = counts.pending == 0 && counts.running == 0;
         let mut waiting = Vec::new();
         if idle && !self.planners.is_empty() {
-            let now = now_ms() / 1000;
+            let now = unix_ms() / 1000;
             for windows in &self.batch_windows {
                 let Ok((cursor, false)) = self.tasks.queue.cursor(&windows.stream).await else {
                     continue;
@@ -82,7 +82,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
     /// Writes the Job's progress when it changed, and its Metric resource when new
     /// reports arrived.
     pub(super) async fn report_progress(&mut self, counts: &QueueCounts, all_planned: bool) {
-        let metrics_changed = self.fold.tick(now_ms());
+        let metrics_changed = self.fold.tick(unix_ms());
         let progress = self.progress(counts, all_planned).await;
         if progress != self.writer.status.progress {
             self.writer.status.progress = progress;
@@ -128,7 +128,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         {
             self.fold.add(report);
         }
-        self.fold.tick(now_ms());
+        self.fold.tick(unix_ms());
         let progress = self.progress(counts, true).await;
         self.writer.status.progress = progress.or(self.writer.status.progress.take());
         metrics::write(&self.context.api, &self.name, &self.fold).await;

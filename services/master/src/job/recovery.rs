@@ -14,9 +14,9 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::executors::{READY_TIMEOUT, serving};
 use crate::checkpoint::{self, KnownTotals, ShardRecovery};
-use crate::queue::TaskQueue;
 use crate::topology::Topologies;
 use primus_backend::{BackendEvent, ExecutorRole};
+use primus_data_tasks::queue::TaskQueue;
 
 /// A recovered shard's condition reason and message, or the error that fails the Job.
 pub(crate) type Recovered = Result<(&'static str, String), String>;

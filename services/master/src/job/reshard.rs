@@ -14,8 +14,8 @@ use primus_ps_client::reshard::{ReshardReport, reshard};
 use super::JobRun;
 use super::executors::{request_executor, wait_serving};
 use crate::checkpoint;
-use crate::plan::Catalog;
 use primus_backend::{ExecutorRole, ResourceBackend};
+use primus_data_tasks::plan::Catalog;
 
 /// How long leaving shards keep running (refusing) after the switch.
 const LEAVING_GRACE: Duration = Duration::from_secs(1);

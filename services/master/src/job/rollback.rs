@@ -16,8 +16,8 @@ use primus_proto::v1::Role;
 use super::checkpoints::rollback_queue;
 use super::executors::{start_executor, wait_serving, with_role};
 use super::{JobRun, Outcome};
-use crate::plan::Catalog;
 use primus_backend::{ExecutorRole, ResourceBackend};
+use primus_data_tasks::plan::Catalog;
 
 /// The roles a rollback stops and starts again, in start order.
 const WORKERS: [ExecutorRole; 2] = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];

@@ -23,9 +23,9 @@ use primus_spec::status::Replicas;
 use super::autoscale::{Decision, Load, Utilisation};
 use super::executors::{role_spec, start_executor, wait_serving, with_role};
 use super::{JobRun, Outcome};
-use crate::plan::Catalog;
-use crate::queue::QueueCounts;
 use primus_backend::{ExecutorRole, ResourceBackend};
+use primus_data_tasks::plan::Catalog;
+use primus_data_tasks::queue::QueueCounts;
 
 /// The roles a running Job scales, and the spec fields that apply live.
 const SCALED_ROLES: [ExecutorRole; 2] = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];

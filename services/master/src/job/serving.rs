@@ -10,8 +10,8 @@ use primus_spec::job::TrainingMode;
 use tokio::sync::watch;
 
 use super::JobRun;
-use crate::plan::Catalog;
 use primus_backend::{ExecutorRole, ResourceBackend};
+use primus_data_tasks::plan::Catalog;
 
 /// Serving replicas kept after their Job succeeded.
 pub(super) struct KeptServing {

@@ -6,7 +6,7 @@ use primus_proto::v1::{Endpoint, Role};
 use primus_spec::Kind;
 use primus_spec::status::{Condition, ExecutorState, ExecutorStatus, Phase, Status};
 
-use crate::driver::now_ms;
+use primus_spec::time::unix_ms;
 
 pub(crate) struct JobStatus {
     api: ApiClient,
@@ -23,7 +23,7 @@ impl JobStatus {
 
     /// Sets condition `kind` (its transition time moves only when it changes).
     pub(crate) fn condition(&mut self, kind: &str, holds: bool, reason: &str, message: String) {
-        let now = now_ms();
+        let now = unix_ms();
         let conditions = &mut self.status.conditions;
         match conditions.iter_mut().find(|c| c.kind == kind) {
             Some(c) => {
@@ -47,7 +47,7 @@ impl JobStatus {
     /// The executors are those of `endpoints` now: new ones Running, those gone dropped, the
     /// rest as they were (their restarts count on, under this master and the next).
     pub(crate) fn show_executors(&mut self, endpoints: &[Endpoint]) {
-        let now = now_ms();
+        let now = unix_ms();
         let known = std::mem::take(&mut self.status.executors);
         self.status.executors = endpoints
             .iter()
@@ -89,7 +89,7 @@ impl JobStatus {
     ) {
         if let Some(executor) = self.status.executors.iter_mut().find(|e| e.id == id) {
             executor.state = state;
-            executor.since_unix_ms = now_ms();
+            executor.since_unix_ms = unix_ms();
             executor.last_exit = Some(exit);
             executor.restarts += u32::from(restarted);
         }
@@ -98,7 +98,7 @@ impl JobStatus {
     /// Every executor still shown as Running, but those `kept`, was stopped by the master
     /// as the Job ended.
     pub(crate) fn executors_stopped(&mut self, kept: impl Fn(&ExecutorStatus) -> bool) {
-        let now = now_ms();
+        let now = unix_ms();
         for executor in &mut self.status.executors {
             if executor.state == ExecutorState::Running && !kept(executor) {
                 executor.state = ExecutorState::Stopped;
@@ -110,7 +110,7 @@ impl JobStatus {
     /// Records an event in the status (written with the next write) and the log.
     pub(crate) fn event(&mut self, reason: &str, message: String) {
         tracing::info!(job = %self.name, reason, %message, "Job event");
-        self.status.push_event(now_ms(), reason, message);
+        self.status.push_event(unix_ms(), reason, message);
     }
 
     /// Moves the Job to `phase` with condition `kind` saying why, and writes the status.

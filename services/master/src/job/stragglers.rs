@@ -16,9 +16,9 @@ use tokio::time::Instant;
 
 use super::JobRun;
 use super::executors::answered;
-use crate::plan::Catalog;
-use crate::queue::QueueCounts;
 use primus_backend::{ExecutorRole, ResourceBackend};
+use primus_data_tasks::plan::Catalog;
+use primus_data_tasks::queue::QueueCounts;
 
 /// Seconds an executor must have held tasks before its rate counts.
 const MIN_BUSY: Duration = Duration::from_secs(3);

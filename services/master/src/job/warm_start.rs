@@ -8,8 +8,8 @@ use primus_spec::job::{JobSpec, Topology};
 
 use super::JobRun;
 use crate::config_db::ConfigDb;
-use crate::plan::Catalog;
 use primus_backend::{ExecutorRole, ResourceBackend};
+use primus_data_tasks::plan::Catalog;
 
 /// Similar Jobs drawn on, and the smoothing factor of Eq. 10.
 const TOP_K: usize = 5;

@@ -10,13 +10,13 @@ use arrow_array::{ArrayRef, RecordBatch, UInt64Array};
 use arrow_schema::{DataType, Field, Schema};
 use primus_bus::jetstream::JetStream;
 use primus_config::{MasterSettings, StorageSettings};
+use primus_data_tasks::plan::{ListingCache, StoreCatalog};
+use primus_data_tasks::queue::TaskQueue;
 use primus_harness::resources::{
     JobBuilder, dataset, hourly, jetstream, job, parquet, small_wide_deep,
 };
 use primus_harness::{MasterProcess, Sandbox, binary};
 use primus_master::checkpoint::{self, CheckpointRecord};
-use primus_master::plan::{ListingCache, StoreCatalog};
-use primus_master::queue::TaskQueue;
 use primus_spec::Resource;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::{ModelSpec, TrainingMode};
@@ -79,8 +79,8 @@ pub(crate) async fn plan_dataset(queue: &TaskQueue, dataset: &DatasetSpec, job: 
         parallelism: 4,
         poll_interval_ms: 100,
     };
-    for plan in primus_master::driver::stream_plans(dataset).expect("plans") {
-        primus_master::driver::plan_stream(
+    for plan in primus_data_tasks::planning::stream_plans(dataset).expect("plans") {
+        primus_data_tasks::planning::plan_stream(
             queue.clone(),
             cache.clone(),
             Arc::from(job),

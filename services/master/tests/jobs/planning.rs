@@ -5,9 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use primus_data_tasks::queue::{Acquired, Finished};
 use primus_harness::Sandbox;
 use primus_harness::resources::{dataset, hourly, jetstream, parquet};
-use primus_master::queue::{Acquired, Finished};
 use primus_proto::v1::{StreamPosition, data_task};
 use primus_spec::time;
 use primus_testkit::RedisServer;
@@ -94,7 +94,7 @@ async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() 
         )
         .spec();
     let queue = queue_at(&redis.url(), "stream-test").await;
-    let bindings = primus_master::driver::stream_tasks("stream-test", &dataset);
+    let bindings = primus_data_tasks::planning::stream_tasks("stream-test", &dataset);
     queue.add_stream_tasks(&bindings).await.expect("bindings");
     let Acquired::Task(task) = queue.acquire("de-0", 0, 0).await.expect("acquire") else {
         panic!("the binding is handed out first")
@@ -204,7 +204,7 @@ async fn a_stream_bindings_position_goes_to_its_next_holder_and_back_to_a_checkp
         )
         .spec();
     let queue = queue_at(&redis.url(), "position").await;
-    let bindings = primus_master::driver::stream_tasks("position", &dataset);
+    let bindings = primus_data_tasks::planning::stream_tasks("position", &dataset);
     queue.add_stream_tasks(&bindings).await.expect("bindings");
     let at = |sequence, rows| StreamPosition { sequence, rows };
     let holder = |executor: &'static str| {

@@ -1,39 +1,28 @@
-//! The data driver of one job (Primus §4.3.1): plans the Dataset's batch windows into the
-//! job's [`TaskQueue`] (resuming from the queue's cursors after a restart), declares its
-//! stream bindings, and runs the task monitor that re-queues the work of executors that
-//! stopped heartbeating.
+//! The planning of one job's data (Primus §4.3.1): which sources its mode reads, the
+//! Dataset's streams as plans, its batch windows planned into the job's [`TaskQueue`]
+//! (resuming from the queue's cursors after a restart), and its stream bindings.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use primus_bus::Bus;
-use primus_proto::v1::{DataTask, Heartbeat, JoinWork, StreamWork, data_task};
+use primus_proto::v1::{DataTask, JoinWork, StreamWork, data_task};
 use primus_spec::dataset::{DataSource, DatasetSpec, StreamOrder};
 use primus_spec::job::TrainingMode;
 
 use crate::plan::{self, BatchSource, Catalog, ListingCache, PlanError, PlanOptions, StreamPlan};
 use crate::queue::{QueueError, TaskQueue};
-use crate::tasks::JobTasks;
-use crate::topology::Topologies;
-use primus_config::{PlannerSettings, TaskSettings};
+use primus_config::PlannerSettings;
 use primus_spec::time;
 
 #[derive(Debug, thiserror::Error)]
-pub enum DriverError {
+pub enum PlanningError {
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error(transparent)]
     Queue(#[from] QueueError),
     #[error("dataset: {0}")]
     Dataset(String),
-}
-
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or_default()
 }
 
 /// Whether the mode reads batch sources, and stream sources.
@@ -71,16 +60,16 @@ pub fn check_mode(mode: TrainingMode, dataset: &DatasetSpec) -> Result<(), Strin
 }
 
 /// The batch side of every stream that has Parquet sources, ready for the planner.
-pub fn stream_plans(dataset: &DatasetSpec) -> Result<Vec<StreamPlan>, DriverError> {
+pub fn stream_plans(dataset: &DatasetSpec) -> Result<Vec<StreamPlan>, PlanningError> {
     let mut plans = Vec::new();
     let mut starts = Vec::new();
     for stream in &dataset.streams {
         let start = time::parse_window_time(&stream.window.start).ok_or_else(|| {
-            DriverError::Dataset(format!("stream {}: bad window.start", stream.name))
+            PlanningError::Dataset(format!("stream {}: bad window.start", stream.name))
         })?;
         let end = match &stream.window.end {
             Some(end) => Some(time::parse_window_time(end).ok_or_else(|| {
-                DriverError::Dataset(format!("stream {}: bad window.end", stream.name))
+                PlanningError::Dataset(format!("stream {}: bad window.end", stream.name))
             })?),
             None => None,
         };
@@ -174,7 +163,7 @@ pub async fn plan_stream<C: Catalog>(
     job: Arc<str>,
     stream: Arc<StreamPlan>,
     settings: PlannerSettings,
-) -> Result<(), DriverError> {
+) -> Result<(), PlanningError> {
     let options = PlanOptions {
         target_task_bytes: settings.target_task_bytes,
         parallelism: settings.parallelism,
@@ -186,7 +175,7 @@ pub async fn plan_stream<C: Catalog>(
             return Ok(());
         }
         let from = cursor.unwrap_or(stream.start);
-        let ended = (now_ms() / 1000).div_euclid(step) * step;
+        let ended = (time::unix_ms() / 1000).div_euclid(step) * step;
         let until = stream.end.map_or(ended, |end| end.min(ended));
         let mut windows = std::pin::pin!(plan::plan_windows(
             cache.clone(),
@@ -209,87 +198,6 @@ pub async fn plan_stream<C: Catalog>(
         }
         tokio::time::sleep(Duration::from_millis(settings.poll_interval_ms.max(100))).await;
     }
-}
-
-/// Re-queues the work of executors silent for longer than the heartbeat timeout, once the
-/// trainers reported what they received from them (an executor the backend restarts gets
-/// its work back when it registers), and takes heartbeats from NATS. Runs until aborted.
-pub async fn monitor(
-    tasks: JobTasks,
-    topologies: Topologies,
-    bus: Bus,
-    job: String,
-    settings: TaskSettings,
-) {
-    let queue = &tasks.queue;
-    let heartbeats = async {
-        let subject = match bus.subjects().heartbeat(&job, "data_executor", "*") {
-            Ok(subject) => subject,
-            Err(e) => return tracing::error!(%job, error = %e, "heartbeat subject"),
-        };
-        let mut beats = match bus.subscribe::<Heartbeat>(subject).await {
-            Ok(beats) => beats,
-            Err(e) => return tracing::error!(%job, error = %e, "heartbeat subscription"),
-        };
-        while let Some(beat) = beats.next().await {
-            let Ok(beat) = beat else { continue };
-            if let Some(endpoint) = beat.message.endpoint {
-                // Only executors the queue knows (registered, not yet declared lost).
-                if let Err(e) = queue.touch_known(&endpoint.id, now_ms()).await {
-                    tracing::warn!(%job, error = %e, "recording a heartbeat");
-                }
-            }
-        }
-    };
-    let sweeps = async {
-        let timeout = settings.heartbeat_timeout_ms as i64;
-        let mut ticks = tokio::time::interval(Duration::from_millis(
-            (settings.heartbeat_timeout_ms / 4).max(50),
-        ));
-        loop {
-            ticks.tick().await;
-            let silent_before = now_ms() - timeout;
-            let silent = match queue.silent_executors(silent_before).await {
-                Ok(silent) => silent,
-                Err(e) => {
-                    tracing::warn!(%job, error = %e, "task monitor");
-                    continue;
-                }
-            };
-            for executor in silent {
-                if tasks.received.restarting(&executor) {
-                    // Its restart takes its tasks back once it registers.
-                    continue;
-                }
-                // As for a restart: the trainers' reports move its tasks on through the
-                // rows they received, before a successor reads them again.
-                let waited = tasks.await_received_reports(
-                    &job,
-                    &topologies,
-                    &executor,
-                    crate::tasks::SILENT_REPORTS_PATIENCE,
-                );
-                if let Err(e) = waited.await {
-                    tracing::warn!(%job, %executor, error = %e, "waiting for received rows");
-                }
-                // Meanwhile it may have registered again (a restart) and taken new work.
-                let requeued = (queue.requeue_silent_executor(
-                    &executor,
-                    settings.max_attempts,
-                    silent_before,
-                ))
-                .await;
-                match requeued {
-                    Ok(Some(requeued)) => {
-                        tracing::warn!(%job, %executor, requeued, "executor stopped heartbeating; its tasks are re-queued")
-                    }
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(%job, %executor, error = %e, "re-queueing"),
-                }
-            }
-        }
-    };
-    tokio::join!(heartbeats, sweeps);
 }
 
 #[cfg(test)]

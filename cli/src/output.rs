@@ -1,7 +1,5 @@
 //! How resources are shown: tables per kind, YAML or JSON documents, `describe` pages.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use primus_api_client::document;
 use primus_proto::v1::Resource;
 use primus_spec::Kind;
@@ -9,6 +7,7 @@ use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::JobSpec;
 use primus_spec::metric::MetricSpec;
 use primus_spec::status::Status;
+use primus_spec::time::unix_ms;
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -49,7 +48,7 @@ pub fn render(
 }
 
 fn table(kind: Kind, resources: &[Resource]) -> String {
-    let now = now_ms();
+    let now = unix_ms();
     let (header, rows): (&[&str], Vec<Vec<String>>) = match kind {
         Kind::Job => (
             &[
@@ -172,7 +171,7 @@ pub fn align(header: &[&str], rows: &[Vec<String>]) -> String {
 
 /// The `describe` page of one resource.
 pub fn describe(resource: &Resource) -> anyhow::Result<String> {
-    let now = now_ms();
+    let now = unix_ms();
     let labels: Vec<String> = {
         let mut labels: Vec<_> = resource.labels.iter().collect();
         labels.sort();
@@ -326,12 +325,6 @@ pub fn age(since_ms: i64, now_ms: i64) -> String {
     }
 }
 
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,7 +363,7 @@ mod tests {
             trainers: 1,
             serving: 0,
         });
-        let at = now_ms() - 5_000;
+        let at = unix_ms() - 5_000;
         status.push_event(at, "ScaledOut", "started data_executor-2".into());
         status.executors.push(primus_spec::status::ExecutorStatus {
             id: "trainer-0".into(),

@@ -34,11 +34,6 @@ struct Trace {
     status: Status,
 }
 
-fn unix_ms() -> i64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    since.map_or(0, |d| d.as_millis() as i64)
-}
-
 async fn traced_run(resources: [primus_spec::Resource; 2]) -> Trace {
     let cluster = Cluster::start(|settings| {
         settings.master.status_interval_ms = 250;
@@ -47,7 +42,7 @@ async fn traced_run(resources: [primus_spec::Resource; 2]) -> Trace {
     })
     .await;
     let started = Instant::now();
-    let applied_unix_ms = unix_ms();
+    let applied_unix_ms = primus_spec::time::unix_ms();
     cluster.sandbox.apply(resources).await;
     let mut samples = Vec::new();
     let status = loop {

@@ -230,7 +230,7 @@ pub(crate) async fn reshard_a_running_job(
         }
         tokio::time::sleep(PROGRESS_POLL).await;
     };
-    let applied = unix_ms();
+    let applied = primus_spec::time::unix_ms();
     cluster.sandbox.apply(job(4)).await;
     let (resharded, message) = loop {
         let status = cluster.sandbox.status("elastic").await;
@@ -290,13 +290,6 @@ pub(crate) async fn reshard_a_running_job(
 
 /// How often the Job's status is read.
 const PROGRESS_POLL: Duration = Duration::from_millis(250);
-
-/// Now, in Unix milliseconds.
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
 
 /// The trainer's metrics reports as they come: (unix ms, samples trained).
 async fn trainer_reports(cluster: &Cluster) -> Arc<std::sync::Mutex<Vec<(i64, u64)>>> {

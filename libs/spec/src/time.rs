@@ -9,11 +9,27 @@ pub const HOUR: i64 = 3600;
 /// Seconds in a day.
 pub const DAY: i64 = 24 * HOUR;
 
-/// The wall clock as Unix milliseconds (0 for a clock set before 1970).
-pub fn unix_ms() -> i64 {
+/// The wall clock since the Unix epoch (zero for a clock set before 1970).
+fn since_epoch() -> std::time::Duration {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+/// The wall clock as Unix milliseconds.
+pub fn unix_ms() -> i64 {
+    i64::try_from(since_epoch().as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The wall clock as Unix microseconds.
+pub fn unix_us() -> u64 {
+    u64::try_from(since_epoch().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The wall clock as Unix seconds, as the embedding tables keep time (a `u32`, enough
+/// until 2106).
+pub fn unix_secs() -> u32 {
+    u32::try_from(since_epoch().as_secs()).unwrap_or(u32::MAX)
 }
 
 /// Seconds in one window of `unit`.
@@ -91,6 +107,15 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_clocks_read_one_wall_clock_in_their_units() {
+        let (ms, us, secs) = (unix_ms(), unix_us(), unix_secs());
+        // After 2026, before 2106, and each within a second of the others.
+        assert!(ms > 1_790_000_000_000, "{ms}");
+        assert!((us / 1_000).abs_diff(ms as u64) < 1_000, "{us} vs {ms}");
+        assert!(u64::from(secs).abs_diff(ms as u64 / 1_000) <= 1, "{secs} vs {ms}");
+    }
 
     #[test]
     fn window_times_round_trip_through_partitions() {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::Stream;
 use primus_bus::Bus;
@@ -119,7 +119,7 @@ impl Api {
                     changed: false,
                 });
             }
-            let now = now_ms();
+            let now = primus_spec::time::unix_ms();
             let next = Resource {
                 kind: kind.as_str().into(),
                 name: given.name.clone(),
@@ -185,7 +185,7 @@ impl Api {
             )?;
             let next = Resource {
                 status_json: status_json.clone(),
-                updated_unix_ms: now_ms(),
+                updated_unix_ms: primus_spec::time::unix_ms(),
                 ..current.clone()
             };
             let written = self
@@ -571,10 +571,4 @@ fn status(error: StoreError) -> Status {
         StoreError::Redis(_) => Status::unavailable(format!("resource store: {message}")),
         StoreError::Corrupt { .. } => Status::data_loss(message),
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

@@ -600,7 +600,7 @@ impl Executor {
         let mut last_served = (std::time::Instant::now(), 0u64);
         loop {
             ticks.tick().await;
-            let now_ms = crate::unix_ms();
+            let now_ms = primus_spec::time::unix_ms();
             let beat = Heartbeat {
                 job: id.job.clone(),
                 endpoint: Some(endpoint.clone()),

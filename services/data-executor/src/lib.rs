@@ -30,12 +30,6 @@ use primus_service::{ExecutorIdentity, Node, ServiceFuture, Services, Shutdown};
 
 pub use buffer::priority;
 
-/// Wall-clock now, in unix milliseconds.
-pub(crate) fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
 use primus_config::DataExecutorSettings;
 
 pub const SERVICE: &str = "primus-data-executor";

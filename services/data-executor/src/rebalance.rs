@@ -311,7 +311,7 @@ mod tests {
                 if hot.backlog().await.expect("backlog").pending == 0 {
                     break;
                 }
-                let now_ms = crate::unix_ms();
+                let now_ms = primus_spec::time::unix_ms();
                 for (sum, executor) in sums.iter_mut().zip(&executors) {
                     *sum += executor.lag_seconds(now_ms);
                 }

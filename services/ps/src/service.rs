@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use primus_batch::hash::KeyMap;
 use primus_embedding::{
@@ -23,7 +22,7 @@ use primus_proto::v1::{
     StatsResponse, TableDelta, TableStats,
 };
 use primus_ps_client::Layout;
-use primus_spec::Validate;
+use primus_spec::{Validate, time};
 use tonic::{Request, Response, Status};
 
 use primus_config::StorageSettings;
@@ -56,7 +55,7 @@ impl Tables {
         // Versions start at the start time in microseconds, so a restarted PS (which makes
         // far fewer than a million changes a second) never reuses a version its previous
         // life handed out: serving replicas compare versions across restarts.
-        let versions = Arc::new(AtomicU64::new(now_micros()));
+        let versions = Arc::new(AtomicU64::new(time::unix_us()));
         let kernels = match settings.device {
             Device::Cpu => None,
             Device::Cuda => Some(Arc::new(CudaKernels::new(settings.cuda_device).map_err(
@@ -171,7 +170,7 @@ impl Tables {
     }
 
     pub(crate) fn evict_expired(&self) -> usize {
-        let now = now_secs();
+        let now = time::unix_secs();
         self.tables.values().map(|t| t.evict_expired(now)).sum()
     }
 }
@@ -306,7 +305,7 @@ fn push_to(name: &str, table: &Table, keys: &[u64], grads: &[f32]) -> Result<Pus
         primus.dropped = tracing::field::Empty,
     );
     let outcome = span
-        .in_scope(|| table.push(keys, grads, now_secs()))
+        .in_scope(|| table.push(keys, grads, time::unix_secs()))
         .map_err(table_status)?;
     span.record("primus.applied", outcome.applied);
     span.record("primus.dropped", outcome.dropped);
@@ -893,16 +892,4 @@ fn table_status(error: EmbeddingError) -> Status {
         EmbeddingError::Device { .. } => Status::internal(error.to_string()),
         _ => Status::invalid_argument(error.to_string()),
     }
-}
-
-fn now_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
-fn now_secs() -> u32 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX))
 }

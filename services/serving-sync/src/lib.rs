@@ -353,9 +353,7 @@ async fn publish_report(bus: &Bus, job: &str, report: SyncReport) {
         gauges.insert("freshness_p50_ms".into(), p50);
         gauges.insert("freshness_p99_ms".into(), p99);
     }
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
+    let now_ms = primus_spec::time::unix_ms();
     let message = MetricsReport {
         job: job.to_owned(),
         endpoint: Some(Endpoint {

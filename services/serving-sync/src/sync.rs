@@ -11,7 +11,7 @@
 //! rows the restore brings back with their checkpoint's versions.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use primus_model::{ModelLayout, ParamSet, ParamTensor, Tower};
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
@@ -202,9 +202,7 @@ impl JobSync {
     /// Dense versions are export times in microseconds: the stalest replica's is its age.
     fn dense_age_ms(&self) -> Option<f64> {
         let stalest = self.replicas.iter().map(|r| r.dense_version).min()?;
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
+        let now = primus_spec::time::unix_us();
         (stalest > 0).then(|| now.saturating_sub(stalest) as f64 / 1000.0)
     }
 
@@ -419,9 +417,7 @@ impl JobSync {
     /// Versions of dense models are the export time in microseconds, always increasing, so
     /// a replica never swaps an older model in (also across restarts of this service).
     fn next_dense_version(&self) -> u64 {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
+        let now = primus_spec::time::unix_us();
         let last = self.dense_model.as_ref().map_or(0, |(v, _)| *v);
         now.max(last + 1)
     }

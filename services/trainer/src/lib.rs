@@ -501,9 +501,7 @@ impl Reporter for Publisher {
         let message = MetricsReport {
             job: self.job.clone(),
             endpoint: Some(self.endpoint.clone()),
-            unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64),
+            unix_ms: primus_spec::time::unix_ms(),
             gauges,
             samples: report.samples,
             steps: report.steps,

@@ -187,12 +187,6 @@ impl LocalStore {
     }
 }
 
-fn now_secs() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as u32)
-}
-
 impl ParameterStore for LocalStore {
     async fn lookup(&self, table: &str, keys: &[u64]) -> anyhow::Result<Vec<f32>> {
         let table = self.table(table)?;
@@ -202,7 +196,8 @@ impl ParameterStore for LocalStore {
     }
 
     async fn push(&self, table: &str, keys: &[u64], grads: &[f32]) -> anyhow::Result<()> {
-        self.table(table)?.push(keys, grads, now_secs())?;
+        self.table(table)?
+            .push(keys, grads, primus_spec::time::unix_secs())?;
         Ok(())
     }
 

@@ -13,7 +13,7 @@
 //! is chosen is plain code over them.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::Uri;
@@ -149,7 +149,7 @@ impl Jaeger {
     ) -> Result<StepPath, Status> {
         let window = (
             u64::try_from(created_unix_ms).unwrap_or(0) * 1000,
-            now_us() + 60_000_000,
+            primus_spec::time::unix_us() + 60_000_000,
         );
         let cycles = self
             .search("primus-serving-sync", "serving_sync.sparse", window, CYCLES)
@@ -187,13 +187,6 @@ impl Jaeger {
             predicts: Vec::new(),
         })
     }
-}
-
-fn now_us() -> u64 {
-    let since = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Percent-encodes all but RFC 3986's unreserved characters.

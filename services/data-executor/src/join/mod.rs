@@ -198,7 +198,9 @@ impl JoinRunner<'_> {
                 {
                     self.take_in(&mut joining, side, fetched).await;
                 }
-                joining.table.expire(joining.clock.now(crate::unix_ms()));
+                joining
+                    .table
+                    .expire(joining.clock.now(primus_spec::time::unix_ms()));
                 let output = joining
                     .table
                     .take_output()

@@ -2,8 +2,6 @@
 //! PS shards' snapshots, so it serves a Job's final model after its training PS is gone
 //! (or an earlier Job's model). Every file is read and verified before anything changes.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use primus_embedding::{DeltaRows, DenseStore, ShardSnapshot};
 use primus_model::{ParamSet, ParamTensor, Tower};
 use primus_proto::v1::{LoadCheckpointRequest, LoadCheckpointResponse, ServedTower};
@@ -111,9 +109,6 @@ impl Replica {
 
     /// Dense versions are unix microseconds, as serving-sync's: a later load always wins.
     fn next_dense_version(&self) -> u64 {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
-        now.max(self.dense.version() + 1)
+        primus_spec::time::unix_us().max(self.dense.version() + 1)
     }
 }

@@ -114,7 +114,10 @@ mod tests {
         // After 2026, before 2106, and each within a second of the others.
         assert!(ms > 1_790_000_000_000, "{ms}");
         assert!((us / 1_000).abs_diff(ms as u64) < 1_000, "{us} vs {ms}");
-        assert!(u64::from(secs).abs_diff(ms as u64 / 1_000) <= 1, "{secs} vs {ms}");
+        assert!(
+            u64::from(secs).abs_diff(ms as u64 / 1_000) <= 1,
+            "{secs} vs {ms}"
+        );
     }
 
     #[test]

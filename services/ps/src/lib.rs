@@ -11,6 +11,7 @@ mod applied;
 mod service;
 pub mod serving;
 mod snapshots;
+mod tables;
 
 use primus_spec::job::Device;
 use std::sync::Arc;
@@ -51,7 +52,7 @@ async fn serve(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
 }
 
 async fn run_training(settings: PsSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    let tables = Arc::new(service::Tables::new(&settings.ps)?);
+    let tables = Arc::new(tables::Tables::new(&settings.ps)?);
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let bus = node.connect_nats(&settings.nats).await?;
     let notifier = delta_identity(&settings.ps).map(|(job, shard)| {
@@ -93,7 +94,7 @@ async fn run_training(settings: PsSettings, shutdown: Shutdown) -> anyhow::Resul
     Ok(())
 }
 
-async fn evict_periodically(tables: Arc<service::Tables>, interval: Duration) {
+async fn evict_periodically(tables: Arc<tables::Tables>, interval: Duration) {
     let mut ticks = tokio::time::interval(interval);
     loop {
         ticks.tick().await;
@@ -111,7 +112,7 @@ const MEMORY_CHECK: Duration = Duration::from_millis(100);
 /// bytes or more (0: no limit): a PS at its limit drops new keys' gradients instead of
 /// growing until the system kills it.
 async fn hold_memory_limit(
-    tables: Arc<service::Tables>,
+    tables: Arc<tables::Tables>,
     dense: Arc<DenseStore>,
     limit: Arc<AtomicU64>,
 ) {
@@ -163,7 +164,7 @@ fn delta_identity(settings: &primus_config::TableSettings) -> Option<(String, St
 /// `interval`.
 async fn announce_deltas(
     bus: primus_bus::Bus,
-    tables: Arc<service::Tables>,
+    tables: Arc<tables::Tables>,
     job: String,
     shard: String,
     interval: Duration,

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tonic::Status;
 
-use crate::service::Tables;
+use crate::tables::Tables;
 use primus_ps_client::Layout;
 
 const MANIFEST: &str = "manifest.json";

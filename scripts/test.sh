@@ -39,4 +39,6 @@ echo "[test] cargo test"
 cargo test --workspace --exclude primus-chaos --features "$FEATURES" --locked
 cargo test -p primus-model --features cuda --locked
 echo "[test] chaos suite"
-cargo test -p primus-chaos --features "$FEATURES" --locked -- --nocapture
+# Selected from the workspace, so that it is built with the features resolved above
+# (`-p primus-chaos` alone resolves fewer and builds the libraries it uses again).
+cargo test --workspace --test chaos --features "$FEATURES" --locked -- --nocapture

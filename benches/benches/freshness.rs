@@ -25,8 +25,9 @@ use primus_model::pooling::{BatchKeys, CpuKernels};
 use primus_model::{Inputs, Model, ModelLayout, ParamSet, ParamTensor, Tower};
 use primus_proto::v1::SourceKind;
 use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
+use primus_trainer::feed::Incoming;
 use primus_trainer::store::{LocalStore, ParameterStore};
-use primus_trainer::train::{Incoming, Trainer};
+use primus_trainer::train::Trainer;
 
 const TABLE: &str = "categorical";
 const DIM: usize = 16;

@@ -28,9 +28,10 @@ use primus_spec::job::{
 };
 use primus_testkit::NatsServer;
 use primus_trainer::device::EmbeddingDevice;
+use primus_trainer::feed::{Feed, Incoming};
 use primus_trainer::hot::{HotSync, RingEndpoint, TrainerDirectory};
 use primus_trainer::store::LocalStore;
-use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer, TrainerTotals};
+use primus_trainer::train::{Report, Reporter, Trainer, TrainerTotals};
 
 const TRAINERS: usize = 4;
 const TABLE: &str = "categorical";

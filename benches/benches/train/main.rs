@@ -59,8 +59,9 @@ use primus_spec::status::Phase;
 use primus_storage::Location;
 use primus_storage::parquet::ReadOptions;
 use primus_trainer::device::EmbeddingDevice;
+use primus_trainer::feed::{Feed, Incoming};
 use primus_trainer::store::LocalStore;
-use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer, TrainerTotals};
+use primus_trainer::train::{Report, Reporter, Trainer, TrainerTotals};
 
 use peer::PeerFigures;
 

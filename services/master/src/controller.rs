@@ -9,42 +9,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use primus_api_client::ApiClient;
-use primus_bus::Bus;
-use primus_config::MasterSettings;
 use primus_proto::v1::{EventType, Resource};
 use primus_service::Shutdown;
 use primus_spec::Kind;
 use primus_spec::status::Status;
-use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::cluster::{Capacity, ClusterPlans};
+use crate::context::Context;
 use crate::job;
 use crate::shard::owns_job;
-use crate::tasks::JobRegistry;
-use crate::topology::Topologies;
 use primus_backend::ResourceBackend;
-use primus_data_tasks::plan::{Catalog, ListingCache};
+use primus_data_tasks::plan::Catalog;
 use primus_data_tasks::queue::TaskQueue;
-
-/// Everything the job drivers share.
-pub struct Context<B, C> {
-    pub api: ApiClient,
-    pub bus: Bus,
-    pub redis: ConnectionManager,
-    pub settings: MasterSettings,
-    pub shard: (u32, u32),
-    pub backend: Arc<B>,
-    pub cache: Arc<ListingCache<C>>,
-    pub jobs: JobRegistry,
-    pub topologies: Topologies,
-    /// What the optimizer of `policy: auto` Jobs divides among them.
-    pub capacity: Capacity,
-    /// Those Jobs' holdings and plans (DLRover-RM's cluster-level selection).
-    pub cluster: ClusterPlans,
-}
 
 struct Running {
     cancel: watch::Sender<bool>,

@@ -15,6 +15,7 @@
 pub mod checkpoint;
 pub mod cluster;
 mod config_db;
+pub mod context;
 pub mod controller;
 mod job;
 pub use job::executors::job_executors;
@@ -152,7 +153,7 @@ async fn drive_jobs<B: primus_backend::ResourceBackend>(
         .grpc(TaskServiceServer::from_arc(tasks.clone()))
         .grpc(CheckpointServiceServer::from_arc(tasks))
         .grpc(TopologyServiceServer::new(topologies.clone()));
-    let context = Arc::new(controller::Context {
+    let context = Arc::new(context::Context {
         capacity,
         cluster: cluster::ClusterPlans::default(),
         api,

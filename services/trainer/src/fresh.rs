@@ -6,8 +6,6 @@
 //! as fresh as a lookup at that moment would give.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context;
 use primus_batch::hash::KeySet;
@@ -15,20 +13,10 @@ use primus_model::ModelLayout;
 use primus_model::pooling::BatchKeys;
 use primus_ps_client::TableKeys;
 
-use crate::prefetch::{asked_of, check_rows, wide_positions};
+use crate::prefetch::{PushCount, asked_of, check_rows, wide_positions};
 
 /// Pushes remembered; a minibatch looked up before the oldest re-reads all its rows.
 const REMEMBERED: usize = 4;
-
-/// Completed pushes, read by the prefetcher as a lookup starts.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct PushCount(Arc<AtomicU64>);
-
-impl PushCount {
-    pub(crate) fn now(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
-    }
-}
 
 /// The keys of the trainer's recent pushes, per layout table.
 #[derive(Debug, Default)]
@@ -50,7 +38,7 @@ impl RecentPushes {
             self.pushes.pop_front();
         }
         self.pushes.push_back((index, tables));
-        self.count.0.store(index + 1, Ordering::Release);
+        self.count.completed(index + 1);
     }
 
     /// What changed since a lookup that began after `looked_up_at` pushes had completed

@@ -27,6 +27,7 @@
 //! and train them in lockstep over NATS ([`hot`], HypeReca §5); the rest stays on the PS.
 
 pub mod device;
+pub mod feed;
 mod fresh;
 pub mod hot;
 mod mirror;
@@ -57,10 +58,11 @@ use primus_spec::job::Device;
 use tonic::transport::Channel;
 
 use device::EmbeddingDevice;
+use feed::{Feed, Incoming};
 use hot::{HotSync, RingEndpoint, RingInbox, TrainerDirectory};
 use primus_config::TrainerSettings;
 use store::RemoteStore;
-use train::{Feed, Incoming, Report, Reporter, Trainer};
+use train::{Report, Reporter, Trainer};
 
 pub const SERVICE: &str = "primus-trainer";
 pub const ABOUT: &str = concat!(

@@ -4,6 +4,7 @@
 //! prefetcher looks up the rows the hot set does not hold (every table in one call).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -17,10 +18,9 @@ use primus_ps_client::TableKeys;
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
-use crate::fresh::PushCount;
+use crate::feed::{Feed, Incoming};
 use crate::hot::HotKeys;
 use crate::store::ParameterStore;
-use crate::train::{Feed, Incoming};
 
 /// What the prefetcher hands the step loop, in the order it was fed.
 pub(crate) enum Ready {
@@ -66,6 +66,22 @@ pub(crate) fn tower(kind: SourceKind) -> Tower {
     match kind {
         SourceKind::Stream => Tower::Adapt,
         _ => Tower::Memory,
+    }
+}
+
+/// Completed pushes, read by the prefetcher as a lookup starts (the rows pushed since are
+/// read again, `fresh.rs`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PushCount(Arc<AtomicU64>);
+
+impl PushCount {
+    pub(crate) fn now(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// `count` pushes have completed.
+    pub(crate) fn completed(&self, count: u64) {
+        self.0.store(count, Ordering::Release);
     }
 }
 

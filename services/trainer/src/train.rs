@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::Stream;
 use futures::future::try_join_all;
-use primus_batch::Minibatch;
 use primus_batch::hash::KeySet;
 use primus_data_client::Receipt;
 pub use primus_data_client::TrainerTotals;
@@ -20,74 +19,17 @@ use primus_embedding::HotRows;
 use primus_metrics::{EvalWindow, Evaluation};
 use primus_model::pooling::{BatchKeys, EmbeddingKernels};
 use primus_model::{EmbeddingGrads, Inputs, Model, ModelLayout, ParamSet, StepOutput, TableSlot};
-use primus_proto::v1::SourceKind;
 use primus_ps_client::TableGrads;
-use primus_telemetry::propagation::{TraceCarrier, set_parent_from_carrier};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::Instrument;
 
 use crate::device::EmbeddingDevice;
+use crate::feed::{Feed, Incoming};
 use crate::fresh::{RecentPushes, asked_for, overwrite, stale_rows};
 use crate::hot::{HotKeys, HotSync, Share};
 pub use crate::prefetch::Prepared;
 use crate::prefetch::{Fetched, Ready, Rows, prefetch, prepare};
 use crate::store::ParameterStore;
-
-/// A minibatch to train on and the `trainer.step` span its lookups, compute and pushes
-/// run in.
-pub struct Incoming {
-    pub batch: Minibatch,
-    pub kind: SourceKind,
-    pub span: tracing::Span,
-    /// The Dataset source its rows came from.
-    pub source: String,
-    /// The data executor's claim on the minibatch, confirmed once it is trained and pushed.
-    pub receipt: Receipt,
-}
-
-impl Incoming {
-    /// A minibatch whose step continues the trace in `trace` (the data task that read it;
-    /// an empty carrier starts a new trace).
-    pub fn new(batch: Minibatch, kind: SourceKind, source: &str, trace: &TraceCarrier) -> Self {
-        let span = tracing::info_span!(
-            parent: None,
-            "trainer.step",
-            primus.source = %source,
-            primus.rows = batch.rows(),
-        );
-        set_parent_from_carrier(&span, trace);
-        Self {
-            batch,
-            kind,
-            span,
-            source: source.to_owned(),
-            receipt: Receipt::none(),
-        }
-    }
-
-    /// The minibatch as served by a data executor, confirmed consumed through `receipt`.
-    pub fn with_receipt(mut self, receipt: Receipt) -> Self {
-        self.receipt = receipt;
-        self
-    }
-}
-
-/// What a trainer is fed: minibatches, and checkpoint barriers between them.
-pub enum Feed {
-    Batch(Box<Incoming>),
-    /// A minibatch fed before and served again (its stream broke before the executor read
-    /// the confirmation): only its receipt, confirmed once everything fed before it is
-    /// pushed; it is not trained or counted again.
-    Again(Receipt),
-    /// Every minibatch served before checkpoint `id`'s barrier came before this.
-    Barrier(u64),
-}
-
-impl Feed {
-    pub fn batch(incoming: Incoming) -> Self {
-        Self::Batch(Box::new(incoming))
-    }
-}
 
 /// Counters since the trainer started and since the last report.
 #[derive(Debug, Clone)]

@@ -17,9 +17,10 @@ use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec
 use primus_spec::job::{HotExchange, HotSetSpec};
 use primus_testkit::NatsServer;
 use primus_trainer::device::EmbeddingDevice;
+use primus_trainer::feed::{Feed, Incoming};
 use primus_trainer::hot::{HotSync, RingEndpoint, TrainerDirectory};
 use primus_trainer::store::{LocalStore, ParameterStore};
-use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer, TrainerTotals};
+use primus_trainer::train::{Report, Reporter, Trainer, TrainerTotals};
 
 const TABLE: &str = "categorical";
 

@@ -24,8 +24,9 @@ use primus_service::Shutdown;
 use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::{DenseSpec, Device, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 use primus_trainer::device::EmbeddingDevice;
+use primus_trainer::feed::{Feed, Incoming};
 use primus_trainer::store::{LocalStore, ParameterStore};
-use primus_trainer::train::{Feed, Incoming, Report, Reporter, Trainer, TrainerTotals};
+use primus_trainer::train::{Report, Reporter, Trainer, TrainerTotals};
 
 #[derive(Default)]
 struct Collect {

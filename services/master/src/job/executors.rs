@@ -17,7 +17,7 @@ use primus_spec::job::{Device, JobSpec, RoleSpec};
 use tokio::sync::broadcast;
 
 use super::Outcome;
-use crate::controller::Context;
+use crate::context::Context;
 use primus_backend::{
     BackendError, BackendEvent, ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend,
 };

@@ -41,7 +41,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::checkpoint::{self, Alignments, CheckpointRecord, KnownTotals, ShardRecovery};
 use crate::config_db::ConfigDb;
-use crate::controller::Context;
+use crate::context::Context;
 use crate::metrics::{self, MetricsFold};
 use crate::tasks::{JobTasks, SILENT_REPORTS_PATIENCE};
 use crate::topology::Topologies;

@@ -25,6 +25,7 @@
     reason = "the suite's table and summary line are its report"
 )]
 
+mod report;
 mod workload;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,33 @@
+//! What the master's parts share while it runs: its clients (API server, NATS, Redis), its
+//! settings and shard, the resource backend, the listing cache, the Jobs' task queues and
+//! topologies, and the capacity its `policy: auto` Jobs divide. The controller builds it
+//! once; each Job's run reads it.
+
+use std::sync::Arc;
+
+use primus_api_client::ApiClient;
+use primus_bus::Bus;
+use primus_config::MasterSettings;
+use primus_data_tasks::plan::ListingCache;
+use redis::aio::ConnectionManager;
+
+use crate::cluster::{Capacity, ClusterPlans};
+use crate::tasks::JobRegistry;
+use crate::topology::Topologies;
+
+/// Everything the Jobs' runs share.
+pub struct Context<B, C> {
+    pub api: ApiClient,
+    pub bus: Bus,
+    pub redis: ConnectionManager,
+    pub settings: MasterSettings,
+    pub shard: (u32, u32),
+    pub backend: Arc<B>,
+    pub cache: Arc<ListingCache<C>>,
+    pub jobs: JobRegistry,
+    pub topologies: Topologies,
+    /// What the optimizer of `policy: auto` Jobs divides among them.
+    pub capacity: Capacity,
+    /// Those Jobs' holdings and plans (DLRover-RM's cluster-level selection).
+    pub cluster: ClusterPlans,
+}

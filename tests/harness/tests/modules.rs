@@ -112,7 +112,10 @@ fn the_master_and_the_trainer_import_their_modules_without_a_circle() {
         "services/trainer",
     ] {
         let imports = module_imports(&root.join(crate_dir).join("src"));
-        assert!(imports.len() >= 2, "{crate_dir}: modules found: {imports:?}");
+        assert!(
+            imports.len() >= 2,
+            "{crate_dir}: modules found: {imports:?}"
+        );
         if let Some(found) = circle(&imports) {
             panic!(
                 "{crate_dir}: modules import each other: {}",

@@ -31,8 +31,9 @@ use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec
 use primus_storage::Location;
 use primus_storage::parquet::ReadOptions;
 use primus_trainer::feed::{Feed, Incoming};
+use primus_trainer::meter::{Report, Reporter};
 use primus_trainer::store::LocalStore;
-use primus_trainer::train::{Report, Reporter, Trainer, TrainerTotals};
+use primus_trainer::train::{Trainer, TrainerTotals};
 
 const MINIBATCH: usize = 2048;
 

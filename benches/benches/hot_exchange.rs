@@ -30,8 +30,9 @@ use primus_testkit::NatsServer;
 use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::feed::{Feed, Incoming};
 use primus_trainer::hot::{HotSync, RingEndpoint, TrainerDirectory};
+use primus_trainer::meter::{Report, Reporter};
 use primus_trainer::store::LocalStore;
-use primus_trainer::train::{Report, Reporter, Trainer, TrainerTotals};
+use primus_trainer::train::{Trainer, TrainerTotals};
 
 const TRAINERS: usize = 4;
 const TABLE: &str = "categorical";

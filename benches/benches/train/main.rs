@@ -60,8 +60,9 @@ use primus_storage::Location;
 use primus_storage::parquet::ReadOptions;
 use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::feed::{Feed, Incoming};
+use primus_trainer::meter::{Report, Reporter};
 use primus_trainer::store::LocalStore;
-use primus_trainer::train::{Report, Reporter, Trainer, TrainerTotals};
+use primus_trainer::train::{Trainer, TrainerTotals};
 
 use peer::PeerFigures;
 

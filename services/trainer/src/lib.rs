@@ -30,6 +30,7 @@ pub mod device;
 pub mod feed;
 mod fresh;
 pub mod hot;
+pub mod meter;
 mod mirror;
 mod prefetch;
 pub mod store;
@@ -60,9 +61,10 @@ use tonic::transport::Channel;
 use device::EmbeddingDevice;
 use feed::{Feed, Incoming};
 use hot::{HotSync, RingEndpoint, RingInbox, TrainerDirectory};
+use meter::{Report, Reporter};
 use primus_config::TrainerSettings;
 use store::RemoteStore;
-use train::{Report, Reporter, Trainer};
+use train::Trainer;
 
 pub const SERVICE: &str = "primus-trainer";
 pub const ABOUT: &str = concat!(

@@ -25,8 +25,9 @@ use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::{DenseSpec, Device, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 use primus_trainer::device::EmbeddingDevice;
 use primus_trainer::feed::{Feed, Incoming};
+use primus_trainer::meter::{Report, Reporter};
 use primus_trainer::store::{LocalStore, ParameterStore};
-use primus_trainer::train::{Report, Reporter, Trainer, TrainerTotals};
+use primus_trainer::train::{Trainer, TrainerTotals};
 
 #[derive(Default)]
 struct Collect {

@@ -1,0 +1,167 @@
+//! What a trainer counts and reports: samples, steps and samples per source since it
+//! started, the totals its confirmed pushes hold, progressive-validation metrics, and per
+//! interval the loss, the time shares of lookup, compute and push, and the hot set's
+//! share of accesses; and where the reports go ([`Reporter`]).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use primus_data_client::TrainerTotals;
+use primus_metrics::{EvalWindow, Evaluation};
+
+/// Counters since the trainer started and since the last report.
+#[derive(Debug, Clone)]
+pub struct Meter {
+    pub samples: u64,
+    pub steps: u64,
+    /// Samples per source, summing to `samples`.
+    pub sources: BTreeMap<String, u64>,
+    /// The totals of the minibatches whose pushes landed, as last confirmed: what reports
+    /// say, so no count leaving the trainer holds a minibatch that is served again if it
+    /// dies now.
+    pub(crate) confirmed: TrainerTotals,
+    pub(crate) window: EvalWindow,
+    /// When the interval began: the last report, or this trainer's first step.
+    pub(crate) since: Instant,
+    /// Whether this trainer has begun a step.
+    pub(crate) stepped: bool,
+    pub(crate) interval_samples: u64,
+    pub(crate) interval_loss: f64,
+    pub(crate) interval_steps: u64,
+    pub(crate) lookup: Duration,
+    pub(crate) compute: Duration,
+    pub(crate) push: Duration,
+    pub(crate) interval_accesses: u64,
+    pub(crate) interval_hot_accesses: u64,
+    pub(crate) hot_rows: usize,
+}
+
+/// What one report says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// Samples and steps of the minibatches confirmed consumed (their pushes landed); the
+    /// one just trained is counted from the next confirmation.
+    pub samples: u64,
+    pub steps: u64,
+    /// Samples per source, confirmed likewise.
+    pub sources: BTreeMap<String, u64>,
+    /// Samples trained in the interval, confirmed or not.
+    pub samples_per_second: f64,
+    /// Mean training loss of the interval's steps.
+    pub loss: Option<f64>,
+    pub evaluation: Evaluation,
+    /// Shares of the interval's wall time spent looking up (the prefetch, and the late
+    /// lookups with the dense pull beside them), computing and pushing (with the next
+    /// minibatch's rows, read in the same calls, where no hot set is on).
+    pub lookup_share: f64,
+    pub compute_share: f64,
+    pub push_share: f64,
+    /// Rows replicated in the hot set (0 without one).
+    pub hot_rows: usize,
+    /// Share of the interval's key accesses the hot rows served (`None` without a hot set).
+    pub hot_share: Option<f64>,
+}
+
+impl Meter {
+    pub fn new(eval_window: usize) -> Self {
+        Self {
+            samples: 0,
+            steps: 0,
+            sources: BTreeMap::new(),
+            confirmed: TrainerTotals::default(),
+            window: EvalWindow::new(eval_window),
+            since: Instant::now(),
+            stepped: false,
+            interval_samples: 0,
+            interval_loss: 0.0,
+            interval_steps: 0,
+            lookup: Duration::ZERO,
+            compute: Duration::ZERO,
+            push: Duration::ZERO,
+            interval_accesses: 0,
+            interval_hot_accesses: 0,
+            hot_rows: 0,
+        }
+    }
+
+    /// The counters since the trainer (or the Job it continues) started.
+    pub fn totals(&self) -> TrainerTotals {
+        TrainerTotals {
+            steps: self.steps,
+            samples: self.samples,
+            sources: self.sources.clone(),
+        }
+    }
+
+    /// Every minibatch counted so far has landed; returns the totals now confirmed.
+    pub(crate) fn confirm(&mut self) -> &TrainerTotals {
+        self.confirmed = self.totals();
+        &self.confirmed
+    }
+
+    /// A step begins. The first one restarts the interval: until its first minibatch
+    /// came (the data executors opening their files) the trainer was not training, and
+    /// its rate would otherwise count that wait. Later waits for data do count.
+    pub(crate) fn step_begins(&mut self) {
+        if !self.stepped {
+            self.stepped = true;
+            self.since = Instant::now();
+        }
+    }
+
+    /// Counts a trained minibatch of `rows` samples from `source`.
+    pub(crate) fn count(&mut self, source: &str, rows: u64) {
+        self.samples += rows;
+        self.steps += 1;
+        match self.sources.get_mut(source) {
+            Some(samples) => *samples += rows,
+            None => drop(self.sources.insert(source.to_owned(), rows)),
+        }
+    }
+
+    /// The interval's figures; starts a new interval.
+    pub fn report(&mut self) -> Report {
+        let elapsed = self.since.elapsed().as_secs_f64().max(1e-9);
+        let share = |d: Duration| d.as_secs_f64() / elapsed;
+        let report = Report {
+            samples: self.confirmed.samples,
+            steps: self.confirmed.steps,
+            sources: self.confirmed.sources.clone(),
+            samples_per_second: self.interval_samples as f64 / elapsed,
+            loss: (self.interval_steps > 0)
+                .then(|| self.interval_loss / self.interval_steps as f64),
+            evaluation: self.window.evaluate(),
+            lookup_share: share(self.lookup),
+            compute_share: share(self.compute),
+            push_share: share(self.push),
+            hot_rows: self.hot_rows,
+            hot_share: (self.hot_rows > 0 && self.interval_accesses > 0)
+                .then(|| self.interval_hot_accesses as f64 / self.interval_accesses as f64),
+        };
+        self.since = Instant::now();
+        self.interval_samples = 0;
+        self.interval_loss = 0.0;
+        self.interval_steps = 0;
+        self.lookup = Duration::ZERO;
+        self.compute = Duration::ZERO;
+        self.push = Duration::ZERO;
+        self.interval_accesses = 0;
+        self.interval_hot_accesses = 0;
+        report
+    }
+}
+
+/// Where a trainer's periodic reports go (NATS and the master in the service, a table in
+/// benchmarks).
+pub trait Reporter: Sync {
+    fn report(&self, report: &Report) -> impl std::future::Future<Output = ()> + Send;
+
+    /// Every minibatch before checkpoint `checkpoint_id`'s barrier is trained and pushed;
+    /// `totals` are the trainer's at that moment. A failure is the checkpoint's (it is
+    /// logged), never the training's.
+    fn aligned(
+        &self,
+        checkpoint_id: u64,
+        totals: &TrainerTotals,
+    ) -> impl std::future::Future<Output = ()> + Send;
+}

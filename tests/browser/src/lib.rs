@@ -42,7 +42,7 @@ pub fn script(
 ) -> Command {
     let mut command = Command::new("node");
     command
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(name))
+        .arg(root().join("tests/browser").join(name))
         .env("NODE_PATH", node_modules())
         .env("PRIMUS_CHROMIUM", chromium())
         .env("PRIMUS_DASHBOARD_URL", dashboard_url)
@@ -61,6 +61,8 @@ pub fn screenshot_path(name: &str, scratch: &std::path::Path) -> PathBuf {
     }
 }
 
+/// The checkout the tests run in, found at run time: a library compiled in another
+/// checkout that shares the target folder would otherwise name that one.
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    primus_testkit::repo_root()
 }

@@ -118,7 +118,7 @@ fn pods_reach_each_other_across_nodes_by_address_name_and_service_and_the_kernel
         }
         for name in ["redis", "redis.default.svc.cluster.local"] {
             assert_eq!(
-                ping_from(cluster, client, name),
+                service_ping_from(cluster, client, name),
                 "PONG",
                 "{client} -> Service {name}"
             );
@@ -164,6 +164,20 @@ fn ping_from(cluster: &KubeCluster, client: &str, host: &str) -> String {
         .unwrap_or_else(|e| e.to_string())
         .trim()
         .to_owned()
+}
+
+/// [`ping_from`] through a Service: kube-proxy programs a Service's rules after its
+/// endpoints became ready (until then the Service refuses connections), so the answer
+/// may take a moment; the last one after 30 s.
+fn service_ping_from(cluster: &KubeCluster, client: &str, service: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = ping_from(cluster, client, service);
+        if answer == "PONG" || Instant::now() >= deadline {
+            return answer;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 fn ping(ip: &str) -> std::io::Result<String> {

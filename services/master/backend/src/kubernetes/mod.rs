@@ -62,6 +62,9 @@ struct State {
     observed: HashMap<Key, ObservedPod>,
     tracked: HashMap<Key, Tracked>,
     owners: HashMap<String, JobOwner>,
+    /// Jobs released whose owner could not be deleted yet (the API server was out of
+    /// reach): every resync tries again, so that the garbage collector removes what it owns.
+    owners_to_delete: BTreeSet<String>,
     /// The executors seen in a relist of the watch, while one is under way.
     relisted: Option<Vec<Key>>,
 }
@@ -306,6 +309,34 @@ impl Inner {
         }
     }
 
+    /// Deletes the owner of `job`'s objects (a missing one is deleted already).
+    async fn delete_owner(&self, job: &str) -> Result<(), kube::Error> {
+        let owner = render::owner_name(job);
+        match (self.config_maps)
+            .delete(&owner, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Tries again to delete the owners of released Jobs that could not be deleted.
+    async fn delete_owners_left(&self) {
+        let jobs: Vec<String> = self.lock().owners_to_delete.iter().cloned().collect();
+        for job in jobs {
+            let still = {
+                let state = self.lock();
+                state.owners_to_delete.contains(&job) && !state.owners.contains_key(&job)
+            };
+            if still && self.delete_owner(&job).await.is_ok() {
+                tracing::info!(job, "the Job's owner deleted on a later try");
+                self.lock().owners_to_delete.remove(&job);
+            }
+        }
+    }
+
     async fn delete_pod(&self, name: &str, deletion: Deletion) -> Result<(), BackendError> {
         let params = DeleteParams {
             grace_period_seconds: match deletion {
@@ -369,8 +400,13 @@ impl Inner {
 
     /// The Job's owner object, created the first time.
     async fn owner(&self, job: &str) -> Result<JobOwner, BackendError> {
-        if let Some(owner) = self.lock().owners.get(job) {
-            return Ok(owner.clone());
+        {
+            let mut state = self.lock();
+            // A Job started again under its name keeps the owner it finds.
+            state.owners_to_delete.remove(job);
+            if let Some(owner) = state.owners.get(job) {
+                return Ok(owner.clone());
+            }
         }
         let wanted = render::job_owner(&self.render_context(), job);
         let name = render::owner_name(job);
@@ -554,6 +590,7 @@ async fn watch_pods(inner: Arc<Inner>) {
                 }
             },
             _ = resync.tick() => {
+                inner.delete_owners_left().await;
                 let state = inner.lock();
                 state.wanted.keys().chain(state.observed.keys()).cloned().collect()
             }
@@ -687,15 +724,9 @@ impl ResourceBackend for KubernetesBackend {
             }
         });
         futures::future::join_all(deletions).await;
-        let owner = render::owner_name(job);
-        match inner
-            .config_maps
-            .delete(&owner, &DeleteParams::background())
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(e) => tracing::warn!(job, error = %kube_message(&e), "deleting the Job's owner"),
+        if let Err(e) = inner.delete_owner(job).await {
+            tracing::warn!(job, error = %kube_message(&e), "deleting the Job's owner; trying again every resync");
+            inner.lock().owners_to_delete.insert(job.to_owned());
         }
         let grace = Duration::from_millis(inner.settings.stop_grace_ms) + RESYNC;
         inner

@@ -144,3 +144,48 @@ fn a_circle_is_found_and_named() {
         BTreeSet::from(["feed".to_owned()])
     );
 }
+
+/// The policies of a Job's status tick: each decides on a snapshot alone.
+const POLICIES: [&str; 4] = ["autoscale", "memory", "optimizer", "stragglers"];
+
+/// What a policy's code outside its tests would need to reach outside the process: the Job's
+/// run (and through it the backend and the queue), a backend, the task queue, a gRPC
+/// client, or anything awaited.
+const OUTSIDE: [&str; 6] = [
+    "JobRun",
+    "ResourceBackend",
+    "TaskQueue",
+    "_client",
+    ".await",
+    "tokio::spawn",
+];
+
+/// `text` before its `#[cfg(test)]` module, without comments.
+fn code_outside_tests(text: &str) -> String {
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    (code.lines())
+        .map(|line| line.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_policies_of_a_jobs_status_tick_decide_without_reaching_outside_the_process() {
+    let job = primus_testkit::repo_root().join("services/master/src/job");
+    for policy in POLICIES {
+        let file = job.join(format!("{policy}.rs"));
+        let text = std::fs::read_to_string(&file).expect("a policy's file");
+        let code = code_outside_tests(&text);
+        assert!(code.contains("fn decide"), "{policy}.rs decides nothing");
+        for token in OUTSIDE {
+            assert!(
+                !code.contains(token),
+                "{policy}.rs mentions `{token}`: a policy decides on a Snapshot and returns Actions; actions.rs carries them out"
+            );
+        }
+    }
+    assert_eq!(
+        code_outside_tests("fn a() {} // x.await\n#[cfg(test)]\nmod t { y.await }"),
+        "fn a() {} "
+    );
+}

@@ -19,6 +19,10 @@ use std::time::Duration;
 use primus_spec::job::{JobSpec, ScalingPolicy};
 use tokio::time::Instant;
 
+use super::actions::Action;
+use super::snapshot::Snapshot;
+use primus_backend::ExecutorRole;
+
 /// Loads averaged for a decision, and the fewest taken since the last action.
 const LOAD_WINDOW: usize = 5;
 const MIN_SAMPLES: usize = 3;
@@ -108,9 +112,37 @@ impl Autoscaler {
         }
     }
 
+    /// With `spec.scaling.enabled`, one data executor more or fewer by their load.
+    pub(crate) fn decide(&mut self, snapshot: &Snapshot) -> Vec<Action> {
+        let policy = &snapshot.spec.scaling;
+        if !policy.enabled {
+            return Vec::new();
+        }
+        let data_executors = snapshot.members(ExecutorRole::DataExecutor);
+        let utilisations: Vec<Utilisation> = (data_executors.iter())
+            .filter_map(|(_, id)| {
+                let fill = *snapshot.buffer_fill.get(id)?;
+                let used = snapshot.usage.iter().find(|u| &u.id == id)?;
+                let (cores, memory) = (used.cpu_cores, used.memory_bytes);
+                Some(Utilisation::measured(fill, cores, memory, &snapshot.spec))
+            })
+            .collect();
+        let Some(load) = Load::of(&utilisations, policy) else {
+            return Vec::new();
+        };
+        let running = data_executors.len() as u32;
+        let pending = snapshot.counts.pending;
+        let role = ExecutorRole::DataExecutor;
+        match self.decide_on_load(load, policy, running, pending, snapshot.now) {
+            Decision::Hold => Vec::new(),
+            Decision::Out(why) => vec![Action::AddExecutor { role, why }],
+            Decision::In(why) => vec![Action::RemoveExecutor { role, why }],
+        }
+    }
+
     /// Takes this tick's load; decides for `running` data executors with `pending` tasks
     /// waiting in the queue.
-    pub(crate) fn decide(
+    fn decide_on_load(
         &mut self,
         load: Load,
         policy: &ScalingPolicy,
@@ -163,6 +195,7 @@ impl Autoscaler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::snapshot::fixture;
 
     fn policy() -> ScalingPolicy {
         ScalingPolicy {
@@ -216,21 +249,21 @@ mod tests {
         let starving = load(1.0, 0.1, 0.1);
         for _ in 0..5 {
             assert_eq!(
-                starting.decide(starving, &policy(), 1, 5, now),
+                starting.decide_on_load(starving, &policy(), 1, 5, now),
                 Decision::Hold,
                 "the first decision waits a cooldown after the start"
             );
         }
         let mut scaler = started_before(now);
         assert_eq!(
-            scaler.decide(starving, &policy(), 1, 5, now),
+            scaler.decide_on_load(starving, &policy(), 1, 5, now),
             Decision::Hold
         );
         assert_eq!(
-            scaler.decide(starving, &policy(), 1, 5, now),
+            scaler.decide_on_load(starving, &policy(), 1, 5, now),
             Decision::Hold
         );
-        let Decision::Out(why) = scaler.decide(starving, &policy(), 1, 5, now) else {
+        let Decision::Out(why) = scaler.decide_on_load(starving, &policy(), 1, 5, now) else {
             panic!("three starving ticks scale out");
         };
         assert!(
@@ -243,21 +276,21 @@ mod tests {
         );
         for _ in 0..5 {
             assert_eq!(
-                scaler.decide(starving, &policy(), 2, 5, now),
+                scaler.decide_on_load(starving, &policy(), 2, 5, now),
                 Decision::Hold,
                 "cooling down"
             );
         }
         let later = now + Duration::from_secs(31);
         assert!(matches!(
-            scaler.decide(starving, &policy(), 2, 5, later),
+            scaler.decide_on_load(starving, &policy(), 2, 5, later),
             Decision::Out(_)
         ));
         let much_later = later + Duration::from_secs(31);
         let mut idle = started_before(much_later);
         for _ in 0..5 {
             assert_eq!(
-                idle.decide(starving, &policy(), 1, 0, much_later),
+                idle.decide_on_load(starving, &policy(), 1, 0, much_later),
                 Decision::Hold,
                 "no task waits for a new executor"
             );
@@ -265,7 +298,7 @@ mod tests {
         let mut full = started_before(now);
         for _ in 0..5 {
             assert_eq!(
-                full.decide(starving, &policy(), 3, 5, now),
+                full.decide_on_load(starving, &policy(), 3, 5, now),
                 Decision::Hold,
                 "at max"
             );
@@ -277,15 +310,18 @@ mod tests {
         let now = Instant::now() + Duration::from_secs(60);
         let mut scaler = started_before(now);
         let idle = load(0.0, 0.2, 0.1);
-        scaler.decide(idle, &policy(), 2, 0, now);
-        scaler.decide(idle, &policy(), 2, 0, now);
+        scaler.decide_on_load(idle, &policy(), 2, 0, now);
+        scaler.decide_on_load(idle, &policy(), 2, 0, now);
         assert!(matches!(
-            scaler.decide(idle, &policy(), 2, 0, now),
+            scaler.decide_on_load(idle, &policy(), 2, 0, now),
             Decision::In(_)
         ));
         let mut at_min = started_before(now);
         for _ in 0..5 {
-            assert_eq!(at_min.decide(idle, &policy(), 1, 0, now), Decision::Hold);
+            assert_eq!(
+                at_min.decide_on_load(idle, &policy(), 1, 0, now),
+                Decision::Hold
+            );
         }
         let mut off = started_before(now);
         let disabled = ScalingPolicy {
@@ -293,7 +329,67 @@ mod tests {
             ..policy()
         };
         for _ in 0..5 {
-            assert_eq!(off.decide(idle, &disabled, 2, 0, now), Decision::Hold);
+            assert_eq!(
+                off.decide_on_load(idle, &disabled, 2, 0, now),
+                Decision::Hold
+            );
+        }
+    }
+
+    /// A snapshot of `ids` data executors with buffers `fill` full and `pending` tasks.
+    fn tick(ids: &[&str], fill: f64, pending: u64, enabled: bool, now: Instant) -> Snapshot {
+        let mut spec = fixture::spec();
+        spec.scaling = ScalingPolicy {
+            enabled,
+            ..policy()
+        };
+        let mut snapshot = fixture::snapshot(spec, ids, now);
+        snapshot.counts.pending = pending;
+        for id in ids.iter().filter(|id| id.starts_with("data_executor")) {
+            snapshot.buffer_fill.insert((*id).to_owned(), fill);
+            snapshot.usage.push(fixture::used(id, 0.1, 1 << 20));
+        }
+        snapshot
+    }
+
+    #[test]
+    fn a_snapshot_of_starving_data_executors_adds_one_and_of_full_ones_removes_one() {
+        let now = Instant::now() + Duration::from_secs(60);
+        let one = ["data_executor-0", "trainer-0", "ps-0"];
+        let starving = tick(&one, 0.0, 5, true, now);
+        let mut scaler = started_before(now);
+        assert_eq!(scaler.decide(&starving), vec![]);
+        assert_eq!(scaler.decide(&starving), vec![]);
+        let added = scaler.decide(&starving);
+        let [Action::AddExecutor { role, why }] = added.as_slice() else {
+            panic!("three starving ticks add a data executor");
+        };
+        assert_eq!(*role, ExecutorRole::DataExecutor);
+        assert!(
+            why.ends_with("of 1 data executors; 5 tasks pending"),
+            "{why}"
+        );
+
+        let two = ["data_executor-0", "data_executor-1", "trainer-0"];
+        let full = tick(&two, 1.0, 0, true, now);
+        let mut scaler = started_before(now);
+        scaler.decide(&full);
+        scaler.decide(&full);
+        assert!(matches!(
+            scaler.decide(&full).as_slice(),
+            [Action::RemoveExecutor {
+                role: ExecutorRole::DataExecutor,
+                ..
+            }]
+        ));
+
+        let mut off = started_before(now);
+        let disabled = tick(&one, 0.0, 5, false, now);
+        let mut silent = tick(&one, 0.0, 5, true, now);
+        silent.buffer_fill.clear();
+        for _ in 0..5 {
+            assert_eq!(off.decide(&disabled), vec![], "scaling is off");
+            assert_eq!(off.decide(&silent), vec![], "no buffer reported");
         }
     }
 }

@@ -18,77 +18,22 @@
 //! reached. A shard at its limit refuses new keys (it never aborts); the `PsMemory`
 //! condition names the limit and how many keys were refused.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
-use primus_proto::v1::parameter_server_client::ParameterServerClient;
-use primus_proto::v1::{Endpoint, Role, SetMemoryLimitRequest, StatsRequest};
-use tokio::task::JoinHandle;
+use primus_proto::v1::{Endpoint, Role};
+use primus_spec::job::{JobSpec, MemoryPolicy as MemorySettings, parse_memory};
 
-use super::JobRun;
-use super::executors::{ANSWER_DEADLINE, answered, role_spec};
-use primus_backend::{ExecutorRole, ExecutorUsage, ResourceBackend};
-use primus_data_tasks::plan::Catalog;
+use super::actions::{Action, Shortfall};
+use super::snapshot::{Snapshot, allotted};
 
-/// The executors' memory samples and allotments, how many refused keys were reported
-/// already, and which executors were reported short of memory.
+/// The executors' memory samples and what was reported already.
 #[derive(Debug, Default)]
-pub(crate) struct MemoryWatch {
+pub(crate) struct MemoryPolicy {
     samples: HashMap<String, MemorySamples>,
-    /// Memory given to an executor since it started (else its `topology.<role>.memory`).
-    allotted: HashMap<String, u64>,
     refused_reported: u64,
-    short: HashSet<String>,
-    /// The shards' answers on their way, asked at an earlier tick.
-    asking: Option<JoinHandle<Vec<ShardMemory>>>,
-}
-
-/// What a PS shard answered about its memory.
-#[derive(Debug)]
-struct ShardMemory {
-    id: String,
-    bytes: u64,
-    /// Gradients of new keys it refused at its limit, so far.
-    refused: u64,
-}
-
-impl MemoryWatch {
-    /// The memory executors were given since they started, by id.
-    pub(super) fn given(&self) -> &HashMap<String, u64> {
-        &self.allotted
-    }
-
-    /// The answers asked at an earlier tick, once all are in (None while some are still
-    /// awaited, and at the first tick); asks `shards` again whenever it takes answers.
-    async fn answers(&mut self, shards: &[Endpoint]) -> Option<Vec<ShardMemory>> {
-        if self
-            .asking
-            .as_ref()
-            .is_some_and(|asking| !asking.is_finished())
-        {
-            return None;
-        }
-        let answered = match self.asking.take() {
-            Some(asking) => Some(asking.await.unwrap_or_default()),
-            None => None,
-        };
-        let shards = shards.to_vec();
-        self.asking = Some(tokio::spawn(async move {
-            let asked = shards.iter().map(|shard| async move {
-                let (bytes, refused) = held(&shard.grpc_addr).await?;
-                Some(ShardMemory {
-                    id: shard.id.clone(),
-                    bytes,
-                    refused,
-                })
-            });
-            futures::future::join_all(asked)
-                .await
-                .into_iter()
-                .flatten()
-                .collect()
-        }));
-        answered
-    }
+    /// The PS shards at the last decision: a resharding moves what they hold, so their
+    /// forecast starts again from fresh samples.
+    shards: BTreeSet<String>,
 }
 
 /// The last samples of one executor's memory, oldest first.
@@ -169,216 +114,150 @@ impl MemorySamples {
     }
 }
 
-impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
-    /// Samples every PS shard's bytes, reports refused keys, and adds a shard when one's
-    /// forecast crosses `topology.ps.memory`.
-    pub(super) async fn watch_ps_memory(&mut self) {
-        let Ok(limit) = primus_spec::job::parse_memory(&self.job.spec.topology.ps.memory) else {
-            return;
+impl MemoryPolicy {
+    /// Samples every executor's resident memory but the PS shards' (as the backend
+    /// measured it); one whose forecast crosses its memory is given more where vertical
+    /// scaling is on (Primus's vertical scaling).
+    pub(crate) fn decide_executors(&mut self, snapshot: &Snapshot) -> Vec<Action> {
+        let policy = &snapshot.spec.scaling.memory;
+        let not_ps = |e: &&Endpoint| e.role != Role::Ps as i32;
+        for used in &snapshot.usage {
+            if snapshot
+                .endpoints
+                .iter()
+                .filter(not_ps)
+                .any(|e| e.id == used.id)
+            {
+                self.sample(&used.id, used.memory_bytes, policy);
+            }
+        }
+        if !(policy.oom_prevention && policy.vertical) {
+            return Vec::new();
+        }
+        (snapshot.endpoints.iter().filter(not_ps))
+            .filter_map(|endpoint| {
+                let (figures, bytes) = self.outgrowing(snapshot, endpoint)?;
+                Some(Action::Resize {
+                    id: endpoint.id.clone(),
+                    bytes,
+                    figures,
+                    otherwise: Shortfall::ShortOnce,
+                })
+            })
+            .collect()
+    }
+
+    /// Samples every PS shard's bytes, reports refused keys, and, when one's forecast
+    /// crosses its memory, gives it more (with `vertical`) or adds a shard.
+    pub(crate) fn decide_shards(&mut self, snapshot: &Snapshot) -> Vec<Action> {
+        let policy = &snapshot.spec.scaling.memory;
+        let shards = primus_proto::role_endpoints(&snapshot.endpoints, Role::Ps);
+        let ids: BTreeSet<String> = shards.iter().map(|s| s.id.clone()).collect();
+        if ids != self.shards {
+            for shard in std::mem::replace(&mut self.shards, ids) {
+                self.samples.remove(&shard);
+            }
+        }
+        let Some(answers) = &snapshot.shard_memory else {
+            return Vec::new();
         };
-        let policy = self.job.spec.scaling.memory.clone();
-        let endpoints = self.endpoints();
-        let shards = primus_proto::role_endpoints(&endpoints, Role::Ps);
-        let Some(answers) = self.memory.answers(&shards).await else {
-            return;
-        };
+        let mut actions = Vec::new();
         let mut refused = 0;
         for answer in answers {
             refused += answer.refused;
-            self.memory
-                .samples
-                .entry(answer.id)
-                .or_insert_with(|| MemorySamples::new(policy.samples as usize))
-                .push(answer.bytes);
+            if self.shards.contains(&answer.id) {
+                self.sample(&answer.id, answer.bytes, policy);
+            }
         }
-        if refused > self.memory.refused_reported {
-            self.memory.refused_reported = refused;
+        let memory = &snapshot.spec.topology.ps.memory;
+        if refused > self.refused_reported {
+            self.refused_reported = refused;
+            let limit = parse_memory(memory).unwrap_or(0);
             let message = format!(
-                "{refused} gradients of new keys refused: a PS shard reached its memory limit of {limit} bytes (spec.topology.ps.memory {})",
-                self.job.spec.topology.ps.memory
+                "{refused} gradients of new keys refused: a PS shard reached its memory limit of {limit} bytes (spec.topology.ps.memory {memory})"
             );
-            self.writer
-                .condition("PsMemory", false, "NewKeysRefused", message);
+            actions.push(Action::Condition {
+                kind: "PsMemory",
+                holds: false,
+                reason: "NewKeysRefused",
+                message,
+            });
         }
         if !policy.oom_prevention {
-            return;
+            return actions;
         }
-        let horizon = self.horizon_samples();
-        let min_change = primus_spec::job::parse_memory(&policy.min_change).unwrap_or(0);
-        let allotted = |id: &str| *self.memory.allotted.get(id).unwrap_or(&limit);
-        let outgrowing = shards.iter().find_map(|shard| {
-            let samples = self.memory.samples.get(&shard.id)?;
-            let memory = allotted(&shard.id);
-            let needed = samples.more_needed(memory, horizon, policy.safety_margin, min_change)?;
-            Some((shard.clone(), samples.clone(), memory, needed))
-        });
-        let Some((shard, samples, memory, needed)) = outgrowing else {
-            return;
+        let outgrowing = shards
+            .iter()
+            .find_map(|shard| Some((shard, self.outgrowing(snapshot, shard)?)));
+        let Some((shard, (figures, bytes))) = outgrowing else {
+            return actions;
         };
-        let figures = figures(&shard.id, &samples, memory, needed, &policy);
-        let raised = match policy.vertical {
-            true => self.raise_memory(&shard, needed).await,
-            false => Err("spec.scaling.memory.vertical is off".to_owned()),
-        };
-        let message = match raised {
-            Ok(()) => {
-                self.memory.allotted.insert(shard.id.clone(), needed);
-                let message = format!("{figures}: given {needed} bytes");
-                tracing::info!(job = self.name, %message, "PS memory raised");
-                self.writer.event("MemoryRaised", message);
-                self.writer.write().await;
-                return;
-            }
-            Err(why) => format!("{figures}; not given more ({why}): adding a PS shard"),
-        };
-        tracing::info!(job = self.name, %message, "PS memory forecast");
-        self.writer.event("MemoryForecast", message);
-        let count = shards.len() as u32;
-        self.reshard_ps(count + 1).await;
-        // The shards hold less now: forecast from fresh samples.
-        for shard in &shards {
-            self.memory.samples.remove(&shard.id);
-        }
-        self.writer.write().await;
-    }
-
-    /// Primus's vertical scaling of the other executors: each one's resident memory (as
-    /// the backend measured it, `usage`) is sampled, and one whose forecast crosses its
-    /// memory is given more where the backend can; where it cannot, the `MemoryShort`
-    /// event says so once.
-    pub(super) async fn watch_executor_memory(&mut self, usage: &[ExecutorUsage]) {
-        let policy = self.job.spec.scaling.memory.clone();
-        let endpoints = self.endpoints();
-        for used in usage {
-            let Some(endpoint) = endpoints.iter().find(|e| e.id == used.id) else {
-                continue;
-            };
-            if endpoint.role == Role::Ps as i32 {
-                continue;
-            }
-            self.memory
-                .samples
-                .entry(used.id.clone())
-                .or_insert_with(|| MemorySamples::new(policy.samples as usize))
-                .push(used.memory_bytes);
-        }
-        if !(policy.oom_prevention && policy.vertical) {
-            return;
-        }
-        let horizon = self.horizon_samples();
-        let min_change = primus_spec::job::parse_memory(&policy.min_change).unwrap_or(0);
-        for endpoint in endpoints.iter().filter(|e| e.role != Role::Ps as i32) {
-            let Some(samples) = self.memory.samples.get(&endpoint.id).cloned() else {
-                continue;
-            };
-            let Some(memory) = self.allotted(endpoint) else {
-                continue;
-            };
-            let Some(needed) =
-                samples.more_needed(memory, horizon, policy.safety_margin, min_change)
-            else {
-                continue;
-            };
-            let figures = figures(&endpoint.id, &samples, memory, needed, &policy);
-            let cpu = role_of(endpoint)
-                .and_then(|role| role_spec(&self.job.spec, role))
-                .map_or(0.0, |spec| spec.cpu);
-            let resized = self
-                .context
-                .backend
-                .resize(&self.name, &endpoint.id, cpu, needed)
-                .await;
-            match resized {
-                Ok(()) => {
-                    self.memory.allotted.insert(endpoint.id.clone(), needed);
-                    self.writer
-                        .event("MemoryRaised", format!("{figures}: given {needed} bytes"));
-                }
-                Err(e) if self.memory.short.insert(endpoint.id.clone()) => {
-                    self.writer.event("MemoryShort", format!("{figures}; {e}"));
-                }
-                Err(_) => {}
+        match policy.vertical {
+            true => actions.push(Action::RaiseShardMemory {
+                id: shard.id.clone(),
+                bytes,
+                figures,
+            }),
+            false => {
+                let message = format!(
+                    "{figures}; not given more (spec.scaling.memory.vertical is off): adding a PS shard"
+                );
+                actions.push(Action::Event {
+                    reason: "MemoryForecast",
+                    message,
+                });
+                actions.push(Action::AddPsShard);
             }
         }
+        actions
     }
 
-    /// An executor killed for its memory: given half as much again (at least
-    /// `min_change` more) where vertical scaling is on and the backend can, so its
-    /// restart does not die the same way; else the Job's events say it was killed.
-    pub(super) async fn on_out_of_memory(&mut self, id: &str, memory_bytes: u64) {
-        let policy = self.job.spec.scaling.memory.clone();
-        let endpoints = self.endpoints();
-        let Some(endpoint) = endpoints.iter().find(|e| e.id == id) else {
-            return;
+    fn sample(&mut self, id: &str, bytes: u64, policy: &MemorySettings) {
+        self.samples
+            .entry(id.to_owned())
+            .or_insert_with(|| MemorySamples::new(policy.samples as usize))
+            .push(bytes);
+    }
+
+    /// Why `endpoint` needs more memory and how much, when its forecast says so.
+    fn outgrowing(&self, snapshot: &Snapshot, endpoint: &Endpoint) -> Option<(String, u64)> {
+        let policy = &snapshot.spec.scaling.memory;
+        let samples = self.samples.get(&endpoint.id)?;
+        let memory = snapshot.allotted(endpoint)?;
+        let min_change = parse_memory(&policy.min_change).unwrap_or(0);
+        let horizon = snapshot.horizon_samples;
+        let needed = samples.more_needed(memory, horizon, policy.safety_margin, min_change)?;
+        Some((
+            figures(&endpoint.id, samples, memory, needed, policy),
+            needed,
+        ))
+    }
+}
+
+/// An executor killed for its memory: given half as much again (at least `min_change`
+/// more) where vertical scaling is on, so its restart does not die the same way; else the
+/// Job's events say it was killed. `memory_bytes` is the limit it was killed at.
+pub(crate) fn after_out_of_memory(
+    spec: &JobSpec,
+    given: &HashMap<String, u64>,
+    endpoint: &Endpoint,
+    memory_bytes: u64,
+) -> Action {
+    let policy = &spec.scaling.memory;
+    let memory = allotted(spec, given, endpoint).map_or(memory_bytes, |m| m.max(memory_bytes));
+    let killed = format!("{} was killed for its memory ({memory} bytes)", endpoint.id);
+    if !policy.vertical {
+        return Action::Event {
+            reason: "OutOfMemory",
+            message: format!("{killed}; spec.scaling.memory.vertical is off"),
         };
-        let memory = (self.allotted(endpoint)).map_or(memory_bytes, |m| m.max(memory_bytes));
-        let killed = format!("{id} was killed for its memory ({memory} bytes)");
-        if !policy.vertical {
-            let message = format!("{killed}; spec.scaling.memory.vertical is off");
-            self.writer.event("OutOfMemory", message);
-            return;
-        }
-        let min_change = primus_spec::job::parse_memory(&policy.min_change).unwrap_or(0);
-        let needed = (memory + memory / 2).max(memory + min_change);
-        let cpu = role_of(endpoint)
-            .and_then(|role| role_spec(&self.job.spec, role))
-            .map_or(0.0, |spec| spec.cpu);
-        match self
-            .context
-            .backend
-            .resize(&self.name, id, cpu, needed)
-            .await
-        {
-            Ok(()) => {
-                self.memory.allotted.insert(id.to_owned(), needed);
-                self.writer
-                    .event("MemoryRaised", format!("{killed}: given {needed} bytes"));
-            }
-            Err(e) => self
-                .writer
-                .event("OutOfMemory", format!("{killed}; not given more: {e}")),
-        }
-        self.writer.write().await;
     }
-
-    /// The memory `endpoint` is allotted now: its last raise, else its role's
-    /// `topology.<role>.memory`.
-    fn allotted(&self, endpoint: &Endpoint) -> Option<u64> {
-        if let Some(memory) = self.memory.allotted.get(&endpoint.id) {
-            return Some(*memory);
-        }
-        let spec = role_spec(&self.job.spec, role_of(endpoint)?)?;
-        primus_spec::job::parse_memory(&spec.memory).ok()
-    }
-
-    /// `horizon_seconds` in status intervals.
-    fn horizon_samples(&self) -> u32 {
-        let policy = &self.job.spec.scaling.memory;
-        let interval = self.context.settings.master.status_interval_ms.max(1);
-        (policy.horizon_seconds.saturating_mul(1_000) / interval).clamp(1, u64::from(u32::MAX))
-            as u32
-    }
-
-    /// Gives PS shard `shard` `bytes` of memory: the backend's allotment, then the shard's
-    /// own limit.
-    async fn raise_memory(&self, shard: &Endpoint, bytes: u64) -> Result<(), String> {
-        let cpu = self.job.spec.topology.ps.cpu;
-        self.context
-            .backend
-            .resize(&self.name, &shard.id, cpu, bytes)
-            .await
-            .map_err(|e| e.to_string())?;
-        let set = async {
-            let mut client = ParameterServerClient::connect(format!("http://{}", shard.grpc_addr))
-                .await
-                .map_err(|e| e.to_string())?;
-            client
-                .set_memory_limit(SetMemoryLimitRequest { bytes })
-                .await
-                .map(|_| ())
-                .map_err(|s| s.message().to_owned())
-        };
-        answered(&shard.id, set).await
+    let min_change = parse_memory(&policy.min_change).unwrap_or(0);
+    Action::Resize {
+        id: endpoint.id.clone(),
+        bytes: (memory + memory / 2).max(memory + min_change),
+        figures: killed,
+        otherwise: Shortfall::Killed,
     }
 }
 
@@ -388,7 +267,7 @@ fn figures(
     samples: &MemorySamples,
     memory: u64,
     needed: u64,
-    policy: &primus_spec::job::MemoryPolicy,
+    policy: &MemorySettings,
 ) -> String {
     format!(
         "{id} holds {} bytes, changing {:.0} per status interval: it needs {needed} within {}s (Primus Eq. 3, margin {}), over its {memory} bytes",
@@ -399,33 +278,13 @@ fn figures(
     )
 }
 
-/// The role of an executor the topology lists.
-fn role_of(endpoint: &Endpoint) -> Option<ExecutorRole> {
-    ExecutorRole::ALL
-        .into_iter()
-        .find(|role| role.proto() as i32 == endpoint.role)
-}
-
-/// The bytes a PS shard holds and the gradients it refused at its limit; None when it
-/// does not answer within [`ANSWER_DEADLINE`].
-async fn held(addr: &str) -> Option<(u64, u64)> {
-    let asked = async {
-        let mut client = ParameterServerClient::connect(format!("http://{addr}"))
-            .await
-            .ok()?;
-        client.stats(StatsRequest {}).await.ok()
-    };
-    let stats = tokio::time::timeout(ANSWER_DEADLINE, asked)
-        .await
-        .ok()??
-        .into_inner();
-    let refused = stats.tables.iter().map(|t| t.refused).sum();
-    Some((stats.memory_bytes, refused))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::snapshot::{ShardMemory, fixture};
+    use tokio::time::Instant;
+
+    const GIB: u64 = 1 << 30;
 
     fn samples(values: &[u64]) -> MemorySamples {
         let mut samples = MemorySamples::new(values.len());
@@ -494,5 +353,143 @@ mod tests {
             samples(&[900, 900, 900]).more_needed(1_000, 5, 0.05, 0),
             None
         );
+    }
+
+    /// The example Job (PS shards of 2Gi) forecasting from 3 samples, 1 sample ahead.
+    fn spec(vertical: bool) -> JobSpec {
+        let mut spec = fixture::spec();
+        spec.scaling.memory.samples = 3;
+        spec.scaling.memory.vertical = vertical;
+        spec
+    }
+
+    /// PS shards `ids` answering `bytes` each and `refused` keys in all (on the first).
+    fn shards_tick(spec: &JobSpec, ids: &[&str], bytes: u64, refused: u64) -> Snapshot {
+        let mut snapshot = fixture::snapshot(spec.clone(), ids, Instant::now());
+        let answers = ids.iter().enumerate().map(|(i, id)| ShardMemory {
+            id: (*id).to_owned(),
+            bytes,
+            refused: if i == 0 { refused } else { 0 },
+        });
+        snapshot.shard_memory = Some(answers.collect());
+        snapshot
+    }
+
+    #[test]
+    fn a_shard_growing_into_its_memory_is_given_more_or_a_shard_is_added() {
+        let two = ["ps-0", "ps-1", "trainer-0"];
+        let growth = [GIB + GIB / 2, GIB + 3 * GIB / 4, 2 * GIB - GIB / 8];
+        for vertical in [true, false] {
+            let spec = spec(vertical);
+            let mut policy = MemoryPolicy::default();
+            let mut decided = Vec::new();
+            for bytes in growth {
+                decided = policy.decide_shards(&shards_tick(&spec, &two, bytes, 0));
+            }
+            let expected = samples(&growth).needed(1, 2 * GIB / 10);
+            match vertical {
+                true => assert!(
+                    matches!(decided.as_slice(), [Action::RaiseShardMemory { id, bytes, figures }]
+                        if id == "ps-0" && *bytes == expected && figures.contains("Primus Eq. 3")),
+                    "{decided:?}"
+                ),
+                false => assert!(
+                    matches!(decided.as_slice(), [Action::Event { reason: "MemoryForecast", message }, Action::AddPsShard]
+                        if message.contains("vertical is off")),
+                    "{decided:?}"
+                ),
+            }
+            // A resharding moves what the shards hold: the forecast waits for new samples.
+            let three = ["ps-0", "ps-1", "ps-2", "trainer-0"];
+            let after = shards_tick(&spec, &three, growth[2], 0);
+            assert_eq!(policy.decide_shards(&after), vec![]);
+            assert_eq!(policy.decide_shards(&after), vec![]);
+        }
+        let mut off = spec(true);
+        off.scaling.memory.oom_prevention = false;
+        let mut policy = MemoryPolicy::default();
+        for bytes in growth {
+            let tick = shards_tick(&off, &two, bytes, 0);
+            assert_eq!(policy.decide_shards(&tick), vec![], "oom_prevention off");
+        }
+    }
+
+    #[test]
+    fn a_given_shard_memory_counts_and_refused_keys_are_reported_when_they_grow() {
+        let spec = spec(true);
+        let one = ["ps-0", "trainer-0"];
+        let mut policy = MemoryPolicy::default();
+        let mut given = shards_tick(&spec, &one, 2 * GIB - GIB / 8, 0);
+        given.memory_given.insert("ps-0".to_owned(), 8 * GIB);
+        for _ in 0..3 {
+            assert_eq!(policy.decide_shards(&given), vec![], "far from 8Gi");
+        }
+        let mut refusing = shards_tick(&spec, &one, GIB, 7);
+        refusing.memory_given = given.memory_given.clone();
+        let refused = policy.decide_shards(&refusing);
+        assert!(
+            matches!(refused.as_slice(), [Action::Condition { kind: "PsMemory", holds: false, message, .. }]
+                if message.starts_with("7 gradients of new keys refused")),
+            "{refused:?}"
+        );
+        assert_eq!(policy.decide_shards(&refusing), vec![], "reported already");
+        let unanswered = fixture::snapshot(spec.clone(), &one, Instant::now());
+        assert_eq!(
+            policy.decide_shards(&unanswered),
+            vec![],
+            "answers on their way"
+        );
+    }
+
+    #[test]
+    fn an_executor_growing_into_its_memory_is_resized_and_ps_usage_is_not_sampled() {
+        let spec = spec(true);
+        let mut policy = MemoryPolicy::default();
+        let mut decided = Vec::new();
+        // The trainer has 2Gi; the PS shards' usage is left to their own answers.
+        for bytes in [GIB + GIB / 2, GIB + 3 * GIB / 4, 2 * GIB - GIB / 8] {
+            let mut tick = fixture::snapshot(spec.clone(), &["trainer-0", "ps-0"], Instant::now());
+            tick.usage = vec![
+                fixture::used("trainer-0", 1.0, bytes),
+                fixture::used("ps-0", 0.5, bytes),
+            ];
+            decided = policy.decide_executors(&tick);
+        }
+        assert!(
+            matches!(decided.as_slice(), [Action::Resize { id, otherwise: Shortfall::ShortOnce, .. }] if id == "trainer-0"),
+            "{decided:?}"
+        );
+        let mut fixed = spec.clone();
+        fixed.scaling.memory.vertical = false;
+        let mut tick = fixture::snapshot(fixed, &["trainer-0"], Instant::now());
+        tick.usage = vec![fixture::used("trainer-0", 1.0, 2 * GIB)];
+        assert_eq!(policy.decide_executors(&tick), vec![], "vertical off");
+    }
+
+    #[test]
+    fn an_executor_killed_for_its_memory_is_given_half_as_much_again() {
+        let trainer = fixture::endpoint("trainer-0");
+        let none = HashMap::new();
+        let action = after_out_of_memory(&spec(true), &none, &trainer, GIB);
+        assert_eq!(
+            action,
+            Action::Resize {
+                id: "trainer-0".to_owned(),
+                bytes: 3 * GIB,
+                figures: format!("trainer-0 was killed for its memory ({} bytes)", 2 * GIB),
+                otherwise: Shortfall::Killed,
+            },
+            "its 2Gi, the more of its allotment and the limit it was killed at"
+        );
+        let given = HashMap::from([("trainer-0".to_owned(), 4 * GIB)]);
+        let Action::Resize { bytes, .. } = after_out_of_memory(&spec(true), &given, &trainer, GIB)
+        else {
+            panic!("resized");
+        };
+        assert_eq!(bytes, 6 * GIB);
+        assert!(matches!(
+            after_out_of_memory(&spec(false), &none, &trainer, GIB),
+            Action::Event { reason: "OutOfMemory", message } if message.ends_with("vertical is off")
+        ));
     }
 }

@@ -5,8 +5,16 @@
 //! then waits for events (a status tick, a checkpoint tick, a checkpoint done, a metrics
 //! report, a restarted PS shard's recovery, a backend event, a new generation of the spec),
 //! each with its own handler. Any handler may end the Job with an [`Outcome`].
+//!
+//! A status tick is observe, decide, act: [`JobRun::observe`] builds one
+//! [`snapshot::Snapshot`] of the Job (members, usage, buffers, held tasks, PS memory,
+//! progress); each policy (the optimizer, executor and PS memory, the autoscaler, the
+//! stragglers) decides on it alone, with no backend, Redis or executor call, and returns
+//! [`actions::Action`]s; [`JobRun::apply`] carries them out and records their events.
 
+mod actions;
 mod autoscale;
+mod checked;
 mod checkpoints;
 pub(crate) mod executors;
 mod memory;
@@ -18,22 +26,19 @@ mod reshard;
 mod rollback;
 mod scaling;
 mod serving;
+mod snapshot;
 mod status;
 mod stragglers;
 mod warm_start;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use primus_api_client::{ApiClient, ClientError};
-use primus_model::ModelLayout;
 use primus_proto::v1::{DataTask, Endpoint, MetricsReport, Resource, Role};
-use primus_spec::Kind;
-use primus_spec::dataset::DatasetSpec;
-use primus_spec::job::{AllocationPolicy, JobSpec, TrainingMode};
+use primus_spec::job::{AllocationPolicy, TrainingMode};
 use primus_spec::status::{ExecutorState, Phase, Status};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
@@ -45,11 +50,12 @@ use crate::context::Context;
 use crate::metrics::{self, MetricsFold};
 use crate::tasks::{JobTasks, SILENT_REPORTS_PATIENCE};
 use crate::topology::Topologies;
-use executors::{JobParts, start_executors, wait_ready};
+use checked::CheckedJob;
+use executors::{start_executors, wait_ready};
 use futures::future::BoxFuture;
 use primus_backend::{BackendEvent, ExecutorRole, ResourceBackend};
 use primus_data_tasks::monitor;
-use primus_data_tasks::plan::{Catalog, ListingCache, StreamPlan};
+use primus_data_tasks::plan::{Catalog, StreamPlan};
 use primus_data_tasks::planning::{self, PlanningError};
 use primus_data_tasks::queue::{QueueCounts, QueueError, TaskQueue};
 use recovery::{Recovered, Restart, ShardRestarts, recover_restarted_shards};
@@ -146,59 +152,6 @@ impl Outcome {
     }
 }
 
-/// A Job checked against its Dataset, before anything starts.
-struct CheckedJob {
-    spec: JobSpec,
-    dataset: DatasetSpec,
-    layout: ModelLayout,
-    /// The batch side of the Dataset's streams.
-    plans: Vec<StreamPlan>,
-    /// The mode reads Parquet sources, and stream sources.
-    reads_batch: bool,
-    reads_streams: bool,
-}
-
-impl CheckedJob {
-    /// Parses the spec, loads the Dataset and checks that the model fits its schema, that
-    /// the mode finds something to read and that every Parquet prefix holds something.
-    async fn check<B, C: Catalog>(
-        context: &Context<B, C>,
-        resource: &Resource,
-    ) -> Result<Self, Outcome> {
-        let spec: JobSpec = serde_json::from_str(&resource.spec_json)
-            .map_err(|e| Outcome::failed("InvalidSpec", format!("spec: {e}")))?;
-        let dataset = load_dataset(&context.api, &spec.dataset).await?;
-        let layout = ModelLayout::new(&spec.model, &dataset.schema)
-            .map_err(|e| Outcome::failed("ModelMismatch", e.to_string()))?;
-        let (reads_batch, reads_streams) = planning::reads(spec.mode);
-        planning::check_mode(spec.mode, &dataset)
-            .map_err(|message| Outcome::failed("ModeMismatch", message))?;
-        if reads_batch {
-            check_sources(&context.cache, &dataset).await?;
-        }
-        let plans = planning::stream_plans(&dataset)
-            .map_err(|e| Outcome::failed("InvalidDataset", e.to_string()))?;
-        Ok(Self {
-            spec,
-            dataset,
-            layout,
-            plans,
-            reads_batch,
-            reads_streams,
-        })
-    }
-
-    fn parts<'a>(&'a self, name: &'a str, memory_given: &'a HashMap<String, u64>) -> JobParts<'a> {
-        JobParts {
-            name,
-            spec: &self.spec,
-            dataset: &self.dataset,
-            layout: &self.layout,
-            memory_given,
-        }
-    }
-}
-
 /// A running Job: what its event handlers share.
 pub(crate) struct JobRun<'a, B, C> {
     context: &'a Arc<Context<B, C>>,
@@ -225,8 +178,13 @@ pub(crate) struct JobRun<'a, B, C> {
     /// The Job's resource as last applied (a new generation may change its replicas).
     specs: watch::Receiver<Resource>,
     autoscaler: autoscale::Autoscaler,
-    throughputs: stragglers::Throughputs,
-    memory: memory::MemoryWatch,
+    stragglers: stragglers::StragglerPolicy,
+    memory: memory::MemoryPolicy,
+    shard_memory: snapshot::ShardMemoryProbe,
+    /// Memory executors were given beyond their role's, by id.
+    memory_given: HashMap<String, u64>,
+    /// Executors reported short of memory.
+    memory_short: HashSet<String>,
     performance: performance::PerformanceLog,
     optimizer: optimizer::Optimizer,
     trainers_done: BTreeSet<String>,
@@ -319,11 +277,11 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let mut events = context.backend.events();
         // PS shards (and serving replicas) first: a restored checkpoint must be in them
         // before any trainer offers its initial parameters or reads a row.
-        let parts = run.job.parts(&run.name, run.memory.given());
+        let parts = run.job.parts(&run.name, &run.memory_given);
         start_executors(context, &parts, &[ExecutorRole::Ps, ExecutorRole::Serving]).await?;
         wait_ready(context, &run.name, &mut events).await?;
         run.restore_or_open_ps(false).await?;
-        let parts = run.job.parts(&run.name, run.memory.given());
+        let parts = run.job.parts(&run.name, &run.memory_given);
         let roles = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];
         start_executors(context, &parts, &roles).await?;
         let ready = wait_ready(context, &run.name, &mut events).await?;
@@ -457,8 +415,11 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             specs,
             autoscaler: autoscale::Autoscaler::new(Instant::now()),
             optimizer: optimizer::Optimizer::new(Instant::now()),
-            throughputs: stragglers::Throughputs::default(),
-            memory: memory::MemoryWatch::default(),
+            stragglers: stragglers::StragglerPolicy::default(),
+            memory: memory::MemoryPolicy::default(),
+            shard_memory: snapshot::ShardMemoryProbe::default(),
+            memory_given: HashMap::new(),
+            memory_short: HashSet::new(),
             performance,
             trainers_done: BTreeSet::new(),
             batch_done_declared: false,
@@ -579,7 +540,15 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 job,
                 id,
                 memory_bytes,
-            }) if job == self.name => self.on_out_of_memory(&id, memory_bytes).await,
+            }) if job == self.name => {
+                let endpoints = self.endpoints();
+                if let Some(endpoint) = endpoints.iter().find(|e| e.id == id) {
+                    let given = &self.memory_given;
+                    let action =
+                        memory::after_out_of_memory(&self.job.spec, given, endpoint, memory_bytes);
+                    self.apply(vec![action]).await;
+                }
+            }
             Ok(BackendEvent::GaveUp { job, id, status }) if job == self.name => {
                 let message = format!("{id} keeps crashing: {status}");
                 self.writer
@@ -647,18 +616,26 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         }
         self.report_progress(&counts, all_planned).await;
         self.show_waiting_windows(&counts).await;
-        let samples_per_second = self
-            .writer
-            .status
-            .progress
-            .as_ref()
-            .map_or(0.0, |p| p.samples_per_second);
-        self.record_performance(samples_per_second);
-        self.optimize().await;
-        self.measure_and_scale(&counts).await;
-        self.handle_stragglers(&counts).await;
-        self.watch_ps_memory().await;
+        let snapshot = self.observe(counts).await;
+        self.record_performance(&snapshot);
+        let actions = self.decide(&snapshot);
+        self.apply(actions).await;
         ControlFlow::Continue(())
+    }
+
+    /// What the policies of the status tick decide on `snapshot`, in order.
+    fn decide(&mut self, snapshot: &snapshot::Snapshot) -> Vec<actions::Action> {
+        let market = optimizer::Market {
+            job: &self.name,
+            cluster: &self.context.cluster,
+            capacity: &self.context.capacity,
+        };
+        let mut actions = (self.optimizer).decide(snapshot, &self.performance, &market);
+        actions.extend(self.memory.decide_executors(snapshot));
+        actions.extend(self.autoscaler.decide(snapshot));
+        actions.extend(self.stragglers.decide(snapshot));
+        actions.extend(self.memory.decide_shards(snapshot));
+        actions
     }
 
     /// Every batch window is planned (the Job reads batch sources and no planner runs).
@@ -780,52 +757,6 @@ fn plan_batches<B, C: Catalog>(
             ))
         })
         .collect()
-}
-
-async fn load_dataset(api: &ApiClient, name: &str) -> Result<DatasetSpec, Outcome> {
-    let resource = match api.get(Kind::Dataset, name).await {
-        Ok(resource) => resource,
-        Err(e @ ClientError::Status(_)) if e.code() == Some(tonic::Code::NotFound) => {
-            return Err(Outcome::failed(
-                "DatasetMissing",
-                format!("spec.dataset: Dataset {name:?} does not exist"),
-            ));
-        }
-        Err(e) => return Err(Outcome::failed("DatasetUnreadable", e.to_string())),
-    };
-    serde_json::from_str(&resource.spec_json)
-        .map_err(|e| Outcome::failed("InvalidDataset", format!("Dataset {name:?}: {e}")))
-}
-
-/// Every Parquet source's prefix must hold something.
-async fn check_sources<C: Catalog>(
-    cache: &ListingCache<C>,
-    dataset: &DatasetSpec,
-) -> Result<(), Outcome> {
-    for source in dataset.streams.iter().flat_map(|s| &s.sources) {
-        let Some(parquet) = &source.parquet else {
-            continue;
-        };
-        match cache.catalog().exists(&parquet.uri).await {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(Outcome::failed(
-                    "DataSourceMissing",
-                    format!(
-                        "source `{}`: nothing under prefix {}",
-                        source.name, parquet.uri
-                    ),
-                ));
-            }
-            Err(e) => {
-                return Err(Outcome::failed(
-                    "DataSourceUnreadable",
-                    format!("source `{}`: {e}", source.name),
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// What the task monitor waits for before it gives a silent data executor's work back:

@@ -17,12 +17,14 @@ use std::time::Duration;
 use primus_resource_model::Allocation;
 use primus_resource_model::autoscale::{self, JobState, MOST_STEPS, Step};
 use primus_resource_model::plans::{Plan, PlanSpace};
-use primus_spec::job::{AllocationPolicy, parse_memory};
+use primus_spec::job::{AllocationPolicy, JobSpec, parse_memory};
 use tokio::time::Instant;
 
-use super::JobRun;
-use primus_backend::{ExecutorRole, ResourceBackend};
-use primus_data_tasks::plan::Catalog;
+use super::actions::Action;
+use super::performance::PerformanceLog;
+use super::snapshot::Snapshot;
+use crate::cluster::{Capacity, ClusterPlans};
+use primus_backend::ExecutorRole;
 
 /// Seconds a new executor took to serve, before one was measured.
 const FIRST_START_SECONDS: f64 = 5.0;
@@ -36,6 +38,13 @@ pub(super) struct Optimizer {
     explorations: u32,
     /// Seconds a started executor took to serve, smoothed.
     start_seconds: f64,
+}
+
+/// Where a Job offers what it holds and its plans: the master's ledger of the cluster.
+pub(super) struct Market<'a> {
+    pub(super) job: &'a str,
+    pub(super) cluster: &'a ClusterPlans,
+    pub(super) capacity: &'a Capacity,
 }
 
 impl Optimizer {
@@ -52,42 +61,51 @@ impl Optimizer {
     pub(super) fn started_in(&mut self, took: Duration) {
         self.start_seconds = 0.5 * self.start_seconds + 0.5 * took.as_secs_f64();
     }
-}
 
-impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
-    /// Offers what the Job holds and its plans to the cluster, and applies its step.
-    pub(super) async fn optimize(&mut self) {
-        if self.job.spec.scaling.policy != AllocationPolicy::Auto {
-            return;
+    /// A move ended at `now`: the cooldown counts from there.
+    pub(super) fn moved(&mut self, now: Instant) {
+        self.steps += 1;
+        self.last_action = now;
+    }
+
+    /// Offers what the Job holds and its plans to the market; the move it takes, if any.
+    pub(super) fn decide(
+        &mut self,
+        snapshot: &Snapshot,
+        performance: &PerformanceLog,
+        market: &Market<'_>,
+    ) -> Vec<Action> {
+        let spec = &snapshot.spec;
+        if spec.scaling.policy != AllocationPolicy::Auto {
+            return Vec::new();
         }
-        let (cores, memory) = self.held();
-        let cluster = self.context.cluster.clone();
-        cluster.offer(&self.name, cores, memory, None);
-        let cooldown = Duration::from_secs(self.job.spec.scaling.cooldown_seconds);
-        let cooling = Instant::now() < self.optimizer.last_action + cooldown;
-        let Some(current) = self.allocation() else {
-            return;
+        let (cores, memory) = held(snapshot);
+        let (cluster, capacity) = (market.cluster, market.capacity);
+        cluster.offer(market.job, cores, memory, None);
+        let cooldown = Duration::from_secs(spec.scaling.cooldown_seconds);
+        let cooling = snapshot.now < self.last_action + cooldown;
+        let Some(current) = snapshot.allocation() else {
+            return Vec::new();
         };
-        if cooling || self.checkpoint_in_flight.is_some() {
-            return;
+        if cooling {
+            return Vec::new();
         }
-        let capacity = self.context.capacity;
         let state = JobState {
             current,
-            model: self.performance.fitted(),
-            measurements: &self.performance.measurements,
-            space: self.plan_space(current),
-            remaining_samples: self.remaining_samples(),
-            free_cores: cluster.choose(&self.name, &capacity).free_cores,
-            steps: self.optimizer.steps,
-            explorations: self.optimizer.explorations,
-            seed: u64::from(self.optimizer.steps) + 1,
+            model: performance.fitted(),
+            measurements: &performance.measurements,
+            space: self.plan_space(spec, current),
+            remaining_samples: remaining_samples(snapshot),
+            free_cores: cluster.choose(market.job, capacity).free_cores,
+            steps: self.steps,
+            explorations: self.explorations,
+            seed: u64::from(self.steps) + 1,
         };
-        let explored = self.performance.measurements.allocations();
+        let explored = performance.measurements.allocations();
         let (target, why) = match autoscale::step(&state) {
-            Step::Stay => return,
+            Step::Stay => return Vec::new(),
             Step::Explore(target) => {
-                self.optimizer.explorations += 1;
+                self.explorations += 1;
                 let why = match explored {
                     1 => "exploring: the model needs iteration times under a second allocation",
                     _ => {
@@ -104,16 +122,15 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
                 ),
             ),
             Step::Offer(plans) => {
-                cluster.offer(&self.name, cores, memory, Some(plans.clone()));
-                let choice = cluster.choose(&self.name, &capacity);
+                cluster.offer(market.job, cores, memory, Some(plans.clone()));
+                let choice = cluster.choose(market.job, capacity);
                 let Some(plan) = choice.plan.map(|k| plans.plans[k]) else {
-                    return;
+                    return Vec::new();
                 };
-                let added = self
-                    .memory_of(&plan.allocation)
-                    .saturating_sub(self.memory_of(&current));
+                let added =
+                    memory_of(spec, &plan.allocation).saturating_sub(memory_of(spec, &current));
                 if choice.free_memory_bytes.is_some_and(|free| added > free) {
-                    return;
+                    return Vec::new();
                 }
                 (
                     plan.allocation,
@@ -121,12 +138,24 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
                 )
             }
         };
-        self.move_to(current, target, &why).await;
+        let message = format!(
+            "step {} of at most {MOST_STEPS}: trainers {} -> {}, PS shards {} -> {} ({why})",
+            self.steps + 1,
+            current.trainers,
+            target.trainers,
+            current.ps,
+            target.ps
+        );
+        vec![Action::Move {
+            current,
+            target,
+            message,
+        }]
     }
 
     /// Trainers and PS shards within the spec's bounds, cores per process as they are.
-    fn plan_space(&self, current: Allocation) -> PlanSpace {
-        let scaling = &self.job.spec.scaling;
+    fn plan_space(&self, spec: &JobSpec, current: Allocation) -> PlanSpace {
+        let scaling = &spec.scaling;
         PlanSpace {
             max_trainers: scaling.max_trainers,
             max_ps: scaling.max_ps,
@@ -134,70 +163,42 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             max_cores: 1.0,
             fixed_cores: Some((current.trainer_cpu, current.ps_cpu)),
             core_price: 1.0,
-            start_seconds: self.optimizer.start_seconds,
+            start_seconds: self.start_seconds,
             horizon_seconds: 0.0,
         }
     }
+}
 
-    /// Samples the Job has left (None for an open-ended one).
-    fn remaining_samples(&self) -> Option<f64> {
-        let progress = self.writer.status.progress.as_ref()?;
-        let fraction = progress.fraction.filter(|f| *f > 0.0 && *f < 1.0)?;
-        Some(progress.samples as f64 * (1.0 - fraction) / fraction)
-    }
+/// Samples the Job has left (None for an open-ended one).
+fn remaining_samples(snapshot: &Snapshot) -> Option<f64> {
+    let progress = snapshot.progress.as_ref()?;
+    let fraction = progress.fraction.filter(|f| *f > 0.0 && *f < 1.0)?;
+    Some(progress.samples as f64 * (1.0 - fraction) / fraction)
+}
 
-    /// Moves the Job's trainers and PS shards to `target`.
-    async fn move_to(&mut self, current: Allocation, target: Allocation, why: &str) {
-        let message = format!(
-            "step {} of at most {MOST_STEPS}: trainers {} -> {}, PS shards {} -> {} ({why})",
-            self.optimizer.steps + 1,
-            current.trainers,
-            target.trainers,
-            current.ps,
-            target.ps
-        );
-        tracing::info!(job = self.name, %message, "optimizer");
-        self.writer.event("Optimized", message.clone());
-        if target.ps != current.ps {
-            self.job.spec.topology.ps.replicas = target.ps;
-            self.reshard_ps(target.ps).await;
-        }
-        if target.trainers != current.trainers {
-            self.job.spec.topology.trainers.replicas = target.trainers;
-            self.reconcile_replicas(&[ExecutorRole::Trainer]).await;
-        }
-        self.optimizer.steps += 1;
-        self.optimizer.last_action = Instant::now();
-        self.writer
-            .condition("ResourcePlan", true, "Applied", message);
-        self.show_replicas();
-        self.writer.write().await;
-    }
+/// Cores and memory bytes the Job's executors hold, by the spec's per-role figures.
+fn held(snapshot: &Snapshot) -> (f64, u64) {
+    let topology = &snapshot.spec.topology;
+    let roles = [
+        (ExecutorRole::DataExecutor, &topology.data_executors),
+        (ExecutorRole::Trainer, &topology.trainers),
+        (ExecutorRole::Ps, &topology.ps),
+    ];
+    roles
+        .iter()
+        .fold((0.0, 0), |(cores, memory), (role, spec)| {
+            let n = snapshot.members(*role).len();
+            let bytes = parse_memory(&spec.memory).unwrap_or(0);
+            (cores + n as f64 * spec.cpu, memory + n as u64 * bytes)
+        })
+}
 
-    /// Cores and memory bytes the Job's executors hold, by the spec's per-role figures.
-    fn held(&self) -> (f64, u64) {
-        let topology = &self.job.spec.topology;
-        let roles = [
-            (ExecutorRole::DataExecutor, &topology.data_executors),
-            (ExecutorRole::Trainer, &topology.trainers),
-            (ExecutorRole::Ps, &topology.ps),
-        ];
-        roles
-            .iter()
-            .fold((0.0, 0), |(cores, memory), (role, spec)| {
-                let n = self.members(*role).len();
-                let bytes = parse_memory(&spec.memory).unwrap_or(0);
-                (cores + n as f64 * spec.cpu, memory + n as u64 * bytes)
-            })
-    }
-
-    /// Memory bytes of `a`'s trainers and PS shards.
-    fn memory_of(&self, a: &Allocation) -> u64 {
-        let topology = &self.job.spec.topology;
-        let bytes = |memory: &str| parse_memory(memory).unwrap_or(0);
-        u64::from(a.trainers) * bytes(&topology.trainers.memory)
-            + u64::from(a.ps) * bytes(&topology.ps.memory)
-    }
+/// Memory bytes of `a`'s trainers and PS shards.
+fn memory_of(spec: &JobSpec, a: &Allocation) -> u64 {
+    let topology = &spec.topology;
+    let bytes = |memory: &str| parse_memory(memory).unwrap_or(0);
+    u64::from(a.trainers) * bytes(&topology.trainers.memory)
+        + u64::from(a.ps) * bytes(&topology.ps.memory)
 }
 
 /// Why a plan the selection gave the Job was taken.
@@ -206,4 +207,87 @@ fn selected(plan: &Plan, competing: usize, rho: f64) -> String {
         "selected among {competing} Jobs' plans (rho {rho}): {:.0} samples/s predicted, +{:.0}, for {} cores",
         plan.throughput, plan.gain, plan.cores
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use primus_resource_model::JobShape;
+
+    use super::*;
+    use crate::job::snapshot::fixture;
+
+    const IDS: [&str; 4] = ["data_executor-0", "trainer-0", "ps-0", "ps-1"];
+
+    /// The example Job as `policy: auto`, at `now`.
+    fn auto_job(now: Instant) -> Snapshot {
+        let mut spec = fixture::spec();
+        spec.scaling.policy = AllocationPolicy::Auto;
+        fixture::snapshot(spec, &IDS, now)
+    }
+
+    /// Iteration times measured under `allocation` only.
+    fn measured_under(allocation: Allocation) -> PerformanceLog {
+        let mut performance = PerformanceLog::of(JobShape {
+            batch: 256.0,
+            model_bytes: 1.0e6,
+            embedding_width: 16.0,
+            bandwidth: 1.25e9,
+        });
+        let start = std::time::Instant::now();
+        for n in 0..30 {
+            let at = start + Duration::from_secs(n);
+            performance.record(allocation, 1_000.0, at);
+        }
+        performance
+    }
+
+    #[test]
+    fn an_auto_job_measured_under_one_allocation_explores_once_its_cooldown_is_over() {
+        let now = Instant::now() + Duration::from_secs(120);
+        let snapshot = auto_job(now);
+        let current = snapshot.allocation().expect("trainers and PS shards run");
+        let performance = measured_under(current);
+        let cluster = ClusterPlans::default();
+        let capacity = Capacity {
+            cpu: Some(16.0),
+            memory_bytes: None,
+            rho: 1.0,
+        };
+        let market = Market {
+            job: "j",
+            cluster: &cluster,
+            capacity: &capacity,
+        };
+        let mut cooling = Optimizer::new(now - Duration::from_secs(10));
+        assert_eq!(cooling.decide(&snapshot, &performance, &market), vec![]);
+        // What the Job holds is offered even while it cools down: 1 + 1 + 2 x 0.5 cores.
+        assert_eq!(cluster.choose("j", &capacity).free_cores, 13.0);
+
+        let mut optimizer = Optimizer::new(now - Duration::from_secs(60));
+        let moved = optimizer.decide(&snapshot, &performance, &market);
+        let [
+            Action::Move {
+                current: from,
+                target,
+                message,
+            },
+        ] = moved.as_slice()
+        else {
+            panic!("a move: {moved:?}");
+        };
+        assert_eq!(*from, current);
+        assert_ne!(*target, current);
+        assert!(message.starts_with("step 1 of at most"), "{message}");
+        assert!(message.contains("exploring"), "{message}");
+
+        let mut manual = snapshot.clone();
+        manual.spec.scaling.policy = AllocationPolicy::Static;
+        let idle = ClusterPlans::default();
+        let market = Market {
+            cluster: &idle,
+            ..market
+        };
+        assert_eq!(optimizer.decide(&manual, &performance, &market), vec![]);
+        assert_eq!(idle.choose("j", &capacity).competing, 0, "nothing offered");
+    }
 }

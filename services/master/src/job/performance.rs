@@ -13,7 +13,8 @@ use primus_resource_model::{Allocation, FittedModel, JobShape, Terms};
 use primus_spec::job::JobSpec;
 
 use super::JobRun;
-use primus_backend::{ExecutorRole, ResourceBackend};
+use super::snapshot::Snapshot;
+use primus_backend::ResourceBackend;
 use primus_data_tasks::plan::Catalog;
 
 /// Iteration times kept per allocation (the newest), and ticks and time an allocation must
@@ -46,7 +47,7 @@ impl PerformanceLog {
         Self::of(shape)
     }
 
-    fn of(shape: JobShape) -> Self {
+    pub(super) fn of(shape: JobShape) -> Self {
         Self {
             measurements: Measurements::new(shape, KEPT),
             current: None,
@@ -88,27 +89,10 @@ impl PerformanceLog {
 }
 
 impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
-    /// The trainers and PS shards running now, with their cores; None while either
-    /// role has none.
-    pub(super) fn allocation(&self) -> Option<Allocation> {
-        let trainers = self
-            .members(ExecutorRole::Trainer)
-            .iter()
-            .filter(|(_, id)| !self.trainers_done.contains(id))
-            .count() as u32;
-        let ps = self.members(ExecutorRole::Ps).len() as u32;
-        let topology = &self.job.spec.topology;
-        (trainers > 0 && ps > 0).then_some(Allocation {
-            trainers,
-            ps,
-            trainer_cpu: topology.trainers.cpu,
-            ps_cpu: topology.ps.cpu,
-        })
-    }
-
     /// Adds this tick's throughput to the log and, once the model fits, says what it found.
-    pub(super) fn record_performance(&mut self, samples_per_second: f64) {
-        let Some(allocation) = self.allocation() else {
+    pub(super) fn record_performance(&mut self, snapshot: &Snapshot) {
+        let samples_per_second = snapshot.samples_per_second();
+        let Some(allocation) = snapshot.allocation() else {
             return;
         };
         let (trainers, ps) = (allocation.trainers, allocation.ps);

@@ -109,7 +109,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         wanted: u32,
         added: &mut Vec<Endpoint>,
     ) -> Result<(), String> {
-        let parts = self.job.parts(&self.name, self.memory.given());
+        let parts = self.job.parts(&self.name, &self.memory_given);
         for index in first..wanted {
             let shard = request_executor(self.context, &parts, ExecutorRole::Ps, index)
                 .await

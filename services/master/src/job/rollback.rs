@@ -147,7 +147,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
     async fn restart_workers(&mut self, stopped: &[(ExecutorRole, u32)]) -> Result<(), String> {
         for role in WORKERS {
             for &(_, index) in stopped.iter().filter(|(r, _)| *r == role) {
-                let parts = self.job.parts(&self.name, self.memory.given());
+                let parts = self.job.parts(&self.name, &self.memory_given);
                 let endpoint = start_executor(self.context, &parts, role, index)
                     .await
                     .map_err(|e| format!("starting {} {index}: {e}", role.as_str()))?;

@@ -9,10 +9,10 @@
 //! out of the topology, then stopped: a data executor ends its streams with `leaving` and
 //! reports its served offsets, and the queue takes its tasks back at those offsets; a
 //! trainer ends its streams, trains on what it was sent, and its totals stay in the Job's
-//! progress. A new PS shard count reshards the Job live ([`super::reshard`]). Other fields of a new spec do not apply to a running Job: the `SpecChange`
-//! condition names them. With `spec.scaling.enabled`, the data executors are also scaled
-//! by their load ([`super::autoscale`]) from the executors' usage measured every status
-//! tick.
+//! progress. A new PS shard count reshards the Job live ([`super::reshard`]). Other fields
+//! of a new spec do not apply to a running Job: the `SpecChange` condition names them. The
+//! policies of the status tick start and stop executors through the same steps
+//! ([`super::actions`]).
 
 use std::ops::ControlFlow;
 
@@ -20,12 +20,11 @@ use primus_proto::v1::{Resource, Role};
 use primus_spec::job::JobSpec;
 use primus_spec::status::Replicas;
 
-use super::autoscale::{Decision, Load, Utilisation};
 use super::executors::{role_spec, start_executor, wait_serving, with_role};
+use super::snapshot::members_of;
 use super::{JobRun, Outcome};
 use primus_backend::{ExecutorRole, ResourceBackend};
 use primus_data_tasks::plan::Catalog;
-use primus_data_tasks::queue::QueueCounts;
 
 /// The roles a running Job scales, and the spec fields that apply live.
 const SCALED_ROLES: [ExecutorRole; 2] = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];
@@ -127,7 +126,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         let index = (0..)
             .find(|i| !members.iter().any(|(member, _)| member == i))
             .unwrap_or(0);
-        let parts = self.job.parts(&self.name, self.memory.given());
+        let parts = self.job.parts(&self.name, &self.memory_given);
         let starting = std::time::Instant::now();
         let endpoint = start_executor(self.context, &parts, role, index)
             .await
@@ -188,64 +187,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
 
     /// The executors of `role` in the topology now: (index, id), by index.
     pub(super) fn members(&self, role: ExecutorRole) -> Vec<(u32, String)> {
-        let endpoints = self.endpoints();
-        let mut members: Vec<(u32, String)> = with_role(&endpoints, role.proto())
-            .into_iter()
-            .filter_map(|e| Some((index_of(&e.id)?, e.id.clone())))
-            .collect();
-        members.sort();
-        members
-    }
-
-    /// Measures every executor (into the Metric resource) and, with `spec.scaling.enabled`,
-    /// scales the data executors by their load.
-    pub(super) async fn measure_and_scale(&mut self, counts: &QueueCounts) {
-        let usage = self.context.backend.usage(&self.name).await;
-        let endpoints = self.endpoints();
-        for used in &usage {
-            if let Some(endpoint) = endpoints.iter().find(|e| e.id == used.id) {
-                self.fold
-                    .add_usage(endpoint.clone(), used.cpu_cores, used.memory_bytes);
-            }
-        }
-        self.watch_executor_memory(&usage).await;
-        let policy = self.job.spec.scaling.clone();
-        if !policy.enabled {
-            return;
-        }
-        let data_executors = self.members(ExecutorRole::DataExecutor);
-        let utilisations: Vec<Utilisation> = data_executors
-            .iter()
-            .filter_map(|(_, id)| {
-                let fill = self.fold.gauge(id, "buffer_fill")?;
-                let used = usage.iter().find(|u| &u.id == id)?;
-                let spec = &self.job.spec;
-                Some(Utilisation::measured(
-                    fill,
-                    used.cpu_cores,
-                    used.memory_bytes,
-                    spec,
-                ))
-            })
-            .collect();
-        let Some(load) = Load::of(&utilisations, &policy) else {
-            return;
-        };
-        let running = data_executors.len() as u32;
-        let now = tokio::time::Instant::now();
-        let scaled = match self
-            .autoscaler
-            .decide(load, &policy, running, counts.pending, now)
-        {
-            Decision::Hold => return,
-            Decision::Out(why) => self.add_executor(ExecutorRole::DataExecutor, &why).await,
-            Decision::In(why) => self.remove_executor(ExecutorRole::DataExecutor, &why).await,
-        };
-        if let Err(message) = scaled {
-            self.writer.event("ScalingFailed", message);
-        }
-        self.show_replicas();
-        self.writer.write().await;
+        members_of(&self.endpoints(), role)
     }
 
     /// Puts what runs now in `status.replicas` (written with the next write).
@@ -284,11 +226,6 @@ fn plural(role: ExecutorRole) -> &'static str {
         ExecutorRole::Trainer => "trainers",
         ExecutorRole::Serving => "serving",
     }
-}
-
-/// The index in an executor id `<role>-<index>`.
-fn index_of(id: &str) -> Option<u32> {
-    id.rsplit_once('-')?.1.parse().ok()
 }
 
 /// The spec fields (`spec.` paths) that differ between `running` and `next` and do not
@@ -385,12 +322,5 @@ mod tests {
             fixed_changes(&running, &job(&bigger)),
             vec!["spec.topology.ps.cpu".to_owned()]
         );
-    }
-
-    #[test]
-    fn an_executor_index_is_read_from_its_id() {
-        assert_eq!(index_of("data_executor-12"), Some(12));
-        assert_eq!(index_of("trainer-0"), Some(0));
-        assert_eq!(index_of("trainer"), None);
     }
 }

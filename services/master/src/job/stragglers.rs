@@ -10,15 +10,11 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use primus_proto::v1::YieldTaskRequest;
-use primus_proto::v1::dataset_service_client::DatasetServiceClient;
 use tokio::time::Instant;
 
-use super::JobRun;
-use super::executors::answered;
-use primus_backend::{ExecutorRole, ResourceBackend};
-use primus_data_tasks::plan::Catalog;
-use primus_data_tasks::queue::QueueCounts;
+use super::actions::Action;
+use super::snapshot::Snapshot;
+use primus_backend::ExecutorRole;
 
 /// Seconds an executor must have held tasks before its rate counts.
 const MIN_BUSY: Duration = Duration::from_secs(3);
@@ -124,93 +120,60 @@ pub(crate) fn task_to_take_back<'a>(
     held.into_iter().next()
 }
 
-impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
-    /// Measures the data executors' rates, tells the task service which are stragglers
-    /// and takes one task back from a straggler when a faster executor is idle.
-    pub(super) async fn handle_stragglers(&mut self, counts: &QueueCounts) {
-        let policy = self.job.spec.scaling.stragglers.clone();
-        let queue = &self.tasks.queue;
-        let (running, offsets) = match (queue.running().await, queue.offsets().await) {
-            (Ok(running), Ok(offsets)) => (running, offsets),
-            (Err(e), _) | (_, Err(e)) => {
-                return tracing::warn!(job = self.name, error = %e, "reading the task queue");
-            }
+/// The stragglers policy: the data executors' rates and the stragglers marked so far.
+#[derive(Debug, Default)]
+pub(crate) struct StragglerPolicy {
+    throughputs: Throughputs,
+    marked: BTreeSet<String>,
+}
+
+impl StragglerPolicy {
+    /// Measures the data executors' rates; with `scaling.stragglers.enabled`, marks the
+    /// stragglers (an event for each new one) and takes one task back from a straggler
+    /// when a faster executor is idle.
+    pub(crate) fn decide(&mut self, snapshot: &Snapshot) -> Vec<Action> {
+        let Some(held) = &snapshot.held else {
+            return Vec::new();
         };
-        self.throughputs.observe(&running, &offsets, Instant::now());
+        (self.throughputs).observe(&held.running, &held.offsets, snapshot.now);
+        let policy = &snapshot.spec.scaling.stragglers;
         if !policy.enabled {
-            return;
+            return Vec::new();
         }
-        let executors: Vec<String> = self
-            .members(ExecutorRole::DataExecutor)
-            .into_iter()
+        let executors: Vec<String> = (snapshot.members(ExecutorRole::DataExecutor).into_iter())
             .map(|(_, id)| id)
             .collect();
         let found = stragglers(&executors, &self.throughputs, policy.slowdown);
         let ids: BTreeSet<String> = found.iter().map(|(id, _)| id.clone()).collect();
-        let known = self.tasks.stragglers.replace(ids.clone());
-        for (id, why) in &found {
-            if !known.contains(id) {
-                self.writer.event("Straggler", why.clone());
+        let mut actions = Vec::new();
+        if ids != self.marked {
+            actions.push(Action::MarkStragglers(ids.clone()));
+        }
+        for (id, why) in found {
+            if !self.marked.contains(&id) {
+                actions.push(Action::Event {
+                    reason: "Straggler",
+                    message: why,
+                });
             }
         }
-        let Some((task, holder)) = task_to_take_back(&executors, &running, &ids, counts.pending)
-        else {
-            return;
-        };
-        let message = match self.take_back(task, holder).await {
-            Ok(offset) => (
-                "StragglerTaskMoved",
-                format!(
-                    "{task} taken back from {holder} at offset {offset}: a faster data executor is idle"
-                ),
-            ),
-            Err(message) => (
-                "StragglerTaskKept",
-                format!("{task} stays with {holder}: {message}"),
-            ),
-        };
-        self.writer.event(message.0, message.1);
-        self.writer.write().await;
-    }
-
-    /// Asks `holder` to give `task` back and puts it back in the queue from the rows it
-    /// served; returns that offset.
-    async fn take_back(&self, task: &str, holder: &str) -> Result<u64, String> {
-        let endpoints = self.endpoints();
-        let addr = endpoints
-            .iter()
-            .find(|e| e.id == holder)
-            .map(|e| e.grpc_addr.clone())
-            .ok_or_else(|| format!("{holder} is not in the topology"))?;
-        let request = YieldTaskRequest {
-            job: self.name.clone(),
-            task_id: task.to_owned(),
-        };
-        let yielded = async {
-            let mut client = DatasetServiceClient::connect(format!("http://{addr}"))
-                .await
-                .map_err(|e| e.to_string())?;
-            (client.yield_task(request).await)
-                .map(|answer| answer.into_inner().served_offset)
-                .map_err(|s| s.message().to_owned())
-        };
-        let offset = answered(holder, yielded).await?;
-        let yielded = self
-            .tasks
-            .queue
-            .yield_task(holder, task, offset)
-            .await
-            .map_err(|e| e.to_string())?;
-        match yielded {
-            true => Ok(offset),
-            false => Err("the queue no longer lists it as its task".to_owned()),
+        let pending = snapshot.counts.pending;
+        if let Some((task, holder)) = task_to_take_back(&executors, &held.running, &ids, pending) {
+            actions.push(Action::TakeBack {
+                task: task.clone(),
+                holder: holder.clone(),
+            });
         }
+        self.marked = ids;
+        actions
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::snapshot::{HeldTasks, fixture};
+    use primus_spec::job::JobSpec;
 
     fn ids(names: &[&str]) -> Vec<String> {
         names.iter().map(|n| (*n).to_owned()).collect()
@@ -269,5 +232,61 @@ mod tests {
             task_to_take_back(&executors, &held, &BTreeSet::new(), 0),
             None
         );
+    }
+
+    /// Two data executors each holding a task, at `seconds` after `start`.
+    fn tick(spec: &JobSpec, start: Instant, at: (u64, u64, u64), pending: u64) -> Snapshot {
+        let (seconds, fast, slow) = at;
+        let ids = ["data_executor-0", "data_executor-1", "trainer-0"];
+        let now = start + Duration::from_secs(seconds);
+        let mut snapshot = fixture::snapshot(spec.clone(), &ids, now);
+        snapshot.counts.pending = pending;
+        snapshot.held = Some(HeldTasks {
+            running: running(&[("t1", "data_executor-0"), ("t2", "data_executor-1")]),
+            offsets: offsets(&[("t1", fast), ("t2", slow)]),
+        });
+        snapshot
+    }
+
+    #[test]
+    fn a_straggler_is_marked_once_and_its_task_taken_back_when_a_peer_is_idle() {
+        let start = Instant::now();
+        let mut spec = fixture::spec();
+        spec.scaling.stragglers.enabled = true;
+        spec.scaling.stragglers.slowdown = 3.0;
+        let mut policy = StragglerPolicy::default();
+        assert_eq!(policy.decide(&tick(&spec, start, (0, 0, 0), 1)), vec![]);
+        let early = tick(&spec, start, (2, 3_000, 300), 1);
+        assert_eq!(policy.decide(&early), vec![], "too soon");
+        let actions = policy.decide(&tick(&spec, start, (4, 6_000, 600), 1));
+        let slow: BTreeSet<String> = ["data_executor-1".to_owned()].into();
+        assert_eq!(actions[0], Action::MarkStragglers(slow));
+        assert!(
+            matches!(&actions[1..], [Action::Event { reason: "Straggler", message }] if message.contains("150 rows/s")),
+            "{actions:?}"
+        );
+        let again = tick(&spec, start, (5, 7_500, 750), 1);
+        assert_eq!(policy.decide(&again), vec![], "marked already");
+        let mut idle = tick(&spec, start, (6, 7_500, 900), 0);
+        if let Some(held) = idle.held.as_mut() {
+            held.running.remove("t1");
+        }
+        assert_eq!(
+            policy.decide(&idle),
+            vec![Action::TakeBack {
+                task: "t2".to_owned(),
+                holder: "data_executor-1".to_owned()
+            }]
+        );
+
+        let mut off = StragglerPolicy::default();
+        let mut unread = tick(&spec, start, (0, 0, 0), 0);
+        unread.held = None;
+        assert_eq!(off.decide(&unread), vec![], "the queue could not be read");
+        spec.scaling.stragglers.enabled = false;
+        for at in [(0, 0, 0), (4, 6_000, 600), (6, 9_000, 900)] {
+            let disabled = tick(&spec, start, at, 0);
+            assert_eq!(off.decide(&disabled), vec![], "disabled");
+        }
     }
 }

@@ -5,6 +5,8 @@
 //! carries out the actions: create, delete, resize in place (or replace the pod where the
 //! cluster cannot), and the events the Job reacts to.
 
+mod metrics;
+mod pods_watch;
 pub mod reconcile;
 pub mod render;
 
@@ -13,10 +15,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
 use primus_config::KubernetesBackendSettings;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
@@ -135,7 +135,7 @@ impl KubernetesBackend {
             events: broadcast::channel(1024).0,
             changed: watch::channel(0).0,
         });
-        let watcher = tokio::spawn(watch_pods(inner.clone()));
+        let watcher = tokio::spawn(pods_watch::watch_pods(inner.clone()));
         Ok(Self { inner, watcher })
     }
 }
@@ -524,132 +524,6 @@ fn api_error(what: &'static str) -> impl Fn(kube::Error) -> BackendError {
     move |e| BackendError::Io(format!("{what}: {}", kube_message(&e)))
 }
 
-fn key_of(pod: &ObservedPod) -> Key {
-    (pod.job.clone(), pod.id.clone())
-}
-
-/// Once the adoption window is over, deletes the owners (and so every object) of Jobs of
-/// this shard that no Job driven now claimed: Jobs that ended or were deleted while no
-/// master ran.
-async fn sweep_unclaimed_jobs(inner: Arc<Inner>) {
-    tokio::time::sleep(ADOPTION.saturating_sub(inner.started.elapsed())).await;
-    let params = kube::api::ListParams::default().labels(&inner.selector());
-    let owners = match inner.config_maps.list(&params).await {
-        Ok(owners) => owners,
-        Err(e) => {
-            tracing::warn!(error = %kube_message(&e), "listing Job owners to sweep");
-            return;
-        }
-    };
-    for owner in owners {
-        let Some(job) = (owner.metadata.annotations.as_ref())
-            .and_then(|a| a.get(render::ANNOTATION_JOB).cloned())
-        else {
-            continue;
-        };
-        let claimed = {
-            let state = inner.lock();
-            state.owners.contains_key(&job) || state.wanted.keys().any(|(j, _)| *j == job)
-        };
-        if claimed {
-            continue;
-        }
-        let name = owner.metadata.name.unwrap_or_default();
-        tracing::info!(
-            job,
-            owner = name,
-            "deleting the objects of a Job no longer driven"
-        );
-        if let Err(e) = inner
-            .config_maps
-            .delete(&name, &DeleteParams::foreground())
-            .await
-        {
-            tracing::warn!(job, error = %kube_message(&e), "deleting a Job's objects");
-        }
-    }
-}
-
-/// Follows this master's pods, reconciling each executor whose pod changed, and every
-/// executor every `RESYNC`.
-async fn watch_pods(inner: Arc<Inner>) {
-    tokio::spawn(sweep_unclaimed_jobs(inner.clone()));
-    let config = watcher::Config::default().labels(&inner.selector());
-    let mut events = watcher::watcher(inner.pods.clone(), config).boxed();
-    let mut resync = tokio::time::interval(RESYNC);
-    loop {
-        let keys: Vec<Key> = tokio::select! {
-            event = events.try_next() => match event {
-                Ok(Some(event)) => observe(&inner, event),
-                Ok(None) => return,
-                Err(e) => {
-                    // The watcher retries by itself; the next event resumes.
-                    tracing::warn!(error = %e, "watching executor pods");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    Vec::new()
-                }
-            },
-            _ = resync.tick() => {
-                inner.delete_owners_left().await;
-                let state = inner.lock();
-                state.wanted.keys().chain(state.observed.keys()).cloned().collect()
-            }
-        };
-        inner.changed.send_modify(|n| *n += 1);
-        for key in keys {
-            inner.reconcile(&key).await;
-        }
-    }
-}
-
-/// Folds one watch event into the observed pods; returns the executors it concerns.
-fn observe(inner: &Inner, event: watcher::Event<Pod>) -> Vec<Key> {
-    let mut state = inner.lock();
-    match event {
-        watcher::Event::Apply(pod) => {
-            let Some(observed) = ObservedPod::of(&pod) else {
-                return Vec::new();
-            };
-            let key = key_of(&observed);
-            state.observed.insert(key.clone(), observed);
-            vec![key]
-        }
-        watcher::Event::InitApply(pod) => {
-            if let Some(observed) = ObservedPod::of(&pod) {
-                let key = key_of(&observed);
-                state.relisted.get_or_insert_default().push(key.clone());
-                state.observed.insert(key, observed);
-            }
-            Vec::new()
-        }
-        watcher::Event::Delete(pod) => {
-            let Some(observed) = ObservedPod::of(&pod) else {
-                return Vec::new();
-            };
-            let key = key_of(&observed);
-            // Only if it is the pod gone: a replacement may be observed already.
-            if state
-                .observed
-                .get(&key)
-                .is_some_and(|o| o.uid == observed.uid)
-            {
-                state.observed.remove(&key);
-            }
-            vec![key]
-        }
-        watcher::Event::Init => {
-            state.relisted = Some(Vec::new());
-            Vec::new()
-        }
-        // The relist is complete: pods absent from it are gone.
-        watcher::Event::InitDone => {
-            let listed = state.relisted.take().unwrap_or_default();
-            state.observed.retain(|key, _| listed.contains(key));
-            state.wanted.keys().chain(&listed).cloned().collect()
-        }
-    }
-}
-
 impl ResourceBackend for KubernetesBackend {
     async fn request(&self, spec: ExecutorSpec) -> Result<Executor, BackendError> {
         let inner = &self.inner;
@@ -845,7 +719,7 @@ impl ResourceBackend for KubernetesBackend {
                 .map(|pod| (pod.name.clone(), pod.id.clone()))
                 .collect()
         };
-        match pod_metrics(inner.pods.clone().into_client(), &namespace, &selector).await {
+        match metrics::pod_metrics(inner.pods.clone().into_client(), &namespace, &selector).await {
             Ok(metrics) => (metrics.into_iter())
                 .filter_map(|(pod, cpu_cores, memory_bytes)| {
                     Some(ExecutorUsage {
@@ -861,36 +735,6 @@ impl ResourceBackend for KubernetesBackend {
             }
         }
     }
-}
-
-/// Each pod's name, CPU cores and memory bytes from `metrics.k8s.io`.
-async fn pod_metrics(
-    client: kube::Client,
-    namespace: &str,
-    selector: &str,
-) -> Result<Vec<(String, f64, u64)>, kube::Error> {
-    let url = format!(
-        "/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods?labelSelector={}",
-        selector
-            .replace('=', "%3D")
-            .replace(',', "%2C")
-            .replace('/', "%2F")
-    );
-    let request = tonic::codegen::http::Request::get(url)
-        .body(Vec::new())
-        .map_err(kube::Error::HttpError)?;
-    let list: serde_json::Value = client.request(request).await?;
-    let items = list["items"].as_array().cloned().unwrap_or_default();
-    Ok(items
-        .iter()
-        .filter_map(|item| {
-            let name = item["metadata"]["name"].as_str()?.to_owned();
-            let usage = &item["containers"].as_array()?.first()?["usage"];
-            let cpu = reconcile::cpu_millis(usage["cpu"].as_str()?)? as f64 / 1000.0;
-            let memory = primus_spec::job::parse_memory(usage["memory"].as_str()?).ok()?;
-            Some((name, cpu, memory))
-        })
-        .collect())
 }
 
 #[cfg(test)]

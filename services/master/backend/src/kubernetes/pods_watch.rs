@@ -1,0 +1,139 @@
+//! The watch on this master's pods: each event folded into the observed state and the
+//! executors it concerns reconciled, every executor again each `RESYNC`, and the objects
+//! of Jobs no master claimed within the adoption window swept.
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::DeleteParams;
+use kube::runtime::watcher;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::reconcile::ObservedPod;
+use super::{ADOPTION, Inner, Key, RESYNC, kube_message, render};
+
+/// Once the adoption window is over, deletes the owners (and so every object) of Jobs of
+/// this shard that no Job driven now claimed: Jobs that ended or were deleted while no
+/// master ran.
+async fn sweep_unclaimed_jobs(inner: Arc<Inner>) {
+    tokio::time::sleep(ADOPTION.saturating_sub(inner.started.elapsed())).await;
+    let params = kube::api::ListParams::default().labels(&inner.selector());
+    let owners = match inner.config_maps.list(&params).await {
+        Ok(owners) => owners,
+        Err(e) => {
+            tracing::warn!(error = %kube_message(&e), "listing Job owners to sweep");
+            return;
+        }
+    };
+    for owner in owners {
+        let Some(job) = (owner.metadata.annotations.as_ref())
+            .and_then(|a| a.get(render::ANNOTATION_JOB).cloned())
+        else {
+            continue;
+        };
+        let claimed = {
+            let state = inner.lock();
+            state.owners.contains_key(&job) || state.wanted.keys().any(|(j, _)| *j == job)
+        };
+        if claimed {
+            continue;
+        }
+        let name = owner.metadata.name.unwrap_or_default();
+        tracing::info!(
+            job,
+            owner = name,
+            "deleting the objects of a Job no longer driven"
+        );
+        if let Err(e) = inner
+            .config_maps
+            .delete(&name, &DeleteParams::foreground())
+            .await
+        {
+            tracing::warn!(job, error = %kube_message(&e), "deleting a Job's objects");
+        }
+    }
+}
+
+/// Follows this master's pods, reconciling each executor whose pod changed, and every
+/// executor every `RESYNC`.
+pub(super) async fn watch_pods(inner: Arc<Inner>) {
+    tokio::spawn(sweep_unclaimed_jobs(inner.clone()));
+    let config = watcher::Config::default().labels(&inner.selector());
+    let mut events = watcher::watcher(inner.pods.clone(), config).boxed();
+    let mut resync = tokio::time::interval(RESYNC);
+    loop {
+        let keys: Vec<Key> = tokio::select! {
+            event = events.try_next() => match event {
+                Ok(Some(event)) => observe(&inner, event),
+                Ok(None) => return,
+                Err(e) => {
+                    // The watcher retries by itself; the next event resumes.
+                    tracing::warn!(error = %e, "watching executor pods");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Vec::new()
+                }
+            },
+            _ = resync.tick() => {
+                inner.delete_owners_left().await;
+                let state = inner.lock();
+                state.wanted.keys().chain(state.observed.keys()).cloned().collect()
+            }
+        };
+        inner.changed.send_modify(|n| *n += 1);
+        for key in keys {
+            inner.reconcile(&key).await;
+        }
+    }
+}
+
+/// Folds one watch event into the observed pods; returns the executors it concerns.
+fn observe(inner: &Inner, event: watcher::Event<Pod>) -> Vec<Key> {
+    let mut state = inner.lock();
+    match event {
+        watcher::Event::Apply(pod) => {
+            let Some(observed) = ObservedPod::of(&pod) else {
+                return Vec::new();
+            };
+            let key = key_of(&observed);
+            state.observed.insert(key.clone(), observed);
+            vec![key]
+        }
+        watcher::Event::InitApply(pod) => {
+            if let Some(observed) = ObservedPod::of(&pod) {
+                let key = key_of(&observed);
+                state.relisted.get_or_insert_default().push(key.clone());
+                state.observed.insert(key, observed);
+            }
+            Vec::new()
+        }
+        watcher::Event::Delete(pod) => {
+            let Some(observed) = ObservedPod::of(&pod) else {
+                return Vec::new();
+            };
+            let key = key_of(&observed);
+            // Only if it is the pod gone: a replacement may be observed already.
+            if state
+                .observed
+                .get(&key)
+                .is_some_and(|o| o.uid == observed.uid)
+            {
+                state.observed.remove(&key);
+            }
+            vec![key]
+        }
+        watcher::Event::Init => {
+            state.relisted = Some(Vec::new());
+            Vec::new()
+        }
+        // The relist is complete: pods absent from it are gone.
+        watcher::Event::InitDone => {
+            let listed = state.relisted.take().unwrap_or_default();
+            state.observed.retain(|key, _| listed.contains(key));
+            state.wanted.keys().chain(&listed).cloned().collect()
+        }
+    }
+}
+
+fn key_of(pod: &ObservedPod) -> Key {
+    (pod.job.clone(), pod.id.clone())
+}

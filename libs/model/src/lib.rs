@@ -12,6 +12,8 @@
 //! - [`peak`]: the machine's measured FMA peak, the ceiling of the networks' speed.
 //! - [`pooling`]: unique keys per table of a minibatch, sum pooling of looked-up rows into
 //!   embedding rows, and the backward scatter of pooled gradients onto unique keys.
+//! - [`Model::train_minibatch`]: a trainer's step in one call: pooling, the dense network
+//!   forward and backward, the scatter.
 //!
 //! The embedding tables themselves live on the PS (`primus-embedding`); this crate sees
 //! only the rows a minibatch needs.
@@ -26,6 +28,7 @@ pub mod onnx;
 pub mod params;
 pub mod peak;
 pub mod pooling;
+mod step;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -34,6 +37,7 @@ use primus_batch::Minibatch;
 pub use layout::{FeatureSlot, ModelLayout, TableSlot};
 pub use net::{Inputs, Tower};
 pub use params::{ParamSet, ParamTensor};
+pub use step::{LookedUp, SparseGrads};
 
 use backend::{Device, Tensor, sigmoid};
 use net::{Graph, bce_with_logits, matrix};

@@ -16,7 +16,7 @@ use primus_data_client::Receipt;
 pub use primus_data_client::TrainerTotals;
 use primus_embedding::HotRows;
 use primus_model::pooling::{BatchKeys, EmbeddingKernels};
-use primus_model::{EmbeddingGrads, Inputs, Model, ModelLayout, ParamSet, StepOutput, TableSlot};
+use primus_model::{LookedUp, Model, ModelError, ParamSet, SparseGrads, StepOutput, TableSlot};
 use primus_ps_client::TableGrads;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::Instrument;
@@ -641,64 +641,28 @@ async fn wanted(hot: &mut Option<HotSync>) {
     }
 }
 
-/// A step's sparse gradients per table, on its unique keys (first-order tables' apart).
-struct SparseGrads {
-    grads: Vec<Vec<f32>>,
-    wide_grads: Vec<Vec<f32>>,
-}
-
-/// Pooling, forward/backward and the pooling backward: the compute-bound part of a step.
-/// The sparse gradients go to `sparse_tx` as soon as they are known, before the rest of the
-/// dense network's backward.
+/// A step's compute-bound part in the model ([`Model::train_minibatch`]); the sparse
+/// gradients go to `sparse_tx` as soon as they are known, before the rest of the dense
+/// network's backward.
 fn compute(
     model: &Model,
     params: &ParamSet,
     kernels: &dyn EmbeddingKernels,
     prepared: Prepared,
     rows: Vec<Vec<f32>>,
-    sparse_tx: oneshot::Sender<anyhow::Result<SparseGrads>>,
+    sparse_tx: oneshot::Sender<Result<SparseGrads, ModelError>>,
 ) -> anyhow::Result<(Prepared, StepOutput)> {
-    let layout = model.layout();
-    let keys = &prepared.keys;
-    let embedded = keys.pool(kernels, layout, &rows)?;
-    let wide = if layout.has_wide() {
-        keys.pool_wide(kernels, &prepared.wide)?
-    } else {
-        Vec::new()
+    let looked_up = LookedUp {
+        keys: &prepared.keys,
+        rows: &rows,
+        wide: &prepared.wide,
     };
-    let batch = &prepared.batch;
-    let inputs = Inputs {
-        rows: batch.rows(),
-        dense: model.dense_inputs(batch)?,
-        embedded: &embedded,
-        wide: &wide,
-    };
-    let on_embedding_grads = |grads: EmbeddingGrads<'_>| {
+    let on_sparse_grads = |grads| {
         // The receiver goes away only with the step, which then has no use for them.
-        let _ = sparse_tx.send(scatter(kernels, layout, keys, grads));
+        let _ = sparse_tx.send(grads);
     };
-    let output = model.train_step_with(
-        params,
-        &inputs,
-        &batch.labels,
-        prepared.tower,
-        on_embedding_grads,
-    )?;
+    let (batch, tower) = (&prepared.batch, prepared.tower);
+    let output =
+        model.train_minibatch(params, kernels, batch, looked_up, tower, on_sparse_grads)?;
     Ok((prepared, output))
-}
-
-/// The pooling backward: the embeddings' gradients summed onto each table's unique keys.
-fn scatter(
-    kernels: &dyn EmbeddingKernels,
-    layout: &ModelLayout,
-    keys: &BatchKeys,
-    grads: EmbeddingGrads<'_>,
-) -> anyhow::Result<SparseGrads> {
-    Ok(SparseGrads {
-        grads: keys.scatter(kernels, layout, grads.embedded)?,
-        wide_grads: match layout.has_wide() {
-            true => keys.scatter_wide(kernels, grads.wide)?,
-            false => Vec::new(),
-        },
-    })
 }

@@ -6,6 +6,8 @@
     reason = "a check that cannot run here says so on stdout, beside the test's name"
 )]
 
+mod pooling;
+
 use primus_batch::{Ikjt, JaggedFeature, Kjt, Sparse};
 use primus_model::pooling::{BatchKeys, CpuKernels};
 use primus_model::{
@@ -429,127 +431,6 @@ fn wrong_input_sizes_are_errors_not_panics() {
     tensors.last_mut().expect("a tensor").values.pop();
     assert!(bad.assign(tensors).is_err());
     assert_eq!(bad, params, "a rejected assign changes none of its tensors");
-}
-
-#[test]
-fn pooling_sums_rows_and_scatter_adds_back_to_unique_keys() {
-    let layout = small(ModelKind::Dlrm);
-    let mut a = JaggedFeature::new("a");
-    a.push_row(&[10, 11]);
-    a.push_row(&[10]);
-    let mut b = JaggedFeature::new("b");
-    b.push_row(&[]);
-    b.push_row(&[11, 11]);
-    let kjt = Kjt {
-        rows: 2,
-        features: vec![a, b],
-    };
-    let keys = BatchKeys::collect(&layout, &kjt).expect("keys");
-    assert_eq!(keys.tables, vec![vec![10, 11]]);
-    let rows = vec![vec![1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]];
-    let pooled = keys.pool(&CpuKernels, &layout, &rows).expect("pooling");
-    assert_eq!(
-        pooled,
-        [[3.0; 4], [0.0; 4], [1.0; 4], [4.0; 4]].concat(),
-        "row 0: a=10+11, b empty; row 1: a=10, b=11+11"
-    );
-    let grad: Vec<f32> = (0..16).map(|i| i as f32).collect();
-    let scattered = keys.scatter(&CpuKernels, &layout, &grad).expect("backward");
-    // Key 10: row 0 feature a (0..4) + row 1 feature a (8..12).
-    // Key 11: row 0 feature a (0..4) + twice row 1 feature b (12..16).
-    assert_eq!(
-        scattered[0],
-        vec![8.0, 10.0, 12.0, 14.0, 24.0, 27.0, 30.0, 33.0]
-    );
-    let missing = Kjt {
-        rows: 2,
-        features: vec![kjt.features[0].clone()],
-    };
-    assert!(matches!(
-        BatchKeys::collect(&layout, &missing),
-        Err(ModelError::Mismatch { feature, .. }) if feature == "b"
-    ));
-}
-
-/// A minibatch whose rows repeat a user's features (RecD), as an IKJT, pooled once per
-/// unique row of the group: the same unique keys, access counts and pooled rows (bit for
-/// bit) as its KJT, and the same gradients within float rounding (summed per unique row
-/// first).
-#[test]
-fn a_grouped_minibatch_pools_and_scatters_as_its_jagged_one() {
-    let spec = model(ModelKind::Dlrm, vec![table("t", 4)], &[6, 4], &[8, 1]);
-    let layout = ModelLayout::new(
-        &spec,
-        &schema(3, &[("user", "t"), ("history", "t"), ("item", "t")]),
-    )
-    .expect("layout");
-    let keys = noise(5, 400);
-    let key = |i: usize| (keys[i].abs() * 50.0) as u64;
-    let (mut user, mut history, mut item) = (
-        JaggedFeature::new("user"),
-        JaggedFeature::new("history"),
-        JaggedFeature::new("item"),
-    );
-    let samples = 40;
-    for sample in 0..samples {
-        // Sessions of 4 samples share the user's features.
-        let session = sample / 4;
-        user.push_row(&[1000 + session as u64]);
-        let len = session % 3;
-        history.push_row(&(0..len).map(|j| key(session * 3 + j)).collect::<Vec<_>>());
-        item.push_row(&[key(200 + sample)]);
-    }
-    let kjt = Kjt {
-        rows: samples,
-        features: vec![user, history, item],
-    };
-    let ikjt = Ikjt::from_kjt(&kjt, &[("user".to_owned(), vec![0, 1])]).expect("ikjt");
-    assert_eq!(ikjt.groups[0].unique_rows(), 10);
-    let jagged = BatchKeys::collect(&layout, &kjt).expect("keys");
-    let grouped = BatchKeys::of(&layout, &Sparse::Grouped(ikjt)).expect("keys");
-    assert_eq!(grouped.tables, jagged.tables);
-    assert_eq!(grouped.access_counts(), jagged.access_counts());
-    let rows: Vec<Vec<f32>> = (jagged.tables.iter().enumerate())
-        .map(|(t, keys)| noise(t as u64 + 9, keys.len() * 4))
-        .collect();
-    let pooled = jagged.pool(&CpuKernels, &layout, &rows).expect("pool");
-    assert_eq!(
-        grouped.pool(&CpuKernels, &layout, &rows).expect("pool"),
-        pooled
-    );
-    let wide: Vec<Vec<f32>> = (jagged.tables.iter().enumerate())
-        .map(|(t, keys)| noise(t as u64 + 19, keys.len()))
-        .collect();
-    let pooled_wide = jagged.pool_wide(&CpuKernels, &wide).expect("pool");
-    assert_eq!(
-        grouped.pool_wide(&CpuKernels, &wide).expect("pool"),
-        pooled_wide
-    );
-    let close = |a: &[Vec<f32>], b: &[Vec<f32>]| {
-        a.len() == b.len()
-            && (a.iter().flatten().zip(b.iter().flatten()))
-                .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
-    };
-    let grad = noise(11, pooled.len());
-    let (by_group, by_sample) = (
-        grouped
-            .scatter(&CpuKernels, &layout, &grad)
-            .expect("scatter"),
-        jagged
-            .scatter(&CpuKernels, &layout, &grad)
-            .expect("scatter"),
-    );
-    assert!(close(&by_group, &by_sample), "{by_group:?}\n{by_sample:?}");
-    let grad = noise(13, pooled_wide.len());
-    let (by_group, by_sample) = (
-        grouped.scatter_wide(&CpuKernels, &grad).expect("scatter"),
-        jagged.scatter_wide(&CpuKernels, &grad).expect("scatter"),
-    );
-    assert!(close(&by_group, &by_sample), "{by_group:?}\n{by_sample:?}");
-    assert!(
-        grouped.scatter(&CpuKernels, &layout, &grad).is_err(),
-        "a gradient of the wrong width"
-    );
 }
 
 /// Labels from a planted logistic model of one dense feature and per-key weights; a few

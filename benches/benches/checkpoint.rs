@@ -63,6 +63,7 @@ async fn snapshot(
 }
 
 #[tokio::main]
+#[expect(clippy::disallowed_methods, reason = "a bench's size knobs")]
 async fn main() {
     let sizes: Vec<u64> = std::env::var("PRIMUS_BENCH_ROWS")
         .unwrap_or_else(|_| "1000000,10000000".into())

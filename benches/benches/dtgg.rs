@@ -55,13 +55,6 @@ impl Catalog for SyntheticCatalog {
     }
 }
 
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -131,10 +124,11 @@ async fn generate(files_per_hour: u64, days: i64, parallelism: usize) -> Run {
 }
 
 fn main() {
-    let total_files = env_number("PRIMUS_BENCH_FILES", 56_000_000);
-    let days = env_number("PRIMUS_BENCH_DAYS", 20) as i64;
+    let total_files = primus_benches::env_or::<u64>("PRIMUS_BENCH_FILES", 56_000_000);
+    let days = primus_benches::env_or::<u64>("PRIMUS_BENCH_DAYS", 20) as i64;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let parallelism = env_number("PRIMUS_BENCH_PARALLELISM", 2 * cores as u64) as usize;
+    let parallelism =
+        primus_benches::env_or::<u64>("PRIMUS_BENCH_PARALLELISM", 2 * cores as u64) as usize;
     let files_per_hour = total_files / (days as u64 * 24 * SOURCES);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -25,13 +25,6 @@ fn spec() -> TableSpec {
     TableSpec::new("items", DIM as u32, OptimizerSpec::adagrad(0.05))
 }
 
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn key_of(i: u64) -> u64 {
     (i ^ 0xdead_beef).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
@@ -58,8 +51,8 @@ fn batches(keys: u64, count: usize) -> Vec<Vec<u64>> {
 
 #[tokio::main]
 async fn main() {
-    let seconds = env_number("PRIMUS_BENCH_SECONDS", 3);
-    let keys = env_number("PRIMUS_BENCH_KEYS", 1_000_000);
+    let seconds = primus_benches::env_or::<u64>("PRIMUS_BENCH_SECONDS", 3);
+    let keys = primus_benches::env_or::<u64>("PRIMUS_BENCH_KEYS", 1_000_000);
     let duration = Duration::from_secs(seconds);
     let nats = NatsServer::start().expect("nats-server");
     let mut settings = PsSettings::default();

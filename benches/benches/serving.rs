@@ -376,6 +376,10 @@ impl Bench {
 
     /// ONNX Runtime alone on the replica's model (as serving-sync exports it) and inputs of
     /// `batch` rows, from `callers` threads on as many sessions: samples per second.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "ONNX Runtime's library is named by scripts/env.sh"
+    )]
     fn onnxruntime_alone(&self, batch: usize, callers: usize, seconds: u64) -> f64 {
         let library = std::env::var_os("ORT_DYLIB_PATH").expect("ORT_DYLIB_PATH (scripts/env.sh)");
         let params = ParamSet::init(&self.layout, 3);

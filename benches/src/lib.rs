@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 /// The value of environment variable `name` (a bench's size knob), or `default` when it is
 /// unset or does not parse.
+#[expect(clippy::disallowed_methods, reason = "a bench's size knobs")]
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()

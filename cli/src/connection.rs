@@ -29,6 +29,10 @@ pub struct ConnectionArgs {
     pub cli_config: Option<PathBuf>,
 }
 
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the CLI's config file lives where XDG says"
+)]
 pub fn default_config_path() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CONFIG_HOME")
         .map(PathBuf::from)

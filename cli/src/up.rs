@@ -185,6 +185,10 @@ fn listener_pid(port: u16) -> Option<u32> {
 /// What executors need from this shell's environment, as `local.environment` settings:
 /// a master restarted from its settings file (`<data>/logs/primus-master.yaml`) then starts
 /// the same executors without it.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the local cluster's executors get the ONNX Runtime library this shell names"
+)]
 fn executor_environment() -> String {
     let ort = std::env::var("ORT_DYLIB_PATH").ok();
     match ort {

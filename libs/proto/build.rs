@@ -23,6 +23,10 @@ const SHARED_BYTES: &[&str] = &[
     ".primus.v1.Minibatch.arrow_ipc",
 ];
 
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a build script learns its folders from cargo's variables"
+)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     for file in FILES {

@@ -200,6 +200,7 @@ fn options() -> CriteoOptions {
 }
 
 #[tokio::main]
+#[expect(clippy::disallowed_methods, reason = "a bench's knobs")]
 async fn main() {
     let rows: usize = primus_benches::env_or("PRIMUS_BENCH_ROWS", 204_800);
     let batch: usize = primus_benches::env_or("PRIMUS_BENCH_BATCH", 2048);

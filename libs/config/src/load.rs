@@ -55,6 +55,10 @@ pub fn to_toml<T: Serialize>(settings: &T) -> Result<String, ConfigError> {
 }
 
 /// Loads settings over `defaults` from an optional file and the process environment.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the settings' environment layer: the one place a service's PRIMUS_* variables are read"
+)]
 pub fn load_from_process<T: DeserializeOwned + Serialize>(
     defaults: &T,
     file: Option<&Path>,

@@ -31,6 +31,7 @@ use primus_spec::job::{OptimizerSpec, TableSpec};
 const BATCH: usize = 4096;
 const BATCHES: usize = 64;
 
+#[expect(clippy::disallowed_methods, reason = "a bench's size knobs")]
 fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
     std::env::var(name)
         .ok()

@@ -80,6 +80,7 @@ struct Row {
     baseline: String,
 }
 
+#[expect(clippy::disallowed_methods, reason = "a bench's size knobs")]
 fn quick() -> bool {
     std::env::var_os("PRIMUS_BENCH_QUICK").is_some()
 }

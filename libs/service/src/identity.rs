@@ -37,6 +37,10 @@ impl ExecutorIdentity {
 
 /// `setting` when it is set (not empty), else the environment variable `var` the master
 /// starts executors with (`PRIMUS_JOB`, `PRIMUS_EXECUTOR_ID`, `PRIMUS_MASTER_ADDR`).
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the identity variables the master starts executors with"
+)]
 pub fn setting_or_env(setting: &str, var: &str) -> Option<String> {
     Some(setting.to_owned())
         .filter(|s| !s.is_empty())

@@ -84,6 +84,10 @@ pub fn main<S: ServiceSettings>(
 }
 
 /// [`main`] with service-specific flags that set settings keys.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the settings' environment layer of every service"
+)]
 pub fn main_with_flags<S: ServiceSettings>(
     service: &'static str,
     about: &'static str,

@@ -84,6 +84,10 @@ impl Telemetry {
 ///
 /// With an OTLP endpoint this must run inside a multi-threaded tokio runtime (the gRPC
 /// exporter runs on it). `RUST_LOG`, when set, overrides `telemetry.log_filter`.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "RUST_LOG overrides the log filter, as users of Rust services expect"
+)]
 pub fn init(service: &str, settings: &TelemetrySettings) -> Result<Telemetry, TelemetryError> {
     let directives = std::env::var("RUST_LOG").unwrap_or_else(|_| settings.log_filter.clone());
     let filter = EnvFilter::try_new(&directives).map_err(|e| TelemetryError::Filter {
@@ -133,6 +137,10 @@ fn tracer_provider(service: &str, endpoint: &str) -> Result<SdkTracerProvider, T
 /// The process's resource: its service name and, for a Job's executor, which executor of
 /// which Job it is (the environment the master starts executors with), so that a trace
 /// backend tells `ps-0`'s spans from `ps-1`'s.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the master-given identity variables label every span"
+)]
 fn resource(service: &str) -> Resource {
     let identity = [
         ("PRIMUS_EXECUTOR_ID", "service.instance.id"),

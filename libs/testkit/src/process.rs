@@ -95,6 +95,10 @@ impl Error {
 /// holds what scripts/install-deps.sh installed. Found at run time from the running
 /// package's folder (Cargo sets it for tests): this crate's compile-time path goes stale
 /// when a shared target folder serves a checkout at another path.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "Cargo sets the package's folder at run time; the compile-time path goes stale under a shared target folder"
+)]
 pub fn repo_root() -> PathBuf {
     let compiled = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let start = std::env::var_os("CARGO_MANIFEST_DIR")
@@ -110,6 +114,7 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// Finds `binary` on PATH or under `.tools/*/bin` of the repository.
+#[expect(clippy::disallowed_methods, reason = "a tool is looked up on PATH")]
 pub fn find_binary(binary: &str) -> Result<PathBuf, Error> {
     let tools = repo_root().join(".tools");
     let on_path = std::env::var_os("PATH")

@@ -19,6 +19,10 @@ use primus_testkit::kube::KubeCluster;
 const CHILD: &str = "PRIMUS_TESTKIT_TEARDOWN_CHILD";
 
 #[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the test runs itself as the child it kills, told so by a variable"
+)]
 fn a_killed_test_process_leaves_no_trace_of_its_cluster() {
     if std::env::var_os(CHILD).is_some_and(|c| c == "kube") {
         let cluster = KubeCluster::start().expect("cluster");
@@ -101,6 +105,10 @@ fn a_killed_test_process_leaves_no_trace_of_its_cluster() {
 }
 
 #[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the test runs itself as the child it kills, told so by a variable"
+)]
 fn a_killed_test_process_leaves_no_trace_of_its_docker_engine() {
     if std::env::var_os(CHILD).is_some_and(|c| c == "docker") {
         let engine = DockerEngine::start().expect("dockerd");

@@ -9,6 +9,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// Debian's chromium (or `PRIMUS_CHROMIUM`); fails naming the fix without one.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "PRIMUS_CHROMIUM names another browser"
+)]
 pub fn chromium() -> PathBuf {
     let path = std::env::var_os("PRIMUS_CHROMIUM")
         .map_or_else(|| "/usr/bin/chromium".into(), PathBuf::from);
@@ -54,6 +58,10 @@ pub fn script(
 
 /// Where a screenshot goes: `docs/images/<name>` with `PRIMUS_BLESS=1` (the docs show it),
 /// else `scratch/<name>`.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "PRIMUS_BLESS writes the screenshot the docs show"
+)]
 pub fn screenshot_path(name: &str, scratch: &std::path::Path) -> PathBuf {
     match std::env::var_os("PRIMUS_BLESS") {
         Some(_) => root().join("docs/images").join(name),

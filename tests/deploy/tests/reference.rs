@@ -4,6 +4,10 @@
 use primus_deploy_check::reference::{BLESS, pages};
 
 #[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "PRIMUS_BLESS rewrites the reference pages"
+)]
 fn the_reference_pages_match_the_job_dataset_and_settings_types() {
     let root = primus_testkit::repo_root().join("docs/reference");
     let bless = std::env::var_os("PRIMUS_BLESS").is_some();

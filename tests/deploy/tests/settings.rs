@@ -6,6 +6,10 @@ use primus_deploy_check::{EnvSetting, Launch, Service, compose_launches, kuberne
 
 /// Found at run time (Cargo sets the package folder for tests too): the compile-time path
 /// goes stale when a shared target folder serves a checkout at another path.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "Cargo sets the package's folder at run time; the compile-time path goes stale under a shared target folder"
+)]
 fn repo() -> PathBuf {
     let package = std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);

@@ -531,6 +531,10 @@ fn every_model_learns_a_planted_signal() {
 }
 
 #[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "Cargo sets the package's folder at run time; the compile-time path goes stale under a shared target folder"
+)]
 fn every_example_job_fits_its_dataset() {
     let crate_dir =
         std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());

@@ -156,6 +156,7 @@ impl Cluster {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(clippy::disallowed_methods, reason = "PRIMUS_CHAOS_SEED replays a run")]
 async fn every_fault_loses_and_repeats_no_row() {
     let seed: u64 = std::env::var("PRIMUS_CHAOS_SEED")
         .ok()
@@ -224,6 +225,10 @@ async fn every_fault_loses_and_repeats_no_row() {
 /// The faults `PRIMUS_CHAOS_FAULTS` names (a comma-separated list of parts of their names,
 /// any case), each with its place in [`Fault::ALL`], which its moment is drawn for; every
 /// fault when unset.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "PRIMUS_CHAOS_FAULTS picks the faults to run"
+)]
 fn chosen_faults() -> Vec<(usize, Fault)> {
     let all = Fault::ALL.into_iter().enumerate();
     let Ok(wanted) = std::env::var("PRIMUS_CHAOS_FAULTS") else {

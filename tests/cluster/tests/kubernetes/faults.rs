@@ -8,6 +8,10 @@ use primus_cluster_tests::faults::{Fault, ROWS, prepare, run};
 use crate::SERIAL;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "PRIMUS_CLUSTER_FAULT runs one fault alone"
+)]
 async fn every_fault_of_the_cluster_loses_and_repeats_no_row() {
     let _serial = SERIAL.lock().await;
     let deployment = KubeDeployment::shared();

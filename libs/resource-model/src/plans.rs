@@ -61,6 +61,30 @@ pub struct PlanSpace {
     pub horizon_seconds: f64,
 }
 
+impl PlanSpace {
+    /// The space of a running Job whose processes keep the cores they run with, as the
+    /// master's backends do not resize a process's cores: plans differ in trainer and PS
+    /// counts only, up to `max_trainers` and `max_ps`; a core costs 1 and a started
+    /// process takes `start_seconds` before it trains.
+    pub fn counts_only(
+        current: &Allocation,
+        max_trainers: u32,
+        max_ps: u32,
+        start_seconds: f64,
+    ) -> Self {
+        Self {
+            max_trainers,
+            max_ps,
+            core_step: 1.0,
+            max_cores: 1.0,
+            fixed_cores: Some((current.trainer_cpu, current.ps_cpu)),
+            core_price: 1.0,
+            start_seconds,
+            horizon_seconds: 0.0,
+        }
+    }
+}
+
 /// One plan for one Job.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Plan {

@@ -15,7 +15,7 @@ use crate::policy::{Policy, Settings};
 use crate::random::Random;
 use crate::report::Outcome;
 use crate::trace::{Request, Trace};
-use crate::truth::Faults;
+use crate::truth::{Faults, Truth};
 
 /// Seconds a restarted Job (stop, start, restore) trains nothing.
 const RESTART_SECONDS: f64 = 300.0;
@@ -31,8 +31,12 @@ const RESIZE_SECONDS: f64 = 10.0;
 const MOST_FAILURES: u32 = 3;
 /// Seconds after which a process short of memory is killed.
 const OOM_SECONDS: f64 = 300.0;
-/// Memory a right-sizing optimizer leaves above what a process uses.
-const MEMORY_MARGIN: f64 = 1.2;
+/// Head room the master's memory policy gives a process it raises, as a share of what the
+/// process needs (`scaling.memory.safety_margin`'s default).
+const MEMORY_SAFETY_MARGIN: f64 = 0.1;
+/// The simulated Jobs' `scaling.max_trainers` and `scaling.max_ps`.
+const MAX_TRAINERS: u32 = 32;
+const MAX_PS: u32 = 16;
 /// Iteration times kept per allocation (the newest).
 const KEPT_TIMES: usize = 30;
 
@@ -317,13 +321,13 @@ impl<'t> Simulation<'t> {
                 trainer_cpu: a.trainer_cpu.max(1.0).round(),
                 ps_cpu: a.ps_cpu.max(1.0).round(),
             };
-            // Memory is not in the config DB: the user's, over the warm start's shards.
-            let ps_total = user.ps_gib * f64::from(user.allocation.ps);
-            self.jobs[i].request = Request {
-                allocation,
-                ps_gib: ps_total / f64::from(allocation.ps),
-                trainer_gib: user.trainer_gib,
-            };
+            // Memory is not in the config DB: each process gets the user's.
+            self.jobs[i].request = Request { allocation, ..user };
+        }
+        if self.policy.scales() {
+            // The master's memory policy gives a process what it needs before it runs out.
+            let job = &self.trace.jobs[i];
+            self.jobs[i].request = raised_to_need(self.jobs[i].request, &job.truth);
         }
         self.queue.push_back(i);
     }
@@ -365,8 +369,8 @@ impl<'t> Simulation<'t> {
         let job = &self.trace.jobs[i];
         let short = request.ps_gib < job.truth.ps_gib(request.allocation.ps)
             || request.trainer_gib < job.truth.trainer_gib;
-        // DLRover-RM's profiler grows a process's memory before it runs out.
-        let oom_at = (short && self.policy != Policy::DlroverRm).then_some(self.now + OOM_SECONDS);
+        // Only a static allocation starts short (the scaling policies raised it on arrival).
+        let oom_at = short.then_some(self.now + OOM_SECONDS);
         self.jobs[i].phase = Phase::Running(Box::new(Run {
             request,
             progress: 0.0,
@@ -509,11 +513,6 @@ impl<'t> Simulation<'t> {
         let samples = f64::from(a.trainers) * job.shape.batch;
         let observed = samples / job.truth.throughput(&job.shape, &a, run.faults);
         run.measurements.add(a, observed * noise);
-        if policy == Policy::DlroverRm {
-            // Memory right-sized from the profile.
-            run.request.ps_gib = job.truth.ps_gib(a.ps) * MEMORY_MARGIN;
-            run.request.trainer_gib = job.truth.trainer_gib * MEMORY_MARGIN;
-        }
         let terms = match policy {
             Policy::Primus => Terms::Compute,
             _ => Terms::All,
@@ -523,16 +522,7 @@ impl<'t> Simulation<'t> {
             current: a,
             model: model.as_ref(),
             measurements: &run.measurements,
-            space: PlanSpace {
-                max_trainers: 32,
-                max_ps: 16,
-                core_step: 2.0,
-                max_cores: 32.0,
-                fixed_cores: None,
-                core_price: 1.0,
-                start_seconds: START_SECONDS,
-                horizon_seconds: 0.0,
-            },
+            space: PlanSpace::counts_only(&a, MAX_TRAINERS, MAX_PS, START_SECONDS),
             remaining_samples: Some(job.samples - run.progress),
             free_cores,
             steps: run.steps,
@@ -585,23 +575,15 @@ impl<'t> Simulation<'t> {
         }
     }
 
-    /// The request of `run` under `allocation`: DLRover-RM sizes memory from the profile;
-    /// otherwise the PS shards split the memory the user gave them.
+    /// The request of `run` under `allocation`: each process keeps its memory, raised to
+    /// what it needs (with the master's safety margin) where that is more.
     fn request_for(&self, i: usize, run: &Run, allocation: Allocation) -> Request {
         let truth = &self.trace.jobs[i].truth;
-        let r = run.request;
-        match self.policy {
-            Policy::DlroverRm => Request {
-                allocation,
-                ps_gib: truth.ps_gib(allocation.ps) * MEMORY_MARGIN,
-                trainer_gib: truth.trainer_gib * MEMORY_MARGIN,
-            },
-            _ => Request {
-                allocation,
-                ps_gib: r.ps_gib * f64::from(r.allocation.ps) / f64::from(allocation.ps),
-                trainer_gib: r.trainer_gib,
-            },
-        }
+        let request = Request {
+            allocation,
+            ..run.request
+        };
+        raised_to_need(request, truth)
     }
 
     /// Moves Job `i` to `allocation`, pausing it while processes start or resize. A
@@ -628,6 +610,20 @@ impl<'t> Simulation<'t> {
         run.request = request;
         run.steps += 1;
         self.scaling_actions += 1;
+    }
+}
+
+/// `request` with each process's memory raised to what it needs, plus the master's safety
+/// margin, where that is more.
+fn raised_to_need(request: Request, truth: &Truth) -> Request {
+    let raised = |held: f64, need: f64| match held < need {
+        true => need * (1.0 + MEMORY_SAFETY_MARGIN),
+        false => held,
+    };
+    Request {
+        ps_gib: raised(request.ps_gib, truth.ps_gib(request.allocation.ps)),
+        trainer_gib: raised(request.trainer_gib, truth.trainer_gib),
+        ..request
     }
 }
 

@@ -10,12 +10,15 @@ pub enum Policy {
     /// The user's allocation, fixed; a failed process restarts the Job from its last
     /// checkpoint.
     Static,
-    /// Primus's dynamic scaling: the user's allocation, then scale-ups planned from a
-    /// model of the computation alone (DLRover-RM Eqs. 1-3); failures recovered in place.
+    /// Primus's dynamic scaling: the user's allocation, then scale-ups of trainer and PS
+    /// counts planned from a model of the computation alone (DLRover-RM Eqs. 1-3); memory
+    /// raised before a process runs out; failures recovered in place.
     Primus,
-    /// DLRover-RM: warm start from similar finished Jobs, the full model (Eqs. 1-6)
-    /// with NSGA-II plans and the weighted greedy selection, right-sized cores and
-    /// memory, and stragglers and hot PS shards handled as they appear.
+    /// DLRover-RM as the master runs it: warm start from similar finished Jobs, the full
+    /// model (Eqs. 1-6) with NSGA-II plans over trainer and PS counts (each process keeps
+    /// its cores, as the master's backends do not resize them) and the weighted greedy
+    /// selection, memory raised before a process runs out, and stragglers and hot PS
+    /// shards handled as they appear.
     DlroverRm,
 }
 

@@ -156,16 +156,12 @@ impl Optimizer {
     /// Trainers and PS shards within the spec's bounds, cores per process as they are.
     fn plan_space(&self, spec: &JobSpec, current: Allocation) -> PlanSpace {
         let scaling = &spec.scaling;
-        PlanSpace {
-            max_trainers: scaling.max_trainers,
-            max_ps: scaling.max_ps,
-            core_step: 1.0,
-            max_cores: 1.0,
-            fixed_cores: Some((current.trainer_cpu, current.ps_cpu)),
-            core_price: 1.0,
-            start_seconds: self.start_seconds,
-            horizon_seconds: 0.0,
-        }
+        PlanSpace::counts_only(
+            &current,
+            scaling.max_trainers,
+            scaling.max_ps,
+            self.start_seconds,
+        )
     }
 }
 

@@ -53,8 +53,9 @@ impl TrainerTotals {
 }
 
 /// What a checkpoint holds. The queue state it pairs with is copied in Redis under the
-/// same id ([`TaskQueue::commit_checkpoint`]); `offsets` repeats the unfinished tasks'
-/// offsets here so the object-store copy describes the data position on its own.
+/// same id ([`primus_data_tasks::queue::TaskQueue::commit_checkpoint`]); `offsets`
+/// repeats the unfinished tasks' offsets here so the object-store copy describes the data
+/// position on its own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointRecord {
     pub id: u64,

@@ -238,6 +238,22 @@ impl KubeDeployment {
             .collect()
     }
 
+    /// Deletes every Job a test that failed before left running: two nodes of two CPUs
+    /// hold one Job, and the next test's pods would find no room.
+    pub async fn delete_left_jobs(&self) {
+        let listed = (self.client().await)
+            .list(Kind::Job, std::collections::HashMap::new())
+            .await
+            .expect("list Jobs");
+        for job in listed.resources {
+            eprintln!(
+                "[cluster] deleting Job {} left by an earlier test",
+                job.name
+            );
+            self.delete_job(&job.name).await;
+        }
+    }
+
     /// Deletes Job `job` through the API server and waits until no object of it is left
     /// (2 minutes at most; then fails with what is left and the master's log).
     pub async fn delete_job(&self, job: &str) {

@@ -19,6 +19,7 @@ async fn the_example_job_runs_as_pods_on_both_nodes_as_it_does_locally() {
     assert_eq!(local.samples, ROWS, "{local:?}");
 
     let deployment = KubeDeployment::shared();
+    deployment.delete_left_jobs().await;
     let run = example::run_on_kubernetes(deployment).await;
     let executors: Vec<&str> = run.pods.keys().map(String::as_str).collect();
     assert_eq!(

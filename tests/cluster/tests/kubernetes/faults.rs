@@ -15,6 +15,7 @@ use crate::SERIAL;
 async fn every_fault_of_the_cluster_loses_and_repeats_no_row() {
     let _serial = SERIAL.lock().await;
     let deployment = KubeDeployment::shared();
+    deployment.delete_left_jobs().await;
     prepare(deployment).await;
     let mut report = Report::default();
     // PRIMUS_CLUSTER_FAULT=<index> runs one fault alone (Fault::ALL's order).

@@ -7,9 +7,9 @@ use std::path::Path;
 use super::network::{CLUSTER_CIDR, DNS_IP};
 
 /// How fast a lost node is noticed and its pods evicted: Kubernetes' defaults take about
-/// 50 s and 350 s; tests of a node loss should not wait that long. A grace of 10 s marked
-/// a node whose kubelet was starved for CPU (two cores training flat out) unreachable and
-/// evicted its pods; 20 s has not.
+/// 50 s and 350 s; tests of a node loss should not wait that long. The grace leaves room
+/// for a kubelet starved of CPU by two cores training flat out: at 10 s such a node was
+/// once marked unreachable and a pod evicted from it.
 pub(crate) const NODE_LEASE_SECONDS: u32 = 10;
 pub(crate) const NODE_STATUS_FREQUENCY: &str = "4s";
 pub(crate) const NODE_MONITOR_GRACE: &str = "20s";

@@ -1,7 +1,6 @@
-//! PS memory (Primus Eq. 2-3, DLRover-RM §5.3 OOM prevention). Every status tick the master
-//! asks each PS shard how many bytes its tables and dense parameters hold (all at once, in
-//! the background: a shard that does not answer never holds up the Job's loop; the answers
-//! are taken at the next tick that finds them all in), keeps the last
+//! PS memory (Primus Eq. 2-3, DLRover-RM §5.3 OOM prevention). Every status tick's snapshot
+//! carries how many bytes each PS shard's tables and dense parameters hold (asked in the
+//! background by [`super::snapshot`]); the policy keeps the last
 //! `N` samples, forecasts the change over the next ones with Primus's weights
 //! `w(i) = 1 / (N - i + 1)` (the newest counts most):
 //!

@@ -23,6 +23,9 @@
 #                           Jaeger and Compose from the Go module proxy, containerd, runc, CNI
 #                           and dockerd from Debian, the images' Debian root; built once per
 #                           machine outside the clone; left out with --without-check-tools
+#   the testkit's HDFS      scripts/install-hdfs.sh: Hadoop's MiniDFSCluster (Maven Central, Java
+#                           17) behind a small launcher, outside the clone; left out with
+#                           --without-check-tools
 # rust-toolchain.toml pins the Rust release; when rustup lacks a toolchain of that name but
 # its stable toolchain is that release, the name is linked to it (nothing is downloaded).
 # Each PyPI package gets its own --target: pip does not merge bin/ folders of two installs.
@@ -171,6 +174,7 @@ fi
 
 if [ "$CHECK_TOOLS" = 1 ]; then
   "$ROOT/scripts/install-cluster-tools.sh"
+  "$ROOT/scripts/install-hdfs.sh"
 fi
 
 # shellcheck source=scripts/env.sh

@@ -16,16 +16,15 @@ echo "[test] CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
 
 echo "[test] cargo fmt --check"
 cargo fmt --all --check
-# The workspace as users build it, plus the optional `hdfs` support of primus-storage. The
+# The workspace as users build it (HDFS support included: primus-storage's default). The
 # `cuda` feature (primus-model on burn 0.21 with its CUDA backend; libs/model/src/backend.rs)
 # is a different build of the dense network: the model and the trainer are linted on it, and
 # the model's tests run on it too (their GPU parts print SKIPPED without a device).
-FEATURES=primus-storage/hdfs
 echo "[test] cargo clippy -D warnings"
-cargo clippy --workspace --all-targets --features "$FEATURES" --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy -p primus-model -p primus-trainer --all-targets --features primus-trainer/cuda --locked -- -D warnings
 echo "[test] cargo doc (warnings are errors)"
-RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --features "$FEATURES" --locked
+RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 echo "[test] cargo deny: licenses, duplicate versions, sources"
 cargo deny --locked check licenses bans sources
 # Advisories need the RustSec database, a git repository on GitHub: checked against a local
@@ -36,9 +35,9 @@ else
   echo "[test] cargo deny advisories: NOT CHECKED (no RustSec advisory database under ${CARGO_HOME:-$HOME/.cargo}/advisory-dbs; it cannot be fetched from this machine)"
 fi
 echo "[test] cargo test"
-cargo test --workspace --exclude primus-chaos --features "$FEATURES" --locked
+cargo test --workspace --exclude primus-chaos --locked
 cargo test -p primus-model --features cuda --locked
 echo "[test] chaos suite"
 # Selected from the workspace, so that it is built with the features resolved above
 # (`-p primus-chaos` alone resolves fewer and builds the libraries it uses again).
-cargo test --workspace --test chaos --features "$FEATURES" --locked -- --nocapture
+cargo test --workspace --test chaos --locked -- --nocapture

@@ -72,10 +72,25 @@ impl StorageError {
                 url,
                 message: error.to_string(),
             },
-            other => Self::Store {
-                url,
-                message: other.to_string(),
-            },
+            other => {
+                let message = without_java_stack(&other.to_string());
+                // The HDFS client reports the namenode's refusal as a generic error that
+                // carries the Java exception's name.
+                if message.contains("AccessControlException") {
+                    Self::Denied { url, message }
+                } else {
+                    Self::Store { url, message }
+                }
+            }
         }
     }
+}
+
+/// The namenode's exceptions arrive with their Java stack trace; the first line says it all.
+fn without_java_stack(message: &str) -> String {
+    message
+        .split_once("\n\tat ")
+        .map_or(message, |(head, _)| head)
+        .trim_end()
+        .to_owned()
 }

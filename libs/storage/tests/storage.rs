@@ -282,27 +282,3 @@ async fn s3_wrong_credentials_are_access_denied() {
         .expect_err("wrong secret lists nothing");
     assert!(matches!(err, StorageError::Denied { .. }), "{err}");
 }
-
-/// With the failover retries cut (storage.hdfs.*), a namenode that is not there fails a
-/// call in seconds; the client's own defaults take minutes.
-#[cfg(feature = "hdfs")]
-#[tokio::test]
-async fn hdfs_dead_namenode_fails_fast_naming_the_url() {
-    let port = primus_testkit::free_port().expect("port");
-    let url = format!("hdfs://127.0.0.1:{port}/datasets");
-    let started = std::time::Instant::now();
-    let outcome = match open(&url, &StorageSettings::default()) {
-        Ok(location) => location.list("").await.map(|_| ()),
-        Err(e) => Err(e),
-    };
-    let err = outcome.expect_err("no namenode there");
-    assert!(
-        err.to_string().contains(&format!("127.0.0.1:{port}")),
-        "{err}"
-    );
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(30),
-        "took {:?}",
-        started.elapsed()
-    );
-}

@@ -4,7 +4,8 @@
 //! and an OTLP/gRPC trace receiver ([`OtlpReceiver`]) for tests that follow a trace
 //! across processes. On machines where `scripts/install-cluster-tools.sh` ran, also a
 //! two-node Kubernetes cluster ([`kube::KubeCluster`]) and the container images it runs
-//! ([`images`]).
+//! ([`images`]); where `scripts/install-hdfs.sh` ran, an HDFS namenode and two datanodes
+//! ([`Hdfs`]).
 //!
 //! Binaries are looked up on `PATH`, then in the repository's `.tools/` (where
 //! `scripts/install-deps.sh` puts them). When one is missing, [`Error::MissingBinary`] says
@@ -14,6 +15,7 @@
 #![warn(missing_docs)]
 
 mod docker;
+mod hdfs;
 mod host;
 pub mod images;
 pub mod kube;
@@ -23,6 +25,7 @@ mod servers;
 pub mod service;
 
 pub use docker::DockerEngine;
+pub use hdfs::Hdfs;
 pub use host::run;
 pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use process::{Error, find_binary, free_port, repo_root, restartable_port};

@@ -21,16 +21,22 @@ pub const DLRM_ROW_GROUP_ROWS: usize = 16_384;
 /// and applies its Dataset `criteo`. Returns the data's best achievable AUC.
 pub async fn apply_criteo_dataset(sandbox: &Sandbox) -> f64 {
     let best = write_criteo_rows(sandbox, DLRM_HOURS).await;
+    apply_criteo_dataset_at(sandbox, sandbox.dir().join("criteo").display()).await;
+    best
+}
+
+/// Applies Dataset `criteo` over the Criteo-like data already written under `uri` (any
+/// store URL) by [`write_criteo_rows_to`].
+pub async fn apply_criteo_dataset_at(sandbox: &Sandbox, uri: impl std::fmt::Display) {
     let end = format!("2026-11-01T{DLRM_HOURS:02}");
     let criteo = dataset("criteo")
         .schema(primus_datagen::criteo::feature_schema("categorical"))
         .stream(
             "clicks",
             hourly("2026-11-01T00", Some(&end)),
-            vec![parquet("criteo", sandbox.dir().join("criteo").display())],
+            vec![parquet("criteo", uri)],
         );
     sandbox.apply([criteo.build()]).await;
-    best
 }
 
 /// Writes `hours` hours of the Criteo-like data from 2026-11-01T00 under the sandbox's

@@ -9,7 +9,9 @@
 # URL (default file://<repo>/.primus) is where the data set and the checkpoints go. An
 # s3://bucket/prefix URL uses the S3 endpoint and credentials of the AWS_* environment
 # (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, and for MinIO/SeaweedFS AWS_ENDPOINT_URL and
-# AWS_ALLOW_HTTP=true), which the services inherit.
+# AWS_ALLOW_HTTP=true), which the services inherit. An hdfs://namenode:port/prefix URL uses
+# that namenode as the user HADOOP_USER_NAME (else the login user), who must be able to
+# write under the prefix.
 # PRIMUS_QUICKSTART_ROWS_PER_HOUR sets the data size (24 hourly windows).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,7 +26,8 @@ case "$STORE" in
       echo "[quickstart] $STORE: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for MinIO or SeaweedFS)" >&2
       exit 2
     fi ;;
-  *) echo "[quickstart] $STORE: give a file:// or s3:// URL" >&2; exit 2 ;;
+  hdfs://*) ;;
+  *) echo "[quickstart] $STORE: give a file://, s3:// or hdfs:// URL" >&2; exit 2 ;;
 esac
 
 ./scripts/install-deps.sh --without-check-tools

@@ -4,7 +4,7 @@
 //! and an OTLP/gRPC trace receiver ([`OtlpReceiver`]) for tests that follow a trace
 //! across processes. On machines where `scripts/install-cluster-tools.sh` ran, also a
 //! two-node Kubernetes cluster ([`kube::KubeCluster`]) and the container images it runs
-//! ([`images`]); where `scripts/install-hdfs.sh` ran, an HDFS namenode and two datanodes
+//! ([`images`]) and MinIO ([`MinioS3`]); where `scripts/install-hdfs.sh` ran, an HDFS namenode and two datanodes
 //! ([`Hdfs`]).
 //!
 //! Binaries are looked up on `PATH`, then in the repository's `.tools/` (where
@@ -19,6 +19,7 @@ mod hdfs;
 mod host;
 pub mod images;
 pub mod kube;
+mod minio;
 mod otlp;
 mod process;
 mod servers;
@@ -27,6 +28,7 @@ pub mod service;
 pub use docker::DockerEngine;
 pub use hdfs::Hdfs;
 pub use host::run;
+pub use minio::MinioS3;
 pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use process::{Error, find_binary, free_port, repo_root, restartable_port};
 pub use servers::{NatsServer, RedisServer, S3Bucket, SeaweedS3};

@@ -93,7 +93,7 @@ fn exchange_at(addr: SocketAddr, request: &[u8]) -> Result<String, String> {
 }
 
 /// Status code of a bodiless HTTP/1.1 request.
-fn http_status(port: u16, method: &str, path: &str) -> Result<u16, String> {
+pub(crate) fn http_status(port: u16, method: &str, path: &str) -> Result<u16, String> {
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     );
@@ -272,8 +272,8 @@ impl RedisServer {
 }
 
 /// Credentials the testkit's SeaweedFS accepts.
-const ACCESS_KEY: &str = "primus-test";
-const SECRET_KEY: &str = "primus-test-secret";
+pub(crate) const ACCESS_KEY: &str = "primus-test";
+pub(crate) const SECRET_KEY: &str = "primus-test-secret";
 
 /// A SeaweedFS server (master, volume, filer, S3 gateway) with one identity.
 ///

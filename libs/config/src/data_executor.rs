@@ -67,6 +67,11 @@ pub struct DataSettings {
     /// `rebalance`: also take raw messages of other executors' stream partitions that
     /// are behind, while this executor's own are caught up (Primus Table 2).
     pub stream_loading: StreamLoading,
+    /// How long a task's read waits for an object store it cannot reach (a namenode
+    /// restarting, an S3 outage) before the task fails: it retries with backoff and reads on
+    /// from the rows already served. A missing file, a refused permission or a file that is
+    /// not Parquet fails the task at once.
+    pub storage_retry_ms: u64,
     /// Fault injection for tests and benchmarks: a pause before each Parquet read of
     /// `read_batch_rows`, as a slow object store adds. 0 (the default) outside them.
     pub read_delay_ms: u64,
@@ -89,6 +94,7 @@ impl Default for DataSettings {
             stream_ack_wait_ms: 30_000,
             join_spill_dir: None,
             stream_loading: StreamLoading::Forward,
+            storage_retry_ms: 120_000,
             read_delay_ms: 0,
         }
     }

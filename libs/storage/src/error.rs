@@ -64,6 +64,13 @@ pub enum StorageError {
 }
 
 impl StorageError {
+    /// Whether the store could not be reached or failed on its side, so that the same call
+    /// may succeed later; a missing object, refused credentials or an unreadable file do
+    /// not change by waiting.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Store { .. })
+    }
+
     pub(crate) fn from_store(url: String, error: object_store::Error) -> Self {
         match error {
             object_store::Error::NotFound { .. } => Self::NotFound { url },

@@ -233,3 +233,30 @@ async fn a_dead_namenode_fails_fast_naming_the_url() {
         started.elapsed()
     );
 }
+
+/// A folder out of space refuses a write with the namenode's quota error, in seconds.
+#[tokio::test]
+async fn a_write_beyond_the_space_quota_fails_naming_the_quota() {
+    let hdfs = Hdfs::shared().expect("hdfs");
+    let url = hdfs.folder("full").expect("folder");
+    let folder = url.strip_prefix(&hdfs.url()).expect("this HDFS").to_owned();
+    hdfs.set_space_quota(&folder, 1).expect("quota");
+    let location = open(&url, &StorageSettings::default()).expect("open");
+    let path = location.path("checkpoint/shard-0.bin");
+    let started = Instant::now();
+    let err = tokio::time::timeout(
+        Duration::from_secs(60),
+        location.put(&path, vec![7u8; 4096].into()),
+    )
+    .await
+    .expect("the write ends")
+    .expect_err("no space");
+    eprintln!("{err} after {:?}", started.elapsed());
+    assert!(err.to_string().contains("shard-0.bin"), "{err}");
+    assert!(err.to_string().contains("Quota"), "{err}");
+    hdfs.clear_space_quota(&folder).expect("quota cleared");
+    location
+        .put(&path, vec![7u8; 4096].into())
+        .await
+        .expect("written once there is space");
+}

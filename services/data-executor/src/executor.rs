@@ -447,6 +447,7 @@ impl Executor {
                         .read_batch_rows
                         .clamp(1, self.buffers.capacity_rows()),
                     read_delay: Duration::from_millis(self.settings.read_delay_ms),
+                    storage_retry: Duration::from_millis(self.settings.storage_retry_ms),
                 };
                 runner.run(source, work, task.start_offset, &ledger).await;
             }

@@ -1,15 +1,18 @@
 //! Batch task runner: streams a task's Parquet files (only the schema's columns, only the
 //! row groups of the task's byte split) through the feature pipeline into the source's
-//! serving buffer, from the task's start offset on.
+//! serving buffer, from the task's start offset on. A store that cannot be reached is
+//! waited for: the read starts again, with backoff, from the rows already served.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::TryStreamExt;
 use primus_batch::FeaturePipeline;
 use primus_config::StorageSettings;
 use primus_proto::v1::{BatchWork, TaskFile};
 use primus_storage::parquet::{ReadOptions, metadata, read};
-use primus_storage::{Location, ObjectPath};
+use primus_storage::{Location, ObjectPath, StorageError};
+use tokio::time::Instant;
 
 use crate::buffer::{Buffers, Chunk, SourceIndex};
 use crate::ledger::{ReadEnd, TaskLedger};
@@ -20,7 +23,37 @@ pub(crate) struct BatchRunner<'a> {
     pub storage: &'a StorageSettings,
     pub read_batch_rows: usize,
     /// Injected before each read (`data.read_delay_ms`, tests and benchmarks only).
-    pub read_delay: std::time::Duration,
+    pub read_delay: Duration,
+    /// How long an unreachable store is waited for (`data.storage_retry_ms`).
+    pub storage_retry: Duration,
+}
+
+/// Longest pause between two attempts to reach the store.
+const MOST_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Why a task's read stopped.
+struct ReadError {
+    message: String,
+    /// The store could not be reached: reading again later may succeed.
+    transient: bool,
+}
+
+impl From<StorageError> for ReadError {
+    fn from(error: StorageError) -> Self {
+        Self {
+            transient: error.is_transient(),
+            message: error.to_string(),
+        }
+    }
+}
+
+impl ReadError {
+    fn permanent(message: String) -> Self {
+        Self {
+            message,
+            transient: false,
+        }
+    }
 }
 
 /// Row groups of `file` whose first byte lies in its split (all when the split is 0..0).
@@ -47,18 +80,45 @@ impl BatchRunner<'_> {
         ledger: &Arc<TaskLedger>,
     ) {
         let _writing = self.buffers.writer(source);
-        let mut offset = 0u64;
-        let end = match self
-            .read_files(source, work, start_offset, ledger, &mut offset)
-            .await
-        {
-            Ok(()) => ReadEnd::Complete {
-                rows: offset.max(start_offset),
-            },
-            Err(error) => ReadEnd::Failed {
-                rows: offset.max(start_offset),
-                error,
-            },
+        let mut from = start_offset;
+        let mut backoff = Duration::from_millis(100);
+        let mut give_up = Instant::now() + self.storage_retry;
+        let end = loop {
+            let mut offset = 0u64;
+            let read = self
+                .read_files(source, work, from, ledger, &mut offset)
+                .await;
+            let rows = offset.max(from);
+            match read {
+                Ok(()) => break ReadEnd::Complete { rows },
+                Err(error) if error.transient && !ledger.is_taken_back() => {
+                    if rows > from {
+                        // Rows came through since the last failure: a new outage.
+                        give_up = Instant::now() + self.storage_retry;
+                        backoff = Duration::from_millis(100);
+                    }
+                    if Instant::now() + backoff > give_up {
+                        break ReadEnd::Failed {
+                            rows,
+                            error: format!(
+                                "{} (still failing after {} s of retries: data.storage_retry_ms)",
+                                error.message,
+                                self.storage_retry.as_secs()
+                            ),
+                        };
+                    }
+                    tracing::warn!(task = %ledger.id, error = %error.message, row = rows, "the store is unreachable; reading again from the rows served");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MOST_BACKOFF);
+                    from = rows;
+                }
+                Err(error) => {
+                    break ReadEnd::Failed {
+                        rows,
+                        error: error.message,
+                    };
+                }
+            }
         };
         ledger.finish_reading(end);
     }
@@ -70,8 +130,8 @@ impl BatchRunner<'_> {
         start_offset: u64,
         ledger: &Arc<TaskLedger>,
         offset: &mut u64,
-    ) -> Result<(), String> {
-        let location = primus_storage::open(&work.dir, self.storage).map_err(|e| e.to_string())?;
+    ) -> Result<(), ReadError> {
+        let location = primus_storage::open(&work.dir, self.storage)?;
         for file in &work.files {
             if ledger.is_taken_back() {
                 return Ok(());
@@ -94,8 +154,8 @@ impl BatchRunner<'_> {
         start_offset: u64,
         ledger: &Arc<TaskLedger>,
         offset: &mut u64,
-    ) -> Result<(), String> {
-        let meta = metadata(location, path).await.map_err(|e| e.to_string())?;
+    ) -> Result<(), ReadError> {
+        let meta = metadata(location, path).await?;
         let groups = row_groups(&meta, file);
         let (Some(&first), Some(&last)) = (groups.first(), groups.last()) else {
             return Ok(());
@@ -114,11 +174,7 @@ impl BatchRunner<'_> {
             row_groups: Some(first..last + 1),
             batch_size: self.read_batch_rows,
         };
-        let mut records = std::pin::pin!(
-            read(location, path, &options)
-                .await
-                .map_err(|e| e.to_string())?
-        );
+        let mut records = std::pin::pin!(read(location, path, &options).await?);
         loop {
             if !self.read_delay.is_zero() {
                 tokio::time::sleep(self.read_delay).await;
@@ -127,7 +183,7 @@ impl BatchRunner<'_> {
                 // Another executor continues it from the rows served here.
                 return Ok(());
             }
-            let Some(record) = records.try_next().await.map_err(|e| e.to_string())? else {
+            let Some(record) = records.try_next().await? else {
                 break;
             };
             let first_offset = *offset;
@@ -138,7 +194,7 @@ impl BatchRunner<'_> {
                 let batch = self
                     .pipeline
                     .minibatch(&record)
-                    .map_err(|e| format!("{}: {e}", location.url_of(path)))?;
+                    .map_err(|e| ReadError::permanent(format!("{}: {e}", location.url_of(path))))?;
                 let chunk = Chunk {
                     batch,
                     task: ledger.clone(),
@@ -206,7 +262,8 @@ pub(crate) mod tests {
             pipeline,
             storage: &STORAGE,
             read_batch_rows: 7,
-            read_delay: std::time::Duration::ZERO,
+            read_delay: Duration::ZERO,
+            storage_retry: Duration::from_secs(1),
         }
     }
 
@@ -308,5 +365,29 @@ pub(crate) mod tests {
             assert!(error.contains(name), "{name}: {error}");
             assert!(!column || error.contains("`c1`"), "{name}: {error}");
         }
+    }
+
+    /// A store that cannot be reached (no namenode listens there) is retried for
+    /// `data.storage_retry_ms`, then the task fails saying so.
+    #[tokio::test]
+    async fn an_unreachable_store_is_retried_then_fails_naming_the_setting() {
+        let port = primus_testkit::free_port().expect("port");
+        let buffers = Buffers::new(vec![("s".into(), SourceKind::Batch, 1.0)], 10_000);
+        let pipeline = FeaturePipeline::new(&schema());
+        let work = BatchWork {
+            dir: format!("hdfs://127.0.0.1:{port}/data"),
+            files: vec![file("a.parquet")],
+        };
+        let ledger = Arc::new(TaskLedger::new("t".into(), 0));
+        let started = std::time::Instant::now();
+        runner(&buffers, &pipeline).run(0, &work, 0, &ledger).await;
+        let error = ledger.finished().expect("reading ended");
+        assert!(error.contains(&format!("127.0.0.1:{port}")), "{error}");
+        assert!(error.contains("data.storage_retry_ms"), "{error}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(600),
+            "gave up after {:?}",
+            started.elapsed()
+        );
     }
 }

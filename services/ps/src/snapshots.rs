@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use primus_config::StorageSettings;
 use primus_embedding::{DenseStore, ShardSnapshot};
 use primus_storage::{Location, StorageError};
@@ -24,6 +25,8 @@ const DENSE: &str = "dense.bin";
 const FORMAT: u32 = 1;
 /// Incrementals followed back to their full snapshot at most this deep.
 const MAX_CHAIN: usize = 256;
+/// Shard files of one snapshot written at once.
+const CONCURRENT_WRITES: usize = 16;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -48,7 +51,7 @@ struct TableEntry {
     shards: Vec<ShardFile>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ShardFile {
     /// Relative to the manifest's folder.
@@ -168,27 +171,31 @@ pub(crate) async fn write(
         tables: Vec::new(),
         dense: dense_file,
     };
-    for (name, dim, shards) in tables {
-        let mut entry = TableEntry {
-            name: name.clone(),
+    // Shard files are written several at a time: on HDFS and S3 each file costs round
+    // trips (a block pipeline, a PUT) that one after another dominate the write.
+    let headers: Vec<(String, u32)> = (tables.iter())
+        .map(|(name, dim, _)| (name.clone(), *dim))
+        .collect();
+    let files = (tables.into_iter().enumerate())
+        .flat_map(|(table, (name, _, shards))| {
+            shards
+                .into_iter()
+                .map(move |shard| (table, name.clone(), shard))
+        })
+        .map(|(table, name, shard)| write_shard(folder.clone(), table, name, shard));
+    let written: Vec<(usize, ShardFile)> = futures::stream::iter(files)
+        .buffered(CONCURRENT_WRITES)
+        .try_collect()
+        .await?;
+    for (table, (name, dim)) in headers.into_iter().enumerate() {
+        manifest.tables.push(TableEntry {
+            name,
             dim,
-            shards: Vec::new(),
-        };
-        for shard in shards {
-            let bytes = shard.encode();
-            let path = format!("{name}/shard-{}.bin", shard.shard);
-            entry.shards.push(ShardFile {
-                path: path.clone(),
-                rows: shard.keys.len() as u64,
-                bytes: bytes.len() as u64,
-                crc32: crc32fast::hash(&bytes),
-            });
-            folder
-                .put(&folder.path(&path), Bytes::from(bytes))
-                .await
-                .map_err(storage_status)?;
-        }
-        manifest.tables.push(entry);
+            shards: (written.iter())
+                .filter(|(of, _)| *of == table)
+                .map(|(_, file)| file.clone())
+                .collect(),
+        });
     }
     let json = serde_json::to_vec_pretty(&manifest)
         .map_err(|e| Status::internal(format!("encoding the manifest: {e}")))?;
@@ -203,6 +210,29 @@ pub(crate) async fn write(
         version,
         rows,
     })
+}
+
+/// Writes one shard's file of table number `table` under `folder`; what the manifest says
+/// of it.
+async fn write_shard(
+    folder: Location,
+    table: usize,
+    name: String,
+    shard: ShardSnapshot,
+) -> Result<(usize, ShardFile), Status> {
+    let bytes = shard.encode();
+    let path = format!("{name}/shard-{}.bin", shard.shard);
+    let file = ShardFile {
+        path: path.clone(),
+        rows: shard.keys.len() as u64,
+        bytes: bytes.len() as u64,
+        crc32: crc32fast::hash(&bytes),
+    };
+    folder
+        .put(&folder.path(&path), Bytes::from(bytes))
+        .await
+        .map_err(storage_status)?;
+    Ok((table, file))
 }
 
 /// A background write: `None` until it ended.

@@ -12,7 +12,10 @@
 //! row's own embedding updated exactly once (by id), and the Job's trained-sample count
 //! equal to those updates. Its serving replica must then hold the training
 //! PS's rows, row for row, and the AUC it serves on 20,000 held-out rows be within 0.005 of
-//! an undisturbed run's. A deleted Parquet file must fail the Job naming it.
+//! an undisturbed run's. A deleted Parquet file must fail the Job naming it. The HDFS
+//! faults' Jobs read their Parquet rows from, and checkpoint to, the testkit's HDFS
+//! (`hdfs.rs`): a datanode stopped, the namenode restarted, and the checkpoint folder out
+//! of space.
 //! Prints a row per fault as it ends (fault, seconds to recover, rows lost, rows
 //! duplicated, AUC delta), then the table, ending with
 //! `chaos: F faults, L rows lost, D rows duplicated, max AUC delta X`.
@@ -25,6 +28,7 @@
     reason = "the suite's table and summary line are its report"
 )]
 
+mod hdfs;
 mod report;
 mod workload;
 
@@ -43,8 +47,10 @@ use primus_spec::status::{Phase, Progress, Status};
 use primus_testkit::service::{ServiceProcess, signal};
 use tokio::time::Instant;
 
+use hdfs::OnHdfs;
 use workload::{
-    Holdout, PARQUET_HOURS, ROWS, Trained, Training, holdout, job_resource, prepare, trained_rows,
+    Holdout, PARQUET_HOURS, ROWS, Store, Trained, Training, holdout, job_resource, prepare,
+    trained_rows,
 };
 
 /// One fault the suite injects.
@@ -68,12 +74,18 @@ enum Fault {
     /// SIGKILL of one of two trainers sharing a hot set, while the set is replicated, under
     /// `on_worker_failure: continue`: the Job rolls back all the same.
     KillHotSetTrainer,
+    /// One of HDFS's two datanodes stopped, started again once the Job caught up.
+    StopHdfsDatanode,
+    /// HDFS's namenode stopped for a few seconds and started again.
+    RestartHdfsNamenode,
+    /// The Job's checkpoint folder on HDFS out of space until a checkpoint failed.
+    FillHdfsCheckpoints,
     /// Last: the other Jobs read the same files.
     DeleteParquetFile,
 }
 
 impl Fault {
-    const ALL: [Fault; 13] = [
+    const ALL: [Fault; 16] = [
         Fault::KillDataExecutor,
         Fault::KillTrainer,
         Fault::KillDataExecutorContinuing,
@@ -86,6 +98,9 @@ impl Fault {
         Fault::RestartNats,
         Fault::RestartRedis,
         Fault::KillHotSetTrainer,
+        Fault::StopHdfsDatanode,
+        Fault::RestartHdfsNamenode,
+        Fault::FillHdfsCheckpoints,
         Fault::DeleteParquetFile,
     ];
 
@@ -104,12 +119,24 @@ impl Fault {
             Fault::RestartRedis => "restart Redis",
             Fault::DeleteParquetFile => "delete a Parquet file",
             Fault::KillHotSetTrainer => "SIGKILL hot-set trainer (continue)",
+            Fault::StopHdfsDatanode => "stop an HDFS datanode",
+            Fault::RestartHdfsNamenode => "restart the HDFS namenode",
+            Fault::FillHdfsCheckpoints => "HDFS out of space for checkpoints",
         }
+    }
+
+    /// Whether its Job's data and checkpoints are on HDFS.
+    fn on_hdfs(self) -> bool {
+        matches!(
+            self,
+            Fault::StopHdfsDatanode | Fault::RestartHdfsNamenode | Fault::FillHdfsCheckpoints
+        )
     }
 
     fn training(self) -> Training {
         match self {
             Fault::KillHotSetTrainer => Training::HotSet,
+            Fault::FillHdfsCheckpoints => Training::SmallBatches,
             _ => Training::OneTrainer,
         }
     }
@@ -168,17 +195,29 @@ async fn every_fault_loses_and_repeats_no_row() {
     let mut sandbox = Sandbox::start_restartable().await;
     let best = prepare(&sandbox).await;
     let holdout = holdout();
-    let mut cluster = Cluster::start(&sandbox).await;
-
-    let baseline = run_undisturbed(&sandbox, &cluster, &holdout, Training::OneTrainer).await;
-    let hot_set_baseline = match faults.iter().any(|(_, f)| f.training() == Training::HotSet) {
-        true => Some(run_undisturbed(&sandbox, &cluster, &holdout, Training::HotSet).await),
+    let on_hdfs = match faults.iter().any(|(_, f)| f.on_hdfs()) {
+        true => Some(OnHdfs::prepare(&sandbox).await),
         false => None,
     };
-    let hot_set = hot_set_baseline.map_or("not run".to_owned(), |auc| format!("{auc:.4}"));
+    let mut cluster = Cluster::start(&sandbox).await;
+
+    // An undisturbed run of each way the chosen faults' Jobs train.
+    let mut baselines: Vec<(Training, f64)> = Vec::new();
+    let trainings =
+        std::iter::once(Training::OneTrainer).chain(faults.iter().map(|(_, f)| f.training()));
+    for training in trainings {
+        if baselines.iter().all(|(done, _)| *done != training) {
+            let auc = run_undisturbed(&sandbox, &cluster, &holdout, training).await;
+            baselines.push((training, auc));
+        }
+    }
+    let undisturbed: Vec<String> = (baselines.iter())
+        .map(|(training, auc)| format!("{auc:.4} {}", training.name()))
+        .collect();
     println!(
-        "chaos seed {seed}; served AUC on {} held-out rows undisturbed {baseline:.4}, {hot_set} with a hot set (the Parquet data's best achievable {best:.4})",
-        holdout.labels.len()
+        "chaos seed {seed}; served AUC on {} held-out rows: {} (the Parquet data's best achievable {best:.4})",
+        holdout.labels.len(),
+        undisturbed.join(", ")
     );
     let mut report = Report::default();
     let width = (Fault::ALL.iter().map(|f| f.name().len())).fold(0, usize::max);
@@ -186,22 +225,25 @@ async fn every_fault_loses_and_repeats_no_row() {
     for (i, fault) in faults {
         // Somewhere between 10% and 80% of the rows, after the first checkpoint. A deleted
         // file fails the Job only while unread: the last hour's file, from 42% of the rows
-        // on, is deleted before 30%.
+        // on, is deleted before 30%. A full checkpoint folder must meet another checkpoint,
+        // and a Job near its end takes none.
         let latest = match fault {
             Fault::DeleteParquetFile => 30,
+            Fault::FillHdfsCheckpoints => 20,
             _ => 80,
         };
         let at = ROWS / 100 * (10 + fault_draw(seed, i as u64) % (latest - 9));
         let job = format!("chaos-{i}");
-        let baseline = match fault.training() {
-            Training::OneTrainer => baseline,
-            Training::HotSet => hot_set_baseline.expect("run for the hot-set fault"),
-        };
+        let baseline = (baselines.iter())
+            .find(|(training, _)| *training == fault.training())
+            .map(|(_, auc)| *auc)
+            .expect("an undisturbed run of each way the faults' Jobs train");
         let run = Run {
             job: &job,
             fault,
             at,
             baseline,
+            on_hdfs: on_hdfs.as_ref(),
         };
         let outcome = run_with(&mut sandbox, &mut cluster, &holdout, run).await;
         println!("{}", outcome.row(width));
@@ -266,8 +308,15 @@ async fn run_undisturbed(
     let job = match training {
         Training::OneTrainer => "chaos-undisturbed",
         Training::HotSet => "chaos-undisturbed-hot-set",
+        Training::SmallBatches => "chaos-undisturbed-small-batches",
     };
-    let resource = job_resource(sandbox, job, training, WorkerFailure::Rollback);
+    let resource = job_resource(
+        sandbox,
+        job,
+        training,
+        WorkerFailure::Rollback,
+        Store::Local,
+    );
     sandbox.apply([resource]).await;
     let status = caught_up(sandbox, job).await;
     let progress = status.progress.expect("progress");
@@ -302,6 +351,8 @@ struct Run<'a> {
     fault: Fault,
     at: u64,
     baseline: f64,
+    /// The data on HDFS, when the suite runs an HDFS fault.
+    on_hdfs: Option<&'a OnHdfs>,
 }
 
 /// Runs `run`'s Job, injecting its fault once the Job trained its samples and committed a
@@ -317,15 +368,27 @@ async fn run_with(
         fault,
         at,
         baseline,
+        on_hdfs,
     } = run;
-    let resource = job_resource(sandbox, job, fault.training(), fault.on_worker_failure());
+    let on_hdfs = on_hdfs.filter(|_| fault.on_hdfs());
+    let store = on_hdfs.map_or(Store::Local, OnHdfs::store);
+    let resource = job_resource(
+        sandbox,
+        job,
+        fault.training(),
+        fault.on_worker_failure(),
+        store,
+    );
     sandbox.apply([resource]).await;
     let before = wait_for_fault_moment(sandbox, job, at).await;
     if fault.training() == Training::HotSet {
         wait_for_hot_set(sandbox, job).await;
     }
     let injected = Instant::now();
-    let note = inject(sandbox, cluster, job, fault).await;
+    let note = match on_hdfs {
+        Some(on_hdfs) => inject_on_hdfs(sandbox, on_hdfs, job, fault).await,
+        None => inject(sandbox, cluster, job, fault).await,
+    };
     if let Fault::DeleteParquetFile = fault {
         let outcome = deleted_file_fails_the_job(sandbox, job, fault, note).await;
         sandbox.delete_job(job).await;
@@ -333,6 +396,9 @@ async fn run_with(
     }
     let recovered_s = recovery(sandbox, job, before, injected).await;
     let status = caught_up(sandbox, job).await;
+    if let (Fault::StopHdfsDatanode, Some(on_hdfs)) = (fault, on_hdfs) {
+        on_hdfs.start_datanode().await;
+    }
     let progress = status.progress.clone().expect("progress");
     let trained = trained_rows(&shards(cluster, job).await).await;
     counted_as_trained(job, &progress, &trained);
@@ -401,6 +467,19 @@ async fn inject(sandbox: &mut Sandbox, cluster: &mut Cluster, job: &str, fault: 
             file.display().to_string()
         }
         Fault::KillHotSetTrainer => kill(sandbox, job, "trainer-0"),
+        Fault::StopHdfsDatanode | Fault::RestartHdfsNamenode | Fault::FillHdfsCheckpoints => {
+            panic!("{}: a fault of a Job on HDFS", fault.name())
+        }
+    }
+}
+
+/// Injects an HDFS `fault` into the running `job`, whose data and checkpoints are there.
+async fn inject_on_hdfs(sandbox: &Sandbox, on_hdfs: &OnHdfs, job: &str, fault: Fault) -> String {
+    match fault {
+        Fault::StopHdfsDatanode => on_hdfs.stop_datanode().await,
+        Fault::RestartHdfsNamenode => on_hdfs.restart_namenode().await,
+        Fault::FillHdfsCheckpoints => on_hdfs.fill_checkpoint_folder(sandbox, job).await,
+        other => panic!("{}: not an HDFS fault", other.name()),
     }
 }
 

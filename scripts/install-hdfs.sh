@@ -24,7 +24,7 @@ if [ ! -x "$OUT/primus-minihdfs" ]; then
   log "building the HDFS launcher on Hadoop $hadoop_version (Maven Central)"
   build="$(mktemp -d "$CLUSTER_TOOLS_DIR/hdfs-build.XXXXXX")"
   mvn -B -q -Dstyle.color=never -Dmaven.repo.local="$M2" -f "$SRC/pom.xml" dependency:build-classpath \
-    -Dmdep.outputFile="$build/classpath"
+    -Dmdep.outputFile="$build/classpath" >/dev/null
   javac --release 17 -nowarn -XDsuppressNotes -cp "$(cat "$build/classpath")" -d "$build/classes" \
     "$SRC"/src/main/java/dev/primus/testkit/*.java 2>&1 | grep -v "internal proprietary API\|^ *\^\|Signal\|^[0-9]* warning" || true
   [ -f "$build/classes/dev/primus/testkit/MiniHdfs.class" ] || { log "javac failed"; exit 1; }
@@ -38,6 +38,8 @@ WRAPPER
   chmod +x "$build/primus-minihdfs"
   rm -rf "$OUT"
   mv "$build" "$OUT"
+  # Launchers of earlier sources.
+  find "$CLUSTER_TOOLS_DIR" -maxdepth 1 -name 'hdfs-*' ! -name "hdfs-$hash" -exec rm -rf {} +
 fi
 mkdir -p "$CLUSTER_TOOLS_DIR/bin"
 ln -sfn "$OUT/primus-minihdfs" "$CLUSTER_TOOLS_DIR/bin/primus-minihdfs"

@@ -2,6 +2,7 @@
 //! Sections are shared types (`server`, `nats`, `telemetry`, ...); each service's settings
 //! type names the sections it reads.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
@@ -155,6 +156,15 @@ pub struct HdfsSettings {
     pub failover_sleep_base_ms: u64,
     /// Longest pause between failover attempts.
     pub failover_sleep_max_ms: u64,
+    /// A secured (Kerberos) cluster: the principal the process authenticates as
+    /// (`primus@EXAMPLE.COM`); its key comes from `kerberos_keytab`, else from the ticket
+    /// cache (`KRB5CCNAME`). The KDC is found through `KRB5_CONFIG` or `/etc/krb5.conf`.
+    pub kerberos_principal: Option<String>,
+    /// The keytab holding `kerberos_principal`'s key.
+    pub kerberos_keytab: Option<PathBuf>,
+    /// More Hadoop client settings, as in `hdfs-site.xml` (for a secured cluster
+    /// `dfs.data.transfer.protection`, as the cluster sets it).
+    pub config: BTreeMap<String, String>,
 }
 
 impl Default for HdfsSettings {
@@ -163,6 +173,9 @@ impl Default for HdfsSettings {
             failover_max_attempts: 1,
             failover_sleep_base_ms: 100,
             failover_sleep_max_ms: 1_000,
+            kerberos_principal: None,
+            kerberos_keytab: None,
+            config: BTreeMap::new(),
         }
     }
 }

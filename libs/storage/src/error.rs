@@ -81,9 +81,9 @@ impl StorageError {
             },
             other => {
                 let message = without_java_stack(&other.to_string());
-                // The HDFS client reports the namenode's refusal as a generic error that
-                // carries the Java exception's name.
-                if message.contains("AccessControlException") {
+                // The HDFS client reports the namenode's refusal (a Java exception's name)
+                // and a failed Kerberos login (GSSAPI) as generic errors.
+                if message.contains("AccessControlException") || message.contains("GSSAPI error") {
                     Self::Denied { url, message }
                 } else {
                     Self::Store { url, message }

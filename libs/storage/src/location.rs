@@ -242,8 +242,13 @@ fn open_hdfs(url: &str, rest: &str, settings: &StorageSettings) -> Result<Locati
     let (authority, prefix) = split_authority(rest);
     let root_url = format!("hdfs://{authority}");
     let hdfs = &settings.hdfs;
+    let invalid = |message: String| StorageError::InvalidUrl {
+        url: url.to_owned(),
+        message,
+    };
     // The client's defaults retry a dead namenode for minutes; these make it fail in seconds.
-    let config = HashMap::from([
+    let mut config: HashMap<String, String> = hdfs.config.clone().into_iter().collect();
+    config.extend([
         (
             "dfs.client.failover.max.attempts".to_owned(),
             hdfs.failover_max_attempts.to_string(),
@@ -257,19 +262,56 @@ fn open_hdfs(url: &str, rest: &str, settings: &StorageSettings) -> Result<Locati
             hdfs.failover_sleep_max_ms.to_string(),
         ),
     ]);
-    let store = hdfs_native_object_store::HdfsObjectStoreBuilder::new()
+    if hdfs.kerberos_principal.is_some() {
+        config.insert(
+            "hadoop.security.authentication".to_owned(),
+            "kerberos".to_owned(),
+        );
+    }
+    let mut client = hdfs_native::ClientBuilder::new()
         .with_url(root_url.clone())
-        .with_config(config)
-        .build()
-        .map_err(|e| StorageError::InvalidUrl {
-            url: url.to_owned(),
-            message: e.to_string(),
-        })?;
+        .with_config(config);
+    match (&hdfs.kerberos_principal, &hdfs.kerberos_keytab) {
+        (Some(principal), keytab) => {
+            client = client.with_kerberos_principal(principal);
+            if let Some(keytab) = keytab {
+                client = client.with_kerberos_keytab(readable_keytab(keytab).map_err(invalid)?);
+            }
+        }
+        (None, Some(keytab)) => {
+            return Err(invalid(format!(
+                "storage.hdfs.kerberos_keytab {} is set without storage.hdfs.kerberos_principal",
+                keytab.display()
+            )));
+        }
+        (None, None) => {}
+    }
+    let client = client.build().map_err(|e| invalid(e.to_string()))?;
     Ok(Location {
-        store: Arc::new(store),
+        store: Arc::new(hdfs_native_object_store::HdfsObjectStore::new(client)),
         root_url,
         prefix: parse_prefix(url, prefix)?,
     })
+}
+
+/// The keytab's path once it is a readable file; else what is wrong, naming the setting.
+#[cfg(feature = "hdfs")]
+fn readable_keytab(keytab: &std::path::Path) -> Result<String, String> {
+    let named = |problem: String| {
+        format!(
+            "storage.hdfs.kerberos_keytab {}: {problem}",
+            keytab.display()
+        )
+    };
+    let file = std::fs::File::open(keytab).map_err(|e| named(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| named(e.to_string()))?;
+    if !meta.is_file() || meta.len() == 0 {
+        return Err(named("not a keytab file".into()));
+    }
+    keytab
+        .to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| named("the path is not UTF-8".into()))
 }
 
 #[cfg(not(feature = "hdfs"))]

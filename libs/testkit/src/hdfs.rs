@@ -5,7 +5,8 @@
 //! under their own user name, so a folder they do not own refuses them as it would on a
 //! real cluster.
 //!
-//! The launcher takes commands on its stdin (stop or start a datanode or the namenode,
+//! [`Hdfs::start_secured`] runs it under Kerberos (a MiniKdc on loopback, keytabs made at
+//! start). The launcher takes commands on its stdin (stop or start a datanode or the namenode,
 //! make a folder, set a space quota) and shuts the cluster down and deletes its files on
 //! SIGTERM or when stdin closes, so even the shared instance, which is never dropped, leaves
 //! nothing behind when its test binary exits.
@@ -31,9 +32,21 @@ const SUPERUSER: &str = "hdfs";
 pub struct Hdfs {
     port: u16,
     client_user: String,
+    kerberos: Option<Kerberos>,
     control: Mutex<Control>,
     dir: PathBuf,
     _process: Guarded,
+}
+
+/// How a client authenticates to a secured cluster ([`Hdfs::start_secured`]).
+#[derive(Debug, Clone)]
+pub struct Kerberos {
+    /// The client's principal, `<user>@<realm>`.
+    pub principal: String,
+    /// Its keytab.
+    pub keytab: PathBuf,
+    /// The KDC's `krb5.conf` (for `KRB5_CONFIG`).
+    pub krb5_conf: PathBuf,
 }
 
 struct Control {
@@ -56,6 +69,18 @@ impl Hdfs {
 
     /// A new cluster on a free port; `/data` belongs to the user the tests run as.
     pub fn start() -> Result<Self, Error> {
+        Self::launch(None)
+    }
+
+    /// A new cluster secured as a production one is over RPC: a KDC on loopback, the
+    /// namenode and datanodes authenticating with keytabs, block access tokens and SASL
+    /// on data transfer (`dfs.data.transfer.protection=authentication`). `/data` belongs to
+    /// `user`, whose principal and keytab [`Hdfs::kerberos`] gives.
+    pub fn start_secured(user: &str) -> Result<Self, Error> {
+        Self::launch(Some(user))
+    }
+
+    fn launch(kerberos_user: Option<&str>) -> Result<Self, Error> {
         let launcher = find_binary(LAUNCHER).map_err(|_| Error::MissingBinary {
             binary: LAUNCHER.into(),
             tools: "$CLUSTER_TOOLS_DIR/bin (~/.cache/primus-rs/tools/bin)".into(),
@@ -65,9 +90,14 @@ impl Hdfs {
         let dir = std::env::temp_dir().join(format!("primus-hdfs-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(Error::io(format!("create {}", dir.display())))?;
         let log = dir.join("launcher.log");
-        let mut child = Command::new(&launcher)
+        let mut command = Command::new(&launcher);
+        command
             .arg(format!("--base={}", dir.display()))
-            .arg(format!("--namenode-port={port}"))
+            .arg(format!("--namenode-port={port}"));
+        if let Some(user) = kerberos_user {
+            command.arg(format!("--kerberos={user}"));
+        }
+        let mut child = command
             .env("HADOOP_USER_NAME", SUPERUSER)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -95,20 +125,40 @@ impl Hdfs {
                 }
             }
         });
+        let mut ready = String::new();
         wait_for_start(
             "hdfs",
             READY_TIMEOUT,
             &mut process,
             std::slice::from_ref(&log),
             || match answers.try_recv() {
-                Ok(line) if line.starts_with("ready ") => Ok(()),
+                Ok(line) if line.starts_with("ready ") => {
+                    ready = line;
+                    Ok(())
+                }
                 Ok(line) => Err(format!("unexpected line from the launcher: {line}")),
                 Err(_) => Err("the namenode and datanodes are starting".into()),
             },
         )?;
+        // `ready <port> <realm>` for a secured cluster.
+        let kerberos = match (kerberos_user, ready.split_whitespace().nth(2)) {
+            (Some(user), Some(realm)) => Some(Kerberos {
+                principal: format!("{user}@{realm}"),
+                keytab: dir.join("client.keytab"),
+                krb5_conf: dir.join("krb5.conf"),
+            }),
+            (Some(_), None) => {
+                return Err(Error::Unsupported {
+                    what: "hdfs (secured)".into(),
+                    detail: format!("the launcher named no Kerberos realm: {ready:?}"),
+                });
+            }
+            (None, _) => None,
+        };
         let hdfs = Self {
             port,
-            client_user: client_user(),
+            client_user: kerberos_user.map_or_else(client_user, str::to_owned),
+            kerberos,
             control: Mutex::new(Control { stdin, answers }),
             dir,
             _process: process,
@@ -127,7 +177,13 @@ impl Hdfs {
         self.port
     }
 
-    /// The user the tests' clients are (`HADOOP_USER_NAME`, else the process's user).
+    /// A secured cluster's client credentials ([`Hdfs::start_secured`]).
+    pub fn kerberos(&self) -> Option<&Kerberos> {
+        self.kerberos.as_ref()
+    }
+
+    /// The user the tests' clients are (`HADOOP_USER_NAME`, else the process's user; on a
+    /// secured cluster the user of the client principal).
     pub fn client_user(&self) -> &str {
         &self.client_user
     }

@@ -26,7 +26,7 @@ mod servers;
 pub mod service;
 
 pub use docker::DockerEngine;
-pub use hdfs::Hdfs;
+pub use hdfs::{Hdfs, Kerberos};
 pub use host::run;
 pub use minio::MinioS3;
 pub use otlp::{OtlpReceiver, ReceivedSpan};

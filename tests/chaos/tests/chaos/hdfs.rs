@@ -116,7 +116,9 @@ impl OnHdfs {
             "{job}: checkpoints lost while out of space: {lost:?}"
         );
         blocking(move || hdfs.clear_space_quota(&folder)).await;
-        let reason = failed.find("DiskSpace quota").map_or(&failed[..], |at| &failed[at..]);
+        let reason = failed
+            .find("DiskSpace quota")
+            .map_or(&failed[..], |at| &failed[at..]);
         let reason = reason.split(':').next().unwrap_or(reason).trim();
         format!("out of space, said so ({reason}), previous checkpoints kept")
     }

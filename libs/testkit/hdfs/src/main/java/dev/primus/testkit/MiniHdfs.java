@@ -15,6 +15,9 @@ import org.apache.hadoop.hdfs.DistributedFileSystem;
 import org.apache.hadoop.hdfs.HdfsConfiguration;
 import org.apache.hadoop.hdfs.MiniDFSCluster;
 import org.apache.hadoop.hdfs.protocol.HdfsConstants;
+import org.apache.hadoop.minikdc.MiniKdc;
+import org.apache.hadoop.security.SecurityUtil;
+import org.apache.hadoop.security.UserGroupInformation;
 
 import sun.misc.Signal;
 
@@ -22,7 +25,13 @@ import sun.misc.Signal;
  * A real HDFS on loopback for the tests: a namenode and datanodes (MiniDFSCluster, the same
  * namenode and datanode code a Hadoop cluster runs), permissions on.
  *
- * <p>It prints {@code ready <namenode port>} once every datanode has registered, then reads
+ * <p>With {@code --kerberos=<client principal>} the cluster is secured as a production one
+ * is over RPC: a KDC on loopback (MiniKdc), the namenode and datanodes authenticating with a
+ * keytab, block access tokens and SASL on data transfer (the web endpoints stay plain HTTP);
+ * the client principal's keytab is
+ * written to {@code <base>/client.keytab} and the KDC's {@code krb5.conf} beside it.
+ *
+ * <p>It prints {@code ready <namenode port> [<realm>]} once every datanode has registered, then reads
  * one command per line on stdin and answers each with {@code ok} or {@code error <why>}:
  * {@code stop-datanode <i>}, {@code start-datanode <i>}, {@code stop-namenode},
  * {@code start-namenode}, {@code mkdir <path> <owner> <octal mode>},
@@ -46,6 +55,8 @@ public final class MiniHdfs {
         int datanodes = Integer.parseInt(flags.getOrDefault("datanodes", "2"));
 
         Configuration conf = new HdfsConfiguration();
+        String kerberosClient = flags.get("kerberos");
+        String realm = kerberosClient == null ? null : secure(conf, base, kerberosClient);
         conf.set(MiniDFSCluster.HDFS_MINIDFS_BASEDIR, base.getAbsolutePath());
         conf.setInt("dfs.replication", Math.min(2, datanodes));
         conf.setBoolean("dfs.permissions.enabled", true);
@@ -64,9 +75,47 @@ public final class MiniHdfs {
         MiniHdfs hdfs = new MiniHdfs(cluster, base);
         Signal.handle(new Signal("TERM"), signal -> hdfs.stop(0));
         Signal.handle(new Signal("INT"), signal -> hdfs.stop(0));
-        System.out.println("ready " + cluster.getNameNodePort());
+        System.out.println(
+                "ready " + cluster.getNameNodePort() + (realm == null ? "" : " " + realm));
         System.out.flush();
         hdfs.serve();
+    }
+
+    /**
+     * Starts a KDC under {@code base}, makes the service and client principals and sets
+     * {@code conf} up for a secured cluster; logs this process in as the cluster's
+     * superuser. Returns the realm.
+     */
+    private static String secure(Configuration conf, File base, String clientPrincipal)
+            throws Exception {
+        File kdcDir = new File(base, "kdc");
+        kdcDir.mkdirs();
+        MiniKdc kdc = new MiniKdc(MiniKdc.createConf(), kdcDir);
+        kdc.start();
+        String realm = kdc.getRealm();
+        File serviceKeytab = new File(base, "hdfs.keytab");
+        kdc.createPrincipal(serviceKeytab, "hdfs/localhost", "HTTP/localhost");
+        kdc.createPrincipal(new File(base, "client.keytab"), clientPrincipal);
+        java.nio.file.Files.copy(
+                kdc.getKrb5conf().toPath(), new File(base, "krb5.conf").toPath(),
+                java.nio.file.StandardCopyOption.REPLACE_EXISTING);
+
+        String service = "hdfs/localhost@" + realm;
+        SecurityUtil.setAuthenticationMethod(
+                UserGroupInformation.AuthenticationMethod.KERBEROS, conf);
+        conf.set("dfs.namenode.kerberos.principal", service);
+        conf.set("dfs.namenode.keytab.file", serviceKeytab.getAbsolutePath());
+        conf.set("dfs.datanode.kerberos.principal", service);
+        conf.set("dfs.datanode.keytab.file", serviceKeytab.getAbsolutePath());
+        conf.set("dfs.web.authentication.kerberos.principal", "HTTP/localhost@" + realm);
+        conf.setBoolean("dfs.block.access.token.enable", true);
+        conf.set("dfs.data.transfer.protection", "authentication");
+        // A production datanode needs HTTPS (or privileged ports) besides SASL on data
+        // transfer; the web endpoints are not what the tests exercise.
+        conf.setBoolean("ignore.secure.ports.for.testing", true);
+        UserGroupInformation.setConfiguration(conf);
+        UserGroupInformation.loginUserFromKeytab(service, serviceKeytab.getAbsolutePath());
+        return realm;
     }
 
     private void serve() {

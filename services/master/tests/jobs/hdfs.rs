@@ -1,6 +1,7 @@
 //! A Job whose Dataset and checkpoints are on a real HDFS (a namenode and two datanodes,
 //! replication 2, permissions on): its data executor reads the Parquet hours over the
-//! HDFS RPC, its PS shards write checkpoints there, and it trains every row once.
+//! HDFS RPC, its PS shards write checkpoints there, and it trains every row once; the same
+//! on an HDFS secured by Kerberos.
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use primus_harness::{Sandbox, condition};
 use primus_spec::status::Phase;
 use primus_testkit::Hdfs;
 
-use crate::common::{data_executor, start_master_with};
+use crate::common::{data_executor, master_settings, start, start_master_with};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dlrm_job_reads_its_dataset_from_hdfs_and_checkpoints_there() {
@@ -57,6 +58,97 @@ async fn a_dlrm_job_reads_its_dataset_from_hdfs_and_checkpoints_there() {
         written
             .iter()
             .any(|o| o.location.as_ref().ends_with(".json")),
+        "no checkpoint manifest under {checkpoints}: {written:?}"
+    );
+}
+
+/// Set in the child run of the secured test: the folder, principal and keytab.
+const SECURED_ROOT: &str = "PRIMUS_TEST_SECURED_HDFS_ROOT";
+const SECURED_PRINCIPAL: &str = "PRIMUS_TEST_SECURED_HDFS_PRINCIPAL";
+const SECURED_KEYTAB: &str = "PRIMUS_TEST_SECURED_HDFS_KEYTAB";
+
+/// The same Job on a Kerberos-secured HDFS: the master's storage section names the
+/// principal and keytab, and every executor it starts authenticates with them. The KDC is
+/// found through `KRB5_CONFIG`, which this crate cannot set in its own process (`unsafe` is
+/// forbidden): the test runs itself again as a child with it, and the processes the child
+/// starts inherit it.
+#[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the test runs itself again and hands the child the cluster by variables"
+)]
+fn a_dlrm_job_on_a_kerberos_secured_hdfs_authenticates_with_the_keytab_in_its_settings() {
+    if let Ok(root) = std::env::var(SECURED_ROOT) {
+        let principal = std::env::var(SECURED_PRINCIPAL).expect("the principal");
+        let keytab = std::env::var(SECURED_KEYTAB).expect("the keytab");
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(train_on_secured_hdfs(&root, &principal, &keytab));
+        return;
+    }
+    let hdfs = Hdfs::start_secured("primus").expect("a secured hdfs");
+    let kerberos = hdfs.kerberos().expect("Kerberos credentials").clone();
+    let root = hdfs.folder("secured-job").expect("folder");
+    let output = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "hdfs::a_dlrm_job_on_a_kerberos_secured_hdfs_authenticates_with_the_keytab_in_its_settings",
+            "--nocapture",
+        ])
+        .env("KRB5_CONFIG", &kerberos.krb5_conf)
+        .env_remove("KRB5CCNAME")
+        .env(SECURED_ROOT, &root)
+        .env(SECURED_PRINCIPAL, &kerberos.principal)
+        .env(SECURED_KEYTAB, &kerberos.keytab)
+        .output()
+        .expect("run the test binary");
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+async fn train_on_secured_hdfs(root: &str, principal: &str, keytab: &str) {
+    let mut storage = StorageSettings::default();
+    storage.hdfs.kerberos_principal = Some(principal.to_owned());
+    storage.hdfs.kerberos_keytab = Some(keytab.into());
+    storage.hdfs.config.insert(
+        "dfs.data.transfer.protection".into(),
+        "authentication".into(),
+    );
+    let data = format!("{root}/criteo");
+    let location = primus_storage::open(&data, &storage).expect("open");
+    write_criteo_rows_to(&location, DLRM_HOURS).await;
+
+    let sandbox = Sandbox::start().await;
+    apply_criteo_dataset_at(&sandbox, &data).await;
+    let mut settings = master_settings(&sandbox, &data_executor());
+    settings.storage = storage.clone();
+    let master = start(&sandbox, &settings);
+    let checkpoints = format!("{root}/checkpoints/dlrm-secured");
+    sandbox
+        .apply([dlrm_job_checkpointed_at("dlrm-secured", 1, &checkpoints, 15).build()])
+        .await;
+    let status = sandbox
+        .wait_for_phase("dlrm-secured", Phase::Succeeded, Duration::from_secs(600))
+        .await;
+    master.stop();
+    let progress = status.progress.clone().expect("trainer progress");
+    assert_eq!(progress.samples, DLRM_ROWS, "{progress:?}");
+    let written = primus_storage::open(&checkpoints, &storage)
+        .expect("open")
+        .list("")
+        .await
+        .expect("list the checkpoints");
+    assert!(
+        written
+            .iter()
+            .any(|o| o.location.as_ref().ends_with("manifest.json")),
         "no checkpoint manifest under {checkpoints}: {written:?}"
     );
 }

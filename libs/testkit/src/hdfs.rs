@@ -126,7 +126,7 @@ impl Hdfs {
             }
         });
         let mut ready = String::new();
-        wait_for_start(
+        let started = wait_for_start(
             "hdfs",
             READY_TIMEOUT,
             &mut process,
@@ -139,7 +139,13 @@ impl Hdfs {
                 Ok(line) => Err(format!("unexpected line from the launcher: {line}")),
                 Err(_) => Err("the namenode and datanodes are starting".into()),
             },
-        )?;
+        );
+        if let Err(error) = started {
+            // The error holds the end of the log; a launcher that died leaves its folder.
+            drop(process);
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(error);
+        }
         // `ready <port> <realm>` for a secured cluster.
         let kerberos = match (kerberos_user, ready.split_whitespace().nth(2)) {
             (Some(user), Some(realm)) => Some(Kerberos {

@@ -23,8 +23,10 @@ if [ ! -x "$OUT/primus-minihdfs" ]; then
   hadoop_version="$(sed -n 's:.*<hadoop.version>\(.*\)</hadoop.version>.*:\1:p' "$SRC/pom.xml")"
   log "building the HDFS launcher on Hadoop $hadoop_version (Maven Central)"
   build="$(mktemp -d "$CLUSTER_TOOLS_DIR/hdfs-build.XXXXXX")"
-  mvn -B -q -Dstyle.color=never -Dmaven.repo.local="$M2" -f "$SRC/pom.xml" dependency:build-classpath \
-    -Dmdep.outputFile="$build/classpath" >/dev/null
+  if ! mvn -B -q -Dstyle.color=never -Dmaven.repo.local="$M2" -f "$SRC/pom.xml" \
+    dependency:build-classpath -Dmdep.outputFile="$build/classpath" >"$build/mvn.log" 2>&1; then
+    cat "$build/mvn.log"; log "Maven could not resolve the launcher's dependencies"; exit 1
+  fi
   javac --release 17 -nowarn -XDsuppressNotes -cp "$(cat "$build/classpath")" -d "$build/classes" \
     "$SRC"/src/main/java/dev/primus/testkit/*.java 2>&1 | grep -v "internal proprietary API\|^ *\^\|Signal\|^[0-9]* warning" || true
   [ -f "$build/classes/dev/primus/testkit/MiniHdfs.class" ] || { log "javac failed"; exit 1; }

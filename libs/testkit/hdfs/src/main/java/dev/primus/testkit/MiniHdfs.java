@@ -28,11 +28,12 @@ import sun.misc.Signal;
  * <p>With {@code --kerberos=<client principal>} the cluster is secured as a production one
  * is over RPC: a KDC on loopback (MiniKdc), the namenode and datanodes authenticating with a
  * keytab, block access tokens and SASL on data transfer (the web endpoints stay plain HTTP);
- * the client principal's keytab is
- * written to {@code <base>/client.keytab} and the KDC's {@code krb5.conf} beside it.
+ * the client principal's keytab is written to {@code <base>/client.keytab} and the KDC's
+ * {@code krb5.conf} beside it.
  *
- * <p>It prints {@code ready <namenode port> [<realm>]} once every datanode has registered, then reads
- * one command per line on stdin and answers each with {@code ok} or {@code error <why>}:
+ * <p>It prints {@code ready <namenode port> [<realm>]} once every datanode has registered,
+ * then reads one command per line on stdin and answers each with {@code ok} or
+ * {@code error <why>}:
  * {@code stop-datanode <i>}, {@code start-datanode <i>}, {@code stop-namenode},
  * {@code start-namenode}, {@code mkdir <path> <owner> <octal mode>},
  * {@code quota <path> <bytes>} and {@code clear-quota <path>}. It shuts the cluster down and

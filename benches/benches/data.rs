@@ -146,12 +146,7 @@ async fn clustering(location: &Location) {
 }
 
 fn s3_location(bucket: &S3Bucket) -> Location {
-    let mut settings = StorageSettings::default();
-    settings.s3.endpoint = Some(bucket.endpoint.clone());
-    settings.s3.region = Some(S3Bucket::REGION.into());
-    settings.s3.access_key_id = Some(S3Bucket::ACCESS_KEY.into());
-    settings.s3.secret_access_key = Some(S3Bucket::SECRET_KEY.into());
-    settings.s3.allow_http = true;
+    let settings = primus_harness::stores::s3_settings(bucket);
     primus_storage::open(&format!("{}/criteo", bucket.url()), &settings).expect("s3 location")
 }
 

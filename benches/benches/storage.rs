@@ -20,10 +20,11 @@ use primus_benches::env_or;
 use primus_config::StorageSettings;
 use primus_datagen::criteo::CriteoOptions;
 use primus_datagen::write::{Layout, criteo};
+use primus_harness::stores::{copy_files, s3_settings};
 use primus_spec::dataset::WindowUnit;
 use primus_storage::Location;
 use primus_storage::parquet::{ReadOptions, read};
-use primus_testkit::{Hdfs, MinioS3, S3Bucket};
+use primus_testkit::{Hdfs, MinioS3};
 
 const CHECKPOINT_FILE_MB: usize = 32;
 const ROUNDS: usize = 3;
@@ -87,31 +88,6 @@ async fn write_mb_per_s(location: &Location, files: usize) -> f64 {
     (files * CHECKPOINT_FILE_MB) as f64 / best
 }
 
-/// Copies every file under `from` to the same relative path under `to`.
-async fn copy_all(from: &Location, to: &Location) {
-    for file in from.list("").await.expect("list") {
-        let relative = file
-            .location
-            .prefix_match(from.prefix())
-            .expect("under the prefix")
-            .map(|part| part.as_ref().to_owned())
-            .collect::<Vec<_>>()
-            .join("/");
-        let bytes = from.get(&file.location).await.expect("read");
-        to.put(&to.path(&relative), bytes).await.expect("write");
-    }
-}
-
-fn s3_settings(bucket: &S3Bucket) -> StorageSettings {
-    let mut settings = StorageSettings::default();
-    settings.s3.endpoint = Some(bucket.endpoint.clone());
-    settings.s3.region = Some(S3Bucket::REGION.into());
-    settings.s3.access_key_id = Some(S3Bucket::ACCESS_KEY.into());
-    settings.s3.secret_access_key = Some(S3Bucket::SECRET_KEY.into());
-    settings.s3.allow_http = true;
-    settings
-}
-
 #[tokio::main]
 async fn main() {
     let rows_per_hour: usize = env_or("PRIMUS_BENCH_ROWS_PER_HOUR", 20_000);
@@ -155,8 +131,8 @@ async fn main() {
         &s3_settings(&bucket),
     )
     .expect("s3");
-    copy_all(&local, &on_hdfs).await;
-    copy_all(&local, &on_s3).await;
+    copy_files(&local, &on_hdfs).await;
+    copy_files(&local, &on_s3).await;
 
     println!(
         "{} Parquet files, {:.1} MB, {} rows; best of {ROUNDS} reads after a warm-up",

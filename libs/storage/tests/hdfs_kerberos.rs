@@ -10,11 +10,10 @@
 )]
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use primus_config::StorageSettings;
 use primus_storage::{StorageError, open};
-use primus_testkit::Hdfs;
+use primus_testkit::{Hdfs, run_test_again};
 
 /// Set in the child run: the cluster's folder URL, the principal and keytabs.
 const URL: &str = "PRIMUS_TEST_HDFS_URL";
@@ -36,25 +35,16 @@ fn a_secured_cluster_takes_the_keytab_in_the_settings_and_refuses_a_wrong_one() 
     // Another cluster's keytab for the same principal name: the KDC of this one refuses it.
     let other = Hdfs::start_secured("primus").expect("another secured hdfs");
     let wrong_keytab = other.kerberos().expect("credentials").keytab.clone();
-    let output = Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            "a_secured_cluster_takes_the_keytab_in_the_settings_and_refuses_a_wrong_one",
-            "--nocapture",
-        ])
-        .env("KRB5_CONFIG", &kerberos.krb5_conf)
-        .env_remove("KRB5CCNAME")
-        .env(URL, &url)
-        .env(PRINCIPAL, &kerberos.principal)
-        .env(KEYTAB, &kerberos.keytab)
-        .env(WRONG_KEYTAB, &wrong_keytab)
-        .output()
-        .expect("run the test binary");
-    assert!(
-        output.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+    run_test_again(
+        "a_secured_cluster_takes_the_keytab_in_the_settings_and_refuses_a_wrong_one",
+        &[
+            ("KRB5_CONFIG", kerberos.krb5_conf.as_os_str()),
+            (URL, url.as_ref()),
+            (PRINCIPAL, kerberos.principal.as_ref()),
+            (KEYTAB, kerberos.keytab.as_os_str()),
+            (WRONG_KEYTAB, wrong_keytab.as_os_str()),
+        ],
+        &["KRB5CCNAME"],
     );
 }
 

@@ -30,5 +30,5 @@ pub use hdfs::{Hdfs, Kerberos};
 pub use host::run;
 pub use minio::MinioS3;
 pub use otlp::{OtlpReceiver, ReceivedSpan};
-pub use process::{Error, find_binary, free_port, repo_root, restartable_port};
+pub use process::{Error, find_binary, free_port, repo_root, restartable_port, run_test_again};
 pub use servers::{NatsServer, RedisServer, S3Bucket, SeaweedS3};

@@ -307,3 +307,26 @@ impl Drop for Guarded {
         let _ = self.child.wait();
     }
 }
+
+/// Runs test `name` of this test binary again in a child process whose environment also
+/// holds `env`, and panics with its output unless it passes: for a test that needs a
+/// variable set in its own process (which a crate that forbids `unsafe` cannot set) or
+/// unset from it. The child tells itself apart by one of the variables.
+pub fn run_test_again(name: &str, env: &[(&str, &std::ffi::OsStr)], unset: &[&str]) {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = Command::new(exe);
+    command.args(["--exact", name, "--nocapture"]);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    for key in unset {
+        command.env_remove(key);
+    }
+    let output = command.output().expect("run the test binary again");
+    assert!(
+        output.status.success(),
+        "{name}, run again in a child process, failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -34,11 +34,7 @@ pub async fn number_parquet_rows(location: &Location, first: u64) -> Range<u64> 
         let ids = next..next + rows.num_rows() as u64;
         next = ids.end;
         let rows = with_ids(rows, ids);
-        let relative = (file.location.prefix_match(location.prefix()))
-            .expect("under the location")
-            .map(|part| part.as_ref().to_owned())
-            .collect::<Vec<_>>()
-            .join("/");
+        let relative = crate::stores::relative(location, &file.location);
         primus_datagen::write::write_file(location, &relative, rows, DLRM_ROW_GROUP_ROWS)
             .await
             .expect("the file rewritten");

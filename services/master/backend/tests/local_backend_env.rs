@@ -9,7 +9,6 @@
     reason = "the test runs itself again and tells the two runs apart by a variable"
 )]
 use std::os::unix::fs::PermissionsExt;
-use std::process::Command;
 use std::time::Duration;
 
 use primus_backend::local::LocalBackend;
@@ -25,22 +24,14 @@ fn executors_get_their_ip_and_not_the_masters_settings_environment() {
         check_executor_environment();
         return;
     }
-    let output = Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            "executors_get_their_ip_and_not_the_masters_settings_environment",
-            "--nocapture",
-        ])
-        .env(INNER, "1")
-        .env("PRIMUS_LOCAL__EXECUTOR_IP", "127.0.0.2")
-        .env("PRIMUS_API__SERVER", "http://api-server:7070")
-        .output()
-        .expect("run the test binary");
-    assert!(
-        output.status.success(),
-        "child run failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+    primus_testkit::run_test_again(
+        "executors_get_their_ip_and_not_the_masters_settings_environment",
+        &[
+            (INNER, "1".as_ref()),
+            ("PRIMUS_LOCAL__EXECUTOR_IP", "127.0.0.2".as_ref()),
+            ("PRIMUS_API__SERVER", "http://api-server:7070".as_ref()),
+        ],
+        &[],
     );
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use primus_config::StorageSettings;
 use primus_harness::Sandbox;
+use primus_harness::stores::copy_files;
 use primus_storage::Location;
 use primus_testkit::Hdfs;
 use tokio::time::Instant;
@@ -37,18 +38,7 @@ impl OnHdfs {
         let root = hdfs.folder("chaos").expect("a folder on HDFS");
         let local = open(&sandbox.dir().join("criteo").display().to_string());
         let remote = open(&format!("{root}/criteo"));
-        for file in local.list("").await.expect("the Parquet files") {
-            let relative = (file.location.prefix_match(local.prefix()))
-                .expect("under the location")
-                .map(|part| part.as_ref().to_owned())
-                .collect::<Vec<_>>()
-                .join("/");
-            let bytes = local.get(&file.location).await.expect("read");
-            remote
-                .put(&remote.path(&relative), bytes)
-                .await
-                .expect("copied to HDFS");
-        }
+        copy_files(&local, &remote).await;
         sandbox
             .apply([mixed_dataset(DATASET, format!("{root}/criteo"))])
             .await;

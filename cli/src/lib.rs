@@ -1,6 +1,7 @@
 //! The `primus` command: resources (`apply`, `get`, `describe`, `delete`, `watch`) against
 //! the API server, `up` (a local playground cluster), `health`, `datagen`, `import`,
-//! `cluster` (RecD's clustering of stored data) and `simulate` (the cluster simulator).
+//! `cluster` (RecD's clustering of stored data), `simulate` (the cluster simulator) and
+//! `crds` (the custom resources' definitions for Kubernetes).
 //!
 //! Exit codes: 0 ok; 1 the server or the connection failed (or a watched Job failed);
 //! 2 bad input, found locally (a file, a flag, a kind) or by the server (INVALID_ARGUMENT,
@@ -97,6 +98,14 @@ impl Failure {
             error,
         }
     }
+}
+
+/// Prints the CustomResourceDefinitions of Primus's custom resources.
+pub fn print_crds() -> Result<(), Failure> {
+    let definitions =
+        primus_kube_resources::crd::definitions_yaml().map_err(|e| Failure::server(e.into()))?;
+    print!("{definitions}");
+    Ok(())
 }
 
 impl From<primus_api_client::ClientError> for Failure {

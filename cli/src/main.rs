@@ -111,6 +111,9 @@ enum Commands {
     /// Simulate a cluster under each resource policy (static, Primus, DLRover-RM) on a
     /// seeded trace of Jobs, and compare their JCT, completion rate and utilisation.
     Simulate(SimulateArgs),
+    /// Print the CustomResourceDefinitions of PrimusJob, PrimusDataset and PrimusMetric
+    /// (what `kubectl apply -k k8s/crds` installs), as YAML.
+    Crds,
     /// gRPC health of services (default: the standalone services on their default local ports).
     Health {
         /// host:port addresses to check.
@@ -213,6 +216,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Commands::Replay(args) => replay(args).await?,
         Commands::Cluster(args) => primus_cli::cluster::run(args).await?,
         Commands::Simulate(args) => run_simulation(args)?,
+        Commands::Crds => primus_cli::print_crds()?,
         Commands::Health { addrs } => {
             let targets: Vec<(String, String)> = if addrs.is_empty() {
                 services()

@@ -1,11 +1,12 @@
 //! Time series of one job's metrics, written by the master.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::validate::{FieldError, Validate, check_name, fail, field, index};
 
 /// A Job's metrics (`kind: Metric`, named like the Job): time series folded from its executors' reports.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MetricSpec {
     /// Name of the Job these metrics belong to.
@@ -17,7 +18,7 @@ pub struct MetricSpec {
 
 /// One metric (`samples_per_second`, `loss`, `auc`, `cpu_utilisation`, `data_lag_seconds`,
 /// ...), optionally of one role.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MetricSeries {
     /// The gauge (`samples_per_second`, `buffer_rows.<source>`, ...).
@@ -35,7 +36,7 @@ pub struct MetricSeries {
 }
 
 /// One value at one time.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MetricPoint {
     /// When (Unix milliseconds).

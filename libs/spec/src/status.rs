@@ -1,9 +1,10 @@
 //! Status shared by every resource kind; written only through the API server's UpdateStatus.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Where a resource is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, JsonSchema)]
 #[serde(rename_all = "PascalCase")]
 pub enum Phase {
     /// Accepted, not started yet.
@@ -29,7 +30,7 @@ impl Phase {
 }
 
 /// A condition explains the phase: `type` holds, or not, for `reason`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Condition {
     /// What the condition is about (`Ready`, `Checkpoint`, `Complete`, ...).
@@ -47,7 +48,7 @@ pub struct Condition {
 }
 
 /// How far a Job's training is.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Progress {
     /// Samples trained.
@@ -77,7 +78,7 @@ pub struct Progress {
 }
 
 /// A Job's batch data tasks by state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskProgress {
     /// Planned so far (every window once the Dataset's end is planned).
@@ -93,7 +94,7 @@ pub struct TaskProgress {
 }
 
 /// One Dataset source's share of a Job's training.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SourceProgress {
     /// The source's name in the Dataset.
@@ -111,7 +112,7 @@ pub struct SourceProgress {
 
 /// How many executors of each role a Job runs now (its spec's replicas are where it
 /// started; scaling moves these).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Replicas {
     /// PS shards.
@@ -126,7 +127,7 @@ pub struct Replicas {
 }
 
 /// One executor of a Job as its master saw it last.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecutorStatus {
     /// `<role>-<index>`, as in the topology.
@@ -148,7 +149,7 @@ pub struct ExecutorStatus {
 }
 
 /// Whether an executor runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, JsonSchema)]
 #[serde(rename_all = "PascalCase")]
 pub enum ExecutorState {
     /// Started, or started again after a crash.
@@ -165,7 +166,7 @@ pub enum ExecutorState {
 
 /// Something that happened to a resource, such as a scaling decision and the figures it
 /// was made on. A status keeps the latest [`MAX_EVENTS`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Event {
     /// When (Unix milliseconds).
@@ -180,7 +181,7 @@ pub struct Event {
 pub const MAX_EVENTS: usize = 20;
 
 /// A resource's status: phase, conditions, progress.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Status {
     /// Where the resource is in its life.

@@ -1,0 +1,7 @@
+//! Jobs, Datasets and Metrics as Kubernetes custom resources on the testkit's real
+//! two-node cluster. Every test's path starts with `operator::`, so that
+//! `cargo test --workspace operator` runs them.
+
+mod operator {
+    mod crds;
+}

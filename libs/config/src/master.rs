@@ -49,6 +49,17 @@ pub enum BackendKind {
     Kubernetes,
 }
 
+/// Where the master takes its Jobs and Datasets from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResourceSource {
+    /// The Primus API server (`primus apply`).
+    #[default]
+    ApiServer,
+    /// PrimusJob and PrimusDataset custom resources in the Kubernetes API (`kubectl apply`).
+    Kubernetes,
+}
+
 /// How the master drives its Jobs.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
@@ -67,6 +78,10 @@ pub struct ControllerSettings {
     pub fault_injection: FaultInjectionSettings,
     /// Where the Jobs' executors run: `local` or `kubernetes`.
     pub backend: BackendKind,
+    /// Where Jobs and Datasets are read and Job status, metrics and events written:
+    /// `api_server` (the `api` settings) or `kubernetes` (the custom resources of
+    /// `k8s/crds` in `kubernetes.namespace`, through `kubernetes.kubeconfig`).
+    pub resources: ResourceSource,
     /// What the optimizer of `policy: auto` Jobs divides among them.
     pub cluster: ClusterSettings,
     /// Bearer tokens (one per line) every serving replica this master starts requires on
@@ -231,6 +246,7 @@ impl Default for ControllerSettings {
             checkpoint: CheckpointSettings::default(),
             fault_injection: FaultInjectionSettings::default(),
             backend: BackendKind::default(),
+            resources: ResourceSource::default(),
             predict_token_file: None,
             cluster: ClusterSettings::default(),
         }

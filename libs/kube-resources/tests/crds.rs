@@ -7,7 +7,10 @@ const COMMITTED: &str = "k8s/crds/primus.dev.yaml";
 fn the_committed_definitions_are_what_the_types_generate() {
     let generated = primus_kube_resources::crd::definitions_yaml().expect("the definitions");
     let path = primus_testkit::repo_root().join(COMMITTED);
-    #[expect(clippy::disallowed_methods, reason = "PRIMUS_BLESS writes the definitions")]
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "PRIMUS_BLESS writes the definitions"
+    )]
     let bless = std::env::var_os("PRIMUS_BLESS").is_some();
     if bless {
         std::fs::write(&path, &generated).expect("write the definitions");

@@ -1,23 +1,23 @@
-//! What the master's parts share while it runs: its clients (API server, NATS, Redis), its
+//! What the master's parts share while it runs: its resources' source, NATS, Redis, its
 //! settings and shard, the resource backend, the listing cache, the Jobs' task queues and
 //! topologies, and the capacity its `policy: auto` Jobs divide. The controller builds it
 //! once; each Job's run reads it.
 
 use std::sync::Arc;
 
-use primus_api_client::ApiClient;
 use primus_bus::Bus;
 use primus_config::MasterSettings;
 use primus_data_tasks::plan::ListingCache;
 use redis::aio::ConnectionManager;
 
 use crate::cluster::{Capacity, ClusterPlans};
+use crate::resources::Resources;
 use crate::tasks::JobRegistry;
 use crate::topology::Topologies;
 
 /// Everything the Jobs' runs share.
 pub struct Context<B, C> {
-    pub api: ApiClient,
+    pub resources: Resources,
     pub bus: Bus,
     pub redis: ConnectionManager,
     pub settings: MasterSettings,

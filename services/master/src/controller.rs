@@ -1,24 +1,22 @@
-//! The job controller: follows Jobs through the API server's Watch (listing again when the
-//! watch falls behind, resuming from its last version when the stream drops), and runs one
-//! `job::drive` task per Job of this master's shard, passing it each new generation of the
+//! The job controller: follows the Jobs of this master's shard from its resources' source
+//! (`crate::resources`: the API server's Watch or the Kubernetes API's), and runs one
+//! `job::drive` task per Job, passing it each new generation of the
 //! Job's spec (a running Job applies the replicas it asks for). A driver moves its Job through
 //! Pending -> Starting -> Running -> Succeeded | Failed, with a condition saying why;
 //! deleting the Job stops its executors and drops its task queue.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use primus_proto::v1::{EventType, Resource};
 use primus_service::Shutdown;
-use primus_spec::Kind;
 use primus_spec::status::Status;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::context::Context;
 use crate::job;
-use crate::shard::owns_job;
+use crate::resources::JobEvent;
 use primus_backend::ResourceBackend;
 use primus_data_tasks::plan::Catalog;
 use primus_data_tasks::queue::TaskQueue;
@@ -34,56 +32,25 @@ struct Running {
 /// as they are, for the next master).
 pub async fn run<B: ResourceBackend, C: Catalog>(context: Arc<Context<B, C>>, shutdown: Shutdown) {
     let mut drivers: HashMap<String, Running> = HashMap::new();
-    let mut since = 0u64;
-    let mut listed = false;
-    while !shutdown.is_triggered() {
-        if !listed {
-            match context.api.list(Kind::Job, HashMap::new()).await {
-                Ok(list) => {
-                    let names: Vec<&str> = list.resources.iter().map(|r| r.name.as_str()).collect();
-                    drivers.retain(|name, _| names.contains(&name.as_str()));
-                    for resource in list.resources {
-                        observe(&context, &mut drivers, EventType::Added, resource).await;
-                    }
-                    since = list.resource_version;
-                    listed = true;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "listing Jobs; retrying");
-                    pause(&shutdown, Duration::from_secs(1)).await;
-                    continue;
-                }
-            }
-        }
-        let mut events = match context.api.watch(Some(Kind::Job), None, since).await {
-            Ok(events) => events,
-            Err(e) => {
-                tracing::warn!(error = %e, "watching Jobs; retrying");
-                listed = !matches!(e.code(), Some(tonic::Code::OutOfRange));
-                pause(&shutdown, Duration::from_secs(1)).await;
-                continue;
-            }
+    let mut events = context
+        .resources
+        .follow_jobs(context.shard, shutdown.clone());
+    loop {
+        let event = tokio::select! {
+            event = events.recv() => event,
+            _ = shutdown.wait() => None,
         };
-        loop {
-            let message = tokio::select! {
-                message = events.message() => message,
-                _ = shutdown.wait() => break,
-            };
-            match message {
-                Ok(Some(event)) => {
-                    let Some(resource) = event.resource else {
-                        continue;
-                    };
-                    since = since.max(resource.resource_version);
-                    let kind = EventType::try_from(event.r#type).unwrap_or(EventType::Modified);
-                    observe(&context, &mut drivers, kind, resource).await;
+        match event {
+            None => break,
+            Some(JobEvent::Listed(resources)) => {
+                let names: Vec<&str> = resources.iter().map(|r| r.name.as_str()).collect();
+                drivers.retain(|name, _| names.contains(&name.as_str()));
+                for resource in resources {
+                    observe(&context, &mut drivers, EventType::Added, resource).await;
                 }
-                Ok(None) => break,
-                Err(status) => {
-                    tracing::warn!(error = %status, since, "Job watch ended; resuming");
-                    listed = status.code() != tonic::Code::OutOfRange;
-                    break;
-                }
+            }
+            Some(JobEvent::Changed(kind, resource)) => {
+                observe(&context, &mut drivers, kind, resource).await;
             }
         }
         drivers.retain(|_, running| !running.task.is_finished());
@@ -94,13 +61,6 @@ pub async fn run<B: ResourceBackend, C: Catalog>(context: Arc<Context<B, C>>, sh
     }
 }
 
-async fn pause(shutdown: &Shutdown, duration: Duration) {
-    tokio::select! {
-        _ = tokio::time::sleep(duration) => {}
-        _ = shutdown.wait() => {}
-    }
-}
-
 async fn observe<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
     drivers: &mut HashMap<String, Running>,
@@ -108,9 +68,6 @@ async fn observe<B: ResourceBackend, C: Catalog>(
     resource: Resource,
 ) {
     let name = resource.name.clone();
-    if !owns_job(context.shard, &name) {
-        return;
-    }
     if kind == EventType::Deleted {
         if let Some(running) = drivers.remove(&name) {
             let _ = running.cancel.send(true);
@@ -126,6 +83,7 @@ async fn observe<B: ResourceBackend, C: Catalog>(
             tracing::warn!(job = %name, error = %e, "dropping the task queue of a deleted Job");
         }
         tracing::info!(job = %name, "Job deleted: executors stopped, task queue dropped");
+        context.resources.released(&name).await;
         return;
     }
     if let Some(running) = drivers.get(&name).filter(|r| !r.task.is_finished()) {

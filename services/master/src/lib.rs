@@ -1,7 +1,10 @@
 //! `primus-master`: drives the Jobs of its shard.
 //!
-//! - [`controller`]: follows Jobs through the API server's Watch and runs each one through
-//!   its phases, writing status conditions and folding metrics into the Metric resource.
+//! - [`controller`]: follows Jobs and runs each one through its phases, writing status
+//!   conditions and folding metrics into the Metric resource.
+//! - [`resources`]: where Jobs and Datasets come from and status, metrics and events go
+//!   (`master.resources`): the Primus API server, or the Kubernetes API's PrimusJob,
+//!   PrimusDataset and PrimusMetric custom resources (the master as their operator).
 //! - [`checkpoint`]: the checkpoint coordinator (barrier, PS snapshots and task offsets
 //!   committed together) and the restore of both when a Job starts again.
 //! - gRPC: `TaskService` ([`tasks`]) for data executors (and trainers reporting the rows a
@@ -20,6 +23,7 @@ pub mod controller;
 mod job;
 pub use job::executors::job_executors;
 pub mod metrics;
+pub mod resources;
 mod shard;
 pub mod tasks;
 pub mod topology;
@@ -34,7 +38,9 @@ use primus_proto::v1::task_service_server::TaskServiceServer;
 use primus_proto::v1::topology_service_server::TopologyServiceServer;
 use primus_service::{Node, ServiceFuture, Services, SettingFlag, Shutdown};
 
-use primus_config::{BackendKind, MasterSettings};
+use primus_config::{BackendKind, MasterSettings, ResourceSource};
+use resources::Resources;
+use resources::kubernetes::KubeResources;
 
 pub const SERVICE: &str = "primus-master";
 pub const ABOUT: &str = concat!(
@@ -68,16 +74,13 @@ async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<(
     };
     let capacity = cluster::Capacity::from_settings(&settings.master.cluster, host_cores)
         .map_err(anyhow::Error::msg)?;
-    let client = ClientSettings::from_settings(&settings.api)?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let master_addr = advertised(node.advertised_addr()?);
     let bus = node.connect_nats(&settings.nats).await?;
     let redis = node.connect_redis(&settings.redis).await?;
-    let api = ApiClient::connect_patiently(&client, API_CONNECT_ATTEMPTS)
-        .await
-        .context("setting `api.server`")?;
+    let resources = connect_resources(&settings, master_addr).await?;
     let parts = Parts {
-        api,
+        resources,
         bus,
         redis,
         shard,
@@ -113,9 +116,32 @@ async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<(
     }
 }
 
+/// The source `master.resources` names.
+async fn connect_resources(
+    settings: &MasterSettings,
+    master_addr: SocketAddr,
+) -> anyhow::Result<Resources> {
+    Ok(match settings.master.resources {
+        ResourceSource::ApiServer => {
+            let client = ClientSettings::from_settings(&settings.api)?;
+            let api = ApiClient::connect_patiently(&client, API_CONNECT_ATTEMPTS)
+                .await
+                .context("setting `api.server`")?;
+            Resources::ApiServer(api)
+        }
+        ResourceSource::Kubernetes => {
+            let kube = KubeResources::connect(&settings.kubernetes, master_addr.to_string())
+                .await
+                .map_err(anyhow::Error::msg)
+                .context("master.resources: kubernetes")?;
+            Resources::Kubernetes(Arc::new(kube))
+        }
+    })
+}
+
 /// What the master connected to before choosing its backend.
 struct Parts {
-    api: ApiClient,
+    resources: Resources,
     bus: primus_bus::Bus,
     redis: redis::aio::ConnectionManager,
     shard: (u32, u32),
@@ -132,7 +158,7 @@ async fn drive_jobs<B: primus_backend::ResourceBackend>(
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let Parts {
-        api,
+        resources,
         bus,
         redis,
         shard,
@@ -156,7 +182,7 @@ async fn drive_jobs<B: primus_backend::ResourceBackend>(
     let context = Arc::new(context::Context {
         capacity,
         cluster: cluster::ClusterPlans::default(),
-        api,
+        resources,
         bus: bus.clone(),
         redis,
         shard,

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use primus_api_client::ApiClient;
+use crate::resources::Resources;
 use primus_bus::Bus;
 use primus_proto::v1::{Endpoint, MetricsReport, Role};
 use primus_spec::metric::{MetricPoint, MetricSeries, MetricSpec};
@@ -281,15 +281,8 @@ pub async fn follow(bus: Bus, job: String, reports: tokio::sync::mpsc::Sender<Me
 
 /// Applies `job`'s Metric resource from the fold; a failure is logged (the next write
 /// carries every point).
-pub async fn write(api: &ApiClient, job: &str, fold: &MetricsFold) {
-    let resource = primus_spec::Resource::Metric(Box::new(primus_spec::Object {
-        metadata: primus_spec::Metadata {
-            name: job.to_owned(),
-            labels: Default::default(),
-        },
-        spec: fold.spec(job),
-    }));
-    if let Err(e) = api.apply(&resource, 0).await {
+pub(crate) async fn write(resources: &Resources, job: &str, fold: &MetricsFold) {
+    if let Err(e) = resources.write_metric(job, fold.spec(job)).await {
         tracing::warn!(%job, error = %e, "writing the Metric resource");
     }
 }

@@ -4,16 +4,15 @@
 
 use std::collections::HashMap;
 
-use primus_api_client::{ApiClient, ClientError};
 use primus_model::ModelLayout;
 use primus_proto::v1::Resource;
-use primus_spec::Kind;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::JobSpec;
 
 use super::Outcome;
 use super::executors::JobParts;
 use crate::context::Context;
+use crate::resources::{DatasetError, Resources};
 use primus_data_tasks::plan::{Catalog, ListingCache, StreamPlan};
 use primus_data_tasks::planning;
 
@@ -38,7 +37,7 @@ impl CheckedJob {
     ) -> Result<Self, Outcome> {
         let spec: JobSpec = serde_json::from_str(&resource.spec_json)
             .map_err(|e| Outcome::failed("InvalidSpec", format!("spec: {e}")))?;
-        let dataset = load_dataset(&context.api, &spec.dataset).await?;
+        let dataset = load_dataset(&context.resources, &spec.dataset).await?;
         let layout = ModelLayout::new(&spec.model, &dataset.schema)
             .map_err(|e| Outcome::failed("ModelMismatch", e.to_string()))?;
         let (reads_batch, reads_streams) = planning::reads(spec.mode);
@@ -74,18 +73,20 @@ impl CheckedJob {
     }
 }
 
-async fn load_dataset(api: &ApiClient, name: &str) -> Result<DatasetSpec, Outcome> {
-    let resource = match api.get(Kind::Dataset, name).await {
-        Ok(resource) => resource,
-        Err(e @ ClientError::Status(_)) if e.code() == Some(tonic::Code::NotFound) => {
+async fn load_dataset(resources: &Resources, name: &str) -> Result<DatasetSpec, Outcome> {
+    let spec_json = match resources.dataset(name).await {
+        Ok(spec_json) => spec_json,
+        Err(DatasetError::Missing) => {
             return Err(Outcome::failed(
                 "DatasetMissing",
                 format!("spec.dataset: Dataset {name:?} does not exist"),
             ));
         }
-        Err(e) => return Err(Outcome::failed("DatasetUnreadable", e.to_string())),
+        Err(DatasetError::Unreadable(message)) => {
+            return Err(Outcome::failed("DatasetUnreadable", message));
+        }
     };
-    serde_json::from_str(&resource.spec_json)
+    serde_json::from_str(&spec_json)
         .map_err(|e| Outcome::failed("InvalidDataset", format!("Dataset {name:?}: {e}")))
 }
 

@@ -74,7 +74,7 @@ pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
 ) {
     let name = resource.name.clone();
     let mut writer = JobStatus::new(
-        context.api.clone(),
+        context.resources.clone(),
         name.clone(),
         status,
         resource.generation,

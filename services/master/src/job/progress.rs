@@ -89,7 +89,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             self.writer.write().await;
         }
         if metrics_changed {
-            metrics::write(&self.context.api, &self.name, &self.fold).await;
+            metrics::write(&self.context.resources, &self.name, &self.fold).await;
         }
     }
 
@@ -131,7 +131,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         self.fold.tick(unix_ms());
         let progress = self.progress(counts, true).await;
         self.writer.status.progress = progress.or(self.writer.status.progress.take());
-        metrics::write(&self.context.api, &self.name, &self.fold).await;
+        metrics::write(&self.context.resources, &self.name, &self.fold).await;
     }
 
     /// The rows served to trainers per source, from the task queue.

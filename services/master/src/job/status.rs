@@ -1,24 +1,33 @@
 //! The status writer of one Job: its phase, conditions, progress, replicas, executors and
-//! events, written through the API server's UpdateStatus.
+//! events, written to the master's resources' source (and each event recorded there).
 
-use primus_api_client::ApiClient;
 use primus_proto::v1::{Endpoint, Role};
-use primus_spec::Kind;
 use primus_spec::status::{Condition, ExecutorState, ExecutorStatus, Phase, Status};
 
 use primus_spec::time::unix_ms;
 
+use crate::resources::Resources;
+
 pub(crate) struct JobStatus {
-    api: ApiClient,
+    resources: Resources,
     name: String,
     pub(crate) status: Status,
 }
 
 impl JobStatus {
     /// The writer of `name`, whose current status is `status`, observing `generation`.
-    pub(crate) fn new(api: ApiClient, name: String, mut status: Status, generation: u64) -> Self {
+    pub(crate) fn new(
+        resources: Resources,
+        name: String,
+        mut status: Status,
+        generation: u64,
+    ) -> Self {
         status.observed_generation = generation;
-        Self { api, name, status }
+        Self {
+            resources,
+            name,
+            status,
+        }
     }
 
     /// Sets condition `kind` (its transition time moves only when it changes).
@@ -110,23 +119,25 @@ impl JobStatus {
     /// Records an event in the status (written with the next write) and the log.
     pub(crate) fn event(&mut self, reason: &str, message: String) {
         tracing::info!(job = %self.name, reason, %message, "Job event");
+        (self.resources).record_event(&self.name, reason, &message, false);
         self.status.push_event(unix_ms(), reason, message);
     }
 
     /// Moves the Job to `phase` with condition `kind` saying why, and writes the status.
     pub(crate) async fn set(&mut self, phase: Phase, kind: &str, reason: &str, message: String) {
+        let changed = self.status.phase != phase;
         self.status.phase = phase;
+        if changed {
+            let warning = phase == Phase::Failed;
+            (self.resources).record_event(&self.name, reason, &message, warning);
+        }
         self.condition(kind, phase != Phase::Failed, reason, message);
         self.write().await;
     }
 
     /// Writes the status; a failure is logged (the next write carries the same state).
     pub(crate) async fn write(&self) {
-        if let Err(e) = self
-            .api
-            .update_status(Kind::Job, &self.name, &self.status, 0)
-            .await
-        {
+        if let Err(e) = self.resources.write_status(&self.name, &self.status).await {
             tracing::warn!(job = %self.name, error = %e, "writing Job status");
         }
     }

@@ -4,4 +4,5 @@
 
 mod operator {
     mod crds;
+    mod jobs;
 }

@@ -9,7 +9,7 @@ use primus_testkit::kube::KubeCluster;
 use serde_json::{Value, json};
 
 /// The shared cluster with k8s/crds installed, once.
-fn cluster() -> &'static KubeCluster {
+pub(super) fn cluster() -> &'static KubeCluster {
     static INSTALLED: OnceLock<&'static KubeCluster> = OnceLock::new();
     INSTALLED.get_or_init(install)
 }
@@ -32,18 +32,18 @@ fn install() -> &'static KubeCluster {
     cluster
 }
 
-fn kubectl(cluster: &KubeCluster, args: &[&str]) -> String {
+pub(super) fn kubectl(cluster: &KubeCluster, args: &[&str]) -> String {
     (cluster.kubectl_run(args)).unwrap_or_else(|e| panic!("kubectl {}: {e}", args.join(" ")))
 }
 
 /// A namespace of its own for each test (they run at once).
-fn namespace(cluster: &KubeCluster, name: &'static str) -> &'static str {
+pub(super) fn namespace(cluster: &KubeCluster, name: &'static str) -> &'static str {
     kubectl(cluster, &["create", "namespace", name]);
     name
 }
 
 /// `kubectl apply -f` of `objects` in one file, with `flags`; the error is kubectl's.
-fn apply(
+pub(super) fn apply(
     cluster: &KubeCluster,
     namespace: &str,
     objects: &[Value],
@@ -58,7 +58,7 @@ fn apply(
     cluster.kubectl_run(&args).map_err(|e| e.to_string())
 }
 
-fn get_json(cluster: &KubeCluster, namespace: &str, kind: &str, name: &str) -> Value {
+pub(super) fn get_json(cluster: &KubeCluster, namespace: &str, kind: &str, name: &str) -> Value {
     let text = kubectl(cluster, &["get", kind, name, "-n", namespace, "-o", "json"]);
     serde_json::from_str(&text).expect("kubectl's JSON")
 }

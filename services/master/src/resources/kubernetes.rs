@@ -1,0 +1,405 @@
+//! The master as the operator of PrimusJob and PrimusDataset custom resources: Jobs
+//! followed by a watch in one namespace, a finalizer on each Job of this shard so that
+//! deleting it waits until its executors are stopped, status through the status
+//! subresource, the Metric as a PrimusMetric owned by its Job, events as Kubernetes
+//! Events. A spec the schema let through but primus-spec refuses fails the Job with the
+//! problems named.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, watcher};
+use primus_config::KubernetesBackendSettings;
+use primus_kube_resources::{API_VERSION, CustomKind, GROUP, VERSION, convert};
+use primus_proto::v1::{EventType, Resource};
+use primus_service::Shutdown;
+use primus_spec::Kind;
+use primus_spec::status::{Phase, Status};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::{DatasetError, JobEvent};
+use crate::shard::owns_job;
+
+/// Held on every Job this master drives, until its executors are stopped.
+pub const FINALIZER: &str = "primus.dev/master";
+/// The field manager of what the master applies.
+const MANAGER: &str = "primus-master";
+
+/// The master's handle on its namespace's Primus custom resources.
+pub struct KubeResources {
+    jobs: Api<DynamicObject>,
+    datasets: Api<DynamicObject>,
+    metrics: Api<DynamicObject>,
+    recorder: Recorder,
+    namespace: String,
+    /// Each Job's reference as last seen (Events and the Metric's owner need its uid).
+    references: Arc<Mutex<HashMap<String, ObjectReference>>>,
+}
+
+impl KubeResources {
+    /// Connects with `settings`' kubeconfig (or `KUBECONFIG`, or the pod's service
+    /// account) to `settings`' namespace (or the kubeconfig's); `instance` names this
+    /// master in the Events it records.
+    pub async fn connect(
+        settings: &KubernetesBackendSettings,
+        instance: String,
+    ) -> Result<Self, String> {
+        let config = match &settings.kubeconfig {
+            Some(path) => {
+                let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                    .map_err(|e| format!("kubernetes.kubeconfig {}: {e}", path.display()))?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .map_err(|e| format!("kubernetes.kubeconfig {}: {e}", path.display()))?
+            }
+            None => kube::Config::infer().await.map_err(|e| {
+                format!("no Kubernetes configuration (kubernetes.kubeconfig, KUBECONFIG or in-cluster): {e}")
+            })?,
+        };
+        let namespace = (settings.namespace.clone()).unwrap_or(config.default_namespace.clone());
+        let client =
+            kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))?;
+        let api = |kind: Kind| {
+            let custom = CustomKind::of(kind);
+            let resource = ApiResource {
+                group: GROUP.into(),
+                version: VERSION.into(),
+                api_version: API_VERSION.into(),
+                kind: custom.name.into(),
+                plural: custom.plural.into(),
+            };
+            Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &resource)
+        };
+        let reporter = Reporter {
+            controller: MANAGER.into(),
+            instance: Some(instance),
+        };
+        Ok(Self {
+            jobs: api(Kind::Job),
+            datasets: api(Kind::Dataset),
+            metrics: api(Kind::Metric),
+            recorder: Recorder::new(client.clone(), reporter),
+            namespace,
+            references: Arc::default(),
+        })
+    }
+
+    /// Follows the PrimusJobs of `shard` until `shutdown` (the watcher lists again by
+    /// itself when it lost track).
+    pub(super) async fn follow_jobs(
+        self: Arc<Self>,
+        shard: (u32, u32),
+        events: mpsc::Sender<JobEvent>,
+        shutdown: Shutdown,
+    ) {
+        let mut stream = watcher(self.jobs.clone(), watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut listing = Vec::new();
+        let mut deleting = Vec::new();
+        loop {
+            let event = tokio::select! {
+                event = stream.next() => event,
+                _ = shutdown.wait() => return,
+            };
+            let sent = match event {
+                None => return,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "watching PrimusJobs; retrying");
+                    continue;
+                }
+                Some(Ok(watcher::Event::Init)) => {
+                    listing.clear();
+                    deleting.clear();
+                    continue;
+                }
+                Some(Ok(watcher::Event::InitApply(object))) => {
+                    if let Some((kind, resource)) = self.observe(shard, object).await {
+                        match kind {
+                            EventType::Deleted => deleting.push(resource),
+                            _ => listing.push(resource),
+                        }
+                    }
+                    continue;
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    let mut sent = events
+                        .send(JobEvent::Listed(std::mem::take(&mut listing)))
+                        .await;
+                    for resource in deleting.drain(..) {
+                        if sent.is_ok() {
+                            sent = events
+                                .send(JobEvent::Changed(EventType::Deleted, resource))
+                                .await;
+                        }
+                    }
+                    sent
+                }
+                Some(Ok(watcher::Event::Apply(object))) => {
+                    match self.observe(shard, object).await {
+                        Some((kind, resource)) => {
+                            events.send(JobEvent::Changed(kind, resource)).await
+                        }
+                        None => continue,
+                    }
+                }
+                Some(Ok(watcher::Event::Delete(object))) => {
+                    let name = object.metadata.name.clone().unwrap_or_default();
+                    if !owns_job(shard, &name) {
+                        continue;
+                    }
+                    self.references.lock().map(|mut r| r.remove(&name)).ok();
+                    let resource = api_resource(&object, String::new());
+                    events
+                        .send(JobEvent::Changed(EventType::Deleted, resource))
+                        .await
+                }
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// A PrimusJob of this shard as the controller takes it: its finalizer added, its spec
+    /// checked (a refused one is failed here and not passed on), `Deleted` once it is
+    /// being deleted.
+    async fn observe(
+        &self,
+        shard: (u32, u32),
+        object: DynamicObject,
+    ) -> Option<(EventType, Resource)> {
+        let name = object.metadata.name.clone()?;
+        if !owns_job(shard, &name) {
+            return None;
+        }
+        self.remember(&object);
+        let value = serde_json::to_value(&object).ok()?;
+        let status: Status = serde_json::from_value(value["status"].clone()).unwrap_or_default();
+        if object.metadata.deletion_timestamp.is_some() {
+            return Some((EventType::Deleted, api_resource(&object, String::new())));
+        }
+        let generation = object.metadata.generation.unwrap_or(0).max(0) as u64;
+        match convert::resource(&value) {
+            Ok(resource) => {
+                if !has_finalizer(&object) {
+                    self.hold(&name).await;
+                }
+                let spec_json = resource.spec_json().unwrap_or_default();
+                Some((EventType::Modified, api_resource(&object, spec_json)))
+            }
+            Err(e) => {
+                let failed_already =
+                    status.phase == Phase::Failed && status.observed_generation == generation;
+                if !failed_already {
+                    self.fail_invalid(&name, generation, e.to_string()).await;
+                }
+                None
+            }
+        }
+    }
+
+    fn remember(&self, object: &DynamicObject) {
+        let Some(name) = object.metadata.name.clone() else {
+            return;
+        };
+        let reference = ObjectReference {
+            api_version: Some(API_VERSION.into()),
+            kind: Some(CustomKind::of(Kind::Job).name.into()),
+            name: Some(name.clone()),
+            namespace: Some(self.namespace.clone()),
+            uid: object.metadata.uid.clone(),
+            ..ObjectReference::default()
+        };
+        self.references
+            .lock()
+            .map(|mut r| r.insert(name, reference))
+            .ok();
+    }
+
+    fn reference(&self, job: &str) -> Option<ObjectReference> {
+        self.references.lock().ok()?.get(job).cloned()
+    }
+
+    /// Adds the master's finalizer (a field of its own manager, so removing it later
+    /// touches no one else's).
+    async fn hold(&self, job: &str) {
+        let patch = json!({
+            "apiVersion": API_VERSION,
+            "kind": CustomKind::of(Kind::Job).name,
+            "metadata": {"name": job, "finalizers": [FINALIZER]},
+        });
+        let params = PatchParams::apply(&finalizer_manager());
+        if let Err(e) = self.jobs.patch(job, &params, &Patch::Apply(patch)).await {
+            tracing::warn!(job, error = %e, "adding the master's finalizer");
+        }
+    }
+
+    /// Removes the master's finalizer: the Job's executors are stopped.
+    pub(super) async fn release(&self, job: &str) {
+        let Ok(object) = self.jobs.get_opt(job).await else {
+            return;
+        };
+        if !object.as_ref().is_some_and(has_finalizer) {
+            return;
+        }
+        let patch = json!({
+            "apiVersion": API_VERSION,
+            "kind": CustomKind::of(Kind::Job).name,
+            "metadata": {"name": job},
+        });
+        let params = PatchParams::apply(&finalizer_manager());
+        match self.jobs.patch(job, &params, &Patch::Apply(patch)).await {
+            Ok(_) => tracing::info!(job, "the master's finalizer removed"),
+            Err(e) => tracing::warn!(job, error = %e, "removing the master's finalizer"),
+        }
+    }
+
+    async fn fail_invalid(&self, job: &str, generation: u64, message: String) {
+        tracing::warn!(job, %message, "PrimusJob refused");
+        let mut status = Status {
+            phase: Phase::Failed,
+            observed_generation: generation,
+            ..Status::default()
+        };
+        status.conditions.push(primus_spec::status::Condition {
+            kind: "Complete".into(),
+            status: false,
+            reason: "InvalidSpec".into(),
+            message: message.clone(),
+            last_transition_unix_ms: primus_spec::time::unix_ms(),
+        });
+        if let Err(e) = self.write_status(job, &status).await {
+            tracing::warn!(job, error = %e, "writing the status of a refused PrimusJob");
+        }
+        self.record_event(job, "InvalidSpec", &message, true);
+    }
+
+    pub(super) async fn dataset(&self, name: &str) -> Result<String, DatasetError> {
+        let object = match self.datasets.get_opt(name).await {
+            Ok(Some(object)) => object,
+            Ok(None) => return Err(DatasetError::Missing),
+            Err(e) => return Err(DatasetError::Unreadable(e.to_string())),
+        };
+        let value =
+            serde_json::to_value(&object).map_err(|e| DatasetError::Unreadable(e.to_string()))?;
+        let resource =
+            convert::resource(&value).map_err(|e| DatasetError::Unreadable(e.to_string()))?;
+        resource
+            .spec_json()
+            .map_err(|e| DatasetError::Unreadable(e.to_string()))
+    }
+
+    /// Applies `status` through the status subresource (server-side apply: the fields the
+    /// master wrote before and leaves out now go, a custom resource takes no unconditional
+    /// update).
+    pub(super) async fn write_status(&self, job: &str, status: &Status) -> Result<(), String> {
+        let object = json!({
+            "apiVersion": API_VERSION,
+            "kind": CustomKind::of(Kind::Job).name,
+            "metadata": {"name": job},
+            "status": status,
+        });
+        let params = PatchParams::apply(MANAGER).force();
+        (self
+            .jobs
+            .patch_status(job, &params, &Patch::Apply(object))
+            .await)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The Metric as a PrimusMetric owned by its Job (deleted with it).
+    pub(super) async fn write_metric(
+        &self,
+        job: &str,
+        resource: &primus_spec::Resource,
+    ) -> Result<(), String> {
+        let mut object = convert::custom_resource(resource, None).map_err(|e| e.to_string())?;
+        if let Some(owner) = self.reference(job).filter(|r| r.uid.is_some()) {
+            object["metadata"]["ownerReferences"] = json!([{
+                "apiVersion": owner.api_version,
+                "kind": owner.kind,
+                "name": owner.name,
+                "uid": owner.uid,
+            }]);
+        }
+        let params = PatchParams::apply(MANAGER).force();
+        (self
+            .metrics
+            .patch(job, &params, &Patch::Apply(object))
+            .await)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    pub(super) fn record_event(&self, job: &str, reason: &str, message: &str, warning: bool) {
+        let Some(reference) = self.reference(job) else {
+            return;
+        };
+        let recorder = self.recorder.clone();
+        let event = Event {
+            type_: if warning {
+                KubeEventType::Warning
+            } else {
+                KubeEventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(truncated(message, 1000)),
+            action: "Drive".into(),
+            secondary: None,
+        };
+        let job = job.to_owned();
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::warn!(%job, error = %e, "recording a Kubernetes Event");
+            }
+        });
+    }
+}
+
+/// The finalizer's own field manager (the Metric's is [`MANAGER`]).
+fn finalizer_manager() -> String {
+    format!("{MANAGER}-finalizer")
+}
+
+fn has_finalizer(object: &DynamicObject) -> bool {
+    (object.metadata.finalizers.iter().flatten()).any(|f| f == FINALIZER)
+}
+
+/// The controller's view of a PrimusJob: name, labels, spec and status as JSON.
+fn api_resource(object: &DynamicObject, spec_json: String) -> Resource {
+    let status = object.data.get("status").cloned().unwrap_or(Value::Null);
+    Resource {
+        kind: Kind::Job.as_str().into(),
+        name: object.metadata.name.clone().unwrap_or_default(),
+        labels: (object
+            .metadata
+            .labels
+            .clone()
+            .unwrap_or_default()
+            .into_iter())
+        .collect(),
+        spec_json,
+        status_json: if status.is_null() {
+            String::new()
+        } else {
+            status.to_string()
+        },
+        generation: object.metadata.generation.unwrap_or(0).max(0) as u64,
+        ..Resource::default()
+    }
+}
+
+fn truncated(text: &str, limit: usize) -> String {
+    match text.char_indices().nth(limit) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_owned(),
+    }
+}

@@ -1,0 +1,212 @@
+//! The master as the operator of PrimusJobs (`master.resources: kubernetes`) against the
+//! test cluster's real API server: a Job applied with kubectl runs to Succeeded with its
+//! status, columns, PrimusMetric and Events in Kubernetes; a Job deleted while it runs
+//! is held by the master's finalizer until its executors are stopped. The executors run
+//! on the local backend (processes beside the master): which backend runs them is the
+//! master's other, independent choice.
+
+use std::time::{Duration, Instant};
+
+use primus_config::{MasterSettings, ResourceSource};
+use primus_harness::criteo::{dlrm_job, write_criteo_rows};
+use primus_harness::resources::{dataset, hourly, parquet};
+use primus_harness::{MasterProcess, Sandbox};
+use primus_kube_resources::convert::custom_resource;
+use primus_testkit::kube::KubeCluster;
+use serde_json::Value;
+
+use super::crds::{apply, cluster, get_json, kubectl, namespace};
+
+const ROWS: u64 = primus_harness::criteo::DLRM_ROWS_PER_HOUR as u64;
+
+/// Dataset `criteo` (one hour of rows under the sandbox) and DLRM Job `job` on it, as
+/// custom resources.
+async fn criteo_job(sandbox: &Sandbox, job: &str) -> [Value; 2] {
+    write_criteo_rows(sandbox, 1).await;
+    let data = sandbox.dir().join("criteo");
+    let criteo = dataset("criteo")
+        .schema(primus_datagen::criteo::feature_schema("categorical"))
+        .stream(
+            "clicks",
+            hourly("2026-11-01T00", Some("2026-11-01T01")),
+            vec![parquet("criteo", data.display())],
+        )
+        .build();
+    let job = dlrm_job(sandbox, job, 1, 3600).batch_size(512).build();
+    [criteo, job].map(|r| custom_resource(&r, None).expect("a custom resource"))
+}
+
+/// A master of `sandbox` taking its Jobs from `namespace` of `cluster`.
+fn operator_settings(sandbox: &Sandbox, cluster: &KubeCluster, namespace: &str) -> MasterSettings {
+    let mut settings = sandbox.master_settings();
+    settings.master.resources = ResourceSource::Kubernetes;
+    settings.kubernetes.kubeconfig = Some(cluster.kubeconfig());
+    settings.kubernetes.namespace = Some(namespace.into());
+    settings
+}
+
+/// Waits up to `timeout` until `done` holds for PrimusJob `job` as kubectl reads it.
+fn wait_for(
+    cluster: &KubeCluster,
+    namespace: &str,
+    job: &str,
+    timeout: Duration,
+    sandbox: &Sandbox,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let object = get_json(cluster, namespace, "primusjob", job);
+        if done(&object) {
+            return object;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{job}: {:#}\n{}",
+            object["status"],
+            sandbox.logs(job)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_applied_with_kubectl_runs_to_succeeded_with_its_status_metric_and_events() {
+    let cluster = cluster();
+    let namespace = namespace(cluster, "operator-jobs");
+    let sandbox = Sandbox::start().await;
+    let master = MasterProcess::start(
+        &sandbox,
+        &operator_settings(&sandbox, cluster, namespace),
+        &[],
+    );
+    let job = "ctr-operator";
+    apply(cluster, namespace, &criteo_job(&sandbox, job).await, &[])
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let running = wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(60),
+        &sandbox,
+        |o| {
+            o["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty())
+        },
+    );
+    assert_eq!(running["metadata"]["finalizers"][0], "primus.dev/master");
+    let done = wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(300),
+        &sandbox,
+        |o| o["status"]["phase"] == "Succeeded",
+    );
+    assert_eq!(
+        done["status"]["progress"]["samples"], ROWS,
+        "{:#}",
+        done["status"]
+    );
+    assert_eq!(done["status"]["observed_generation"], 1);
+    let row = kubectl(
+        cluster,
+        &["get", "pjob", job, "-n", namespace, "--no-headers"],
+    );
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        &cells[..4],
+        [job, "Succeeded", "1", &ROWS.to_string()],
+        "{row}"
+    );
+
+    let metric = get_json(cluster, namespace, "primusmetric", job);
+    assert_eq!(metric["spec"]["job"], job);
+    assert!(
+        (metric["spec"]["series"].as_array()).is_some_and(|s| !s.is_empty()),
+        "{metric:#}"
+    );
+    assert_eq!(
+        metric["metadata"]["ownerReferences"][0]["uid"],
+        done["metadata"]["uid"]
+    );
+
+    let selector = format!("involvedObject.name={job}");
+    let events = kubectl(
+        cluster,
+        &[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            &selector,
+            "-o",
+            "json",
+        ],
+    );
+    let events: Value = serde_json::from_str(&events).expect("kubectl's JSON");
+    let reasons: Vec<&str> = (events["items"].as_array().into_iter().flatten())
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert!(
+        !reasons.is_empty(),
+        "Events recorded on the Job: {events:#}"
+    );
+    eprintln!("{job}: {row}; Events: {reasons:?}");
+
+    // Deleting it lets the finalizer go and the garbage collector takes its Metric.
+    kubectl(
+        cluster,
+        &["delete", "pjob", job, "-n", namespace, "--timeout=60s"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cluster
+        .kubectl_run(&["get", "pmetric", job, "-n", namespace])
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "the Metric outlived its Job");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    master.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_deleted_while_it_runs_is_held_until_its_executors_are_stopped() {
+    let cluster = cluster();
+    let namespace = namespace(cluster, "operator-delete");
+    let sandbox = Sandbox::start().await;
+    let master = MasterProcess::start(
+        &sandbox,
+        &operator_settings(&sandbox, cluster, namespace),
+        &[],
+    );
+    let job = "ctr-deleted";
+    apply(cluster, namespace, &criteo_job(&sandbox, job).await, &[])
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(120),
+        &sandbox,
+        |o| o["status"]["progress"]["samples"].as_u64().unwrap_or(0) > 0,
+    );
+    let started = Instant::now();
+    kubectl(
+        cluster,
+        &["delete", "pjob", job, "-n", namespace, "--timeout=60s"],
+    );
+    eprintln!("{job}: deleted in {:.1}s", started.elapsed().as_secs_f64());
+    let log = std::fs::read_to_string(sandbox.dir().join("master.log")).unwrap_or_default();
+    let stopped = log.find("Job deleted: executors stopped");
+    let released = log.find("the master's finalizer removed");
+    assert!(
+        stopped.is_some() && stopped < released,
+        "the finalizer goes only after the executors stopped:\n{}",
+        sandbox.logs(job)
+    );
+    master.stop();
+}

@@ -50,21 +50,9 @@ impl KubeResources {
         settings: &KubernetesBackendSettings,
         instance: String,
     ) -> Result<Self, String> {
-        let config = match &settings.kubeconfig {
-            Some(path) => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                    .map_err(|e| format!("kubernetes.kubeconfig {}: {e}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                    .await
-                    .map_err(|e| format!("kubernetes.kubeconfig {}: {e}", path.display()))?
-            }
-            None => kube::Config::infer().await.map_err(|e| {
-                format!("no Kubernetes configuration (kubernetes.kubeconfig, KUBECONFIG or in-cluster): {e}")
-            })?,
-        };
-        let namespace = (settings.namespace.clone()).unwrap_or(config.default_namespace.clone());
-        let client =
-            kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))?;
+        let (client, namespace) = primus_backend::kubernetes::connect_client(settings)
+            .await
+            .map_err(|e| e.to_string())?;
         let api = |kind: Kind| {
             let custom = CustomKind::of(kind);
             let resource = ApiResource {

@@ -103,24 +103,7 @@ impl KubernetesBackend {
         shard: (u32, u32),
         master_addr: String,
     ) -> Result<Self, BackendError> {
-        let config = match &settings.kubeconfig {
-            Some(path) => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| {
-                    BackendError::Io(format!("kubeconfig {}: {e}", path.display()))
-                })?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                    .await
-                    .map_err(|e| BackendError::Io(format!("kubeconfig {}: {e}", path.display())))?
-            }
-            None => kube::Config::infer().await.map_err(|e| {
-                BackendError::Io(format!(
-                    "no Kubernetes configuration (kubernetes.kubeconfig, KUBECONFIG or in-cluster): {e}"
-                ))
-            })?,
-        };
-        let namespace = (settings.namespace.clone()).unwrap_or(config.default_namespace.clone());
-        let client = kube::Client::try_from(config)
-            .map_err(|e| BackendError::Io(format!("Kubernetes client: {e}")))?;
+        let (client, namespace) = connect_client(&settings).await?;
         let mut settings = settings;
         settings.namespace = Some(namespace.clone());
         let inner = Arc::new(Inner {
@@ -735,6 +718,32 @@ impl ResourceBackend for KubernetesBackend {
             }
         }
     }
+}
+
+/// A client of the cluster `settings` name (`kubernetes.kubeconfig`, else `KUBECONFIG`,
+/// else the pod's service account) and the namespace to work in (`kubernetes.namespace`,
+/// else the configuration's).
+pub async fn connect_client(
+    settings: &KubernetesBackendSettings,
+) -> Result<(kube::Client, String), BackendError> {
+    let config = match &settings.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| BackendError::Io(format!("kubeconfig {}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|e| BackendError::Io(format!("kubeconfig {}: {e}", path.display())))?
+        }
+        None => kube::Config::infer().await.map_err(|e| {
+            BackendError::Io(format!(
+                "no Kubernetes configuration (kubernetes.kubeconfig, KUBECONFIG or in-cluster): {e}"
+            ))
+        })?,
+    };
+    let namespace = (settings.namespace.clone()).unwrap_or(config.default_namespace.clone());
+    let client = kube::Client::try_from(config)
+        .map_err(|e| BackendError::Io(format!("Kubernetes client: {e}")))?;
+    Ok((client, namespace))
 }
 
 #[cfg(test)]

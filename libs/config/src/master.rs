@@ -211,6 +211,9 @@ pub struct KubernetesBackendSettings {
     pub stop_grace_ms: u64,
     /// Lines of a failed container's log quoted in the Job's condition.
     pub log_lines: u32,
+    /// With `master.resources: kubernetes`: how long the shard's Lease holds unrenewed
+    /// (a master renews it every third of this; one that stops is replaced after it).
+    pub lease_duration_ms: u64,
     /// Node labels the executors' pods must match.
     pub node_selector: BTreeMap<String, String>,
     /// Extra labels on every object the backend creates.
@@ -230,6 +233,7 @@ impl Default for KubernetesBackendSettings {
             max_restarts: 5,
             stop_grace_ms: 30_000,
             log_lines: 20,
+            lease_duration_ms: 15_000,
             node_selector: BTreeMap::new(),
             labels: BTreeMap::new(),
         }

@@ -459,10 +459,22 @@ pub struct MasterProcess {
 impl MasterProcess {
     /// Starts the master of `sandbox` with `settings` and extra environment `env`.
     pub fn start(sandbox: &Sandbox, settings: &MasterSettings, env: &[(&str, &str)]) -> Self {
-        let config = sandbox.dir().join("master.toml");
+        Self::start_as(sandbox, "master", settings, env)
+    }
+
+    /// Starts a master of `sandbox` whose settings file and log are `<name>.toml` and
+    /// `<name>.log` (a second master beside [`MasterProcess::start`]'s).
+    pub fn start_as(
+        sandbox: &Sandbox,
+        name: &str,
+        settings: &MasterSettings,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let config = sandbox.dir().join(format!("{name}.toml"));
         let text = primus_config::to_toml(settings).expect("master settings as TOML");
         std::fs::write(&config, text).expect("master settings file");
-        let log = std::fs::File::create(sandbox.dir().join("master.log")).expect("master log");
+        let log =
+            std::fs::File::create(sandbox.dir().join(format!("{name}.log"))).expect("master log");
         let child = Command::new(binary("primus-master"))
             .arg("--config")
             .arg(&config)

@@ -1,5 +1,5 @@
-//! The master as the operator of PrimusJob and PrimusDataset custom resources: Jobs
-//! followed by a watch in one namespace, a finalizer on each Job of this shard so that
+//! The master as the operator of PrimusJob and PrimusDataset custom resources: once it
+//! holds its shard's Lease (`lease.rs`), Jobs followed by a watch in one namespace, a finalizer on each Job of this shard so that
 //! deleting it waits until its executors are stopped, status through the status
 //! subresource, the Metric as a PrimusMetric owned by its Job, events as Kubernetes
 //! Events. A spec the schema let through but primus-spec refuses fails the Job with the
@@ -7,8 +7,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
@@ -23,6 +25,7 @@ use primus_spec::status::{Phase, Status};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use super::lease::ShardLease;
 use super::{DatasetError, JobEvent};
 use crate::shard::owns_job;
 
@@ -36,8 +39,12 @@ pub struct KubeResources {
     jobs: Api<DynamicObject>,
     datasets: Api<DynamicObject>,
     metrics: Api<DynamicObject>,
+    leases: Api<Lease>,
     recorder: Recorder,
     namespace: String,
+    /// This master's identity in its shard's Lease (its address and process).
+    identity: String,
+    lease_duration: Duration,
     /// Each Job's reference as last seen (Events and the Metric's owner need its uid).
     references: Arc<Mutex<HashMap<String, ObjectReference>>>,
 }
@@ -66,26 +73,47 @@ impl KubeResources {
         };
         let reporter = Reporter {
             controller: MANAGER.into(),
-            instance: Some(instance),
+            instance: Some(instance.clone()),
         };
         Ok(Self {
             jobs: api(Kind::Job),
             datasets: api(Kind::Dataset),
             metrics: api(Kind::Metric),
+            leases: Api::namespaced(client.clone(), &namespace),
             recorder: Recorder::new(client.clone(), reporter),
             namespace,
+            identity: format!("{instance}/{}", std::process::id()),
+            lease_duration: Duration::from_millis(settings.lease_duration_ms.max(1_000)),
             references: Arc::default(),
         })
     }
 
-    /// Follows the PrimusJobs of `shard` until `shutdown` (the watcher lists again by
-    /// itself when it lost track).
+    /// Once this master holds its shard's Lease, follows the PrimusJobs of `shard` until
+    /// `shutdown` (the watcher lists again by itself when it lost track). A Lease lost
+    /// shuts the master down: its Jobs go to the master that holds it next.
     pub(super) async fn follow_jobs(
         self: Arc<Self>,
         shard: (u32, u32),
         events: mpsc::Sender<JobEvent>,
         shutdown: Shutdown,
     ) {
+        let lease = ShardLease::new(
+            self.leases.clone(),
+            shard,
+            self.identity.clone(),
+            self.lease_duration,
+        );
+        if !lease.acquire(&shutdown).await {
+            return;
+        }
+        let held = shutdown.clone();
+        tokio::spawn(async move {
+            lease.hold(&held).await;
+            if !held.is_triggered() {
+                tracing::error!("stopping: this master no longer holds its shard's Lease");
+                held.trigger();
+            }
+        });
         let mut stream = watcher(self.jobs.clone(), watcher::Config::default())
             .default_backoff()
             .boxed();

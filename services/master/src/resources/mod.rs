@@ -6,6 +6,7 @@
 
 mod api_server;
 pub mod kubernetes;
+mod lease;
 
 use std::sync::Arc;
 

@@ -210,3 +210,86 @@ async fn a_job_deleted_while_it_runs_is_held_until_its_executors_are_stopped() {
     );
     master.stop();
 }
+
+/// The holder of Lease `name` in `namespace`.
+fn lease_holder(cluster: &KubeCluster, namespace: &str, name: &str) -> String {
+    let path = "jsonpath={.spec.holderIdentity}";
+    kubectl(
+        cluster,
+        &["get", "lease", name, "-n", namespace, "-o", path],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_master_waits_for_the_lease_and_a_restarted_one_takes_it_over_mid_job() {
+    let cluster = cluster();
+    let namespace = namespace(cluster, "operator-lease");
+    let sandbox = Sandbox::start().await;
+    let mut settings = operator_settings(&sandbox, cluster, namespace);
+    settings.kubernetes.lease_duration_ms = 3_000;
+    // Each Parquet read (7 row groups) waits 4 s: the Job is mid-way throughout.
+    settings.master.fault_injection.data_read_delay_ms = 4_000;
+    let mut master = MasterProcess::start(&sandbox, &settings, &[]);
+    let job = "ctr-lease";
+    let [dataset, mut job_object] = criteo_job(&sandbox, job).await;
+    job_object["spec"]["checkpoint"]["interval_seconds"] = 2.into();
+    apply(cluster, namespace, &[dataset, job_object], &[]).unwrap_or_else(|e| panic!("{e}"));
+    wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(120),
+        &sandbox,
+        |o| o["status"]["progress"]["samples"].as_u64().unwrap_or(0) > 0,
+    );
+    let lease = "primus-master-0-of-1";
+    let first = lease_holder(cluster, namespace, lease);
+    assert!(first.starts_with(master.addr()), "{first}");
+
+    // A second master of the same shard (its executors in a folder of its own) waits.
+    let mut second_settings = settings.clone();
+    second_settings.server.grpc_addr =
+        ([127, 0, 0, 1], primus_testkit::free_port().expect("port")).into();
+    second_settings.local.work_dir = sandbox.dir().join("second-work");
+    let second = MasterProcess::start_as(&sandbox, "second-master", &second_settings, &[]);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let log = std::fs::read_to_string(sandbox.dir().join("second-master.log")).unwrap_or_default();
+    assert!(log.contains("waiting for the shard's Lease"), "{log}");
+    assert!(
+        !log.contains("executor started"),
+        "the second master drove nothing:\n{log}"
+    );
+    assert_eq!(lease_holder(cluster, namespace, lease), first);
+    second.stop();
+
+    // The first master killed mid-Job, another started in its place takes the Lease over
+    // once it expires, and finishes the Job from its checkpoint.
+    let at_kill = get_json(cluster, namespace, "primusjob", job);
+    assert_ne!(
+        at_kill["status"]["phase"], "Succeeded",
+        "the Job was mid-way: {:#}",
+        at_kill["status"]
+    );
+    master.kill_and_start(&sandbox, &settings, &[]);
+    let done = wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(300),
+        &sandbox,
+        |o| o["status"]["phase"] == "Succeeded",
+    );
+    let next = lease_holder(cluster, namespace, lease);
+    assert!(
+        next != first && next.starts_with(master.addr()),
+        "{first} -> {next}"
+    );
+    assert_eq!(
+        done["status"]["progress"]["samples"], ROWS,
+        "{:#}",
+        done["status"]
+    );
+    let log = std::fs::read_to_string(sandbox.dir().join("master.log")).unwrap_or_default();
+    assert!(log.contains("acquired the shard's Lease"), "{log}");
+    master.stop();
+}

@@ -46,6 +46,11 @@ pub struct JobSpec {
     /// from the start. Data positions and counters start fresh.
     #[serde(default)]
     pub start_from: Option<String>,
+    /// While true no executor of the Job runs: a Job created suspended waits (as a queue
+    /// such as Kueue's holds a batch Job until it admits it); suspending a running Job
+    /// stops its executors, and it goes on from its latest checkpoint when resumed.
+    #[serde(default)]
+    pub suspend: bool,
 }
 
 /// Which sources a Job reads.

@@ -10,12 +10,13 @@ use std::sync::Arc;
 
 use primus_proto::v1::{EventType, Resource};
 use primus_service::Shutdown;
-use primus_spec::status::Status;
+use primus_spec::status::{Phase, Status};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::context::Context;
 use crate::job;
+use crate::job::status::{JobStatus, SUSPENDED};
 use crate::resources::JobEvent;
 use primus_backend::ResourceBackend;
 use primus_data_tasks::plan::Catalog;
@@ -86,6 +87,12 @@ async fn observe<B: ResourceBackend, C: Catalog>(
         context.resources.released(&name).await;
         return;
     }
+    let suspended = is_suspended(&resource);
+    if suspended && let Some(running) = drivers.remove(&name) {
+        let _ = running.cancel.send(true);
+        let _ = running.task.await;
+        context.backend.release_job(&name).await;
+    }
     if let Some(running) = drivers.get(&name).filter(|r| !r.task.is_finished()) {
         running.spec.send_if_modified(|seen| {
             let newer = resource.generation > seen.generation;
@@ -100,6 +107,10 @@ async fn observe<B: ResourceBackend, C: Catalog>(
     if status.phase.is_terminal() {
         return;
     }
+    if suspended {
+        hold_suspended(context, &resource, status).await;
+        return;
+    }
     let (cancel, cancelled) = watch::channel(false);
     let (spec, specs) = watch::channel(resource.clone());
     let task = tokio::spawn(job::drive(
@@ -110,4 +121,36 @@ async fn observe<B: ResourceBackend, C: Catalog>(
         cancelled,
     ));
     drivers.insert(name, Running { cancel, spec, task });
+}
+
+/// Whether the Job's spec asks it to be suspended (a spec that does not parse is the
+/// driver's to refuse).
+fn is_suspended(resource: &Resource) -> bool {
+    serde_json::from_str::<primus_spec::job::JobSpec>(&resource.spec_json).is_ok_and(|s| s.suspend)
+}
+
+/// A suspended Job runs nothing: Pending, with condition `Suspended` saying so (written
+/// once per generation).
+async fn hold_suspended<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    resource: &Resource,
+    status: Status,
+) {
+    let shown = status.observed_generation == resource.generation
+        && status.phase == Phase::Pending
+        && (status.conditions.iter()).any(|c| c.kind == SUSPENDED && c.status);
+    if shown {
+        return;
+    }
+    let mut writer = JobStatus::new(
+        context.resources.clone(),
+        resource.name.clone(),
+        status,
+        resource.generation,
+    );
+    let message = "spec.suspend is true: no executor runs until it is false".to_owned();
+    writer
+        .set(Phase::Pending, SUSPENDED, "Suspended", message)
+        .await;
+    tracing::info!(job = %resource.name, "Job suspended");
 }

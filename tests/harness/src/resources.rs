@@ -175,6 +175,7 @@ pub fn job(name: &str, dataset: &str, mode: TrainingMode, model: ModelSpec) -> J
             checkpoint: None,
             serving_sync: ServingSyncSpec::default(),
             start_from: None,
+            suspend: false,
         },
     }
 }

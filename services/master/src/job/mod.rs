@@ -27,7 +27,7 @@ mod rollback;
 mod scaling;
 mod serving;
 mod snapshot;
-mod status;
+pub(crate) mod status;
 mod stragglers;
 mod warm_start;
 
@@ -79,6 +79,10 @@ pub(crate) async fn drive<B: ResourceBackend, C: Catalog>(
         status,
         resource.generation,
     );
+    if (writer.status.conditions.iter()).any(|c| c.kind == status::SUSPENDED && c.status) {
+        let message = "spec.suspend is false".to_owned();
+        writer.condition(status::SUSPENDED, false, "Resumed", message);
+    }
     let outcome = tokio::select! {
         outcome = run(&context, &resource, specs, &mut writer) => Some(outcome),
         _ = cancelled.wait_for(|c| *c) => None,

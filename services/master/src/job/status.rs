@@ -8,6 +8,9 @@ use primus_spec::time::unix_ms;
 
 use crate::resources::Resources;
 
+/// The condition of a Job held by `spec.suspend`.
+pub(crate) const SUSPENDED: &str = "Suspended";
+
 pub(crate) struct JobStatus {
     resources: Resources,
     name: String,

@@ -293,3 +293,81 @@ async fn a_second_master_waits_for_the_lease_and_a_restarted_one_takes_it_over_m
     assert!(log.contains("acquired the shard's Lease"), "{log}");
     master.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_created_suspended_runs_nothing_until_resumed_then_succeeds() {
+    let cluster = cluster();
+    let namespace = namespace(cluster, "operator-suspend");
+    let sandbox = Sandbox::start().await;
+    let master = MasterProcess::start(
+        &sandbox,
+        &operator_settings(&sandbox, cluster, namespace),
+        &[],
+    );
+    let job = "ctr-suspended";
+    let [dataset, mut job_object] = criteo_job(&sandbox, job).await;
+    job_object["spec"]["suspend"] = true.into();
+    apply(cluster, namespace, &[dataset, job_object], &[]).unwrap_or_else(|e| panic!("{e}"));
+    let held = wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(60),
+        &sandbox,
+        |o| {
+            let conditions = o["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            conditions
+                .iter()
+                .any(|c| c["type"] == "Suspended" && c["status"] == true)
+        },
+    );
+    assert_eq!(held["status"]["phase"], "Pending", "{:#}", held["status"]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = std::fs::read_to_string(sandbox.dir().join("master.log")).unwrap_or_default();
+    assert!(
+        !log.contains("executor started"),
+        "a suspended Job started executors:\n{log}"
+    );
+
+    let resume = r#"{"spec":{"suspend":false}}"#;
+    kubectl(
+        cluster,
+        &[
+            "patch",
+            "pjob",
+            job,
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            resume,
+        ],
+    );
+    let done = wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(300),
+        &sandbox,
+        |o| o["status"]["phase"] == "Succeeded",
+    );
+    assert_eq!(
+        done["status"]["progress"]["samples"], ROWS,
+        "{:#}",
+        done["status"]
+    );
+    let conditions = done["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let suspended = conditions.iter().find(|c| c["type"] == "Suspended");
+    assert_eq!(
+        suspended.map(|c| &c["status"]),
+        Some(&Value::Bool(false)),
+        "{conditions:#?}"
+    );
+    master.stop();
+}

@@ -108,6 +108,16 @@ pub fn print_crds() -> Result<(), Failure> {
     Ok(())
 }
 
+impl Failure {
+    /// The same failure, with `context` before its message.
+    pub fn context(self, context: String) -> Self {
+        Self {
+            exit_code: self.exit_code,
+            error: self.error.context(context),
+        }
+    }
+}
+
 impl From<primus_api_client::ClientError> for Failure {
     fn from(error: primus_api_client::ClientError) -> Self {
         use tonic::Code;

@@ -9,10 +9,11 @@ use primus_cli::datagen::{DatagenCommand, datagen};
 use primus_cli::import::{ImportCommand, import};
 use primus_cli::output::Format;
 use primus_cli::replay::{ReplayArgs, replay};
-use primus_cli::resources::{self, parse_kind, parse_selector, read_resources};
+use primus_cli::resources::{self, Source, parse_kind, parse_selector, read_resources};
 use primus_cli::simulate::{SimulateArgs, run_simulation};
 use primus_cli::up::{UpOptions, up};
 use primus_cli::{Failure, print_table, probe, services, watch};
+use primus_kube_resources::client::CustomResources;
 
 /// Primus: train recommendation models from batch files and live streams, serve them fresh.
 ///
@@ -38,6 +39,16 @@ struct Connection {
     /// File holding the bearer token (e.g. .primus/token of `primus up`).
     #[arg(long, env = "PRIMUS_TOKEN_FILE", global = true)]
     token_file: Option<PathBuf>,
+    /// apply, get, describe and delete Primus's custom resources in Kubernetes
+    /// (PrimusJob, PrimusDataset, PrimusMetric) instead of the API server's resources.
+    #[arg(long, env = "PRIMUS_KUBERNETES", global = true)]
+    kubernetes: bool,
+    /// The kubeconfig of --kubernetes (default: KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// The namespace of --kubernetes (default: the kubeconfig's).
+    #[arg(long, short = 'n', global = true)]
+    namespace: Option<String>,
     /// CA certificate (PEM) that signed the API server's TLS certificate.
     #[arg(long, env = "PRIMUS_CA_FILE", global = true)]
     ca_file: Option<PathBuf>,
@@ -153,6 +164,18 @@ impl Connection {
         })?;
         Ok(ApiClient::connect(&settings).await?)
     }
+
+    /// The API server, or with --kubernetes the cluster's custom resources.
+    async fn source(&self) -> Result<Source, Failure> {
+        if !self.kubernetes {
+            return Ok(Source::ApiServer(self.client().await?));
+        }
+        let custom =
+            CustomResources::connect(self.kubeconfig.as_deref(), self.namespace.as_deref())
+                .await
+                .map_err(resources::kube_failure)?;
+        Ok(Source::Kubernetes(custom))
+    }
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Failure> {
@@ -161,7 +184,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Commands::Apply { files } => {
             // Every file is read and validated before the first call.
             let resources = read_resources(&files)?;
-            resources::apply(&connection.client().await?, &resources).await?;
+            resources::apply(&connection.source().await?, &resources).await?;
         }
         Commands::Get {
             kind,
@@ -171,12 +194,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         } => {
             let kind = parse_kind(&kind)?;
             let selector = parse_selector(&selector)?;
-            let client = connection.client().await?;
-            resources::get(&client, kind, name.as_deref(), selector, output).await?;
+            let source = connection.source().await?;
+            resources::get(&source, kind, name.as_deref(), selector, output).await?;
         }
         Commands::Describe { kind, name } => {
             let kind = parse_kind(&kind)?;
-            resources::describe(&connection.client().await?, kind, &name).await?;
+            resources::describe(&connection.source().await?, kind, &name).await?;
         }
         Commands::Delete {
             kind,
@@ -184,10 +207,16 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             if_version,
         } => {
             let kind = parse_kind(&kind)?;
-            resources::delete(&connection.client().await?, kind, &name, if_version).await?;
+            resources::delete(&connection.source().await?, kind, &name, if_version).await?;
         }
         Commands::Watch { kind, name } => {
             let kind = parse_kind(&kind)?;
+            if connection.kubernetes {
+                return Err(Failure::input(anyhow::anyhow!(
+                    "watch follows the API server's Watch; with --kubernetes use `kubectl get {} -w`",
+                    primus_kube_resources::CustomKind::of(kind).plural
+                )));
+            }
             watch::watch(&connection.client().await?, kind, name.as_deref()).await?;
         }
         Commands::Up {

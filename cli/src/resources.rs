@@ -1,10 +1,13 @@
-//! `apply`, `get`, `describe` and `delete`.
+//! `apply`, `get`, `describe` and `delete`, against the API server or (`--kubernetes`)
+//! Primus's custom resources in a Kubernetes namespace.
 
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use primus_api_client::ApiClient;
+use primus_kube_resources::client::{Applied, CustomResources, KubeError};
+use primus_proto::v1::Resource;
 use primus_spec::Kind;
 
 use crate::Failure;
@@ -82,66 +85,141 @@ fn read_file(file: &Path) -> Result<(String, String), Failure> {
     Ok((name, text))
 }
 
+/// Where resources live: the Primus API server, or Primus's custom resources in one
+/// Kubernetes namespace (`--kubernetes`).
+pub enum Source {
+    ApiServer(ApiClient),
+    Kubernetes(CustomResources),
+}
+
+/// The field manager of what `primus apply --kubernetes` writes.
+const MANAGER: &str = "primus-cli";
+
 /// Applies in order and stops at the first refusal (what came before it stays applied).
-pub async fn apply(client: &ApiClient, resources: &[primus_spec::Resource]) -> Result<(), Failure> {
+pub async fn apply(source: &Source, resources: &[primus_spec::Resource]) -> Result<(), Failure> {
     for resource in resources {
         let id = format!(
             "{}/{}",
             resource.kind().as_str().to_lowercase(),
             resource.name()
         );
-        let response = client
-            .apply(resource, 0)
-            .await
-            .map_err(|e| with_context(e, &id))?;
-        let version = response.resource.map_or(0, |r| r.resource_version);
-        let verb = match (response.created, response.changed) {
-            (true, _) => "created",
-            (false, true) => "configured",
-            (false, false) => "unchanged",
+        let outcome = match source {
+            Source::ApiServer(client) => {
+                let response = client
+                    .apply(resource, 0)
+                    .await
+                    .map_err(|e| with_context(e, &id))?;
+                let version = response.resource.map_or(0, |r| r.resource_version);
+                let verb = match (response.created, response.changed) {
+                    (true, _) => "created",
+                    (false, true) => "configured",
+                    (false, false) => "unchanged",
+                };
+                format!("{verb} (version {version})")
+            }
+            Source::Kubernetes(custom) => {
+                let applied = (custom.apply(resource, MANAGER).await)
+                    .map_err(|e| kube_failure(e).context(format!("applying {id}")))?;
+                let verb = match applied {
+                    Applied::Created => "created",
+                    Applied::Configured => "configured",
+                    Applied::Unchanged => "unchanged",
+                };
+                format!("{verb} (namespace {})", custom.namespace())
+            }
         };
-        println!("{id} {verb} (version {version})");
+        println!("{id} {outcome}");
     }
     Ok(())
 }
 
 pub async fn get(
-    client: &ApiClient,
+    source: &Source,
     kind: Kind,
     name: Option<&str>,
     selector: HashMap<String, String>,
     format: Format,
 ) -> Result<(), Failure> {
     let (resources, single) = match name {
-        Some(name) => (vec![client.get(kind, name).await?], true),
-        None => (client.list(kind, selector).await?.resources, false),
+        Some(name) => (vec![one(source, kind, name).await?], true),
+        None => match source {
+            Source::ApiServer(client) => (client.list(kind, selector).await?.resources, false),
+            Source::Kubernetes(custom) => {
+                let listed = custom.list(kind, &selector).await;
+                (listed.map_err(kube_failure)?, false)
+            }
+        },
     };
     let text = output::render(kind, &resources, format, single).map_err(Failure::server)?;
     print!("{text}");
     Ok(())
 }
 
-pub async fn describe(client: &ApiClient, kind: Kind, name: &str) -> Result<(), Failure> {
-    let resource = client.get(kind, name).await?;
+pub async fn describe(source: &Source, kind: Kind, name: &str) -> Result<(), Failure> {
+    let resource = one(source, kind, name).await?;
     print!("{}", output::describe(&resource).map_err(Failure::server)?);
     Ok(())
 }
 
+/// Resource `name` of `kind`; one that does not exist is a failure (exit 1).
+async fn one(source: &Source, kind: Kind, name: &str) -> Result<Resource, Failure> {
+    match source {
+        Source::ApiServer(client) => Ok(client.get(kind, name).await?),
+        Source::Kubernetes(custom) => match custom.get(kind, name).await {
+            Ok(Some(resource)) => Ok(resource),
+            Ok(None) => Err(Failure::server(anyhow::anyhow!(
+                "{}/{name} not found in namespace {}",
+                kind.as_str().to_lowercase(),
+                custom.namespace()
+            ))),
+            Err(e) => Err(kube_failure(e)),
+        },
+    }
+}
+
 pub async fn delete(
-    client: &ApiClient,
+    source: &Source,
     kind: Kind,
     name: &str,
     expected_version: u64,
 ) -> Result<(), Failure> {
-    let deleted = client.delete(kind, name, expected_version).await?;
-    println!(
-        "{}/{name} deleted (version {})",
-        kind.as_str().to_lowercase(),
-        deleted.resource_version
-    );
+    let id = format!("{}/{name}", kind.as_str().to_lowercase());
+    match source {
+        Source::ApiServer(client) => {
+            let deleted = client.delete(kind, name, expected_version).await?;
+            println!("{id} deleted (version {})", deleted.resource_version);
+        }
+        Source::Kubernetes(_) if expected_version != 0 => {
+            return Err(Failure::input(anyhow::anyhow!(
+                "--if-version compares the API server's versions: it does not apply with --kubernetes"
+            )));
+        }
+        Source::Kubernetes(custom) => match custom.delete(kind, name).await {
+            Ok(true) => println!("{id} deleted (namespace {})", custom.namespace()),
+            Ok(false) => {
+                return Err(Failure::server(anyhow::anyhow!(
+                    "{id} not found in namespace {}",
+                    custom.namespace()
+                )));
+            }
+            Err(e) => return Err(kube_failure(e)),
+        },
+    }
     Ok(())
 }
 
+/// A refusal of what was sent (invalid, 4xx but not found or forbidden) is bad input
+/// (exit 2); the rest is the server's or the connection's (exit 1).
+pub fn kube_failure(error: KubeError) -> Failure {
+    let input = matches!(&error, KubeError::Api(kube::Error::Api(status))
+        if matches!(status.code, 400 | 409 | 422))
+        || matches!(error, KubeError::Convert(_));
+    if input {
+        Failure::input(error.into())
+    } else {
+        Failure::server(error.into())
+    }
+}
 fn with_context(error: primus_api_client::ClientError, id: &str) -> Failure {
     let failure = Failure::from(error);
     Failure {

@@ -5,10 +5,12 @@
 //! [`crd`] owns their CustomResourceDefinitions: the OpenAPI schema of each `spec` and
 //! `status` is generated from primus-spec's own types, so the API server refuses a
 //! malformed spec, naming the field, before any master reads it. [`convert`] turns a
-//! primus-spec resource into its custom resource and back.
+//! primus-spec resource into its custom resource and back; [`client`] lists, reads,
+//! applies and deletes them as the API's `Resource`s.
 
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod convert;
 pub mod crd;
 mod structural;

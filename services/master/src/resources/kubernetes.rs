@@ -12,17 +12,17 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, watcher};
 use primus_config::KubernetesBackendSettings;
-use primus_kube_resources::{API_VERSION, CustomKind, GROUP, VERSION, convert};
+use primus_kube_resources::{API_VERSION, CustomKind, client, convert};
 use primus_proto::v1::{EventType, Resource};
 use primus_service::Shutdown;
 use primus_spec::Kind;
 use primus_spec::status::{Phase, Status};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::lease::ShardLease;
@@ -60,17 +60,7 @@ impl KubeResources {
         let (client, namespace) = primus_backend::kubernetes::connect_client(settings)
             .await
             .map_err(|e| e.to_string())?;
-        let api = |kind: Kind| {
-            let custom = CustomKind::of(kind);
-            let resource = ApiResource {
-                group: GROUP.into(),
-                version: VERSION.into(),
-                api_version: API_VERSION.into(),
-                kind: custom.name.into(),
-                plural: custom.plural.into(),
-            };
-            Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &resource)
-        };
+        let api = |kind| client::api(client.clone(), &namespace, kind);
         let reporter = Reporter {
             controller: MANAGER.into(),
             instance: Some(instance.clone()),
@@ -389,27 +379,11 @@ fn has_finalizer(object: &DynamicObject) -> bool {
     (object.metadata.finalizers.iter().flatten()).any(|f| f == FINALIZER)
 }
 
-/// The controller's view of a PrimusJob: name, labels, spec and status as JSON.
+/// The controller's view of a PrimusJob, its spec as primus-spec read it.
 fn api_resource(object: &DynamicObject, spec_json: String) -> Resource {
-    let status = object.data.get("status").cloned().unwrap_or(Value::Null);
     Resource {
-        kind: Kind::Job.as_str().into(),
-        name: object.metadata.name.clone().unwrap_or_default(),
-        labels: (object
-            .metadata
-            .labels
-            .clone()
-            .unwrap_or_default()
-            .into_iter())
-        .collect(),
         spec_json,
-        status_json: if status.is_null() {
-            String::new()
-        } else {
-            status.to_string()
-        },
-        generation: object.metadata.generation.unwrap_or(0).max(0) as u64,
-        ..Resource::default()
+        ..client::api_resource(Kind::Job, object)
     }
 }
 

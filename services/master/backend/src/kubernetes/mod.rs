@@ -726,24 +726,10 @@ impl ResourceBackend for KubernetesBackend {
 pub async fn connect_client(
     settings: &KubernetesBackendSettings,
 ) -> Result<(kube::Client, String), BackendError> {
-    let config = match &settings.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| BackendError::Io(format!("kubeconfig {}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .map_err(|e| BackendError::Io(format!("kubeconfig {}: {e}", path.display())))?
-        }
-        None => kube::Config::infer().await.map_err(|e| {
-            BackendError::Io(format!(
-                "no Kubernetes configuration (kubernetes.kubeconfig, KUBECONFIG or in-cluster): {e}"
-            ))
-        })?,
-    };
-    let namespace = (settings.namespace.clone()).unwrap_or(config.default_namespace.clone());
-    let client = kube::Client::try_from(config)
-        .map_err(|e| BackendError::Io(format!("Kubernetes client: {e}")))?;
-    Ok((client, namespace))
+    let kubeconfig = settings.kubeconfig.as_deref();
+    primus_kube_resources::client::connect(kubeconfig, settings.namespace.as_deref())
+        .await
+        .map_err(|e| BackendError::Io(e.to_string()))
 }
 
 #[cfg(test)]

@@ -36,6 +36,28 @@ pub(super) fn kubectl(cluster: &KubeCluster, args: &[&str]) -> String {
     (cluster.kubectl_run(args)).unwrap_or_else(|e| panic!("kubectl {}: {e}", args.join(" ")))
 }
 
+/// `primus --kubernetes ARGS` in `namespace`: its output, or its exit code and stderr.
+pub(super) fn primus(
+    cluster: &KubeCluster,
+    namespace: &str,
+    args: &[&str],
+) -> Result<String, String> {
+    let output = std::process::Command::new(primus_harness::binary("primus"))
+        .args(["--kubernetes", "--kubeconfig"])
+        .arg(cluster.kubeconfig())
+        .args(["--namespace", namespace])
+        .args(args)
+        .output()
+        .expect("run primus");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.success() {
+        Ok(stdout)
+    } else {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        Err(format!("{}: {stdout}{stderr}", output.status))
+    }
+}
+
 /// A namespace of its own for each test (they run at once).
 pub(super) fn namespace(cluster: &KubeCluster, name: &'static str) -> &'static str {
     kubectl(cluster, &["create", "namespace", name]);
@@ -261,4 +283,56 @@ fn a_malformed_job_is_refused_by_the_api_server_naming_the_field() {
     }
     let left = cluster.kubectl_run(&["get", "pjob", "malformed", "-n", namespace]);
     assert!(left.is_err(), "nothing malformed was stored: {left:?}");
+}
+
+#[test]
+fn the_cli_applies_gets_describes_and_deletes_custom_resources() {
+    let cluster = cluster();
+    let namespace = namespace(cluster, "operator-cli");
+    let example = primus_testkit::repo_root().join("examples/criteo-like.yaml");
+    let example = example.display().to_string();
+    let applied =
+        primus(cluster, namespace, &["apply", "-f", &example]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        applied.lines().collect::<Vec<_>>(),
+        [
+            format!("dataset/criteo-like created (namespace {namespace})"),
+            format!("job/ctr-demo created (namespace {namespace})"),
+        ],
+        "{applied}"
+    );
+    let again =
+        primus(cluster, namespace, &["apply", "-f", &example]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(again.lines().all(|l| l.contains(" unchanged ")), "{again}");
+
+    let listed = primus(cluster, namespace, &["get", "jobs"]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        listed.lines().any(|l| l.starts_with("ctr-demo ")),
+        "{listed}"
+    );
+    let by_kubectl = kubectl(cluster, &["get", "pjob", "-n", namespace, "-o", "name"]);
+    assert_eq!(by_kubectl.trim(), "primusjob.primus.dev/ctr-demo");
+    let described = primus(cluster, namespace, &["describe", "dataset", "criteo-like"]);
+    assert!(
+        described
+            .unwrap_or_else(|e| panic!("{e}"))
+            .contains("criteo-like")
+    );
+
+    let deleted = primus(cluster, namespace, &["delete", "job", "ctr-demo"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        deleted.trim(),
+        format!("job/ctr-demo deleted (namespace {namespace})")
+    );
+    let missing = primus(cluster, namespace, &["get", "job", "ctr-demo"]).expect_err("deleted");
+    assert!(
+        missing.starts_with("exit status: 1") && missing.contains("not found"),
+        "{missing}"
+    );
+    let watch = primus(cluster, namespace, &["watch", "job", "ctr-demo"]).expect_err("no watch");
+    assert!(
+        watch.starts_with("exit status: 2") && watch.contains("kubectl get primusjobs -w"),
+        "{watch}"
+    );
 }

@@ -15,7 +15,7 @@ use primus_kube_resources::convert::custom_resource;
 use primus_testkit::kube::KubeCluster;
 use serde_json::Value;
 
-use super::crds::{apply, cluster, get_json, kubectl, namespace};
+use super::crds::{apply, cluster, get_json, kubectl, namespace, primus};
 
 const ROWS: u64 = primus_harness::criteo::DLRM_ROWS_PER_HOUR as u64;
 
@@ -120,6 +120,28 @@ async fn a_job_applied_with_kubectl_runs_to_succeeded_with_its_status_metric_and
         &cells[..4],
         [job, "Succeeded", "1", &ROWS.to_string()],
         "{row}"
+    );
+
+    // The CLI reads the same custom resource.
+    let listed = primus(cluster, namespace, &["get", "jobs"]).unwrap_or_else(|e| panic!("{e}"));
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with(job))
+        .unwrap_or_default();
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    let auc = done["status"]["progress"]["auc"].as_f64().expect("an AUC");
+    assert_eq!(
+        cells.get(1..6),
+        Some(
+            &[
+                "Succeeded",
+                "batch",
+                "100.0%",
+                cells[4],
+                &format!("{auc:.4}")
+            ][..]
+        ),
+        "{listed}"
     );
 
     let metric = get_json(cluster, namespace, "primusmetric", job);

@@ -393,3 +393,95 @@ async fn a_job_created_suspended_runs_nothing_until_resumed_then_succeeds() {
     );
     master.stop();
 }
+
+/// A Job name of shard `i` of `n` (the CRC-32 of the name, as `master.shard` documents).
+fn job_of_shard(prefix: &str, (i, n): (u32, u32)) -> String {
+    (0..)
+        .map(|k| format!("{prefix}-{k}"))
+        .find(|name| crc32fast::hash(name.as_bytes()) % n == i)
+        .expect("a name of the shard")
+}
+
+/// The Jobs a master's log says it started executors of, among `jobs`.
+fn driven(log: &str, jobs: &[&str]) -> Vec<String> {
+    let started: Vec<String> = (log.lines())
+        .filter(|line| line.contains("executor started"))
+        .map(without_colours)
+        .collect();
+    (jobs.iter())
+        .filter(|job| {
+            started
+                .iter()
+                .any(|line| line.contains(&format!("job={job} ")))
+        })
+        .map(|job| job.to_string())
+        .collect()
+}
+
+/// A log line without its terminal colour codes (`ESC [ ... m`).
+fn without_colours(line: &str) -> String {
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_masters_each_drive_only_the_jobs_of_their_share() {
+    let cluster = cluster();
+    let namespace = namespace(cluster, "operator-shards");
+    let sandbox = Sandbox::start().await;
+    let mut first = operator_settings(&sandbox, cluster, namespace);
+    first.master.shard = "0/2".into();
+    let mut second = first.clone();
+    second.master.shard = "1/2".into();
+    second.server.grpc_addr = ([127, 0, 0, 1], primus_testkit::free_port().expect("port")).into();
+    second.local.work_dir = sandbox.dir().join("second-work");
+    let masters = [
+        MasterProcess::start(&sandbox, &first, &[]),
+        MasterProcess::start_as(&sandbox, "second-master", &second, &[]),
+    ];
+    let jobs = [
+        job_of_shard("ctr-shard", (0, 2)),
+        job_of_shard("ctr-shard", (1, 2)),
+    ];
+    for job in &jobs {
+        apply(cluster, namespace, &criteo_job(&sandbox, job).await, &[])
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    for job in &jobs {
+        let done = wait_for(
+            cluster,
+            namespace,
+            job,
+            Duration::from_secs(300),
+            &sandbox,
+            |o| o["status"]["phase"] == "Succeeded",
+        );
+        assert_eq!(
+            done["status"]["progress"]["samples"], ROWS,
+            "{job}: {:#}",
+            done["status"]
+        );
+    }
+    let names: Vec<&str> = jobs.iter().map(String::as_str).collect();
+    for (log, job) in [("master.log", &jobs[0]), ("second-master.log", &jobs[1])] {
+        let text = std::fs::read_to_string(sandbox.dir().join(log)).unwrap_or_default();
+        assert_eq!(driven(&text, &names), std::slice::from_ref(job), "{log}:\n{text}");
+    }
+    let holders: Vec<String> = ["primus-master-0-of-2", "primus-master-1-of-2"]
+        .map(|lease| lease_holder(cluster, namespace, lease))
+        .to_vec();
+    for (holder, master) in holders.iter().zip(&masters) {
+        assert!(holder.starts_with(master.addr()), "{holders:?}");
+    }
+    for master in masters {
+        master.stop();
+    }
+}

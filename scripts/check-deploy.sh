@@ -22,7 +22,7 @@ docker-compose-v2 -f deploy/docker-compose.yaml config --quiet
 
 rendered="$(mktemp -d)"
 trap 'rm -rf "$rendered"' EXIT
-for overlay in k8s/overlays/*/ k8s/example/; do
+for overlay in k8s/overlays/*/ k8s/example/ k8s/example-operator/; do
   name="$(basename "$overlay")"
   echo "[check-deploy] kubectl kustomize $overlay | kubernetes-validate --strict"
   kubectl kustomize "$overlay" > "$rendered/$name.yaml"

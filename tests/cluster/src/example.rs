@@ -48,15 +48,15 @@ pub struct ExampleRun {
     pub pod_start_s: Vec<f64>,
 }
 
-/// Applies `k8s/example` and follows its Job to Succeeded, watching its pods from the
+/// Applies the deployment's example (`k8s/example`, or `k8s/example-operator`) and follows its Job to Succeeded, watching its pods from the
 /// moment the example is applied; fails with the cluster's diagnostics when its data step
 /// or the Job fails.
 pub async fn run_on_kubernetes(deployment: &KubeDeployment) -> ExampleRun {
     let cluster = deployment.cluster;
-    let example = KubeDeployment::example_dir().display().to_string();
+    let example = deployment.example_applied().display().to_string();
     cluster
         .kubectl_run(&["apply", "-k", &example])
-        .expect("kubectl apply -k k8s/example");
+        .unwrap_or_else(|e| panic!("kubectl apply -k {example}: {e}"));
     let mut run = ExampleRun::default();
     let mut first_seen: BTreeMap<String, Instant> = BTreeMap::new();
     let mut ready: BTreeSet<String> = BTreeSet::new();
@@ -215,13 +215,13 @@ pub async fn predict(deployment: &KubeDeployment) -> PredictResponse {
         .into_inner()
 }
 
-/// Deletes the Job through the API server, waits until no object of it is left, and
-/// deletes `k8s/example`.
+/// Deletes the Job (through the API server, or the PrimusJob), waits until no object of it
+/// is left, and deletes the example.
 pub async fn delete(deployment: &KubeDeployment) {
     deployment.delete_job(JOB).await;
-    let example = KubeDeployment::example_dir().display().to_string();
+    let example = deployment.example_applied().display().to_string();
     deployment
         .cluster
         .kubectl_run(&["delete", "-k", &example, "--wait=true"])
-        .expect("kubectl delete -k k8s/example");
+        .unwrap_or_else(|e| panic!("kubectl delete -k {example}: {e}"));
 }

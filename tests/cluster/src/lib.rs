@@ -22,16 +22,21 @@ use primus_spec::status::{Phase, Status};
 use primus_testkit::images;
 use primus_testkit::kube::KubeCluster;
 
+const DEV: &str = "k8s/overlays/dev";
+const OPERATOR_OVERLAY: &str = "k8s/overlays/operator";
+
 /// The namespace of k8s/.
 pub const NAMESPACE: &str = "primus";
 /// The API token of k8s/overlays/dev.
 pub const DEV_TOKEN: &str = "primus-dev-token";
 
-/// k8s/overlays/dev applied to the shared cluster, every service ready.
+/// An overlay of k8s/ applied to the shared cluster, every service ready.
 pub struct KubeDeployment {
     /// The cluster.
     pub cluster: &'static KubeCluster,
     api: String,
+    /// Its master takes Jobs from PrimusJobs (k8s/overlays/operator), not the API server.
+    operator: bool,
 }
 
 impl KubeDeployment {
@@ -40,10 +45,21 @@ impl KubeDeployment {
     /// and every workload rolled out.
     pub fn shared() -> &'static KubeDeployment {
         static SHARED: OnceLock<KubeDeployment> = OnceLock::new();
-        SHARED.get_or_init(|| Self::apply().unwrap_or_else(|e| panic!("k8s/overlays/dev: {e}")))
+        SHARED.get_or_init(|| Self::deploy(DEV))
     }
 
-    fn apply() -> Result<Self, String> {
+    /// [`KubeDeployment::shared`] of k8s/overlays/operator (the master as the operator of
+    /// PrimusJobs). Both deploy to the namespace `primus`: a test process uses one.
+    pub fn operator() -> &'static KubeDeployment {
+        static OPERATOR: OnceLock<KubeDeployment> = OnceLock::new();
+        OPERATOR.get_or_init(|| Self::deploy(OPERATOR_OVERLAY))
+    }
+
+    fn deploy(overlay: &str) -> KubeDeployment {
+        Self::apply(overlay).unwrap_or_else(|e| panic!("{overlay}: {e}"))
+    }
+
+    fn apply(overlay: &str) -> Result<Self, String> {
         let started = Instant::now();
         let cluster = KubeCluster::shared().map_err(|e| e.to_string())?;
         let mut overrides = String::new();
@@ -64,19 +80,20 @@ impl KubeDeployment {
         let primus = primus_harness::image::primus_image().map_err(|e| e.to_string())?;
         cluster.import_image(&primus).map_err(|e| e.to_string())?;
 
+        let applied = overlay;
         let overlay = cluster.dir().join("overlay");
         std::fs::create_dir_all(&overlay).map_err(|e| e.to_string())?;
         // Kustomize takes a base by a relative path only.
-        let dev = primus_testkit::repo_root().join("k8s/overlays/dev");
+        let base = primus_testkit::repo_root().join(applied);
         let up = "../".repeat(overlay.components().count().saturating_sub(1));
-        let dev = format!("{up}{}", dev.display().to_string().trim_start_matches('/'));
+        let base = format!("{up}{}", base.display().to_string().trim_start_matches('/'));
         // The services stay on the first node, as an operator keeps stateful services on
         // nodes of their own: the node-loss test loses the second node, and with it only
         // Job pods.
         let kustomization = format!(
-            "# k8s/overlays/dev with the images this machine built.\n\
+            "# {applied} with the images this machine built.\n\
              apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources: [{dev}]\nimages:\n{overrides}patches:\n{}{}",
+             resources: [{base}]\nimages:\n{overrides}patches:\n{}{}",
             on_first_node("StatefulSet"),
             on_first_node("Deployment")
         );
@@ -119,10 +136,15 @@ impl KubeDeployment {
             .map_err(|e| format!("the bucket: {e}\n{}", cluster.diagnostics(NAMESPACE)))?;
         let api = format!("http://{}:7070", service_ip(cluster, "api-server")?);
         eprintln!(
-            "[cluster] k8s/overlays/dev applied and rolled out in {:.1}s",
+            "[cluster] {applied} applied and rolled out in {:.1}s",
             started.elapsed().as_secs_f64()
         );
-        Ok(Self { cluster, api })
+        let operator = applied == OPERATOR_OVERLAY;
+        Ok(Self {
+            cluster,
+            api,
+            operator,
+        })
     }
 
     /// A client of the deployment's API server (through its Service address).
@@ -139,6 +161,9 @@ impl KubeDeployment {
 
     /// Job `job`'s status; asked again while the API server is away (60 s at most).
     pub async fn status(&self, job: &str) -> Status {
+        if self.operator {
+            return self.custom_status(job);
+        }
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let answer = match tokio::time::timeout(Duration::from_secs(5), self.client()).await {
@@ -152,6 +177,27 @@ impl KubeDeployment {
                 Err(e) => assert!(Instant::now() < deadline, "{job}: status: {e}"),
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// PrimusJob `job`'s status, as kubectl reads it (asked again for 60 s at most).
+    fn custom_status(&self, job: &str) -> Status {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let read = self.cluster.kubectl_run(&[
+                "-n",
+                NAMESPACE,
+                "get",
+                "primusjob",
+                job,
+                "-o",
+                "jsonpath={.status}",
+            ]);
+            match read {
+                Ok(text) => return serde_json::from_str(&text).unwrap_or_default(),
+                Err(e) => assert!(Instant::now() < deadline, "{job}: status: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(500));
         }
     }
 
@@ -241,6 +287,20 @@ impl KubeDeployment {
     /// Deletes every Job a test that failed before left running: two nodes of two CPUs
     /// hold one Job, and the next test's pods would find no room.
     pub async fn delete_left_jobs(&self) {
+        if self.operator {
+            let left = (self.cluster)
+                .kubectl_run(&["-n", NAMESPACE, "get", "primusjobs", "-o", "name"])
+                .unwrap_or_default();
+            for job in left
+                .lines()
+                .filter_map(|l| l.rsplit_once('/'))
+                .map(|(_, n)| n)
+            {
+                eprintln!("[cluster] deleting PrimusJob {job} left by an earlier test");
+                self.delete_job(job).await;
+            }
+            return;
+        }
         let listed = (self.client().await)
             .list(Kind::Job, std::collections::HashMap::new())
             .await
@@ -257,11 +317,16 @@ impl KubeDeployment {
     /// Deletes Job `job` through the API server and waits until no object of it is left
     /// (2 minutes at most; then fails with what is left and the master's log).
     pub async fn delete_job(&self, job: &str) {
-        self.client()
-            .await
-            .delete(Kind::Job, job, 0)
-            .await
-            .expect("delete the Job");
+        if self.operator {
+            (self.cluster)
+                .kubectl_run(&["-n", NAMESPACE, "delete", "primusjob", job, "--wait=true"])
+                .expect("kubectl delete primusjob");
+        } else {
+            (self.client().await)
+                .delete(Kind::Job, job, 0)
+                .await
+                .expect("delete the Job");
+        }
         let deadline = Instant::now() + Duration::from_secs(120);
         while !self.job_objects(job).is_empty() {
             assert!(
@@ -286,6 +351,17 @@ impl KubeDeployment {
             );
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
+    }
+
+    /// The example this deployment's master runs: `k8s/example`, or for the operator
+    /// `k8s/example-operator` (the same Job as custom resources).
+    pub fn example_applied(&self) -> PathBuf {
+        let example = if self.operator {
+            "k8s/example-operator"
+        } else {
+            "k8s/example"
+        };
+        primus_testkit::repo_root().join(example)
     }
 
     /// `k8s/example`, as the repository has it.

@@ -1,8 +1,9 @@
 //! Jobs, Datasets and Metrics as Kubernetes custom resources on the testkit's real
-//! two-node cluster. Every test's path starts with `operator::`, so that
+//! two-node cluster (and k8s/overlays/operator deployed to it). Every test's path starts with `operator::`, so that
 //! `cargo test --workspace operator` runs them.
 
 mod operator {
     mod crds;
+    mod example;
     mod jobs;
 }

@@ -473,7 +473,11 @@ async fn sharded_masters_each_drive_only_the_jobs_of_their_share() {
     let names: Vec<&str> = jobs.iter().map(String::as_str).collect();
     for (log, job) in [("master.log", &jobs[0]), ("second-master.log", &jobs[1])] {
         let text = std::fs::read_to_string(sandbox.dir().join(log)).unwrap_or_default();
-        assert_eq!(driven(&text, &names), std::slice::from_ref(job), "{log}:\n{text}");
+        assert_eq!(
+            driven(&text, &names),
+            std::slice::from_ref(job),
+            "{log}:\n{text}"
+        );
     }
     let holders: Vec<String> = ["primus-master-0-of-2", "primus-master-1-of-2"]
         .map(|lease| lease_holder(cluster, namespace, lease))

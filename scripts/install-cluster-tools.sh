@@ -11,6 +11,7 @@
 #   MinIO (pinned pseudo-version)                 S3 for the cluster and compose (AGPL: run as its own program)
 #   Jaeger v1.76.0 (Jaeger v2, cmd/jaeger)        OTLP receiver and query API
 #   Docker Compose v2.40.3                        `docker-compose` for deploy/docker-compose.yaml
+#   Kueue v0.17.0 (cmd/kueue, and its CRDs)       the queue that admits suspended Jobs
 # From Debian: containerd, runc, the CNI plugins, iptables, docker.io (dockerd), debootstrap.
 # And a Debian bookworm root file system (debootstrap minbase, with tini, ca-certificates,
 # curl, wget and redis-server), with its tar as the base layer of every image the tests build.
@@ -29,6 +30,7 @@ COREDNS_VERSION="v1.15.0"
 MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"
 JAEGER_VERSION="v1.76.0"
 COMPOSE_VERSION="v2.40.3"
+KUEUE_VERSION="v0.17.0"
 DEBIAN_SUITE="bookworm"
 ROOTFS_PACKAGES="tini,ca-certificates,curl,wget,redis-server"
 
@@ -110,6 +112,18 @@ if [ ! -x "$COMPOSE_DIR/docker-compose" ]; then
 fi
 link docker-compose-v2 "$COMPOSE_DIR/docker-compose"
 
+KUEUE_DIR="$CACHE/kueue-$KUEUE_VERSION"
+if [ ! -x "$KUEUE_DIR/kueue" ] || [ ! -d "$KUEUE_DIR/crds" ]; then
+  log "building Kueue $KUEUE_VERSION (Go module proxy)"
+  GOBIN="$KUEUE_DIR" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  kueue_src="$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  rm -rf "$KUEUE_DIR/crds.part" && mkdir -p "$KUEUE_DIR/crds.part"
+  cp "$kueue_src"/config/components/crd/bases/*.yaml "$KUEUE_DIR/crds.part/"
+  mv "$KUEUE_DIR/crds.part" "$KUEUE_DIR/crds"
+fi
+link kueue "$KUEUE_DIR/kueue"
+ln -sfn "$KUEUE_DIR/crds" "$CACHE/kueue-crds"
+
 ROOTFS_ID="$DEBIAN_SUITE-$(printf '%s' "$ROOTFS_PACKAGES" | sha256sum | cut -c1-12)"
 ROOTFS="$CACHE/rootfs-$ROOTFS_ID"
 if [ ! -s "$ROOTFS.tar" ]; then
@@ -134,5 +148,6 @@ log "coredns:    $("$CACHE/bin/coredns" -version | head -1)"
 log "minio:      $MINIO_VERSION ($CACHE/bin/minio)"
 log "jaeger:     $JAEGER_VERSION (Jaeger v2, $CACHE/bin/jaeger)"
 log "compose:    $COMPOSE_VERSION ($CACHE/bin/docker-compose-v2)"
+log "kueue:      $KUEUE_VERSION ($CACHE/bin/kueue, its CRDs in $CACHE/kueue-crds)"
 log "containerd: $(containerd --version | awk '{print $3}'), runc $(runc --version | head -1 | awk '{print $3}'), dockerd $(dockerd --version | awk '{print $3}' | tr -d ,)"
 log "base layer: $(readlink -f "$CACHE/base-layer.tar") ($(du -mL "$CACHE/base-layer.tar" | cut -f1) MiB)"

@@ -1,6 +1,6 @@
 //! A Job's metrics: [`follow`] receives its executors' `MetricsReport`s from NATS,
 //! [`MetricsFold`] folds them into its Metric resource series and its progress, and
-//! [`write()`] applies the Metric resource.
+//! `write()` applies the Metric resource.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

@@ -11,6 +11,7 @@
 //! cluster is dropped or the test process ends in any way.
 
 mod config;
+mod kueue;
 mod network;
 mod node;
 mod pki;
@@ -26,6 +27,7 @@ use crate::process::Error;
 use node::{Node, NodeTools, write};
 use pki::{Client, Pki};
 
+pub use kueue::Kueue;
 pub use network::HOST_IP;
 
 const NODES: usize = 2;

@@ -5,14 +5,15 @@
 //! Events. A spec the schema let through but primus-spec refuses fails the Job with the
 //! problems named.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, watcher};
@@ -21,10 +22,12 @@ use primus_kube_resources::{API_VERSION, CustomKind, client, convert};
 use primus_proto::v1::{EventType, Resource};
 use primus_service::Shutdown;
 use primus_spec::Kind;
+use primus_spec::job::JobSpec;
 use primus_spec::status::{Phase, Status};
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use super::kueue;
 use super::lease::ShardLease;
 use super::{DatasetError, JobEvent};
 use crate::shard::owns_job;
@@ -40,6 +43,10 @@ pub struct KubeResources {
     datasets: Api<DynamicObject>,
     metrics: Api<DynamicObject>,
     leases: Api<Lease>,
+    /// Kueue's Workloads (the API may not be served: Kueue need not be installed).
+    workloads: Api<DynamicObject>,
+    /// The Jobs of this master that are in a Kueue queue.
+    queued: Mutex<HashSet<String>>,
     recorder: Recorder,
     namespace: String,
     /// This master's identity in its shard's Lease (its address and process).
@@ -70,6 +77,8 @@ impl KubeResources {
             datasets: api(Kind::Dataset),
             metrics: api(Kind::Metric),
             leases: Api::namespaced(client.clone(), &namespace),
+            workloads: Api::namespaced_with(client.clone(), &namespace, &kueue::workload_api()),
+            queued: Mutex::default(),
             recorder: Recorder::new(client.clone(), reporter),
             namespace,
             identity: format!("{instance}/{}", std::process::id()),
@@ -95,6 +104,14 @@ impl KubeResources {
         );
         if !lease.acquire(&shutdown).await {
             return;
+        }
+        if self
+            .workloads
+            .list(&ListParams::default().limit(1))
+            .await
+            .is_ok()
+        {
+            tokio::spawn(self.clone().follow_workloads(shard, shutdown.clone()));
         }
         let held = shutdown.clone();
         tokio::spawn(async move {
@@ -196,6 +213,13 @@ impl KubeResources {
             Ok(resource) => {
                 if !has_finalizer(&object) {
                     self.hold(&name).await;
+                }
+                if let (Some(queue), primus_spec::Resource::Job(job)) =
+                    (queue_of(&object), &resource)
+                    && job.spec.suspend
+                    && !status.phase.is_terminal()
+                {
+                    self.queue(&object, &queue, &job.spec).await;
                 }
                 let spec_json = resource.spec_json().unwrap_or_default();
                 Some((EventType::Modified, api_resource(&object, spec_json)))
@@ -302,6 +326,129 @@ impl KubeResources {
             .map_err(|e| DatasetError::Unreadable(e.to_string()))
     }
 
+    /// A suspended Job of a Kueue queue: its Workload made if it has none, and the Job
+    /// resumed once Kueue admitted it.
+    async fn queue(&self, object: &DynamicObject, queue: &str, spec: &JobSpec) {
+        let Some(name) = object.metadata.name.as_deref() else {
+            return;
+        };
+        self.queued
+            .lock()
+            .map(|mut q| q.insert(name.to_owned()))
+            .ok();
+        let workload_name = kueue::workload_name(name);
+        let workload = match self.workloads.get_opt(&workload_name).await {
+            Ok(Some(workload)) => workload,
+            Ok(None) => {
+                let uid = object.metadata.uid.as_deref().unwrap_or_default();
+                let wanted = Patch::Apply(kueue::workload(name, uid, queue, spec));
+                let params = PatchParams::apply(MANAGER).force();
+                match self.workloads.patch(&workload_name, &params, &wanted).await {
+                    Ok(_) => tracing::info!(job = name, queue, "Kueue Workload made"),
+                    Err(e) => {
+                        tracing::warn!(job = name, error = %e, "making the Job's Kueue Workload");
+                        self.record_event(name, "WorkloadRefused", &e.to_string(), true);
+                    }
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(job = name, error = %e, "reading the Job's Kueue Workload");
+                return;
+            }
+        };
+        if kueue::admitted(&serde_json::to_value(&workload).unwrap_or_default()) {
+            self.resume(name).await;
+        }
+    }
+
+    /// Follows the Workloads of this namespace: an admitted one resumes its suspended Job.
+    async fn follow_workloads(self: Arc<Self>, shard: (u32, u32), shutdown: Shutdown) {
+        let mut stream = watcher(self.workloads.clone(), watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        loop {
+            let event = tokio::select! {
+                event = stream.next() => event,
+                _ = shutdown.wait() => return,
+            };
+            let workload = match event {
+                None => return,
+                Some(Ok(watcher::Event::Apply(w) | watcher::Event::InitApply(w))) => w,
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "watching Kueue Workloads; retrying");
+                    continue;
+                }
+            };
+            let owner = (workload.metadata.owner_references.iter().flatten())
+                .find(|o| o.kind == CustomKind::of(Kind::Job).name)
+                .map(|o| o.name.clone());
+            let Some(job) = owner.filter(|job| owns_job(shard, job)) else {
+                continue;
+            };
+            if kueue::admitted(&serde_json::to_value(&workload).unwrap_or_default()) {
+                self.resume(&job).await;
+            }
+        }
+    }
+
+    /// Sets a queued Job's `spec.suspend` to false (Kueue admitted it).
+    async fn resume(&self, job: &str) {
+        let suspended = match self.jobs.get_opt(job).await {
+            Ok(Some(object)) => {
+                object.data["spec"]["suspend"] == true && queue_of(&object).is_some()
+            }
+            _ => false,
+        };
+        if !suspended {
+            return;
+        }
+        let patch = json!({"spec": {"suspend": false}});
+        match self
+            .jobs
+            .patch(job, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(job, "admitted by Kueue: resumed");
+                self.record_event(
+                    job,
+                    "Admitted",
+                    "admitted by Kueue: spec.suspend set to false",
+                    false,
+                );
+            }
+            Err(e) => tracing::warn!(job, error = %e, "resuming a Job Kueue admitted"),
+        }
+    }
+
+    /// Marks a queued Job's Workload Finished, so that Kueue gives its quota back.
+    async fn finish_workload(&self, job: &str, status: &Status) {
+        let queued = self.queued.lock().map(|q| q.contains(job)).unwrap_or(false);
+        if !queued {
+            return;
+        }
+        let message = (status.conditions.iter())
+            .find(|c| c.kind == "Complete")
+            .map_or(String::new(), |c| c.message.clone());
+        let now = Timestamp::now().to_string();
+        let body = kueue::finished(job, status.phase == Phase::Succeeded, &message, &now);
+        let params = PatchParams::apply(MANAGER).force();
+        let name = kueue::workload_name(job);
+        match self
+            .workloads
+            .patch_status(&name, &params, &Patch::Apply(body))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(job, "Kueue Workload finished");
+                self.queued.lock().map(|mut q| q.remove(job)).ok();
+            }
+            Err(e) => tracing::warn!(job, error = %e, "marking the Job's Kueue Workload finished"),
+        }
+    }
+
     /// Applies `status` through the status subresource (server-side apply: the fields the
     /// master wrote before and leaves out now go, a custom resource takes no unconditional
     /// update).
@@ -317,8 +464,11 @@ impl KubeResources {
             .jobs
             .patch_status(job, &params, &Patch::Apply(object))
             .await)
-            .map(drop)
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        if status.phase.is_terminal() {
+            self.finish_workload(job, status).await;
+        }
+        Ok(())
     }
 
     /// The Metric as a PrimusMetric owned by its Job (deleted with it).
@@ -373,6 +523,15 @@ impl KubeResources {
 /// The finalizer's own field manager (the Metric's is [`MANAGER`]).
 fn finalizer_manager() -> String {
     format!("{MANAGER}-finalizer")
+}
+
+/// The Kueue LocalQueue a Job names, if any.
+fn queue_of(object: &DynamicObject) -> Option<String> {
+    let labels = object.metadata.labels.as_ref()?;
+    labels
+        .get(kueue::QUEUE_LABEL)
+        .filter(|q| !q.is_empty())
+        .cloned()
 }
 
 fn has_finalizer(object: &DynamicObject) -> bool {

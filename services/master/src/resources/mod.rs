@@ -1,11 +1,12 @@
 //! Where the master's Jobs and Datasets come from and where their status, metrics and
-//! events go (`master.resources`): the Primus API server ([`api_server`]) or the
+//! events go (`master.resources`): the Primus API server (`api_server`) or the
 //! PrimusJob, PrimusDataset and PrimusMetric custom resources of the Kubernetes API
 //! ([`kubernetes`], the master as their operator). Either way the controller sees one
-//! stream of [`JobEvent`]s and each Job's run the same calls.
+//! stream of `JobEvent`s and each Job's run the same calls.
 
 mod api_server;
 pub mod kubernetes;
+mod kueue;
 mod lease;
 
 use std::sync::Arc;

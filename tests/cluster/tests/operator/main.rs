@@ -6,4 +6,5 @@ mod operator {
     mod crds;
     mod example;
     mod jobs;
+    mod kueue;
 }

@@ -17,11 +17,11 @@ use serde_json::Value;
 
 use super::crds::{apply, cluster, get_json, kubectl, namespace, primus};
 
-const ROWS: u64 = primus_harness::criteo::DLRM_ROWS_PER_HOUR as u64;
+pub(super) const ROWS: u64 = primus_harness::criteo::DLRM_ROWS_PER_HOUR as u64;
 
 /// Dataset `criteo` (one hour of rows under the sandbox) and DLRM Job `job` on it, as
 /// custom resources.
-async fn criteo_job(sandbox: &Sandbox, job: &str) -> [Value; 2] {
+pub(super) async fn criteo_job(sandbox: &Sandbox, job: &str) -> [Value; 2] {
     write_criteo_rows(sandbox, 1).await;
     let data = sandbox.dir().join("criteo");
     let criteo = dataset("criteo")
@@ -37,7 +37,11 @@ async fn criteo_job(sandbox: &Sandbox, job: &str) -> [Value; 2] {
 }
 
 /// A master of `sandbox` taking its Jobs from `namespace` of `cluster`.
-fn operator_settings(sandbox: &Sandbox, cluster: &KubeCluster, namespace: &str) -> MasterSettings {
+pub(super) fn operator_settings(
+    sandbox: &Sandbox,
+    cluster: &KubeCluster,
+    namespace: &str,
+) -> MasterSettings {
     let mut settings = sandbox.master_settings();
     settings.master.resources = ResourceSource::Kubernetes;
     settings.kubernetes.kubeconfig = Some(cluster.kubeconfig());
@@ -46,7 +50,7 @@ fn operator_settings(sandbox: &Sandbox, cluster: &KubeCluster, namespace: &str) 
 }
 
 /// Waits up to `timeout` until `done` holds for PrimusJob `job` as kubectl reads it.
-fn wait_for(
+pub(super) fn wait_for(
     cluster: &KubeCluster,
     namespace: &str,
     job: &str,

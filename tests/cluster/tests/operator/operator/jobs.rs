@@ -493,3 +493,111 @@ async fn sharded_masters_each_drive_only_the_jobs_of_their_share() {
         master.stop();
     }
 }
+
+/// The PIDs of Job `job`'s executor processes as its master's local backend recorded them.
+fn executor_pids(sandbox: &Sandbox, job: &str) -> Vec<u32> {
+    let files = std::fs::read_dir(sandbox.work_dir().join(job))
+        .into_iter()
+        .flatten()
+        .flatten();
+    (files.map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|e| e == "pid"))
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .filter_map(|text| text.lines().next()?.trim().parse().ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_suspended_while_it_runs_stops_its_executors_and_resumes_to_succeed() {
+    let cluster = cluster();
+    let namespace = namespace(cluster, "operator-suspend-running");
+    let sandbox = Sandbox::start().await;
+    let mut settings = operator_settings(&sandbox, cluster, namespace);
+    // Each Parquet read (7 row groups) waits 2 s: the Job is mid-way when suspended.
+    settings.master.fault_injection.data_read_delay_ms = 2_000;
+    let master = MasterProcess::start(&sandbox, &settings, &[]);
+    let job = "ctr-pause";
+    let [dataset, mut job_object] = criteo_job(&sandbox, job).await;
+    job_object["spec"]["checkpoint"]["interval_seconds"] = 2.into();
+    apply(cluster, namespace, &[dataset, job_object], &[]).unwrap_or_else(|e| panic!("{e}"));
+    wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(120),
+        &sandbox,
+        |o| o["status"]["progress"]["samples"].as_u64().unwrap_or(0) > 0,
+    );
+    let pids = executor_pids(&sandbox, job);
+    assert!(pids.len() >= 4, "the Job's executors: {pids:?}");
+
+    let suspend = r#"{"spec":{"suspend":true}}"#;
+    kubectl(
+        cluster,
+        &[
+            "patch",
+            "pjob",
+            job,
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            suspend,
+        ],
+    );
+    let held = wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(60),
+        &sandbox,
+        |o| {
+            let conditions = o["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            conditions
+                .iter()
+                .any(|c| c["type"] == "Suspended" && c["status"] == true)
+        },
+    );
+    assert_eq!(held["status"]["phase"], "Pending", "{:#}", held["status"]);
+    let running: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|pid| primus_harness::alive(*pid))
+        .collect();
+    assert!(
+        running.is_empty(),
+        "executors still running while suspended: {running:?}"
+    );
+
+    let resume = r#"{"spec":{"suspend":false}}"#;
+    kubectl(
+        cluster,
+        &[
+            "patch",
+            "pjob",
+            job,
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            resume,
+        ],
+    );
+    let done = wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(300),
+        &sandbox,
+        |o| o["status"]["phase"] == "Succeeded",
+    );
+    assert_eq!(
+        done["status"]["progress"]["samples"], ROWS,
+        "{:#}",
+        done["status"]
+    );
+    master.stop();
+}

@@ -161,8 +161,8 @@ fn same_content(before: &DynamicObject, after: &DynamicObject) -> bool {
 }
 
 /// A custom resource as the API's `Resource`: kind, name, labels, generation, the
-/// Kubernetes resource version where it is a number, creation time, spec and status as
-/// JSON.
+/// Kubernetes resource version where it is a number, creation and last write time, spec
+/// and status as JSON.
 pub fn api_resource(kind: Kind, object: &DynamicObject) -> Resource {
     let json = |field: &str| match object.data.get(field) {
         Some(value) if !value.is_null() => value.to_string(),
@@ -187,6 +187,14 @@ pub fn api_resource(kind: Kind, object: &DynamicObject) -> Resource {
         spec_json: json("spec"),
         status_json: json("status"),
         created_unix_ms: created,
-        updated_unix_ms: created,
+        updated_unix_ms: last_written(object).unwrap_or(created),
     }
+}
+
+/// When `object` was last written (the newest time among its field managers' entries).
+fn last_written(object: &DynamicObject) -> Option<i64> {
+    (object.metadata.managed_fields.iter().flatten())
+        .filter_map(|entry| entry.time.as_ref())
+        .map(|time| time.0.as_millisecond())
+        .max()
 }

@@ -48,6 +48,34 @@ pub struct ExampleRun {
     pub pod_start_s: Vec<f64>,
 }
 
+impl ExampleRun {
+    /// Asserts that each of the example's six executors ran as a pod of its own and that
+    /// the pods ran on both nodes; the nodes.
+    pub fn assert_pods_on_both_nodes(&self) -> BTreeSet<String> {
+        let executors: Vec<&str> = self.pods.keys().map(String::as_str).collect();
+        assert_eq!(
+            executors,
+            [
+                "data_executor-0",
+                "data_executor-1",
+                "ps-0",
+                "ps-1",
+                "serving-0",
+                "trainer-0"
+            ],
+            "each executor a pod of its own"
+        );
+        let nodes: BTreeSet<String> = self.pods.values().flatten().cloned().collect();
+        assert_eq!(
+            nodes.len(),
+            2,
+            "the Job's pods ran on both nodes: {:?}",
+            self.pods
+        );
+        nodes
+    }
+}
+
 /// Applies the deployment's example (`k8s/example`, or `k8s/example-operator`) and follows its Job to Succeeded, watching its pods from the
 /// moment the example is applied; fails with the cluster's diagnostics when its data step
 /// or the Job fails.

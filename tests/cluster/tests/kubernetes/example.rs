@@ -3,8 +3,6 @@
 //! succeeds with the AUC the same Job reaches on the local backend, its replica answers
 //! Predict, and deleting the Job leaves no object of it behind.
 
-use std::collections::BTreeSet;
-
 use primus_cluster_tests::KubeDeployment;
 use primus_cluster_tests::example::{self, ROWS};
 
@@ -21,26 +19,7 @@ async fn the_example_job_runs_as_pods_on_both_nodes_as_it_does_locally() {
     let deployment = KubeDeployment::shared();
     deployment.delete_left_jobs().await;
     let run = example::run_on_kubernetes(deployment).await;
-    let executors: Vec<&str> = run.pods.keys().map(String::as_str).collect();
-    assert_eq!(
-        executors,
-        [
-            "data_executor-0",
-            "data_executor-1",
-            "ps-0",
-            "ps-1",
-            "serving-0",
-            "trainer-0"
-        ],
-        "each executor a pod of its own"
-    );
-    let nodes: BTreeSet<&String> = run.pods.values().flatten().collect();
-    assert_eq!(
-        nodes.len(),
-        2,
-        "the Job's pods ran on both nodes: {:?}",
-        run.pods
-    );
+    let nodes = run.assert_pods_on_both_nodes();
     assert_eq!(run.samples, ROWS, "{run:?}");
     eprintln!(
         "k8s/example: {} samples in {:.0}s, AUC {:.4} (local backend {:.4}), pods on {nodes:?}",

@@ -4,8 +4,6 @@
 //! real two-node cluster: the Job runs every executor as a pod across both nodes and
 //! succeeds; deleting the PrimusJob leaves no object of it behind.
 
-use std::collections::BTreeSet;
-
 use primus_cluster_tests::example::{self, JOB, ROWS};
 use primus_cluster_tests::{KubeDeployment, NAMESPACE};
 use serde_json::Value;
@@ -17,26 +15,7 @@ async fn the_example_applied_as_custom_resources_runs_as_pods_on_both_nodes() {
     let deployment = KubeDeployment::operator();
     deployment.delete_left_jobs().await;
     let run = example::run_on_kubernetes(deployment).await;
-    let executors: Vec<&str> = run.pods.keys().map(String::as_str).collect();
-    assert_eq!(
-        executors,
-        [
-            "data_executor-0",
-            "data_executor-1",
-            "ps-0",
-            "ps-1",
-            "serving-0",
-            "trainer-0"
-        ],
-        "each executor a pod of its own"
-    );
-    let nodes: BTreeSet<&String> = run.pods.values().flatten().collect();
-    assert_eq!(
-        nodes.len(),
-        2,
-        "the Job's pods ran on both nodes: {:?}",
-        run.pods
-    );
+    let nodes = run.assert_pods_on_both_nodes();
     assert_eq!(run.samples, ROWS, "{run:?}");
     // The data's best AUC is about 0.80; a model that learned nothing scores 0.5.
     assert!(run.auc > 0.7, "{run:?}");

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::crds::{apply, cluster, get_json, kubectl, namespace, primus};
 
-pub(super) const ROWS: u64 = primus_harness::criteo::DLRM_ROWS_PER_HOUR as u64;
+const ROWS: u64 = primus_harness::criteo::DLRM_ROWS_PER_HOUR as u64;
 
 /// Dataset `criteo` (one hour of rows under the sandbox) and DLRM Job `job` on it, as
 /// custom resources.
@@ -74,6 +74,48 @@ pub(super) fn wait_for(
     }
 }
 
+/// Waits up to 5 minutes for PrimusJob `job` to succeed having trained every row; its
+/// object as kubectl read it then.
+pub(super) fn wait_for_success(
+    cluster: &KubeCluster,
+    namespace: &str,
+    job: &str,
+    sandbox: &Sandbox,
+) -> Value {
+    let done = wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(300),
+        sandbox,
+        |o| o["status"]["phase"] == "Succeeded",
+    );
+    assert_eq!(
+        done["status"]["progress"]["samples"], ROWS,
+        "{job}: {:#}",
+        done["status"]
+    );
+    done
+}
+
+/// Sets PrimusJob `job`'s `spec.suspend` with `kubectl patch`.
+fn set_suspend(cluster: &KubeCluster, namespace: &str, job: &str, suspend: bool) {
+    let patch = format!(r#"{{"spec":{{"suspend":{suspend}}}}}"#);
+    kubectl(
+        cluster,
+        &[
+            "patch",
+            "pjob",
+            job,
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_applied_with_kubectl_runs_to_succeeded_with_its_status_metric_and_events() {
     let cluster = cluster();
@@ -101,19 +143,7 @@ async fn a_job_applied_with_kubectl_runs_to_succeeded_with_its_status_metric_and
         },
     );
     assert_eq!(running["metadata"]["finalizers"][0], "primus.dev/master");
-    let done = wait_for(
-        cluster,
-        namespace,
-        job,
-        Duration::from_secs(300),
-        &sandbox,
-        |o| o["status"]["phase"] == "Succeeded",
-    );
-    assert_eq!(
-        done["status"]["progress"]["samples"], ROWS,
-        "{:#}",
-        done["status"]
-    );
+    let done = wait_for_success(cluster, namespace, job, &sandbox);
     assert_eq!(done["status"]["observed_generation"], 1);
     let row = kubectl(
         cluster,
@@ -297,23 +327,11 @@ async fn a_second_master_waits_for_the_lease_and_a_restarted_one_takes_it_over_m
         at_kill["status"]
     );
     master.kill_and_start(&sandbox, &settings, &[]);
-    let done = wait_for(
-        cluster,
-        namespace,
-        job,
-        Duration::from_secs(300),
-        &sandbox,
-        |o| o["status"]["phase"] == "Succeeded",
-    );
+    wait_for_success(cluster, namespace, job, &sandbox);
     let next = lease_holder(cluster, namespace, lease);
     assert!(
         next != first && next.starts_with(master.addr()),
         "{first} -> {next}"
-    );
-    assert_eq!(
-        done["status"]["progress"]["samples"], ROWS,
-        "{:#}",
-        done["status"]
     );
     let log = std::fs::read_to_string(sandbox.dir().join("master.log")).unwrap_or_default();
     assert!(log.contains("acquired the shard's Lease"), "{log}");
@@ -358,33 +376,8 @@ async fn a_job_created_suspended_runs_nothing_until_resumed_then_succeeds() {
         "a suspended Job started executors:\n{log}"
     );
 
-    let resume = r#"{"spec":{"suspend":false}}"#;
-    kubectl(
-        cluster,
-        &[
-            "patch",
-            "pjob",
-            job,
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            resume,
-        ],
-    );
-    let done = wait_for(
-        cluster,
-        namespace,
-        job,
-        Duration::from_secs(300),
-        &sandbox,
-        |o| o["status"]["phase"] == "Succeeded",
-    );
-    assert_eq!(
-        done["status"]["progress"]["samples"], ROWS,
-        "{:#}",
-        done["status"]
-    );
+    set_suspend(cluster, namespace, job, false);
+    let done = wait_for_success(cluster, namespace, job, &sandbox);
     let conditions = done["status"]["conditions"]
         .as_array()
         .cloned()
@@ -460,19 +453,7 @@ async fn sharded_masters_each_drive_only_the_jobs_of_their_share() {
             .unwrap_or_else(|e| panic!("{e}"));
     }
     for job in &jobs {
-        let done = wait_for(
-            cluster,
-            namespace,
-            job,
-            Duration::from_secs(300),
-            &sandbox,
-            |o| o["status"]["phase"] == "Succeeded",
-        );
-        assert_eq!(
-            done["status"]["progress"]["samples"], ROWS,
-            "{job}: {:#}",
-            done["status"]
-        );
+        wait_for_success(cluster, namespace, job, &sandbox);
     }
     let names: Vec<&str> = jobs.iter().map(String::as_str).collect();
     for (log, job) in [("master.log", &jobs[0]), ("second-master.log", &jobs[1])] {
@@ -531,20 +512,7 @@ async fn a_job_suspended_while_it_runs_stops_its_executors_and_resumes_to_succee
     let pids = executor_pids(&sandbox, job);
     assert!(pids.len() >= 4, "the Job's executors: {pids:?}");
 
-    let suspend = r#"{"spec":{"suspend":true}}"#;
-    kubectl(
-        cluster,
-        &[
-            "patch",
-            "pjob",
-            job,
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            suspend,
-        ],
-    );
+    set_suspend(cluster, namespace, job, true);
     let held = wait_for(
         cluster,
         namespace,
@@ -572,32 +540,7 @@ async fn a_job_suspended_while_it_runs_stops_its_executors_and_resumes_to_succee
         "executors still running while suspended: {running:?}"
     );
 
-    let resume = r#"{"spec":{"suspend":false}}"#;
-    kubectl(
-        cluster,
-        &[
-            "patch",
-            "pjob",
-            job,
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            resume,
-        ],
-    );
-    let done = wait_for(
-        cluster,
-        namespace,
-        job,
-        Duration::from_secs(300),
-        &sandbox,
-        |o| o["status"]["phase"] == "Succeeded",
-    );
-    assert_eq!(
-        done["status"]["progress"]["samples"], ROWS,
-        "{:#}",
-        done["status"]
-    );
+    set_suspend(cluster, namespace, job, false);
+    wait_for_success(cluster, namespace, job, &sandbox);
     master.stop();
 }

@@ -13,7 +13,7 @@ use primus_testkit::kube::{KubeCluster, Kueue};
 use serde_json::{Value, json};
 
 use super::crds::{apply, cluster, get_json, kubectl, namespace};
-use super::jobs::{ROWS, criteo_job, operator_settings, wait_for};
+use super::jobs::{criteo_job, operator_settings, wait_for, wait_for_success};
 
 const QUEUE: &str = "operator-queue";
 
@@ -149,29 +149,8 @@ async fn kueue_admits_two_queued_jobs_in_turn_within_its_quota() {
         held["status"]
     );
 
-    let done_first = wait_for(
-        cluster,
-        namespace,
-        first,
-        Duration::from_secs(300),
-        &sandbox,
-        |o| o["status"]["phase"] == "Succeeded",
-    );
-    let done_second = wait_for(
-        cluster,
-        namespace,
-        second,
-        Duration::from_secs(300),
-        &sandbox,
-        |o| o["status"]["phase"] == "Succeeded",
-    );
-    for done in [&done_first, &done_second] {
-        assert_eq!(
-            done["status"]["progress"]["samples"], ROWS,
-            "{:#}",
-            done["status"]
-        );
-    }
+    let done_first = wait_for_success(cluster, namespace, first, &sandbox);
+    let done_second = wait_for_success(cluster, namespace, second, &sandbox);
     assert!(
         condition_at(&done_second, "Scheduled") >= condition_at(&done_first, "Complete"),
         "the second Job started only once the first had ended:\n{:#}\n{:#}",

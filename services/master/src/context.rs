@@ -13,6 +13,7 @@ use redis::aio::ConnectionManager;
 use crate::cluster::{Capacity, ClusterPlans};
 use crate::resources::Resources;
 use crate::tasks::JobRegistry;
+use crate::ticks::TickTimes;
 use crate::topology::Topologies;
 
 /// Everything the Jobs' runs share.
@@ -30,4 +31,6 @@ pub struct Context<B, C> {
     pub capacity: Capacity,
     /// Those Jobs' holdings and plans (DLRover-RM's cluster-level selection).
     pub cluster: ClusterPlans,
+    /// How long the Jobs' status ticks take.
+    pub ticks: TickTimes,
 }

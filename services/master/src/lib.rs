@@ -12,7 +12,8 @@
 //!   ([`topology`]).
 //!
 //! The resource backends (`master.backend`: executors as child processes or as pods) are
-//! `primus-backend`; the data-task plane (planner, task queue, monitor) is
+//! `primus-backend` ([`serve_on`] runs the master over any other, such as
+//! `primus-scripted`'s executors that are no processes); the data-task plane (planner, task queue, monitor) is
 //! `primus-data-tasks`.
 
 pub mod checkpoint;
@@ -26,6 +27,7 @@ pub mod metrics;
 pub mod resources;
 mod shard;
 pub mod tasks;
+pub mod ticks;
 pub mod topology;
 
 use std::net::SocketAddr;
@@ -41,6 +43,7 @@ use primus_service::{Node, ServiceFuture, Services, SettingFlag, Shutdown};
 use primus_config::{BackendKind, MasterSettings, ResourceSource};
 use resources::Resources;
 use resources::kubernetes::KubeResources;
+pub use ticks::TickTimes;
 
 pub const SERVICE: &str = "primus-master";
 pub const ABOUT: &str = concat!(
@@ -65,13 +68,65 @@ pub fn run(settings: MasterSettings, shutdown: Shutdown) -> ServiceFuture {
 }
 
 async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<()> {
-    let shard = shard::parse_shard(&settings.master.shard).map_err(anyhow::Error::msg)?;
     let host_cores = match settings.master.backend {
         BackendKind::Local => std::thread::available_parallelism()
             .ok()
             .map(|n| n.get() as f64),
         BackendKind::Kubernetes => None,
     };
+    let (node, parts, master_addr) = connect(settings, host_cores).await?;
+    match parts.settings.master.backend {
+        BackendKind::Local => {
+            let backend = Arc::new(primus_backend::local::LocalBackend::new(
+                parts.settings.local.clone(),
+                master_addr.to_string(),
+            ));
+            let leftovers = backend.kill_leftovers();
+            if leftovers > 0 {
+                tracing::warn!(leftovers, "killed executors left by a previous master");
+            }
+            let ticks = TickTimes::default();
+            let served = drive_jobs(node, parts, backend.clone(), master_addr, shutdown, ticks);
+            let served = served.await;
+            backend.shutdown().await;
+            served
+        }
+        BackendKind::Kubernetes => {
+            let kubernetes = parts.settings.kubernetes.clone();
+            let reach = kubernetes.master_addr.clone();
+            let backend = primus_backend::kubernetes::KubernetesBackend::connect(
+                kubernetes,
+                parts.shard,
+                reach.unwrap_or_else(|| master_addr.to_string()),
+            )
+            .await
+            .context("the kubernetes backend")?;
+            let ticks = TickTimes::default();
+            drive_jobs(node, parts, Arc::new(backend), master_addr, shutdown, ticks).await
+        }
+    }
+}
+
+/// Runs the master until `shutdown` with `backend` in place of the one `master.backend`
+/// names, recording each status tick's duration in `ticks`: how the master runs over a
+/// backend that starts no process (the in-process test tier and the master's benchmark).
+/// The capacity its `policy: auto` Jobs divide is `master.cluster`'s alone.
+pub async fn serve_on<B: primus_backend::ResourceBackend>(
+    settings: MasterSettings,
+    backend: Arc<B>,
+    ticks: TickTimes,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let (node, parts, master_addr) = connect(settings, None).await?;
+    drive_jobs(node, parts, backend, master_addr, shutdown, ticks).await
+}
+
+/// Binds the master's gRPC address and connects to NATS, Redis and its resources' source.
+async fn connect(
+    settings: MasterSettings,
+    host_cores: Option<f64>,
+) -> anyhow::Result<(Node, Parts, SocketAddr)> {
+    let shard = shard::parse_shard(&settings.master.shard).map_err(anyhow::Error::msg)?;
     let capacity = cluster::Capacity::from_settings(&settings.master.cluster, host_cores)
         .map_err(anyhow::Error::msg)?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
@@ -87,33 +142,7 @@ async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<(
         capacity,
         settings,
     };
-    match parts.settings.master.backend {
-        BackendKind::Local => {
-            let backend = Arc::new(primus_backend::local::LocalBackend::new(
-                parts.settings.local.clone(),
-                master_addr.to_string(),
-            ));
-            let leftovers = backend.kill_leftovers();
-            if leftovers > 0 {
-                tracing::warn!(leftovers, "killed executors left by a previous master");
-            }
-            let served = drive_jobs(node, parts, backend.clone(), master_addr, shutdown).await;
-            backend.shutdown().await;
-            served
-        }
-        BackendKind::Kubernetes => {
-            let kubernetes = parts.settings.kubernetes.clone();
-            let reach = kubernetes.master_addr.clone();
-            let backend = primus_backend::kubernetes::KubernetesBackend::connect(
-                kubernetes,
-                shard,
-                reach.unwrap_or_else(|| master_addr.to_string()),
-            )
-            .await
-            .context("the kubernetes backend")?;
-            drive_jobs(node, parts, Arc::new(backend), master_addr, shutdown).await
-        }
-    }
+    Ok((node, parts, master_addr))
 }
 
 /// The source `master.resources` names.
@@ -156,6 +185,7 @@ async fn drive_jobs<B: primus_backend::ResourceBackend>(
     backend: Arc<B>,
     master_addr: SocketAddr,
     shutdown: Shutdown,
+    ticks: TickTimes,
 ) -> anyhow::Result<()> {
     let Parts {
         resources,
@@ -194,6 +224,7 @@ async fn drive_jobs<B: primus_backend::ResourceBackend>(
         jobs,
         topologies,
         settings,
+        ticks,
     });
     tracing::info!(%master_addr, shard = ?shard, "master ready");
     let controller = tokio::spawn(controller::run(context, shutdown.clone()));

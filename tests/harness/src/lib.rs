@@ -7,6 +7,7 @@
 pub mod criteo;
 pub mod image;
 pub mod numbered;
+pub mod partitions;
 pub mod resources;
 pub mod rows;
 mod sandbox;

@@ -456,7 +456,12 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 }
             };
             let flow = match event {
-                Event::StatusTick => self.on_status_tick().await,
+                Event::StatusTick => {
+                    let started = Instant::now();
+                    let flow = self.on_status_tick().await;
+                    self.context.ticks.record(started.elapsed());
+                    flow
+                }
                 Event::CheckpointTick => self.on_checkpoint_tick().await,
                 Event::CheckpointDone(Ok((id, taken))) => self.on_checkpoint_done(id, taken).await,
                 Event::CheckpointDone(Err(e)) => {

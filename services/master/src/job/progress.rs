@@ -13,6 +13,13 @@ use primus_backend::ResourceBackend;
 use primus_data_tasks::plan::{Catalog, StreamPlan};
 use primus_data_tasks::queue::QueueCounts;
 use primus_spec::time::unix_ms;
+use tokio::time::Instant;
+
+/// A pause in the reports this long means the last ones are in.
+const REPORTS_SETTLED: Duration = Duration::from_millis(300);
+
+/// The longest a succeeding Job waits for its last reports.
+const FINAL_REPORTS_WAIT: Duration = Duration::from_secs(2);
 
 /// Where a batch stream's windows start and how long each is: what tells a Job waiting
 /// for a window to end from one that reads.
@@ -121,12 +128,17 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
     }
 
     /// Folds the reports still in flight (a trainer's last one is sent just before it
-    /// exits) into the Job's final progress and its Metric resource.
+    /// exits) into the Job's final progress and its Metric resource: those that come
+    /// before a pause of [`REPORTS_SETTLED`], within [`FINAL_REPORTS_WAIT`] at most (the
+    /// data executors report until they are stopped, so many of them never pause).
     pub(super) async fn write_final_metrics(&mut self, counts: &QueueCounts) {
-        while let Ok(Some(report)) =
-            tokio::time::timeout(Duration::from_millis(300), self.reports.recv()).await
-        {
-            self.fold.add(report);
+        let deadline = Instant::now() + FINAL_REPORTS_WAIT;
+        loop {
+            let until = deadline.min(Instant::now() + REPORTS_SETTLED);
+            match tokio::time::timeout_at(until, self.reports.recv()).await {
+                Ok(Some(report)) => self.fold.add(report),
+                Ok(None) | Err(_) => break,
+            }
         }
         self.fold.tick(unix_ms());
         let progress = self.progress(counts, true).await;

@@ -1,24 +1,23 @@
 //! The CUDA side: device discovery, the per-device module cache, device-resident buffers
 //! and the kernel launches. Every launch's arguments are checked on the host first (the
 //! `Device*` types are only built from validated input), which is what makes the
-//! `unsafe` launches sound.
+//! `unsafe` launches sound. `transfers.rs` moves data between the host and a device.
+
+mod transfers;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
 use crate::GpuError;
 use crate::compile::{compile_ptx, nvrtc_available};
 use crate::layout::{
-    Accumulation, Pooling, PoolingInput, RowOptimizer, TableShape, table_bases, validate_ids,
-    validate_read, validate_update, validate_write,
+    Accumulation, Pooling, RowOptimizer, TableShape, validate_read, validate_update, validate_write,
 };
-use crate::reference::{EmbeddingKernels, validate_grad_out, validate_weights};
 
 const BLOCK: u32 = 256;
 /// Samples per thread group in the gather kernels (`ITEMS` in kernels.cu).
@@ -255,203 +254,9 @@ impl CudaKernels {
     pub fn synchronize(&self) -> Result<(), GpuError> {
         Ok(self.stream.synchronize()?)
     }
+}
 
-    /// A device copy of `host`; empty slices get one zero element (CUDA cannot allocate 0 bytes).
-    pub fn upload<T: DeviceRepr + ValidAsZeroBits + Default + Clone>(
-        &self,
-        host: &[T],
-    ) -> Result<CudaSlice<T>, GpuError> {
-        if host.is_empty() {
-            return Ok(self.stream.alloc_zeros::<T>(1)?);
-        }
-        Ok(self.stream.clone_htod(host)?)
-    }
-
-    /// `len` zeroed values on the device.
-    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(
-        &self,
-        len: usize,
-    ) -> Result<CudaSlice<T>, GpuError> {
-        Ok(self.stream.alloc_zeros::<T>(len.max(1))?)
-    }
-
-    /// Copies values from the device.
-    pub fn download<T: DeviceRepr + Default + Clone>(
-        &self,
-        device: &CudaSlice<T>,
-        len: usize,
-    ) -> Result<Vec<T>, GpuError> {
-        let mut host = self.stream.clone_dtoh(device)?;
-        host.truncate(len);
-        Ok(host)
-    }
-
-    /// Lays `tables` (with their rows) end to end on the device.
-    pub fn upload_tables(
-        &self,
-        tables: &[TableShape],
-        weights: &[&[f32]],
-    ) -> Result<DeviceTables, GpuError> {
-        validate_weights(tables, weights)?;
-        let (bases, total) = table_bases(tables.iter().map(TableShape::floats));
-        let mut packed = vec![0.0f32; total];
-        for (w, &base) in weights.iter().zip(&bases) {
-            packed[base as usize..][..w.len()].copy_from_slice(w);
-        }
-        Ok(DeviceTables {
-            tables: tables.to_vec(),
-            bases,
-            data: self.upload(&packed)?,
-        })
-    }
-
-    /// Copies one table's rows to the device.
-    pub fn upload_table(&self, shape: TableShape, rows: &[f32]) -> Result<DeviceTable, GpuError> {
-        validate_weights(&[shape], &[rows])?;
-        Ok(DeviceTable {
-            shape,
-            data: self.upload(rows)?,
-        })
-    }
-
-    /// Copies one table's rows from the device.
-    pub fn download_table(&self, table: &DeviceTable) -> Result<Vec<f32>, GpuError> {
-        self.download(&table.data, table.shape.floats())
-    }
-
-    /// Checks that `ids` are distinct rows of `shape` and copies them to the device.
-    pub fn upload_ids(&self, shape: TableShape, ids: &[u32]) -> Result<DeviceIds, GpuError> {
-        validate_ids(shape.rows, ids)?;
-        Ok(DeviceIds {
-            rows: shape.rows,
-            len: ids.len(),
-            ids: self.upload(ids)?,
-        })
-    }
-
-    /// Validates `input` against the tables of `weights` and copies it to the device.
-    /// `backward` is the accumulation its backward will use: the deterministic one needs
-    /// each gradient row's contributions sorted on the host, which the forward pass and the
-    /// atomic backward do not pay for.
-    pub fn upload_pooling(
-        &self,
-        weights: &DeviceTables,
-        input: &PoolingInput,
-        backward: Accumulation,
-    ) -> Result<DevicePooling, GpuError> {
-        let tables = &weights.tables;
-        input.validate(tables)?;
-        let columns = input.columns(tables);
-        let out_width = input.out_width(tables);
-        let (grad_bases, grad_floats) =
-            table_bases(tables.iter().map(|t| t.rows as usize * t.dim as usize));
-        let mut feature_base = Vec::with_capacity(input.features.len());
-        let mut feature_meta = Vec::with_capacity(3 * input.features.len());
-        let mut grad_base = Vec::with_capacity(input.features.len());
-        let mut offsets = vec![0u32];
-        let mut rows = Vec::new();
-        let mut bag_start = Vec::with_capacity(input.features.len());
-        for (f, feature) in input.features.iter().enumerate() {
-            let shape = tables[feature.table];
-            feature_base.push(weights.bases[feature.table]);
-            feature_meta.extend([shape.stride, shape.dim, columns[f] as u32]);
-            grad_base.push(grad_bases[feature.table]);
-            bag_start.push(offsets.len() as u32 - 1);
-            let base = rows.len() as u32;
-            offsets.extend(feature.offsets[1..].iter().map(|o| base + o));
-            rows.extend_from_slice(&feature.rows);
-        }
-        let any_inverse = input.features.iter().any(|f| f.inverse.is_some());
-        let sample_bag: Option<Vec<u32>> = any_inverse.then(|| {
-            input
-                .features
-                .iter()
-                .zip(&bag_start)
-                .flat_map(|(feature, &start)| {
-                    (0..input.samples).map(move |b| start + feature.bag_of(b) as u32)
-                })
-                .collect()
-        });
-        let max_dim = tables.iter().map(|t| t.dim).max().unwrap_or(1);
-        let vec4 = out_width.is_multiple_of(4)
-            && input
-                .features
-                .iter()
-                .zip(&columns)
-                .all(|(feature, &column)| {
-                    let t = tables[feature.table];
-                    t.dim.is_multiple_of(4)
-                        && t.stride.is_multiple_of(4)
-                        && column.is_multiple_of(4)
-                });
-        let sorted = match backward {
-            Accumulation::Deterministic => Some(self.sorted_rows(input, tables, &grad_bases)?),
-            Accumulation::Atomic => None,
-        };
-        Ok(DevicePooling {
-            tables: tables.clone(),
-            features: input.features.len() as u32,
-            samples: input.samples as u32,
-            out_width: out_width as u32,
-            vec4,
-            max_dim,
-            feature_base: self.upload(&feature_base)?,
-            feature_meta: self.upload(&feature_meta)?,
-            grad_base: self.upload(&grad_base)?,
-            grad_floats,
-            offsets: self.upload(&offsets)?,
-            rows: self.upload(&rows)?,
-            sample_bag: sample_bag.map(|s| self.upload(&s)).transpose()?,
-            sorted,
-        })
-    }
-
-    /// Contributions (work item per bag entry) grouped by gradient row, each group in
-    /// ascending item order: a stable sort of the reference's visiting order.
-    fn sorted_rows(
-        &self,
-        input: &PoolingInput,
-        tables: &[TableShape],
-        grad_bases: &[u64],
-    ) -> Result<SortedRows, GpuError> {
-        let mut pairs: Vec<(u64, u32)> = Vec::new();
-        for (f, feature) in input.features.iter().enumerate() {
-            let dim = u64::from(tables[feature.table].dim);
-            for b in 0..input.samples {
-                let item = (f * input.samples + b) as u32;
-                for &row in feature.bag(feature.bag_of(b)) {
-                    pairs.push((grad_bases[feature.table] + u64::from(row) * dim, item));
-                }
-            }
-        }
-        pairs.sort_by_key(|&(dst, _)| dst);
-        let mut row_dst = Vec::new();
-        let mut row_feature = Vec::new();
-        let mut row_offsets = vec![0u32];
-        let mut contrib_item = Vec::with_capacity(pairs.len());
-        for (k, &(dst, item)) in pairs.iter().enumerate() {
-            if k == 0 || pairs[k - 1].0 != dst {
-                if k > 0 {
-                    row_offsets.push(k as u32);
-                }
-                row_dst.push(dst);
-                row_feature.push(item / input.samples.max(1) as u32);
-            }
-            contrib_item.push(item);
-        }
-        row_offsets.push(pairs.len() as u32);
-        if pairs.is_empty() {
-            row_offsets.truncate(1);
-        }
-        Ok(SortedRows {
-            count: row_dst.len() as u32,
-            row_dst: self.upload(&row_dst)?,
-            row_feature: self.upload(&row_feature)?,
-            row_offsets: self.upload(&row_offsets)?,
-            contrib_item: self.upload(&contrib_item)?,
-        })
-    }
-
+impl CudaKernels {
     /// Pools into `out` (at least `batch.out_floats()` floats). Asynchronous.
     pub fn gather_pool_on_device(
         &self,
@@ -743,67 +548,4 @@ fn check_same_tables(weights: &DeviceTables, batch: &DevicePooling) -> Result<()
 
 fn validate_state_room(shape: TableShape, optimizer: RowOptimizer) -> Result<(), GpuError> {
     validate_update(shape, optimizer, shape.floats(), &[], &[])
-}
-
-impl EmbeddingKernels for CudaKernels {
-    fn gather_pool(
-        &self,
-        tables: &[TableShape],
-        weights: &[&[f32]],
-        input: &PoolingInput,
-        pooling: Pooling,
-    ) -> Result<Vec<f32>, GpuError> {
-        let device_tables = self.upload_tables(tables, weights)?;
-        let batch = self.upload_pooling(&device_tables, input, Accumulation::Atomic)?;
-        let mut out = self.zeros::<f32>(batch.out_floats())?;
-        self.gather_pool_on_device(&device_tables, &batch, pooling, &mut out)?;
-        self.download(&out, batch.out_floats())
-    }
-
-    fn pool_backward(
-        &self,
-        tables: &[TableShape],
-        input: &PoolingInput,
-        pooling: Pooling,
-        grad_out: &[f32],
-        accumulation: Accumulation,
-    ) -> Result<Vec<Vec<f32>>, GpuError> {
-        // The backward reads no weights; an empty stand-in carries the table shapes.
-        let shapes = DeviceTables {
-            tables: tables.to_vec(),
-            bases: vec![0; tables.len()],
-            data: self.zeros::<f32>(1)?,
-        };
-        // Validates the input, which validate_grad_out's widths rely on.
-        let batch = self.upload_pooling(&shapes, input, accumulation)?;
-        validate_grad_out(tables, input, grad_out)?;
-        let grad_out = self.upload(grad_out)?;
-        let mut grads = self.zeros::<f32>(batch.grad_floats)?;
-        self.pool_backward_on_device(&batch, pooling, &grad_out, accumulation, &mut grads)?;
-        let flat = self.download(&grads, batch.grad_floats)?;
-        let (bases, _) = table_bases(tables.iter().map(|t| t.rows as usize * t.dim as usize));
-        Ok(tables
-            .iter()
-            .zip(bases)
-            .map(|(t, base)| flat[base as usize..][..t.rows as usize * t.dim as usize].to_vec())
-            .collect())
-    }
-
-    fn update_rows(
-        &self,
-        shape: TableShape,
-        optimizer: RowOptimizer,
-        table: &mut [f32],
-        ids: &[u32],
-        grads: &[f32],
-    ) -> Result<(), GpuError> {
-        validate_update(shape, optimizer, table.len(), ids, grads)?;
-        let mut device_table = self.upload_table(shape, table)?;
-        let device_ids = self.upload_ids(shape, ids)?;
-        let device_grads = self.upload(grads)?;
-        self.update_rows_on_device(&mut device_table, optimizer, &device_ids, &device_grads)?;
-        let updated = self.download_table(&device_table)?;
-        table.copy_from_slice(&updated);
-        Ok(())
-    }
 }

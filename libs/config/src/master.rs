@@ -218,6 +218,15 @@ pub struct KubernetesBackendSettings {
     pub node_selector: BTreeMap<String, String>,
     /// Extra labels on every object the backend creates.
     pub labels: BTreeMap<String, String>,
+    /// Each Job's executors form one gang: a Volcano PodGroup
+    /// (`scheduling.volcano.sh/v1beta1`) owned by the Job, with every executor as its
+    /// minimum members and their requests as its minimum resources, and each pod annotated
+    /// `scheduling.k8s.io/group-name`; the master then requests all of a Job's executors
+    /// at once. Needs the PodGroup CRD (Volcano) and a gang scheduler (`scheduler_name`)
+    /// for the gang to hold.
+    pub pod_group: bool,
+    /// The scheduler of the executors' pods (`volcano`); unset: the cluster's default.
+    pub scheduler_name: Option<String>,
 }
 
 impl Default for KubernetesBackendSettings {
@@ -236,6 +245,8 @@ impl Default for KubernetesBackendSettings {
             lease_duration_ms: 15_000,
             node_selector: BTreeMap::new(),
             labels: BTreeMap::new(),
+            pod_group: false,
+            scheduler_name: None,
         }
     }
 }

@@ -79,6 +79,9 @@ fn kubernetes_objects_of_every_example_job_pass_strict_validation() {
             namespace: Some("primus".into()),
             service_account: Some("executor".into()),
             node_selector: [("kubernetes.io/os".to_owned(), "linux".to_owned())].into(),
+            // Pods of a gang: the PodGroup annotation and the gang scheduler's name.
+            pod_group: true,
+            scheduler_name: Some("volcano".into()),
             ..KubernetesBackendSettings::default()
         },
         ..MasterSettings::default()

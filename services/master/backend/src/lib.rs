@@ -124,6 +124,17 @@ pub struct ExecutorUsage {
     pub memory_bytes: u64,
 }
 
+/// A Job's executors scheduled together: all of them, or none while they do not fit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gang {
+    /// Executors that must all be placed before any runs.
+    pub members: u32,
+    /// Their CPU requests together.
+    pub cpu: f64,
+    /// Their memory requests together.
+    pub memory_bytes: u64,
+}
+
 /// What happened to an executor after it started.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BackendEvent {
@@ -210,6 +221,22 @@ pub trait ResourceBackend: Send + Sync + 'static {
 
     /// CPU and memory of each running executor of `job`.
     fn usage(&self, job: &str) -> impl Future<Output = Vec<ExecutorUsage>> + Send;
+
+    /// Whether a Job's executors are placed as one gang ([`ResourceBackend::form_gang`]):
+    /// the master then requests them all at once, as a gang of which only some were
+    /// requested would never be placed.
+    fn schedules_gangs(&self) -> bool {
+        false
+    }
+
+    /// Declares `job`'s gang, before its executors are requested.
+    fn form_gang(
+        &self,
+        _job: &str,
+        _gang: &Gang,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        async { Ok(()) }
+    }
 
     /// Whether executors outlive the master that started them (pods do, child processes
     /// do not): a master that stops then leaves its Jobs' executors running for the next.

@@ -267,3 +267,134 @@ async fn kubernetes_backend_conformance() {
         cluster.node_names().len()
     );
 }
+
+/// Gangs on the test cluster (under `operator::`, so `cargo test --workspace operator` runs
+/// it). Volcano is not served here: its PodGroup CRD is installed alone, no scheduler acts
+/// on it, and the test reads what the backend writes.
+mod operator {
+    use super::*;
+    use primus_backend::Gang;
+    use serde_json::Value;
+
+    /// Volcano's PodGroup API as its CRD serves it, with the schema left open.
+    const POD_GROUP_CRD: &str = r#"{
+      "apiVersion": "apiextensions.k8s.io/v1",
+      "kind": "CustomResourceDefinition",
+      "metadata": {"name": "podgroups.scheduling.volcano.sh"},
+      "spec": {
+        "group": "scheduling.volcano.sh",
+        "scope": "Namespaced",
+        "names": {"kind": "PodGroup", "plural": "podgroups", "singular": "podgroup", "shortNames": ["pg"]},
+        "versions": [{
+          "name": "v1beta1", "served": true, "storage": true,
+          "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+          "subresources": {"status": {}}
+        }]
+      }
+    }"#;
+
+    fn pod_group(cluster: &KubeCluster, name: &str) -> Option<Value> {
+        let args = [
+            "get",
+            "podgroup",
+            name,
+            "-n",
+            "default",
+            "-o",
+            "json",
+            "--ignore-not-found",
+        ];
+        let found = cluster.kubectl_run(&args).expect("kubectl get podgroup");
+        (!found.trim().is_empty()).then(|| serde_json::from_str(&found).expect("a PodGroup"))
+    }
+
+    /// With `kubernetes.pod_group`, a Job's executors form one PodGroup: all of them its
+    /// minimum members, their requests its minimum resources, owned by the Job's owner (so
+    /// it goes with the Job), and every pod names it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_jobs_executors_form_one_pod_group_that_goes_with_the_job() {
+        let cluster = KubeCluster::shared().expect("the test cluster");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let crd = dir.path().join("podgroups.json");
+        std::fs::write(&crd, POD_GROUP_CRD).expect("the CRD file");
+        let crd = crd.display().to_string();
+        cluster
+            .kubectl_run(&["apply", "--server-side", "-f", &crd])
+            .expect("the PodGroup CRD applied");
+        let established = "condition=established";
+        let crd_name = "crd/podgroups.scheduling.volcano.sh";
+        (cluster.kubectl_run(&["wait", "--for", established, crd_name, "--timeout=60s"]))
+            .expect("the PodGroup CRD served");
+        let image = primus_image().expect("the Primus image");
+        cluster
+            .import_image(&image)
+            .expect("the image in the cluster");
+        let host_ip = HOST_IP.parse().expect("an IP");
+        let nats = NatsServer::start_on(host_ip, restartable_port().expect("a port"), None)
+            .expect("nats-server on the cluster network");
+        let settings = KubernetesBackendSettings {
+            kubeconfig: Some(cluster.kubeconfig()),
+            namespace: Some("default".into()),
+            image: PRIMUS_IMAGE.into(),
+            image_pull_policy: "Never".into(),
+            stop_grace_ms: 5_000,
+            pod_group: true,
+            ..KubernetesBackendSettings::default()
+        };
+        let backend = KubernetesBackend::connect(settings, (0, 1), "127.0.0.1:1".into())
+            .await
+            .expect("the test cluster's API server");
+        assert!(backend.schedules_gangs());
+        let job = format!("gang-{}", std::process::id());
+        let gang = Gang {
+            members: 2,
+            cpu: 0.5,
+            memory_bytes: 512 << 20,
+        };
+        backend
+            .form_gang(&job, &gang)
+            .await
+            .expect("the PodGroup applied");
+        let (first, second) = tokio::join!(
+            backend.request(ps_shard(&job, 0, &nats.url())),
+            backend.request(ps_shard(&job, 1, &nats.url())),
+        );
+        let executors = [first.expect("ps-0 starts"), second.expect("ps-1 starts")];
+        let name = render::owner_name(&job);
+        let group = pod_group(cluster, &name).expect("the Job's PodGroup");
+        assert_eq!(group["spec"]["minMember"], 2, "{group:#}");
+        assert_eq!(group["spec"]["minResources"]["cpu"], "500m", "{group:#}");
+        assert_eq!(
+            group["spec"]["minResources"]["memory"], "536870912",
+            "{group:#}"
+        );
+        let owner = &group["metadata"]["ownerReferences"][0];
+        assert_eq!(
+            (owner["kind"].as_str(), owner["name"].as_str()),
+            (Some("ConfigMap"), Some(name.as_str()))
+        );
+        for executor in &executors {
+            let pod = (backend
+                .pods()
+                .get(&render::pod_name(&job, &executor.id))
+                .await)
+                .expect("the executor's pod");
+            let annotations = pod.metadata.annotations.unwrap_or_default();
+            assert_eq!(
+                annotations.get(render::ANNOTATION_POD_GROUP),
+                Some(&name),
+                "{} names its PodGroup",
+                executor.id
+            );
+        }
+        backend.release_job(&job).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while pod_group(cluster, &name).is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the PodGroup outlived its Job by 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}

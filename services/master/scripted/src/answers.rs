@@ -19,7 +19,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
-use crate::{Key, Shared};
+use crate::{Call, Key, Shared};
 
 /// Serves every connection in `accepted` until the backend is dropped.
 pub(crate) async fn serve(
@@ -118,7 +118,8 @@ impl Health for Answers {
 #[tonic::async_trait]
 impl ParameterServer for Answers {
     async fn open(&self, request: Request<OpenRequest>) -> Result<Response<OpenResponse>, Status> {
-        self.of_role(&request, ExecutorRole::Ps)?;
+        let (job, id) = self.of_role(&request, ExecutorRole::Ps)?;
+        self.shared.record(Call::Opened { job, id });
         Ok(Response::new(OpenResponse {}))
     }
 

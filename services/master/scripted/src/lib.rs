@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use primus_backend::{
-    BackendError, BackendEvent, Executor, ExecutorRole, ExecutorSpec, ExecutorUsage,
+    BackendError, BackendEvent, Executor, ExecutorRole, ExecutorSpec, ExecutorUsage, Gang,
     ResourceBackend,
 };
 use primus_bus::Bus;
@@ -52,6 +52,8 @@ pub struct Script {
     pub ps_table_bytes: u64,
     /// Resizes are refused (the pool cannot give more).
     pub refuse_resizes: bool,
+    /// A Job's executors are placed as one gang (`ResourceBackend::schedules_gangs`).
+    pub gangs: bool,
 }
 
 impl Default for Script {
@@ -68,6 +70,7 @@ impl Default for Script {
             usage_of: HashMap::new(),
             ps_table_bytes: 0,
             refuse_resizes: false,
+            gangs: false,
         }
     }
 }
@@ -110,6 +113,15 @@ pub enum Call {
         id: String,
         cpu: f64,
         memory_bytes: u64,
+    },
+    FormedGang {
+        job: String,
+        gang: Gang,
+    },
+    /// A PS shard was opened for training (its `Open` answered).
+    Opened {
+        job: String,
+        id: String,
     },
 }
 
@@ -256,7 +268,7 @@ impl Shared {
         let _ = self.events.send(event);
     }
 
-    fn record(&self, call: Call) {
+    pub(crate) fn record(&self, call: Call) {
         self.lock().calls.push(call);
     }
 
@@ -384,6 +396,18 @@ impl ResourceBackend for ScriptedBackend {
             id: id.into(),
             cpu,
             memory_bytes,
+        });
+        Ok(())
+    }
+
+    fn schedules_gangs(&self) -> bool {
+        self.shared.lock().script.gangs
+    }
+
+    async fn form_gang(&self, job: &str, gang: &Gang) -> Result<(), BackendError> {
+        self.shared.record(Call::FormedGang {
+            job: job.into(),
+            gang: gang.clone(),
         });
         Ok(())
     }

@@ -19,7 +19,7 @@ use tokio::sync::broadcast;
 use super::Outcome;
 use crate::context::Context;
 use primus_backend::{
-    BackendError, BackendEvent, ExecutorRole, ExecutorSettings, ExecutorSpec, ResourceBackend,
+    BackendError, BackendEvent, ExecutorRole, ExecutorSettings, ExecutorSpec, Gang, ResourceBackend,
 };
 use primus_data_tasks::plan::Catalog;
 
@@ -155,6 +155,43 @@ pub(crate) async fn start_executors<B: ResourceBackend, C: Catalog>(
     Ok(())
 }
 
+/// Starts every executor of `roles` at once: a gang's members are placed only together,
+/// so none may wait for another to be placed first.
+pub(crate) async fn start_executors_together<B: ResourceBackend, C: Catalog>(
+    context: &Arc<Context<B, C>>,
+    job: &JobParts<'_>,
+    roles: &[ExecutorRole],
+) -> Result<(), Outcome> {
+    let starts = members(job, roles).map(|(role, index)| start_executor(context, job, role, index));
+    futures::future::try_join_all(starts)
+        .await
+        .map_err(|e| Outcome::failed("ExecutorStartFailed", e.to_string()))?;
+    Ok(())
+}
+
+/// The Job's executors of `roles` as one gang: their count and their requests together.
+pub(crate) fn gang(settings: &MasterSettings, job: &JobParts<'_>, roles: &[ExecutorRole]) -> Gang {
+    let specs: Vec<ExecutorSpec> = (members(job, roles))
+        .map(|(role, index)| executor_spec(settings, job, role, index))
+        .collect();
+    Gang {
+        members: specs.len() as u32,
+        cpu: specs.iter().map(|s| s.cpu).sum(),
+        memory_bytes: specs.iter().map(|s| s.memory_bytes).sum(),
+    }
+}
+
+/// (role, index) of every executor of `roles` the Job's spec asks for.
+fn members<'a>(
+    job: &'a JobParts<'_>,
+    roles: &'a [ExecutorRole],
+) -> impl Iterator<Item = (ExecutorRole, u32)> + 'a {
+    roles.iter().flat_map(move |&role| {
+        let replicas = role_spec(job.spec, role).map_or(0, |spec| spec.replicas);
+        (0..replicas).map(move |index| (role, index))
+    })
+}
+
 /// Starts executor `index` of `role` and adds it to the Job's topology.
 pub(crate) async fn start_executor<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
@@ -239,16 +276,19 @@ pub fn job_executors(
         .collect())
 }
 
-/// Waits until every executor of the Job's topology serves, or has already finished its
-/// work (exited 0: a small Job's executors may be done before they are asked); returns
-/// how many there are. `events` is subscribed before the executors started, so no exit
-/// is missed.
+/// Waits until every executor of `roles` in the Job's topology serves, or has already
+/// finished its work (exited 0: a small Job's executors may be done before they are
+/// asked); returns how many there are. `events` is subscribed before the executors
+/// started, so no exit is missed.
 pub(crate) async fn wait_ready<B: ResourceBackend, C: Catalog>(
     context: &Arc<Context<B, C>>,
     job: &str,
+    roles: &[ExecutorRole],
     events: &mut broadcast::Receiver<BackendEvent>,
 ) -> Result<usize, Outcome> {
-    let endpoints = endpoints(context, job);
+    let endpoints: Vec<Endpoint> = (endpoints(context, job).into_iter())
+        .filter(|e| roles.iter().any(|role| role.proto() as i32 == e.role))
+        .collect();
     let mut completed = HashSet::new();
     for endpoint in &endpoints {
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;

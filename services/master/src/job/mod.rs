@@ -51,7 +51,7 @@ use crate::metrics::{self, MetricsFold};
 use crate::tasks::{JobTasks, SILENT_REPORTS_PATIENCE};
 use crate::topology::Topologies;
 use checked::CheckedJob;
-use executors::{start_executors, wait_ready};
+use executors::{start_executors, start_executors_together, wait_ready};
 use futures::future::BoxFuture;
 use primus_backend::{BackendEvent, ExecutorRole, ResourceBackend};
 use primus_data_tasks::monitor;
@@ -280,15 +280,29 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let mut run = Self::open(context, writer, name, checked, specs).await?;
         let mut events = context.backend.events();
         // PS shards (and serving replicas) first: a restored checkpoint must be in them
-        // before any trainer offers its initial parameters or reads a row.
+        // before any trainer offers its initial parameters or reads a row. A gang starts
+        // whole: its trainers hold their calls until the shards open (UNAVAILABLE).
+        let (first, rest) = (
+            [ExecutorRole::Ps, ExecutorRole::Serving],
+            [ExecutorRole::DataExecutor, ExecutorRole::Trainer],
+        );
+        let gang = context.backend.schedules_gangs();
         let parts = run.job.parts(&run.name, &run.memory_given);
-        start_executors(context, &parts, &[ExecutorRole::Ps, ExecutorRole::Serving]).await?;
-        wait_ready(context, &run.name, &mut events).await?;
+        if gang {
+            let members = executors::gang(&context.settings, &parts, &ExecutorRole::ALL);
+            (context.backend.form_gang(&run.name, &members).await)
+                .map_err(|e| Outcome::failed("GangNotFormed", e.to_string()))?;
+            start_executors_together(context, &parts, &ExecutorRole::ALL).await?;
+        } else {
+            start_executors(context, &parts, &first).await?;
+        }
+        wait_ready(context, &run.name, &first, &mut events).await?;
         run.restore_or_open_ps(false).await?;
-        let parts = run.job.parts(&run.name, &run.memory_given);
-        let roles = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];
-        start_executors(context, &parts, &roles).await?;
-        let ready = wait_ready(context, &run.name, &mut events).await?;
+        if !gang {
+            let parts = run.job.parts(&run.name, &run.memory_given);
+            start_executors(context, &parts, &rest).await?;
+        }
+        let ready = wait_ready(context, &run.name, &ExecutorRole::ALL, &mut events).await?;
         let message = format!("{ready} executors serving");
         run.show_replicas();
         run.autoscaler = autoscale::Autoscaler::new(Instant::now());

@@ -1,6 +1,6 @@
 //! A Job's start, end and lost executors.
 
-use primus_backend::ExecutorRole;
+use primus_backend::{ExecutorRole, Gang};
 use primus_harness::condition;
 use primus_scripted::{Call, Script};
 use primus_spec::job::parse_memory;
@@ -107,4 +107,40 @@ async fn an_executor_killed_for_its_memory_is_given_half_as_much_again() {
         .map(|role| format!("{}-0", role.as_str())),
         "nothing else stopped"
     );
+}
+
+/// A backend that places gangs gets the Job's whole gang declared, then every executor
+/// requested before any PS shard opens (a gang partly requested would never be placed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_is_declared_and_requested_whole_before_its_shards_open() {
+    let gangs = Script {
+        gangs: true,
+        ..Script::default()
+    };
+    let job = ScriptedJob::start("gang", 4, (2, 3), gangs, |j| j).await;
+    job.wait_for_phase("gang", Phase::Succeeded).await;
+    let calls = job.backend.calls();
+    let gib = parse_memory("1Gi").expect("memory");
+    let declared = Call::FormedGang {
+        job: "gang".into(),
+        gang: Gang {
+            members: 6,
+            cpu: 6.0,
+            memory_bytes: 6 * gib,
+        },
+    };
+    assert_eq!(calls.first(), Some(&declared), "{calls:#?}");
+    let opened = calls.iter().position(|c| matches!(c, Call::Opened { .. }));
+    let requested = calls
+        .iter()
+        .rposition(|c| matches!(c, Call::Requested { .. }));
+    assert!(
+        opened.is_some_and(|opened| requested.is_some_and(|last| last < opened)),
+        "every executor requested before ps-0 opened: {calls:#?}"
+    );
+    let count = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Requested { .. }))
+        .count();
+    assert_eq!(count, 6, "{calls:#?}");
 }

@@ -16,13 +16,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, LogParams, Patch, PatchParams, PostParams,
+};
 use primus_config::KubernetesBackendSettings;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 use super::{
-    BackendError, BackendEvent, Executor, ExecutorRole, ExecutorSpec, ExecutorUsage,
+    BackendError, BackendEvent, Executor, ExecutorRole, ExecutorSpec, ExecutorUsage, Gang,
     ResourceBackend,
 };
 use reconcile::{Action, Limits, ObservedPod, Tracked, Wanted};
@@ -73,6 +75,7 @@ struct Inner {
     pods: Api<Pod>,
     config_maps: Api<ConfigMap>,
     secrets: Api<Secret>,
+    pod_groups: Api<DynamicObject>,
     settings: KubernetesBackendSettings,
     shard: String,
     master_addr: String,
@@ -109,6 +112,7 @@ impl KubernetesBackend {
         let inner = Arc::new(Inner {
             pods: Api::namespaced(client.clone(), &namespace),
             config_maps: Api::namespaced(client.clone(), &namespace),
+            pod_groups: Api::namespaced_with(client.clone(), &namespace, &render::pod_group_api()),
             secrets: Api::namespaced(client, &namespace),
             settings,
             shard: format!("{}-{}", shard.0, shard.1),
@@ -622,6 +626,30 @@ impl ResourceBackend for KubernetesBackend {
         }
         inner.reconcile(&key).await;
         Ok(())
+    }
+
+    fn schedules_gangs(&self) -> bool {
+        self.inner.settings.pod_group
+    }
+
+    /// Applies the Job's PodGroup (server-side, so a Job started again updates it).
+    async fn form_gang(&self, job: &str, gang: &Gang) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        let owner = inner.owner(job).await?;
+        let group = render::pod_group(&inner.render_context(), job, &owner, gang);
+        let params = PatchParams::apply(render::MANAGER).force();
+        match inner
+            .pod_groups
+            .patch(&owner.name, &params, &Patch::Apply(&group))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Err(BackendError::Io(format!(
+                "kubernetes.pod_group: the cluster has no PodGroup API (scheduling.volcano.sh/v1beta1): install Volcano, or turn kubernetes.pod_group off ({})",
+                e.message
+            ))),
+            Err(e) => Err(api_error("applying the Job's PodGroup")(e)),
+        }
     }
 
     fn events(&self) -> broadcast::Receiver<BackendEvent> {

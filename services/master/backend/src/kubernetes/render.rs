@@ -1,6 +1,7 @@
 //! The objects the Kubernetes backend creates, as plain values: a Job's owner (a ConfigMap
 //! whose deletion garbage-collects everything of the Job), and per executor a Secret with
-//! its settings file (a Secret, as it may hold storage credentials) and a Pod.
+//! its settings file (a Secret, as it may hold storage credentials) and a Pod; with
+//! `kubernetes.pod_group`, a Volcano PodGroup per Job that its pods name.
 
 use std::collections::BTreeMap;
 
@@ -11,10 +12,11 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{ApiResource, DynamicObject};
 use primus_config::KubernetesBackendSettings;
 
 use super::super::local::{ENV_EXECUTOR_ID, ENV_JOB, ENV_MASTER_ADDR};
-use super::super::{BackendError, ExecutorRole, ExecutorSpec};
+use super::super::{BackendError, ExecutorRole, ExecutorSpec, Gang};
 
 /// Label and annotation keys. Labels carry DNS-safe forms; annotations the exact names.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -29,6 +31,9 @@ pub const ANNOTATION_EXECUTOR: &str = "primus.dev/executor-id";
 /// differs from the wanted one is replaced, one that matches is adopted.
 pub const ANNOTATION_SPEC: &str = "primus.dev/spec-digest";
 pub const MANAGER: &str = "primus-master";
+/// The annotation naming a pod's PodGroup (Volcano's, also read by the coscheduling
+/// plugin's Volcano compatibility).
+pub const ANNOTATION_POD_GROUP: &str = "scheduling.k8s.io/group-name";
 
 const CONTAINER: &str = "executor";
 const SETTINGS_DIR: &str = "/etc/primus/executor";
@@ -117,6 +122,44 @@ pub fn job_owner(context: &RenderContext<'_>, job: &str) -> ConfigMap {
     }
 }
 
+/// Volcano's PodGroup API (`scheduling.volcano.sh/v1beta1`).
+pub fn pod_group_api() -> ApiResource {
+    ApiResource {
+        group: "scheduling.volcano.sh".into(),
+        version: "v1beta1".into(),
+        api_version: "scheduling.volcano.sh/v1beta1".into(),
+        kind: "PodGroup".into(),
+        plural: "podgroups".into(),
+    }
+}
+
+/// The PodGroup of `job`'s executors, named and owned as its owner: every member must be
+/// placed before any runs.
+pub fn pod_group(
+    context: &RenderContext<'_>,
+    job: &str,
+    owner: &JobOwner,
+    gang: &Gang,
+) -> DynamicObject {
+    let mut object = DynamicObject::new(&owner.name, &pod_group_api());
+    object.metadata = ObjectMeta {
+        name: Some(owner.name.clone()),
+        namespace: context.settings.namespace.clone(),
+        labels: Some(labels(context, job, &[])),
+        annotations: Some(BTreeMap::from([(ANNOTATION_JOB.into(), job.into())])),
+        owner_references: Some(owned_by(owner)),
+        ..ObjectMeta::default()
+    };
+    let requests = resources(gang.cpu, gang.memory_bytes).and_then(|r| r.requests);
+    object.data = serde_json::json!({
+        "spec": {
+            "minMember": gang.members,
+            "minResources": requests.unwrap_or_default(),
+        }
+    });
+    object
+}
+
 fn owned_by(owner: &JobOwner) -> Vec<OwnerReference> {
     vec![OwnerReference {
         api_version: "v1".into(),
@@ -141,6 +184,9 @@ fn executor_meta(
     ]);
     if let Some(digest) = digest {
         annotations.insert(ANNOTATION_SPEC.into(), digest);
+    }
+    if context.settings.pod_group {
+        annotations.insert(ANNOTATION_POD_GROUP.into(), owner.name.clone());
     }
     let component = spec.role.as_str().replace('_', "-");
     ObjectMeta {
@@ -311,6 +357,7 @@ pub fn executor_pod(
         // Executors never call the Kubernetes API.
         automount_service_account_token: Some(false),
         node_selector: (!settings.node_selector.is_empty()).then(|| settings.node_selector.clone()),
+        scheduler_name: settings.scheduler_name.clone(),
         volumes: Some(vec![Volume {
             name: "settings".into(),
             secret: Some(SecretVolumeSource {

@@ -238,6 +238,8 @@ pub struct ApiServerSettings {
     pub telemetry: TelemetrySettings,
     /// Where the dashboard reads traces back.
     pub traces: TraceQuerySettings,
+    /// Where the dashboard reads Jobs, Datasets and Metrics.
+    pub dashboard: DashboardSettings,
 }
 
 impl Default for ApiServerSettings {
@@ -250,8 +252,24 @@ impl Default for ApiServerSettings {
             store: ResourceStoreSettings::default(),
             telemetry: TelemetrySettings::default(),
             traces: TraceQuerySettings::default(),
+            dashboard: DashboardSettings::default(),
         }
     }
+}
+
+/// Where the dashboard reads the resources it shows.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default, JsonSchema)]
+#[serde(default)]
+pub struct DashboardSettings {
+    /// `api_server`: this API server's own resources. `kubernetes`: the PrimusJob,
+    /// PrimusDataset and PrimusMetric custom resources of `namespace`, for a master that
+    /// is their operator (`master.resources: kubernetes`); read with this server's
+    /// Kubernetes identity, behind the same bearer tokens.
+    pub resources: crate::ResourceSource,
+    /// A kubeconfig file; unset: `KUBECONFIG`, then the in-cluster service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// The custom resources' namespace; unset: the kubeconfig's or the pod's.
+    pub namespace: Option<String>,
 }
 
 /// The trace backend the dashboard reads a Job's traces from.

@@ -6,8 +6,12 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use primus_proto::v1::Resource;
+use futures::{Stream, StreamExt};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, WatchEvent,
+    WatchParams,
+};
+use primus_proto::v1::{EventType, Resource};
 use primus_spec::Kind;
 
 use crate::convert::{ConvertError, custom_resource};
@@ -22,6 +26,9 @@ pub enum KubeError {
     /// The API server refused or could not be reached.
     #[error("{0}")]
     Api(#[from] kube::Error),
+    /// A watch's resource version is no longer held (Kubernetes' 410 Gone): list again.
+    #[error("resource version {0} is gone: list again")]
+    Gone(String),
     /// A resource could not be written as a custom resource.
     #[error(transparent)]
     Convert(#[from] ConvertError),
@@ -109,13 +116,27 @@ impl CustomResources {
         kind: Kind,
         selector: &HashMap<String, String>,
     ) -> Result<Vec<Resource>, KubeError> {
+        Ok(self.list_at(kind, selector).await?.1)
+    }
+
+    /// [`CustomResources::list`], and the list's resource version (where a watch of what
+    /// changed since starts; 0 when the API server gave none that is a number).
+    pub async fn list_at(
+        &self,
+        kind: Kind,
+        selector: &HashMap<String, String>,
+    ) -> Result<(u64, Vec<Resource>), KubeError> {
         let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let params = ListParams::default().labels(&labels.join(","));
-        let mut resources: Vec<Resource> = (self.api(kind).list(&params).await?.items.iter())
+        let listed = self.api(kind).list(&params).await?;
+        let version = (listed.metadata.resource_version.as_deref())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let mut resources: Vec<Resource> = (listed.items.iter())
             .map(|object| api_resource(kind, object))
             .collect();
         resources.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(resources)
+        Ok((version, resources))
     }
 
     /// Resource `name` of `kind`, if there is one.
@@ -152,6 +173,54 @@ impl CustomResources {
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+impl CustomResources {
+    /// The changes of `kind`'s resources (only `name`'s, when given) after resource version
+    /// `since` (empty: from now), as the API's event types. The stream ends when the API
+    /// server closes the watch (after a few minutes); a caller resumes from the last
+    /// version it saw.
+    pub async fn watch(
+        &self,
+        kind: Kind,
+        name: Option<&str>,
+        since: &str,
+    ) -> Result<
+        impl Stream<Item = Result<(EventType, Resource), KubeError>> + Send + use<>,
+        KubeError,
+    > {
+        let api = self.api(kind);
+        let since = match since {
+            "" | "0" => (api.list_metadata(&ListParams::default().limit(1)).await?)
+                .metadata
+                .resource_version
+                .unwrap_or_default(),
+            since => since.to_owned(),
+        };
+        let mut params = WatchParams::default().timeout(290);
+        if let Some(name) = name {
+            params = params.fields(&format!("metadata.name={name}"));
+        }
+        let events = api.watch(&params, &since).await?;
+        let gone = since.clone();
+        Ok(events.filter_map(move |event| {
+            let change = match event {
+                Ok(WatchEvent::Added(object)) => Some(Ok((EventType::Added, object))),
+                Ok(WatchEvent::Modified(object)) => Some(Ok((EventType::Modified, object))),
+                Ok(WatchEvent::Deleted(object)) => Some(Ok((EventType::Deleted, object))),
+                Ok(WatchEvent::Bookmark(_)) => None,
+                Ok(WatchEvent::Error(status)) if status.code == 410 => {
+                    Some(Err(KubeError::Gone(gone.clone())))
+                }
+                Ok(WatchEvent::Error(status)) => Some(Err(kube::Error::Api(status).into())),
+                Err(e) => Some(Err(e.into())),
+            };
+            let change = change.map(|c| {
+                c.map(|(kind_of_change, object)| (kind_of_change, api_resource(kind, &object)))
+            });
+            std::future::ready(change)
+        }))
     }
 }
 

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use primus_bus::Bus;
-use primus_config::ApiServerSettings;
+use primus_config::{ApiServerSettings, DashboardSettings, ResourceSource};
+use primus_kube_resources::client::CustomResources;
 use primus_proto::v1::ResourceEvent;
 use primus_proto::v1::api_service_server::ApiServiceServer;
 use primus_service::{BearerTokens, Node, ServiceFuture, Services, Shutdown};
@@ -78,13 +79,9 @@ async fn serve(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Resul
         Some(listener) => {
             tracing::info!(addr = %listener.local_addr()?, "serving the dashboard");
             let jaeger = settings.traces.jaeger_query_url.clone();
-            let serving = dashboard::serve(
-                listener,
-                api.clone(),
-                tokens.clone(),
-                jaeger,
-                shutdown.clone(),
-            );
+            let source = dashboard_source(&settings.dashboard, &api).await?;
+            let serving =
+                dashboard::serve(listener, source, tokens.clone(), jaeger, shutdown.clone());
             Some(tokio::spawn(serving))
         }
         None => None,
@@ -98,6 +95,29 @@ async fn serve(settings: ApiServerSettings, shutdown: Shutdown) -> anyhow::Resul
     follower.abort();
     bus.drain().await?;
     Ok(())
+}
+
+/// What `dashboard.resources` names: this server's resources, or Kubernetes' custom ones.
+async fn dashboard_source(
+    settings: &DashboardSettings,
+    api: &Arc<service::Api>,
+) -> anyhow::Result<dashboard::Source> {
+    Ok(match settings.resources {
+        ResourceSource::ApiServer => dashboard::Source::Store(api.clone()),
+        ResourceSource::Kubernetes => {
+            let custom = CustomResources::connect(
+                settings.kubeconfig.as_deref(),
+                settings.namespace.as_deref(),
+            )
+            .await
+            .context("dashboard.resources: kubernetes")?;
+            tracing::info!(
+                namespace = custom.namespace(),
+                "the dashboard reads Kubernetes' custom resources"
+            );
+            dashboard::Source::Kubernetes(custom)
+        }
+    })
 }
 
 /// Wakes local watchers when another API server (same Redis) announces a change.

@@ -307,7 +307,7 @@ impl Api {
     }
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<ResourceEvent, Status>> + Send>>;
+pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<ResourceEvent, Status>> + Send>>;
 
 /// Feeds one Watch: replays the log from `since`, then follows it as it grows.
 struct Watcher {
@@ -467,7 +467,7 @@ fn appended_metric(
     })
 }
 
-fn parse_kind(text: &str) -> Result<Kind, Status> {
+pub(crate) fn parse_kind(text: &str) -> Result<Kind, Status> {
     Kind::parse(text).ok_or_else(|| {
         Status::invalid_argument(format!(
             "kind: {text:?} is not a resource kind (Job, Dataset, Metric)"

@@ -1,5 +1,6 @@
 //! The web dashboard on `server.http_addr`: its pages, compiled into the binary
-//! ([`assets`]), and the JSON they read, behind the gRPC API's bearer tokens:
+//! ([`assets`]), and the JSON they read from this server's resources or Kubernetes'
+//! ([`source`], `dashboard.resources`), behind the gRPC API's bearer tokens:
 //! - `GET /api/v1/<Kind>[?labels=k=v,...]`: `{"resource_version": n, "items": [...]}`;
 //! - `GET /api/v1/<Kind>/<name>`: one resource;
 //! - `GET /api/v1/watch?kind=&name=&since=`: the Watch as server-sent events, one per
@@ -15,6 +16,7 @@
 //! it in the browser tab's `sessionStorage`.
 
 mod assets;
+mod source;
 mod traces;
 
 use std::collections::HashMap;
@@ -29,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures::{Stream, StreamExt};
 use primus_api_client::document;
-use primus_proto::v1::{EventType, GetRequest, ListRequest, ResourceEvent, WatchRequest};
+use primus_proto::v1::{EventType, ResourceEvent, WatchRequest};
 use primus_service::http::{authorization, error_reply, json_reply};
 use primus_service::{BearerTokens, Shutdown};
 use serde::Deserialize;
@@ -37,10 +39,10 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tonic::Status;
 
-use crate::service::Api;
+pub(crate) use source::Source;
 
 struct Dashboard {
-    api: Arc<Api>,
+    source: Source,
     tokens: BearerTokens,
     jaeger: Option<traces::Jaeger>,
 }
@@ -48,7 +50,7 @@ struct Dashboard {
 /// Serves the dashboard on `listener` until `shutdown`.
 pub(crate) async fn serve(
     listener: TcpListener,
-    api: Arc<Api>,
+    source: Source,
     tokens: BearerTokens,
     jaeger_query_url: Option<String>,
     shutdown: Shutdown,
@@ -62,7 +64,7 @@ pub(crate) async fn serve(
         .route("/api/v1/{kind}", get(list))
         .route("/api/v1/{kind}/{name}", get(get_one))
         .with_state(Arc::new(Dashboard {
-            api,
+            source,
             tokens,
             jaeger,
         }));
@@ -87,16 +89,13 @@ async fn list(
 ) -> Response {
     let listed = async {
         dashboard.tokens.check_header(authorization(&headers))?;
-        let request = ListRequest {
-            kind,
-            label_selector: label_selector(&query.labels)?,
-        };
-        dashboard.api.list(request).await
+        let labels = label_selector(&query.labels)?;
+        dashboard.source.list(kind, labels).await
     };
     match listed.await {
-        Ok(listed) => {
-            let items: Vec<Value> = listed.resources.iter().map(document).collect();
-            let body = json!({"resource_version": listed.resource_version, "items": items});
+        Ok((version, resources)) => {
+            let items: Vec<Value> = resources.iter().map(document).collect();
+            let body = json!({"resource_version": version, "items": items});
             json_reply(StatusCode::OK, body.to_string())
         }
         Err(error) => error_reply(&error),
@@ -110,7 +109,7 @@ async fn get_one(
 ) -> Response {
     let found = async {
         dashboard.tokens.check_header(authorization(&headers))?;
-        dashboard.api.get(GetRequest { kind, name }).await
+        dashboard.source.get(kind, name).await
     };
     match found.await {
         Ok(resource) => json_reply(StatusCode::OK, document(&resource).to_string()),
@@ -130,11 +129,7 @@ async fn job_traces(
                 "this API server reads no traces: set traces.jaeger_query_url (Jaeger's query service, http://jaeger:16686)",
             )
         })?;
-        let request = GetRequest {
-            kind: "Job".into(),
-            name: job.clone(),
-        };
-        let resource = dashboard.api.get(request).await?;
+        let resource = dashboard.source.get("Job".into(), job.clone()).await?;
         jaeger.step_path(&job, resource.created_unix_ms).await
     };
     match found.await {
@@ -169,7 +164,7 @@ async fn watch(
             name: query.name,
             since_version: query.since,
         };
-        dashboard.api.open_watch(request).await
+        dashboard.source.watch(request).await
     };
     match opened.await {
         Ok(events) => Sse::new(server_events(events))

@@ -4,6 +4,7 @@
 
 mod operator {
     mod crds;
+    mod dashboard;
     mod example;
     mod jobs;
     mod kueue;

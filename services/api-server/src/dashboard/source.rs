@@ -1,0 +1,95 @@
+//! Where the dashboard reads resources (`dashboard.resources`): this API server's own
+//! store, or the Primus custom resources of a Kubernetes namespace. Either answers list,
+//! get and watch with the API's `Resource` and `ResourceEvent`, so the pages read both
+//! alike.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use primus_kube_resources::client::{CustomResources, KubeError};
+use primus_proto::v1::{GetRequest, ListRequest, Resource, ResourceEvent, WatchRequest};
+use tonic::Status;
+
+use crate::service::{Api, EventStream, parse_kind};
+
+pub(crate) enum Source {
+    Store(Arc<Api>),
+    Kubernetes(CustomResources),
+}
+
+impl Source {
+    /// Every resource of `kind` whose labels include `labels`, and the version to watch
+    /// from.
+    pub(super) async fn list(
+        &self,
+        kind: String,
+        labels: HashMap<String, String>,
+    ) -> Result<(u64, Vec<Resource>), Status> {
+        match self {
+            Self::Store(api) => {
+                let request = ListRequest {
+                    kind,
+                    label_selector: labels,
+                };
+                let listed = api.list(request).await?;
+                Ok((listed.resource_version, listed.resources))
+            }
+            Self::Kubernetes(custom) => {
+                (custom.list_at(parse_kind(&kind)?, &labels).await).map_err(kube_status)
+            }
+        }
+    }
+
+    pub(super) async fn get(&self, kind: String, name: String) -> Result<Resource, Status> {
+        match self {
+            Self::Store(api) => api.get(GetRequest { kind, name }).await,
+            Self::Kubernetes(custom) => {
+                let found = (custom.get(parse_kind(&kind)?, &name).await).map_err(kube_status)?;
+                found.ok_or_else(|| Status::not_found(format!("{kind} {name} not found")))
+            }
+        }
+    }
+
+    /// The changes after version `since` (0: from now).
+    pub(super) async fn watch(&self, request: WatchRequest) -> Result<EventStream, Status> {
+        match self {
+            Self::Store(api) => api.open_watch(request).await,
+            Self::Kubernetes(custom) => {
+                if request.kind.is_empty() {
+                    return Err(Status::invalid_argument(
+                        "kind: a watch of the Kubernetes source names its kind",
+                    ));
+                }
+                let kind = parse_kind(&request.kind)?;
+                let name = (!request.name.is_empty()).then_some(request.name.as_str());
+                let since = request.since_version.to_string();
+                let changes = (custom.watch(kind, name, &since).await).map_err(kube_status)?;
+                Ok(Box::pin(changes.map(|change| {
+                    let (kind_of_change, resource) = change.map_err(kube_status)?;
+                    Ok(ResourceEvent {
+                        r#type: kind_of_change as i32,
+                        resource: Some(resource),
+                    })
+                })))
+            }
+        }
+    }
+}
+
+/// What a caller can act on: a version no longer held is OUT_OF_RANGE (the pages list
+/// again), a refusal of this server's identity PERMISSION_DENIED.
+fn kube_status(error: KubeError) -> Status {
+    match &error {
+        KubeError::Gone(_) => Status::out_of_range(error.to_string()),
+        KubeError::Api(kube::Error::Api(response)) => match response.code {
+            404 => Status::not_found(error.to_string()),
+            401 | 403 => Status::permission_denied(format!(
+                "the Kubernetes API refused this API server's identity: {error}"
+            )),
+            410 => Status::out_of_range(error.to_string()),
+            _ => Status::unavailable(format!("the Kubernetes API: {error}")),
+        },
+        _ => Status::unavailable(format!("the Kubernetes API: {error}")),
+    }
+}

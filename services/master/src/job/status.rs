@@ -7,9 +7,7 @@ use primus_spec::status::{Condition, ExecutorState, ExecutorStatus, Phase, Statu
 use primus_spec::time::unix_ms;
 
 use crate::resources::Resources;
-
-/// The condition of a Job held by `spec.suspend`.
-pub(crate) const SUSPENDED: &str = "Suspended";
+pub(crate) use crate::resources::SUSPENDED;
 
 pub(crate) struct JobStatus {
     resources: Resources,

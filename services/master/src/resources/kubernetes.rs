@@ -24,12 +24,12 @@ use primus_service::Shutdown;
 use primus_spec::Kind;
 use primus_spec::job::JobSpec;
 use primus_spec::status::{Phase, Status};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::kueue;
+use super::kueue::{self, WorkloadStep};
 use super::lease::ShardLease;
-use super::{DatasetError, JobEvent};
+use super::{DatasetError, JobEvent, SUSPENDED};
 use crate::shard::owns_job;
 
 /// Held on every Job this master drives, until its executors are stopped.
@@ -47,6 +47,8 @@ pub struct KubeResources {
     workloads: Api<DynamicObject>,
     /// The Jobs of this master that are in a Kueue queue.
     queued: Mutex<HashSet<String>>,
+    /// The Jobs Kueue evicted that are stopping before their quota is given back.
+    evicting: Mutex<HashSet<String>>,
     recorder: Recorder,
     namespace: String,
     /// This master's identity in its shard's Lease (its address and process).
@@ -79,6 +81,7 @@ impl KubeResources {
             leases: Api::namespaced(client.clone(), &namespace),
             workloads: Api::namespaced_with(client.clone(), &namespace, &kueue::workload_api()),
             queued: Mutex::default(),
+            evicting: Mutex::default(),
             recorder: Recorder::new(client.clone(), reporter),
             namespace,
             identity: format!("{instance}/{}", std::process::id()),
@@ -387,14 +390,89 @@ impl KubeResources {
             let Some(job) = owner.filter(|job| owns_job(shard, job)) else {
                 continue;
             };
-            if kueue::admitted(&serde_json::to_value(&workload).unwrap_or_default()) {
-                self.resume(&job).await;
+            let workload = serde_json::to_value(&workload).unwrap_or_default();
+            match kueue::decide(&workload) {
+                WorkloadStep::Resume => self.resume(&job).await,
+                WorkloadStep::Stop { reason, message } => {
+                    let first = (self.evicting.lock()).is_ok_and(|mut e| e.insert(job.clone()));
+                    if first {
+                        tokio::spawn(self.clone().stop_evicted(job, workload, reason, message));
+                    }
+                }
+                WorkloadStep::Wait => {}
             }
         }
     }
 
-    /// Sets a queued Job's `spec.suspend` to false (Kueue admitted it).
+    fn is_evicting(&self, job: &str) -> bool {
+        self.evicting.lock().is_ok_and(|e| e.contains(job))
+    }
+
+    /// Suspends a Job Kueue evicted, waits until its executors stopped (its `Suspended`
+    /// condition), then gives its Workload's quota back; Kueue admits it again later.
+    async fn stop_evicted(
+        self: Arc<Self>,
+        job: String,
+        workload: Value,
+        reason: String,
+        message: String,
+    ) {
+        let suspend = json!({"spec": {"suspend": true}});
+        let params = PatchParams::default();
+        if let Err(e) = self.jobs.patch(&job, &params, &Patch::Merge(suspend)).await {
+            tracing::warn!(job, error = %e, "suspending a Job Kueue evicted");
+        } else {
+            let why = format!("evicted by Kueue ({reason}): {message}; spec.suspend set to true");
+            tracing::info!(job, %why, "evicted");
+            self.record_event(&job, "Evicted", &why, true);
+            if self.wait_until_suspended(&job).await {
+                let now = Timestamp::now().to_string();
+                let released = kueue::quota_released(&workload, &reason, &message, &now);
+                let name = kueue::workload_name(&job);
+                let patched = (self.workloads)
+                    .patch_status(&name, &params, &Patch::Merge(released))
+                    .await;
+                match patched {
+                    Ok(_) => tracing::info!(job, "the evicted Job's quota given back"),
+                    Err(e) => tracing::warn!(job, error = %e, "giving an evicted Job's quota back"),
+                }
+            }
+        }
+        self.evicting.lock().map(|mut e| e.remove(&job)).ok();
+    }
+
+    /// Whether Job `job` says it is suspended (its executors stopped) within 5 minutes.
+    async fn wait_until_suspended(&self, job: &str) -> bool {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(Some(object)) = self.jobs.get_opt(job).await {
+                let conditions = object.data["status"]["conditions"].as_array().cloned();
+                let suspended = (conditions.into_iter().flatten())
+                    .any(|c| c["type"] == SUSPENDED && c["status"] == true);
+                if suspended {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        tracing::warn!(
+            job,
+            "the evicted Job did not stop within 5 minutes; its quota stays"
+        );
+        false
+    }
+
+    /// Sets a queued Job's `spec.suspend` to false (Kueue admitted it, as its Workload
+    /// says now: an event may be older than an eviction that followed it).
     async fn resume(&self, job: &str) {
+        let name = kueue::workload_name(job);
+        let now = match self.workloads.get_opt(&name).await {
+            Ok(Some(workload)) => serde_json::to_value(&workload).unwrap_or_default(),
+            _ => return,
+        };
+        if kueue::decide(&now) != WorkloadStep::Resume || self.is_evicting(job) {
+            return;
+        }
         let suspended = match self.jobs.get_opt(job).await {
             Ok(Some(object)) => {
                 object.data["spec"]["suspend"] == true && queue_of(&object).is_some()

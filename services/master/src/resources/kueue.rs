@@ -81,6 +81,80 @@ pub(crate) fn admitted(workload: &Value) -> bool {
     .any(|c| c["type"] == "Admitted" && c["status"] == "True")
 }
 
+/// What the master does about a Job's Workload as Kueue left it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum WorkloadStep {
+    /// Admitted: the Job runs (`spec.suspend: false`).
+    Resume,
+    /// Evicted (preempted, deactivated, its pods not ready in time) while it holds quota:
+    /// the Job stops (`spec.suspend: true`), then gives the quota back.
+    Stop { reason: String, message: String },
+    /// Nothing to do: queued, or evicted and its quota already given back.
+    Wait,
+}
+
+/// The step for `workload`. A Workload deactivated (`spec.active: false`) and not yet
+/// evicted waits: Kueue evicts it next.
+pub(crate) fn decide(workload: &Value) -> WorkloadStep {
+    let evicted = condition(workload, "Evicted").filter(|c| c["status"] == "True");
+    let holds_quota = !workload["status"]["admission"].is_null()
+        || condition(workload, "QuotaReserved").is_some_and(|c| c["status"] == "True");
+    let active = workload["spec"]["active"].as_bool().unwrap_or(true);
+    match evicted {
+        Some(evicted) if holds_quota => WorkloadStep::Stop {
+            reason: evicted["reason"].as_str().unwrap_or("Evicted").to_owned(),
+            message: evicted["message"].as_str().unwrap_or_default().to_owned(),
+        },
+        Some(_) => WorkloadStep::Wait,
+        None if active && admitted(workload) => WorkloadStep::Resume,
+        None => WorkloadStep::Wait,
+    }
+}
+
+fn condition<'a>(workload: &'a Value, kind: &str) -> Option<&'a Value> {
+    (workload["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten())
+    .find(|c| c["type"] == kind)
+}
+
+/// The status (a merge patch) that gives an evicted Workload's quota back once its Job
+/// stopped, as Kueue's own job integrations do: no admission, `QuotaReserved` and
+/// `Admitted` false, and `Requeued` (true after a preemption or a node failure, when Kueue
+/// queues it again by itself).
+pub(crate) fn quota_released(workload: &Value, reason: &str, message: &str, now: &str) -> Value {
+    let requeued = matches!(reason, "Preempted" | "NodeFailures");
+    let set = [
+        ("QuotaReserved", false, "Pending", message),
+        (
+            "Admitted",
+            false,
+            "NoReservation",
+            "The workload has no reservation",
+        ),
+        ("Requeued", requeued, reason, message),
+    ];
+    let mut conditions: Vec<Value> = (workload["status"]["conditions"].as_array())
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| !set.iter().any(|(kind, ..)| c["type"] == *kind))
+        .collect();
+    let generation = workload["metadata"]["generation"].as_i64().unwrap_or(0);
+    conditions.extend(set.iter().map(|(kind, holds, reason, message)| {
+        json!({
+            "type": kind,
+            "status": if *holds { "True" } else { "False" },
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now,
+            "observedGeneration": generation,
+        })
+    }));
+    json!({"status": {"admission": null, "conditions": conditions}})
+}
+
 /// The status a job controller applies to a Workload whose Job ended.
 pub(crate) fn finished(job: &str, succeeded: bool, message: &str, now_rfc3339: &str) -> Value {
     let reason = if succeeded { "Succeeded" } else { "Failed" };
@@ -142,6 +216,68 @@ mod tests {
             .map(|(n, c, cpu, m)| ((*n).into(), *c, (*cpu).into(), (*m).into()))
             .collect();
         assert_eq!(sets, expected);
+    }
+
+    #[test]
+    fn an_evicted_workload_stops_its_job_until_its_quota_is_given_back() {
+        let admitted_then = |evicted: Option<&str>, admission: Value| {
+            let mut conditions = vec![
+                json!({"type": "QuotaReserved", "status": "True"}),
+                json!({"type": "Admitted", "status": "True"}),
+            ];
+            if let Some(reason) = evicted {
+                conditions.push(json!({"type": "Evicted", "status": "True", "reason": reason, "message": "by a higher priority"}));
+            }
+            json!({"metadata": {"generation": 2}, "status": {"conditions": conditions, "admission": admission}})
+        };
+        let admission = json!({"clusterQueue": "cq"});
+        assert_eq!(
+            decide(&admitted_then(None, admission.clone())),
+            WorkloadStep::Resume
+        );
+        let mut deactivated = admitted_then(None, admission.clone());
+        deactivated["spec"] = json!({"active": false});
+        assert_eq!(
+            decide(&deactivated),
+            WorkloadStep::Wait,
+            "Kueue evicts it next"
+        );
+        let evicted = admitted_then(Some("Preempted"), admission);
+        let stop = WorkloadStep::Stop {
+            reason: "Preempted".into(),
+            message: "by a higher priority".into(),
+        };
+        assert_eq!(decide(&evicted), stop);
+        let released = quota_released(
+            &evicted,
+            "Preempted",
+            "by a higher priority",
+            "2026-11-29T00:00:00Z",
+        );
+        assert!(released["status"]["admission"].is_null());
+        let mut given_back = evicted.clone();
+        given_back["status"]["admission"] = Value::Null;
+        given_back["status"]["conditions"] = released["status"]["conditions"].clone();
+        assert_eq!(
+            condition(&given_back, "QuotaReserved").map(|c| &c["status"]),
+            Some(&json!("False"))
+        );
+        assert_eq!(
+            condition(&given_back, "Requeued").map(|c| &c["status"]),
+            Some(&json!("True"))
+        );
+        assert!(
+            condition(&given_back, "Evicted").is_some(),
+            "Kueue's own conditions stay"
+        );
+        assert_eq!(decide(&given_back), WorkloadStep::Wait);
+        let deactivated = quota_released(&evicted, "Deactivated", "", "2026-11-29T00:00:00Z");
+        let requeued = (deactivated["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten())
+        .find(|c| c["type"] == "Requeued");
+        assert_eq!(requeued.map(|c| &c["status"]), Some(&json!("False")));
     }
 
     #[test]

@@ -19,6 +19,9 @@ use primus_spec::metric::MetricSpec;
 use primus_spec::status::Status;
 use tokio::sync::mpsc;
 
+/// The condition of a Job held by `spec.suspend`.
+pub(crate) const SUSPENDED: &str = "Suspended";
+
 /// The source of a master's resources.
 #[derive(Clone)]
 pub enum Resources {

@@ -2,8 +2,10 @@
 //! `scripts/install-cluster-tools.sh`) against the test cluster, a ClusterQueue whose quota
 //! holds one Job, and two Jobs created suspended in its LocalQueue: the first is admitted
 //! and runs, the second waits until the first finished and gave its quota back, then is
-//! admitted and runs too. The master (outside the cluster, on the local backend) makes
-//! each Job's Workload, resumes it once admitted and marks it Finished at its end.
+//! admitted and runs too; a third, evicted while it runs (its Workload deactivated), stops
+//! and gives its quota back, and runs to the end once active and admitted again. The
+//! master (outside the cluster, on the local backend) makes each Job's Workload, resumes
+//! it once admitted, stops it when evicted and marks it Finished at its end.
 
 use std::time::Duration;
 
@@ -165,5 +167,94 @@ async fn kueue_admits_two_queued_jobs_in_turn_within_its_quota() {
     );
     let events = kubectl(cluster, &["get", "events", "-n", namespace, "-o", "name"]);
     assert!(!events.is_empty());
+
+    evicted_then_admitted_again(cluster, namespace, &sandbox).await;
     master.stop();
+}
+
+/// `spec.active` of Job `job`'s Workload (Kueue evicts an inactive Workload).
+fn set_active(cluster: &KubeCluster, namespace: &str, job: &str, active: bool) {
+    let patch = format!(r#"{{"spec":{{"active":{active}}}}}"#);
+    let name = format!("primusjob-{job}");
+    let args = [
+        "patch",
+        "workloads.kueue.x-k8s.io",
+        &name,
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        &patch,
+    ];
+    kubectl(cluster, &args);
+}
+
+/// A running Job whose Workload Kueue evicts (deactivated) stops and gives its quota back;
+/// activated again, Kueue admits it again and it runs to the end.
+async fn evicted_then_admitted_again(cluster: &KubeCluster, namespace: &str, sandbox: &Sandbox) {
+    let job = "kq-evicted";
+    let [_, mut object] = criteo_job(sandbox, job).await;
+    object["spec"]["suspend"] = true.into();
+    object["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": QUEUE});
+    apply(cluster, namespace, &[object], &[]).unwrap_or_else(|e| panic!("{e}"));
+    let running = |o: &Value| o["status"]["progress"]["samples"].as_u64().unwrap_or(0) > 0;
+    wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(120),
+        sandbox,
+        running,
+    );
+
+    set_active(cluster, namespace, job, false);
+    let stopped = wait_for(
+        cluster,
+        namespace,
+        job,
+        Duration::from_secs(120),
+        sandbox,
+        |o| {
+            (o["status"]["conditions"].as_array().into_iter().flatten())
+                .any(|c| c["type"] == "Suspended" && c["status"] == true)
+        },
+    );
+    assert_eq!(stopped["spec"]["suspend"], true, "{stopped:#}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let released = workload(cluster, namespace, job).expect("the Workload");
+        if condition(&released, "QuotaReserved").as_deref() == Some("False") {
+            assert!(released["status"]["admission"].is_null(), "{released:#}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the quota stays held: {released:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let selector = format!("involvedObject.name={job},reason=Evicted");
+    let evicted = kubectl(
+        cluster,
+        &[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            &selector,
+            "-o",
+            "name",
+        ],
+    );
+    assert!(!evicted.trim().is_empty(), "an Evicted event on {job}");
+
+    set_active(cluster, namespace, job, true);
+    wait_for_success(cluster, namespace, job, sandbox);
+    let admitted = workload(cluster, namespace, job).expect("the Workload");
+    assert_eq!(
+        condition(&admitted, "Finished").as_deref(),
+        Some("True"),
+        "{admitted:#}"
+    );
 }

@@ -5,6 +5,7 @@
 mod operator {
     mod crds;
     mod dashboard;
+    mod elastic;
     mod example;
     mod jobs;
     mod kueue;

@@ -476,6 +476,17 @@ async fn sharded_masters_each_drive_only_the_jobs_of_their_share() {
 }
 
 /// The PIDs of Job `job`'s executor processes as its master's local backend recorded them.
+/// The process of executor `id` of `job` (its PID file's first line).
+pub(super) fn executor_pid(sandbox: &Sandbox, job: &str, id: &str) -> u32 {
+    let file = sandbox.work_dir().join(job).join(format!("{id}.pid"));
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    (text
+        .lines()
+        .next()
+        .and_then(|line| line.trim().parse().ok()))
+    .unwrap_or_else(|| panic!("{}: no PID in {text:?}", file.display()))
+}
+
 fn executor_pids(sandbox: &Sandbox, job: &str) -> Vec<u32> {
     let files = std::fs::read_dir(sandbox.work_dir().join(job))
         .into_iter()

@@ -221,6 +221,29 @@ async fn conformance<B: ResourceBackend>(
     eventually(probe, &first, false, within).await;
 }
 
+/// The Primus image imported into `cluster`, and a NATS server its pods reach.
+fn on_the_cluster(cluster: &KubeCluster) -> NatsServer {
+    let image = primus_image().expect("the Primus image");
+    cluster
+        .import_image(&image)
+        .expect("the image in the cluster");
+    let host_ip = HOST_IP.parse().expect("an IP");
+    NatsServer::start_on(host_ip, restartable_port().expect("a port"), None)
+        .expect("nats-server on the cluster network")
+}
+
+/// The backend's settings for `cluster`: the imported image, the `default` namespace.
+fn backend_settings(cluster: &KubeCluster) -> KubernetesBackendSettings {
+    KubernetesBackendSettings {
+        kubeconfig: Some(cluster.kubeconfig()),
+        namespace: Some("default".into()),
+        image: PRIMUS_IMAGE.into(),
+        image_pull_policy: "Never".into(),
+        stop_grace_ms: 5_000,
+        ..KubernetesBackendSettings::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_backend_conformance() {
     let nats = NatsServer::start().expect("nats-server");
@@ -238,21 +261,8 @@ async fn kubernetes_backend_conformance() {
     eprintln!("resource backend conformance: local backend PASSED");
 
     let cluster = KubeCluster::shared().expect("the test cluster");
-    let image = primus_image().expect("the Primus image");
-    cluster
-        .import_image(&image)
-        .expect("the image in the cluster");
-    let host_ip = HOST_IP.parse().expect("an IP");
-    let nats = NatsServer::start_on(host_ip, restartable_port().expect("a port"), None)
-        .expect("nats-server on the cluster network");
-    let settings = KubernetesBackendSettings {
-        kubeconfig: Some(cluster.kubeconfig()),
-        namespace: Some("default".into()),
-        image: PRIMUS_IMAGE.into(),
-        image_pull_policy: "Never".into(),
-        stop_grace_ms: 5_000,
-        ..KubernetesBackendSettings::default()
-    };
+    let nats = on_the_cluster(cluster);
+    let settings = backend_settings(cluster);
     let backend = KubernetesBackend::connect(settings, (0, 1), "127.0.0.1:1".into())
         .await
         .expect("the test cluster's API server");
@@ -325,21 +335,10 @@ mod operator {
         let crd_name = "crd/podgroups.scheduling.volcano.sh";
         (cluster.kubectl_run(&["wait", "--for", established, crd_name, "--timeout=60s"]))
             .expect("the PodGroup CRD served");
-        let image = primus_image().expect("the Primus image");
-        cluster
-            .import_image(&image)
-            .expect("the image in the cluster");
-        let host_ip = HOST_IP.parse().expect("an IP");
-        let nats = NatsServer::start_on(host_ip, restartable_port().expect("a port"), None)
-            .expect("nats-server on the cluster network");
+        let nats = on_the_cluster(cluster);
         let settings = KubernetesBackendSettings {
-            kubeconfig: Some(cluster.kubeconfig()),
-            namespace: Some("default".into()),
-            image: PRIMUS_IMAGE.into(),
-            image_pull_policy: "Never".into(),
-            stop_grace_ms: 5_000,
             pod_group: true,
-            ..KubernetesBackendSettings::default()
+            ..backend_settings(cluster)
         };
         let backend = KubernetesBackend::connect(settings, (0, 1), "127.0.0.1:1".into())
             .await

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use primus_backend::ExecutorRole;
+use primus_harness::resources::JobBuilder;
 use primus_scripted::{Call, Script};
 use primus_spec::job::parse_memory;
 use primus_spec::status::Phase;
@@ -17,6 +18,18 @@ fn busy() -> Script {
     }
 }
 
+/// Scaling by load between 1 and 2 data executors, with no cooldown.
+fn scaling_by_load(job: JobBuilder) -> JobBuilder {
+    job.with(|spec| {
+        let scaling = &mut spec.scaling;
+        (
+            scaling.enabled,
+            scaling.max_data_executors,
+            scaling.cooldown_seconds,
+        ) = (true, 2, 0);
+    })
+}
+
 /// Starved, busy data executors with tasks waiting get one more (Primus Eq. 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn starved_data_executors_are_scaled_out() {
@@ -25,17 +38,7 @@ async fn starved_data_executors_are_scaled_out() {
         usage: HashMap::from([(ExecutorRole::DataExecutor, (1.0, 1 << 30))]),
         ..busy()
     };
-    let job = ScriptedJob::start("starved", 8, (1, 1), starved, |j| {
-        j.with(|spec| {
-            let scaling = &mut spec.scaling;
-            (
-                scaling.enabled,
-                scaling.max_data_executors,
-                scaling.cooldown_seconds,
-            ) = (true, 2, 0);
-        })
-    })
-    .await;
+    let job = ScriptedJob::start("starved", 8, (1, 1), starved, scaling_by_load).await;
     job.wait_for_call("requesting data_executor-1", |c| {
         requested(c, "data_executor-1")
     })
@@ -58,17 +61,7 @@ async fn idle_data_executors_are_scaled_in() {
         usage: HashMap::from([(ExecutorRole::DataExecutor, (0.0, 1 << 20))]),
         ..busy()
     };
-    let job = ScriptedJob::start("idle", 8, (2, 1), idle, |j| {
-        j.with(|spec| {
-            let scaling = &mut spec.scaling;
-            (
-                scaling.enabled,
-                scaling.max_data_executors,
-                scaling.cooldown_seconds,
-            ) = (true, 2, 0);
-        })
-    })
-    .await;
+    let job = ScriptedJob::start("idle", 8, (2, 1), idle, scaling_by_load).await;
     job.wait_for_call(
         "releasing data_executor-1",
         |c| matches!(c, Call::Released { id, .. } if id == "data_executor-1"),

@@ -5,12 +5,11 @@
 
 use std::time::Duration;
 
-use primus_harness::{MasterProcess, Sandbox};
 use primus_testkit::service::signal;
 use serde_json::Value;
 
-use super::crds::{apply, cluster, kubectl, namespace};
-use super::jobs::{criteo_job, executor_pid, operator_settings, wait_for, wait_for_success};
+use super::crds::{cluster, kubectl, namespace};
+use super::jobs::{executor_pid, running_job, wait_for, wait_for_success};
 
 fn has_condition(object: &Value, kind: &str) -> bool {
     (object["status"]["conditions"]
@@ -24,25 +23,11 @@ fn has_condition(object: &Value, kind: &str) -> bool {
 async fn a_job_scaled_with_kubectl_and_rolled_back_after_a_killed_trainer_trains_every_row() {
     let cluster = cluster();
     let namespace = namespace(cluster, "operator-elastic");
-    let sandbox = Sandbox::start().await;
-    let mut settings = operator_settings(&sandbox, cluster, namespace);
-    // Each Parquet read waits 2 s: the Job runs long enough to be scaled and rolled back.
-    settings.master.fault_injection.data_read_delay_ms = 2_000;
-    let master = MasterProcess::start(&sandbox, &settings, &[]);
     let job = "ctr-elastic";
-    let [dataset, mut object] = criteo_job(&sandbox, job).await;
-    object["spec"]["checkpoint"]["interval_seconds"] = 2.into();
-    object["spec"]["checkpoint"]["on_worker_failure"] = "rollback".into();
-    apply(cluster, namespace, &[dataset, object], &[]).unwrap_or_else(|e| panic!("{e}"));
-    let running = |o: &Value| o["status"]["progress"]["samples"].as_u64().unwrap_or(0) > 0;
-    wait_for(
-        cluster,
-        namespace,
-        job,
-        Duration::from_secs(120),
-        &sandbox,
-        running,
-    );
+    let rollback = |object: &mut Value| {
+        object["spec"]["checkpoint"]["on_worker_failure"] = "rollback".into();
+    };
+    let (sandbox, master) = running_job(cluster, namespace, job, rollback).await;
 
     let patch = r#"{"spec":{"topology":{"trainers":{"replicas":2}}}}"#;
     kubectl(

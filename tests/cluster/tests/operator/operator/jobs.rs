@@ -499,27 +499,41 @@ fn executor_pids(sandbox: &Sandbox, job: &str) -> Vec<u32> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_suspended_while_it_runs_stops_its_executors_and_resumes_to_succeed() {
-    let cluster = cluster();
-    let namespace = namespace(cluster, "operator-suspend-running");
+/// A master of a fresh sandbox taking its Jobs from `namespace`, each Parquet read of it
+/// waiting 2 s (a Job is mid-way for a while), and the DLRM Job `job` (a checkpoint every
+/// 2 s, then `change`) applied and training.
+pub(super) async fn running_job(
+    cluster: &KubeCluster,
+    namespace: &str,
+    job: &str,
+    change: impl FnOnce(&mut Value),
+) -> (Sandbox, MasterProcess) {
     let sandbox = Sandbox::start().await;
     let mut settings = operator_settings(&sandbox, cluster, namespace);
-    // Each Parquet read (7 row groups) waits 2 s: the Job is mid-way when suspended.
     settings.master.fault_injection.data_read_delay_ms = 2_000;
     let master = MasterProcess::start(&sandbox, &settings, &[]);
-    let job = "ctr-pause";
-    let [dataset, mut job_object] = criteo_job(&sandbox, job).await;
-    job_object["spec"]["checkpoint"]["interval_seconds"] = 2.into();
-    apply(cluster, namespace, &[dataset, job_object], &[]).unwrap_or_else(|e| panic!("{e}"));
+    let [dataset, mut object] = criteo_job(&sandbox, job).await;
+    object["spec"]["checkpoint"]["interval_seconds"] = 2.into();
+    change(&mut object);
+    apply(cluster, namespace, &[dataset, object], &[]).unwrap_or_else(|e| panic!("{e}"));
+    let running = |o: &Value| o["status"]["progress"]["samples"].as_u64().unwrap_or(0) > 0;
     wait_for(
         cluster,
         namespace,
         job,
         Duration::from_secs(120),
         &sandbox,
-        |o| o["status"]["progress"]["samples"].as_u64().unwrap_or(0) > 0,
+        running,
     );
+    (sandbox, master)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_suspended_while_it_runs_stops_its_executors_and_resumes_to_succeed() {
+    let cluster = cluster();
+    let namespace = namespace(cluster, "operator-suspend-running");
+    let job = "ctr-pause";
+    let (sandbox, master) = running_job(cluster, namespace, job, |_| {}).await;
     let pids = executor_pids(&sandbox, job);
     assert!(pids.len() >= 4, "the Job's executors: {pids:?}");
 

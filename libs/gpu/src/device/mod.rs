@@ -157,7 +157,7 @@ impl DeviceIds {
     }
 }
 
-/// A validated [`PoolingInput`] on the device, with the row-sorted contribution lists the
+/// A validated [`PoolingInput`](crate::layout::PoolingInput) on the device, with the row-sorted contribution lists the
 /// deterministic backward walks.
 pub struct DevicePooling {
     tables: Vec<TableShape>,

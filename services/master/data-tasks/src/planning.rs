@@ -157,6 +157,9 @@ pub fn stream_tasks(job: &str, dataset: &DatasetSpec) -> Vec<DataTask> {
 
 /// Plans every window of `stream` that has ended, resuming at the queue's cursor, until
 /// the stream's end (bounded) or forever (open-ended, checking every `poll_interval_ms`).
+/// Redis out of reach (restarting, a timeout) is waited out: each round starts again from
+/// the cursor, which moves only with the window's tasks (one script), so nothing is
+/// planned twice or skipped.
 pub async fn plan_stream<C: Catalog>(
     queue: TaskQueue,
     cache: Arc<ListingCache<C>>,
@@ -168,36 +171,64 @@ pub async fn plan_stream<C: Catalog>(
         target_task_bytes: settings.target_task_bytes,
         parallelism: settings.parallelism,
     };
-    let step = time::window_seconds(stream.unit);
     loop {
-        let (cursor, planned_all) = queue.cursor(&stream.name).await?;
-        if planned_all {
-            return Ok(());
-        }
-        let from = cursor.unwrap_or(stream.start);
-        let ended = (time::unix_ms() / 1000).div_euclid(step) * step;
-        let until = stream.end.map_or(ended, |end| end.min(ended));
-        let mut windows = std::pin::pin!(plan::plan_windows(
-            cache.clone(),
-            stream.clone(),
-            job.clone(),
-            from,
-            until,
-            options,
-        ));
-        while let Some(window) = windows.next().await {
-            let window = window?;
-            let last = stream.end.is_some_and(|end| window.end >= end);
-            queue
-                .enqueue_window(&stream.name, window.end, last, &window.tasks)
-                .await?;
-            tracing::debug!(job = %job, stream = %stream.name, start = window.start, tasks = window.tasks.len(), "window planned");
-            if last {
-                return Ok(());
+        match plan_ended_windows(&queue, &cache, &job, &stream, options).await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(PlanningError::Queue(QueueError::Redis(e))) if out_of_reach(&e) => {
+                tracing::warn!(job = %job, stream = %stream.name, error = %e, "planning waits for Redis");
             }
+            Err(e) => return Err(e),
         }
         tokio::time::sleep(Duration::from_millis(settings.poll_interval_ms.max(100))).await;
     }
+}
+
+/// Whether a Redis error says the server is out of reach for now rather than refusing.
+fn out_of_reach(error: &redis::RedisError) -> bool {
+    error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+}
+
+/// Plans the windows that ended since the queue's cursor; true once the stream's last
+/// window is planned.
+async fn plan_ended_windows<C: Catalog>(
+    queue: &TaskQueue,
+    cache: &Arc<ListingCache<C>>,
+    job: &Arc<str>,
+    stream: &Arc<StreamPlan>,
+    options: PlanOptions,
+) -> Result<bool, PlanningError> {
+    let step = time::window_seconds(stream.unit);
+    let (cursor, planned_all) = queue.cursor(&stream.name).await?;
+    if planned_all {
+        return Ok(true);
+    }
+    let from = cursor.unwrap_or(stream.start);
+    let ended = (time::unix_ms() / 1000).div_euclid(step) * step;
+    let until = stream.end.map_or(ended, |end| end.min(ended));
+    let mut windows = std::pin::pin!(plan::plan_windows(
+        cache.clone(),
+        stream.clone(),
+        job.clone(),
+        from,
+        until,
+        options,
+    ));
+    while let Some(window) = windows.next().await {
+        let window = window?;
+        let last = stream.end.is_some_and(|end| window.end >= end);
+        queue
+            .enqueue_window(&stream.name, window.end, last, &window.tasks)
+            .await?;
+        tracing::debug!(job = %job, stream = %stream.name, start = window.start, tasks = window.tasks.len(), "window planned");
+        if last {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]

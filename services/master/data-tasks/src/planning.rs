@@ -184,7 +184,8 @@ pub async fn plan_stream<C: Catalog>(
     }
 }
 
-/// Whether a Redis error says the server is out of reach for now rather than refusing.
+/// Whether a Redis error says the server is out of reach (down, slow, restarting) rather
+/// than refusing the call.
 fn out_of_reach(error: &redis::RedisError) -> bool {
     error.is_io_error()
         || error.is_timeout()

@@ -64,6 +64,36 @@ pub(super) fn namespace(cluster: &KubeCluster, name: &'static str) -> &'static s
     name
 }
 
+/// `kubectl patch --type=merge` of object `name` of `resource` in `namespace`.
+pub(super) fn merge_patch(
+    cluster: &KubeCluster,
+    namespace: &str,
+    resource: &str,
+    name: &str,
+    patch: &str,
+) {
+    let args = [
+        "patch",
+        resource,
+        name,
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        patch,
+    ];
+    kubectl(cluster, &args);
+}
+
+/// Whether `object`'s status holds condition `kind` as true.
+pub(super) fn has_condition(object: &Value, kind: &str) -> bool {
+    (object["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten())
+    .any(|c| c["type"] == kind && c["status"] == true)
+}
+
 /// `kubectl apply -f` of `objects` in one file, with `flags`; the error is kubectl's.
 pub(super) fn apply(
     cluster: &KubeCluster,

@@ -8,16 +8,8 @@ use std::time::Duration;
 use primus_testkit::service::signal;
 use serde_json::Value;
 
-use super::crds::{cluster, kubectl, namespace};
+use super::crds::{cluster, has_condition, merge_patch, namespace};
 use super::jobs::{executor_pid, running_job, wait_for, wait_for_success};
-
-fn has_condition(object: &Value, kind: &str) -> bool {
-    (object["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten())
-    .any(|c| c["type"] == kind && c["status"] == true)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_scaled_with_kubectl_and_rolled_back_after_a_killed_trainer_trains_every_row() {
@@ -30,19 +22,7 @@ async fn a_job_scaled_with_kubectl_and_rolled_back_after_a_killed_trainer_trains
     let (sandbox, master) = running_job(cluster, namespace, job, rollback).await;
 
     let patch = r#"{"spec":{"topology":{"trainers":{"replicas":2}}}}"#;
-    kubectl(
-        cluster,
-        &[
-            "patch",
-            "pjob",
-            job,
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            patch,
-        ],
-    );
+    merge_patch(cluster, namespace, "pjob", job, patch);
     let two = |o: &Value| o["status"]["replicas"]["trainers"] == 2;
     wait_for(
         cluster,

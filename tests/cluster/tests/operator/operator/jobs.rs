@@ -15,7 +15,9 @@ use primus_kube_resources::convert::custom_resource;
 use primus_testkit::kube::KubeCluster;
 use serde_json::Value;
 
-use super::crds::{apply, cluster, get_json, kubectl, namespace, primus};
+use super::crds::{
+    apply, cluster, get_json, has_condition, kubectl, merge_patch, namespace, primus,
+};
 
 const ROWS: u64 = primus_harness::criteo::DLRM_ROWS_PER_HOUR as u64;
 
@@ -101,19 +103,7 @@ pub(super) fn wait_for_success(
 /// Sets PrimusJob `job`'s `spec.suspend` with `kubectl patch`.
 fn set_suspend(cluster: &KubeCluster, namespace: &str, job: &str, suspend: bool) {
     let patch = format!(r#"{{"spec":{{"suspend":{suspend}}}}}"#);
-    kubectl(
-        cluster,
-        &[
-            "patch",
-            "pjob",
-            job,
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            &patch,
-        ],
-    );
+    merge_patch(cluster, namespace, "pjob", job, &patch);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -358,15 +348,7 @@ async fn a_job_created_suspended_runs_nothing_until_resumed_then_succeeds() {
         job,
         Duration::from_secs(60),
         &sandbox,
-        |o| {
-            let conditions = o["status"]["conditions"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            conditions
-                .iter()
-                .any(|c| c["type"] == "Suspended" && c["status"] == true)
-        },
+        |o| has_condition(o, "Suspended"),
     );
     assert_eq!(held["status"]["phase"], "Pending", "{:#}", held["status"]);
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -544,15 +526,7 @@ async fn a_job_suspended_while_it_runs_stops_its_executors_and_resumes_to_succee
         job,
         Duration::from_secs(60),
         &sandbox,
-        |o| {
-            let conditions = o["status"]["conditions"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            conditions
-                .iter()
-                .any(|c| c["type"] == "Suspended" && c["status"] == true)
-        },
+        |o| has_condition(o, "Suspended"),
     );
     assert_eq!(held["status"]["phase"], "Pending", "{:#}", held["status"]);
     let running: Vec<u32> = pids

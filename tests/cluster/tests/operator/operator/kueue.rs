@@ -14,7 +14,7 @@ use primus_spec::job::parse_memory;
 use primus_testkit::kube::{KubeCluster, Kueue};
 use serde_json::{Value, json};
 
-use super::crds::{apply, cluster, get_json, kubectl, namespace};
+use super::crds::{apply, cluster, get_json, has_condition, kubectl, merge_patch, namespace};
 use super::jobs::{criteo_job, operator_settings, wait_for, wait_for_success};
 
 const QUEUE: &str = "operator-queue";
@@ -140,13 +140,8 @@ async fn kueue_admits_two_queued_jobs_in_turn_within_its_quota() {
     );
     let held = get_json(cluster, namespace, "primusjob", second);
     assert_eq!(held["spec"]["suspend"], true, "{held:#}");
-    let suspended = (held["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten())
-    .any(|c| c["type"] == "Suspended" && c["status"] == true);
     assert!(
-        suspended,
+        has_condition(&held, "Suspended"),
         "the second Job waits suspended: {:#}",
         held["status"]
     );
@@ -176,17 +171,13 @@ async fn kueue_admits_two_queued_jobs_in_turn_within_its_quota() {
 fn set_active(cluster: &KubeCluster, namespace: &str, job: &str, active: bool) {
     let patch = format!(r#"{{"spec":{{"active":{active}}}}}"#);
     let name = format!("primusjob-{job}");
-    let args = [
-        "patch",
+    merge_patch(
+        cluster,
+        namespace,
         "workloads.kueue.x-k8s.io",
         &name,
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
         &patch,
-    ];
-    kubectl(cluster, &args);
+    );
 }
 
 /// A running Job whose Workload Kueue evicts (deactivated) stops and gives its quota back;
@@ -214,10 +205,7 @@ async fn evicted_then_admitted_again(cluster: &KubeCluster, namespace: &str, san
         job,
         Duration::from_secs(120),
         sandbox,
-        |o| {
-            (o["status"]["conditions"].as_array().into_iter().flatten())
-                .any(|c| c["type"] == "Suspended" && c["status"] == true)
-        },
+        |o| has_condition(o, "Suspended"),
     );
     assert_eq!(stopped["spec"]["suspend"], true, "{stopped:#}");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);

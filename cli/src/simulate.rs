@@ -22,6 +22,10 @@ pub struct SimulateArgs {
     /// Eq. 14's rho: how strongly the selection favours Jobs close to done (-10..=10).
     #[arg(long, default_value_t = 2.5)]
     rho: f64,
+    /// Seconds between the simulated master's status ticks (its `master.status_interval_ms`;
+    /// the master runs at 2 s): a shorter interval simulates it more closely, at more cost.
+    #[arg(long, default_value_t = 60.0)]
+    interval: f64,
     /// Run only this policy (static, primus or dlrover-rm); default: all three.
     #[arg(long)]
     policy: Option<String>,
@@ -36,7 +40,7 @@ pub fn run_simulation(args: SimulateArgs) -> Result<(), Failure> {
     }
     let settings = Settings {
         rho: args.rho,
-        ..Settings::default()
+        interval_seconds: args.interval,
     };
     settings.check().map_err(bad)?;
     let policies = match &args.policy {

@@ -1,21 +1,26 @@
-//! The discrete-event loop: submissions, the optimizer's rounds and Job completions in
+//! The discrete-event loop: submissions, the master's status ticks and Job completions in
 //! time order. Between two events every running Job trains at its true throughput; a
-//! completion is the moment its remaining samples run out. What a policy decides (which
-//! allocation, when) comes from `primus-resource-model`, the code the master runs.
+//! completion is the moment its remaining samples run out. Under the Primus and
+//! DLRover-RM policies every decision (which allocation, when, how much memory) is the
+//! master's own policies' ([`crate::master`]); this loop carries them out.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
+use std::time::Duration;
 
-use primus_resource_model::autoscale::{self, Measurements, Step};
-use primus_resource_model::plans::{self, PlanSpace};
+use primus_job_policy::memory::after_out_of_memory;
+use primus_job_policy::{Action, Capacity, ClusterPlans, ExecutorRole, Market};
+use primus_resource_model::Allocation;
 use primus_resource_model::warm_start::{self, ConfigRecord, RoleCounts};
-use primus_resource_model::{Allocation, Terms};
+use primus_spec::job::JobSpec;
+use tokio::time::Instant;
 
+use crate::master::{GIB, Managed, Observed, bytes, endpoint, ids};
 use crate::policy::{Policy, Settings};
 use crate::random::Random;
 use crate::report::Outcome;
 use crate::trace::{Request, Trace};
-use crate::truth::{Faults, Truth};
+use crate::truth::Faults;
 
 /// Seconds a restarted Job (stop, start, restore) trains nothing.
 const RESTART_SECONDS: f64 = 300.0;
@@ -29,16 +34,6 @@ const START_SECONDS: f64 = 60.0;
 const RESIZE_SECONDS: f64 = 10.0;
 /// A Job whose processes fail this often in all is given up.
 const MOST_FAILURES: u32 = 3;
-/// Seconds after which a process short of memory is killed.
-const OOM_SECONDS: f64 = 300.0;
-/// Head room the master's memory policy gives a process it raises, as a share of what the
-/// process needs (`scaling.memory.safety_margin`'s default).
-const MEMORY_SAFETY_MARGIN: f64 = 0.1;
-/// The simulated Jobs' `scaling.max_trainers` and `scaling.max_ps`.
-const MAX_TRAINERS: u32 = 32;
-const MAX_PS: u32 = 16;
-/// Iteration times kept per allocation (the newest).
-const KEPT_TIMES: usize = 30;
 
 /// What the scheduler can do next.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -66,7 +61,6 @@ impl PartialOrd for Timed {
 }
 
 /// Where a Job is.
-#[derive(Debug, Clone, PartialEq)]
 enum Phase {
     /// Submitted (again, after a failure: not before `from`), waiting for resources.
     Queued {
@@ -80,29 +74,26 @@ enum Phase {
 }
 
 /// A running Job.
-#[derive(Debug, Clone, PartialEq)]
 struct Run {
+    /// Processes, cores, and each role's memory.
     request: Request,
     progress: f64,
     checkpointed: f64,
     last_checkpoint: f64,
     paused_until: f64,
-    oom_at: Option<f64>,
     faults: Faults,
-    faults_handled: Faults,
-    measurements: Measurements,
-    /// Allocation changes, and explorations among them.
-    steps: u32,
-    explorations: u32,
-    /// The allocation it needs, as planned before any scale-up into spare cores: what
-    /// the config DB keeps for warm starts.
-    needed: Allocation,
+    /// The master's part (None under static allocation).
+    managed: Option<Box<Managed>>,
 }
 
 impl Run {
     /// Cores and memory the Job holds.
     fn held(&self) -> (f64, f64) {
-        (self.request.cores(), self.request.memory_gib())
+        let memory = match &self.managed {
+            Some(managed) => managed.held_gib(&self.request),
+            None => self.request.memory_gib(),
+        };
+        (self.request.cores(), memory)
     }
 }
 
@@ -118,6 +109,12 @@ pub(crate) struct Simulation<'t> {
     trace: &'t Trace,
     policy: Policy,
     settings: Settings,
+    /// The spec every simulated Job's starts from.
+    template: JobSpec,
+    /// The master's ledger of its `policy: auto` Jobs' holdings and plans.
+    ledger: ClusterPlans,
+    /// Simulated time 0 as the policies' clock.
+    epoch: Instant,
     jobs: Vec<JobState>,
     queue: VecDeque<usize>,
     events: BinaryHeap<Timed>,
@@ -126,7 +123,8 @@ pub(crate) struct Simulation<'t> {
     config_db: Vec<ConfigRecord>,
     usage: Usage,
     scaling_actions: u64,
-    seed: u64,
+    /// Completed Jobs one of whose PS shards reached its memory and refused new keys.
+    refused_keys: usize,
 }
 
 /// Core- and GiB-seconds the running Jobs held and used while submissions came.
@@ -139,7 +137,13 @@ pub(crate) struct Usage {
 }
 
 impl<'t> Simulation<'t> {
-    pub(crate) fn new(trace: &'t Trace, policy: Policy, settings: Settings, seed: u64) -> Self {
+    pub(crate) fn new(
+        trace: &'t Trace,
+        policy: Policy,
+        settings: Settings,
+        template: JobSpec,
+        seed: u64,
+    ) -> Self {
         let jobs = (trace.jobs.iter().enumerate())
             .map(|(i, job)| JobState {
                 phase: Phase::Queued { from: job.arrival },
@@ -152,6 +156,9 @@ impl<'t> Simulation<'t> {
             trace,
             policy,
             settings,
+            template,
+            ledger: ClusterPlans::default(),
+            epoch: Instant::now(),
             jobs,
             queue: VecDeque::new(),
             events: BinaryHeap::new(),
@@ -160,7 +167,7 @@ impl<'t> Simulation<'t> {
             config_db: Vec::new(),
             usage: Usage::default(),
             scaling_actions: 0,
-            seed,
+            refused_keys: 0,
         };
         for (i, job) in trace.jobs.iter().enumerate() {
             simulation.schedule(job.arrival, Event::Arrival(i));
@@ -225,6 +232,7 @@ impl<'t> Simulation<'t> {
             &self.finished(),
             self.usage,
             self.scaling_actions,
+            self.refused_keys,
         )
     }
 
@@ -254,9 +262,6 @@ impl<'t> Simulation<'t> {
 
     fn throughput(&self, i: usize, run: &Run) -> f64 {
         let job = &self.trace.jobs[i];
-        if run.oom_at.is_some_and(|at| at <= self.now) {
-            return 0.0;
-        }
         job.truth
             .throughput(&job.shape, &run.request.allocation, run.faults)
     }
@@ -267,7 +272,7 @@ impl<'t> Simulation<'t> {
         for i in self.running() {
             let Some(run) = self.run_of(i) else { continue };
             let rate = self.throughput(i, run);
-            if rate <= 0.0 || run.oom_at.is_some() {
+            if rate <= 0.0 {
                 continue;
             }
             let left = (self.trace.jobs[i].samples - run.progress).max(0.0);
@@ -295,10 +300,11 @@ impl<'t> Simulation<'t> {
             run.progress = (run.progress + rate * training).min(job.samples);
             let allocation = run.request.allocation;
             let (held_cores, held_gib) = run.held();
+            let fill = table_fill(run.progress, job.samples, job.truth.table_fill);
             let usage = &mut self.usage;
             usage.held_core_seconds += held_cores * counted;
             usage.held_gib_seconds += held_gib * counted;
-            usage.used_gib_seconds += job.truth.used_gib(&allocation).min(held_gib) * counted;
+            usage.used_gib_seconds += job.truth.used_gib(&allocation, fill).min(held_gib) * counted;
             if rate > 0.0 {
                 let training = (to.min(last_arrival) - run.paused_until.max(from)).max(0.0);
                 usage.busy_core_seconds +=
@@ -310,8 +316,12 @@ impl<'t> Simulation<'t> {
 
     fn arrive(&mut self, i: usize) {
         if self.policy == Policy::DlroverRm
-            && let Some(start) =
-                warm_start::warm_start(&self.config_db, &self.trace.jobs[i].features, 5, 0.5)
+            && let Some(start) = warm_start::warm_start(
+                &self.config_db,
+                &self.trace.jobs[i].features,
+                primus_job_policy::WARM_START_NEIGHBOURS,
+                primus_job_policy::WARM_START_SMOOTHING,
+            )
         {
             let user = self.trace.jobs[i].user;
             let a = start.allocation;
@@ -323,11 +333,6 @@ impl<'t> Simulation<'t> {
             };
             // Memory is not in the config DB: each process gets the user's.
             self.jobs[i].request = Request { allocation, ..user };
-        }
-        if self.policy.scales() {
-            // The master's memory policy gives a process what it needs before it runs out.
-            let job = &self.trace.jobs[i];
-            self.jobs[i].request = raised_to_need(self.jobs[i].request, &job.truth);
         }
         self.queue.push_back(i);
     }
@@ -366,31 +371,41 @@ impl<'t> Simulation<'t> {
     }
 
     fn start(&mut self, i: usize, request: Request) {
-        let job = &self.trace.jobs[i];
-        let short = request.ps_gib < job.truth.ps_gib(request.allocation.ps)
-            || request.trainer_gib < job.truth.trainer_gib;
-        // Only a static allocation starts short (the scaling policies raised it on arrival).
-        let oom_at = short.then_some(self.now + OOM_SECONDS);
+        let managed = self.policy.scales().then(|| {
+            let shape = self.trace.jobs[i].shape;
+            let started = self.clock(self.now);
+            Box::new(Managed::new(
+                &self.template,
+                &request,
+                self.policy,
+                shape,
+                started,
+            ))
+        });
         self.jobs[i].phase = Phase::Running(Box::new(Run {
             request,
             progress: 0.0,
             checkpointed: 0.0,
             last_checkpoint: self.now,
             paused_until: self.now,
-            oom_at,
             faults: Faults::default(),
-            faults_handled: Faults::default(),
-            measurements: Measurements::new(self.trace.jobs[i].shape, KEPT_TIMES),
-            steps: 0,
-            explorations: 0,
-            needed: request.allocation,
+            managed,
         }));
+    }
+
+    /// Simulated second `at` on the policies' clock.
+    fn clock(&self, at: f64) -> Instant {
+        self.epoch + Duration::from_secs_f64(at.max(0.0))
     }
 
     fn complete(&mut self, i: usize) {
         let job = &self.trace.jobs[i];
+        if let Some(run) = self.run_of(i) {
+            self.refused_keys += usize::from(run.managed.as_ref().is_some_and(|m| m.refused_keys));
+        }
         if let (Policy::DlroverRm, Some(run)) = (self.policy, self.run_of(i)) {
-            let a = run.needed;
+            // As the master records a succeeded Job: its allocation at the end.
+            let a = run.request.allocation;
             self.config_db.push(ConfigRecord {
                 job: job.name.clone(),
                 features: job.features.clone(),
@@ -405,11 +420,13 @@ impl<'t> Simulation<'t> {
                 samples_per_second: job.truth.throughput(&job.shape, &a, Faults::default()),
             });
         }
+        self.ledger.leave(&job.name);
         self.jobs[i].phase = Phase::Done { at: self.now };
         self.start_queued();
     }
 
-    /// The optimizer's round: faults and failures first, then profiles and plans.
+    /// The master's status tick: faults, failures and memory first, then every running
+    /// Job's policies decide and their actions are carried out.
     fn round(&mut self) {
         for i in self.running() {
             self.check_faults(i);
@@ -417,17 +434,14 @@ impl<'t> Simulation<'t> {
         if !self.policy.scales() {
             return;
         }
-        let mut planned = Vec::new();
         for i in self.running() {
-            if let Some(candidates) = self.profile_and_plan(i) {
-                planned.push(candidates);
-            }
+            self.tick(i);
         }
-        self.select(planned);
     }
 
-    /// Out-of-memory kills, process failures, checkpoints, and stragglers and hot shards
-    /// (DLRover-RM handles the ones it saw in its last round).
+    /// Process failures, checkpoints, out-of-memory kills, and the trace's stragglers and
+    /// hot PS shards (which the master handles neither of: its straggler policy is for data
+    /// executors, which are not simulated).
     fn check_faults(&mut self, i: usize) {
         let job = &self.trace.jobs[i];
         let (now, interval, policy) = (self.now, self.settings.interval_seconds, self.policy);
@@ -435,14 +449,19 @@ impl<'t> Simulation<'t> {
         let Phase::Running(run) = &mut state.phase else {
             return;
         };
-        if run.oom_at.is_some_and(|at| at <= now) {
+        let fill = table_fill(run.progress, job.samples, job.truth.table_fill);
+        let a = run.request.allocation;
+        if run.managed.is_none()
+            && (run.request.ps_gib < job.truth.ps_gib_at(a.ps, fill)
+                || run.request.trainer_gib < job.truth.trainer_gib)
+        {
+            // Killed for its memory: the user submits it again with half as much more.
             state.failures += 1;
-            let retry = Request {
+            state.request = Request {
                 ps_gib: run.request.ps_gib * 1.5,
                 trainer_gib: run.request.trainer_gib * 1.5,
                 ..run.request
             };
-            state.request = retry;
             state.phase = match state.failures >= MOST_FAILURES {
                 true => Phase::Failed,
                 false => Phase::Queued {
@@ -454,7 +473,6 @@ impl<'t> Simulation<'t> {
             }
             return;
         }
-        let a = run.request.allocation;
         let processes = f64::from(a.trainers + a.ps);
         let failed = state
             .random
@@ -476,159 +494,189 @@ impl<'t> Simulation<'t> {
             run.paused_until = run.paused_until.max(now) + RECOVER_SECONDS;
         }
         let done = run.progress / job.samples;
-        if policy == Policy::DlroverRm {
-            // Seen last round: the straggler's data shards go to the others, the hot
-            // shard's rows move (seamless migration).
-            if run.faults.straggler {
-                (run.faults.straggler, run.faults_handled.straggler) = (false, true);
-                run.paused_until = run.paused_until.max(now) + 30.0;
-            }
-            if run.faults.hot_ps {
-                (run.faults.hot_ps, run.faults_handled.hot_ps) = (false, true);
-                run.paused_until = run.paused_until.max(now) + RECOVER_SECONDS;
-            }
-        }
-        run.faults.straggler =
-            !run.faults_handled.straggler && job.straggler_at.is_some_and(|at| done >= at);
-        run.faults.hot_ps =
-            !run.faults_handled.hot_ps && job.hot_ps_at.is_some_and(|at| done >= at);
+        run.faults.straggler = job.straggler_at.is_some_and(|at| done >= at);
+        run.faults.hot_ps = job.hot_ps_at.is_some_and(|at| done >= at);
     }
 
-    /// Records the Job's iteration time and takes its step ([`autoscale::step`]):
-    /// explorations and right-sizing at once, scale-ups returned for the selection.
-    fn profile_and_plan(&mut self, i: usize) -> Option<Planned> {
-        let trace = self.trace;
-        let job = &trace.jobs[i];
-        let (policy, now, seed) = (self.policy, self.now, self.seed);
-        let free_cores = self.unclaimed_cores();
-        let state = &mut self.jobs[i];
-        let Phase::Running(run) = &mut state.phase else {
-            return None;
-        };
-        if run.paused_until > now || run.oom_at.is_some() {
-            return None;
-        }
-        let a = run.request.allocation;
-        let noise = (job.truth.noise * state.random.normal()).exp();
-        let samples = f64::from(a.trainers) * job.shape.batch;
-        let observed = samples / job.truth.throughput(&job.shape, &a, run.faults);
-        run.measurements.add(a, observed * noise);
-        let terms = match policy {
-            Policy::Primus => Terms::Compute,
-            _ => Terms::All,
-        };
-        let model = run.measurements.fit(terms);
-        let job_state = autoscale::JobState {
-            current: a,
-            model: model.as_ref(),
-            measurements: &run.measurements,
-            space: PlanSpace::counts_only(&a, MAX_TRAINERS, MAX_PS, START_SECONDS),
-            remaining_samples: Some(job.samples - run.progress),
-            free_cores,
-            steps: run.steps,
-            explorations: run.explorations,
-            seed: seed ^ ((i as u64) << 20) ^ now as u64,
-        };
-        match autoscale::step(&job_state) {
-            Step::Stay => None,
-            Step::Explore(next) => {
-                run.explorations += 1;
-                self.resize(i, next);
-                None
-            }
-            Step::RightSize(smaller) => {
-                run.needed = smaller.allocation;
-                self.resize(i, smaller.allocation);
-                None
-            }
-            Step::Offer(plans) => Some(Planned { job: i, plans }),
-        }
-    }
-
-    /// Cores neither a running Job nor a queued one needs.
-    fn unclaimed_cores(&self) -> f64 {
-        let queued: f64 = (self.queue.iter())
-            .map(|&i| self.jobs[i].request.cores())
-            .sum();
-        (self.free().0 - queued).max(0.0)
-    }
-
-    /// Eqs. 11-14 over the Jobs' scale-up plans, within the cores that neither a running
-    /// Job nor a queued one needs.
-    fn select(&mut self, planned: Vec<Planned>) {
-        let (_, mut memory) = self.free();
-        let jobs: Vec<plans::JobPlans> = planned.iter().map(|p| p.plans.clone()).collect();
-        let chosen = plans::select(&jobs, self.unclaimed_cores(), self.settings.rho);
-        for (planned, choice) in planned.iter().zip(chosen) {
-            let Some(k) = choice else { continue };
-            let allocation = planned.plans.plans[k].allocation;
-            let Some(run) = self.run_of(planned.job) else {
-                continue;
-            };
-            let added = self.request_for(planned.job, run, allocation).memory_gib()
-                - run.request.memory_gib();
-            if added > memory {
-                continue;
-            }
-            memory -= added;
-            self.resize(planned.job, allocation);
-        }
-    }
-
-    /// The request of `run` under `allocation`: each process keeps its memory, raised to
-    /// what it needs (with the master's safety margin) where that is more.
-    fn request_for(&self, i: usize, run: &Run, allocation: Allocation) -> Request {
-        let truth = &self.trace.jobs[i].truth;
-        let request = Request {
-            allocation,
-            ..run.request
-        };
-        raised_to_need(request, truth)
-    }
-
-    /// Moves Job `i` to `allocation`, pausing it while processes start or resize. A
-    /// change that would leave a PS shard short of memory is not made.
-    fn resize(&mut self, i: usize, allocation: Allocation) {
-        let now = self.now;
-        let truth = self.trace.jobs[i].truth;
-        let Some(run) = self.run_of(i) else { return };
-        let request = self.request_for(i, run, allocation);
-        if request.ps_gib < truth.ps_gib(allocation.ps) {
-            return;
-        }
+    /// One status tick of Job `i`'s master: a trainer over its memory is killed and
+    /// answered as the master answers it; the Job's snapshot goes to its policies, and
+    /// what they decide is carried out.
+    fn tick(&mut self, i: usize) {
+        let job = &self.trace.jobs[i];
+        let now = self.clock(self.now);
+        let capacity = self.capacity();
+        let interval = self.settings.interval_seconds;
+        let noise = (job.truth.noise * self.jobs[i].random.normal()).exp();
         let Phase::Running(run) = &mut self.jobs[i].phase else {
             return;
         };
-        let old = run.request.allocation;
-        let starts = allocation.trainers > old.trainers || allocation.ps > old.ps;
+        let request = run.request;
+        let Some(managed) = run.managed.as_mut() else {
+            return;
+        };
+        let a = request.allocation;
+        let mut actions = Vec::new();
+        for id in ids(ExecutorRole::Trainer, a.trainers) {
+            let allotted = managed.allotted_gib(&request, ExecutorRole::Trainer, &id);
+            if allotted < job.truth.trainer_gib {
+                let trainer = endpoint(ExecutorRole::Trainer, &id);
+                let given = &managed.memory_given;
+                actions.push(after_out_of_memory(
+                    &managed.spec,
+                    given,
+                    &trainer,
+                    bytes(allotted),
+                ));
+                run.paused_until = run.paused_until.max(self.now) + RECOVER_SECONDS;
+            }
+        }
+        let training = run.paused_until <= self.now;
+        let rate = job.truth.throughput(&job.shape, &a, run.faults) * noise;
+        let horizon = managed.spec.scaling.memory.horizon_seconds as f64 / interval;
+        let seen = Observed {
+            now,
+            allocation: a,
+            trainer_gib: job.truth.trainer_gib,
+            ps_gib: job.truth.ps_gib_at(
+                a.ps,
+                table_fill(run.progress, job.samples, job.truth.table_fill),
+            ),
+            trainer_busy_cores: job.truth.busy_cores(&job.shape, &a, run.faults)
+                / f64::from(a.trainers + a.ps).max(1.0),
+            samples_trained: run.progress,
+            samples: job.samples,
+            samples_per_second: if training { rate } else { 0.0 },
+            horizon_samples: horizon.ceil().clamp(1.0, f64::from(u32::MAX)) as u32,
+        };
+        let snapshot = managed.observe(&request, &seen);
+        managed.policies.record(&snapshot);
+        let market = Market {
+            job: &job.name,
+            cluster: &self.ledger,
+            capacity: &capacity,
+        };
+        actions.extend(managed.policies.decide(&snapshot, &market));
+        for action in actions {
+            self.act(i, action);
+        }
+    }
+
+    /// What the master divides among its `policy: auto` Jobs: the cluster, less what the
+    /// queued Jobs ask for (so that scale-ups do not hold back Jobs waiting to start).
+    fn capacity(&self) -> Capacity {
+        let (cores, memory) = (self.queue.iter())
+            .map(|&i| self.jobs[i].request)
+            .fold((0.0, 0.0), |(c, m), r| (c + r.cores(), m + r.memory_gib()));
+        let cluster = &self.trace.cluster;
+        Capacity {
+            cpu: Some((cluster.cpu - cores).max(0.0)),
+            memory_bytes: Some(bytes(cluster.memory_gib - memory)),
+            rho: self.settings.rho,
+        }
+    }
+
+    /// Carries out one of the master's actions on Job `i`.
+    fn act(&mut self, i: usize, action: Action) {
+        match action {
+            Action::Move { target, .. } => self.resize(i, target),
+            Action::AddPsShard => self.add_ps_shard(i),
+            Action::RaiseShardMemory { id, bytes, .. } => {
+                if !self.give_memory(i, &id, bytes) {
+                    self.add_ps_shard(i);
+                }
+            }
+            // Where the cluster has no room the master records a `MemoryShort` event (or
+            // the killed trainer restarts as it was): nothing changes.
+            Action::Resize { id, bytes, .. } => {
+                self.give_memory(i, &id, bytes);
+            }
+            // The simulated Jobs have no data executors: the autoscaler and the straggler
+            // policy, which act on them alone, decide nothing; events and conditions change
+            // nothing.
+            Action::AddExecutor { .. }
+            | Action::RemoveExecutor { .. }
+            | Action::MarkStragglers(_)
+            | Action::TakeBack { .. }
+            | Action::Event { .. }
+            | Action::Condition { .. } => {}
+        }
+    }
+
+    /// Gives executor `id` of Job `i` `bytes` of memory where the cluster has it.
+    fn give_memory(&mut self, i: usize, id: &str, bytes: u64) -> bool {
+        let (_, free) = self.free();
+        let Phase::Running(run) = &mut self.jobs[i].phase else {
+            return false;
+        };
+        let request = run.request;
+        let Some(managed) = run.managed.as_mut() else {
+            return false;
+        };
+        let role = match id.starts_with(ExecutorRole::Ps.as_str()) {
+            true => ExecutorRole::Ps,
+            false => ExecutorRole::Trainer,
+        };
+        let added = bytes as f64 / GIB - managed.allotted_gib(&request, role, id);
+        if added > free {
+            return false;
+        }
+        managed.memory_given.insert(id.to_owned(), bytes);
+        self.scaling_actions += 1;
+        true
+    }
+
+    /// One more PS shard by a live resharding, within `scaling.max_ps`.
+    fn add_ps_shard(&mut self, i: usize) {
+        let Some(run) = self.run_of(i) else { return };
+        let a = run.request.allocation;
+        let most = run.managed.as_ref().map_or(0, |m| m.spec.scaling.max_ps);
+        if a.ps < most {
+            self.resize(i, Allocation { ps: a.ps + 1, ..a });
+        }
+    }
+
+    /// Moves Job `i` to `allocation` where the cluster has the cores and memory, pausing
+    /// it while processes start or stop; new processes get their role's memory.
+    fn resize(&mut self, i: usize, allocation: Allocation) {
+        let (now, epoch_now) = (self.now, self.clock(self.now));
+        let (free_cores, free_memory) = self.free();
+        let Phase::Running(run) = &mut self.jobs[i].phase else {
+            return;
+        };
+        let old = run.request;
+        let request = Request { allocation, ..old };
+        let (cores, memory) = run.held();
+        let Some(managed) = run.managed.as_mut() else {
+            return;
+        };
+        managed.keep_memory_of(&allocation);
+        let added_memory = managed.held_gib(&request) - memory;
+        if request.cores() - cores > free_cores || added_memory > free_memory {
+            managed.keep_memory_of(&old.allocation);
+            return;
+        }
+        let starts =
+            allocation.trainers > old.allocation.trainers || allocation.ps > old.allocation.ps;
         let pause = if starts {
             START_SECONDS
         } else {
             RESIZE_SECONDS
         };
+        if starts {
+            managed.started_in(START_SECONDS);
+        }
+        managed
+            .policies
+            .optimizer
+            .moved(epoch_now + Duration::from_secs_f64(pause));
         run.paused_until = run.paused_until.max(now) + pause;
         run.request = request;
-        run.steps += 1;
         self.scaling_actions += 1;
     }
 }
 
-/// `request` with each process's memory raised to what it needs, plus the master's safety
-/// margin, where that is more.
-fn raised_to_need(request: Request, truth: &Truth) -> Request {
-    let raised = |held: f64, need: f64| match held < need {
-        true => need * (1.0 + MEMORY_SAFETY_MARGIN),
-        false => held,
-    };
-    Request {
-        ps_gib: raised(request.ps_gib, truth.ps_gib(request.allocation.ps)),
-        trainer_gib: raised(request.trainer_gib, truth.trainer_gib),
-        ..request
-    }
-}
-
-/// One Job's candidate plans for the cluster-level selection.
-struct Planned {
-    job: usize,
-    plans: plans::JobPlans,
+/// The share of a Job's keys in its tables after `progress` of its `samples`: they grow
+/// until `fill_share` of the samples is trained.
+fn table_fill(progress: f64, samples: f64, fill_share: f64) -> f64 {
+    (progress / (samples * fill_share).max(1.0)).clamp(0.0, 1.0)
 }

@@ -5,15 +5,19 @@
 //!   stragglers, hot PS shards, process failures).
 //! - [`truth`]: how a Job really runs under an allocation, in a form unlike the fitted
 //!   model's (saturating cores, contention, noise).
-//! - [`policy`]: static allocation, Primus's scaling (Eqs. 1-3), and DLRover-RM.
-//! - `engine`: the event loop; every decision comes from `primus-resource-model`, the
-//!   code the master runs.
+//! - [`policy`]: static allocation, and the master's policies for a `policy: static` Job
+//!   (Primus) and a `policy: auto` one (DLRover-RM).
+//! - `master`: the master's part of a simulated Job: the snapshot its policies
+//!   (`primus-job-policy`, the code the master runs) decide on, built from the Job's
+//!   true state.
+//! - `engine`: the event loop, which carries out what the master's policies decide.
 //! - [`report`]: JCT, completion rate and utilisation per policy, as a table and the
 //!   one-line comparison.
 
 #![warn(missing_docs)]
 
 mod engine;
+mod master;
 pub mod policy;
 mod random;
 pub mod report;
@@ -52,7 +56,11 @@ pub fn simulate(
     if trace.cluster.memory_gib <= 0.0 || !trace.cluster.memory_gib.is_finite() {
         return Err(invalid("cluster.memory_gib", trace.cluster.memory_gib));
     }
-    Ok(engine::Simulation::new(trace, policy, settings, seed).run(progress))
+    let template = master::template().ok_or_else(|| SimulateError::Invalid {
+        field: "examples/criteo-like.yaml".into(),
+        message: "the example Job does not parse".into(),
+    })?;
+    Ok(engine::Simulation::new(trace, policy, settings, template, seed).run(progress))
 }
 
 fn invalid(field: &str, value: f64) -> SimulateError {

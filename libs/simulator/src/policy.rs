@@ -10,15 +10,16 @@ pub enum Policy {
     /// The user's allocation, fixed; a failed process restarts the Job from its last
     /// checkpoint.
     Static,
-    /// Primus's dynamic scaling: the user's allocation, then scale-ups of trainer and PS
-    /// counts planned from a model of the computation alone (DLRover-RM Eqs. 1-3); memory
-    /// raised before a process runs out; failures recovered in place.
+    /// The master's policies for a `policy: static` Job (Primus): the user's trainers and
+    /// PS shards; memory given before a process runs out, else another PS shard (Primus
+    /// Eqs. 2-3); an OOM-killed trainer given half as much again; failures recovered in
+    /// place. (The master scales data executors by Eq. 1; none are simulated.)
     Primus,
-    /// DLRover-RM as the master runs it: warm start from similar finished Jobs, the full
-    /// model (Eqs. 1-6) with NSGA-II plans over trainer and PS counts (each process keeps
-    /// its cores, as the master's backends do not resize them) and the weighted greedy
-    /// selection, memory raised before a process runs out, and stragglers and hot PS
-    /// shards handled as they appear.
+    /// The master's policies for a `policy: auto` Job (DLRover-RM): Primus's, plus the
+    /// warm start from similar finished Jobs and the optimizer, which moves trainer and
+    /// PS counts (each process keeps its cores, as the master's backends do not resize
+    /// them) by the model it fits to the Job's measured rates (Eqs. 1-6), NSGA-II plans
+    /// and the cluster-level weighted greedy selection.
     DlroverRm,
 }
 
@@ -60,7 +61,7 @@ impl FromStr for Policy {
 pub struct Settings {
     /// Eq. 14's `rho`: how strongly the selection favours Jobs close to done.
     pub rho: f64,
-    /// Seconds between the optimizer's rounds (and the profiles it reads).
+    /// Seconds between the simulated master's status ticks.
     pub interval_seconds: f64,
 }
 
@@ -68,7 +69,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             rho: 2.5,
-            interval_seconds: 180.0,
+            interval_seconds: 60.0,
         }
     }
 }

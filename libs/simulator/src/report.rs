@@ -25,8 +25,11 @@ pub struct Outcome {
     pub cpu_utilisation: f64,
     /// Used memory over the memory the running Jobs held, while submissions came.
     pub memory_utilisation: f64,
-    /// Allocation changes the policy made (probes not counted).
+    /// Allocation changes the policy made: processes added or removed, memory given.
     pub scaling_actions: u64,
+    /// Completed Jobs one of whose PS shards reached its memory and refused new keys (the
+    /// master's PS shards refuse new keys at their limit rather than abort).
+    pub refused_keys: usize,
 }
 
 impl Outcome {
@@ -36,6 +39,7 @@ impl Outcome {
         finished: &[Option<f64>],
         usage: Usage,
         scaling_actions: u64,
+        refused_keys: usize,
     ) -> Self {
         let mut jct: Vec<f64> = (trace.jobs.iter().zip(finished))
             .filter_map(|(job, done)| done.map(|at| at - job.arrival))
@@ -56,6 +60,7 @@ impl Outcome {
             cpu_utilisation: usage.busy_core_seconds / usage.held_core_seconds.max(1.0),
             memory_utilisation: usage.used_gib_seconds / usage.held_gib_seconds.max(1.0),
             scaling_actions,
+            refused_keys,
         }
     }
 }
@@ -63,12 +68,12 @@ impl Outcome {
 /// The figures of every policy as a table.
 pub fn table(outcomes: &[Outcome]) -> String {
     let mut out = String::from(
-        "policy      JCT mean   JCT p90          completed   CPU util   memory util   scalings\n",
+        "policy      JCT mean   JCT p90          completed   CPU util   memory util   scalings   keys refused\n",
     );
     for o in outcomes {
         let _ = writeln!(
             out,
-            "{:<11} {:>7.1} m {:>7.1} m   {:>6}/{:<6} {:>5.1}%   {:>7.1}%   {:>10.1}%   {:>8}",
+            "{:<11} {:>7.1} m {:>7.1} m   {:>6}/{:<6} {:>5.1}%   {:>7.1}%   {:>10.1}%   {:>8}   {:>12}",
             o.policy.name(),
             o.jct_mean_seconds / 60.0,
             o.jct_p90_seconds / 60.0,
@@ -78,6 +83,7 @@ pub fn table(outcomes: &[Outcome]) -> String {
             100.0 * o.cpu_utilisation,
             100.0 * o.memory_utilisation,
             o.scaling_actions,
+            o.refused_keys,
         );
     }
     out

@@ -118,6 +118,7 @@ fn job(index: usize, arrival: f64, random: &mut Random) -> JobTrace {
         contention: random.between(0.01, 0.05),
         table_gib: random.log_normal(40.0, 0.8).clamp(4.0, 400.0),
         trainer_gib: random.between(2.0, 8.0),
+        table_fill: random.between(0.2, 0.6),
         noise: 0.05,
     };
     let allocation = Allocation {

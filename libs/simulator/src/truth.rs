@@ -22,8 +22,12 @@ pub struct Truth {
     pub saturation: f64,
     /// Growth of the synchronisation time per trainer (contention on the PS links).
     pub contention: f64,
-    /// Memory of the embedding tables and their optimizer state, GiB over all shards.
+    /// Memory of the embedding tables and their optimizer state once they hold every key,
+    /// GiB over all shards.
     pub table_gib: f64,
+    /// Share of the Job's samples after which its tables hold every key: they grow as
+    /// new keys arrive until then.
+    pub table_fill: f64,
     /// Memory a trainer uses, GiB.
     pub trainer_gib: f64,
     /// Log-spread of a measured iteration time.
@@ -83,13 +87,19 @@ impl Truth {
         trainers * parts[0] / total + ps * (parts[1] + parts[3]) / total
     }
 
-    /// Memory one PS shard needs, GiB, with `shards` of them.
+    /// Memory one PS shard needs once its tables hold every key, GiB, with `shards` of
+    /// them.
     pub fn ps_gib(&self, shards: u32) -> f64 {
-        self.table_gib / f64::from(shards.max(1)) + 1.0
+        self.ps_gib_at(shards, 1.0)
     }
 
-    /// Memory the Job uses under `a`, GiB.
-    pub fn used_gib(&self, a: &Allocation) -> f64 {
-        f64::from(a.ps) * self.ps_gib(a.ps) + f64::from(a.trainers) * self.trainer_gib
+    /// Memory one PS shard uses with `fill` (0..=1) of the keys in its tables, GiB.
+    pub fn ps_gib_at(&self, shards: u32, fill: f64) -> f64 {
+        self.table_gib * fill.clamp(0.0, 1.0) / f64::from(shards.max(1)) + 1.0
+    }
+
+    /// Memory the Job uses under `a` with `fill` of the keys in its tables, GiB.
+    pub fn used_gib(&self, a: &Allocation, fill: f64) -> f64 {
+        f64::from(a.ps) * self.ps_gib_at(a.ps, fill) + f64::from(a.trainers) * self.trainer_gib
     }
 }

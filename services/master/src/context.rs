@@ -10,11 +10,11 @@ use primus_config::MasterSettings;
 use primus_data_tasks::plan::ListingCache;
 use redis::aio::ConnectionManager;
 
-use crate::cluster::{Capacity, ClusterPlans};
 use crate::resources::Resources;
 use crate::tasks::JobRegistry;
 use crate::ticks::TickTimes;
 use crate::topology::Topologies;
+use primus_job_policy::{Capacity, ClusterPlans};
 
 /// Everything the Jobs' runs share.
 pub struct Context<B, C> {

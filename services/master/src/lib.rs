@@ -17,7 +17,6 @@
 //! `primus-data-tasks`.
 
 pub mod checkpoint;
-pub mod cluster;
 mod config_db;
 pub mod context;
 pub mod controller;
@@ -127,7 +126,7 @@ async fn connect(
     host_cores: Option<f64>,
 ) -> anyhow::Result<(Node, Parts, SocketAddr)> {
     let shard = shard::parse_shard(&settings.master.shard).map_err(anyhow::Error::msg)?;
-    let capacity = cluster::Capacity::from_settings(&settings.master.cluster, host_cores)
+    let capacity = primus_job_policy::Capacity::from_settings(&settings.master.cluster, host_cores)
         .map_err(anyhow::Error::msg)?;
     let mut node = Node::bind(SERVICE, &settings.server).await?;
     let master_addr = advertised(node.advertised_addr()?);
@@ -174,7 +173,7 @@ struct Parts {
     bus: primus_bus::Bus,
     redis: redis::aio::ConnectionManager,
     shard: (u32, u32),
-    capacity: cluster::Capacity,
+    capacity: primus_job_policy::Capacity,
     settings: MasterSettings,
 }
 
@@ -211,7 +210,7 @@ async fn drive_jobs<B: primus_backend::ResourceBackend>(
         .grpc(TopologyServiceServer::new(topologies.clone()));
     let context = Arc::new(context::Context {
         capacity,
-        cluster: cluster::ClusterPlans::default(),
+        cluster: primus_job_policy::ClusterPlans::default(),
         resources,
         bus: bus.clone(),
         redis,

@@ -110,6 +110,7 @@ fn the_master_and_the_trainer_import_their_modules_without_a_circle() {
         "services/master/backend",
         "services/master/data-tasks",
         "services/trainer",
+        "libs/job-policy",
     ] {
         let imports = module_imports(&root.join(crate_dir).join("src"));
         assert!(
@@ -169,18 +170,35 @@ fn code_outside_tests(text: &str) -> String {
         .join("\n")
 }
 
+/// What the policies' crate may not depend on: a backend, the task queue, Redis, NATS.
+const NOT_DEPENDED_ON: [&str; 5] = [
+    "primus-backend",
+    "primus-data-tasks",
+    "redis",
+    "async-nats",
+    "primus-bus",
+];
+
 #[test]
 fn the_policies_of_a_jobs_status_tick_decide_without_reaching_outside_the_process() {
-    let job = primus_testkit::repo_root().join("services/master/src/job");
+    let crate_dir = primus_testkit::repo_root().join("libs/job-policy");
+    let manifest = std::fs::read_to_string(crate_dir.join("Cargo.toml")).expect("its manifest");
+    for dependency in NOT_DEPENDED_ON {
+        assert!(
+            !manifest.lines().any(|l| l.starts_with(dependency)),
+            "primus-job-policy depends on {dependency}: its policies decide on a Snapshot alone"
+        );
+    }
+    let src = crate_dir.join("src");
     for policy in POLICIES {
-        let file = job.join(format!("{policy}.rs"));
+        let file = src.join(format!("{policy}.rs"));
         let text = std::fs::read_to_string(&file).expect("a policy's file");
         let code = code_outside_tests(&text);
         assert!(code.contains("fn decide"), "{policy}.rs decides nothing");
         for token in OUTSIDE {
             assert!(
                 !code.contains(token),
-                "{policy}.rs mentions `{token}`: a policy decides on a Snapshot and returns Actions; actions.rs carries them out"
+                "{policy}.rs mentions `{token}`: a policy decides on a Snapshot and returns Actions; the master's job/actions.rs carries them out"
             );
         }
     }

@@ -13,50 +13,8 @@ use std::net::SocketAddr;
 use primus_config::{
     ConfigError, DataExecutorSettings, PsSettings, ServerSettings, TrainerSettings,
 };
-use primus_proto::v1::Role;
+pub use primus_job_policy::{ExecutorRole, ExecutorUsage};
 use tokio::sync::broadcast;
-
-/// The roles of a job's topology, as the backend starts them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ExecutorRole {
-    Ps,
-    DataExecutor,
-    Trainer,
-    /// A serving replica: `primus-ps` with `ps.role = "serving"`.
-    Serving,
-}
-
-impl ExecutorRole {
-    pub const ALL: [ExecutorRole; 4] = [Self::Ps, Self::DataExecutor, Self::Trainer, Self::Serving];
-
-    /// Name in settings (`local.binaries.<name>`), executor ids and subjects.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ps => "ps",
-            Self::DataExecutor => "data_executor",
-            Self::Trainer => "trainer",
-            Self::Serving => "serving",
-        }
-    }
-
-    pub fn binary(self) -> &'static str {
-        match self {
-            Self::Ps => "primus-ps",
-            Self::DataExecutor => "primus-data-executor",
-            Self::Trainer => "primus-trainer",
-            Self::Serving => "primus-ps",
-        }
-    }
-
-    pub fn proto(self) -> Role {
-        match self {
-            Self::Ps => Role::Ps,
-            Self::DataExecutor => Role::DataExecutor,
-            Self::Trainer => Role::Trainer,
-            Self::Serving => Role::Serving,
-        }
-    }
-}
 
 /// What to start: one process of a role, with its settings.
 #[derive(Debug, Clone)]
@@ -112,16 +70,6 @@ pub struct Executor {
     pub id: String,
     pub role: ExecutorRole,
     pub grpc_addr: SocketAddr,
-}
-
-/// What one running executor uses, as the backend measures it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ExecutorUsage {
-    pub id: String,
-    /// CPU cores in use (averaged since the previous measurement).
-    pub cpu_cores: f64,
-    /// Resident memory.
-    pub memory_bytes: u64,
 }
 
 /// A Job's executors scheduled together: all of them, or none while they do not fit.

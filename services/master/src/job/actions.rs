@@ -1,10 +1,8 @@
-//! What the Job's policies decide, and the one place it is carried out. A policy returns
-//! [`Action`]s from a [`super::snapshot::Snapshot`]; [`JobRun::apply`] starts and stops
+//! The one place what the Job's policies decide is carried out. A policy returns
+//! [`Action`]s from a [`Snapshot`](primus_job_policy::Snapshot); [`JobRun::apply`] starts and stops
 //! executors, gives memory, reshards, marks stragglers and takes tasks back through the
 //! backend, the executors and the task queue, records each outcome as an event, and writes
 //! the Job's status once.
-
-use std::collections::BTreeSet;
 
 use primus_proto::v1::dataset_service_client::DatasetServiceClient;
 use primus_proto::v1::parameter_server_client::ParameterServerClient;
@@ -15,63 +13,10 @@ use tokio::time::Instant;
 
 use super::JobRun;
 use super::executors::{answered, role_spec};
-use super::snapshot::{members_of, role_of};
 use primus_backend::{ExecutorRole, ResourceBackend};
 use primus_data_tasks::plan::Catalog;
-
-/// One decision of a policy.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Action {
-    /// One more executor of `role`, at the lowest free index.
-    AddExecutor { role: ExecutorRole, why: String },
-    /// One fewer: the executor of `role` with the highest index.
-    RemoveExecutor { role: ExecutorRole, why: String },
-    /// One more PS shard than run now, by a live resharding.
-    AddPsShard,
-    /// Gives PS shard `id` `bytes` of memory (the backend's allotment, then the shard's own
-    /// limit); where it cannot, adds a PS shard. `figures` say why.
-    RaiseShardMemory {
-        id: String,
-        bytes: u64,
-        figures: String,
-    },
-    /// Gives executor `id` `bytes` of memory through the backend.
-    Resize {
-        id: String,
-        bytes: u64,
-        figures: String,
-        otherwise: Shortfall,
-    },
-    /// The optimizer's step: trainers and PS shards from `current` to `target`.
-    Move {
-        current: Allocation,
-        target: Allocation,
-        message: String,
-    },
-    /// The data executors the task service treats as stragglers from now on.
-    MarkStragglers(BTreeSet<String>),
-    /// Asks `holder` to give `task` back and puts it back in the queue from there.
-    TakeBack { task: String, holder: String },
-    Event {
-        reason: &'static str,
-        message: String,
-    },
-    Condition {
-        kind: &'static str,
-        holds: bool,
-        reason: &'static str,
-        message: String,
-    },
-}
-
-/// What a [`Action::Resize`] the backend refuses leaves.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Shortfall {
-    /// A `MemoryShort` event, once per executor.
-    ShortOnce,
-    /// An `OutOfMemory` event: the executor was killed for its memory.
-    Killed,
-}
+use primus_job_policy::snapshot::{members_of, role_of};
+use primus_job_policy::{Action, Shortfall};
 
 impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
     /// Carries out `actions` in order, then shows the replicas and writes the status.
@@ -188,7 +133,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             self.job.spec.topology.trainers.replicas = target.trainers;
             self.reconcile_replicas(&[ExecutorRole::Trainer]).await;
         }
-        self.optimizer.moved(Instant::now());
+        self.policies.optimizer.moved(Instant::now());
         self.writer
             .condition("ResourcePlan", true, "Applied", message);
     }

@@ -9,10 +9,11 @@ use std::time::Duration;
 use primus_config::{
     DataExecutorSettings, MasterSettings, PsRole, PsSettings, TableSettings, TrainerSettings,
 };
+pub(crate) use primus_job_policy::role_spec;
 use primus_model::ModelLayout;
 use primus_proto::v1::{Endpoint, Role};
 use primus_spec::dataset::DatasetSpec;
-use primus_spec::job::{Device, JobSpec, RoleSpec};
+use primus_spec::job::{Device, JobSpec};
 
 use tokio::sync::broadcast;
 
@@ -122,17 +123,6 @@ pub(crate) fn executor_settings(
             train.device = spec.topology.trainers.device;
             ExecutorSettings::Trainer(Box::new(trainer))
         }
-    }
-}
-
-/// The topology entry of `role` in `spec`, or none (a Job without serving replicas).
-pub(crate) fn role_spec(spec: &JobSpec, role: ExecutorRole) -> Option<&RoleSpec> {
-    let topology = &spec.topology;
-    match role {
-        ExecutorRole::Ps => Some(&topology.ps),
-        ExecutorRole::DataExecutor => Some(&topology.data_executors),
-        ExecutorRole::Trainer => Some(&topology.trainers),
-        ExecutorRole::Serving => topology.serving.as_ref(),
     }
 }
 

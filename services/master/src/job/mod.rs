@@ -7,18 +7,16 @@
 //! each with its own handler. Any handler may end the Job with an [`Outcome`].
 //!
 //! A status tick is observe, decide, act: [`JobRun::observe`] builds one
-//! [`snapshot::Snapshot`] of the Job (members, usage, buffers, held tasks, PS memory,
+//! [`Snapshot`] of the Job (members, usage, buffers, held tasks, PS memory,
 //! progress); each policy (the optimizer, executor and PS memory, the autoscaler, the
 //! stragglers) decides on it alone, with no backend, Redis or executor call, and returns
-//! [`actions::Action`]s; [`JobRun::apply`] carries them out and records their events.
+//! [`Action`]s (the policies are primus-job-policy's, which the simulator runs too);
+//! [`JobRun::apply`] carries them out and records their events.
 
 mod actions;
-mod autoscale;
 mod checked;
 mod checkpoints;
 pub(crate) mod executors;
-mod memory;
-mod optimizer;
 mod performance;
 mod progress;
 mod recovery;
@@ -28,7 +26,6 @@ mod scaling;
 mod serving;
 mod snapshot;
 pub(crate) mod status;
-mod stragglers;
 mod warm_start;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -37,6 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use primus_job_policy::{Action, Market, Policies, Snapshot};
 use primus_proto::v1::{DataTask, Endpoint, MetricsReport, Resource, Role};
 use primus_spec::job::{AllocationPolicy, TrainingMode};
 use primus_spec::status::{ExecutorState, Phase, Status};
@@ -181,16 +179,13 @@ pub(crate) struct JobRun<'a, B, C> {
     backend_events: broadcast::Receiver<BackendEvent>,
     /// The Job's resource as last applied (a new generation may change its replicas).
     specs: watch::Receiver<Resource>,
-    autoscaler: autoscale::Autoscaler,
-    stragglers: stragglers::StragglerPolicy,
-    memory: memory::MemoryPolicy,
     shard_memory: snapshot::ShardMemoryProbe,
     /// Memory executors were given beyond their role's, by id.
     memory_given: HashMap<String, u64>,
     /// Executors reported short of memory.
     memory_short: HashSet<String>,
-    performance: performance::PerformanceLog,
-    optimizer: optimizer::Optimizer,
+    /// The status tick's policies and what they keep between ticks.
+    policies: Policies,
     trainers_done: BTreeSet<String>,
     batch_done_declared: bool,
     committed: Option<CheckpointRecord>,
@@ -305,8 +300,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         let ready = wait_ready(context, &run.name, &ExecutorRole::ALL, &mut events).await?;
         let message = format!("{ready} executors serving");
         run.show_replicas();
-        run.autoscaler = autoscale::Autoscaler::new(Instant::now());
-        run.optimizer = optimizer::Optimizer::new(Instant::now());
+        run.policies.serving_from(Instant::now());
         run.writer
             .set(Phase::Running, "Ready", "ExecutorsReady", message)
             .await;
@@ -414,7 +408,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 recovered_tx,
             )),
         ];
-        let performance = performance::PerformanceLog::new(&checked.spec, &checked.layout);
+        let shape = performance::job_shape(&checked.spec, &checked.layout);
         Ok(Self {
             context,
             writer,
@@ -431,14 +425,10 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
             recovered,
             backend_events,
             specs,
-            autoscaler: autoscale::Autoscaler::new(Instant::now()),
-            optimizer: optimizer::Optimizer::new(Instant::now()),
-            stragglers: stragglers::StragglerPolicy::default(),
-            memory: memory::MemoryPolicy::default(),
+            policies: Policies::new(shape, Instant::now()),
             shard_memory: snapshot::ShardMemoryProbe::default(),
             memory_given: HashMap::new(),
             memory_short: HashSet::new(),
-            performance,
             trainers_done: BTreeSet::new(),
             batch_done_declared: false,
             next_checkpoint: restored.as_ref().map_or(0, |r| r.id) + 1,
@@ -567,8 +557,12 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
                 let endpoints = self.endpoints();
                 if let Some(endpoint) = endpoints.iter().find(|e| e.id == id) {
                     let given = &self.memory_given;
-                    let action =
-                        memory::after_out_of_memory(&self.job.spec, given, endpoint, memory_bytes);
+                    let action = primus_job_policy::memory::after_out_of_memory(
+                        &self.job.spec,
+                        given,
+                        endpoint,
+                        memory_bytes,
+                    );
                     self.apply(vec![action]).await;
                 }
             }
@@ -647,18 +641,13 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
     }
 
     /// What the policies of the status tick decide on `snapshot`, in order.
-    fn decide(&mut self, snapshot: &snapshot::Snapshot) -> Vec<actions::Action> {
-        let market = optimizer::Market {
+    fn decide(&mut self, snapshot: &Snapshot) -> Vec<Action> {
+        let market = Market {
             job: &self.name,
             cluster: &self.context.cluster,
             capacity: &self.context.capacity,
         };
-        let mut actions = (self.optimizer).decide(snapshot, &self.performance, &market);
-        actions.extend(self.memory.decide_executors(snapshot));
-        actions.extend(self.autoscaler.decide(snapshot));
-        actions.extend(self.stragglers.decide(snapshot));
-        actions.extend(self.memory.decide_shards(snapshot));
-        actions
+        self.policies.decide(snapshot, &market)
     }
 
     /// Every batch window is planned (the Job reads batch sources and no planner runs).

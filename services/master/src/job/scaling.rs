@@ -21,10 +21,10 @@ use primus_spec::job::JobSpec;
 use primus_spec::status::Replicas;
 
 use super::executors::{role_spec, start_executor, wait_serving, with_role};
-use super::snapshot::members_of;
 use super::{JobRun, Outcome};
 use primus_backend::{ExecutorRole, ResourceBackend};
 use primus_data_tasks::plan::Catalog;
+use primus_job_policy::snapshot::members_of;
 
 /// The roles a running Job scales, and the spec fields that apply live.
 const SCALED_ROLES: [ExecutorRole; 2] = [ExecutorRole::DataExecutor, ExecutorRole::Trainer];
@@ -136,7 +136,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         self.trainers_done.remove(&endpoint.id);
         self.fold.rejoin(&endpoint.id);
         wait_serving(&endpoint).await?;
-        self.optimizer.started_in(starting.elapsed());
+        self.policies.optimizer.started_in(starting.elapsed());
         let message = format!(
             "started {}: {} {} -> {} ({why})",
             endpoint.id,

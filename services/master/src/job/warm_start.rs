@@ -11,10 +11,6 @@ use crate::config_db::ConfigDb;
 use primus_backend::{ExecutorRole, ResourceBackend};
 use primus_data_tasks::plan::Catalog;
 
-/// Similar Jobs drawn on, and the smoothing factor of Eq. 10.
-const TOP_K: usize = 5;
-const SMOOTHING: f64 = 0.5;
-
 /// What the config DB compares Jobs by.
 pub(super) fn features(spec: &JobSpec, layout: &ModelLayout) -> JobFeatures {
     JobFeatures {
@@ -53,7 +49,12 @@ pub(super) async fn apply(
         Ok(read) => read,
         Err(e) => return own(format!("the config DB cannot be read ({e})")),
     };
-    let Some(start) = warm_start(&records, &features(spec, layout), TOP_K, SMOOTHING) else {
+    let Some(start) = warm_start(
+        &records,
+        &features(spec, layout),
+        primus_job_policy::WARM_START_NEIGHBOURS,
+        primus_job_policy::WARM_START_SMOOTHING,
+    ) else {
         return own("the config DB holds no finished Job".into());
     };
     let a = start.allocation;

@@ -12,16 +12,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::actions::Action;
-use super::snapshot::Snapshot;
-use primus_backend::ExecutorRole;
+use crate::ExecutorRole;
+use crate::actions::Action;
+use crate::snapshot::Snapshot;
 
 /// Seconds an executor must have held tasks before its rate counts.
 const MIN_BUSY: Duration = Duration::from_secs(3);
 
 /// Rows each data executor served and how long it held a task.
 #[derive(Debug, Default)]
-pub(crate) struct Throughputs {
+pub struct Throughputs {
     /// Each running task's offset at the last observation.
     offsets: HashMap<String, u64>,
     served: HashMap<String, (u64, Duration)>,
@@ -31,7 +31,7 @@ pub(crate) struct Throughputs {
 impl Throughputs {
     /// Folds in the queue at `now`: `running` (task -> executor) and `offsets` (task ->
     /// rows served).
-    pub(crate) fn observe(
+    pub fn observe(
         &mut self,
         running: &HashMap<String, String>,
         offsets: &HashMap<String, u64>,
@@ -61,7 +61,7 @@ impl Throughputs {
     }
 
     /// Rows per second `executor` served while it held tasks, once it held them a while.
-    pub(crate) fn rate(&self, executor: &str) -> Option<f64> {
+    pub fn rate(&self, executor: &str) -> Option<f64> {
         let (rows, busy) = self.served.get(executor)?;
         (*busy >= MIN_BUSY).then(|| *rows as f64 / busy.as_secs_f64())
     }
@@ -69,7 +69,7 @@ impl Throughputs {
 
 /// The data executors among `executors` serving at less than `1 / slowdown` of the median
 /// rate of the others (only those with a rate), each with why.
-pub(crate) fn stragglers(
+pub fn stragglers(
     executors: &[String],
     rates: &Throughputs,
     slowdown: f64,
@@ -100,7 +100,7 @@ pub(crate) fn stragglers(
 
 /// The task to take back now, if any: one a straggler holds while nothing is waiting and a
 /// data executor that is not a straggler holds none.
-pub(crate) fn task_to_take_back<'a>(
+pub fn task_to_take_back<'a>(
     executors: &[String],
     running: &'a HashMap<String, String>,
     stragglers: &BTreeSet<String>,
@@ -122,7 +122,7 @@ pub(crate) fn task_to_take_back<'a>(
 
 /// The stragglers policy: the data executors' rates and the stragglers marked so far.
 #[derive(Debug, Default)]
-pub(crate) struct StragglerPolicy {
+pub struct StragglerPolicy {
     throughputs: Throughputs,
     marked: BTreeSet<String>,
 }
@@ -131,7 +131,7 @@ impl StragglerPolicy {
     /// Measures the data executors' rates; with `scaling.stragglers.enabled`, marks the
     /// stragglers (an event for each new one) and takes one task back from a straggler
     /// when a faster executor is idle.
-    pub(crate) fn decide(&mut self, snapshot: &Snapshot) -> Vec<Action> {
+    pub fn decide(&mut self, snapshot: &Snapshot) -> Vec<Action> {
         let Some(held) = &snapshot.held else {
             return Vec::new();
         };
@@ -157,7 +157,7 @@ impl StragglerPolicy {
                 });
             }
         }
-        let pending = snapshot.counts.pending;
+        let pending = snapshot.pending_tasks;
         if let Some((task, holder)) = task_to_take_back(&executors, &held.running, &ids, pending) {
             actions.push(Action::TakeBack {
                 task: task.clone(),
@@ -172,7 +172,7 @@ impl StragglerPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::snapshot::{HeldTasks, fixture};
+    use crate::snapshot::{HeldTasks, fixture};
     use primus_spec::job::JobSpec;
 
     fn ids(names: &[&str]) -> Vec<String> {
@@ -240,7 +240,7 @@ mod tests {
         let ids = ["data_executor-0", "data_executor-1", "trainer-0"];
         let now = start + Duration::from_secs(seconds);
         let mut snapshot = fixture::snapshot(spec.clone(), &ids, now);
-        snapshot.counts.pending = pending;
+        snapshot.pending_tasks = pending;
         snapshot.held = Some(HeldTasks {
             running: running(&[("t1", "data_executor-0"), ("t2", "data_executor-1")]),
             offsets: offsets(&[("t1", fast), ("t2", slow)]),

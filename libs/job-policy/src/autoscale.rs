@@ -19,9 +19,9 @@ use std::time::Duration;
 use primus_spec::job::{JobSpec, ScalingPolicy};
 use tokio::time::Instant;
 
-use super::actions::Action;
-use super::snapshot::Snapshot;
-use primus_backend::ExecutorRole;
+use crate::ExecutorRole;
+use crate::actions::Action;
+use crate::snapshot::Snapshot;
 
 /// Loads averaged for a decision, and the fewest taken since the last action.
 const LOAD_WINDOW: usize = 5;
@@ -29,20 +29,15 @@ const MIN_SAMPLES: usize = 3;
 
 /// One data executor's utilisation, each 0..=1.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Utilisation {
-    pub(crate) starvation: f64,
-    pub(crate) cpu: f64,
-    pub(crate) memory: f64,
+pub struct Utilisation {
+    pub starvation: f64,
+    pub cpu: f64,
+    pub memory: f64,
 }
 
 impl Utilisation {
     /// From a data executor's buffer fill and measured use, against its allotment.
-    pub(crate) fn measured(
-        buffer_fill: f64,
-        cpu_cores: f64,
-        memory_bytes: u64,
-        spec: &JobSpec,
-    ) -> Self {
+    pub fn measured(buffer_fill: f64, cpu_cores: f64, memory_bytes: u64, spec: &JobSpec) -> Self {
         let role = &spec.topology.data_executors;
         let memory_limit = primus_spec::job::parse_memory(&role.memory).unwrap_or(0);
         let share = |used: f64, limit: f64| match limit > 0.0 {
@@ -59,15 +54,15 @@ impl Utilisation {
 
 /// The data executors' mean utilisation and their load under a policy's weights.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Load {
-    pub(crate) mean: Utilisation,
-    pub(crate) value: f64,
-    pub(crate) executors: usize,
+pub struct Load {
+    pub mean: Utilisation,
+    pub value: f64,
+    pub executors: usize,
 }
 
 impl Load {
     /// None when no data executor reported.
-    pub(crate) fn of(executors: &[Utilisation], policy: &ScalingPolicy) -> Option<Self> {
+    pub fn of(executors: &[Utilisation], policy: &ScalingPolicy) -> Option<Self> {
         if executors.is_empty() {
             return None;
         }
@@ -90,14 +85,14 @@ impl Load {
 
 /// What the autoscaler decided, and why.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Decision {
+pub enum Decision {
     Hold,
     Out(String),
     In(String),
 }
 
 /// The loads seen since the last action and when that was.
-pub(crate) struct Autoscaler {
+pub struct Autoscaler {
     loads: VecDeque<Load>,
     last_action: Instant,
 }
@@ -105,7 +100,7 @@ pub(crate) struct Autoscaler {
 impl Autoscaler {
     /// For a Job that started at `started`: its start counts as an action, so the first
     /// decision waits a cooldown (buffers are empty while the first reads are on their way).
-    pub(crate) fn new(started: Instant) -> Self {
+    pub fn new(started: Instant) -> Self {
         Self {
             loads: VecDeque::new(),
             last_action: started,
@@ -113,7 +108,7 @@ impl Autoscaler {
     }
 
     /// With `spec.scaling.enabled`, one data executor more or fewer by their load.
-    pub(crate) fn decide(&mut self, snapshot: &Snapshot) -> Vec<Action> {
+    pub fn decide(&mut self, snapshot: &Snapshot) -> Vec<Action> {
         let policy = &snapshot.spec.scaling;
         if !policy.enabled {
             return Vec::new();
@@ -131,7 +126,7 @@ impl Autoscaler {
             return Vec::new();
         };
         let running = data_executors.len() as u32;
-        let pending = snapshot.counts.pending;
+        let pending = snapshot.pending_tasks;
         let role = ExecutorRole::DataExecutor;
         match self.decide_on_load(load, policy, running, pending, snapshot.now) {
             Decision::Hold => Vec::new(),
@@ -195,7 +190,7 @@ impl Autoscaler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::snapshot::fixture;
+    use crate::snapshot::fixture;
 
     fn policy() -> ScalingPolicy {
         ScalingPolicy {
@@ -344,7 +339,7 @@ mod tests {
             ..policy()
         };
         let mut snapshot = fixture::snapshot(spec, ids, now);
-        snapshot.counts.pending = pending;
+        snapshot.pending_tasks = pending;
         for id in ids.iter().filter(|id| id.starts_with("data_executor")) {
             snapshot.buffer_fill.insert((*id).to_owned(), fill);
             snapshot.usage.push(fixture::used(id, 0.1, 1 << 20));

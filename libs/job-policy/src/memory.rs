@@ -1,6 +1,6 @@
 //! PS memory (Primus Eq. 2-3, DLRover-RM §5.3 OOM prevention). Every status tick's snapshot
 //! carries how many bytes each PS shard's tables and dense parameters hold (asked in the
-//! background by [`super::snapshot`]); the policy keeps the last
+//! background by the master); the policy keeps the last
 //! `N` samples, forecasts the change over the next ones with Primus's weights
 //! `w(i) = 1 / (N - i + 1)` (the newest counts most):
 //!
@@ -22,12 +22,12 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use primus_proto::v1::{Endpoint, Role};
 use primus_spec::job::{JobSpec, MemoryPolicy as MemorySettings, parse_memory};
 
-use super::actions::{Action, Shortfall};
-use super::snapshot::{Snapshot, allotted};
+use crate::actions::{Action, Shortfall};
+use crate::snapshot::{Snapshot, allotted};
 
 /// The executors' memory samples and what was reported already.
 #[derive(Debug, Default)]
-pub(crate) struct MemoryPolicy {
+pub struct MemoryPolicy {
     samples: HashMap<String, MemorySamples>,
     refused_reported: u64,
     /// The PS shards at the last decision: a resharding moves what they hold, so their
@@ -37,13 +37,13 @@ pub(crate) struct MemoryPolicy {
 
 /// The last samples of one executor's memory, oldest first.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct MemorySamples {
+pub struct MemorySamples {
     samples: VecDeque<u64>,
     capacity: usize,
 }
 
 impl MemorySamples {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub fn new(capacity: usize) -> Self {
         let capacity = capacity.max(2);
         Self {
             samples: VecDeque::with_capacity(capacity + 1),
@@ -51,7 +51,7 @@ impl MemorySamples {
         }
     }
 
-    pub(crate) fn push(&mut self, bytes: u64) {
+    pub fn push(&mut self, bytes: u64) {
         self.samples.push_back(bytes);
         while self.samples.len() > self.capacity {
             self.samples.pop_front();
@@ -59,17 +59,17 @@ impl MemorySamples {
     }
 
     /// The newest sample.
-    pub(crate) fn latest(&self) -> u64 {
+    pub fn latest(&self) -> u64 {
         self.samples.back().copied().unwrap_or(0)
     }
 
     /// Whether enough samples came in to forecast.
-    pub(crate) fn full(&self) -> bool {
+    pub fn full(&self) -> bool {
         self.samples.len() >= self.capacity
     }
 
     /// Primus Eq. 2: the weighted mean change per sample, recent changes weighted most.
-    pub(crate) fn forecast_change(&self) -> f64 {
+    pub fn forecast_change(&self) -> f64 {
         let n = self.samples.len().saturating_sub(1);
         if n == 0 {
             return 0.0;
@@ -92,7 +92,7 @@ impl MemorySamples {
     /// already uses at least half of it: an executor far from its memory is left alone
     /// however it grows, since a long horizon over early growth would ask for memory a Job
     /// never needs.
-    pub(crate) fn more_needed(
+    pub fn more_needed(
         &self,
         memory: u64,
         horizon: u32,
@@ -106,7 +106,7 @@ impl MemorySamples {
 
     /// Primus Eq. 3: the most used of the samples, the forecast change over `horizon`
     /// samples and `margin`.
-    pub(crate) fn needed(&self, horizon: u32, margin: u64) -> u64 {
+    pub fn needed(&self, horizon: u32, margin: u64) -> u64 {
         let used = self.samples.iter().copied().max().unwrap_or(0) as f64;
         let change = self.forecast_change() * f64::from(horizon);
         (used + change.max(0.0) + margin as f64) as u64
@@ -117,7 +117,7 @@ impl MemoryPolicy {
     /// Samples every executor's resident memory but the PS shards' (as the backend
     /// measured it); one whose forecast crosses its memory is given more where vertical
     /// scaling is on (Primus's vertical scaling).
-    pub(crate) fn decide_executors(&mut self, snapshot: &Snapshot) -> Vec<Action> {
+    pub fn decide_executors(&mut self, snapshot: &Snapshot) -> Vec<Action> {
         let policy = &snapshot.spec.scaling.memory;
         let not_ps = |e: &&Endpoint| e.role != Role::Ps as i32;
         for used in &snapshot.usage {
@@ -148,7 +148,7 @@ impl MemoryPolicy {
 
     /// Samples every PS shard's bytes, reports refused keys, and, when one's forecast
     /// crosses its memory, gives it more (with `vertical`) or adds a shard.
-    pub(crate) fn decide_shards(&mut self, snapshot: &Snapshot) -> Vec<Action> {
+    pub fn decide_shards(&mut self, snapshot: &Snapshot) -> Vec<Action> {
         let policy = &snapshot.spec.scaling.memory;
         let shards = primus_proto::role_endpoints(&snapshot.endpoints, Role::Ps);
         let ids: BTreeSet<String> = shards.iter().map(|s| s.id.clone()).collect();
@@ -236,7 +236,7 @@ impl MemoryPolicy {
 /// An executor killed for its memory: given half as much again (at least `min_change`
 /// more) where vertical scaling is on, so its restart does not die the same way; else the
 /// Job's events say it was killed. `memory_bytes` is the limit it was killed at.
-pub(crate) fn after_out_of_memory(
+pub fn after_out_of_memory(
     spec: &JobSpec,
     given: &HashMap<String, u64>,
     endpoint: &Endpoint,
@@ -280,7 +280,7 @@ fn figures(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::snapshot::{ShardMemory, fixture};
+    use crate::snapshot::{ShardMemory, fixture};
     use tokio::time::Instant;
 
     const GIB: u64 = 1 << 30;

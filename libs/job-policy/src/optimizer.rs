@@ -1,16 +1,16 @@
 //! DLRover-RM's auto-scaling of a running `policy: auto` Job (§4.3, stage 2). Every status
 //! tick the Job tells the cluster what it holds; once the cooldown has passed it takes
 //! primus-resource-model's step ([`autoscale::step`], the code the cluster simulator runs
-//! too) over what it measured per allocation (`performance.rs`): an exploratory step, a
+//! too) over what it measured per allocation ([`crate::performance`]): an exploratory step, a
 //! right-sized plan (taken at once: it frees cores), or plans offered to the cluster-level
-//! weighted greedy selection ([`crate::cluster::ClusterPlans`]), of which it takes the one
+//! weighted greedy selection ([`crate::market::ClusterPlans`]), of which it takes the one
 //! it is given where the cluster's memory has room. Trainers and PS shards are searched
 //! with cores per process as the spec gives them (the backends do not resize a process's
 //! cores); a plan's start overhead is the time this Job's executors took to serve.
 //!
-//! A plan is applied through the elastic mechanics: trainers one at a time
-//! ([`super::scaling`]), PS shards by a live resharding ([`super::reshard`]). Each step is
-//! an `Optimized` event and the `ResourcePlan` condition says the last one.
+//! The master applies a plan through the elastic mechanics: trainers one at a time, PS
+//! shards by a live resharding. Each step is an `Optimized` event and the `ResourcePlan`
+//! condition says the last one.
 
 use std::time::Duration;
 
@@ -20,17 +20,17 @@ use primus_resource_model::plans::{Plan, PlanSpace};
 use primus_spec::job::{AllocationPolicy, JobSpec, parse_memory};
 use tokio::time::Instant;
 
-use super::actions::Action;
-use super::performance::PerformanceLog;
-use super::snapshot::Snapshot;
-use crate::cluster::{Capacity, ClusterPlans};
-use primus_backend::ExecutorRole;
+use crate::ExecutorRole;
+use crate::actions::Action;
+use crate::market::{Capacity, ClusterPlans};
+use crate::performance::PerformanceLog;
+use crate::snapshot::Snapshot;
 
 /// Seconds a new executor took to serve, before one was measured.
 const FIRST_START_SECONDS: f64 = 5.0;
 
 /// One Job's optimizer state.
-pub(super) struct Optimizer {
+pub struct Optimizer {
     last_action: Instant,
     /// Plans applied (explorations included).
     steps: u32,
@@ -41,14 +41,14 @@ pub(super) struct Optimizer {
 }
 
 /// Where a Job offers what it holds and its plans: the master's ledger of the cluster.
-pub(super) struct Market<'a> {
-    pub(super) job: &'a str,
-    pub(super) cluster: &'a ClusterPlans,
-    pub(super) capacity: &'a Capacity,
+pub struct Market<'a> {
+    pub job: &'a str,
+    pub cluster: &'a ClusterPlans,
+    pub capacity: &'a Capacity,
 }
 
 impl Optimizer {
-    pub(super) fn new(started: Instant) -> Self {
+    pub fn new(started: Instant) -> Self {
         Self {
             last_action: started,
             steps: 0,
@@ -58,18 +58,18 @@ impl Optimizer {
     }
 
     /// An executor took `took` from its start to serving.
-    pub(super) fn started_in(&mut self, took: Duration) {
+    pub fn started_in(&mut self, took: Duration) {
         self.start_seconds = 0.5 * self.start_seconds + 0.5 * took.as_secs_f64();
     }
 
     /// A move ended at `now`: the cooldown counts from there.
-    pub(super) fn moved(&mut self, now: Instant) {
+    pub fn moved(&mut self, now: Instant) {
         self.steps += 1;
         self.last_action = now;
     }
 
     /// Offers what the Job holds and its plans to the market; the move it takes, if any.
-    pub(super) fn decide(
+    pub fn decide(
         &mut self,
         snapshot: &Snapshot,
         performance: &PerformanceLog,
@@ -210,7 +210,7 @@ mod tests {
     use primus_resource_model::JobShape;
 
     use super::*;
-    use crate::job::snapshot::fixture;
+    use crate::snapshot::fixture;
 
     const IDS: [&str; 4] = ["data_executor-0", "trainer-0", "ps-0", "ps-1"];
 
@@ -229,7 +229,7 @@ mod tests {
             embedding_width: 16.0,
             bandwidth: 1.25e9,
         });
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         for n in 0..30 {
             let at = start + Duration::from_secs(n);
             performance.record(allocation, 1_000.0, at);

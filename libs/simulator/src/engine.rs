@@ -649,12 +649,11 @@ impl<'t> Simulation<'t> {
         let Some(managed) = run.managed.as_mut() else {
             return;
         };
-        managed.keep_memory_of(&allocation);
         let added_memory = managed.held_gib(&request) - memory;
         if request.cores() - cores > free_cores || added_memory > free_memory {
-            managed.keep_memory_of(&old.allocation);
             return;
         }
+        managed.keep_memory_of(&allocation);
         let starts =
             allocation.trainers > old.allocation.trainers || allocation.ps > old.allocation.ps;
         let pause = if starts {

@@ -241,11 +241,23 @@ pub fn cached(
     }
     let archive = dir.join(format!("{name}.tar"));
     let key = dir.join(format!("{name}.inputs"));
-    if archive.is_file() && std::fs::read_to_string(&key).is_ok_and(|k| k == fingerprint) {
+    let fresh =
+        || archive.is_file() && std::fs::read_to_string(&key).is_ok_and(|k| k == fingerprint);
+    if fresh() {
+        return Ok(archive);
+    }
+    // Tests that need the same image build it one at a time (across processes too: they
+    // write the same layer and archive files); the ones that waited find it built.
+    let lock_path = dir.join(format!("{name}.lock"));
+    let lock = File::create(&lock_path)
+        .and_then(|file| file.lock().map(|()| file))
+        .map_err(Error::io(format!("lock {}", lock_path.display())))?;
+    if fresh() {
         return Ok(archive);
     }
     build(&archive)?;
-    std::fs::write(&key, fingerprint).map_err(Error::io(format!("write {}", key.display())))?;
+    std::fs::write(&key, &fingerprint).map_err(Error::io(format!("write {}", key.display())))?;
+    drop(lock);
     Ok(archive)
 }
 

@@ -434,8 +434,10 @@ impl<'t> Simulation<'t> {
         if !self.policy.scales() {
             return;
         }
+        // The queue does not change while the running Jobs tick.
+        let capacity = self.capacity();
         for i in self.running() {
-            self.tick(i);
+            self.tick(i, &capacity);
         }
     }
 
@@ -501,10 +503,9 @@ impl<'t> Simulation<'t> {
     /// One status tick of Job `i`'s master: a trainer over its memory is killed and
     /// answered as the master answers it; the Job's snapshot goes to its policies, and
     /// what they decide is carried out.
-    fn tick(&mut self, i: usize) {
+    fn tick(&mut self, i: usize, capacity: &Capacity) {
         let job = &self.trace.jobs[i];
         let now = self.clock(self.now);
-        let capacity = self.capacity();
         let interval = self.settings.interval_seconds;
         let noise = (job.truth.noise * self.jobs[i].random.normal()).exp();
         let Phase::Running(run) = &mut self.jobs[i].phase else {
@@ -553,7 +554,7 @@ impl<'t> Simulation<'t> {
         let market = Market {
             job: &job.name,
             cluster: &self.ledger,
-            capacity: &capacity,
+            capacity,
         };
         actions.extend(managed.policies.decide(&snapshot, &market));
         for action in actions {

@@ -2,7 +2,8 @@
 # Keeps the shared build directory ($CARGO_TARGET_DIR, outside the clone) from filling the
 # disk: every change of profile or dependency leaves the old artifacts behind. When the
 # disk holding it has less than PRIMUS_MIN_FREE_GIB (default 20) free, the incremental
-# caches go first, then the whole dev build (the next build is a cold one).
+# caches go first, then the quickstart's build, then the whole dev build (the next build is
+# a cold one).
 set -euo pipefail
 : "${CARGO_TARGET_DIR:?source scripts/env.sh first}"
 MIN_FREE_GIB="${PRIMUS_MIN_FREE_GIB:-20}"
@@ -13,7 +14,8 @@ free_gib() {
   df --output=avail -BG "$dir" | tail -1 | tr -dc '0-9'
 }
 
-for stale in "$CARGO_TARGET_DIR/debug/incremental" "$CARGO_TARGET_DIR/debug"; do
+for stale in "$CARGO_TARGET_DIR/debug/incremental" "$CARGO_TARGET_DIR/quickstart" \
+  "$CARGO_TARGET_DIR/debug"; do
   free="$(free_gib)"
   if [ "$free" -ge "$MIN_FREE_GIB" ]; then
     exit 0

@@ -16,7 +16,9 @@
 #                           library at build time: services/api-server/build.rs)
 #   chromium, playwright-core  Debian package and npm (into .tools/web): the dashboard's browser
 #                           test (tests/browser); left out with --without-check-tools
-#   cargo-deny              crates.io, built into .tools/cargo-deny (scripts/test.sh checks
+#   cargo-deny              crates.io, built once per machine outside the clone, like the
+#                           cluster tools (~/.cache/primus-rs/tools/cargo-deny-<version>, linked
+#                           into its bin/) (scripts/test.sh checks
 #                           licenses, duplicates and sources with it); left out with
 #                           --without-check-tools (the quickstart: building it takes minutes)
 #   the cluster tools       scripts/install-cluster-tools.sh: Kubernetes, etcd, CoreDNS, MinIO,
@@ -164,12 +166,18 @@ if command -v rustup >/dev/null 2>&1 && ! rustup run "$RUST_CHANNEL" rustc --ver
   fi
 fi
 
-if [ "$CHECK_TOOLS" = 1 ] && [ ! -x "$TOOLS/cargo-deny/bin/cargo-deny" ]; then
+MACHINE_TOOLS="${CLUSTER_TOOLS_DIR:-$HOME/.cache/primus-rs/tools}"
+DENY_ROOT="$MACHINE_TOOLS/cargo-deny-$CARGO_DENY_VERSION"
+if [ "$CHECK_TOOLS" = 1 ] && [ ! -x "$DENY_ROOT/bin/cargo-deny" ]; then
   log "building cargo-deny $CARGO_DENY_VERSION (crates.io)"
   deny_build="$(mktemp -d)"
   CARGO_TARGET_DIR="$deny_build" cargo install --quiet --locked --version "$CARGO_DENY_VERSION" \
-    --root "$TOOLS/cargo-deny" cargo-deny
-  rm -rf "$deny_build"
+    --root "$DENY_ROOT.part" cargo-deny
+  rm -rf "$deny_build" "$DENY_ROOT" && mv "$DENY_ROOT.part" "$DENY_ROOT"
+fi
+if [ "$CHECK_TOOLS" = 1 ]; then
+  mkdir -p "$MACHINE_TOOLS/bin"
+  ln -sfn "$DENY_ROOT/bin/cargo-deny" "$MACHINE_TOOLS/bin/cargo-deny"
 fi
 
 if [ "$CHECK_TOOLS" = 1 ]; then

@@ -35,9 +35,17 @@ esac
 . scripts/env.sh
 ./scripts/free-target-space.sh
 
-echo "[quickstart] building (first build takes several minutes)"
-cargo build --workspace --bins --locked
-BIN="$CARGO_TARGET_DIR/debug"
+# Only what `primus up` and the example Job run, without the optional parts they do not use
+# here: the Kubernetes client, burn (MTRM's dense network on the CPU) and, unless the data
+# goes to HDFS, the HDFS client. `cargo build --workspace` builds everything.
+FEATURES=()
+case "$STORE" in
+  hdfs://*) FEATURES=(--features "primus-cli/hdfs,primus-master/hdfs,primus-ps/hdfs,primus-data-executor/hdfs") ;;
+esac
+echo "[quickstart] building the services (the first build takes several minutes)"
+cargo build --locked --profile quickstart --bins --no-default-features \
+  "${SERVICE_PACKAGES[@]/#/--package=}" "${FEATURES[@]}"
+BIN="$CARGO_TARGET_DIR/quickstart"
 DATA="$ROOT/.primus"
 API_PORT=7070
 

@@ -16,13 +16,18 @@ echo "[test] CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
 
 echo "[test] cargo fmt --check"
 cargo fmt --all --check
-# The workspace as users build it (HDFS support included: primus-storage's default). The
-# `cuda` feature (primus-model on burn 0.21 with its CUDA backend; libs/model/src/backend.rs)
-# is a different build of the dense network: the model and the trainer are linted on it, and
-# the model's tests run on it too (their GPU parts print SKIPPED without a device).
+# Each cargo invocation selects the whole workspace, so that a crate's dependencies resolve
+# the same features every time and are built once (a narrower selection resolves fewer and
+# builds them again); target filters (--test) narrow what is built and run.
+# The workspace as users build it: every binary's default features (Kubernetes, HDFS, burn).
 echo "[test] cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo clippy -p primus-model -p primus-trainer --all-targets --features primus-trainer/cuda --locked -- -D warnings
+# The quickstart's build: the services without their optional features.
+cargo clippy --locked --no-default-features "${SERVICE_PACKAGES[@]/#/--package=}" --lib --bins -- -D warnings
+# The `cuda` feature (primus-model on burn 0.21 with its CUDA backend;
+# libs/model/src/graph/backend.rs) is a different build of the dense network: the model is
+# linted on it, and its tests run on it too (their GPU parts print SKIPPED without a device).
+cargo clippy --workspace --features primus-model/cuda --test model --bench step --locked -- -D warnings
 echo "[test] cargo doc (warnings are errors)"
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 echo "[test] cargo deny: licenses, duplicate versions, sources"
@@ -36,8 +41,6 @@ else
 fi
 echo "[test] cargo test"
 cargo test --workspace --exclude primus-chaos --locked
-cargo test -p primus-model --features cuda --locked
+cargo test --workspace --features primus-model/cuda --test model --locked
 echo "[test] chaos suite"
-# Selected from the workspace, so that it is built with the features resolved above
-# (`-p primus-chaos` alone resolves fewer and builds the libraries it uses again).
 cargo test --workspace --test chaos --locked -- --nocapture

@@ -144,7 +144,7 @@ async fn train(layout: &ModelLayout, batches: Vec<Minibatch>) -> f64 {
     let spec = model_spec();
     let store =
         Arc::new(LocalStore::new(&layout.ps_tables(), &spec.dense.optimizer, 0).expect("store"));
-    let model = Model::new(layout.clone());
+    let model = Model::new(layout.clone()).expect("a model of the layout");
     let mut trainer = Trainer::start(model, store, 0, 1, 10_000)
         .await
         .expect("trainer");

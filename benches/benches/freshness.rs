@@ -140,10 +140,16 @@ async fn run(hours: &[Hour], kind: ModelKind, every: Option<usize>) -> Vec<f64> 
     let layout =
         &ModelLayout::new(&spec, &primus_datagen::criteo::feature_schema(TABLE)).expect("layout");
     let store = Arc::new(LocalStore::new(&spec.tables, &spec.dense.optimizer, 0).expect("store"));
-    let mut trainer = Trainer::start(Model::new(layout.clone()), store.clone(), 0, 1, 10_000)
-        .await
-        .expect("trainer");
-    let model = Model::new(layout.clone());
+    let mut trainer = Trainer::start(
+        Model::new(layout.clone()).expect("a model of the layout"),
+        store.clone(),
+        0,
+        1,
+        10_000,
+    )
+    .await
+    .expect("trainer");
+    let model = Model::new(layout.clone()).expect("a model of the layout");
     let names = trainer.params().names();
     let mut touched = HashSet::new();
     let mut serving = Serving {

@@ -134,9 +134,15 @@ async fn run(
         )
         .await
         .expect("join");
-        let trainer = Trainer::start(Model::new(layout.clone()), store.clone(), 0, 1, 10_000)
-            .await
-            .expect("trainer");
+        let trainer = Trainer::start(
+            Model::new(layout.clone()).expect("a model of the layout"),
+            store.clone(),
+            0,
+            1,
+            10_000,
+        )
+        .await
+        .expect("trainer");
         trainers.push(trainer.with_hot_set(hot));
     }
     let started = Instant::now();

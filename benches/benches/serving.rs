@@ -419,7 +419,7 @@ impl Bench {
 
     /// The dense network alone, in-process on the CPU networks (Predict's compute).
     fn dense_alone_latency(&self, batch: usize, seconds: u64) -> Vec<f64> {
-        let model = Model::new(self.layout.clone());
+        let model = Model::new(self.layout.clone()).expect("a model of the layout");
         let params = ParamSet::init(&self.layout, 3);
         let dense = vec![0.5f32; batch * self.layout.dense_inputs];
         let embedded = vec![0.01f32; batch * self.layout.embedding_width];

@@ -101,11 +101,26 @@ impl Failure {
 }
 
 /// Prints the CustomResourceDefinitions of Primus's custom resources.
+#[cfg(feature = "kubernetes")]
 pub fn print_crds() -> Result<(), Failure> {
     let definitions =
         primus_kube_resources::crd::definitions_yaml().map_err(|e| Failure::server(e.into()))?;
     print!("{definitions}");
     Ok(())
+}
+
+/// Prints the CustomResourceDefinitions of Primus's custom resources.
+#[cfg(not(feature = "kubernetes"))]
+pub fn print_crds() -> Result<(), Failure> {
+    Err(without_kubernetes("crds"))
+}
+
+/// What a Kubernetes command or flag answers in a `primus` built without them.
+#[cfg(not(feature = "kubernetes"))]
+pub fn without_kubernetes(what: &str) -> Failure {
+    Failure::input(anyhow::anyhow!(
+        "{what}: this primus was built without its kubernetes feature (cargo build -p primus-cli --features kubernetes)"
+    ))
 }
 
 impl Failure {

@@ -13,7 +13,6 @@ use primus_cli::resources::{self, Source, parse_kind, parse_selector, read_resou
 use primus_cli::simulate::{SimulateArgs, run_simulation};
 use primus_cli::up::{UpOptions, up};
 use primus_cli::{Failure, print_table, probe, services, watch};
-use primus_kube_resources::client::CustomResources;
 
 /// Primus: train recommendation models from batch files and live streams, serve them fresh.
 ///
@@ -170,11 +169,18 @@ impl Connection {
         if !self.kubernetes {
             return Ok(Source::ApiServer(self.client().await?));
         }
-        let custom =
-            CustomResources::connect(self.kubeconfig.as_deref(), self.namespace.as_deref())
-                .await
-                .map_err(resources::kube_failure)?;
-        Ok(Source::Kubernetes(custom))
+        #[cfg(not(feature = "kubernetes"))]
+        return Err(primus_cli::without_kubernetes("--kubernetes"));
+        #[cfg(feature = "kubernetes")]
+        {
+            let custom = primus_kube_resources::client::CustomResources::connect(
+                self.kubeconfig.as_deref(),
+                self.namespace.as_deref(),
+            )
+            .await
+            .map_err(resources::kube_failure)?;
+            Ok(Source::Kubernetes(custom))
+        }
     }
 }
 
@@ -212,10 +218,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Commands::Watch { kind, name } => {
             let kind = parse_kind(&kind)?;
             if connection.kubernetes {
-                return Err(Failure::input(anyhow::anyhow!(
-                    "watch follows the API server's Watch; with --kubernetes use `kubectl get {} -w`",
-                    primus_kube_resources::CustomKind::of(kind).plural
-                )));
+                return Err(no_kubernetes_watch(kind));
             }
             watch::watch(&connection.client().await?, kind, name.as_deref()).await?;
         }
@@ -273,4 +276,19 @@ fn own_dir() -> anyhow::Result<PathBuf> {
     exe.parent()
         .map(PathBuf::from)
         .ok_or_else(|| anyhow::anyhow!("cannot tell the folder of {}", exe.display()))
+}
+
+/// `watch --kubernetes`: the custom resources are watched with kubectl.
+#[cfg(feature = "kubernetes")]
+fn no_kubernetes_watch(kind: primus_spec::Kind) -> Failure {
+    Failure::input(anyhow::anyhow!(
+        "watch follows the API server's Watch; with --kubernetes use `kubectl get {} -w`",
+        primus_kube_resources::CustomKind::of(kind).plural
+    ))
+}
+
+/// `watch --kubernetes` in a `primus` built without Kubernetes.
+#[cfg(not(feature = "kubernetes"))]
+fn no_kubernetes_watch(_kind: primus_spec::Kind) -> Failure {
+    primus_cli::without_kubernetes("--kubernetes")
 }

@@ -6,6 +6,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use primus_api_client::ApiClient;
+#[cfg(feature = "kubernetes")]
 use primus_kube_resources::client::{Applied, CustomResources, KubeError};
 use primus_proto::v1::Resource;
 use primus_spec::Kind;
@@ -89,10 +90,12 @@ fn read_file(file: &Path) -> Result<(String, String), Failure> {
 /// Kubernetes namespace (`--kubernetes`).
 pub enum Source {
     ApiServer(ApiClient),
+    #[cfg(feature = "kubernetes")]
     Kubernetes(CustomResources),
 }
 
 /// The field manager of what `primus apply --kubernetes` writes.
+#[cfg(feature = "kubernetes")]
 const MANAGER: &str = "primus-cli";
 
 /// Applies in order and stops at the first refusal (what came before it stays applied).
@@ -117,6 +120,7 @@ pub async fn apply(source: &Source, resources: &[primus_spec::Resource]) -> Resu
                 };
                 format!("{verb} (version {version})")
             }
+            #[cfg(feature = "kubernetes")]
             Source::Kubernetes(custom) => {
                 let applied = (custom.apply(resource, MANAGER).await)
                     .map_err(|e| kube_failure(e).context(format!("applying {id}")))?;
@@ -144,6 +148,7 @@ pub async fn get(
         Some(name) => (vec![one(source, kind, name).await?], true),
         None => match source {
             Source::ApiServer(client) => (client.list(kind, selector).await?.resources, false),
+            #[cfg(feature = "kubernetes")]
             Source::Kubernetes(custom) => {
                 let listed = custom.list(kind, &selector).await;
                 (listed.map_err(kube_failure)?, false)
@@ -165,6 +170,7 @@ pub async fn describe(source: &Source, kind: Kind, name: &str) -> Result<(), Fai
 async fn one(source: &Source, kind: Kind, name: &str) -> Result<Resource, Failure> {
     match source {
         Source::ApiServer(client) => Ok(client.get(kind, name).await?),
+        #[cfg(feature = "kubernetes")]
         Source::Kubernetes(custom) => match custom.get(kind, name).await {
             Ok(Some(resource)) => Ok(resource),
             Ok(None) => Err(Failure::server(anyhow::anyhow!(
@@ -189,11 +195,13 @@ pub async fn delete(
             let deleted = client.delete(kind, name, expected_version).await?;
             println!("{id} deleted (version {})", deleted.resource_version);
         }
+        #[cfg(feature = "kubernetes")]
         Source::Kubernetes(_) if expected_version != 0 => {
             return Err(Failure::input(anyhow::anyhow!(
                 "--if-version compares the API server's versions: it does not apply with --kubernetes"
             )));
         }
+        #[cfg(feature = "kubernetes")]
         Source::Kubernetes(custom) => match custom.delete(kind, name).await {
             Ok(true) => println!("{id} deleted (namespace {})", custom.namespace()),
             Ok(false) => {
@@ -210,6 +218,7 @@ pub async fn delete(
 
 /// A refusal of what was sent (invalid, 4xx but not found or forbidden) is bad input
 /// (exit 2); the rest is the server's or the connection's (exit 1).
+#[cfg(feature = "kubernetes")]
 pub fn kube_failure(error: KubeError) -> Failure {
     let input = matches!(&error, KubeError::Api(kube::Error::Api(status))
         if matches!(status.code, 400 | 409 | 422))

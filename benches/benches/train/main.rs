@@ -246,7 +246,10 @@ async fn main() {
     let mut distributed: Vec<(Stages, f64)> = Vec::with_capacity(rounds);
     let mut cpu_ratios: Vec<f64> = Vec::with_capacity(rounds);
     for round in 1..=rounds {
-        let on_cpu = (EmbeddingDevice::Cpu, Model::new(model_layout.clone()));
+        let on_cpu = (
+            EmbeddingDevice::Cpu,
+            Model::new(model_layout.clone()).expect("a model of the layout"),
+        );
         let cpu_before = cpu::own_seconds();
         let run = train_in_process(&spec, batches.clone(), on_cpu).await;
         let in_process_cpu = cpu::own_seconds()
@@ -342,8 +345,10 @@ async fn main() {
         Ok(gpu) => {
             // The dense network too where this build has burn's CUDA backend
             // (`--features primus-trainer/cuda`).
-            let model = Model::on(model_layout.clone(), DenseDevice::Cuda(0))
-                .unwrap_or_else(|_| Model::new(model_layout.clone()));
+            let model =
+                Model::on(model_layout.clone(), DenseDevice::Cuda(0)).unwrap_or_else(|_| {
+                    Model::new(model_layout.clone()).expect("a model of the layout")
+                });
             let dense = model.device();
             let on_gpu = train_in_process(&spec, batches, (gpu, model)).await;
             println!(
@@ -511,7 +516,7 @@ struct DenseTimes {
 /// Median forward and forward+backward times of the dense network alone (no lookups,
 /// pooling or optimizer) over `batches`, after one of each to warm up.
 fn dense_only(layout: &ModelLayout, batches: &[Minibatch]) -> DenseTimes {
-    let model = Model::new(layout.clone());
+    let model = Model::new(layout.clone()).expect("a model of the layout");
     let params = ParamSet::init(layout, 0);
     let (mut forward, mut step) = (Vec::new(), Vec::new());
     for (i, batch) in batches.iter().enumerate() {

@@ -71,7 +71,10 @@ fn step(c: &mut Criterion) {
     group.throughput(Throughput::Elements(ROWS as u64));
     group.sample_size(20);
     let engines = [
-        ("cpu networks", Model::new(layout.clone())),
+        (
+            "cpu networks",
+            Model::new(layout.clone()).expect("a model of the layout"),
+        ),
         ("burn (baseline)", Model::burn_cpu(layout.clone())),
     ];
     for (engine, model) in &engines {

@@ -4,8 +4,9 @@
 //! - [`layout`]: what a Job's model and a Dataset's schema imply together (tables per
 //!   feature, embedding row layout, the PS's tables) and the checks that they fit.
 //! - [`params`]: dense parameters as named flat tensors (held by the PS between steps).
-//! - [`net`]: DLRM (dot interaction), DeepFM, Wide&Deep and MTRM (Primus Alg. 1) written as
-//!   functions of those tensors on burn (GPU, MTRM, and the reference for the rest).
+//! - `graph` (the `burn` or `cuda` feature): DLRM (dot interaction), DeepFM, Wide&Deep and
+//!   MTRM (Primus Alg. 1) written as functions of those tensors on burn: the GPU, MTRM, and
+//!   the reference for the rest.
 //! - `cpu`: DLRM, DeepFM and Wide&Deep written out over a tuned sgemm, what [`Model`] runs
 //!   them with on the CPU.
 //! - [`onnx`]: the dense network with its parameters as an ONNX model (for serving).
@@ -17,13 +18,19 @@
 //!
 //! The embedding tables themselves live on the PS (`primus-embedding`); this crate sees
 //! only the rows a minibatch needs.
+//!
+//! Features: `burn` (default) builds the networks on burn's CPU backend, which MTRM needs;
+//! `cuda` builds them on burn's CUDA backend (and its CPU backend) instead. A build with
+//! neither trains DLRM, DeepFM and Wide&Deep and refuses MTRM with
+//! [`ModelError::NoBurnBuild`].
 
 #![warn(missing_docs)]
 
-mod backend;
 mod cpu;
+#[cfg(any(feature = "burn", feature = "cuda"))]
+mod graph;
+mod inputs;
 pub mod layout;
-pub mod net;
 pub mod onnx;
 pub mod params;
 pub mod peak;
@@ -34,18 +41,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use primus_batch::Minibatch;
 
+pub use inputs::{Inputs, Tower};
 pub use layout::{FeatureSlot, ModelLayout, TableSlot};
-pub use net::{Inputs, Tower};
 pub use params::{ParamSet, ParamTensor};
 pub use step::{LookedUp, SparseGrads};
-
-use backend::{Device, Tensor, sigmoid};
-use net::{Graph, bce_with_logits, matrix};
 
 /// Where the dense network computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DenseDevice {
-    /// The host's CPU (burn's flex backend).
+    /// The host's CPU.
     Cpu,
     /// An NVIDIA GPU by CUDA ordinal, through burn's CUDA backend.
     Cuda(usize),
@@ -76,6 +80,14 @@ pub enum ModelError {
     /// A minibatch that does not fit the network.
     #[error("minibatch: {0}")]
     Inputs(String),
+    /// This build has no burn backend, which the model kind needs on the CPU.
+    #[error(
+        "model.kind {kind}: its dense network runs on burn, and this binary was built without primus-model's burn feature"
+    )]
+    NoBurnBuild {
+        /// The model kind.
+        kind: String,
+    },
     /// This build has no CUDA backend for the dense network.
     #[error(
         "the dense network cannot run on a GPU: this binary was built without primus-model's cuda feature"
@@ -131,50 +143,54 @@ enum Engine {
     /// The CPU networks (`cpu`), with workspaces reused across steps (one per concurrent
     /// caller).
     Cpu(Arc<Mutex<Vec<cpu::Workspace>>>),
-    /// burn on a device, with autodiff for training.
-    Burn {
-        train_device: Device,
-        predict_device: Device,
-    },
+    /// burn on a device.
+    #[cfg(any(feature = "burn", feature = "cuda"))]
+    Burn(graph::BurnNets),
 }
 
 impl Model {
-    /// On the CPU: DLRM, DeepFM and Wide&Deep on the CPU networks, MTRM on burn.
-    pub fn new(layout: ModelLayout) -> Self {
+    /// On the CPU: DLRM, DeepFM and Wide&Deep on the CPU networks, MTRM on burn (which a
+    /// build without the `burn` feature lacks).
+    pub fn new(layout: ModelLayout) -> Result<Self, ModelError> {
         if cpu::supports(layout.kind) {
-            Self {
+            return Ok(Self {
                 layout,
                 device: DenseDevice::Cpu,
                 engine: Engine::Cpu(Arc::default()),
-            }
-        } else {
-            Self::burn_cpu(layout)
+            });
         }
+        #[cfg(any(feature = "burn", feature = "cuda"))]
+        return Ok(Self::burn_cpu(layout));
+        #[cfg(not(any(feature = "burn", feature = "cuda")))]
+        Err(ModelError::NoBurnBuild {
+            kind: format!("{:?}", layout.kind).to_lowercase(),
+        })
     }
 
     /// Every model kind on burn's CPU backend: the reference the CPU networks are tested
     /// against, and the dense step bench's baseline.
+    #[cfg(any(feature = "burn", feature = "cuda"))]
     pub fn burn_cpu(layout: ModelLayout) -> Self {
-        Self::on_burn(layout, DenseDevice::Cpu, backend::cpu())
+        Self {
+            layout,
+            device: DenseDevice::Cpu,
+            engine: Engine::Burn(graph::BurnNets::cpu()),
+        }
     }
 
     /// On `device`. A GPU needs the `cuda` feature and a usable CUDA device; without them
     /// this says which is missing.
     pub fn on(layout: ModelLayout, device: DenseDevice) -> Result<Self, ModelError> {
         match device {
-            DenseDevice::Cpu => Ok(Self::new(layout)),
-            DenseDevice::Cuda(ordinal) => Ok(Self::on_burn(layout, device, cuda_device(ordinal)?)),
-        }
-    }
-
-    fn on_burn(layout: ModelLayout, device: DenseDevice, backend_device: Device) -> Self {
-        Self {
-            layout,
-            device,
-            engine: Engine::Burn {
-                train_device: backend::autodiff(backend_device.clone()),
-                predict_device: backend_device,
-            },
+            DenseDevice::Cpu => Self::new(layout),
+            #[cfg(any(feature = "burn", feature = "cuda"))]
+            DenseDevice::Cuda(ordinal) => Ok(Self {
+                layout,
+                device,
+                engine: Engine::Burn(graph::BurnNets::cuda(ordinal)?),
+            }),
+            #[cfg(not(any(feature = "burn", feature = "cuda")))]
+            DenseDevice::Cuda(_) => Err(ModelError::NoCudaBuild),
         }
     }
 
@@ -256,66 +272,21 @@ impl Model {
         on_embedding_grads: impl FnOnce(EmbeddingGrads<'_>),
     ) -> Result<StepOutput, ModelError> {
         self.check(inputs, Some(labels))?;
+        #[cfg(not(any(feature = "burn", feature = "cuda")))]
+        let _only_mtrm_reads_it = tower;
         match &self.engine {
             Engine::Cpu(pool) => Self::with_workspace(pool, |ws| {
                 cpu::train_step(&self.layout, params, inputs, labels, ws, on_embedding_grads)
             }),
-            Engine::Burn { train_device, .. } => {
-                let output = self.burn_train_step(train_device, params, inputs, labels, tower);
+            #[cfg(any(feature = "burn", feature = "cuda"))]
+            Engine::Burn(nets) => {
+                let output = nets.train_step(&self.layout, params, inputs, labels, tower);
                 on_embedding_grads(EmbeddingGrads {
                     embedded: &output.embedded_grad,
                     wide: &output.wide_grad,
                 });
                 Ok(output)
             }
-        }
-    }
-
-    fn burn_train_step(
-        &self,
-        device: &Device,
-        params: &ParamSet,
-        inputs: &Inputs<'_>,
-        labels: &[f32],
-        tower: Tower,
-    ) -> StepOutput {
-        let graph = Graph::new(&self.layout, params, inputs, device, true);
-        let logits = graph.logits(&self.layout, tower);
-        let probabilities = sigmoid(logits.clone().detach());
-        let loss = bce_with_logits(logits, matrix(labels, inputs.rows, 1, device));
-        let grads = loss.backward();
-        let dense_grads = graph
-            .params
-            .iter()
-            .filter_map(|(name, tensor)| {
-                let grad = tensor.grad(&grads)?;
-                Some(ParamTensor {
-                    name: name.clone(),
-                    shape: grad.dims().to_vec(),
-                    values: to_vec(grad),
-                })
-            })
-            .collect();
-        let zeros = |len: usize| vec![0.0; len];
-        let embedded_grad = graph
-            .embedded
-            .grad(&grads)
-            .map_or_else(|| zeros(graph.embedded.shape().num_elements()), to_vec);
-        let wide_grad = match &graph.wide {
-            Some(wide) => wide
-                .grad(&grads)
-                .map_or_else(|| zeros(wide.shape().num_elements()), to_vec),
-            None => Vec::new(),
-        };
-        StepOutput {
-            loss: to_vec(loss.reshape([1]))
-                .first()
-                .copied()
-                .unwrap_or(f32::NAN),
-            probabilities: to_vec(probabilities),
-            dense_grads,
-            embedded_grad,
-            wide_grad,
         }
     }
 
@@ -327,14 +298,14 @@ impl Model {
         tower: Tower,
     ) -> Result<Vec<f32>, ModelError> {
         self.check(inputs, None)?;
+        #[cfg(not(any(feature = "burn", feature = "cuda")))]
+        let _only_mtrm_reads_it = tower;
         match &self.engine {
             Engine::Cpu(pool) => {
                 Self::with_workspace(pool, |ws| cpu::predict(&self.layout, params, inputs, ws))
             }
-            Engine::Burn { predict_device, .. } => {
-                let graph = Graph::new(&self.layout, params, inputs, predict_device, false);
-                Ok(to_vec(sigmoid(graph.logits(&self.layout, tower))))
-            }
+            #[cfg(any(feature = "burn", feature = "cuda"))]
+            Engine::Burn(nets) => Ok(nets.predict(&self.layout, params, inputs, tower)),
         }
     }
 
@@ -348,33 +319,4 @@ impl Model {
         }
         Ok(&batch.dense.values)
     }
-}
-
-fn to_vec<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
-    backend::floats(tensor.into_data())
-}
-
-/// Burn's CUDA device `ordinal`, once primus-gpu saw it present (burn would panic on a
-/// missing one at its first operation).
-#[cfg(feature = "cuda")]
-fn cuda_device(ordinal: usize) -> Result<Device, ModelError> {
-    let refused = |reason: String| ModelError::Device {
-        device: DenseDevice::Cuda(ordinal),
-        reason,
-    };
-    match primus_gpu::cuda_status() {
-        primus_gpu::CudaStatus::Ready { devices } if ordinal < devices => {
-            Ok(backend::cuda(ordinal))
-        }
-        primus_gpu::CudaStatus::Ready { devices } => {
-            Err(refused(format!("{devices} CUDA devices present")))
-        }
-        primus_gpu::CudaStatus::NoDriver => Err(refused("no NVIDIA driver".into())),
-        primus_gpu::CudaStatus::NoDevice(reason) => Err(refused(reason)),
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_device(_ordinal: usize) -> Result<Device, ModelError> {
-    Err(ModelError::NoCudaBuild)
 }

@@ -1,6 +1,6 @@
 //! ONNX export of a model's dense network with its current parameters, for the serving role
 //! (ONNX Runtime runs it there). The graph is built node by node from the same layout and
-//! parameter names the burn code in [`crate::net`] reads, so the two compute the same function.
+//! parameter names the burn code in `crate::graph` reads, so the two compute the same function.
 //!
 //! Inputs (f32, `N` rows): `dense` `[N, dense_inputs]`, `embedded` `[N, embedding_width]`
 //! (each feature's pooled embedding), and for wide models `wide` `[N, features]` (each
@@ -18,8 +18,8 @@ use primus_spec::job::ModelKind;
 use prost::Message;
 
 use crate::ModelError;
+use crate::inputs::Tower;
 use crate::layout::ModelLayout;
-use crate::net::Tower;
 use crate::params::ParamSet;
 
 /// ONNX IR version 8 with the default operator set 17: read by every ONNX Runtime since 1.13.

@@ -6,7 +6,7 @@
 
 use primus_batch::Minibatch;
 
-use crate::net::{Inputs, Tower};
+use crate::inputs::{Inputs, Tower};
 use crate::params::ParamSet;
 use crate::pooling::{BatchKeys, EmbeddingKernels};
 use crate::{EmbeddingGrads, Model, ModelError, StepOutput};

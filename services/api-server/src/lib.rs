@@ -14,7 +14,6 @@ use std::time::Duration;
 use anyhow::Context;
 use primus_bus::Bus;
 use primus_config::{ApiServerSettings, DashboardSettings, ResourceSource};
-use primus_kube_resources::client::CustomResources;
 use primus_proto::v1::ResourceEvent;
 use primus_proto::v1::api_service_server::ApiServiceServer;
 use primus_service::{BearerTokens, Node, ServiceFuture, Services, Shutdown};
@@ -104,8 +103,13 @@ async fn dashboard_source(
 ) -> anyhow::Result<dashboard::Source> {
     Ok(match settings.resources {
         ResourceSource::ApiServer => dashboard::Source::Store(api.clone()),
+        #[cfg(not(feature = "kubernetes"))]
+        ResourceSource::Kubernetes => anyhow::bail!(
+            "dashboard.resources: kubernetes: this primus-api-server was built without its kubernetes feature (cargo build -p primus-api-server --features kubernetes)"
+        ),
+        #[cfg(feature = "kubernetes")]
         ResourceSource::Kubernetes => {
-            let custom = CustomResources::connect(
+            let custom = primus_kube_resources::client::CustomResources::connect(
                 settings.kubeconfig.as_deref(),
                 settings.namespace.as_deref(),
             )

@@ -41,7 +41,6 @@ use primus_service::{Node, ServiceFuture, Services, SettingFlag, Shutdown};
 
 use primus_config::{BackendKind, MasterSettings, ResourceSource};
 use resources::Resources;
-use resources::kubernetes::KubeResources;
 pub use ticks::TickTimes;
 
 pub const SERVICE: &str = "primus-master";
@@ -90,6 +89,9 @@ async fn serve(settings: MasterSettings, shutdown: Shutdown) -> anyhow::Result<(
             backend.shutdown().await;
             served
         }
+        #[cfg(not(feature = "kubernetes"))]
+        BackendKind::Kubernetes => Err(without_kubernetes("master.backend")),
+        #[cfg(feature = "kubernetes")]
         BackendKind::Kubernetes => {
             let kubernetes = parts.settings.kubernetes.clone();
             let reach = kubernetes.master_addr.clone();
@@ -145,6 +147,7 @@ async fn connect(
 }
 
 /// The source `master.resources` names.
+#[cfg_attr(not(feature = "kubernetes"), allow(unused_variables))]
 async fn connect_resources(
     settings: &MasterSettings,
     master_addr: SocketAddr,
@@ -157,14 +160,28 @@ async fn connect_resources(
                 .context("setting `api.server`")?;
             Resources::ApiServer(api)
         }
+        #[cfg(not(feature = "kubernetes"))]
+        ResourceSource::Kubernetes => return Err(without_kubernetes("master.resources")),
+        #[cfg(feature = "kubernetes")]
         ResourceSource::Kubernetes => {
-            let kube = KubeResources::connect(&settings.kubernetes, master_addr.to_string())
-                .await
-                .map_err(anyhow::Error::msg)
-                .context("master.resources: kubernetes")?;
+            let kube = resources::kubernetes::KubeResources::connect(
+                &settings.kubernetes,
+                master_addr.to_string(),
+            )
+            .await
+            .map_err(anyhow::Error::msg)
+            .context("master.resources: kubernetes")?;
             Resources::Kubernetes(Arc::new(kube))
         }
     })
+}
+
+/// A setting that names Kubernetes in a master built without it.
+#[cfg(not(feature = "kubernetes"))]
+fn without_kubernetes(setting: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{setting}: kubernetes: this primus-master was built without its kubernetes feature (cargo build -p primus-master --features kubernetes)"
+    )
 }
 
 /// What the master connected to before choosing its backend.

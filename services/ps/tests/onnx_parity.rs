@@ -97,7 +97,10 @@ fn burn_and_onnx(
         embedded: &batch.embedded,
         wide: &batch.wide,
     };
-    let burn = (Model::new(layout.clone()).predict(params, &inputs, tower)).expect("burn predict");
+    let burn = (Model::new(layout.clone())
+        .expect("a model of the layout")
+        .predict(params, &inputs, tower))
+    .expect("burn predict");
     let onnx = primus_model::onnx::export(layout, params, tower, 1).expect("export");
     let model = DenseModel::load(library, 1, &onnx, 1).expect("ONNX Runtime loads it");
     let ort = model

@@ -146,7 +146,7 @@ const TOPOLOGY_POLL: Duration = Duration::from_secs(1);
 /// backend for it (built without the `cuda` feature) keeps it on the CPU and says so.
 fn dense_model(layout: ModelLayout, train: &primus_config::TrainSettings) -> anyhow::Result<Model> {
     let gpu = match train.device {
-        Device::Cpu => return Ok(Model::new(layout)),
+        Device::Cpu => return Model::new(layout).context("the trainer's dense network"),
         Device::Cuda => DenseDevice::Cuda(train.cuda_device),
     };
     match Model::on(layout.clone(), gpu) {
@@ -155,7 +155,7 @@ fn dense_model(layout: ModelLayout, train: &primus_config::TrainSettings) -> any
             tracing::warn!(
                 "trainer.device is cuda, but this binary was built without the cuda feature: the dense network runs on the CPU"
             );
-            Ok(Model::new(layout))
+            Model::new(layout).context("the trainer's dense network")
         }
         Err(e) => Err(e).context("trainer.device is cuda"),
     }

@@ -128,9 +128,15 @@ async fn trainer(
     store: Arc<LocalStore>,
     hot: Option<HotSync>,
 ) -> Trainer<LocalStore> {
-    let trainer = Trainer::start(Model::new(layout.clone()), store, 0, 1, 10_000)
-        .await
-        .expect("start");
+    let trainer = Trainer::start(
+        Model::new(layout.clone()).expect("a model of the layout"),
+        store,
+        0,
+        1,
+        10_000,
+    )
+    .await
+    .expect("start");
     match hot {
         Some(hot) => trainer.with_hot_set(hot),
         None => trainer,

@@ -104,9 +104,15 @@ async fn the_trainer_learns_criteo_like_data_in_process() {
     let best = primus_metrics::auc(&probabilities, &labels).expect("best");
     let store =
         Arc::new(LocalStore::new(&layout.ps_tables(), &spec.dense.optimizer, 0).expect("store"));
-    let mut trainer = Trainer::start(Model::new(layout.clone()), store.clone(), 0, 1, 20_000)
-        .await
-        .expect("start");
+    let mut trainer = Trainer::start(
+        Model::new(layout.clone()).expect("a model of the layout"),
+        store.clone(),
+        0,
+        1,
+        20_000,
+    )
+    .await
+    .expect("start");
     let initial = trainer.params().clone();
     let reports = Collect::default();
     // A checkpoint barrier after the 30th minibatch: it is aligned only once those 30 are
@@ -174,9 +180,15 @@ async fn a_trainers_rate_leaves_out_the_wait_for_its_first_minibatch() {
     let (batches, _, _) = generated(&schema, 2, 1024);
     let store =
         Arc::new(LocalStore::new(&layout.ps_tables(), &spec.dense.optimizer, 0).expect("store"));
-    let mut trainer = Trainer::start(Model::new(layout), store, 0, 1, 10_000)
-        .await
-        .expect("start");
+    let mut trainer = Trainer::start(
+        Model::new(layout).expect("a model of the layout"),
+        store,
+        0,
+        1,
+        10_000,
+    )
+    .await
+    .expect("start");
     let wait = Duration::from_secs(3);
     let first_minibatch = futures::stream::once(tokio::time::sleep(wait))
         .filter_map(|_| async { None::<anyhow::Result<Feed>> });
@@ -218,7 +230,7 @@ async fn a_prefetching_trainer_trains_like_one_that_looks_up_after_each_push() {
             let tables = layout.ps_tables();
             let store =
                 Arc::new(LocalStore::new(&tables, &spec.dense.optimizer, 0).expect("store"));
-            let model = Model::new(layout.clone());
+            let model = Model::new(layout.clone()).expect("a model of the layout");
             let mut trainer = Trainer::start(model, store.clone(), 0, 1, 10_000)
                 .await
                 .expect("start");
@@ -309,7 +321,7 @@ async fn a_cuda_trainer_trains_like_a_cpu_trainer_or_refuses_without_a_gpu() {
     for device in [EmbeddingDevice::Cpu, gpu] {
         let tables = layout.ps_tables();
         let store = Arc::new(LocalStore::new(&tables, &spec.dense.optimizer, 0).expect("store"));
-        let model = Model::new(layout.clone());
+        let model = Model::new(layout.clone()).expect("a model of the layout");
         let mut trainer = Trainer::start(model, store.clone(), 0, 1, 10_000)
             .await
             .expect("start")

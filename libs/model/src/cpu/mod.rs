@@ -2,7 +2,7 @@
 //! sgemm (the `gemm` crate: AVX-512 or AVX2 kernels, every core) instead of burn's graph.
 //! Bias and activation are one pass over each product, transposes are read through strides,
 //! and activations live in a [`Workspace`] reused across steps, so a step allocates only
-//! what it returns. MTRM and the GPU run on burn ([`crate::net`]), which is also the
+//! what it returns. MTRM and the GPU run on burn (`crate::graph`), which is also the
 //! reference these networks are tested against.
 
 mod interaction;
@@ -12,8 +12,8 @@ mod mlp;
 use primus_spec::job::ModelKind;
 use rayon::prelude::*;
 
+use crate::inputs::Inputs;
 use crate::layout::ModelLayout;
-use crate::net::Inputs;
 use crate::params::{ParamSet, ParamTensor};
 use crate::{EmbeddingGrads, ModelError, StepOutput};
 

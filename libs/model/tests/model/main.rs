@@ -120,7 +120,7 @@ const EVERY_KIND: [ModelKind; 4] = [
 fn gradients_match_finite_differences_for_every_model() {
     for kind in EVERY_KIND {
         let layout = small(kind);
-        let model = Model::new(layout.clone());
+        let model = Model::new(layout.clone()).expect("a model of the layout");
         let rows = 5;
         let (dense, mut embedded, wide, labels) = random_batch(&layout, rows);
         // Zero biases put a sample with all-dead inputs exactly on a ReLU's kink, where
@@ -237,7 +237,7 @@ fn cpu_networks_compute_what_burn_computes() {
             wide: &wide,
         };
         let tower = Tower::Memory;
-        let cpu = Model::new(layout.clone());
+        let cpu = Model::new(layout.clone()).expect("a model of the layout");
         let burn = Model::burn_cpu(layout.clone());
         let mut early = Vec::new();
         let mut keep = |grads: EmbeddingGrads<'_>| {
@@ -308,7 +308,7 @@ fn close(got: &[f32], want: &[f32], what: &str) {
 #[test]
 fn mtrm_trains_each_tower_only_on_its_own_data() {
     let layout = small(ModelKind::Mtrm);
-    let model = Model::new(layout.clone());
+    let model = Model::new(layout.clone()).expect("a model of the layout");
     let params = ParamSet::init(&layout, 1);
     let rows = 4;
     let dense = noise(1, rows * 3);
@@ -407,7 +407,7 @@ fn layout_names_the_feature_that_does_not_fit() {
 #[test]
 fn wrong_input_sizes_are_errors_not_panics() {
     let layout = small(ModelKind::Dlrm);
-    let model = Model::new(layout.clone());
+    let model = Model::new(layout.clone()).expect("a model of the layout");
     let params = ParamSet::init(&layout, 1);
     let inputs = Inputs {
         rows: 2,
@@ -439,7 +439,7 @@ fn wrong_input_sizes_are_errors_not_panics() {
 fn every_model_learns_a_planted_signal() {
     for kind in EVERY_KIND {
         let layout = small(kind);
-        let model = Model::new(layout.clone());
+        let model = Model::new(layout.clone()).expect("a model of the layout");
         let mut params = ParamSet::init(&layout, 3);
         let mut table: std::collections::HashMap<u64, Vec<f32>> = Default::default();
         let mut wide: std::collections::HashMap<u64, f32> = Default::default();
@@ -652,7 +652,7 @@ fn a_model_on_a_gpu_computes_like_the_cpu_model_or_says_why_it_cannot() {
     assert_eq!(gpu.device(), DenseDevice::Cuda(0));
     for kind in EVERY_KIND {
         let layout = small(kind);
-        let cpu = Model::new(layout.clone());
+        let cpu = Model::new(layout.clone()).expect("a model of the layout");
         let gpu = Model::on(layout.clone(), DenseDevice::Cuda(0)).expect("the GPU again");
         let params = ParamSet::init(&layout, 7);
         let rows = 64;

@@ -159,7 +159,7 @@ fn looked_up_batch(
 fn one_call_trains_a_minibatch_as_pooling_the_network_and_the_scatter_do() {
     for kind in EVERY_KIND {
         let layout = small(kind);
-        let model = Model::new(layout.clone());
+        let model = Model::new(layout.clone()).expect("a model of the layout");
         let params = ParamSet::init(&layout, 11);
         let rows = 8;
         let (batch, keys, table_rows, wide) = looked_up_batch(&layout, rows);

@@ -6,15 +6,20 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+#[cfg(feature = "kubernetes")]
 use futures::StreamExt;
+#[cfg(feature = "kubernetes")]
 use primus_kube_resources::client::{CustomResources, KubeError};
-use primus_proto::v1::{GetRequest, ListRequest, Resource, ResourceEvent, WatchRequest};
+use primus_proto::v1::{GetRequest, ListRequest, Resource, WatchRequest};
 use tonic::Status;
 
-use crate::service::{Api, EventStream, parse_kind};
+#[cfg(feature = "kubernetes")]
+use crate::service::parse_kind;
+use crate::service::{Api, EventStream};
 
 pub(crate) enum Source {
     Store(Arc<Api>),
+    #[cfg(feature = "kubernetes")]
     Kubernetes(CustomResources),
 }
 
@@ -35,6 +40,7 @@ impl Source {
                 let listed = api.list(request).await?;
                 Ok((listed.resource_version, listed.resources))
             }
+            #[cfg(feature = "kubernetes")]
             Self::Kubernetes(custom) => {
                 (custom.list_at(parse_kind(&kind)?, &labels).await).map_err(kube_status)
             }
@@ -44,6 +50,7 @@ impl Source {
     pub(super) async fn get(&self, kind: String, name: String) -> Result<Resource, Status> {
         match self {
             Self::Store(api) => api.get(GetRequest { kind, name }).await,
+            #[cfg(feature = "kubernetes")]
             Self::Kubernetes(custom) => {
                 let found = (custom.get(parse_kind(&kind)?, &name).await).map_err(kube_status)?;
                 found.ok_or_else(|| Status::not_found(format!("{kind} {name} not found")))
@@ -55,6 +62,7 @@ impl Source {
     pub(super) async fn watch(&self, request: WatchRequest) -> Result<EventStream, Status> {
         match self {
             Self::Store(api) => api.open_watch(request).await,
+            #[cfg(feature = "kubernetes")]
             Self::Kubernetes(custom) => {
                 if request.kind.is_empty() {
                     return Err(Status::invalid_argument(
@@ -67,7 +75,7 @@ impl Source {
                 let changes = (custom.watch(kind, name, &since).await).map_err(kube_status)?;
                 Ok(Box::pin(changes.map(|change| {
                     let (kind_of_change, resource) = change.map_err(kube_status)?;
-                    Ok(ResourceEvent {
+                    Ok(primus_proto::v1::ResourceEvent {
                         r#type: kind_of_change as i32,
                         resource: Some(resource),
                     })
@@ -79,6 +87,7 @@ impl Source {
 
 /// What a caller can act on: a version no longer held is OUT_OF_RANGE (the pages list
 /// again), a refusal of this server's identity PERMISSION_DENIED.
+#[cfg(feature = "kubernetes")]
 fn kube_status(error: KubeError) -> Status {
     match &error {
         KubeError::Gone(_) => Status::out_of_range(error.to_string()),

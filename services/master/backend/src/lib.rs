@@ -1,9 +1,10 @@
 //! `primus-backend`: the master's resource backends, behind the unified resource
 //! controller's interface (Primus §3.1): a backend starts, stops, resizes and watches a
 //! job's executors, and knows nothing of Jobs' policies, task queues or checkpoints.
-//! [`local::LocalBackend`] runs them as child processes; [`kubernetes::KubernetesBackend`]
-//! as pods.
+//! [`local::LocalBackend`] runs them as child processes; `kubernetes::KubernetesBackend`
+//! (the `kubernetes` feature) as pods.
 
+#[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod local;
 

@@ -1,15 +1,16 @@
 //! Where the master's Jobs and Datasets come from and where their status, metrics and
 //! events go (`master.resources`): the Primus API server (`api_server`) or the
 //! PrimusJob, PrimusDataset and PrimusMetric custom resources of the Kubernetes API
-//! ([`kubernetes`], the master as their operator). Either way the controller sees one
+//! (`kubernetes`, the master as their operator; the `kubernetes` feature). Either way the controller sees one
 //! stream of `JobEvent`s and each Job's run the same calls.
 
 mod api_server;
+#[cfg(feature = "kubernetes")]
 pub mod kubernetes;
+#[cfg(feature = "kubernetes")]
 mod kueue;
+#[cfg(feature = "kubernetes")]
 mod lease;
-
-use std::sync::Arc;
 
 use primus_api_client::{ApiClient, ClientError};
 use primus_proto::v1::{EventType, Resource};
@@ -28,7 +29,8 @@ pub enum Resources {
     /// The Primus API server.
     ApiServer(ApiClient),
     /// The Kubernetes API.
-    Kubernetes(Arc<kubernetes::KubeResources>),
+    #[cfg(feature = "kubernetes")]
+    Kubernetes(std::sync::Arc<kubernetes::KubeResources>),
 }
 
 /// What the controller learns about Jobs.
@@ -68,6 +70,7 @@ impl Resources {
                     shutdown,
                 ));
             }
+            #[cfg(feature = "kubernetes")]
             Resources::Kubernetes(kube) => {
                 tokio::spawn(kube.clone().follow_jobs(shard, events, shutdown));
             }
@@ -85,6 +88,7 @@ impl Resources {
                 }
                 Err(e) => Err(DatasetError::Unreadable(e.to_string())),
             },
+            #[cfg(feature = "kubernetes")]
             Resources::Kubernetes(kube) => kube.dataset(name).await,
         }
     }
@@ -95,6 +99,7 @@ impl Resources {
             Resources::ApiServer(api) => (api.update_status(Kind::Job, job, status, 0).await)
                 .map(drop)
                 .map_err(|e| e.to_string()),
+            #[cfg(feature = "kubernetes")]
             Resources::Kubernetes(kube) => kube.write_status(job, status).await,
         }
     }
@@ -112,20 +117,25 @@ impl Resources {
             Resources::ApiServer(api) => (api.apply(&resource, 0).await)
                 .map(drop)
                 .map_err(|e| e.to_string()),
+            #[cfg(feature = "kubernetes")]
             Resources::Kubernetes(kube) => kube.write_metric(job, &resource).await,
         }
     }
 
     /// Records that `reason` happened to Job `job` where the source keeps events (on
     /// Kubernetes, an Event on the PrimusJob; the status keeps the latest either way).
+    #[cfg_attr(not(feature = "kubernetes"), allow(unused_variables))]
     pub(crate) fn record_event(&self, job: &str, reason: &str, message: &str, warning: bool) {
+        #[cfg(feature = "kubernetes")]
         if let Resources::Kubernetes(kube) = self {
             kube.record_event(job, reason, message, warning);
         }
     }
 
     /// Job `job`'s executors are stopped and its queue dropped: a Job being deleted may go.
+    #[cfg_attr(not(feature = "kubernetes"), allow(unused_variables))]
     pub(crate) async fn released(&self, job: &str) {
+        #[cfg(feature = "kubernetes")]
         if let Resources::Kubernetes(kube) = self {
             kube.release(job).await;
         }

@@ -130,7 +130,7 @@ async fn trainer_forward(cluster: &Cluster, batch: &RecordBatch) -> Vec<f32> {
     let embedded = keys
         .pool(&CpuKernels, &cluster.layout, &rows)
         .expect("pool");
-    let model = Model::new(cluster.layout.clone());
+    let model = Model::new(cluster.layout.clone()).expect("a model of the layout");
     let mut params = ParamSet::init(&cluster.layout, 0);
     let pulled = cluster
         .training

@@ -1,33 +1,13 @@
-//! The dense networks, written as functions of named parameter tensors so that the same
+//! The dense networks on burn, written as functions of named parameter tensors so that the same
 //! code trains (autodiff device), predicts (plain device) and is exported, and so that the
 //! parameters can live on the PS rather than in a module.
 
 use primus_spec::job::ModelKind;
 
-use crate::backend::{Device, Int, Tensor, TensorData, relu};
+use super::backend::{Device, Int, Tensor, TensorData, relu};
+use crate::inputs::{Inputs, Tower};
 use crate::layout::ModelLayout;
-use crate::params::{ParamSet, linear_layers};
-
-/// Which tower a minibatch trains (MTRM, Primus Alg. 1); other models ignore it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tower {
-    /// Batch data: the memory tower.
-    Memory,
-    /// Stream data: the adapt tower, reading the memory tower without training it.
-    Adapt,
-}
-
-/// One minibatch's model inputs, row-major.
-pub struct Inputs<'a> {
-    /// Samples.
-    pub rows: usize,
-    /// `rows x layout.dense_inputs`.
-    pub dense: &'a [f32],
-    /// `rows x layout.embedding_width`: each feature's pooled embedding.
-    pub embedded: &'a [f32],
-    /// `rows x features`: each feature's pooled first-order weight (wide models only).
-    pub wide: &'a [f32],
-}
+use crate::params::ParamSet;
 
 /// The parameters and inputs as tensors on one device.
 pub(crate) struct Graph {
@@ -201,18 +181,4 @@ fn dot_interactions(bottom: &Tensor<2>, embedded: &Tensor<2>, layout: &ModelLayo
 pub(crate) fn bce_with_logits(logits: Tensor<2>, labels: Tensor<2>) -> Tensor<1> {
     let stable = (logits.clone().abs().neg().exp() + 1.0).log();
     (relu(logits.clone()) - logits * labels + stable).mean()
-}
-
-/// Every layer the model has, to check a parameter set against (the trainer and the
-/// checkpoint restore use it).
-pub fn expected_params(layout: &ModelLayout) -> Vec<(String, Vec<usize>)> {
-    linear_layers(layout)
-        .into_iter()
-        .flat_map(|(name, shape)| {
-            [
-                (format!("{name}.weight"), vec![shape.inputs, shape.outputs]),
-                (format!("{name}.bias"), vec![1, shape.outputs]),
-            ]
-        })
-        .collect()
 }

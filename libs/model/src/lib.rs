@@ -4,7 +4,7 @@
 //! - [`layout`]: what a Job's model and a Dataset's schema imply together (tables per
 //!   feature, embedding row layout, the PS's tables) and the checks that they fit.
 //! - [`params`]: dense parameters as named flat tensors (held by the PS between steps).
-//! - `graph` (the `burn` or `cuda` feature): DLRM (dot interaction), DeepFM, Wide&Deep and
+//! - `graph` (the `burn` feature): DLRM (dot interaction), DeepFM, Wide&Deep and
 //!   MTRM (Primus Alg. 1) written as functions of those tensors on burn: the GPU, MTRM, and
 //!   the reference for the rest.
 //! - `cpu`: DLRM, DeepFM and Wide&Deep written out over a tuned sgemm, what [`Model`] runs
@@ -20,14 +20,14 @@
 //! only the rows a minibatch needs.
 //!
 //! Features: `burn` (default) builds the networks on burn's CPU backend, which MTRM needs;
-//! `cuda` builds them on burn's CUDA backend (and its CPU backend) instead. A build with
-//! neither trains DLRM, DeepFM and Wide&Deep and refuses MTRM with
+//! `cuda` (which implies `burn`) builds them on burn's CUDA backend and its CPU backend
+//! instead. A build without either trains DLRM, DeepFM and Wide&Deep and refuses MTRM with
 //! [`ModelError::NoBurnBuild`].
 
 #![warn(missing_docs)]
 
 mod cpu;
-#[cfg(any(feature = "burn", feature = "cuda"))]
+#[cfg(feature = "burn")]
 mod graph;
 mod inputs;
 pub mod layout;
@@ -144,7 +144,7 @@ enum Engine {
     /// caller).
     Cpu(Arc<Mutex<Vec<cpu::Workspace>>>),
     /// burn on a device.
-    #[cfg(any(feature = "burn", feature = "cuda"))]
+    #[cfg(feature = "burn")]
     Burn(graph::BurnNets),
 }
 
@@ -159,9 +159,9 @@ impl Model {
                 engine: Engine::Cpu(Arc::default()),
             });
         }
-        #[cfg(any(feature = "burn", feature = "cuda"))]
+        #[cfg(feature = "burn")]
         return Ok(Self::burn_cpu(layout));
-        #[cfg(not(any(feature = "burn", feature = "cuda")))]
+        #[cfg(not(feature = "burn"))]
         Err(ModelError::NoBurnBuild {
             kind: format!("{:?}", layout.kind).to_lowercase(),
         })
@@ -169,7 +169,7 @@ impl Model {
 
     /// Every model kind on burn's CPU backend: the reference the CPU networks are tested
     /// against, and the dense step bench's baseline.
-    #[cfg(any(feature = "burn", feature = "cuda"))]
+    #[cfg(feature = "burn")]
     pub fn burn_cpu(layout: ModelLayout) -> Self {
         Self {
             layout,
@@ -183,13 +183,13 @@ impl Model {
     pub fn on(layout: ModelLayout, device: DenseDevice) -> Result<Self, ModelError> {
         match device {
             DenseDevice::Cpu => Self::new(layout),
-            #[cfg(any(feature = "burn", feature = "cuda"))]
+            #[cfg(feature = "burn")]
             DenseDevice::Cuda(ordinal) => Ok(Self {
                 layout,
                 device,
                 engine: Engine::Burn(graph::BurnNets::cuda(ordinal)?),
             }),
-            #[cfg(not(any(feature = "burn", feature = "cuda")))]
+            #[cfg(not(feature = "burn"))]
             DenseDevice::Cuda(_) => Err(ModelError::NoCudaBuild),
         }
     }
@@ -272,13 +272,13 @@ impl Model {
         on_embedding_grads: impl FnOnce(EmbeddingGrads<'_>),
     ) -> Result<StepOutput, ModelError> {
         self.check(inputs, Some(labels))?;
-        #[cfg(not(any(feature = "burn", feature = "cuda")))]
+        #[cfg(not(feature = "burn"))]
         let _only_mtrm_reads_it = tower;
         match &self.engine {
             Engine::Cpu(pool) => Self::with_workspace(pool, |ws| {
                 cpu::train_step(&self.layout, params, inputs, labels, ws, on_embedding_grads)
             }),
-            #[cfg(any(feature = "burn", feature = "cuda"))]
+            #[cfg(feature = "burn")]
             Engine::Burn(nets) => {
                 let output = nets.train_step(&self.layout, params, inputs, labels, tower);
                 on_embedding_grads(EmbeddingGrads {
@@ -298,13 +298,13 @@ impl Model {
         tower: Tower,
     ) -> Result<Vec<f32>, ModelError> {
         self.check(inputs, None)?;
-        #[cfg(not(any(feature = "burn", feature = "cuda")))]
+        #[cfg(not(feature = "burn"))]
         let _only_mtrm_reads_it = tower;
         match &self.engine {
             Engine::Cpu(pool) => {
                 Self::with_workspace(pool, |ws| cpu::predict(&self.layout, params, inputs, ws))
             }
-            #[cfg(any(feature = "burn", feature = "cuda"))]
+            #[cfg(feature = "burn")]
             Engine::Burn(nets) => Ok(nets.predict(&self.layout, params, inputs, tower)),
         }
     }

@@ -1,7 +1,7 @@
 //! The burn backend the networks run on, and the one place that names a burn version.
 //!
 //! The `burn` feature builds on burn 0.22 and its flex CPU backend. The `cuda` feature builds
-//! on burn 0.21 instead (with or without `burn`) (`burn-cuda-build`), whose run-time dispatch backend adds
+//! on burn 0.21 instead (`burn-cuda-build`), whose run-time dispatch backend adds
 //! CUDA: burn 0.22's CUDA backend depends on an LLVM bundle its build script downloads
 //! from GitHub, which cannot be fetched here. 0.21's flex path trains the reference DLRM
 //! ~25% slower (`cargo bench -p primus-model --bench step`), so it is not the default.

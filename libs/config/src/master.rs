@@ -140,6 +140,10 @@ pub struct PlannerSettings {
     pub parallelism: usize,
     /// How often an open-ended stream is checked for newly ended windows.
     pub poll_interval_ms: u64,
+    /// How long a source's store out of reach (down, restarting, cut off) is waited out,
+    /// when a Job starts and while its windows are planned, before the Job fails. A store
+    /// that refuses the call (missing prefix, denied credentials) fails the Job at once.
+    pub store_outage_timeout_s: u64,
 }
 
 /// How data tasks are handed out and executors watched.
@@ -298,6 +302,7 @@ impl Default for PlannerSettings {
             target_task_bytes: 128 << 20,
             parallelism: 4,
             poll_interval_ms: 60_000,
+            store_outage_timeout_s: 300,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! program and is never linked). Buckets are made with curl's AWS signing, as the
 //! compose file's `minio-bucket` service makes its own.
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -13,69 +14,47 @@ use crate::servers::{ACCESS_KEY, S3Bucket, SECRET_KEY, http_status};
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A MinIO server on one loopback port with the testkit's S3 credentials
-/// ([`S3Bucket::ACCESS_KEY`], [`S3Bucket::SECRET_KEY`]); its files are deleted when it stops.
+/// ([`S3Bucket::ACCESS_KEY`], [`S3Bucket::SECRET_KEY`]); its files are deleted when it is
+/// dropped, and kept across [`MinioS3::stop`] and [`MinioS3::start_again`].
 pub struct MinioS3 {
-    port: u16,
-    _process: Guarded,
-    _dir: tempfile::TempDir,
+    ports: [u16; 2],
+    process: Guarded,
+    dir: tempfile::TempDir,
 }
 
 impl MinioS3 {
     /// A new server on free ports.
     pub fn start() -> Result<Self, Error> {
-        let minio = find_binary("minio").map_err(|_| Error::MissingBinary {
-            binary: "minio".into(),
-            tools: "$CLUSTER_TOOLS_DIR/bin (~/.cache/primus-rs/tools/bin)".into(),
-            install: "./scripts/install-cluster-tools.sh".into(),
-        })?;
         let dir = tempfile::Builder::new()
             .prefix("primus-minio-")
             .tempdir()
             .map_err(Error::io("create a temp dir"))?;
         let ports = restartable_ports(2)?;
-        let log = dir.path().join("minio.log");
-        let log_file =
-            std::fs::File::create(&log).map_err(Error::io(format!("create {}", log.display())))?;
-        let child = Command::new(&minio)
-            .arg("server")
-            .arg(dir.path().join("data"))
-            .arg(format!("--address=127.0.0.1:{}", ports[0]))
-            .arg(format!("--console-address=127.0.0.1:{}", ports[1]))
-            .env("MINIO_ROOT_USER", ACCESS_KEY)
-            .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
-            .env("MINIO_BROWSER", "off")
-            .env("MINIO_UPDATE", "off")
-            .stdin(Stdio::null())
-            .stdout(
-                log_file
-                    .try_clone()
-                    .map(Stdio::from)
-                    .map_err(Error::io("open minio.log"))?,
-            )
-            .stderr(Stdio::from(log_file))
-            .spawn()
-            .map_err(Error::io(format!("start {}", minio.display())))?;
-        let mut process = Guarded::new(child);
-        wait_for_start(
-            "minio",
-            READY_TIMEOUT,
-            &mut process,
-            &[log],
-            || match http_status(ports[0], "GET", "/minio/health/ready")? {
-                200 => Ok(()),
-                other => Err(format!("health answered {other}")),
-            },
-        )?;
+        let ports = [ports[0], ports[1]];
+        let process = launch(ports, dir.path())?;
         Ok(Self {
-            port: ports[0],
-            _process: process,
-            _dir: dir,
+            ports,
+            process,
+            dir,
         })
+    }
+
+    /// Kills the server (SIGKILL), as a crash or a cut-off network would take it away; its
+    /// files stay.
+    pub fn stop(&mut self) {
+        self.process.kill_now();
+    }
+
+    /// Starts the server again on its port, over its files, after [`MinioS3::stop`].
+    pub fn start_again(&mut self) -> Result<(), Error> {
+        self.process.kill_now();
+        self.process = launch(self.ports, self.dir.path())?;
+        Ok(())
     }
 
     /// The S3 endpoint (`http://127.0.0.1:<port>`).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://127.0.0.1:{}", self.ports[0])
     }
 
     /// A new empty bucket whose name starts with `hint`.
@@ -112,4 +91,50 @@ impl MinioS3 {
             endpoint: self.endpoint(),
         })
     }
+}
+
+/// Runs MinIO on `ports` (S3, console) over the files in `dir`, once it is ready.
+fn launch(ports: [u16; 2], dir: &Path) -> Result<Guarded, Error> {
+    let minio = find_binary("minio").map_err(|_| Error::MissingBinary {
+        binary: "minio".into(),
+        tools: "$CLUSTER_TOOLS_DIR/bin (~/.cache/primus-rs/tools/bin)".into(),
+        install: "./scripts/install-cluster-tools.sh".into(),
+    })?;
+    let log = dir.join("minio.log");
+    let log_file = (std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log))
+    .map_err(Error::io(format!("open {}", log.display())))?;
+    let child = Command::new(&minio)
+        .arg("server")
+        .arg(dir.join("data"))
+        .arg(format!("--address=127.0.0.1:{}", ports[0]))
+        .arg(format!("--console-address=127.0.0.1:{}", ports[1]))
+        .env("MINIO_ROOT_USER", ACCESS_KEY)
+        .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
+        .env("MINIO_BROWSER", "off")
+        .env("MINIO_UPDATE", "off")
+        .stdin(Stdio::null())
+        .stdout(
+            log_file
+                .try_clone()
+                .map(Stdio::from)
+                .map_err(Error::io("open minio.log"))?,
+        )
+        .stderr(Stdio::from(log_file))
+        .spawn()
+        .map_err(Error::io(format!("start {}", minio.display())))?;
+    let mut process = Guarded::new(child);
+    wait_for_start(
+        "minio",
+        READY_TIMEOUT,
+        &mut process,
+        &[log],
+        || match http_status(ports[0], "GET", "/minio/health/ready")? {
+            200 => Ok(()),
+            other => Err(format!("health answered {other}")),
+        },
+    )?;
+    Ok(process)
 }

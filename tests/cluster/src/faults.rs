@@ -32,6 +32,8 @@ const SUBJECT: &str = "faults.rows";
 const DATASET: &str = "criteo-faults";
 /// The node the platform's services are not on (see `KubeDeployment`).
 const LOST_NODE: &str = "node2";
+/// How long the API server is away.
+const API_SERVER_DOWN: Duration = Duration::from_secs(30);
 
 /// A fault of the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +176,7 @@ fn sized(replicas: u32, cpu: f64, memory: &str) -> RoleSpec {
 pub async fn run(deployment: &KubeDeployment, fault: Fault, at: u64) -> Outcome {
     let job = fault.job();
     let client = deployment.client().await;
+    let mut injected_unix_s = 0;
     client
         .apply(&job_resource(fault), 0)
         .await
@@ -184,6 +187,7 @@ pub async fn run(deployment: &KubeDeployment, fault: Fault, at: u64) -> Outcome 
     } else {
         let before = wait_for_fault_moment(deployment, job, at).await;
         let pods = deployment.job_pods(job);
+        injected_unix_s = primus_spec::time::unix_ms() / 1000;
         let injected = Instant::now();
         let note = inject(deployment, fault, &pods).await;
         (before, pods, injected, note)
@@ -252,6 +256,18 @@ pub async fn run(deployment: &KubeDeployment, fault: Fault, at: u64) -> Outcome 
             .rejoin_node(LOST_NODE)
             .expect("the lost node joins again");
     }
+    if fault == Fault::ApiServerStopped {
+        // The next fault meets a cluster whose nodes are all back in it: each kubelet
+        // reported after the API server came back.
+        let back = injected_unix_s + API_SERVER_DOWN.as_secs() as i64;
+        let since = format!(
+            "{}:{:02}:{:02}Z",
+            primus_spec::time::window_time(back),
+            back.rem_euclid(3600) / 60,
+            back.rem_euclid(60)
+        );
+        (deployment.cluster.wait_nodes_reported_since(&since)).expect("every node reporting again");
+    }
     deployment.delete_job(job).await;
     Outcome {
         fault: fault.name(),
@@ -301,7 +317,7 @@ async fn inject(deployment: &KubeDeployment, fault: Fault, pods: &[JobPod]) -> S
         }
         Fault::ApiServerStopped => {
             cluster.stop_api_server();
-            tokio::time::sleep(Duration::from_secs(30)).await;
+            tokio::time::sleep(API_SERVER_DOWN).await;
             cluster.start_api_server().expect("the API server again");
             "kube-apiserver stopped for 30 s".into()
         }

@@ -337,6 +337,35 @@ impl KubeCluster {
         Ok(())
     }
 
+    /// Waits until every node is Ready with a heartbeat later than `since` (RFC 3339, UTC,
+    /// as Kubernetes writes times): its kubelet reported since. After an API server outage
+    /// longer than the node monitor's grace, the node lifecycle controller marks every node
+    /// NotReady (and takes their pods out of their Services) until their kubelets report
+    /// again, which took them up to 50 s here.
+    pub fn wait_nodes_reported_since(&self, since: &str) -> Result<(), Error> {
+        let template = r#"{range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}{"\n"}{end}"#;
+        wait_for("every node reporting", READY_TIMEOUT, None, || {
+            let listed =
+                (self.kubectl_run(&["get", "nodes", "-o", &format!("jsonpath={template}")]))
+                    .map_err(|e| e.to_string())?;
+            let behind: Vec<&str> = (listed.lines())
+                .filter(
+                    |line| match line.split_whitespace().collect::<Vec<_>>()[..] {
+                        [_, "True", heartbeat] => heartbeat <= since,
+                        _ => true,
+                    },
+                )
+                .collect();
+            if listed.trim().is_empty() {
+                Err("no nodes listed".into())
+            } else if behind.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("not Ready since {since}: {behind:?}"))
+            }
+        })
+    }
+
     /// Stops the cluster now and removes everything it made.
     pub fn stop(self) {
         drop(self);

@@ -3,7 +3,7 @@
 //! (resuming from the queue's cursors after a restart), and its stream bindings.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use primus_proto::v1::{DataTask, JoinWork, StreamWork, data_task};
@@ -23,7 +23,34 @@ pub enum PlanningError {
     Queue(#[from] QueueError),
     #[error("dataset: {0}")]
     Dataset(String),
+    #[error(
+        "{error} (the store was out of reach for {waited_s} s, master.planner.store_outage_timeout_s)"
+    )]
+    StoreOutOfReach { error: PlanError, waited_s: u64 },
 }
+
+/// Why a Parquet source of a Dataset cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("source `{source_name}`: nothing under prefix {uri}")]
+    Missing { source_name: String, uri: String },
+    #[error("source `{source_name}`: {error}")]
+    Unreadable {
+        source_name: String,
+        error: PlanError,
+    },
+}
+
+impl SourceError {
+    /// Whether the source's store was out of reach, so that the check may pass later.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unreadable { error, .. } if error.is_transient())
+    }
+}
+
+/// How soon an out-of-reach Redis or store is tried again (or the poll interval, if
+/// shorter).
+const OUTAGE_RETRY: Duration = Duration::from_secs(2);
 
 /// Whether the mode reads batch sources, and stream sources.
 pub fn reads(mode: TrainingMode) -> (bool, bool) {
@@ -57,6 +84,35 @@ pub fn check_mode(mode: TrainingMode, dataset: &DatasetSpec) -> Result<(), Strin
             ))
         }
     }
+}
+
+/// Checks once that every Parquet source's prefix holds something: a source pointing at a
+/// missing prefix would yield empty windows forever.
+pub async fn check_sources<C: Catalog>(
+    catalog: &C,
+    dataset: &DatasetSpec,
+) -> Result<(), SourceError> {
+    for source in dataset.streams.iter().flat_map(|s| &s.sources) {
+        let Some(parquet) = &source.parquet else {
+            continue;
+        };
+        match catalog.exists(&parquet.uri).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(SourceError::Missing {
+                    source_name: source.name.clone(),
+                    uri: parquet.uri.clone(),
+                });
+            }
+            Err(error) => {
+                return Err(SourceError::Unreadable {
+                    source_name: source.name.clone(),
+                    error,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The batch side of every stream that has Parquet sources, ready for the planner.
@@ -157,9 +213,9 @@ pub fn stream_tasks(job: &str, dataset: &DatasetSpec) -> Vec<DataTask> {
 
 /// Plans every window of `stream` that has ended, resuming at the queue's cursor, until
 /// the stream's end (bounded) or forever (open-ended, checking every `poll_interval_ms`).
-/// Redis out of reach (restarting, a timeout) is waited out: each round starts again from
-/// the cursor, which moves only with the window's tasks (one script), so nothing is
-/// planned twice or skipped.
+/// Redis out of reach (restarting, a timeout) is waited out, and so is a source's store for
+/// up to `store_outage_timeout_s`: each round starts again from the cursor, which moves only
+/// with the window's tasks (one script), so nothing is planned twice or skipped.
 pub async fn plan_stream<C: Catalog>(
     queue: TaskQueue,
     cache: Arc<ListingCache<C>>,
@@ -171,16 +227,32 @@ pub async fn plan_stream<C: Catalog>(
         target_task_bytes: settings.target_task_bytes,
         parallelism: settings.parallelism,
     };
+    let poll = Duration::from_millis(settings.poll_interval_ms.max(100));
+    let outage_timeout = Duration::from_secs(settings.store_outage_timeout_s);
+    let mut store_out_since: Option<Instant> = None;
     loop {
-        match plan_ended_windows(&queue, &cache, &job, &stream, options).await {
+        let pause = match plan_ended_windows(&queue, &cache, &job, &stream, options).await {
             Ok(true) => return Ok(()),
-            Ok(false) => {}
+            Ok(false) => {
+                store_out_since = None;
+                poll
+            }
             Err(PlanningError::Queue(QueueError::Redis(e))) if out_of_reach(&e) => {
                 tracing::warn!(job = %job, stream = %stream.name, error = %e, "planning waits for Redis");
+                OUTAGE_RETRY.min(poll)
+            }
+            Err(PlanningError::Plan(error)) if error.is_transient() => {
+                let waited = store_out_since.get_or_insert_with(Instant::now).elapsed();
+                if waited >= outage_timeout {
+                    let waited_s = waited.as_secs();
+                    return Err(PlanningError::StoreOutOfReach { error, waited_s });
+                }
+                tracing::warn!(job = %job, stream = %stream.name, %error, "planning waits for the store");
+                OUTAGE_RETRY.min(poll)
             }
             Err(e) => return Err(e),
-        }
-        tokio::time::sleep(Duration::from_millis(settings.poll_interval_ms.max(100))).await;
+        };
+        tokio::time::sleep(pause).await;
     }
 }
 

@@ -1,8 +1,10 @@
 //! A Job checked before anything of it starts: its spec parsed, its Dataset loaded, its
 //! model fitted to the Dataset's schema, its mode against what the Dataset holds, and every
-//! Parquet prefix it reads holding something. Each refusal is the Job's final condition.
+//! Parquet prefix it reads holding something. Each refusal is the Job's final condition; a
+//! store out of reach is waited out first.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use primus_model::ModelLayout;
 use primus_proto::v1::Resource;
@@ -11,10 +13,16 @@ use primus_spec::job::JobSpec;
 
 use super::Outcome;
 use super::executors::JobParts;
+use super::status::JobStatus;
 use crate::context::Context;
 use crate::resources::{DatasetError, Resources};
 use primus_data_tasks::plan::{Catalog, ListingCache, StreamPlan};
-use primus_data_tasks::planning;
+use primus_data_tasks::planning::{self, SourceError};
+
+/// The condition a Job whose source's store is out of reach shows while it waits.
+const DATA_SOURCES: &str = "DataSources";
+/// How soon the sources of a Job waiting for its store are checked again.
+const OUTAGE_RETRY: Duration = Duration::from_secs(2);
 
 /// A Job checked against its Dataset, before anything starts.
 pub(super) struct CheckedJob {
@@ -34,6 +42,7 @@ impl CheckedJob {
     pub(super) async fn check<B, C: Catalog>(
         context: &Context<B, C>,
         resource: &Resource,
+        writer: &mut JobStatus,
     ) -> Result<Self, Outcome> {
         let spec: JobSpec = serde_json::from_str(&resource.spec_json)
             .map_err(|e| Outcome::failed("InvalidSpec", format!("spec: {e}")))?;
@@ -44,7 +53,9 @@ impl CheckedJob {
         planning::check_mode(spec.mode, &dataset)
             .map_err(|message| Outcome::failed("ModeMismatch", message))?;
         if reads_batch {
-            check_sources(&context.cache, &dataset).await?;
+            let outage_timeout =
+                Duration::from_secs(context.settings.master.planner.store_outage_timeout_s);
+            check_sources(&context.cache, &dataset, outage_timeout, writer).await?;
         }
         let plans = planning::stream_plans(&dataset)
             .map_err(|e| Outcome::failed("InvalidDataset", e.to_string()))?;
@@ -90,33 +101,55 @@ async fn load_dataset(resources: &Resources, name: &str) -> Result<DatasetSpec, 
         .map_err(|e| Outcome::failed("InvalidDataset", format!("Dataset {name:?}: {e}")))
 }
 
-/// Every Parquet source's prefix must hold something.
+/// Every Parquet source's prefix must hold something. A store out of reach is tried again
+/// for up to `master.planner.store_outage_timeout_s`, the Job's `DataSources` condition
+/// saying so meanwhile.
 async fn check_sources<C: Catalog>(
     cache: &ListingCache<C>,
     dataset: &DatasetSpec,
+    outage_timeout: Duration,
+    writer: &mut JobStatus,
 ) -> Result<(), Outcome> {
-    for source in dataset.streams.iter().flat_map(|s| &s.sources) {
-        let Some(parquet) = &source.parquet else {
-            continue;
+    let started = Instant::now();
+    loop {
+        let error = match planning::check_sources(cache.catalog().as_ref(), dataset).await {
+            Ok(()) => break,
+            Err(error) => error,
         };
-        match cache.catalog().exists(&parquet.uri).await {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(Outcome::failed(
-                    "DataSourceMissing",
-                    format!(
-                        "source `{}`: nothing under prefix {}",
-                        source.name, parquet.uri
-                    ),
-                ));
-            }
-            Err(e) => {
-                return Err(Outcome::failed(
-                    "DataSourceUnreadable",
-                    format!("source `{}`: {e}", source.name),
-                ));
-            }
+        let waited = started.elapsed();
+        if !error.is_transient() {
+            let reason = match error {
+                SourceError::Missing { .. } => "DataSourceMissing",
+                SourceError::Unreadable { .. } => "DataSourceUnreadable",
+            };
+            return Err(Outcome::failed(reason, error.to_string()));
         }
+        if waited >= outage_timeout {
+            return Err(Outcome::failed(
+                "DataSourceUnreadable",
+                format!(
+                    "{error} (the store was out of reach for {} s, master.planner.store_outage_timeout_s)",
+                    waited.as_secs()
+                ),
+            ));
+        }
+        tracing::warn!(%error, "the Job waits for its source's store");
+        let message = format!(
+            "{error}; tried again for up to {} s",
+            outage_timeout.as_secs()
+        );
+        writer.condition(DATA_SOURCES, false, "StoreOutOfReach", message);
+        writer.write().await;
+        tokio::time::sleep(OUTAGE_RETRY).await;
+    }
+    let waited = writer
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.kind == DATA_SOURCES);
+    if waited {
+        let message = "every Parquet source holds data".to_owned();
+        writer.condition(DATA_SOURCES, true, "Readable", message);
     }
     Ok(())
 }

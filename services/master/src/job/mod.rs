@@ -237,7 +237,7 @@ impl<'a, B: ResourceBackend, C: Catalog> JobRun<'a, B, C> {
         writer: &'a mut JobStatus,
     ) -> Result<Self, Outcome> {
         let name = resource.name.clone();
-        let mut checked = CheckedJob::check(context, resource).await?;
+        let mut checked = CheckedJob::check(context, resource, writer).await?;
         if checked.spec.scaling.policy == AllocationPolicy::Auto {
             let db = ConfigDb::new(context.redis.clone(), &context.settings.redis.key_prefix);
             let (applied, reason, message) =

@@ -7,12 +7,13 @@
 
 mod policies;
 mod recovery;
+mod stores;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use primus_bus::Bus;
+use primus_config::MasterSettings;
 use primus_harness::Sandbox;
 use primus_harness::partitions::write_partitions;
 use primus_harness::resources::{JobBuilder, dataset, hourly, job, parquet, small_wide_deep};
@@ -45,14 +46,26 @@ impl ScriptedJob {
     async fn start(
         name: &str,
         hours: u32,
-        (data_executors, trainers): (u32, u32),
+        executors: (u32, u32),
         script: Script,
         change: impl FnOnce(JobBuilder) -> JobBuilder,
     ) -> Self {
         let sandbox = Sandbox::start().await;
         let data = sandbox.dir().join("data");
         write_partitions(&data, "2026-01-01", 1).await;
-        let mut settings = sandbox.master_settings();
+        let settings = sandbox.master_settings();
+        let resources = id_job(name, &data.display(), hours, executors, change);
+        Self::start_master(sandbox, settings, script, resources).await
+    }
+
+    /// Starts a master with `settings` (status and planning every 50 ms) in `sandbox` and
+    /// applies `resources`.
+    async fn start_master(
+        sandbox: Sandbox,
+        mut settings: MasterSettings,
+        script: Script,
+        resources: [Resource; 2],
+    ) -> Self {
         settings.master.status_interval_ms = 50;
         settings.master.planner.poll_interval_ms = 50;
         let bus = Bus::connect(&settings.nats).await.expect("nats");
@@ -69,7 +82,6 @@ impl ScriptedJob {
                 panic!("the master stopped: {e:#}");
             }
         });
-        let resources = id_job(name, &data, hours, (data_executors, trainers), change);
         sandbox.apply(resources).await;
         Self {
             sandbox,
@@ -120,7 +132,7 @@ impl ScriptedJob {
 /// each) and batch Job `name` over it.
 fn id_job(
     name: &str,
-    data: &Path,
+    data: &dyn std::fmt::Display,
     hours: u32,
     (data_executors, trainers): (u32, u32),
     change: impl FnOnce(JobBuilder) -> JobBuilder,
@@ -128,7 +140,7 @@ fn id_job(
     let dataset_name = format!("{name}-data");
     let end = format!("2026-01-01T{hours:02}");
     let window = hourly("2026-01-01T00", Some(&end));
-    let source = parquet("clicks", data.display());
+    let source = parquet("clicks", data);
     let job = job(name, &dataset_name, TrainingMode::Batch, small_wide_deep()).replicas(
         data_executors,
         trainers,

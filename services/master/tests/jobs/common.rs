@@ -33,6 +33,7 @@ pub(crate) async fn plan_dataset(queue: &TaskQueue, dataset: &DatasetSpec, job: 
         target_task_bytes: 1 << 20,
         parallelism: 4,
         poll_interval_ms: 100,
+        ..primus_config::PlannerSettings::default()
     };
     for plan in primus_data_tasks::planning::stream_plans(dataset).expect("plans") {
         primus_data_tasks::planning::plan_stream(

@@ -10,7 +10,7 @@ use crate::SERIAL;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[expect(
     clippy::disallowed_methods,
-    reason = "PRIMUS_CLUSTER_FAULT runs one fault alone"
+    reason = "PRIMUS_CLUSTER_FAULT runs some faults alone"
 )]
 async fn every_fault_of_the_cluster_loses_and_repeats_no_row() {
     let _serial = SERIAL.lock().await;
@@ -18,12 +18,19 @@ async fn every_fault_of_the_cluster_loses_and_repeats_no_row() {
     deployment.delete_left_jobs().await;
     prepare(deployment).await;
     let mut report = Report::default();
-    // PRIMUS_CLUSTER_FAULT=<index> runs one fault alone (Fault::ALL's order).
-    let only: Option<usize> = std::env::var("PRIMUS_CLUSTER_FAULT")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    // PRIMUS_CLUSTER_FAULT=<index>[,<index>...] runs those faults alone (Fault::ALL's
+    // order), as one after another they meet the cluster.
+    let only: Option<Vec<usize>> = std::env::var("PRIMUS_CLUSTER_FAULT").ok().map(|v| {
+        (v.split(','))
+            .map(|i| {
+                i.trim()
+                    .parse()
+                    .expect("PRIMUS_CLUSTER_FAULT: fault indices")
+            })
+            .collect()
+    });
     for (index, fault) in Fault::ALL.into_iter().enumerate() {
-        if only.is_some_and(|only| only != index) {
+        if only.as_ref().is_some_and(|only| !only.contains(&index)) {
             continue;
         }
         // Between a third and two thirds of the rows, a different share for each fault.

@@ -40,6 +40,14 @@ pub enum PlanError {
     Join(String),
 }
 
+impl PlanError {
+    /// Whether the store was out of reach or failed on its side, so that the same listing
+    /// may succeed later.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Storage(e) if e.is_transient())
+    }
+}
+
 /// How the planner cuts and paces work.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanOptions {

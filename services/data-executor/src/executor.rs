@@ -341,6 +341,7 @@ impl Executor {
     ) -> anyhow::Result<()> {
         let slots = Arc::new(Semaphore::new(self.settings.runners.max(1)));
         let idle = Duration::from_millis(self.settings.idle_poll_ms.max(10));
+        let mut requests = AcquireRequests::new();
         while !shutdown.is_triggered() {
             // Batch runners finish their task before freeing a slot: a stop does not wait.
             let slot = tokio::select! {
@@ -353,9 +354,13 @@ impl Executor {
             let request = AcquireTaskRequest {
                 job: self.identity.job.clone(),
                 executor_id: self.identity.executor_id.clone(),
+                request_id: requests.next(),
             };
             let response = match client.acquire_task(request).await {
-                Ok(response) => response.into_inner(),
+                Ok(response) => {
+                    requests.answered();
+                    response.into_inner()
+                }
                 Err(status) => {
                     tracing::warn!(%status, "acquiring a task");
                     drop(slot);
@@ -694,4 +699,53 @@ async fn connect(addr: &str, shutdown: &Shutdown) -> anyhow::Result<TaskServiceC
     Err(anyhow::anyhow!(
         "cannot reach the master at {url}: {last:?}"
     ))
+}
+
+/// The ids of this process's task acquisitions: unique to the process, and the same for a
+/// retry of a request that got no answer (the master may have handed it a task whose answer
+/// was lost: the retry is given that task).
+struct AcquireRequests {
+    process: String,
+    count: u64,
+    answered: bool,
+}
+
+impl AcquireRequests {
+    fn new() -> Self {
+        Self {
+            process: format!("{:x}-{}", primus_spec::time::unix_us(), std::process::id()),
+            count: 0,
+            answered: true,
+        }
+    }
+
+    /// The id of the next request: a new one once the last was answered.
+    fn next(&mut self) -> String {
+        if self.answered {
+            self.count += 1;
+            self.answered = false;
+        }
+        format!("{}-{}", self.process, self.count)
+    }
+
+    fn answered(&mut self) {
+        self.answered = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AcquireRequests;
+
+    #[test]
+    fn a_request_without_an_answer_is_retried_with_its_id() {
+        let mut requests = AcquireRequests::new();
+        let first = requests.next();
+        assert_eq!(requests.next(), first, "no answer: the same request again");
+        requests.answered();
+        let second = requests.next();
+        assert_ne!(second, first);
+        requests.answered();
+        assert_ne!(requests.next(), second);
+    }
 }

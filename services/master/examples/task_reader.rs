@@ -192,6 +192,7 @@ async fn run(settings: DataExecutorSettings, shutdown: Shutdown) -> anyhow::Resu
             .acquire_task(AcquireTaskRequest {
                 job: identity.job.clone(),
                 executor_id: identity.executor_id.clone(),
+                ..AcquireTaskRequest::default()
             })
             .await?
             .into_inner();

@@ -264,7 +264,12 @@ impl TaskService for Tasks {
         }
         let acquired = job
             .queue
-            .acquire(executor, unix_ms(), self.settings.max_lead_hours)
+            .acquire(
+                executor,
+                &request.request_id,
+                unix_ms(),
+                self.settings.max_lead_hours,
+            )
             .await
             .map_err(unavailable)?;
         let (task, exhausted) = match acquired {

@@ -78,6 +78,7 @@ async fn work(
         let acquired = (client.acquire_task(AcquireTaskRequest {
             job: job.clone(),
             executor_id: id.clone(),
+            ..AcquireTaskRequest::default()
         }))
         .await?
         .into_inner();

@@ -42,7 +42,7 @@ async fn three_days_of_hourly_partitions_become_tasks_in_time_order_covering_eac
     let mut covered: HashMap<String, u32> = HashMap::new();
     let mut last_window = i64::MIN;
     let mut sources_in_window: BTreeMap<i64, Vec<String>> = BTreeMap::new();
-    while let Acquired::Task(task) = queue.acquire("reader", 0, 0).await.expect("acquire") {
+    while let Acquired::Task(task) = queue.acquire("reader", "", 0, 0).await.expect("acquire") {
         assert!(
             task.window_start_unix_s >= last_window,
             "tasks come in time order"
@@ -96,7 +96,7 @@ async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() 
     let queue = queue_at(&redis.url(), "stream-test").await;
     let bindings = primus_data_tasks::planning::stream_tasks("stream-test", &dataset);
     queue.add_stream_tasks(&bindings).await.expect("bindings");
-    let Acquired::Task(task) = queue.acquire("de-0", 0, 0).await.expect("acquire") else {
+    let Acquired::Task(task) = queue.acquire("de-0", "", 0, 0).await.expect("acquire") else {
         panic!("the binding is handed out first")
     };
     assert_eq!(task.id, "clicks/stream");
@@ -108,7 +108,7 @@ async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() 
         ("CLICKS", "stream-test-clicks")
     );
     assert!(matches!(
-        queue.acquire("de-1", 0, 0).await.expect("acquire"),
+        queue.acquire("de-1", "", 0, 0).await.expect("acquire"),
         Acquired::Empty
     ));
     assert!(
@@ -150,7 +150,7 @@ async fn a_stream_binding_moves_between_executors_and_its_failure_is_recorded() 
             .expect("received"),
         "the binding is no longer de-0's"
     );
-    let Acquired::Task(moved) = queue.acquire("de-1", 0, 0).await.expect("acquire") else {
+    let Acquired::Task(moved) = queue.acquire("de-1", "", 0, 0).await.expect("acquire") else {
         panic!("the lost executor's binding goes to the next")
     };
     assert_eq!(moved.id, task.id);
@@ -210,7 +210,7 @@ async fn a_stream_bindings_position_goes_to_its_next_holder_and_back_to_a_checkp
     let holder = |executor: &'static str| {
         let queue = queue.clone();
         async move {
-            match queue.acquire(executor, 0, 0).await.expect("acquire") {
+            match queue.acquire(executor, "", 0, 0).await.expect("acquire") {
                 Acquired::Task(task) => *task,
                 other => panic!("{executor} gets the binding: {other:?}"),
             }
@@ -269,6 +269,81 @@ async fn a_stream_bindings_position_goes_to_its_next_holder_and_back_to_a_checkp
 /// before its commit) are pending again, tasks in progress restart from the offsets staged
 /// at its barrier, and without a checkpoint from the beginning; a rollback under a running
 /// task is refused.
+/// A request retried because its answer was lost (the master's call to Redis timed out
+/// after the script ran) is given the task the lost answer held, once: that task would
+/// otherwise stay running in the executor's name and never be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_acquire_is_given_the_task_its_lost_answer_held() {
+    let redis = RedisServer::start().expect("redis-server");
+    let data = tempfile::tempdir().expect("tempdir");
+    let clicks = data.path().join("clicks");
+    write_partitions(&clicks, "2026-11-01", 1).await;
+    let batch = dataset("retry-data")
+        .stream(
+            "logs",
+            hourly("2026-11-01T00", Some("2026-11-02T00")),
+            vec![parquet("clicks", clicks.display())],
+        )
+        .spec();
+    let queue = queue_at(&redis.url(), "retry").await;
+    plan_dataset(&queue, &batch, "retry").await;
+    let acquire = |executor: &'static str, request: &'static str| {
+        let queue = queue.clone();
+        async move {
+            match queue
+                .acquire(executor, request, 0, 0)
+                .await
+                .expect("acquire")
+            {
+                Acquired::Task(task) => *task,
+                other => panic!("a task expected, got {other:?}"),
+            }
+        }
+    };
+    let first = acquire("de-0", "p-1").await;
+    let again = acquire("de-0", "p-1").await;
+    assert_eq!((&again.id, again.attempt), (&first.id, first.attempt));
+    assert_eq!(queue.counts().await.expect("counts").running, 1);
+    // The same id from another executor, or a new id, acquires anew.
+    let other = acquire("de-1", "p-1").await;
+    let next = acquire("de-0", "p-2").await;
+    assert!(
+        other.id != first.id && next.id != first.id && next.id != other.id,
+        "{} {} {}",
+        first.id,
+        other.id,
+        next.id
+    );
+    // Once the task is no longer the executor's, a late retry of its request does not
+    // take it back.
+    let finished = queue.finish("de-0", &next.id, "", 3, 0).await;
+    assert_eq!(finished.expect("finish"), Finished::Succeeded);
+    let late = acquire("de-0", "p-2").await;
+    assert_ne!(late.id, next.id);
+    assert_eq!(queue.counts().await.expect("counts").running, 3);
+
+    // A stream binding's lost answer the same.
+    let live = dataset("retry-live")
+        .stream(
+            "live",
+            hourly("2026-11-01T00", None),
+            vec![jetstream("clicks", "CLICKS", "clicks.>")],
+        )
+        .spec();
+    let queue = queue_at(&redis.url(), "retry-live").await;
+    let bindings = primus_data_tasks::planning::stream_tasks("retry-live", &live);
+    queue.add_stream_tasks(&bindings).await.expect("bindings");
+    for _ in 0..2 {
+        let acquired = queue.acquire("de-0", "s-1", 0, 0).await.expect("acquire");
+        assert!(
+            matches!(&acquired, Acquired::Task(task) if task.id == "clicks/stream"),
+            "{acquired:?}"
+        );
+    }
+    let taken = queue.acquire("de-1", "s-1", 0, 0).await.expect("acquire");
+    assert!(matches!(taken, Acquired::Empty), "{taken:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
     let redis = RedisServer::start().expect("redis-server");
@@ -285,7 +360,7 @@ async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
     let queue = queue_at(&redis.url(), "rollback").await;
     plan_dataset(&queue, &dataset, "rollback").await;
     let acquire = || async {
-        match queue.acquire("r", 0, 0).await.expect("acquire") {
+        match queue.acquire("r", "", 0, 0).await.expect("acquire") {
             Acquired::Task(task) => task,
             other => panic!("a task expected, got {other:?}"),
         }
@@ -356,7 +431,7 @@ async fn the_task_queue_rolls_back_to_a_checkpoints_offsets() {
         "the rows and bytes of the tasks reopened are no longer done"
     );
     let mut offsets = HashMap::new();
-    while let Acquired::Task(task) = queue.acquire("r", 0, 0).await.expect("acquire") {
+    while let Acquired::Task(task) = queue.acquire("r", "", 0, 0).await.expect("acquire") {
         offsets.insert(task.id.clone(), task.start_offset);
     }
     assert_eq!(
@@ -405,7 +480,7 @@ async fn a_yielded_task_is_pending_again_from_its_served_offset() {
         .spec();
     let queue = queue_at(&redis.url(), "yield").await;
     plan_dataset(&queue, &dataset, "yield").await;
-    let Acquired::Task(task) = queue.acquire("slow", 0, 0).await.expect("acquire") else {
+    let Acquired::Task(task) = queue.acquire("slow", "", 0, 0).await.expect("acquire") else {
         panic!("a task expected");
     };
     assert_eq!(
@@ -431,7 +506,7 @@ async fn a_yielded_task_is_pending_again_from_its_served_offset() {
             .contains_key(&task.id)
     );
     let mut again = None;
-    while let Acquired::Task(next) = queue.acquire("fast", 0, 0).await.expect("acquire") {
+    while let Acquired::Task(next) = queue.acquire("fast", "", 0, 0).await.expect("acquire") {
         if next.id == task.id {
             again = Some(next);
             break;

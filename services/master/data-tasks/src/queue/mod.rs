@@ -113,7 +113,7 @@ impl QueueCounts {
 }
 
 /// Every key of a job's queue, for [`TaskQueue::delete`].
-const KEYS: [&str; 22] = [
+const KEYS: [&str; 24] = [
     "task",
     "bytes",
     "rows",
@@ -136,6 +136,8 @@ const KEYS: [&str; 22] = [
     "checkpoint:staged:offset",
     "checkpoint:staged:position",
     "checkpoint:staged:succeeded",
+    "acquired_request",
+    "acquired_task",
 ];
 
 struct Scripts {
@@ -260,10 +262,13 @@ impl TaskQueue {
     }
 
     /// Hands `executor` an unassigned stream binding, else the first pending batch task
-    /// (unless throttled). Counts as a heartbeat of `executor`.
+    /// (unless throttled). Counts as a heartbeat of `executor`. A `request` (non-empty)
+    /// that was given a task before, which `executor` still holds, is given it again: its
+    /// answer was lost on the way.
     pub async fn acquire(
         &self,
         executor: &str,
+        request: &str,
         now_ms: i64,
         max_lead_hours: u64,
     ) -> Result<Acquired, QueueError> {
@@ -280,13 +285,16 @@ impl TaskQueue {
                 "stream",
                 "stream_task",
                 "position",
+                "acquired_request",
+                "acquired_task",
             ],
         );
         script
             .arg(executor)
             .arg(now_ms)
             .arg(max_lead_hours)
-            .arg(ORDER_WINDOW_DIVISOR);
+            .arg(ORDER_WINDOW_DIVISOR)
+            .arg(request);
         let reply: Vec<Vec<u8>> = script.invoke_async(&mut self.redis.clone()).await?;
         match reply.first().map(Vec::as_slice) {
             Some(b"batch" | b"stream") => {

@@ -22,15 +22,36 @@ return added
 
 pub(super) const ACQUIRE: &str = r#"
 -- KEYS: pending running task offset attempts executors order stream stream_task position
--- ARGV: executor now_ms max_lead_windows window_divisor
+-- acquired_request acquired_task
+-- ARGV: executor now_ms max_lead_windows window_divisor request
 redis.call('HSET', KEYS[6], ARGV[1], ARGV[2])
+local function binding(source)
+  local id = source .. '/stream'
+  return {'stream', redis.call('HGET', KEYS[9], source),
+          redis.call('HGET', KEYS[4], id) or '0', '1', redis.call('HGET', KEYS[10], id) or ''}
+end
+local function given(id)
+  if ARGV[5] ~= '' then
+    redis.call('HSET', KEYS[11], ARGV[1], ARGV[5])
+    redis.call('HSET', KEYS[12], ARGV[1], id)
+  end
+end
+-- A retried request, whose answer was lost, is given what it was given if it still holds it.
+if ARGV[5] ~= '' and redis.call('HGET', KEYS[11], ARGV[1]) == ARGV[5] then
+  local id = redis.call('HGET', KEYS[12], ARGV[1]) or ''
+  local source = string.match(id, '^(.*)/stream$')
+  if source and redis.call('HGET', KEYS[8], source) == ARGV[1] then return binding(source) end
+  if not source and redis.call('HGET', KEYS[2], id) == ARGV[1] then
+    return {'batch', redis.call('HGET', KEYS[3], id), redis.call('HGET', KEYS[4], id) or '0',
+            redis.call('HGET', KEYS[5], id) or '1'}
+  end
+end
 local bindings = redis.call('HGETALL', KEYS[8])
 for i = 1, #bindings, 2 do
   if bindings[i + 1] == '' then
     redis.call('HSET', KEYS[8], bindings[i], ARGV[1])
-    local id = bindings[i] .. '/stream'
-    return {'stream', redis.call('HGET', KEYS[9], bindings[i]),
-            redis.call('HGET', KEYS[4], id) or '0', '1', redis.call('HGET', KEYS[10], id) or ''}
+    given(bindings[i] .. '/stream')
+    return binding(bindings[i])
   end
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -50,6 +71,7 @@ if lead > 0 then
 end
 redis.call('ZREM', KEYS[1], id)
 redis.call('HSET', KEYS[2], id, ARGV[1])
+given(id)
 local attempt = redis.call('HINCRBY', KEYS[5], id, 1)
 local offset = redis.call('HGET', KEYS[4], id) or '0'
 return {'batch', redis.call('HGET', KEYS[3], id), offset, tostring(attempt)}

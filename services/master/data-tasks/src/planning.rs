@@ -48,9 +48,9 @@ impl SourceError {
     }
 }
 
-/// How soon an out-of-reach Redis or store is tried again (or the poll interval, if
-/// shorter).
-const OUTAGE_RETRY: Duration = Duration::from_secs(2);
+/// How soon an out-of-reach Redis or store is tried again (by the planner: or the poll
+/// interval, if shorter).
+pub const OUTAGE_RETRY: Duration = Duration::from_secs(2);
 
 /// Whether the mode reads batch sources, and stream sources.
 pub fn reads(mode: TrainingMode) -> (bool, bool) {

@@ -21,8 +21,6 @@ use primus_data_tasks::planning::{self, SourceError};
 
 /// The condition a Job whose source's store is out of reach shows while it waits.
 const DATA_SOURCES: &str = "DataSources";
-/// How soon the sources of a Job waiting for its store are checked again.
-const OUTAGE_RETRY: Duration = Duration::from_secs(2);
 
 /// A Job checked against its Dataset, before anything starts.
 pub(super) struct CheckedJob {
@@ -140,7 +138,7 @@ async fn check_sources<C: Catalog>(
         );
         writer.condition(DATA_SOURCES, false, "StoreOutOfReach", message);
         writer.write().await;
-        tokio::time::sleep(OUTAGE_RETRY).await;
+        tokio::time::sleep(planning::OUTAGE_RETRY).await;
     }
     let waited = writer
         .status

@@ -565,6 +565,7 @@ impl Executor {
                     stream_position,
                 })
                 .await?;
+            ledger.reported(offset);
         }
         if let Some(error) = finished {
             if error.is_empty() {

@@ -152,15 +152,21 @@ impl TaskLedger {
         *self.end.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
     }
 
-    /// The consumed offset, and the stream position there, when it moved since the last
-    /// call.
+    /// The consumed offset, and the stream position there, when it moved past what the
+    /// master acknowledged. It stays to report until [`Self::reported`] says it landed: a
+    /// report cut off on its way (the executor stopping, the master unreachable) is sent
+    /// again, or the master would put rows back in the queue that trainers already trained.
     pub fn progress_to_report(&self) -> Option<(u64, Option<StreamPosition>)> {
         let (through, position) = {
             let consumed = self.lock_consumed();
             (consumed.through, consumed.position)
         };
-        let before = self.reported.swap(through, Ordering::AcqRel);
-        (through > before).then_some((through, position))
+        (through > self.reported.load(Ordering::Acquire)).then_some((through, position))
+    }
+
+    /// The master acknowledged the consumed offset `offset`.
+    pub fn reported(&self, offset: u64) {
+        self.reported.fetch_max(offset, Ordering::AcqRel);
     }
 
     /// Once reading ended and every read row was consumed: the task's error ("" on
@@ -172,5 +178,29 @@ impl TaskLedger {
             ReadEnd::Complete { .. } => String::new(),
             ReadEnd::Failed { error, .. } => error.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_consumed_offset_stays_to_report_until_the_master_acknowledges_it() {
+        let ledger = TaskLedger::new("t".into(), 10);
+        assert_eq!(ledger.progress_to_report(), None, "nothing consumed yet");
+        ledger.consumed(10, 40, None);
+        assert_eq!(ledger.progress_to_report(), Some((40, None)));
+        // The report was cut off: the same offset goes out with the next one.
+        assert_eq!(ledger.progress_to_report(), Some((40, None)));
+        ledger.reported(40);
+        assert_eq!(ledger.progress_to_report(), None);
+        ledger.consumed(40, 50, None);
+        ledger.reported(30);
+        assert_eq!(
+            ledger.progress_to_report(),
+            Some((50, None)),
+            "a late acknowledgement of an older report changes nothing"
+        );
     }
 }

@@ -8,7 +8,10 @@
 //!   MTRM (Primus Alg. 1) written as functions of those tensors on burn: the GPU, MTRM, and
 //!   the reference for the rest.
 //! - `cpu`: DLRM, DeepFM and Wide&Deep written out over a tuned sgemm, what [`Model`] runs
-//!   them with on the CPU.
+//!   them with on the CPU; and [`GraphNet`], a model graph (`primus_spec::job::graph`):
+//!   its blocks (MLP, concatenation, sum, DLRM's dot interaction, the factorisation
+//!   machine, DCN-v2's cross network) and heads (binary cross-entropy, squared error)
+//!   forward and backward over the same kernels.
 //! - [`onnx`]: the dense network with its parameters as an ONNX model (for serving).
 //! - [`peak`]: the machine's measured FMA peak, the ceiling of the networks' speed.
 //! - [`pooling`]: unique keys per table of a minibatch, sum pooling of looked-up rows into
@@ -41,6 +44,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use primus_batch::Minibatch;
 
+pub use cpu::blocks::{GraphNet, GraphStep, GraphWorkspace, HeadOutput};
 pub use inputs::{Inputs, Tower};
 pub use layout::{FeatureSlot, ModelLayout, TableSlot};
 pub use params::{ParamSet, ParamTensor};

@@ -601,3 +601,49 @@ fn a_scaling_policy_with_impossible_bounds_or_weights_names_each_field() {
         "{err}"
     );
 }
+
+#[test]
+fn a_model_graph_s_problems_are_each_named_by_path() {
+    use primus_spec::Validate;
+    use primus_spec::job::graph::GraphSpec;
+    let graph: GraphSpec = serde_yaml_ng::from_str(
+        r#"
+inputs:
+  emb: {kind: embeddings}
+  Dense: {kind: dense}
+blocks:
+  a: {kind: concat, inputs: [emb, b]}
+  b: {kind: mlp, input: a, widths: [4, 0]}
+  emb: {kind: fm, input: missing}
+  c: {kind: cross, input: emb, layers: 0, rank: 0}
+heads:
+  h: {input: nowhere, label: "", weight: 0}
+"#,
+    )
+    .expect("parses");
+    let problems: Vec<String> = (graph.problems("spec.model.graph").iter())
+        .map(ToString::to_string)
+        .collect();
+    for want in [
+        "spec.model.graph.inputs.Dense: \"Dense\" is not a valid name",
+        "spec.model.graph.blocks.b.widths[1]: must be at least 1",
+        "spec.model.graph.blocks.emb: an input has the same name",
+        "spec.model.graph.blocks.emb.input: \"missing\" is neither an input nor a block",
+        "spec.model.graph.blocks.c.layers: must be at least 1",
+        "spec.model.graph.blocks.c.rank: must be at least 1 when set",
+        "spec.model.graph.blocks.a: the blocks read each other in a cycle: a -> b -> a",
+        "spec.model.graph.heads.h.input: \"nowhere\" is neither an input nor a block",
+        "spec.model.graph.heads.h.label: must name the label column",
+        "spec.model.graph.heads.h.weight: must be a positive number",
+    ] {
+        assert!(
+            problems.iter().any(|p| p.starts_with(want)),
+            "{want:?} not among {problems:#?}"
+        );
+    }
+    let unknown = serde_yaml_ng::from_str::<GraphSpec>(
+        "inputs: {}\nblocks: {x: {kind: attention, input: y}}\nheads: {}\n",
+    )
+    .expect_err("an unknown block kind");
+    assert!(unknown.to_string().contains("attention"), "{unknown}");
+}

@@ -1,4 +1,4 @@
-//! A stack of linear layers (ReLU between them) forward and backward, over borrowed
+//! A stack of linear layers (ReLU between them, unless told otherwise) forward and backward, over borrowed
 //! parameters and reused activation buffers.
 
 use crate::ModelError;
@@ -18,6 +18,7 @@ struct Layer<'p> {
 /// Layers `{prefix}.0 ..` of a parameter set.
 pub(crate) struct Stack<'p> {
     layers: Vec<Layer<'p>>,
+    relu_hidden: bool,
     relu_last: bool,
 }
 
@@ -74,8 +75,17 @@ impl<'p> Stack<'p> {
         }
         Ok(Self {
             layers: stack,
+            relu_hidden: true,
             relu_last,
         })
+    }
+
+    /// The same layers without the ReLU between them.
+    pub(crate) fn linear_between(self) -> Self {
+        Self {
+            relu_hidden: false,
+            ..self
+        }
     }
 
     /// Width of the stack's output.
@@ -84,7 +94,11 @@ impl<'p> Stack<'p> {
     }
 
     fn relu_after(&self, i: usize) -> bool {
-        i + 1 < self.layers.len() || self.relu_last
+        if i + 1 < self.layers.len() {
+            self.relu_hidden
+        } else {
+            self.relu_last
+        }
     }
 
     /// Runs `input (rows x inputs)` through every layer into `acts`.

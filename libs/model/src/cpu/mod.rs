@@ -5,6 +5,7 @@
 //! what it returns. MTRM and the GPU run on burn (`crate::graph`), which is also the
 //! reference these networks are tested against.
 
+pub(crate) mod blocks;
 mod interaction;
 mod linalg;
 mod mlp;
@@ -265,7 +266,7 @@ fn add(into: &mut [f32], values: &[f32]) {
     }
 }
 
-fn sigmoid(z: f32) -> f32 {
+pub(crate) fn sigmoid(z: f32) -> f32 {
     1.0 / (1.0 + (-z).exp())
 }
 
@@ -316,7 +317,7 @@ pub(crate) fn predict(
 }
 
 /// Gradients in the parameter set's order (the order a PS push lists them in).
-fn in_set_order(params: &ParamSet, mut grads: Vec<ParamTensor>) -> Vec<ParamTensor> {
+pub(crate) fn in_set_order(params: &ParamSet, mut grads: Vec<ParamTensor>) -> Vec<ParamTensor> {
     let position = |name: &str| params.tensors.iter().position(|t| t.name == name);
     grads.sort_by_key(|g| position(&g.name));
     grads

@@ -6,6 +6,7 @@
     reason = "a check that cannot run here says so on stdout, beside the test's name"
 )]
 
+mod graph;
 mod pooling;
 
 use primus_batch::{Ikjt, JaggedFeature, Kjt, Sparse};

@@ -1,0 +1,561 @@
+//! A compiled graph forward and backward: each node's values in dependency order, the
+//! heads' losses, then each node's gradient in reverse, first the nodes that lead to the
+//! embeddings (whose gradients go out as soon as they are complete), then the rest.
+
+use crate::cpu::interaction::{Dots, fm_backward, fm_forward};
+use crate::cpu::linalg::sized;
+use crate::cpu::mlp::{Activations, GradBuffers, Stack};
+use crate::cpu::{in_set_order, sigmoid};
+use crate::inputs::Inputs;
+use crate::params::{ParamSet, ParamTensor};
+use crate::{EmbeddingGrads, ModelError};
+
+use super::cross::CrossActs;
+use super::{GraphNet, Loss, Node, Op};
+
+/// One training step of a graph.
+#[derive(Debug, Clone)]
+pub struct GraphStep {
+    /// Every head's mean loss times its weight, summed: what the step minimised.
+    pub loss: f32,
+    /// Each head's loss and predictions, in [`GraphNet::heads`]' order.
+    pub heads: Vec<HeadOutput>,
+    /// Gradient of every dense parameter, in the parameter set's order.
+    pub dense_grads: Vec<ParamTensor>,
+    /// `rows x embedding_width`: gradient of each sample's pooled embeddings.
+    pub embedded_grad: Vec<f32>,
+    /// `rows x features`: gradient of each pooled first-order weight (empty without a
+    /// first-order input).
+    pub wide_grad: Vec<f32>,
+}
+
+/// What one head computed on a minibatch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeadOutput {
+    /// The head's name.
+    pub name: String,
+    /// Its mean loss before the update (unweighted).
+    pub loss: f32,
+    /// Per row: the probability (binary heads) or the predicted value (regression heads).
+    pub predictions: Vec<f32>,
+}
+
+/// Every node's values and gradients, kept between forward and backward and across steps.
+#[derive(Default)]
+pub struct GraphWorkspace {
+    values: Vec<Vec<f32>>,
+    grads: Vec<Vec<f32>>,
+    reached: Vec<bool>,
+    mlp: Vec<Activations>,
+    cross: Vec<CrossActs>,
+    buffers: GradBuffers,
+    /// A dot block's vectors after its first input, gathered.
+    gathered: Vec<f32>,
+    scratch: Vec<f32>,
+    scratch_first: Vec<f32>,
+}
+
+impl GraphNet {
+    /// Checks that `params` holds exactly the graph's tensors, each of its shape.
+    fn check_params(&self, params: &ParamSet) -> Result<(), ModelError> {
+        let shapes = &self.shapes;
+        if shapes.len() != params.tensors.len() {
+            return Err(ModelError::Params(format!(
+                "{} tensors given, the graph has {}",
+                params.tensors.len(),
+                shapes.len()
+            )));
+        }
+        for shape in shapes {
+            match params.get(&shape.name) {
+                Some(t) if t.shape == shape.shape => {}
+                Some(t) => {
+                    return Err(ModelError::Params(format!(
+                        "tensor {:?}: shape {:?} given, the graph's is {:?}",
+                        shape.name, t.shape, shape.shape
+                    )));
+                }
+                None => {
+                    return Err(ModelError::Params(format!(
+                        "the set has no tensor {:?}",
+                        shape.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_inputs(&self, inputs: &Inputs<'_>) -> Result<(), ModelError> {
+        let rows = inputs.rows;
+        let wide = if self.reads_first_order() {
+            self.features
+        } else {
+            0
+        };
+        for (what, got, want) in [
+            ("dense", inputs.dense.len(), rows * self.dense_width),
+            (
+                "embedded",
+                inputs.embedded.len(),
+                rows * self.embedding_width,
+            ),
+            ("wide", inputs.wide.len(), rows * wide),
+        ] {
+            if got != want {
+                return Err(ModelError::Inputs(format!(
+                    "{what} holds {got} values, {rows} rows need {want}"
+                )));
+            }
+        }
+        if rows == 0 {
+            return Err(ModelError::Inputs("no rows".into()));
+        }
+        Ok(())
+    }
+
+    fn reads_first_order(&self) -> bool {
+        self.nodes.iter().any(|n| matches!(n.op, Op::FirstOrder))
+    }
+
+    /// Forward and backward on one minibatch, `labels[h]` holding head `h`'s label per
+    /// row ([`GraphNet::heads`]' order); the parameters are not changed.
+    pub fn train_step(
+        &self,
+        params: &ParamSet,
+        inputs: &Inputs<'_>,
+        labels: &[&[f32]],
+        ws: &mut GraphWorkspace,
+    ) -> Result<GraphStep, ModelError> {
+        self.train_step_with(params, inputs, labels, ws, |_| {})
+    }
+
+    /// [`GraphNet::train_step`], handing `on_embedding_grads` the embeddings' gradients
+    /// as soon as they are complete: before the backward of the blocks that lead to none
+    /// (an MLP over the dense features).
+    pub fn train_step_with(
+        &self,
+        params: &ParamSet,
+        inputs: &Inputs<'_>,
+        labels: &[&[f32]],
+        ws: &mut GraphWorkspace,
+        on_embedding_grads: impl FnOnce(EmbeddingGrads<'_>),
+    ) -> Result<GraphStep, ModelError> {
+        self.check_params(params)?;
+        self.check_inputs(inputs)?;
+        if labels.len() != self.heads.len() {
+            return Err(ModelError::Inputs(format!(
+                "{} label columns given, the graph has {} heads",
+                labels.len(),
+                self.heads.len()
+            )));
+        }
+        if let Some((h, l)) = (labels.iter().enumerate()).find(|(_, l)| l.len() != inputs.rows) {
+            return Err(ModelError::Inputs(format!(
+                "head {:?}: {} labels for {} rows",
+                self.heads[h].name,
+                l.len(),
+                inputs.rows
+            )));
+        }
+        self.forward(params, inputs, ws)?;
+        let rows = inputs.rows;
+        self.clear_grads(rows, ws);
+        let mut heads = Vec::with_capacity(self.heads.len());
+        let mut total = 0.0f32;
+        for (head, labels) in self.heads.iter().zip(labels) {
+            let node = head.node;
+            let (loss, predictions) = head_loss(
+                head.loss,
+                self.value(node, &ws.values, inputs),
+                labels,
+                head.weight,
+                &mut ws.grads[node],
+            );
+            ws.reached[node] = true;
+            total += head.weight * loss;
+            heads.push(HeadOutput {
+                name: head.name.clone(),
+                loss,
+                predictions,
+            });
+        }
+        let mut grads = Vec::new();
+        let mut embedded_grad = vec![0.0; rows * self.embedding_width];
+        let mut wide_grad = if self.reads_first_order() {
+            vec![0.0; rows * self.features]
+        } else {
+            Vec::new()
+        };
+        let leads = &self.leads_to_sparse;
+        for i in (0..self.nodes.len()).rev().filter(|i| leads[*i]) {
+            let sparse = (&mut embedded_grad, &mut wide_grad);
+            grads.extend(self.backward_node(i, params, inputs, ws, sparse)?);
+        }
+        on_embedding_grads(EmbeddingGrads {
+            embedded: &embedded_grad,
+            wide: &wide_grad,
+        });
+        for i in (0..self.nodes.len()).rev().filter(|i| !leads[*i]) {
+            let sparse = (&mut embedded_grad, &mut wide_grad);
+            grads.extend(self.backward_node(i, params, inputs, ws, sparse)?);
+        }
+        Ok(GraphStep {
+            loss: total,
+            heads,
+            dense_grads: in_set_order(params, grads),
+            embedded_grad,
+            wide_grad,
+        })
+    }
+
+    /// Each head's predictions (probabilities of binary heads, values of regression
+    /// heads), in [`GraphNet::heads`]' order.
+    pub fn predict(
+        &self,
+        params: &ParamSet,
+        inputs: &Inputs<'_>,
+        ws: &mut GraphWorkspace,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.check_params(params)?;
+        self.check_inputs(inputs)?;
+        self.forward(params, inputs, ws)?;
+        Ok((self.heads.iter())
+            .map(|head| {
+                let values = self.value(head.node, &ws.values, inputs);
+                match head.loss {
+                    Loss::BinaryCrossEntropy => values.iter().map(|z| sigmoid(*z)).collect(),
+                    Loss::SquaredError => values.to_vec(),
+                }
+            })
+            .collect())
+    }
+
+    /// Node `i`'s values: an input taken whole is read where the minibatch holds it.
+    fn value<'a>(&self, i: usize, values: &'a [Vec<f32>], inputs: &Inputs<'a>) -> &'a [f32] {
+        match self.nodes[i].op {
+            Op::Dense(_) if self.whole[i] => inputs.dense,
+            Op::Embeddings { .. } if self.whole[i] => inputs.embedded,
+            _ => &values[i],
+        }
+    }
+
+    fn clear_grads(&self, rows: usize, ws: &mut GraphWorkspace) {
+        ws.grads.resize_with(self.nodes.len(), Vec::new);
+        ws.reached.clear();
+        ws.reached.resize(self.nodes.len(), false);
+        for (grad, node) in ws.grads.iter_mut().zip(&self.nodes) {
+            sized(grad, rows * node.width).fill(0.0);
+        }
+    }
+
+    /// Every node's values into `ws.values`.
+    fn forward(
+        &self,
+        params: &ParamSet,
+        inputs: &Inputs<'_>,
+        ws: &mut GraphWorkspace,
+    ) -> Result<(), ModelError> {
+        let rows = inputs.rows;
+        let count = self.nodes.len();
+        ws.values.resize_with(count, Vec::new);
+        ws.mlp.resize_with(count, Activations::default);
+        ws.cross.resize_with(count, CrossActs::default);
+        for (i, node) in self.nodes.iter().enumerate() {
+            if self.whole[i] {
+                continue;
+            }
+            let (done, rest) = ws.values.split_at_mut(i);
+            let done: &[Vec<f32>] = done;
+            let out = sized(&mut rest[0], rows * node.width);
+            let read = |k: usize| self.value(node.reads[k], done, inputs);
+            match &node.op {
+                Op::Dense(columns) => {
+                    let from = self.dense_width;
+                    for (out, row) in
+                        (out.chunks_exact_mut(node.width)).zip(inputs.dense.chunks_exact(from))
+                    {
+                        for (o, c) in out.iter_mut().zip(columns) {
+                            *o = row[*c];
+                        }
+                    }
+                }
+                Op::Embeddings { segments } => {
+                    let from = self.embedding_width;
+                    for (out, row) in
+                        (out.chunks_exact_mut(node.width)).zip(inputs.embedded.chunks_exact(from))
+                    {
+                        let mut at = 0;
+                        for (offset, dim) in segments {
+                            out[at..at + dim].copy_from_slice(&row[*offset..offset + dim]);
+                            at += dim;
+                        }
+                    }
+                }
+                Op::FirstOrder => {
+                    for (o, row) in out.iter_mut().zip(inputs.wide.chunks_exact(self.features)) {
+                        *o = row.iter().sum();
+                    }
+                }
+                Op::Mlp { .. } => {
+                    let stack = mlp_stack(node, params)?;
+                    stack.forward(read(0), rows, &mut ws.mlp[i]);
+                    out.copy_from_slice(ws.mlp[i].last());
+                }
+                Op::Concat => {
+                    let mut at = 0;
+                    for (k, r) in node.reads.iter().enumerate() {
+                        let width = self.nodes[*r].width;
+                        for (out, row) in
+                            (out.chunks_exact_mut(node.width)).zip(read(k).chunks_exact(width))
+                        {
+                            out[at..at + width].copy_from_slice(row);
+                        }
+                        at += width;
+                    }
+                }
+                Op::Add => {
+                    out.copy_from_slice(read(0));
+                    for k in 1..node.reads.len() {
+                        for (o, v) in out.iter_mut().zip(read(k)) {
+                            *o += v;
+                        }
+                    }
+                }
+                Op::Dot { dim, vectors } => {
+                    let dots = Dots {
+                        dim: *dim,
+                        features: vectors - 1,
+                    };
+                    let rest = self.gather_rest(node, done, inputs, &mut ws.gathered);
+                    dots.forward(read(0), rest, out);
+                }
+                Op::Fm { vectors, dim } => fm_forward(read(0), *vectors, *dim, out),
+                Op::Cross(cross) => {
+                    cross.forward(params, read(0), rows, &mut ws.cross[i])?;
+                    out.copy_from_slice(ws.cross[i].last());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A dot block's reads after the first, side by side per row: the one read itself
+    /// when there is one, else gathered into `gathered`.
+    fn gather_rest<'a>(
+        &self,
+        node: &Node,
+        values: &'a [Vec<f32>],
+        inputs: &Inputs<'a>,
+        gathered: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        if let [_, only] = node.reads[..] {
+            return self.value(only, values, inputs);
+        }
+        let rows = inputs.rows;
+        let widths: Vec<usize> = node.reads[1..]
+            .iter()
+            .map(|r| self.nodes[*r].width)
+            .collect();
+        let total: usize = widths.iter().sum();
+        let out = sized(gathered, rows * total);
+        let mut at = 0;
+        for (r, width) in node.reads[1..].iter().zip(&widths) {
+            let read = self.value(*r, values, inputs);
+            for (out, row) in out.chunks_exact_mut(total).zip(read.chunks_exact(*width)) {
+                out[at..at + width].copy_from_slice(row);
+            }
+            at += width;
+        }
+        out
+    }
+
+    /// Node `i`'s backward: its parameters' gradients (returned), its reads' gradients
+    /// added into theirs, and the sparse inputs' into `sparse` (embedded, wide).
+    fn backward_node(
+        &self,
+        i: usize,
+        params: &ParamSet,
+        inputs: &Inputs<'_>,
+        ws: &mut GraphWorkspace,
+        (embedded_grad, wide_grad): (&mut Vec<f32>, &mut Vec<f32>),
+    ) -> Result<Vec<ParamTensor>, ModelError> {
+        if !ws.reached[i] {
+            return Ok(Vec::new());
+        }
+        let node = &self.nodes[i];
+        let rows = inputs.rows;
+        let grad = std::mem::take(&mut ws.grads[i]);
+        let wanted: Vec<bool> = node.reads.iter().map(|r| self.wants_grad[*r]).collect();
+        for (r, wanted) in node.reads.iter().zip(&wanted) {
+            ws.reached[*r] |= *wanted;
+        }
+        let mut params_grads = Vec::new();
+        match &node.op {
+            Op::Dense(_) => {}
+            Op::Embeddings { segments } => {
+                let width = self.embedding_width;
+                for (out, g) in
+                    (embedded_grad.chunks_exact_mut(width)).zip(grad.chunks_exact(node.width))
+                {
+                    let mut at = 0;
+                    for (offset, dim) in segments {
+                        add(&mut out[*offset..offset + dim], &g[at..at + dim]);
+                        at += dim;
+                    }
+                }
+            }
+            Op::FirstOrder => {
+                for (out, g) in wide_grad.chunks_exact_mut(self.features).zip(&grad) {
+                    for o in out {
+                        *o += g;
+                    }
+                }
+            }
+            Op::Mlp { .. } => {
+                let stack = mlp_stack(node, params)?;
+                let read = node.reads[0];
+                let input_grad = if wanted[0] {
+                    Some(sized(&mut ws.scratch, rows * self.nodes[read].width))
+                } else {
+                    None
+                };
+                params_grads = stack.backward(
+                    self.value(read, &ws.values, inputs),
+                    rows,
+                    &ws.mlp[i],
+                    &grad,
+                    &mut ws.buffers,
+                    input_grad,
+                );
+                if wanted[0] {
+                    add(&mut ws.grads[read], &ws.scratch);
+                }
+            }
+            Op::Concat => {
+                let mut at = 0;
+                for (r, wanted) in node.reads.iter().zip(&wanted) {
+                    let width = self.nodes[*r].width;
+                    if *wanted {
+                        for (out, g) in (ws.grads[*r].chunks_exact_mut(width))
+                            .zip(grad.chunks_exact(node.width))
+                        {
+                            add(out, &g[at..at + width]);
+                        }
+                    }
+                    at += width;
+                }
+            }
+            Op::Add => {
+                for (r, wanted) in node.reads.iter().zip(&wanted) {
+                    if *wanted {
+                        add(&mut ws.grads[*r], &grad);
+                    }
+                }
+            }
+            Op::Dot { dim, vectors } => {
+                let dots = Dots {
+                    dim: *dim,
+                    features: vectors - 1,
+                };
+                let rest_width = (vectors - 1) * dim;
+                let grad_first = sized(&mut ws.scratch_first, rows * dim);
+                let grad_rest = sized(&mut ws.scratch, rows * rest_width);
+                let rest = self.gather_rest(node, &ws.values, inputs, &mut ws.gathered);
+                let first = self.value(node.reads[0], &ws.values, inputs);
+                dots.backward(first, rest, &grad, grad_first, grad_rest);
+                if wanted[0] {
+                    add(&mut ws.grads[node.reads[0]], &ws.scratch_first);
+                }
+                let mut at = 0;
+                for (r, wanted) in node.reads[1..].iter().zip(&wanted[1..]) {
+                    let width = self.nodes[*r].width;
+                    if *wanted {
+                        for (out, g) in (ws.grads[*r].chunks_exact_mut(width))
+                            .zip(ws.scratch.chunks_exact(rest_width))
+                        {
+                            add(out, &g[at..at + width]);
+                        }
+                    }
+                    at += width;
+                }
+            }
+            Op::Fm { vectors, dim } => {
+                let read = node.reads[0];
+                if wanted[0] {
+                    let values = self.value(read, &ws.values, inputs);
+                    let grads = &mut ws.grads[read];
+                    fm_backward(values, *vectors, *dim, &grad, grads);
+                }
+            }
+            Op::Cross(cross) => {
+                let read = node.reads[0];
+                let grad_x0 = sized(&mut ws.scratch, rows * node.width);
+                grad_x0.fill(0.0);
+                params_grads = cross.backward(params, rows, &ws.cross[i], &grad, grad_x0)?;
+                if wanted[0] {
+                    add(&mut ws.grads[read], &ws.scratch);
+                }
+            }
+        }
+        ws.grads[i] = grad;
+        Ok(params_grads)
+    }
+}
+
+/// An MLP node's layers over `params`.
+fn mlp_stack<'p>(node: &Node, params: &'p ParamSet) -> Result<Stack<'p>, ModelError> {
+    let Op::Mlp {
+        prefix,
+        widths,
+        relu_hidden,
+        relu_last,
+    } = &node.op
+    else {
+        return Err(ModelError::Params(format!("{} is not an MLP", node.name)));
+    };
+    let stack = Stack::new(params, prefix, widths.len(), *relu_last)?;
+    Ok(if *relu_hidden {
+        stack
+    } else {
+        stack.linear_between()
+    })
+}
+
+/// A head's mean loss and predictions from its values `z`, its weighted gradient added
+/// into `grad` (heads may share a value).
+fn head_loss(
+    loss: Loss,
+    z: &[f32],
+    labels: &[f32],
+    weight: f32,
+    grad: &mut [f32],
+) -> (f32, Vec<f32>) {
+    let rows = z.len() as f32;
+    let mut total = 0.0f64;
+    let mut predictions = Vec::with_capacity(z.len());
+    for ((z, y), g) in z.iter().zip(labels).zip(grad.iter_mut()) {
+        match loss {
+            Loss::BinaryCrossEntropy => {
+                // max(z, 0) - z*y + log(1 + exp(-|z|)), stable for any z.
+                total += f64::from(z.max(0.0) - z * y + (-z.abs()).exp().ln_1p());
+                let p = sigmoid(*z);
+                predictions.push(p);
+                *g += weight * (p - y) / rows;
+            }
+            Loss::SquaredError => {
+                let e = z - y;
+                total += f64::from(e * e);
+                predictions.push(*z);
+                *g += weight * 2.0 * e / rows;
+            }
+        }
+    }
+    ((total / f64::from(rows)) as f32, predictions)
+}
+
+fn add(into: &mut [f32], values: &[f32]) {
+    for (a, b) in into.iter_mut().zip(values) {
+        *a += b;
+    }
+}

@@ -29,7 +29,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The quickstart's build: the services without their optional features.
 cargo clippy --locked --no-default-features "${SERVICE_PACKAGES[@]/#/--package=}" --lib --bins -- -D warnings
 # The `cuda` feature (primus-model on burn 0.21 with its CUDA backend;
-# libs/model/src/graph/backend.rs) is a different build of the dense network: the model is
+# libs/model/src/on_burn/backend.rs) is a different build of the dense network: the model is
 # linted on it, and its tests run on it too (their GPU parts print SKIPPED without a device).
 cargo clippy --workspace --features primus-model/cuda --test model --bench step --locked -- -D warnings
 echo "[test] cargo doc (warnings are errors)"

@@ -1,8 +1,8 @@
 //! The dense network's cost per minibatch (the trainer's compute stage without pooling):
 //! the reference DLRM (13 dense + 26 sparse features, dim 16, bottom 512-256-64-16, top
 //! 512-256-1) at batch 2048, forward and backward (`train_step`) and the forward alone
-//! (`predict`), on the CPU networks and, as the baseline in the same run, on burn's CPU
-//! backend.
+//! (`predict`), on the CPU graph engine (the DLRM preset on `GraphNet`) and, as the
+//! baseline in the same run, on burn's CPU backend.
 //!
 //! `cargo bench -p primus-model --bench step`
 
@@ -72,7 +72,7 @@ fn step(c: &mut Criterion) {
     group.sample_size(20);
     let engines = [
         (
-            "cpu networks",
+            "cpu graph",
             Model::new(layout.clone()).expect("a model of the layout"),
         ),
         ("burn (baseline)", Model::burn_cpu(layout.clone())),

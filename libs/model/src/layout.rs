@@ -46,6 +46,8 @@ pub struct ModelLayout {
     pub dense_inputs: usize,
     /// The dense features, in column order.
     pub dense_names: Vec<String>,
+    /// The Dataset's label column.
+    pub label: String,
     /// Tables the schema's sparse features read, in first-use order.
     pub tables: Vec<TableSlot>,
     /// Sparse features in schema order.
@@ -110,6 +112,7 @@ impl ModelLayout {
             dense_spec: model.dense.clone(),
             dense_inputs: schema.dense.len(),
             dense_names: schema.dense.iter().map(|d| d.name.clone()).collect(),
+            label: schema.label.clone(),
             tables,
             features,
             embedding_width: offset,

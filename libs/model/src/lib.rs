@@ -4,14 +4,14 @@
 //! - [`layout`]: what a Job's model and a Dataset's schema imply together (tables per
 //!   feature, embedding row layout, the PS's tables) and the checks that they fit.
 //! - [`params`]: dense parameters as named flat tensors (held by the PS between steps).
-//! - `graph` (the `burn` feature): DLRM (dot interaction), DeepFM, Wide&Deep and
+//! - `on_burn` (the `burn` feature): DLRM (dot interaction), DeepFM, Wide&Deep and
 //!   MTRM (Primus Alg. 1) written as functions of those tensors on burn: the GPU, MTRM, and
 //!   the reference for the rest.
-//! - `cpu`: DLRM, DeepFM and Wide&Deep written out over a tuned sgemm, what [`Model`] runs
-//!   them with on the CPU; and [`GraphNet`], a model graph (`primus_spec::job::graph`):
-//!   its blocks (MLP, concatenation, sum, DLRM's dot interaction, the factorisation
-//!   machine, DCN-v2's cross network) and heads (binary cross-entropy, squared error)
-//!   forward and backward over the same kernels.
+//! - `cpu`: [`GraphNet`], a model graph (`primus_spec::job::graph`) on the CPU: its
+//!   blocks (MLP, concatenation, sum, DLRM's dot interaction, the factorisation machine,
+//!   DCN-v2's cross network) and heads (binary cross-entropy, squared error) forward and
+//!   backward over a tuned sgemm.
+//! - [`presets`]: DLRM, DeepFM and Wide&Deep as graphs, which [`Model`] runs on the CPU.
 //! - [`onnx`]: the dense network with its parameters as an ONNX model (for serving).
 //! - [`peak`]: the machine's measured FMA peak, the ceiling of the networks' speed.
 //! - [`pooling`]: unique keys per table of a minibatch, sum pooling of looked-up rows into
@@ -30,14 +30,15 @@
 #![warn(missing_docs)]
 
 mod cpu;
-#[cfg(feature = "burn")]
-mod graph;
 mod inputs;
 pub mod layout;
+#[cfg(feature = "burn")]
+mod on_burn;
 pub mod onnx;
 pub mod params;
 pub mod peak;
 pub mod pooling;
+pub mod presets;
 mod step;
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -144,23 +145,30 @@ pub struct Model {
 /// What computes the dense network.
 #[derive(Clone)]
 enum Engine {
-    /// The CPU networks (`cpu`), with workspaces reused across steps (one per concurrent
-    /// caller).
-    Cpu(Arc<Mutex<Vec<cpu::Workspace>>>),
+    /// The model's graph on the CPU, with workspaces reused across steps (one per
+    /// concurrent caller).
+    Graph {
+        net: Arc<GraphNet>,
+        pool: Arc<Mutex<Vec<GraphWorkspace>>>,
+    },
     /// burn on a device.
     #[cfg(feature = "burn")]
-    Burn(graph::BurnNets),
+    Burn(on_burn::BurnNets),
 }
 
 impl Model {
-    /// On the CPU: DLRM, DeepFM and Wide&Deep on the CPU networks, MTRM on burn (which a
-    /// build without the `burn` feature lacks).
+    /// On the CPU: DLRM, DeepFM and Wide&Deep as their graphs ([`presets`]), MTRM on
+    /// burn (which a build without the `burn` feature lacks).
     pub fn new(layout: ModelLayout) -> Result<Self, ModelError> {
-        if cpu::supports(layout.kind) {
+        if let Some(spec) = presets::preset_graph(&layout) {
+            let net = GraphNet::new(&spec, &layout, "model")?;
             return Ok(Self {
                 layout,
                 device: DenseDevice::Cpu,
-                engine: Engine::Cpu(Arc::default()),
+                engine: Engine::Graph {
+                    net: Arc::new(net),
+                    pool: Arc::default(),
+                },
             });
         }
         #[cfg(feature = "burn")]
@@ -171,14 +179,14 @@ impl Model {
         })
     }
 
-    /// Every model kind on burn's CPU backend: the reference the CPU networks are tested
+    /// Every model kind on burn's CPU backend: the reference the CPU graphs are tested
     /// against, and the dense step bench's baseline.
     #[cfg(feature = "burn")]
     pub fn burn_cpu(layout: ModelLayout) -> Self {
         Self {
             layout,
             device: DenseDevice::Cpu,
-            engine: Engine::Burn(graph::BurnNets::cpu()),
+            engine: Engine::Burn(on_burn::BurnNets::cpu()),
         }
     }
 
@@ -191,17 +199,17 @@ impl Model {
             DenseDevice::Cuda(ordinal) => Ok(Self {
                 layout,
                 device,
-                engine: Engine::Burn(graph::BurnNets::cuda(ordinal)?),
+                engine: Engine::Burn(on_burn::BurnNets::cuda(ordinal)?),
             }),
             #[cfg(not(feature = "burn"))]
             DenseDevice::Cuda(_) => Err(ModelError::NoCudaBuild),
         }
     }
 
-    /// Runs `f` with a workspace of the CPU networks, returned to the pool after.
+    /// Runs `f` with a workspace of the CPU graph, returned to the pool after.
     fn with_workspace<T>(
-        pool: &Mutex<Vec<cpu::Workspace>>,
-        f: impl FnOnce(&mut cpu::Workspace) -> T,
+        pool: &Mutex<Vec<GraphWorkspace>>,
+        f: impl FnOnce(&mut GraphWorkspace) -> T,
     ) -> T {
         let taken = pool.lock().unwrap_or_else(PoisonError::into_inner).pop();
         let mut workspace = taken.unwrap_or_default();
@@ -279,8 +287,10 @@ impl Model {
         #[cfg(not(feature = "burn"))]
         let _only_mtrm_reads_it = tower;
         match &self.engine {
-            Engine::Cpu(pool) => Self::with_workspace(pool, |ws| {
-                cpu::train_step(&self.layout, params, inputs, labels, ws, on_embedding_grads)
+            Engine::Graph { net, pool } => Self::with_workspace(pool, |ws| {
+                let step =
+                    net.train_step_with(params, inputs, &[labels], ws, on_embedding_grads)?;
+                Ok(single_head(step))
             }),
             #[cfg(feature = "burn")]
             Engine::Burn(nets) => {
@@ -305,9 +315,10 @@ impl Model {
         #[cfg(not(feature = "burn"))]
         let _only_mtrm_reads_it = tower;
         match &self.engine {
-            Engine::Cpu(pool) => {
-                Self::with_workspace(pool, |ws| cpu::predict(&self.layout, params, inputs, ws))
-            }
+            Engine::Graph { net, pool } => Self::with_workspace(pool, |ws| {
+                let heads = net.predict(params, inputs, ws)?;
+                Ok(heads.into_iter().next().unwrap_or_default())
+            }),
             #[cfg(feature = "burn")]
             Engine::Burn(nets) => Ok(nets.predict(&self.layout, params, inputs, tower)),
         }
@@ -322,5 +333,19 @@ impl Model {
             )));
         }
         Ok(&batch.dense.values)
+    }
+}
+
+/// The step of a one-head graph (a preset's) as a step of its model.
+fn single_head(step: GraphStep) -> StepOutput {
+    let probabilities = (step.heads.into_iter().next())
+        .map(|head| head.predictions)
+        .unwrap_or_default();
+    StepOutput {
+        loss: step.loss,
+        probabilities,
+        dense_grads: step.dense_grads,
+        embedded_grad: step.embedded_grad,
+        wide_grad: step.wide_grad,
     }
 }

@@ -1,6 +1,6 @@
 //! ONNX export of a model's dense network with its current parameters, for the serving role
 //! (ONNX Runtime runs it there). The graph is built node by node from the same layout and
-//! parameter names the burn code in `crate::graph` reads, so the two compute the same function.
+//! parameter names the burn code in `crate::on_burn` reads, so the two compute the same function.
 //!
 //! Inputs (f32, `N` rows): `dense` `[N, dense_inputs]`, `embedded` `[N, embedding_width]`
 //! (each feature's pooled embedding), and for wide models `wide` `[N, features]` (each

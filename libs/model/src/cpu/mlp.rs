@@ -35,6 +35,13 @@ impl Activations {
     }
 }
 
+/// Where an MLP's input gradient goes: written over `into`, or added to it with
+/// `accumulate`.
+pub(crate) struct InputGrad<'a> {
+    pub(crate) into: &'a mut [f32],
+    pub(crate) accumulate: bool,
+}
+
 /// Two buffers the backward pass alternates between.
 #[derive(Default)]
 pub(crate) struct GradBuffers {
@@ -88,11 +95,6 @@ impl<'p> Stack<'p> {
         }
     }
 
-    /// Width of the stack's output.
-    pub(crate) fn outputs(&self) -> usize {
-        self.layers.last().map_or(0, |l| l.outputs)
-    }
-
     fn relu_after(&self, i: usize) -> bool {
         if i + 1 < self.layers.len() {
             self.relu_hidden
@@ -129,7 +131,7 @@ impl<'p> Stack<'p> {
         acts: &Activations,
         grad_output: &[f32],
         buffers: &mut GradBuffers,
-        mut grad_input: Option<&mut [f32]>,
+        mut grad_input: Option<InputGrad<'_>>,
     ) -> Vec<ParamTensor> {
         let mut grads = Vec::with_capacity(2 * self.layers.len());
         sized(&mut buffers.current, grad_output.len()).copy_from_slice(grad_output);
@@ -168,7 +170,7 @@ impl<'p> Stack<'p> {
                 matmul(next, (grad, Stored::AsIs), weight, shape, false);
                 std::mem::swap(&mut buffers.current, &mut buffers.next);
             } else if let Some(dx) = grad_input.take() {
-                matmul(dx, (grad, Stored::AsIs), weight, shape, false);
+                matmul(dx.into, (grad, Stored::AsIs), weight, shape, dx.accumulate);
             }
         }
         grads

@@ -1,7 +1,8 @@
-//! Model graphs on the CPU: every block's gradients against finite differences, the four
-//! hand-written networks' graphs computing exactly what those networks compute, and a
+//! Model graphs on the CPU: every block's gradients against finite differences, the
+//! presets' graphs written out as specs computing exactly what `Model` computes, and a
 //! graph that does not fit its layout refused with the path of what does not fit.
 
+use primus_model::presets::preset_graph;
 use primus_model::{GraphNet, GraphWorkspace, Inputs, Model, ModelError, ModelLayout, ParamSet};
 use primus_spec::job::ModelKind;
 use primus_spec::job::graph::GraphSpec;
@@ -169,7 +170,7 @@ fn network_as_graph(kind: ModelKind, top: &[u32]) -> GraphSpec {
                 "dots": {"kind": "dot", "inputs": ["bottom", "emb"]},
                 "top": {"kind": "mlp", "input": "dots", "widths": top}
             },
-            "heads": {"click": {"input": "top", "label": "label"}}
+            "heads": {"label": {"input": "top", "label": "label"}}
         })),
         ModelKind::Deepfm | ModelKind::WideDeep => {
             let mut logit = vec!["deep", "first"];
@@ -193,7 +194,7 @@ fn network_as_graph(kind: ModelKind, top: &[u32]) -> GraphSpec {
                     "first": {"kind": "first_order"}
                 },
                 "blocks": blocks,
-                "heads": {"click": {"input": "logit", "label": "label"}}
+                "heads": {"label": {"input": "logit", "label": "label"}}
             }))
         }
         ModelKind::Mtrm => unreachable!("MTRM's towers are not a single graph here"),
@@ -201,7 +202,7 @@ fn network_as_graph(kind: ModelKind, top: &[u32]) -> GraphSpec {
 }
 
 #[test]
-fn the_networks_graphs_compute_exactly_what_the_networks_compute() {
+fn graphs_written_as_the_presets_compute_exactly_what_the_model_computes() {
     let top = [128, 64, 1];
     for kind in [ModelKind::Dlrm, ModelKind::Deepfm, ModelKind::WideDeep] {
         let bottom: &[u32] = if kind == ModelKind::Dlrm {
@@ -212,8 +213,13 @@ fn the_networks_graphs_compute_exactly_what_the_networks_compute() {
         let spec = model(kind, vec![table("t", 8)], bottom, &top);
         let features = [("a", "t"), ("b", "t"), ("c", "t")];
         let layout = ModelLayout::new(&spec, &schema(5, &features)).expect("layout");
-        let net = GraphNet::new(&network_as_graph(kind, &top), &layout, "model.graph")
-            .expect("the graph fits");
+        let spec = network_as_graph(kind, &top);
+        assert_eq!(
+            preset_graph(&layout).as_ref(),
+            Some(&spec),
+            "{kind:?}: the preset"
+        );
+        let net = GraphNet::new(&spec, &layout, "model.graph").expect("the graph fits");
         let params = net.init_params(11);
         assert_eq!(
             params,

@@ -1,10 +1,14 @@
 //! A compiled graph forward and backward: each node's values in dependency order, the
 //! heads' losses, then each node's gradient in reverse, first the nodes that lead to the
 //! embeddings (whose gradients go out as soon as they are complete), then the rest.
+//! A node's gradient is written by its first contributor and added into by the others,
+//! and a block writes straight into its read's gradient where it can: the pooled
+//! embeddings are the widest values of a step, and each extra pass over them costs about
+//! as much as a small layer.
 
 use crate::cpu::interaction::{Dots, fm_backward, fm_forward};
 use crate::cpu::linalg::sized;
-use crate::cpu::mlp::{Activations, GradBuffers, Stack};
+use crate::cpu::mlp::{Activations, GradBuffers, InputGrad, Stack};
 use crate::cpu::{in_set_order, sigmoid};
 use crate::inputs::Inputs;
 use crate::params::{ParamSet, ParamTensor};
@@ -44,8 +48,7 @@ pub struct HeadOutput {
 #[derive(Default)]
 pub struct GraphWorkspace {
     values: Vec<Vec<f32>>,
-    grads: Vec<Vec<f32>>,
-    reached: Vec<bool>,
+    grads: NodeGrads,
     mlp: Vec<Activations>,
     cross: Vec<CrossActs>,
     buffers: GradBuffers,
@@ -53,6 +56,82 @@ pub struct GraphWorkspace {
     gathered: Vec<f32>,
     scratch: Vec<f32>,
     scratch_first: Vec<f32>,
+}
+
+/// Each node's gradient in a step. Nothing zeroes them first: the first contribution is
+/// written, later ones are added, and a node nothing wrote to has no backward.
+#[derive(Default)]
+struct NodeGrads {
+    values: Vec<Vec<f32>>,
+    written: Vec<bool>,
+}
+
+impl NodeGrads {
+    /// A step over `rows` rows of nodes of these widths: nothing written yet.
+    fn start(&mut self, rows: usize, widths: impl ExactSizeIterator<Item = usize>) {
+        self.values.resize_with(widths.len(), Vec::new);
+        for (values, width) in self.values.iter_mut().zip(widths) {
+            if values.is_empty() {
+                // Handed out last step (the pooled embeddings'): zeroed pages, not a pass.
+                *values = vec![0.0; rows * width];
+            } else {
+                values.resize(rows * width, 0.0);
+            }
+        }
+        self.written.clear();
+        self.written.resize(self.values.len(), false);
+    }
+
+    fn written(&self, node: usize) -> bool {
+        self.written[node]
+    }
+
+    /// Node `node`'s gradient to write whole, and whether to add to it (true) or write
+    /// over it (false, the first contribution).
+    fn slot(&mut self, node: usize) -> (&mut [f32], bool) {
+        let accumulate = std::mem::replace(&mut self.written[node], true);
+        (&mut self.values[node], accumulate)
+    }
+
+    /// Adds `grad` into node `node`'s gradient.
+    fn add(&mut self, node: usize, grad: &[f32]) {
+        match self.slot(node) {
+            (into, true) => add(into, grad),
+            (into, false) => into.copy_from_slice(grad),
+        }
+    }
+
+    /// Adds columns `at..at + width` of each row of `grad` (`grad_width` per row) into
+    /// node `node`'s gradient (`width` per row).
+    fn add_columns(
+        &mut self,
+        node: usize,
+        grad: &[f32],
+        grad_width: usize,
+        at: usize,
+        width: usize,
+    ) {
+        let (into, accumulate) = self.slot(node);
+        let rows = into
+            .chunks_exact_mut(width)
+            .zip(grad.chunks_exact(grad_width));
+        for (into, row) in rows {
+            let row = &row[at..at + width];
+            match accumulate {
+                true => add(into, row),
+                false => into.copy_from_slice(row),
+            }
+        }
+    }
+
+    /// Node `node`'s gradient, taken out for its backward (put back with [`Self::put`]).
+    fn take(&mut self, node: usize) -> Vec<f32> {
+        std::mem::take(&mut self.values[node])
+    }
+
+    fn put(&mut self, node: usize, grad: Vec<f32>) {
+        self.values[node] = grad;
+    }
 }
 
 impl GraphNet {
@@ -160,7 +239,7 @@ impl GraphNet {
         }
         self.forward(params, inputs, ws)?;
         let rows = inputs.rows;
-        self.clear_grads(rows, ws);
+        ws.grads.start(rows, self.nodes.iter().map(|n| n.width));
         let mut heads = Vec::with_capacity(self.heads.len());
         let mut total = 0.0f32;
         for (head, labels) in self.heads.iter().zip(labels) {
@@ -170,9 +249,8 @@ impl GraphNet {
                 self.value(node, &ws.values, inputs),
                 labels,
                 head.weight,
-                &mut ws.grads[node],
+                ws.grads.slot(node),
             );
-            ws.reached[node] = true;
             total += head.weight * loss;
             heads.push(HeadOutput {
                 name: head.name.clone(),
@@ -181,7 +259,7 @@ impl GraphNet {
             });
         }
         let mut grads = Vec::new();
-        let mut embedded_grad = vec![0.0; rows * self.embedding_width];
+        let mut embedded_grad = Vec::new();
         let mut wide_grad = if self.reads_first_order() {
             vec![0.0; rows * self.features]
         } else {
@@ -191,6 +269,9 @@ impl GraphNet {
         for i in (0..self.nodes.len()).rev().filter(|i| leads[*i]) {
             let sparse = (&mut embedded_grad, &mut wide_grad);
             grads.extend(self.backward_node(i, params, inputs, ws, sparse)?);
+        }
+        if embedded_grad.is_empty() {
+            embedded_grad = vec![0.0; rows * self.embedding_width];
         }
         on_embedding_grads(EmbeddingGrads {
             embedded: &embedded_grad,
@@ -237,15 +318,6 @@ impl GraphNet {
             Op::Dense(_) if self.whole[i] => inputs.dense,
             Op::Embeddings { .. } if self.whole[i] => inputs.embedded,
             _ => &values[i],
-        }
-    }
-
-    fn clear_grads(&self, rows: usize, ws: &mut GraphWorkspace) {
-        ws.grads.resize_with(self.nodes.len(), Vec::new);
-        ws.reached.clear();
-        ws.reached.resize(self.nodes.len(), false);
-        for (grad, node) in ws.grads.iter_mut().zip(&self.nodes) {
-            sized(grad, rows * node.width).fill(0.0);
         }
     }
 
@@ -371,7 +443,8 @@ impl GraphNet {
     }
 
     /// Node `i`'s backward: its parameters' gradients (returned), its reads' gradients
-    /// added into theirs, and the sparse inputs' into `sparse` (embedded, wide).
+    /// added into theirs, and the sparse inputs' into `sparse` (embedded, wide; the
+    /// embedded one empty until something writes it).
     fn backward_node(
         &self,
         i: usize,
@@ -380,21 +453,26 @@ impl GraphNet {
         ws: &mut GraphWorkspace,
         (embedded_grad, wide_grad): (&mut Vec<f32>, &mut Vec<f32>),
     ) -> Result<Vec<ParamTensor>, ModelError> {
-        if !ws.reached[i] {
+        if !ws.grads.written(i) {
             return Ok(Vec::new());
         }
         let node = &self.nodes[i];
         let rows = inputs.rows;
-        let grad = std::mem::take(&mut ws.grads[i]);
+        let grad = ws.grads.take(i);
         let wanted: Vec<bool> = node.reads.iter().map(|r| self.wants_grad[*r]).collect();
-        for (r, wanted) in node.reads.iter().zip(&wanted) {
-            ws.reached[*r] |= *wanted;
-        }
         let mut params_grads = Vec::new();
         match &node.op {
             Op::Dense(_) => {}
+            Op::Embeddings { .. } if self.whole[i] && embedded_grad.is_empty() => {
+                // The pooled embeddings' gradient itself: handed over, not copied.
+                *embedded_grad = grad;
+                return Ok(params_grads);
+            }
             Op::Embeddings { segments } => {
                 let width = self.embedding_width;
+                if embedded_grad.is_empty() {
+                    *embedded_grad = vec![0.0; rows * width];
+                }
                 for (out, g) in
                     (embedded_grad.chunks_exact_mut(width)).zip(grad.chunks_exact(node.width))
                 {
@@ -415,33 +493,20 @@ impl GraphNet {
             Op::Mlp { .. } => {
                 let stack = mlp_stack(node, params)?;
                 let read = node.reads[0];
-                let input_grad = if wanted[0] {
-                    Some(sized(&mut ws.scratch, rows * self.nodes[read].width))
-                } else {
-                    None
-                };
-                params_grads = stack.backward(
-                    self.value(read, &ws.values, inputs),
-                    rows,
-                    &ws.mlp[i],
-                    &grad,
-                    &mut ws.buffers,
-                    input_grad,
-                );
-                if wanted[0] {
-                    add(&mut ws.grads[read], &ws.scratch);
-                }
+                let input = self.value(read, &ws.values, inputs);
+                let input_grad = wanted[0].then(|| {
+                    let (into, accumulate) = ws.grads.slot(read);
+                    InputGrad { into, accumulate }
+                });
+                params_grads =
+                    stack.backward(input, rows, &ws.mlp[i], &grad, &mut ws.buffers, input_grad);
             }
             Op::Concat => {
                 let mut at = 0;
                 for (r, wanted) in node.reads.iter().zip(&wanted) {
                     let width = self.nodes[*r].width;
                     if *wanted {
-                        for (out, g) in (ws.grads[*r].chunks_exact_mut(width))
-                            .zip(grad.chunks_exact(node.width))
-                        {
-                            add(out, &g[at..at + width]);
-                        }
+                        ws.grads.add_columns(*r, &grad, node.width, at, width);
                     }
                     at += width;
                 }
@@ -449,43 +514,22 @@ impl GraphNet {
             Op::Add => {
                 for (r, wanted) in node.reads.iter().zip(&wanted) {
                     if *wanted {
-                        add(&mut ws.grads[*r], &grad);
+                        ws.grads.add(*r, &grad);
                     }
                 }
             }
             Op::Dot { dim, vectors } => {
-                let dots = Dots {
-                    dim: *dim,
-                    features: vectors - 1,
-                };
-                let rest_width = (vectors - 1) * dim;
-                let grad_first = sized(&mut ws.scratch_first, rows * dim);
-                let grad_rest = sized(&mut ws.scratch, rows * rest_width);
-                let rest = self.gather_rest(node, &ws.values, inputs, &mut ws.gathered);
-                let first = self.value(node.reads[0], &ws.values, inputs);
-                dots.backward(first, rest, &grad, grad_first, grad_rest);
-                if wanted[0] {
-                    add(&mut ws.grads[node.reads[0]], &ws.scratch_first);
-                }
-                let mut at = 0;
-                for (r, wanted) in node.reads[1..].iter().zip(&wanted[1..]) {
-                    let width = self.nodes[*r].width;
-                    if *wanted {
-                        for (out, g) in (ws.grads[*r].chunks_exact_mut(width))
-                            .zip(ws.scratch.chunks_exact(rest_width))
-                        {
-                            add(out, &g[at..at + width]);
-                        }
-                    }
-                    at += width;
-                }
+                self.dot_backward(node, (*dim, *vectors), &wanted, &grad, inputs, ws)
             }
             Op::Fm { vectors, dim } => {
                 let read = node.reads[0];
                 if wanted[0] {
                     let values = self.value(read, &ws.values, inputs);
-                    let grads = &mut ws.grads[read];
-                    fm_backward(values, *vectors, *dim, &grad, grads);
+                    let (into, accumulate) = ws.grads.slot(read);
+                    if !accumulate {
+                        into.fill(0.0);
+                    }
+                    fm_backward(values, *vectors, *dim, &grad, into);
                 }
             }
             Op::Cross(cross) => {
@@ -494,12 +538,61 @@ impl GraphNet {
                 grad_x0.fill(0.0);
                 params_grads = cross.backward(params, rows, &ws.cross[i], &grad, grad_x0)?;
                 if wanted[0] {
-                    add(&mut ws.grads[read], &ws.scratch);
+                    ws.grads.add(read, &ws.scratch);
                 }
             }
         }
-        ws.grads[i] = grad;
+        ws.grads.put(i, grad);
         Ok(params_grads)
+    }
+
+    /// A dot block's backward. The vectors after the first, when one read holds them all,
+    /// get their gradient written straight into that read's (DLRM's pooled embeddings).
+    fn dot_backward(
+        &self,
+        node: &Node,
+        (dim, vectors): (usize, usize),
+        wanted: &[bool],
+        grad: &[f32],
+        inputs: &Inputs<'_>,
+        ws: &mut GraphWorkspace,
+    ) {
+        let rows = inputs.rows;
+        let dots = Dots {
+            dim,
+            features: vectors - 1,
+        };
+        let rest_width = (vectors - 1) * dim;
+        let grad_first = sized(&mut ws.scratch_first, rows * dim);
+        let rest = self.gather_rest(node, &ws.values, inputs, &mut ws.gathered);
+        let first = self.value(node.reads[0], &ws.values, inputs);
+        let direct = match node.reads[..] {
+            [first_read, only] if wanted[1] && first_read != only && !ws.grads.written(only) => {
+                Some(only)
+            }
+            _ => None,
+        };
+        match direct {
+            Some(only) => {
+                let (grad_rest, _) = ws.grads.slot(only);
+                dots.backward(first, rest, grad, grad_first, grad_rest);
+            }
+            None => {
+                let grad_rest = sized(&mut ws.scratch, rows * rest_width);
+                dots.backward(first, rest, grad, grad_first, grad_rest);
+                let mut at = 0;
+                for (r, wanted) in node.reads[1..].iter().zip(&wanted[1..]) {
+                    let width = self.nodes[*r].width;
+                    if *wanted {
+                        ws.grads.add_columns(*r, &ws.scratch, rest_width, at, width);
+                    }
+                    at += width;
+                }
+            }
+        }
+        if wanted[0] {
+            ws.grads.add(node.reads[0], &ws.scratch_first);
+        }
     }
 }
 
@@ -522,34 +615,35 @@ fn mlp_stack<'p>(node: &Node, params: &'p ParamSet) -> Result<Stack<'p>, ModelEr
     })
 }
 
-/// A head's mean loss and predictions from its values `z`, its weighted gradient added
-/// into `grad` (heads may share a value).
+/// A head's mean loss and predictions from its values `z`, its weighted gradient written
+/// into `grad`, or added with `accumulate` (heads may share a value).
 fn head_loss(
     loss: Loss,
     z: &[f32],
     labels: &[f32],
     weight: f32,
-    grad: &mut [f32],
+    (grad, accumulate): (&mut [f32], bool),
 ) -> (f32, Vec<f32>) {
     let rows = z.len() as f32;
     let mut total = 0.0f64;
     let mut predictions = Vec::with_capacity(z.len());
     for ((z, y), g) in z.iter().zip(labels).zip(grad.iter_mut()) {
-        match loss {
+        let dz = match loss {
             Loss::BinaryCrossEntropy => {
                 // max(z, 0) - z*y + log(1 + exp(-|z|)), stable for any z.
                 total += f64::from(z.max(0.0) - z * y + (-z.abs()).exp().ln_1p());
                 let p = sigmoid(*z);
                 predictions.push(p);
-                *g += weight * (p - y) / rows;
+                weight * (p - y) / rows
             }
             Loss::SquaredError => {
                 let e = z - y;
                 total += f64::from(e * e);
                 predictions.push(*z);
-                *g += weight * 2.0 * e / rows;
+                weight * 2.0 * e / rows
             }
-        }
+        };
+        *g = if accumulate { *g + dz } else { dz };
     }
     ((total / f64::from(rows)) as f32, predictions)
 }

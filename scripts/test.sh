@@ -45,21 +45,21 @@ echo "[test] cargo test"
 cargo test --workspace --exclude primus-chaos --exclude primus-cluster-tests --locked
 cargo test --workspace --exclude primus-chaos --test operator --test compose --locked
 # The Kubernetes suite (tests/cluster/tests/kubernetes) mostly waits on its cluster: it keeps
-# about 40% of two cores busy for 7-8 minutes. It runs beside the model's `cuda` tests and
-# the chaos suite, after every other test that starts a cluster, and its output follows theirs.
+# about 40% of two cores busy for 7-8 minutes. It runs beside the model's `cuda` build and
+# tests, which start no server, after every other test that starts a cluster, and its output
+# follows theirs. The chaos suite runs alone after it: it restarts servers on their ports,
+# which a suite picking ports beside it could take in between.
 kube_log="$(mktemp)"
 cargo test --workspace --exclude primus-chaos --test kubernetes --locked -- --nocapture >"$kube_log" 2>&1 &
 kube_suite=$!
-foreground=0
-cargo test --workspace --features primus-model/cuda --test model --locked || foreground=$?
-if [ "$foreground" -eq 0 ]; then
-  echo "[test] chaos suite"
-  cargo test --workspace --test chaos --locked -- --nocapture || foreground=$?
-fi
+model_status=0
+cargo test --workspace --features primus-model/cuda --test model --locked || model_status=$?
 kube_status=0
 wait "$kube_suite" || kube_status=$?
-echo "[test] the Kubernetes suite (ran beside the tests above)"
+echo "[test] the Kubernetes suite (ran beside the model's cuda tests)"
 cat "$kube_log"
 rm -f "$kube_log"
-[ "$foreground" -eq 0 ] || exit "$foreground"
-exit "$kube_status"
+[ "$model_status" -eq 0 ] || exit "$model_status"
+[ "$kube_status" -eq 0 ] || exit "$kube_status"
+echo "[test] chaos suite"
+cargo test --workspace --test chaos --locked -- --nocapture

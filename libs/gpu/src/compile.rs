@@ -4,11 +4,13 @@ use cudarc::nvrtc::{CompileError, CompileOptions};
 
 use crate::GpuError;
 
-/// The CUDA C++ source of every kernel, compiled by NVRTC at first use.
-pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
+/// The CUDA C++ source of every kernel (the embedding kernels, then the dense network's),
+/// compiled by NVRTC at first use into one module.
+pub const KERNEL_SOURCE: &str =
+    concat!(include_str!("kernels.cu"), include_str!("dense/kernels.cu"));
 
 /// Every `extern "C"` kernel in [`KERNEL_SOURCE`].
-pub const KERNEL_NAMES: [&str; 8] = [
+pub const KERNEL_NAMES: [&str; 13] = [
     "gather_pool_vec4",
     "gather_pool_scalar",
     "pool_backward_atomic",
@@ -17,6 +19,11 @@ pub const KERNEL_NAMES: [&str; 8] = [
     "adam_update",
     "gather_rows",
     "scatter_rows",
+    "bias_activation",
+    "relu_backward",
+    "dots_forward",
+    "dots_backward",
+    "head_loss",
 ];
 
 /// Whether the NVRTC library can be loaded (cudarc panics on first use otherwise).
@@ -25,6 +32,15 @@ pub fn nvrtc_available() -> bool {
     // SAFETY: only tries to dlopen the library by its candidate names.
     unsafe {
         cudarc::nvrtc::sys::is_culib_present()
+    }
+}
+
+/// Whether the cuBLAS library can be loaded (cudarc panics on first use otherwise).
+pub fn cublas_available() -> bool {
+    #[allow(unsafe_code)]
+    // SAFETY: only tries to dlopen the library by its candidate names.
+    unsafe {
+        cudarc::cublas::sys::is_culib_present()
     }
 }
 

@@ -1,5 +1,6 @@
 //! Runs every kernel on the GPU and compares it with its CPU reference on random input
-//! (repeated ids, empty bags, ids at the end of a 1M-row table, shared tables, IKJT bags).
+//! (repeated ids, empty bags, ids at the end of a 1M-row table, shared tables, IKJT bags),
+//! and the dense network's launches (`dense`) with theirs.
 //! Without a CUDA device it prints that each check was SKIPPED, and why, and passes.
 //! Not a libtest harness, so that the skip lines are always printed.
 
@@ -9,6 +10,7 @@
 )]
 
 mod common;
+mod dense;
 
 use common::{distinct_ids, random_case, random_floats, random_optimizer_table};
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use rand::rngs::StdRng;
 
 type Check = fn(&CudaKernels, &mut StdRng) -> Result<(), String>;
 
-const CHECKS: [(&str, Check); 7] = [
+const CHECKS: [(&str, Check); 13] = [
     (
         "gather_pool: every output written, bitwise equal to the reference",
         gather_pool_matches,
@@ -50,6 +52,30 @@ const CHECKS: [(&str, Check); 7] = [
     (
         "row store: DeviceRows bitwise equal to HostRows through growth, writes, reads, updates",
         row_stores_match,
+    ),
+    (
+        "dense matmul (cuBLAS): every storage of a and b, written and added, within 1e-5 of the reference",
+        dense::matmul_close,
+    ),
+    (
+        "dense bias_activation and relu_backward: bitwise equal to the reference",
+        dense::elementwise_match,
+    ),
+    (
+        "dense column sums: within 1e-5 of the reference up to 65,539 rows",
+        dense::column_sums_close,
+    ),
+    (
+        "dense dots forward and backward (DLRM interaction): within 1e-5 of the reference",
+        dense::dots_close,
+    ),
+    (
+        "dense head_loss: binary cross-entropy and squared error within 1e-6 of the reference",
+        dense::heads_close,
+    ),
+    (
+        "dense input checks: short buffers and one-vector interactions refused",
+        dense::dense_input_checks,
     ),
 ];
 

@@ -3,7 +3,10 @@
 //! `Device*` types are only built from validated input), which is what makes the
 //! `unsafe` launches sound. `transfers.rs` moves data between the host and a device.
 
+mod dense;
 mod transfers;
+
+pub use dense::{CudaDense, DeviceDots};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -118,6 +121,7 @@ struct Functions {
 /// The kernels on one device, launched on one stream.
 pub struct CudaKernels {
     context: Arc<CudaContext>,
+    module: Arc<CudaModule>,
     stream: Arc<CudaStream>,
     functions: Functions,
 }
@@ -235,6 +239,7 @@ impl CudaKernels {
         };
         Ok(Self {
             context: loaded.context.clone(),
+            module: loaded.module.clone(),
             stream: loaded.context.new_stream()?,
             functions,
         })
@@ -266,7 +271,7 @@ impl CudaKernels {
         out: &mut CudaSlice<f32>,
     ) -> Result<(), GpuError> {
         check_same_tables(weights, batch)?;
-        check_len("out", out.len(), batch.out_floats())?;
+        GpuError::check_len("out", out.len(), batch.out_floats())?;
         let (function, lanes) = if batch.vec4 {
             (
                 &self.functions.gather_pool_vec4,
@@ -312,8 +317,8 @@ impl CudaKernels {
         accumulation: Accumulation,
         grads: &mut CudaSlice<f32>,
     ) -> Result<(), GpuError> {
-        check_len("grad_out", grad_out.len(), batch.out_floats())?;
-        check_len("grads", grads.len(), batch.grad_floats)?;
+        GpuError::check_len("grad_out", grad_out.len(), batch.out_floats())?;
+        GpuError::check_len("grads", grads.len(), batch.grad_floats)?;
         self.stream.memset_zeros(grads)?;
         let has_sample_bag = i32::from(batch.sample_bag.is_some());
         let sample_bag = batch.sample_bag.as_ref().unwrap_or(&batch.offsets);
@@ -396,7 +401,7 @@ impl CudaKernels {
                 ),
             ));
         }
-        check_len("grads", grads.len(), ids.len * shape.dim as usize)?;
+        GpuError::check_len("grads", grads.len(), ids.len * shape.dim as usize)?;
         if ids.len == 0 {
             return Ok(());
         }
@@ -524,16 +529,6 @@ impl CudaKernels {
         unsafe { launch.launch(launch_config(values.len() as u64, 1)?) }?;
         Ok(())
     }
-}
-
-fn check_len(field: &str, have: usize, need: usize) -> Result<(), GpuError> {
-    if have < need {
-        return Err(GpuError::invalid(
-            field,
-            format!("{have} elements, {need} needed"),
-        ));
-    }
-    Ok(())
 }
 
 fn check_same_tables(weights: &DeviceTables, batch: &DevicePooling) -> Result<(), GpuError> {

@@ -1,0 +1,160 @@
+//! The CPU reference of every dense launch: plain loops over row-major slices, each
+//! computing what its kernel (or cuBLAS's product) computes, for the GPU checks to compare
+//! against within a tolerance.
+
+use super::{DotShape, HeadLoss, Product, Stored};
+
+/// `dst = a · b` (or `dst += a · b`), as [`Product`] describes.
+pub fn matmul(dst: &mut [f32], a: &[f32], b: &[f32], product: Product) {
+    let Product { m, k, n, .. } = product;
+    let at = |i: usize, l: usize| match product.a {
+        Stored::AsIs => a[i * k + l],
+        Stored::Transposed => a[l * m + i],
+    };
+    let bt = |l: usize, j: usize| match product.b {
+        Stored::AsIs => b[l * n + j],
+        Stored::Transposed => b[j * k + l],
+    };
+    for i in 0..m {
+        for j in 0..n {
+            let sum: f32 = (0..k).map(|l| at(i, l) * bt(l, j)).sum();
+            let into = &mut dst[i * n + j];
+            *into = if product.accumulate { *into + sum } else { sum };
+        }
+    }
+}
+
+/// `values (rows x bias.len()) += bias` per row, then ReLU with `relu`.
+pub fn bias_activation(values: &mut [f32], bias: &[f32], relu: bool) {
+    for row in values.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            let x = *v + b;
+            *v = if relu { x.max(0.0) } else { x };
+        }
+    }
+}
+
+/// Zeroes `grad` where the ReLU's `output` was not positive.
+pub fn relu_backward(grad: &mut [f32], output: &[f32]) {
+    for (g, y) in grad.iter_mut().zip(output) {
+        // A NaN output is not positive either, as in the kernel.
+        if y.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+            *g = 0.0;
+        }
+    }
+}
+
+/// Per-column sums of `values (rows x cols)`.
+pub fn column_sums(values: &[f32], cols: usize) -> Vec<f32> {
+    let mut sums = vec![0.0; cols];
+    for row in values.chunks_exact(cols) {
+        for (s, v) in sums.iter_mut().zip(row) {
+            *s += v;
+        }
+    }
+    sums
+}
+
+fn vector<'a>(first: &'a [f32], rest: &'a [f32], shape: DotShape, r: usize, v: usize) -> &'a [f32] {
+    let dim = shape.dim;
+    match v {
+        0 => &first[r * dim..(r + 1) * dim],
+        v => {
+            let at = (r * (shape.vectors - 1) + v - 1) * dim;
+            &rest[at..at + dim]
+        }
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(a, b)| a * b).sum()
+}
+
+/// `out (rows x shape.width())`: each row's first vector, then every pair's dot product.
+pub fn dots_forward(first: &[f32], rest: &[f32], shape: DotShape, out: &mut [f32]) {
+    let pairs: Vec<_> = shape.pair_list().collect();
+    for (r, row) in out.chunks_exact_mut(shape.width()).enumerate() {
+        row[..shape.dim].copy_from_slice(vector(first, rest, shape, r, 0));
+        for (o, &(i, j)) in row[shape.dim..].iter_mut().zip(&pairs) {
+            *o = dot(
+                vector(first, rest, shape, r, i),
+                vector(first, rest, shape, r, j),
+            );
+        }
+    }
+}
+
+/// The interaction's backward into `grad_first (rows x dim)` and `grad_rest (rows x
+/// (vectors - 1) * dim)`, each written, or added to with its flag.
+pub fn dots_backward(
+    (first, rest): (&[f32], &[f32]),
+    grad_out: &[f32],
+    shape: DotShape,
+    (grad_first, accumulate_first): (&mut [f32], bool),
+    (grad_rest, accumulate_rest): (&mut [f32], bool),
+) {
+    let dim = shape.dim;
+    let pairs: Vec<_> = shape.pair_list().collect();
+    for (r, g) in grad_out.chunks_exact(shape.width()).enumerate() {
+        let mut grads = vec![0.0f32; shape.vectors * dim];
+        grads[..dim].copy_from_slice(&g[..dim]);
+        for (&gp, &(i, j)) in g[dim..].iter().zip(&pairs) {
+            let (a, b) = (
+                vector(first, rest, shape, r, i),
+                vector(first, rest, shape, r, j),
+            );
+            for d in 0..dim {
+                grads[i * dim + d] += gp * b[d];
+                grads[j * dim + d] += gp * a[d];
+            }
+        }
+        let rest_width = (shape.vectors - 1) * dim;
+        let write = |into: &mut [f32], from: &[f32], accumulate: bool| {
+            for (x, y) in into.iter_mut().zip(from) {
+                *x = if accumulate { *x + y } else { *y };
+            }
+        };
+        write(
+            &mut grad_first[r * dim..(r + 1) * dim],
+            &grads[..dim],
+            accumulate_first,
+        );
+        write(
+            &mut grad_rest[r * rest_width..(r + 1) * rest_width],
+            &grads[dim..],
+            accumulate_rest,
+        );
+    }
+}
+
+/// A head's predictions and per-row losses from its `values`, and the weighted gradient
+/// of its mean loss into `grad` (written, or added with `accumulate`).
+pub fn head_loss(
+    values: &[f32],
+    labels: &[f32],
+    loss: HeadLoss,
+    weight: f32,
+    (grad, accumulate): (&mut [f32], bool),
+) -> (Vec<f32>, Vec<f32>) {
+    let rows = values.len() as f32;
+    let mut predictions = Vec::with_capacity(values.len());
+    let mut losses = Vec::with_capacity(values.len());
+    for ((z, y), g) in values.iter().zip(labels).zip(grad.iter_mut()) {
+        let dz = match loss {
+            HeadLoss::BinaryCrossEntropy => {
+                losses.push(z.max(0.0) - z * y + (-z.abs()).exp().ln_1p());
+                let p = 1.0 / (1.0 + (-z).exp());
+                predictions.push(p);
+                weight * (p - y) / rows
+            }
+            HeadLoss::SquaredError => {
+                let e = z - y;
+                losses.push(e * e);
+                predictions.push(*z);
+                weight * 2.0 * e / rows
+            }
+        };
+        *g = if accumulate { *g + dz } else { dz };
+    }
+    (predictions, losses)
+}

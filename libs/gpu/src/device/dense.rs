@@ -1,0 +1,336 @@
+//! A dense network's launches: cuBLAS's single-precision products over row-major
+//! matrices, and the kernels of dense/kernels.cu, on the stream of the [`CudaKernels`] they
+//! were made from (a step's embedding and dense work queue behind each other). Every
+//! launch checks its buffers' lengths against its shape first.
+
+use std::sync::Arc;
+
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+
+use super::CudaKernels;
+use crate::dense::{DotShape, HeadLoss, Product, Stored};
+use crate::{GpuError, cublas_available};
+
+const BLOCK: u32 = 256;
+/// Enough blocks of a grid-stride launch to fill any current device several times over.
+const MAX_BLOCKS: u64 = 1 << 16;
+
+struct DenseFunctions {
+    bias_activation: CudaFunction,
+    relu_backward: CudaFunction,
+    dots_forward: CudaFunction,
+    dots_backward: CudaFunction,
+    head_loss: CudaFunction,
+}
+
+/// cuBLAS and the dense kernels on one device and stream.
+pub struct CudaDense {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    functions: DenseFunctions,
+    /// A row of ones: column sums are its product with the matrix. Grown on demand.
+    ones: CudaSlice<f32>,
+}
+
+/// A [`DotShape`]'s pair list on the device.
+pub struct DeviceDots {
+    shape: DotShape,
+    pair_i: CudaSlice<u32>,
+    pair_j: CudaSlice<u32>,
+}
+
+impl DeviceDots {
+    /// Its shape.
+    pub fn shape(&self) -> DotShape {
+        self.shape
+    }
+}
+
+fn grid(items: u64) -> LaunchConfig {
+    let blocks = items.div_ceil(u64::from(BLOCK)).clamp(1, MAX_BLOCKS) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaKernels {
+    /// The dense launches on this instance's device and stream (cuBLAS loaded now).
+    pub fn dense(&self) -> Result<CudaDense, GpuError> {
+        if !cublas_available() {
+            return Err(GpuError::NoCublas);
+        }
+        let function = |name: &str| self.module.load_function(name);
+        let functions = DenseFunctions {
+            bias_activation: function("bias_activation")?,
+            relu_backward: function("relu_backward")?,
+            dots_forward: function("dots_forward")?,
+            dots_backward: function("dots_backward")?,
+            head_loss: function("head_loss")?,
+        };
+        Ok(CudaDense {
+            blas: CudaBlas::new(self.stream.clone())?,
+            ones: self.stream.alloc_zeros::<f32>(1)?,
+            stream: self.stream.clone(),
+            functions,
+        })
+    }
+}
+
+impl CudaDense {
+    /// `dst = a · b` (or `dst += a · b`), as `product` describes, on cuBLAS. Asynchronous.
+    pub fn matmul(
+        &self,
+        dst: &mut CudaSlice<f32>,
+        a: &CudaSlice<f32>,
+        b: &CudaSlice<f32>,
+        product: Product,
+    ) -> Result<(), GpuError> {
+        product.check(dst.len(), a.len(), b.len())?;
+        let Product { m, k, n, .. } = product;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            if !product.accumulate {
+                self.stream.memset_zeros(&mut dst.slice_mut(..m * n))?;
+            }
+            return Ok(());
+        }
+        // cuBLAS is column-major: a row-major matrix is its transpose there, so the
+        // row-major dst = a · b is the column-major dstᵀ = bᵀ · aᵀ.
+        let (transa, lda) = match product.b {
+            Stored::AsIs => (cublasOperation_t::CUBLAS_OP_N, n),
+            Stored::Transposed => (cublasOperation_t::CUBLAS_OP_T, k),
+        };
+        let (transb, ldb) = match product.a {
+            Stored::AsIs => (cublasOperation_t::CUBLAS_OP_N, k),
+            Stored::Transposed => (cublasOperation_t::CUBLAS_OP_T, m),
+        };
+        let config = GemmConfig {
+            transa,
+            transb,
+            m: n as i32,
+            n: m as i32,
+            k: k as i32,
+            alpha: 1.0f32,
+            lda: lda as i32,
+            ldb: ldb as i32,
+            beta: if product.accumulate { 1.0 } else { 0.0 },
+            ldc: n as i32,
+        };
+        // SAFETY: `product.check` verified that a holds m x k floats, b k x n and dst m x n,
+        // each dimension within i32; the leading dimensions above are those of the stored
+        // layouts, so cuBLAS reads and writes only inside the three buffers.
+        unsafe { self.blas.gemm(config, b, a, dst) }?;
+        Ok(())
+    }
+
+    /// `values (rows x cols) += bias` on every row, then ReLU with `relu`. Asynchronous.
+    pub fn bias_activation(
+        &self,
+        values: &mut CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        [rows, cols]: [usize; 2],
+        relu: bool,
+    ) -> Result<(), GpuError> {
+        GpuError::check_len("values", values.len(), rows * cols)?;
+        GpuError::check_len("bias", bias.len(), cols)?;
+        let (rows, cols) = (u32_of("rows", rows)?, u32_of("cols", cols)?);
+        let relu = i32::from(relu);
+        let mut launch = self.stream.launch_builder(&self.functions.bias_activation);
+        launch
+            .arg(values)
+            .arg(bias)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&relu);
+        // SAFETY: arguments match bias_activation; values holds rows x cols floats and bias
+        // cols (checked above), the kernel reads and writes no further.
+        unsafe { launch.launch(grid(u64::from(rows) * u64::from(cols))) }?;
+        Ok(())
+    }
+
+    /// Zeroes the first `len` floats of `grad` where the ReLU's `output` was not positive.
+    /// Asynchronous.
+    pub fn relu_backward(
+        &self,
+        grad: &mut CudaSlice<f32>,
+        output: &CudaSlice<f32>,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        GpuError::check_len("grad", grad.len(), len)?;
+        GpuError::check_len("output", output.len(), len)?;
+        let n = len as u64;
+        let mut launch = self.stream.launch_builder(&self.functions.relu_backward);
+        launch.arg(grad).arg(output).arg(&n);
+        // SAFETY: arguments match relu_backward; both buffers hold `len` floats.
+        unsafe { launch.launch(grid(n)) }?;
+        Ok(())
+    }
+
+    /// `dst (1 x cols)`: the per-column sums of `values (rows x cols)`, as the product of a
+    /// row of ones with the matrix. Asynchronous.
+    pub fn column_sums(
+        &mut self,
+        dst: &mut CudaSlice<f32>,
+        values: &CudaSlice<f32>,
+        [rows, cols]: [usize; 2],
+    ) -> Result<(), GpuError> {
+        if self.ones.len() < rows {
+            self.ones = self.stream.clone_htod(&vec![1.0f32; rows])?;
+        }
+        self.matmul(dst, &self.ones, values, Product::new([1, rows, cols]))
+    }
+
+    /// The pair list of `shape` on the device.
+    pub fn dots(&self, shape: DotShape) -> Result<DeviceDots, GpuError> {
+        shape.check()?;
+        let (pair_i, pair_j): (Vec<u32>, Vec<u32>) =
+            shape.pair_list().map(|(i, j)| (i as u32, j as u32)).unzip();
+        Ok(DeviceDots {
+            shape,
+            pair_i: self.stream.clone_htod(&pair_i)?,
+            pair_j: self.stream.clone_htod(&pair_j)?,
+        })
+    }
+
+    /// `out (rows x width)`: each row's `first` vector (`rows x dim`), then the dot product of
+    /// every pair of its vectors (the first, then `rest`'s, `rows x (vectors - 1) * dim`).
+    /// Asynchronous.
+    pub fn dots_forward(
+        &self,
+        dots: &DeviceDots,
+        first: &CudaSlice<f32>,
+        rest: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let shape = dots.shape;
+        check_dot_inputs(shape, first, rest)?;
+        GpuError::check_len("out", out.len(), shape.rows * shape.width())?;
+        let [rows, dim, vectors, pairs] =
+            [shape.rows, shape.dim, shape.vectors, shape.pairs()].map(|v| v as u32);
+        let mut launch = self.stream.launch_builder(&self.functions.dots_forward);
+        launch
+            .arg(first)
+            .arg(rest)
+            .arg(&dots.pair_i)
+            .arg(&dots.pair_j)
+            .arg(&rows)
+            .arg(&dim)
+            .arg(&vectors)
+            .arg(&pairs)
+            .arg(out);
+        // SAFETY: arguments match dots_forward; the pair lists are the shape's (built by
+        // `dots`), the inputs and `out` hold what the shape needs (checked above) and every
+        // index fits 32 bits (DotShape::check).
+        unsafe { launch.launch(grid((shape.rows * shape.width()) as u64)) }?;
+        Ok(())
+    }
+
+    /// The backward of [`Self::dots_forward`] from `grad_out (rows x width)` into
+    /// `grad_first` and `grad_rest` (shaped as `first` and `rest`), each written over, or
+    /// added to with its flag. Asynchronous.
+    pub fn dots_backward(
+        &self,
+        dots: &DeviceDots,
+        (first, rest): (&CudaSlice<f32>, &CudaSlice<f32>),
+        grad_out: &CudaSlice<f32>,
+        (grad_first, accumulate_first): (&mut CudaSlice<f32>, bool),
+        (grad_rest, accumulate_rest): (&mut CudaSlice<f32>, bool),
+    ) -> Result<(), GpuError> {
+        let shape = dots.shape;
+        check_dot_inputs(shape, first, rest)?;
+        GpuError::check_len("grad_out", grad_out.len(), shape.rows * shape.width())?;
+        GpuError::check_len("grad_first", grad_first.len(), shape.rows * shape.dim)?;
+        GpuError::check_len(
+            "grad_rest",
+            grad_rest.len(),
+            shape.rows * (shape.vectors - 1) * shape.dim,
+        )?;
+        let [rows, dim, vectors] = [shape.rows, shape.dim, shape.vectors].map(|v| v as u32);
+        let (accumulate_first, accumulate_rest) =
+            (i32::from(accumulate_first), i32::from(accumulate_rest));
+        let mut launch = self.stream.launch_builder(&self.functions.dots_backward);
+        launch
+            .arg(first)
+            .arg(rest)
+            .arg(grad_out)
+            .arg(&rows)
+            .arg(&dim)
+            .arg(&vectors)
+            .arg(&accumulate_first)
+            .arg(&accumulate_rest)
+            .arg(grad_first)
+            .arg(grad_rest);
+        // SAFETY: arguments match dots_backward; every buffer holds what the shape needs
+        // (checked above) and every index fits 32 bits (DotShape::check).
+        unsafe { launch.launch(grid((shape.rows * shape.vectors * shape.dim) as u64)) }?;
+        Ok(())
+    }
+
+    /// A head over `values` (one per row, `rows` rows): each row's prediction and loss, and
+    /// the weighted gradient of the mean loss into `grad` (written, or added with
+    /// `accumulate`). Asynchronous.
+    pub fn head_loss(
+        &self,
+        (values, labels): (&CudaSlice<f32>, &CudaSlice<f32>),
+        rows: usize,
+        (loss, weight): (HeadLoss, f32),
+        (grad, accumulate): (&mut CudaSlice<f32>, bool),
+        predictions: &mut CudaSlice<f32>,
+        losses: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        for (field, len) in [
+            ("values", values.len()),
+            ("labels", labels.len()),
+            ("grad", grad.len()),
+            ("predictions", predictions.len()),
+            ("losses", losses.len()),
+        ] {
+            GpuError::check_len(field, len, rows)?;
+        }
+        let rows = u32_of("rows", rows)?;
+        let (code, accumulate) = (loss.code(), i32::from(accumulate));
+        let mut launch = self.stream.launch_builder(&self.functions.head_loss);
+        launch
+            .arg(values)
+            .arg(labels)
+            .arg(&rows)
+            .arg(&code)
+            .arg(&weight)
+            .arg(&accumulate)
+            .arg(predictions)
+            .arg(losses)
+            .arg(grad);
+        // SAFETY: arguments match head_loss; every buffer holds `rows` floats.
+        unsafe { launch.launch(grid(u64::from(rows))) }?;
+        Ok(())
+    }
+
+    /// Waits until everything queued on the stream has finished.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        Ok(self.stream.synchronize()?)
+    }
+}
+
+fn check_dot_inputs(
+    shape: DotShape,
+    first: &CudaSlice<f32>,
+    rest: &CudaSlice<f32>,
+) -> Result<(), GpuError> {
+    GpuError::check_len("first", first.len(), shape.rows * shape.dim)?;
+    GpuError::check_len(
+        "rest",
+        rest.len(),
+        shape.rows * (shape.vectors - 1) * shape.dim,
+    )
+}
+
+fn u32_of(field: &str, value: usize) -> Result<u32, GpuError> {
+    u32::try_from(value)
+        .map_err(|_| GpuError::invalid(field, format!("{value} is past the kernels' 32 bits")))
+}

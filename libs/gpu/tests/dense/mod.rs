@@ -1,0 +1,268 @@
+//! The dense network's launches (cuBLAS's products and dense/kernels.cu) against
+//! `primus_gpu::dense::reference` on random input. cuBLAS orders its sums as it likes, so
+//! sums are compared by relative norm; element-wise kernels bit for bit.
+
+use cudarc::driver::CudaSlice;
+use primus_gpu::dense::{DotShape, HeadLoss, Product, Stored, reference};
+use primus_gpu::{CudaDense, CudaKernels, GpuError};
+use rand::rngs::StdRng;
+
+use crate::common::random_floats;
+use crate::{bits, first_difference};
+
+/// What cuBLAS's FP32 sums (and the kernels' fused multiply-adds) may differ by.
+const SUM_TOLERANCE: f64 = 1e-5;
+
+pub(crate) fn relative_difference(gpu: &[f32], cpu: &[f32]) -> f64 {
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (g, c) in gpu.iter().zip(cpu) {
+        diff += f64::from(g - c).powi(2);
+        norm += f64::from(*c).powi(2);
+    }
+    if gpu.len() != cpu.len() || gpu.iter().any(|g| !g.is_finite()) {
+        return f64::INFINITY;
+    }
+    (diff / norm.max(1e-30)).sqrt()
+}
+
+fn close(what: &str, gpu: &[f32], cpu: &[f32], tolerance: f64) -> Result<(), String> {
+    match relative_difference(gpu, cpu) {
+        d if d <= tolerance => Ok(()),
+        d => Err(format!(
+            "{what}: relative difference {d:.3e} > {tolerance:e}"
+        )),
+    }
+}
+
+fn up(kernels: &CudaKernels, values: &[f32]) -> Result<CudaSlice<f32>, String> {
+    kernels.upload(values).map_err(|e| e.to_string())
+}
+
+fn down(kernels: &CudaKernels, values: &CudaSlice<f32>, len: usize) -> Result<Vec<f32>, String> {
+    kernels.download(values, len).map_err(|e| e.to_string())
+}
+
+fn dense(kernels: &CudaKernels) -> Result<CudaDense, String> {
+    kernels.dense().map_err(|e| e.to_string())
+}
+
+pub(crate) fn matmul_close(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    let blas = dense(kernels)?;
+    let storages = [Stored::AsIs, Stored::Transposed];
+    for [m, k, n] in [[7, 13, 5], [300, 64, 129], [2048, 367, 64], [1, 4099, 3]] {
+        for (a_stored, b_stored) in storages.iter().flat_map(|a| storages.map(|b| (*a, b))) {
+            for accumulate in [false, true] {
+                let product = Product::new([m, k, n])
+                    .a(a_stored)
+                    .b(b_stored)
+                    .accumulate(accumulate);
+                let (a, b) = (random_floats(rng, m * k), random_floats(rng, k * n));
+                let mut want = random_floats(rng, m * n);
+                let mut dst = up(kernels, &want)?;
+                blas.matmul(&mut dst, &up(kernels, &a)?, &up(kernels, &b)?, product)
+                    .map_err(|e| e.to_string())?;
+                reference::matmul(&mut want, &a, &b, product);
+                close(
+                    &format!("{product:?}"),
+                    &down(kernels, &dst, m * n)?,
+                    &want,
+                    SUM_TOLERANCE,
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn elementwise_match(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    let blas = dense(kernels)?;
+    let (rows, cols) = (1031, 77);
+    for relu in [false, true] {
+        let (values, bias) = (random_floats(rng, rows * cols), random_floats(rng, cols));
+        let mut device = up(kernels, &values)?;
+        blas.bias_activation(&mut device, &up(kernels, &bias)?, [rows, cols], relu)
+            .map_err(|e| e.to_string())?;
+        let mut want = values;
+        reference::bias_activation(&mut want, &bias, relu);
+        let got = down(kernels, &device, rows * cols)?;
+        if bits(&got) != bits(&want) {
+            return Err(format!(
+                "bias_activation (relu {relu}): {}",
+                first_difference(&got, &want)
+            ));
+        }
+        let grad = random_floats(rng, rows * cols);
+        let mut device_grad = up(kernels, &grad)?;
+        blas.relu_backward(&mut device_grad, &device, rows * cols)
+            .map_err(|e| e.to_string())?;
+        let mut want_grad = grad;
+        reference::relu_backward(&mut want_grad, &want);
+        let got = down(kernels, &device_grad, rows * cols)?;
+        if bits(&got) != bits(&want_grad) {
+            return Err(format!(
+                "relu_backward: {}",
+                first_difference(&got, &want_grad)
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn column_sums_close(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    let mut blas = dense(kernels)?;
+    for (rows, cols) in [(3, 5), (65_539, 17), (2048, 512)] {
+        let values = random_floats(rng, rows * cols);
+        let mut dst = up(kernels, &random_floats(rng, cols))?;
+        blas.column_sums(&mut dst, &up(kernels, &values)?, [rows, cols])
+            .map_err(|e| e.to_string())?;
+        close(
+            &format!("{rows} x {cols}"),
+            &down(kernels, &dst, cols)?,
+            &reference::column_sums(&values, cols),
+            SUM_TOLERANCE,
+        )?;
+    }
+    Ok(())
+}
+
+pub(crate) fn dots_close(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    let blas = dense(kernels)?;
+    for shape in [
+        DotShape {
+            rows: 1000,
+            dim: 16,
+            vectors: 27,
+        },
+        DotShape {
+            rows: 33,
+            dim: 3,
+            vectors: 2,
+        },
+        DotShape {
+            rows: 257,
+            dim: 64,
+            vectors: 9,
+        },
+    ] {
+        let DotShape { rows, dim, vectors } = shape;
+        let (first, rest) = (
+            random_floats(rng, rows * dim),
+            random_floats(rng, rows * (vectors - 1) * dim),
+        );
+        let dots = blas.dots(shape).map_err(|e| e.to_string())?;
+        let (device_first, device_rest) = (up(kernels, &first)?, up(kernels, &rest)?);
+        let mut out = up(kernels, &vec![f32::NAN; rows * shape.width()])?;
+        blas.dots_forward(&dots, &device_first, &device_rest, &mut out)
+            .map_err(|e| e.to_string())?;
+        let mut want = vec![0.0; rows * shape.width()];
+        reference::dots_forward(&first, &rest, shape, &mut want);
+        close(
+            &format!("forward {shape:?}"),
+            &down(kernels, &out, want.len())?,
+            &want,
+            SUM_TOLERANCE,
+        )?;
+        let grad_out = random_floats(rng, rows * shape.width());
+        let device_grad_out = up(kernels, &grad_out)?;
+        for accumulate in [false, true] {
+            let mut want_first = random_floats(rng, first.len());
+            let mut want_rest = random_floats(rng, rest.len());
+            let mut grad_first = up(kernels, &want_first)?;
+            let mut grad_rest = up(kernels, &want_rest)?;
+            blas.dots_backward(
+                &dots,
+                (&device_first, &device_rest),
+                &device_grad_out,
+                (&mut grad_first, accumulate),
+                (&mut grad_rest, !accumulate),
+            )
+            .map_err(|e| e.to_string())?;
+            reference::dots_backward(
+                (&first, &rest),
+                &grad_out,
+                shape,
+                (&mut want_first, accumulate),
+                (&mut want_rest, !accumulate),
+            );
+            let what = format!("backward {shape:?}, first accumulated: {accumulate}");
+            close(
+                &what,
+                &down(kernels, &grad_first, first.len())?,
+                &want_first,
+                SUM_TOLERANCE,
+            )?;
+            close(
+                &what,
+                &down(kernels, &grad_rest, rest.len())?,
+                &want_rest,
+                SUM_TOLERANCE,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn heads_close(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    let blas = dense(kernels)?;
+    let rows = 4099;
+    let values: Vec<f32> = random_floats(rng, rows).iter().map(|v| 30.0 * v).collect();
+    let labels: Vec<f32> = random_floats(rng, rows)
+        .iter()
+        .map(|v| f32::from(*v > 0.0))
+        .collect();
+    for (loss, accumulate) in [
+        (HeadLoss::BinaryCrossEntropy, false),
+        (HeadLoss::SquaredError, true),
+    ] {
+        let mut want_grad = random_floats(rng, rows);
+        let mut grad = up(kernels, &want_grad)?;
+        let mut predictions = up(kernels, &vec![f32::NAN; rows])?;
+        let mut losses = up(kernels, &vec![f32::NAN; rows])?;
+        blas.head_loss(
+            (&up(kernels, &values)?, &up(kernels, &labels)?),
+            rows,
+            (loss, 0.7),
+            (&mut grad, accumulate),
+            &mut predictions,
+            &mut losses,
+        )
+        .map_err(|e| e.to_string())?;
+        let (want_predictions, want_losses) =
+            reference::head_loss(&values, &labels, loss, 0.7, (&mut want_grad, accumulate));
+        let what = format!("{loss:?}");
+        // expf and log1pf on the device round within 2 ulp of the host's.
+        close(
+            &what,
+            &down(kernels, &predictions, rows)?,
+            &want_predictions,
+            1e-6,
+        )?;
+        close(&what, &down(kernels, &losses, rows)?, &want_losses, 1e-6)?;
+        close(&what, &down(kernels, &grad, rows)?, &want_grad, 1e-6)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn dense_input_checks(kernels: &CudaKernels, _: &mut StdRng) -> Result<(), String> {
+    let blas = dense(kernels)?;
+    let short = up(kernels, &[0.0; 5])?;
+    let mut dst = up(kernels, &[0.0; 6])?;
+    let refused = |result: Result<(), GpuError>, field: &str| match result {
+        Err(GpuError::Invalid { field: got, .. }) if got == field => Ok(()),
+        other => Err(format!("expected invalid {field}, got {:?}", other.err())),
+    };
+    refused(
+        blas.matmul(&mut dst, &short, &short, Product::new([2, 3, 2])),
+        "a",
+    )?;
+    refused(blas.bias_activation(&mut dst, &short, [1, 6], true), "bias")?;
+    refused(
+        blas.dots(DotShape {
+            rows: 1,
+            dim: 4,
+            vectors: 1,
+        })
+        .map(|_| ()),
+        "dots",
+    )
+}

@@ -3,7 +3,8 @@
 //! cross-entropy) forward and backward on one GPU through `CudaDense`: every value, weight
 //! and gradient resident on the device, one stream, no copy to or from the host inside a
 //! step. Printed beside it, from the same run: the FLOP/s of one large cuBLAS product, the
-//! device's own matrix throughput in FP32, and the step's share of it. The dense
+//! device's own matrix throughput in FP32, and the step's share of it; then the same with
+//! the products on TF32 tensor cores (the summary line stays the FP32 one). The dense
 //! parameters' optimizer is not part of the step timed here.
 //! Without a CUDA device (or cuBLAS) it prints SKIPPED.
 //!
@@ -260,21 +261,38 @@ fn run() -> Result<(), GpuError> {
         peak / 1e12
     );
     let batches = batches();
+    println!("products in FP32:");
+    let summary = timed_batches(&kernels, &mut dense, &batches, peak)?;
+    println!("products on TF32 tensor cores (shares still of the FP32 product's):");
+    dense.set_tf32(true)?;
+    timed_batches(&kernels, &mut dense, &batches, peak)?;
+    dense.set_tf32(false)?;
+    println!("{summary}");
+    Ok(())
+}
+
+/// Each batch size's step rate; the summary of the last.
+fn timed_batches(
+    kernels: &CudaKernels,
+    dense: &mut CudaDense,
+    batches: &str,
+    peak: f64,
+) -> Result<String, GpuError> {
     let mut last = String::new();
     for batch in batches.split(',') {
         let rows: usize = batch.trim().parse().map_err(|_| GpuError::Invalid {
             field: "PRIMUS_BENCH_BATCHES".into(),
             reason: format!("{batch:?} is not a row count"),
         })?;
-        let mut step = Step::new(&kernels, &dense, rows)?;
+        let mut step = Step::new(kernels, dense, rows)?;
         for _ in 0..5 {
-            step.run(&mut dense)?;
+            step.run(dense)?;
         }
         dense.synchronize()?;
         let steps = (20_000_000 / rows).clamp(20, 2000);
         let start = Instant::now();
         for _ in 0..steps {
-            step.run(&mut dense)?;
+            step.run(dense)?;
         }
         dense.synchronize()?;
         let seconds = start.elapsed().as_secs_f64();
@@ -293,8 +311,7 @@ fn run() -> Result<(), GpuError> {
             100.0 * flops / peak
         );
     }
-    println!("{last}");
-    Ok(())
+    Ok(last)
 }
 
 fn main() {

@@ -2,14 +2,21 @@
 //! the reference DLRM (13 dense + 26 sparse features, dim 16, bottom 512-256-64-16, top
 //! 512-256-1) at batch 2048, forward and backward (`train_step`) and the forward alone
 //! (`predict`), on the CPU graph engine (the DLRM preset on `GraphNet`) and, as the
-//! baseline in the same run, on burn's CPU backend.
+//! baseline in the same run, on burn's CPU backend. Where a GPU is present, the same graph's
+//! `train_step` on cuBLAS and the dense kernels (`GraphNet::on_ops`), its minibatch copied
+//! to the device and its gradients back within each step, and the step alone on a minibatch
+//! already there; without a GPU that line says SKIPPED.
 //!
 //! `cargo bench -p primus-model --bench step`
+
+#![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
 
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use primus_model::{Inputs, Model, ModelLayout, ParamSet, Tower};
+use primus_gpu::{CudaKernels, CudaStatus, cuda_status};
+use primus_model::presets::preset_graph;
+use primus_model::{GraphNet, Inputs, Model, ModelLayout, ParamSet, Tower};
 use primus_spec::dataset::{DenseFeature, FeatureSchema, SparseFeature};
 use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
 
@@ -94,7 +101,38 @@ fn step(c: &mut Criterion) {
             })
         });
     }
+    on_gpu(&mut group, &layout, &params, &inputs, &labels);
     group.finish();
+}
+
+/// The DLRM graph's `train_step` on cuBLAS and the dense kernels, where a GPU is present.
+fn on_gpu(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    layout: &ModelLayout,
+    params: &ParamSet,
+    inputs: &Inputs<'_>,
+    labels: &[f32],
+) {
+    if !matches!(cuda_status(), CudaStatus::Ready { .. }) {
+        println!("graph on cuBLAS: train_step SKIPPED (no CUDA device)");
+        return;
+    }
+    let graph = preset_graph(layout).expect("DLRM has a preset graph");
+    let net = GraphNet::new(&graph, layout, "model.graph").expect("the graph fits");
+    let dense = CudaKernels::new(0)
+        .and_then(|kernels| kernels.dense())
+        .expect("the dense operations on a present GPU");
+    let mut on_gpu = net.on_ops(dense).expect("DLRM's graph has a device form");
+    on_gpu.load_params(params).expect("parameters");
+    group.bench_function("graph on cuBLAS: train_step", |b| {
+        b.iter(|| black_box(on_gpu.train_step(inputs, &[labels]).expect("step")))
+    });
+    // What the step costs once its minibatch is on the device and its gradients stay
+    // there: the copies' share of the line above.
+    on_gpu.load_minibatch(inputs, &[labels]).expect("minibatch");
+    group.bench_function("graph on cuBLAS: resident step", |b| {
+        b.iter(|| on_gpu.step().expect("step"))
+    });
 }
 
 criterion_group!(benches, step);

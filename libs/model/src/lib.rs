@@ -10,7 +10,8 @@
 //! - `cpu`: [`GraphNet`], a model graph (`primus_spec::job::graph`) on the CPU: its
 //!   blocks (MLP, concatenation, sum, DLRM's dot interaction, the factorisation machine,
 //!   DCN-v2's cross network) and heads (binary cross-entropy, squared error) forward and
-//!   backward over a tuned sgemm.
+//!   backward over a tuned sgemm; and [`DeviceGraph`], the same graph's step over
+//!   primus-gpu's dense operations (cuBLAS and the dense kernels on a GPU).
 //! - [`presets`]: DLRM, DeepFM and Wide&Deep as graphs, which [`Model`] runs on the CPU.
 //! - [`onnx`]: the dense network with its parameters as an ONNX model (for serving).
 //! - [`peak`]: the machine's measured FMA peak, the ceiling of the networks' speed.
@@ -45,7 +46,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use primus_batch::Minibatch;
 
-pub use cpu::blocks::{GraphNet, GraphStep, GraphWorkspace, HeadOutput};
+pub use cpu::blocks::{DeviceGraph, GraphNet, GraphStep, GraphWorkspace, HeadOutput};
 pub use inputs::{Inputs, Tower};
 pub use layout::{FeatureSlot, ModelLayout, TableSlot};
 pub use params::{ParamSet, ParamTensor};
@@ -98,6 +99,17 @@ pub enum ModelError {
         "the dense network cannot run on a GPU: this binary was built without primus-model's cuda feature"
     )]
     NoCudaBuild,
+    /// A block of the model's graph that cannot run where its operations were placed.
+    #[error("block {node:?} cannot run on the device: {reason}")]
+    NotOnDevice {
+        /// The block (or input).
+        node: String,
+        /// Why.
+        reason: String,
+    },
+    /// The dense operations on a device failed (the device's error, as text).
+    #[error("dense operations: {0}")]
+    Ops(String),
     /// The dense network's device cannot be used.
     #[error("dense network on {device:?}: {reason}")]
     Device {
@@ -106,6 +118,12 @@ pub enum ModelError {
         /// Why.
         reason: String,
     },
+}
+
+impl From<primus_gpu::GpuError> for ModelError {
+    fn from(e: primus_gpu::GpuError) -> Self {
+        Self::Ops(e.to_string())
+    }
 }
 
 /// The result of one training step.

@@ -3,7 +3,10 @@
 //! the bias and activation, the ReLU's backward, DLRM's dot interaction forward and
 //! backward, and the heads' losses) and their CPU reference ([`reference`](mod@reference)).
 
+mod ops;
 pub mod reference;
+
+pub use ops::{DenseOps, HostDense};
 
 use crate::GpuError;
 

@@ -3,6 +3,7 @@
 //! were made from (a step's embedding and dense work queue behind each other). Every
 //! launch checks its buffers' lengths against its shape first.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::cublas::sys::cublasOperation_t;
@@ -10,7 +11,7 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::CudaKernels;
-use crate::dense::{DotShape, HeadLoss, Product, Stored};
+use crate::dense::{DenseOps, DotShape, HeadLoss, Product, Stored};
 use crate::{GpuError, cublas_available};
 
 const BLOCK: u32 = 256;
@@ -32,6 +33,8 @@ pub struct CudaDense {
     functions: DenseFunctions,
     /// A row of ones: column sums are its product with the matrix. Grown on demand.
     ones: CudaSlice<f32>,
+    /// Pair lists by (dim, vectors), for [`DenseOps`]' interactions.
+    pair_lists: HashMap<(usize, usize), DeviceDots>,
 }
 
 /// A [`DotShape`]'s pair list on the device.
@@ -76,6 +79,7 @@ impl CudaKernels {
             ones: self.stream.alloc_zeros::<f32>(1)?,
             stream: self.stream.clone(),
             functions,
+            pair_lists: HashMap::new(),
         })
     }
 }
@@ -126,6 +130,20 @@ impl CudaDense {
         // each dimension within i32; the leading dimensions above are those of the stored
         // layouts, so cuBLAS reads and writes only inside the three buffers.
         unsafe { self.blas.gemm(config, b, a, dst) }?;
+        Ok(())
+    }
+
+    /// Whether the products may use TF32 tensor cores (inputs rounded to 10 bits of
+    /// mantissa, sums in FP32): several times the FP32 throughput on Ampere and later,
+    /// and no longer within [`Self::matmul`]'s FP32 tolerance. Off unless set.
+    pub fn set_tf32(&mut self, tf32: bool) -> Result<(), GpuError> {
+        use cudarc::cublas::sys::{cublasMath_t, cublasSetMathMode};
+        let mode = match tf32 {
+            true => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+            false => cublasMath_t::CUBLAS_DEFAULT_MATH,
+        };
+        // SAFETY: the handle is this instance's, alive as long as `blas`.
+        unsafe { cublasSetMathMode(*self.blas.handle(), mode) }.result()?;
         Ok(())
     }
 
@@ -183,7 +201,7 @@ impl CudaDense {
         if self.ones.len() < rows {
             self.ones = self.stream.clone_htod(&vec![1.0f32; rows])?;
         }
-        self.matmul(dst, &self.ones, values, Product::new([1, rows, cols]))
+        CudaDense::matmul(self, dst, &self.ones, values, Product::new([1, rows, cols]))
     }
 
     /// The pair list of `shape` on the device.
@@ -333,4 +351,123 @@ fn check_dot_inputs(
 fn u32_of(field: &str, value: usize) -> Result<u32, GpuError> {
     u32::try_from(value)
         .map_err(|_| GpuError::invalid(field, format!("{value} is past the kernels' 32 bits")))
+}
+
+impl CudaDense {
+    /// The pair list of `shape`'s dim and vector count, built once, shaped for its rows.
+    fn cached_dots(&mut self, shape: DotShape) -> Result<&DeviceDots, GpuError> {
+        shape.check()?;
+        let key = (shape.dim, shape.vectors);
+        if !self.pair_lists.contains_key(&key) {
+            let dots = self.dots(shape)?;
+            self.pair_lists.insert(key, dots);
+        }
+        let dots = self
+            .pair_lists
+            .get_mut(&key)
+            .ok_or_else(|| GpuError::invalid("dots", "pair list missing after insert"))?;
+        // The pairs do not depend on the rows.
+        dots.shape = shape;
+        Ok(dots)
+    }
+}
+
+impl DenseOps for CudaDense {
+    type Buffer = CudaSlice<f32>;
+
+    fn zeros(&mut self, len: usize) -> Result<CudaSlice<f32>, GpuError> {
+        Ok(self.stream.alloc_zeros::<f32>(len.max(1))?)
+    }
+
+    fn upload(&mut self, values: &[f32]) -> Result<CudaSlice<f32>, GpuError> {
+        if values.is_empty() {
+            return self.zeros(1);
+        }
+        Ok(self.stream.clone_htod(values)?)
+    }
+
+    fn download(&mut self, buffer: &CudaSlice<f32>, len: usize) -> Result<Vec<f32>, GpuError> {
+        GpuError::check_len("buffer", buffer.len(), len)?;
+        let mut host = self.stream.clone_dtoh(buffer)?;
+        host.truncate(len);
+        Ok(host)
+    }
+
+    fn finish(&mut self) -> Result<(), GpuError> {
+        self.synchronize()
+    }
+
+    fn matmul(
+        &mut self,
+        dst: &mut CudaSlice<f32>,
+        a: &CudaSlice<f32>,
+        b: &CudaSlice<f32>,
+        product: Product,
+    ) -> Result<(), GpuError> {
+        CudaDense::matmul(self, dst, a, b, product)
+    }
+
+    fn bias_activation(
+        &mut self,
+        values: &mut CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        shape: [usize; 2],
+        relu: bool,
+    ) -> Result<(), GpuError> {
+        CudaDense::bias_activation(self, values, bias, shape, relu)
+    }
+
+    fn relu_backward(
+        &mut self,
+        grad: &mut CudaSlice<f32>,
+        output: &CudaSlice<f32>,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        CudaDense::relu_backward(self, grad, output, len)
+    }
+
+    fn column_sums(
+        &mut self,
+        dst: &mut CudaSlice<f32>,
+        values: &CudaSlice<f32>,
+        shape: [usize; 2],
+    ) -> Result<(), GpuError> {
+        CudaDense::column_sums(self, dst, values, shape)
+    }
+
+    fn dots_forward(
+        &mut self,
+        shape: DotShape,
+        first: &CudaSlice<f32>,
+        rest: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        self.cached_dots(shape)?;
+        let dots = &self.pair_lists[&(shape.dim, shape.vectors)];
+        CudaDense::dots_forward(self, dots, first, rest, out)
+    }
+
+    fn dots_backward(
+        &mut self,
+        shape: DotShape,
+        inputs: (&CudaSlice<f32>, &CudaSlice<f32>),
+        grad_out: &CudaSlice<f32>,
+        grad_first: (&mut CudaSlice<f32>, bool),
+        grad_rest: (&mut CudaSlice<f32>, bool),
+    ) -> Result<(), GpuError> {
+        self.cached_dots(shape)?;
+        let dots = &self.pair_lists[&(shape.dim, shape.vectors)];
+        CudaDense::dots_backward(self, dots, inputs, grad_out, grad_first, grad_rest)
+    }
+
+    fn head_loss(
+        &mut self,
+        inputs: (&CudaSlice<f32>, &CudaSlice<f32>),
+        rows: usize,
+        loss: (HeadLoss, f32),
+        grad: (&mut CudaSlice<f32>, bool),
+        (predictions, losses): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    ) -> Result<(), GpuError> {
+        CudaDense::head_loss(self, inputs, rows, loss, grad, predictions, losses)
+    }
 }

@@ -2,8 +2,9 @@
 //! written out over a tuned sgemm (the `gemm` crate: AVX-512 or AVX2 kernels, every core)
 //! instead of burn's graph. Bias and activation are one pass over each product, transposes
 //! are read through strides, and activations live in a workspace reused across steps, so
-//! a step allocates little beyond what it returns. MTRM and the GPU run on burn
-//! (`crate::on_burn`), which is also the reference these networks are tested against.
+//! a step allocates little beyond what it returns. MTRM runs on burn (`crate::on_burn`),
+//! which is also the reference these networks are tested against; `blocks::on_device`
+//! places a compiled graph on primus-gpu's dense operations instead of these kernels.
 
 pub(crate) mod blocks;
 mod interaction;

@@ -8,7 +8,7 @@ use primus_spec::job::ModelKind;
 use primus_spec::job::graph::GraphSpec;
 use serde_json::json;
 
-use crate::{model, noise, random_batch, schema, table};
+use crate::{model, noise, random_batch, schema, shifted, table};
 
 fn graph(spec: serde_json::Value) -> GraphSpec {
     serde_json::from_value(spec).expect("a graph spec")
@@ -48,23 +48,6 @@ fn every_block() -> GraphSpec {
             "time": {"input": "value", "label": "watch", "loss": "squared_error", "weight": 0.5}
         }
     }))
-}
-
-/// Parameters moved off zero biases: a zero bias puts an all-dead sample on a ReLU's kink.
-fn shifted(params: &ParamSet) -> ParamSet {
-    let mut params = params.clone();
-    let tensors = (params.tensors().iter().enumerate())
-        .map(|(i, t)| {
-            let mut t = t.clone();
-            let offsets = noise(50 + i as u64, t.values.len());
-            for (v, n) in t.values.iter_mut().zip(offsets) {
-                *v += 0.05 * n;
-            }
-            t
-        })
-        .collect();
-    params.assign(tensors).expect("assign");
-    params
 }
 
 #[test]

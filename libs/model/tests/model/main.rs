@@ -7,6 +7,7 @@
 )]
 
 mod graph;
+mod on_device;
 mod pooling;
 
 use primus_batch::{Ikjt, JaggedFeature, Kjt, Sparse};
@@ -64,6 +65,23 @@ fn model(kind: ModelKind, tables: Vec<TableSpec>, bottom: &[u32], top: &[u32]) -
 fn small(kind: ModelKind) -> ModelLayout {
     let spec = model(kind, vec![table("t", 4)], &[6, 4], &[8, 1]);
     ModelLayout::new(&spec, &schema(3, &[("a", "t"), ("b", "t")])).expect("layout")
+}
+
+/// Parameters moved off zero biases: a zero bias puts an all-dead sample on a ReLU's kink.
+fn shifted(params: &ParamSet) -> ParamSet {
+    let mut params = params.clone();
+    let tensors = (params.tensors().iter().enumerate())
+        .map(|(i, t)| {
+            let mut t = t.clone();
+            let offsets = noise(50 + i as u64, t.values.len());
+            for (v, n) in t.values.iter_mut().zip(offsets) {
+                *v += 0.05 * n;
+            }
+            t
+        })
+        .collect();
+    params.assign(tensors).expect("assign");
+    params
 }
 
 /// A deterministic pseudo-random sequence in [-1, 1).
@@ -126,21 +144,7 @@ fn gradients_match_finite_differences_for_every_model() {
         let (dense, mut embedded, wide, labels) = random_batch(&layout, rows);
         // Zero biases put a sample with all-dead inputs exactly on a ReLU's kink, where
         // the central difference averages two one-sided slopes; nonzero biases avoid it.
-        let mut params = ParamSet::init(&layout, 7);
-        let shifted: Vec<_> = params
-            .tensors()
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let mut t = t.clone();
-                let offsets = noise(50 + i as u64, t.values.len());
-                for (v, n) in t.values.iter_mut().zip(offsets) {
-                    *v += 0.05 * n;
-                }
-                t
-            })
-            .collect();
-        params.assign(shifted).expect("assign");
+        let mut params = shifted(&ParamSet::init(&layout, 7));
         let towers: &[Tower] = if kind == ModelKind::Mtrm {
             &[Tower::Memory, Tower::Adapt]
         } else {

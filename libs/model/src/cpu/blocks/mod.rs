@@ -4,6 +4,7 @@
 //! them forward and backward over this module's kernels.
 
 mod cross;
+mod on_device;
 mod run;
 
 use std::collections::BTreeMap;
@@ -16,6 +17,7 @@ use crate::ModelError;
 use crate::layout::ModelLayout;
 use crate::params::{ParamSet, ParamTensor};
 
+pub use on_device::DeviceGraph;
 pub use run::{GraphStep, GraphWorkspace, HeadOutput};
 
 use cross::CrossNet;

@@ -136,7 +136,7 @@ impl NodeGrads {
 
 impl GraphNet {
     /// Checks that `params` holds exactly the graph's tensors, each of its shape.
-    fn check_params(&self, params: &ParamSet) -> Result<(), ModelError> {
+    pub(super) fn check_params(&self, params: &ParamSet) -> Result<(), ModelError> {
         let shapes = &self.shapes;
         if shapes.len() != params.tensors.len() {
             return Err(ModelError::Params(format!(
@@ -165,7 +165,7 @@ impl GraphNet {
         Ok(())
     }
 
-    fn check_inputs(&self, inputs: &Inputs<'_>) -> Result<(), ModelError> {
+    pub(super) fn check_inputs(&self, inputs: &Inputs<'_>) -> Result<(), ModelError> {
         let rows = inputs.rows;
         let wide = if self.reads_first_order() {
             self.features

@@ -1,0 +1,143 @@
+//! A model graph placed on dense operations (`GraphNet::on_ops`) against the same graph on
+//! the CPU: on the host reference everywhere, on cuBLAS and the dense kernels where a GPU
+//! is present.
+
+use primus_gpu::dense::{DenseOps, HostDense};
+use primus_gpu::{CudaKernels, CudaStatus, cuda_status};
+use primus_model::presets::preset_graph;
+use primus_model::{GraphNet, GraphStep, GraphWorkspace, Inputs, ModelError, ModelLayout};
+use primus_spec::job::ModelKind;
+
+use crate::{model, random_batch, schema, shifted, table};
+
+/// A DLRM of the reference's shape, smaller: 4 dense features, 5 sparse of dim 8.
+fn dlrm() -> (ModelLayout, GraphNet) {
+    let spec = model(
+        ModelKind::Dlrm,
+        vec![table("t", 8)],
+        &[32, 16, 8],
+        &[64, 32, 1],
+    );
+    let features = [("a", "t"), ("b", "t"), ("c", "t"), ("d", "t"), ("e", "t")];
+    let layout = ModelLayout::new(&spec, &schema(4, &features)).expect("layout");
+    let graph = preset_graph(&layout).expect("DLRM has a preset graph");
+    let net = GraphNet::new(&graph, &layout, "model.graph").expect("the graph fits");
+    (layout, net)
+}
+
+fn relative_difference(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths");
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (g, w) in got.iter().zip(want) {
+        diff += f64::from(g - w).powi(2);
+        norm += f64::from(*w).powi(2);
+    }
+    (diff / norm.max(1e-30)).sqrt()
+}
+
+fn assert_close(got: &GraphStep, want: &GraphStep, tolerance: f64, what: &str) {
+    assert!(
+        ((got.loss - want.loss) / want.loss).abs() < tolerance as f32,
+        "{what}: loss {} against {}",
+        got.loss,
+        want.loss
+    );
+    let pairs = [
+        (
+            "predictions",
+            &got.heads[0].predictions,
+            &want.heads[0].predictions,
+        ),
+        ("embedded_grad", &got.embedded_grad, &want.embedded_grad),
+    ];
+    for (name, g, w) in pairs {
+        let d = relative_difference(g, w);
+        assert!(d < tolerance, "{what}: {name} differs by {d:.2e}");
+    }
+    let names = |s: &GraphStep| {
+        s.dense_grads
+            .iter()
+            .map(|t| t.name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(got), names(want), "{what}: gradient tensors");
+    for (g, w) in got.dense_grads.iter().zip(&want.dense_grads) {
+        let d = relative_difference(&g.values, &w.values);
+        assert!(d < tolerance, "{what}: {} differs by {d:.2e}", g.name);
+    }
+}
+
+/// Steps of two minibatch sizes (buffers made again), the second size twice (reused).
+fn steps_match<O: DenseOps>(ops: O, tolerance: f64, what: &str) {
+    let (layout, net) = dlrm();
+    let params = shifted(&net.init_params(5));
+    let mut on_ops = net.on_ops(ops).expect("DLRM's graph has a device form");
+    on_ops.load_params(&params).expect("parameters");
+    let mut ws = GraphWorkspace::default();
+    for rows in [300, 77, 77] {
+        let (dense, embedded, wide, labels) = random_batch(&layout, rows);
+        let inputs = Inputs {
+            rows,
+            dense: &dense,
+            embedded: &embedded,
+            wide: &wide,
+        };
+        let want = net
+            .train_step(&params, &inputs, &[&labels], &mut ws)
+            .expect("CPU step");
+        let got = on_ops.train_step(&inputs, &[&labels]).expect("device step");
+        assert_close(&got, &want, tolerance, &format!("{what}, {rows} rows"));
+    }
+}
+
+#[test]
+fn a_graph_on_the_host_reference_operations_trains_like_the_cpu_graph() {
+    steps_match(HostDense, 1e-5, "host reference");
+}
+
+#[test]
+fn a_graph_with_blocks_that_have_no_device_form_is_refused_naming_the_block() {
+    let spec = model(ModelKind::Deepfm, vec![table("t", 8)], &[], &[16, 1]);
+    let layout = ModelLayout::new(&spec, &schema(2, &[("a", "t"), ("b", "t")])).expect("layout");
+    let graph = preset_graph(&layout).expect("DeepFM has a preset graph");
+    let net = GraphNet::new(&graph, &layout, "model.graph").expect("the graph fits");
+    match net.on_ops(HostDense) {
+        Err(ModelError::NotOnDevice { node, reason }) => {
+            assert!(
+                !node.is_empty() && reason.contains("no device form"),
+                "{node}: {reason}"
+            );
+        }
+        Err(other) => panic!("expected NotOnDevice, got {other}"),
+        Ok(_) => panic!("DeepFM's FM block has no device form"),
+    }
+    let (_, dlrm) = dlrm();
+    let mut on_ops = dlrm.on_ops(HostDense).expect("DLRM runs");
+    let (dense, embedded) = (vec![0.0; 4], vec![0.0; 40]);
+    let inputs = Inputs {
+        rows: 1,
+        dense: &dense,
+        embedded: &embedded,
+        wide: &[],
+    };
+    assert!(
+        matches!(
+            on_ops.train_step(&inputs, &[&[1.0]]),
+            Err(ModelError::Params(_))
+        ),
+        "a step before parameters are loaded is refused"
+    );
+}
+
+#[test]
+fn a_graph_on_a_gpu_trains_like_the_cpu_graph_or_says_why_it_cannot() {
+    if !matches!(cuda_status(), CudaStatus::Ready { .. }) {
+        println!("SKIPPED (no CUDA device): a model graph on cuBLAS and the dense kernels");
+        return;
+    }
+    let dense = CudaKernels::new(0)
+        .and_then(|kernels| kernels.dense())
+        .expect("the dense operations on a present GPU");
+    // cuBLAS orders its sums as it likes; the tolerance is the dense launches' own.
+    steps_match(dense, 1e-4, "cuBLAS");
+}

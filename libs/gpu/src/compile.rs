@@ -10,7 +10,7 @@ pub const KERNEL_SOURCE: &str =
     concat!(include_str!("kernels.cu"), include_str!("dense/kernels.cu"));
 
 /// Every `extern "C"` kernel in [`KERNEL_SOURCE`].
-pub const KERNEL_NAMES: [&str; 13] = [
+pub const KERNEL_NAMES: [&str; 14] = [
     "gather_pool_vec4",
     "gather_pool_scalar",
     "pool_backward_atomic",
@@ -24,6 +24,7 @@ pub const KERNEL_NAMES: [&str; 13] = [
     "dots_forward",
     "dots_backward",
     "head_loss",
+    "copy_columns",
 ];
 
 /// Whether the NVRTC library can be loaded (cudarc panics on first use otherwise).

@@ -24,7 +24,7 @@ use rand::rngs::StdRng;
 
 type Check = fn(&CudaKernels, &mut StdRng) -> Result<(), String>;
 
-const CHECKS: [(&str, Check); 13] = [
+const CHECKS: [(&str, Check); 14] = [
     (
         "gather_pool: every output written, bitwise equal to the reference",
         gather_pool_matches,
@@ -74,7 +74,11 @@ const CHECKS: [(&str, Check); 13] = [
         dense::heads_close,
     ),
     (
-        "dense input checks: short buffers and one-vector interactions refused",
+        "dense copy_columns: written and added, bitwise equal to the reference",
+        dense::columns_match,
+    ),
+    (
+        "dense input checks: short buffers, one-vector interactions, columns past a row refused",
         dense::dense_input_checks,
     ),
 ];

@@ -111,3 +111,18 @@ extern "C" __global__ void head_loss(const float* __restrict__ values, const flo
         grad[i] = accumulate ? grad[i] + dz : dz;
     }
 }
+
+// dst[r, dst_at + c] = src[r, src_at + c] (or +=, with accumulate) for c < width: moving
+// blocks of columns between matrices of different widths (concatenation and its
+// backward, sums, inputs of some of the columns).
+extern "C" __global__ void copy_columns(float* __restrict__ dst, u32 dst_width, u32 dst_at,
+                                        const float* __restrict__ src, u32 src_width, u32 src_at,
+                                        u32 rows, u32 width, int accumulate) {
+    GRID_STRIDE(i, (u64)rows * width) {
+        u64 r = i / width;
+        u32 c = (u32)(i % width);
+        float v = src[r * src_width + src_at + c];
+        float* into = dst + r * dst_width + dst_at + c;
+        *into = accumulate ? __fadd_rn(*into, v) : v;
+    }
+}

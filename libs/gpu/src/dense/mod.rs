@@ -132,6 +132,54 @@ impl DotShape {
     }
 }
 
+/// A block of columns moved between two row-major matrices: `width` columns of `rows`
+/// rows, from column `src_at` of a `src_width`-wide matrix to column `dst_at` of a
+/// `dst_width`-wide one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Columns {
+    /// Rows moved.
+    pub rows: usize,
+    /// Columns moved.
+    pub width: usize,
+    /// The source's columns per row.
+    pub src_width: usize,
+    /// The first source column moved.
+    pub src_at: usize,
+    /// The destination's columns per row.
+    pub dst_width: usize,
+    /// The first destination column written.
+    pub dst_at: usize,
+    /// Add to the destination instead of writing over it.
+    pub accumulate: bool,
+}
+
+impl Columns {
+    /// Checks the block against both matrices and the buffers' lengths.
+    pub(crate) fn check(&self, dst: usize, src: usize) -> Result<(), GpuError> {
+        for (field, at, width) in [
+            ("src", self.src_at, self.src_width),
+            ("dst", self.dst_at, self.dst_width),
+        ] {
+            if at + self.width > width {
+                return Err(GpuError::invalid(
+                    field,
+                    format!("columns {at}..{} of a matrix {width} wide", at + self.width),
+                ));
+            }
+        }
+        GpuError::check_len("src", src, self.rows * self.src_width)?;
+        GpuError::check_len("dst", dst, self.rows * self.dst_width)?;
+        let floats = self.rows.saturating_mul(self.src_width.max(self.dst_width));
+        if floats > u32::MAX as usize {
+            return Err(GpuError::invalid(
+                "columns",
+                format!("{floats} floats is past the kernels' 32-bit indices"),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// What a head minimises over its one value per row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadLoss {

@@ -4,7 +4,7 @@
 //!
 //! [`CudaDense`]: crate::CudaDense
 
-use super::{DotShape, HeadLoss, Product, reference};
+use super::{Columns, DotShape, HeadLoss, Product, reference};
 use crate::GpuError;
 
 /// A dense network's operations over buffers of floats in one place (a device, or the
@@ -21,6 +21,8 @@ pub trait DenseOps {
     fn download(&mut self, buffer: &Self::Buffer, len: usize) -> Result<Vec<f32>, GpuError>;
     /// Waits until every operation queued so far is done.
     fn finish(&mut self) -> Result<(), GpuError>;
+    /// Sets every float of `buffer` to zero.
+    fn fill_zero(&mut self, buffer: &mut Self::Buffer) -> Result<(), GpuError>;
     /// `dst = a · b`, or `dst += a · b`, as `product` describes.
     fn matmul(
         &mut self,
@@ -50,6 +52,13 @@ pub trait DenseOps {
         dst: &mut Self::Buffer,
         values: &Self::Buffer,
         shape: [usize; 2],
+    ) -> Result<(), GpuError>;
+    /// Moves the block of columns `columns` describes from `src` into `dst`.
+    fn copy_columns(
+        &mut self,
+        dst: &mut Self::Buffer,
+        src: &Self::Buffer,
+        columns: Columns,
     ) -> Result<(), GpuError>;
     /// DLRM's interaction of `first (rows x dim)` and `rest (rows x (vectors - 1) * dim)`
     /// into `out (rows x shape.width())`.
@@ -110,6 +119,11 @@ impl DenseOps for HostDense {
         Ok(())
     }
 
+    fn fill_zero(&mut self, buffer: &mut Vec<f32>) -> Result<(), GpuError> {
+        buffer.fill(0.0);
+        Ok(())
+    }
+
     fn matmul(
         &mut self,
         dst: &mut Vec<f32>,
@@ -157,6 +171,17 @@ impl DenseOps for HostDense {
         check("values", values, rows * cols)?;
         check("dst", dst, cols)?;
         dst[..cols].copy_from_slice(&reference::column_sums(&values[..rows * cols], cols));
+        Ok(())
+    }
+
+    fn copy_columns(
+        &mut self,
+        dst: &mut Vec<f32>,
+        src: &Vec<f32>,
+        columns: Columns,
+    ) -> Result<(), GpuError> {
+        columns.check(dst.len(), src.len())?;
+        reference::copy_columns(dst, src, columns);
         Ok(())
     }
 

@@ -2,7 +2,7 @@
 //! computing what its kernel (or cuBLAS's product) computes, for the GPU checks to compare
 //! against within a tolerance.
 
-use super::{DotShape, HeadLoss, Product, Stored};
+use super::{Columns, DotShape, HeadLoss, Product, Stored};
 
 /// `dst = a · b` (or `dst += a · b`), as [`Product`] describes.
 pub fn matmul(dst: &mut [f32], a: &[f32], b: &[f32], product: Product) {
@@ -157,4 +157,24 @@ pub fn head_loss(
         *g = if accumulate { *g + dz } else { dz };
     }
     (predictions, losses)
+}
+
+/// Moves the block of columns `columns` describes from `src` into `dst`.
+pub fn copy_columns(dst: &mut [f32], src: &[f32], columns: Columns) {
+    let Columns {
+        rows,
+        width,
+        src_width,
+        src_at,
+        dst_width,
+        dst_at,
+        accumulate,
+    } = columns;
+    for r in 0..rows {
+        let from = &src[r * src_width + src_at..r * src_width + src_at + width];
+        let into = &mut dst[r * dst_width + dst_at..r * dst_width + dst_at + width];
+        for (d, s) in into.iter_mut().zip(from) {
+            *d = if accumulate { *d + s } else { *s };
+        }
+    }
 }

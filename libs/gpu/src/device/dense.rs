@@ -11,7 +11,7 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::CudaKernels;
-use crate::dense::{DenseOps, DotShape, HeadLoss, Product, Stored};
+use crate::dense::{Columns, DenseOps, DotShape, HeadLoss, Product, Stored};
 use crate::{GpuError, cublas_available};
 
 const BLOCK: u32 = 256;
@@ -24,6 +24,7 @@ struct DenseFunctions {
     dots_forward: CudaFunction,
     dots_backward: CudaFunction,
     head_loss: CudaFunction,
+    copy_columns: CudaFunction,
 }
 
 /// cuBLAS and the dense kernels on one device and stream.
@@ -73,6 +74,7 @@ impl CudaKernels {
             dots_forward: function("dots_forward")?,
             dots_backward: function("dots_backward")?,
             head_loss: function("head_loss")?,
+            copy_columns: function("copy_columns")?,
         };
         Ok(CudaDense {
             blas: CudaBlas::new(self.stream.clone())?,
@@ -202,6 +204,41 @@ impl CudaDense {
             self.ones = self.stream.clone_htod(&vec![1.0f32; rows])?;
         }
         CudaDense::matmul(self, dst, &self.ones, values, Product::new([1, rows, cols]))
+    }
+
+    /// Moves the block of columns `columns` describes from `src` into `dst`. Asynchronous.
+    pub fn copy_columns(
+        &self,
+        dst: &mut CudaSlice<f32>,
+        src: &CudaSlice<f32>,
+        columns: Columns,
+    ) -> Result<(), GpuError> {
+        columns.check(dst.len(), src.len())?;
+        let [rows, width, src_width, src_at, dst_width, dst_at] = [
+            columns.rows,
+            columns.width,
+            columns.src_width,
+            columns.src_at,
+            columns.dst_width,
+            columns.dst_at,
+        ]
+        .map(|v| v as u32);
+        let accumulate = i32::from(columns.accumulate);
+        let mut launch = self.stream.launch_builder(&self.functions.copy_columns);
+        launch
+            .arg(dst)
+            .arg(&dst_width)
+            .arg(&dst_at)
+            .arg(src)
+            .arg(&src_width)
+            .arg(&src_at)
+            .arg(&rows)
+            .arg(&width)
+            .arg(&accumulate);
+        // SAFETY: arguments match copy_columns; `Columns::check` verified that both blocks
+        // lie inside their matrices, the buffers hold both matrices and indices fit 32 bits.
+        unsafe { launch.launch(grid(u64::from(rows) * u64::from(width))) }?;
+        Ok(())
     }
 
     /// The pair list of `shape` on the device.
@@ -397,6 +434,10 @@ impl DenseOps for CudaDense {
         self.synchronize()
     }
 
+    fn fill_zero(&mut self, buffer: &mut CudaSlice<f32>) -> Result<(), GpuError> {
+        Ok(self.stream.memset_zeros(buffer)?)
+    }
+
     fn matmul(
         &mut self,
         dst: &mut CudaSlice<f32>,
@@ -433,6 +474,15 @@ impl DenseOps for CudaDense {
         shape: [usize; 2],
     ) -> Result<(), GpuError> {
         CudaDense::column_sums(self, dst, values, shape)
+    }
+
+    fn copy_columns(
+        &mut self,
+        dst: &mut CudaSlice<f32>,
+        src: &CudaSlice<f32>,
+        columns: Columns,
+    ) -> Result<(), GpuError> {
+        CudaDense::copy_columns(self, dst, src, columns)
     }
 
     fn dots_forward(

@@ -3,7 +3,7 @@
 //! sums are compared by relative norm; element-wise kernels bit for bit.
 
 use cudarc::driver::CudaSlice;
-use primus_gpu::dense::{DotShape, HeadLoss, Product, Stored, reference};
+use primus_gpu::dense::{Columns, DotShape, HeadLoss, Product, Stored, reference};
 use primus_gpu::{CudaDense, CudaKernels, GpuError};
 use rand::rngs::StdRng;
 
@@ -243,6 +243,38 @@ pub(crate) fn heads_close(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(),
     Ok(())
 }
 
+pub(crate) fn columns_match(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    let blas = dense(kernels)?;
+    for (rows, width, src_width, src_at, dst_width, dst_at) in [
+        (1000, 16, 16, 0, 48, 32),
+        (517, 7, 30, 11, 7, 0),
+        (3, 1, 5, 4, 9, 8),
+    ] {
+        for accumulate in [false, true] {
+            let columns = Columns {
+                rows,
+                width,
+                src_width,
+                src_at,
+                dst_width,
+                dst_at,
+                accumulate,
+            };
+            let src = random_floats(rng, rows * src_width);
+            let mut want = random_floats(rng, rows * dst_width);
+            let mut dst = up(kernels, &want)?;
+            blas.copy_columns(&mut dst, &up(kernels, &src)?, columns)
+                .map_err(|e| e.to_string())?;
+            reference::copy_columns(&mut want, &src, columns);
+            let got = down(kernels, &dst, want.len())?;
+            if bits(&got) != bits(&want) {
+                return Err(format!("{columns:?}: {}", first_difference(&got, &want)));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn dense_input_checks(kernels: &CudaKernels, _: &mut StdRng) -> Result<(), String> {
     let blas = dense(kernels)?;
     let short = up(kernels, &[0.0; 5])?;
@@ -264,5 +296,15 @@ pub(crate) fn dense_input_checks(kernels: &CudaKernels, _: &mut StdRng) -> Resul
         })
         .map(|_| ()),
         "dots",
-    )
+    )?;
+    let past_the_end = Columns {
+        rows: 1,
+        width: 3,
+        src_width: 5,
+        src_at: 3,
+        dst_width: 6,
+        dst_at: 0,
+        accumulate: false,
+    };
+    refused(blas.copy_columns(&mut dst, &short, past_the_end), "src")
 }

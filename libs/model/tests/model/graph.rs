@@ -10,12 +10,12 @@ use serde_json::json;
 
 use crate::{model, noise, random_batch, schema, shifted, table};
 
-fn graph(spec: serde_json::Value) -> GraphSpec {
+pub(crate) fn graph(spec: serde_json::Value) -> GraphSpec {
     serde_json::from_value(spec).expect("a graph spec")
 }
 
 /// A wide layout (first-order weights) of 3 dense features and 3 sparse ones of 4 floats.
-fn wide_layout() -> ModelLayout {
+pub(crate) fn wide_layout() -> ModelLayout {
     let spec = model(ModelKind::WideDeep, vec![table("t", 4)], &[], &[8, 1]);
     let features = [("a", "t"), ("b", "t"), ("c", "t")];
     ModelLayout::new(&spec, &schema(3, &features)).expect("layout")

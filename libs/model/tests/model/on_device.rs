@@ -1,6 +1,6 @@
 //! A model graph placed on dense operations (`GraphNet::on_ops`) against the same graph on
-//! the CPU: on the host reference everywhere, on cuBLAS and the dense kernels where a GPU
-//! is present.
+//! the CPU: the DLRM preset and a graph of every block with a device form, on the host
+//! reference everywhere, on cuBLAS and the dense kernels where a GPU is present.
 
 use primus_gpu::dense::{DenseOps, HostDense};
 use primus_gpu::{CudaKernels, CudaStatus, cuda_status};
@@ -8,7 +8,10 @@ use primus_model::presets::preset_graph;
 use primus_model::{GraphNet, GraphStep, GraphWorkspace, Inputs, ModelError, ModelLayout};
 use primus_spec::job::ModelKind;
 
-use crate::{model, random_batch, schema, shifted, table};
+use serde_json::json;
+
+use crate::graph::{graph, wide_layout};
+use crate::{model, noise, random_batch, schema, shifted, table};
 
 /// A DLRM of the reference's shape, smaller: 4 dense features, 5 sparse of dim 8.
 fn dlrm() -> (ModelLayout, GraphNet) {
@@ -42,14 +45,14 @@ fn assert_close(got: &GraphStep, want: &GraphStep, tolerance: f64, what: &str) {
         got.loss,
         want.loss
     );
-    let pairs = [
-        (
-            "predictions",
-            &got.heads[0].predictions,
-            &want.heads[0].predictions,
-        ),
+    assert_eq!(got.heads.len(), want.heads.len(), "{what}: heads");
+    let mut pairs = vec![
         ("embedded_grad", &got.embedded_grad, &want.embedded_grad),
+        ("wide_grad", &got.wide_grad, &want.wide_grad),
     ];
+    for (g, w) in got.heads.iter().zip(&want.heads) {
+        pairs.push(("predictions", &g.predictions, &w.predictions));
+    }
     for (name, g, w) in pairs {
         let d = relative_difference(g, w);
         assert!(d < tolerance, "{what}: {name} differs by {d:.2e}");
@@ -67,15 +70,51 @@ fn assert_close(got: &GraphStep, want: &GraphStep, tolerance: f64, what: &str) {
     }
 }
 
+/// Every block with a device form, inputs of some of the columns, both losses, two heads.
+fn every_device_block() -> (ModelLayout, GraphNet) {
+    let spec = graph(json!({
+        "inputs": {
+            "dense": {"kind": "dense"},
+            "emb": {"kind": "embeddings"},
+            "ab": {"kind": "embeddings", "features": ["a", "b"]},
+            "first": {"kind": "first_order"}
+        },
+        "blocks": {
+            "bottom": {"kind": "mlp", "input": "dense", "widths": [6, 4], "activate_last": true},
+            "dots": {"kind": "dot", "inputs": ["bottom", "emb", "ab"]},
+            "joined": {"kind": "concat", "inputs": ["dense", "emb"]},
+            "deep": {"kind": "mlp", "input": "joined", "widths": [8, 4]},
+            "deep_in": {"kind": "concat", "inputs": ["dots", "deep"]},
+            "top": {"kind": "mlp", "input": "deep_in", "widths": [8, 1]},
+            "linear": {"kind": "mlp", "input": "dense", "widths": [5, 1], "activation": "none"},
+            "logit": {"kind": "add", "inputs": ["top", "first", "linear"]},
+            "value": {"kind": "mlp", "input": "joined", "widths": [4, 1]}
+        },
+        "heads": {
+            "click": {"input": "logit", "label": "label"},
+            "time": {"input": "value", "label": "watch", "loss": "squared_error", "weight": 0.5}
+        }
+    }));
+    let layout = wide_layout();
+    let net = GraphNet::new(&spec, &layout, "model.graph").expect("the graph fits");
+    (layout, net)
+}
+
 /// Steps of two minibatch sizes (buffers made again), the second size twice (reused).
-fn steps_match<O: DenseOps>(ops: O, tolerance: f64, what: &str) {
-    let (layout, net) = dlrm();
+fn steps_match<O: DenseOps>(
+    ops: O,
+    (layout, net): (ModelLayout, GraphNet),
+    tolerance: f64,
+    what: &str,
+) {
     let params = shifted(&net.init_params(5));
-    let mut on_ops = net.on_ops(ops).expect("DLRM's graph has a device form");
+    let mut on_ops = net.on_ops(ops).expect("the graph has a device form");
     on_ops.load_params(&params).expect("parameters");
     let mut ws = GraphWorkspace::default();
     for rows in [300, 77, 77] {
         let (dense, embedded, wide, labels) = random_batch(&layout, rows);
+        let watch = noise(9, rows);
+        let labels: Vec<&[f32]> = [&labels[..], &watch[..]][..net.heads().len()].to_vec();
         let inputs = Inputs {
             rows,
             dense: &dense,
@@ -83,16 +122,22 @@ fn steps_match<O: DenseOps>(ops: O, tolerance: f64, what: &str) {
             wide: &wide,
         };
         let want = net
-            .train_step(&params, &inputs, &[&labels], &mut ws)
+            .train_step(&params, &inputs, &labels, &mut ws)
             .expect("CPU step");
-        let got = on_ops.train_step(&inputs, &[&labels]).expect("device step");
+        let got = on_ops.train_step(&inputs, &labels).expect("device step");
         assert_close(&got, &want, tolerance, &format!("{what}, {rows} rows"));
     }
 }
 
 #[test]
 fn a_graph_on_the_host_reference_operations_trains_like_the_cpu_graph() {
-    steps_match(HostDense, 1e-5, "host reference");
+    steps_match(HostDense, dlrm(), 1e-5, "DLRM on the host reference");
+    steps_match(
+        HostDense,
+        every_device_block(),
+        1e-5,
+        "every block on the host reference",
+    );
 }
 
 #[test]
@@ -104,7 +149,7 @@ fn a_graph_with_blocks_that_have_no_device_form_is_refused_naming_the_block() {
     match net.on_ops(HostDense) {
         Err(ModelError::NotOnDevice { node, reason }) => {
             assert!(
-                !node.is_empty() && reason.contains("no device form"),
+                node == "fm" && reason.contains("no device form"),
                 "{node}: {reason}"
             );
         }
@@ -112,7 +157,7 @@ fn a_graph_with_blocks_that_have_no_device_form_is_refused_naming_the_block() {
         Ok(_) => panic!("DeepFM's FM block has no device form"),
     }
     let (_, dlrm) = dlrm();
-    let mut on_ops = dlrm.on_ops(HostDense).expect("DLRM runs");
+    let mut on_ops = dlrm.on_ops(HostDense).expect("DLRM has a device form");
     let (dense, embedded) = (vec![0.0; 4], vec![0.0; 40]);
     let inputs = Inputs {
         rows: 1,
@@ -139,5 +184,9 @@ fn a_graph_on_a_gpu_trains_like_the_cpu_graph_or_says_why_it_cannot() {
         .and_then(|kernels| kernels.dense())
         .expect("the dense operations on a present GPU");
     // cuBLAS orders its sums as it likes; the tolerance is the dense launches' own.
-    steps_match(dense, 1e-4, "cuBLAS");
+    steps_match(dense, dlrm(), 1e-4, "DLRM on cuBLAS");
+    let dense = CudaKernels::new(0)
+        .and_then(|kernels| kernels.dense())
+        .expect("the dense operations on a present GPU");
+    steps_match(dense, every_device_block(), 1e-4, "every block on cuBLAS");
 }

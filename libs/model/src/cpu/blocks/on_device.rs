@@ -1,20 +1,20 @@
 //! A compiled graph's training step over [`DenseOps`]: parameters, values and gradients
 //! live where the operations run (a GPU's memory through `primus_gpu::CudaDense`, or host
 //! vectors through the reference `HostDense`, which is how this composition is tested
-//! without a GPU). Blocks without a form there are refused when the graph is placed,
-//! naming the block: the minibatch's whole dense and embedded inputs, MLPs, and dot
-//! interactions of two reads run; concatenation, sums, first-order weights, FM and cross
-//! blocks and inputs of part of the columns do not yet.
+//! without a GPU). This file places a graph and holds its buffers; `on_device/step.rs`
+//! runs it. Every block but FM and DCN-v2's cross network has a form there; a graph with
+//! either is refused when it is placed, naming the block.
+
+mod step;
 
 use std::collections::HashMap;
 
-use primus_gpu::dense::{DenseOps, DotShape, HeadLoss, Product, Stored};
+use primus_gpu::dense::{Columns, DenseOps};
 
-use super::{GraphNet, GraphStep, HeadOutput, Loss, Node, Op};
+use super::{GraphNet, GraphStep, Node, Op};
 use crate::ModelError;
-use crate::cpu::in_set_order;
 use crate::inputs::Inputs;
-use crate::params::{ParamSet, ParamTensor};
+use crate::params::ParamSet;
 
 /// A graph placed on [`DenseOps`], with its parameters and the buffers of one minibatch
 /// size kept across steps.
@@ -24,26 +24,43 @@ pub struct DeviceGraph<'n, O: DenseOps> {
     /// Every parameter tensor by name, and the set's order of names.
     params: HashMap<String, O::Buffer>,
     order: Vec<String>,
+    /// The one embeddings input when it takes every pooled column: its gradient is the
+    /// pooled embeddings' gradient itself, not added into a buffer of its own.
+    direct_embedded: Option<usize>,
     ws: Option<Workspace<O::Buffer>>,
 }
 
+/// A minibatch where the operations run.
+struct Minibatch<B> {
+    dense: B,
+    embedded: B,
+    wide: B,
+    labels: Vec<B>,
+}
+
 /// A node's forward values: an MLP's every layer output (the last is the node's value),
-/// a dot block's output; none for an input read where the minibatch holds it.
+/// any other block's output; none for an input read where the minibatch holds it. A dot
+/// block over more than two reads also keeps its later reads side by side, and their
+/// gradient.
 struct Values<B> {
     layers: Vec<B>,
+    gathered: Option<[B; 2]>,
 }
 
 struct Workspace<B> {
     rows: usize,
-    dense: B,
-    embedded: B,
-    labels: Vec<B>,
+    batch: Minibatch<B>,
     values: Vec<Values<B>>,
     grads: Vec<B>,
     written: Vec<bool>,
-    /// Two buffers of the widest layer, which an MLP's backward alternates between.
+    /// Two buffers of the widest value, which an MLP's backward alternates between.
     scratch: [B; 2],
     param_grads: HashMap<String, B>,
+    /// The pooled embeddings' and first-order weights' gradients, added into.
+    embedded_grad: B,
+    wide_grad: B,
+    /// A column of ones as long as the features: first-order sums are products with it.
+    ones: B,
     predictions: Vec<B>,
     losses: Vec<B>,
 }
@@ -51,83 +68,84 @@ struct Workspace<B> {
 impl GraphNet {
     /// This graph on `ops`, or the first block that has no form there.
     pub fn on_ops<O: DenseOps>(&self, ops: O) -> Result<DeviceGraph<'_, O>, ModelError> {
-        for (i, node) in self.nodes.iter().enumerate() {
-            let refuse = |reason: &str| ModelError::NotOnDevice {
+        if let Some(node) =
+            (self.nodes.iter()).find(|n| matches!(n.op, Op::Fm { .. } | Op::Cross(_)))
+        {
+            return Err(ModelError::NotOnDevice {
                 node: node.name.clone(),
-                reason: reason.into(),
-            };
-            match &node.op {
-                Op::Dense(_) | Op::Embeddings { .. } if !self.whole[i] => {
-                    return Err(refuse(
-                        "an input of part of the columns has no device form yet",
-                    ));
-                }
-                Op::Dense(_) | Op::Embeddings { .. } | Op::Mlp { .. } => {}
-                Op::Dot { .. } if node.reads.len() == 2 && node.reads[0] != node.reads[1] => {}
-                Op::Dot { .. } => {
-                    return Err(refuse(
-                        "a dot block on the device reads exactly two distinct values",
-                    ));
-                }
-                Op::Concat | Op::Add | Op::FirstOrder | Op::Fm { .. } | Op::Cross(_) => {
-                    return Err(refuse("this block has no device form yet"));
-                }
-            }
+                reason: "FM and cross blocks have no device form yet".into(),
+            });
         }
+        let embeddings: Vec<usize> = (0..self.nodes.len())
+            .filter(|i| matches!(self.nodes[*i].op, Op::Embeddings { .. }))
+            .collect();
+        let direct_embedded = match embeddings[..] {
+            [only] if self.whole[only] => Some(only),
+            _ => None,
+        };
         Ok(DeviceGraph {
             net: self,
             ops,
             params: HashMap::new(),
             order: Vec::new(),
+            direct_embedded,
             ws: None,
         })
     }
 }
 
-fn head_loss(loss: Loss) -> HeadLoss {
-    match loss {
-        Loss::BinaryCrossEntropy => HeadLoss::BinaryCrossEntropy,
-        Loss::SquaredError => HeadLoss::SquaredError,
+/// A contiguous block of an input's columns: `(first source column, first node column,
+/// width)`.
+type Run = (usize, usize, usize);
+
+/// Contiguous runs of `columns`.
+fn runs(columns: &[usize]) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for (at, &column) in columns.iter().enumerate() {
+        match runs.last_mut() {
+            Some((from, _, width)) if *from + *width == column => *width += 1,
+            _ => runs.push((column, at, 1)),
+        }
+    }
+    runs
+}
+
+/// Where an input node's columns come from, and the source's width.
+fn input_runs(net: &GraphNet, node: &Node) -> Option<(Vec<Run>, usize)> {
+    match &node.op {
+        Op::Dense(columns) => Some((runs(columns), net.dense_width)),
+        Op::Embeddings { segments } => {
+            let mut at = 0;
+            let runs = (segments.iter())
+                .map(|(offset, dim)| {
+                    at += dim;
+                    (*offset, at - dim, *dim)
+                })
+                .collect();
+            Some((runs, net.embedding_width))
+        }
+        _ => None,
     }
 }
 
-/// One layer of an MLP node: its parameter names, widths and activation.
-struct Layer {
-    weight: String,
-    bias: String,
-    inputs: usize,
-    outputs: usize,
-    relu: bool,
-}
-
-fn layers(node: &Node, input_width: usize) -> Vec<Layer> {
-    let Op::Mlp {
-        prefix,
-        widths,
-        relu_hidden,
-        relu_last,
-    } = &node.op
-    else {
-        return Vec::new();
-    };
-    let mut inputs = input_width;
-    (widths.iter().enumerate())
-        .map(|(l, &outputs)| {
-            let layer = Layer {
-                weight: format!("{prefix}.{l}.weight"),
-                bias: format!("{prefix}.{l}.bias"),
-                inputs,
-                outputs,
-                relu: if l + 1 < widths.len() {
-                    *relu_hidden
-                } else {
-                    *relu_last
-                },
-            };
-            inputs = outputs;
-            layer
-        })
-        .collect()
+/// Moving `width` columns of `rows` rows between matrices `src_width` and `dst_width`
+/// wide.
+fn columns(
+    rows: usize,
+    width: usize,
+    (src_width, src_at): (usize, usize),
+    (dst_width, dst_at): (usize, usize),
+    accumulate: bool,
+) -> Columns {
+    Columns {
+        rows,
+        width,
+        src_width,
+        src_at,
+        dst_width,
+        dst_at,
+        accumulate,
+    }
 }
 
 impl<O: DenseOps> DeviceGraph<'_, O> {
@@ -173,34 +191,14 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
         }
         self.prepare(inputs.rows)?;
         let Self { ops, ws, .. } = self;
-        let ws = ws
-            .as_mut()
-            .ok_or_else(|| ModelError::Params("no workspace".into()))?;
-        ws.dense = ops.upload(inputs.dense)?;
-        ws.embedded = ops.upload(inputs.embedded)?;
-        for (buffer, labels) in ws.labels.iter_mut().zip(labels) {
+        let batch = &mut workspace(ws)?.batch;
+        batch.dense = ops.upload(inputs.dense)?;
+        batch.embedded = ops.upload(inputs.embedded)?;
+        batch.wide = ops.upload(inputs.wide)?;
+        for (buffer, labels) in batch.labels.iter_mut().zip(labels) {
             *buffer = ops.upload(labels)?;
         }
         Ok(())
-    }
-
-    /// Forward and backward on the loaded minibatch, all where the operations run (nothing
-    /// is copied); returns when they are done.
-    pub fn step(&mut self) -> Result<(), ModelError> {
-        if self.order.is_empty() {
-            return Err(ModelError::Params(
-                "no parameters loaded on the device".into(),
-            ));
-        }
-        if self.ws.is_none() {
-            return Err(ModelError::Inputs(
-                "no minibatch loaded on the device".into(),
-            ));
-        }
-        self.forward()?;
-        self.heads()?;
-        self.backward()?;
-        Ok(self.ops.finish()?)
     }
 
     /// Buffers for minibatches of `rows` rows (kept while the size stays).
@@ -213,17 +211,24 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
         let mut values = Vec::with_capacity(net.nodes.len());
         let mut grads = Vec::with_capacity(net.nodes.len());
         let mut widest = 1;
-        for node in &net.nodes {
+        for (i, node) in net.nodes.iter().enumerate() {
             widest = widest.max(node.width);
             let layers = match &node.op {
                 Op::Mlp { widths, .. } => {
                     widest = widths.iter().fold(widest, |w, v| w.max(*v));
                     (widths.iter().map(|w| ops.zeros(rows * w))).collect::<Result<_, _>>()?
                 }
-                Op::Dot { .. } => vec![ops.zeros(rows * node.width)?],
-                _ => Vec::new(),
+                Op::Dense(_) | Op::Embeddings { .. } if net.whole[i] => Vec::new(),
+                _ => vec![ops.zeros(rows * node.width)?],
             };
-            values.push(Values { layers });
+            let gathered = match node.op {
+                Op::Dot { dim, vectors } if !step::dot_reads_directly(node) => {
+                    let width = rows * (vectors - 1) * dim;
+                    Some([ops.zeros(width)?, ops.zeros(width)?])
+                }
+                _ => None,
+            };
+            values.push(Values { layers, gathered });
             grads.push(ops.zeros(rows * node.width)?);
         }
         let mut param_grads = HashMap::new();
@@ -237,268 +242,44 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
         };
         self.ws = Some(Workspace {
             rows,
-            dense: ops.zeros(1)?,
-            embedded: ops.zeros(1)?,
-            labels: per_head(ops)?,
+            batch: Minibatch {
+                dense: ops.zeros(1)?,
+                embedded: ops.zeros(1)?,
+                wide: ops.zeros(1)?,
+                labels: per_head(ops)?,
+            },
             values,
             written: vec![false; grads.len()],
             grads,
             scratch: [ops.zeros(rows * widest)?, ops.zeros(rows * widest)?],
             param_grads,
+            embedded_grad: ops.zeros(rows * net.embedding_width)?,
+            wide_grad: ops.zeros(rows * net.features)?,
+            ones: ops.upload(&vec![1.0; net.features.max(1)])?,
             predictions: per_head(ops)?,
             losses: per_head(ops)?,
         });
         Ok(())
     }
+}
 
-    fn forward(&mut self) -> Result<(), ModelError> {
-        let net = self.net;
-        let Self {
-            ops, params, ws, ..
-        } = self;
-        let ws = ws
-            .as_mut()
-            .ok_or_else(|| ModelError::Params("no workspace".into()))?;
-        let rows = ws.rows;
-        for (i, node) in net.nodes.iter().enumerate() {
-            let (done, rest) = ws.values.split_at_mut(i);
-            let out = &mut rest[0];
-            let value = |r: usize| value(net, r, done, &ws.dense, &ws.embedded);
-            match &node.op {
-                Op::Mlp { .. } => {
-                    let read = node.reads[0];
-                    for (l, layer) in layers(node, net.nodes[read].width).iter().enumerate() {
-                        let (before, after) = out.layers.split_at_mut(l);
-                        let x = before.last().map_or_else(|| value(read), Ok)?;
-                        let product = Product::new([rows, layer.inputs, layer.outputs]);
-                        ops.matmul(&mut after[0], x, param(params, &layer.weight)?, product)?;
-                        let bias = param(params, &layer.bias)?;
-                        ops.bias_activation(
-                            &mut after[0],
-                            bias,
-                            [rows, layer.outputs],
-                            layer.relu,
-                        )?;
-                    }
-                }
-                Op::Dot { dim, vectors } => {
-                    let shape = DotShape {
-                        rows,
-                        dim: *dim,
-                        vectors: *vectors,
-                    };
-                    let (first, rest) = (value(node.reads[0])?, value(node.reads[1])?);
-                    ops.dots_forward(shape, first, rest, &mut out.layers[0])?;
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    fn heads(&mut self) -> Result<(), ModelError> {
-        let net = self.net;
-        let Self { ops, ws, .. } = self;
-        let ws = ws
-            .as_mut()
-            .ok_or_else(|| ModelError::Params("no workspace".into()))?;
-        ws.written.iter_mut().for_each(|w| *w = false);
-        for (h, head) in net.heads.iter().enumerate() {
-            let z = value(net, head.node, &ws.values, &ws.dense, &ws.embedded)?;
-            let accumulate = std::mem::replace(&mut ws.written[head.node], true);
-            ops.head_loss(
-                (z, &ws.labels[h]),
-                ws.rows,
-                (head_loss(head.loss), head.weight),
-                (&mut ws.grads[head.node], accumulate),
-                (&mut ws.predictions[h], &mut ws.losses[h]),
-            )?;
-        }
-        Ok(())
-    }
-
-    fn backward(&mut self) -> Result<(), ModelError> {
-        let net = self.net;
-        for i in (0..net.nodes.len()).rev() {
-            let written = self.ws.as_ref().is_some_and(|ws| ws.written[i]);
-            if !written {
-                continue;
-            }
-            match &net.nodes[i].op {
-                Op::Mlp { .. } => self.mlp_backward(i)?,
-                Op::Dot { dim, vectors } => self.dot_backward(i, *dim, *vectors)?,
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    fn mlp_backward(&mut self, i: usize) -> Result<(), ModelError> {
-        let net = self.net;
-        let node = &net.nodes[i];
-        let read = node.reads[0];
-        let Self {
-            ops, params, ws, ..
-        } = self;
-        let ws = ws
-            .as_mut()
-            .ok_or_else(|| ModelError::Params("no workspace".into()))?;
-        let rows = ws.rows;
-        let layers = layers(node, net.nodes[read].width);
-        // Where the current layer's output gradient is: the node's, then a scratch buffer.
-        let mut current: Option<usize> = None;
-        for (l, layer) in layers.iter().enumerate().rev() {
-            let [first, second] = &mut ws.scratch;
-            let (grad, next) = match current {
-                None => (&mut ws.grads[i], first),
-                Some(0) => (first, second),
-                Some(_) => (second, first),
-            };
-            let output = &ws.values[i].layers[l];
-            if layer.relu {
-                ops.relu_backward(grad, output, rows * layer.outputs)?;
-            }
-            let bias_grad = param_grad(&mut ws.param_grads, &layer.bias)?;
-            ops.column_sums(bias_grad, grad, [rows, layer.outputs])?;
-            let x = match l {
-                0 => value(net, read, &ws.values, &ws.dense, &ws.embedded)?,
-                _ => &ws.values[i].layers[l - 1],
-            };
-            let weight_grad = param_grad(&mut ws.param_grads, &layer.weight)?;
-            let product = Product::new([layer.inputs, rows, layer.outputs]).a(Stored::Transposed);
-            ops.matmul(weight_grad, x, grad, product)?;
-            let weight = param(params, &layer.weight)?;
-            let input = Product::new([rows, layer.outputs, layer.inputs]).b(Stored::Transposed);
-            if l > 0 {
-                ops.matmul(next, grad, weight, input)?;
-                current = Some(match current {
-                    Some(0) => 1,
-                    _ => 0,
-                });
-            } else if net.wants_grad[read] {
-                let accumulate = std::mem::replace(&mut ws.written[read], true);
-                let [into, grad] = ws
-                    .grads
-                    .get_disjoint_mut([read, i])
-                    .map_err(|_| ModelError::Params(format!("{}: reads itself", node.name)))?;
-                let grad = match current {
-                    None => &*grad,
-                    Some(0) => &ws.scratch[0],
-                    Some(_) => &ws.scratch[1],
-                };
-                ops.matmul(into, grad, weight, input.accumulate(accumulate))?;
-            }
-        }
-        Ok(())
-    }
-
-    fn dot_backward(&mut self, i: usize, dim: usize, vectors: usize) -> Result<(), ModelError> {
-        let net = self.net;
-        let node = &net.nodes[i];
-        let (a, b) = (node.reads[0], node.reads[1]);
-        let Self { ops, ws, .. } = self;
-        let ws = ws
-            .as_mut()
-            .ok_or_else(|| ModelError::Params("no workspace".into()))?;
-        let shape = DotShape {
-            rows: ws.rows,
-            dim,
-            vectors,
-        };
-        let first = value(net, a, &ws.values, &ws.dense, &ws.embedded)?;
-        let rest = value(net, b, &ws.values, &ws.dense, &ws.embedded)?;
-        let (into_a, into_b) = (net.wants_grad[a], net.wants_grad[b]);
-        let accumulate_a = into_a && std::mem::replace(&mut ws.written[a], true);
-        let accumulate_b = into_b && std::mem::replace(&mut ws.written[b], true);
-        let [grad_a, grad_b, grad] = ws
-            .grads
-            .get_disjoint_mut([a, b, i])
-            .map_err(|_| ModelError::Params(format!("{}: reads itself", node.name)))?;
-        // A read that wants no gradient gets it in a scratch buffer, unread.
-        let [first_scratch, rest_scratch] = &mut ws.scratch;
-        let grad_a = if into_a { grad_a } else { first_scratch };
-        let grad_b = if into_b { grad_b } else { rest_scratch };
-        ops.dots_backward(
-            shape,
-            (first, rest),
-            grad,
-            (grad_a, accumulate_a),
-            (grad_b, accumulate_b),
-        )?;
-        Ok(())
-    }
-
-    /// The last step's losses, predictions and gradients, copied to the host.
-    pub fn results(&mut self) -> Result<GraphStep, ModelError> {
-        let net = self.net;
-        let Self { ops, ws, order, .. } = self;
-        let ws = ws
-            .as_mut()
-            .ok_or_else(|| ModelError::Params("no workspace".into()))?;
-        let rows = ws.rows;
-        let mut heads = Vec::with_capacity(net.heads.len());
-        let mut total = 0.0f32;
-        for (h, head) in net.heads.iter().enumerate() {
-            let losses = ops.download(&ws.losses[h], rows)?;
-            let loss = (losses.iter().map(|l| f64::from(*l)).sum::<f64>() / rows as f64) as f32;
-            total += head.weight * loss;
-            heads.push(HeadOutput {
-                name: head.name.clone(),
-                loss,
-                predictions: ops.download(&ws.predictions[h], rows)?,
-            });
-        }
-        let mut dense_grads = Vec::with_capacity(net.shapes.len());
-        for shape in &net.shapes {
-            let len = shape.shape.iter().product();
-            dense_grads.push(ParamTensor {
-                name: shape.name.clone(),
-                shape: shape.shape.clone(),
-                values: ops.download(param_grad(&mut ws.param_grads, &shape.name)?, len)?,
-            });
-        }
-        let embedded_grad = match net
-            .nodes
-            .iter()
-            .position(|n| matches!(n.op, Op::Embeddings { .. }))
-        {
-            Some(e) if ws.written[e] => ops.download(&ws.grads[e], rows * net.embedding_width)?,
-            _ => vec![0.0; rows * net.embedding_width],
-        };
-        let set = ParamSet {
-            tensors: (order.iter())
-                .map(|name| ParamTensor {
-                    name: name.clone(),
-                    shape: Vec::new(),
-                    values: Vec::new(),
-                })
-                .collect(),
-        };
-        Ok(GraphStep {
-            loss: total,
-            heads,
-            dense_grads: in_set_order(&set, dense_grads),
-            embedded_grad,
-            wide_grad: Vec::new(),
-        })
-    }
+fn workspace<B>(ws: &mut Option<Workspace<B>>) -> Result<&mut Workspace<B>, ModelError> {
+    ws.as_mut()
+        .ok_or_else(|| ModelError::Inputs("no minibatch loaded on the device".into()))
 }
 
 /// Node `r`'s forward value: a whole input where the minibatch holds it, an MLP's last
-/// layer, a dot block's output.
+/// layer, any other block's output.
 fn value<'a, B>(
     net: &GraphNet,
     r: usize,
     values: &'a [Values<B>],
-    dense: &'a B,
-    embedded: &'a B,
+    batch: &'a Minibatch<B>,
 ) -> Result<&'a B, ModelError> {
     match net.nodes[r].op {
-        Op::Dense(_) => Ok(dense),
-        Op::Embeddings { .. } => Ok(embedded),
-        _ => values
-            .get(r)
-            .and_then(|v| v.layers.last())
+        Op::Dense(_) if net.whole[r] => Ok(&batch.dense),
+        Op::Embeddings { .. } if net.whole[r] => Ok(&batch.embedded),
+        _ => (values.get(r).and_then(|v| v.layers.last()))
             .ok_or_else(|| ModelError::Params(format!("{} has no value yet", net.nodes[r].name))),
     }
 }

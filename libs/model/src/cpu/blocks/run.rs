@@ -193,7 +193,7 @@ impl GraphNet {
         Ok(())
     }
 
-    fn reads_first_order(&self) -> bool {
+    pub(super) fn reads_first_order(&self) -> bool {
         self.nodes.iter().any(|n| matches!(n.op, Op::FirstOrder))
     }
 

@@ -1,0 +1,437 @@
+//! A placed graph's step: every node forward in dependency order, the heads' losses, then
+//! every node's backward in reverse. A node's gradient is written by its first
+//! contributor and added to by the rest (the operations' accumulate flags), as on the CPU.
+
+use primus_gpu::dense::{DenseOps, DotShape, HeadLoss, Product, Stored};
+
+use super::{DeviceGraph, Values, columns, input_runs, param, param_grad, value, workspace};
+use crate::ModelError;
+use crate::cpu::blocks::{GraphStep, HeadOutput, Loss, Node, Op};
+use crate::cpu::in_set_order;
+use crate::params::{ParamSet, ParamTensor};
+
+/// One layer of an MLP node: its parameter names, widths and activation.
+struct Layer {
+    weight: String,
+    bias: String,
+    inputs: usize,
+    outputs: usize,
+    relu: bool,
+}
+
+fn layers(node: &Node, input_width: usize) -> Vec<Layer> {
+    let Op::Mlp {
+        prefix,
+        widths,
+        relu_hidden,
+        relu_last,
+    } = &node.op
+    else {
+        return Vec::new();
+    };
+    let mut inputs = input_width;
+    (widths.iter().enumerate())
+        .map(|(l, &outputs)| {
+            let layer = Layer {
+                weight: format!("{prefix}.{l}.weight"),
+                bias: format!("{prefix}.{l}.bias"),
+                inputs,
+                outputs,
+                relu: if l + 1 < widths.len() {
+                    *relu_hidden
+                } else {
+                    *relu_last
+                },
+            };
+            inputs = outputs;
+            layer
+        })
+        .collect()
+}
+
+fn head_loss(loss: Loss) -> HeadLoss {
+    match loss {
+        Loss::BinaryCrossEntropy => HeadLoss::BinaryCrossEntropy,
+        Loss::SquaredError => HeadLoss::SquaredError,
+    }
+}
+
+/// Whether a dot block reads its later vectors straight from its second read (two
+/// distinct reads), rather than gathered side by side first.
+pub(super) fn dot_reads_directly(node: &Node) -> bool {
+    matches!(node.reads[..], [a, b] if a != b)
+}
+
+impl<O: DenseOps> DeviceGraph<'_, O> {
+    /// Forward and backward on the loaded minibatch, all where the operations run (nothing
+    /// is copied); returns when they are done.
+    pub fn step(&mut self) -> Result<(), ModelError> {
+        if self.order.is_empty() {
+            return Err(ModelError::Params(
+                "no parameters loaded on the device".into(),
+            ));
+        }
+        workspace(&mut self.ws)?;
+        self.forward()?;
+        self.heads()?;
+        self.backward()?;
+        Ok(self.ops.finish()?)
+    }
+
+    fn forward(&mut self) -> Result<(), ModelError> {
+        let net = self.net;
+        let Self {
+            ops, params, ws, ..
+        } = self;
+        let ws = workspace(ws)?;
+        let rows = ws.rows;
+        for (i, node) in net.nodes.iter().enumerate() {
+            let (done, rest) = ws.values.split_at_mut(i);
+            let out = &mut rest[0];
+            let batch = &ws.batch;
+            let value = |r: usize| value(net, r, done, batch);
+            match &node.op {
+                Op::Dense(_) | Op::Embeddings { .. } if net.whole[i] => {}
+                Op::Dense(_) | Op::Embeddings { .. } => {
+                    let (runs, from_width) = input_runs(net, node).unwrap_or_default();
+                    let from = match node.op {
+                        Op::Dense(_) => &batch.dense,
+                        _ => &batch.embedded,
+                    };
+                    for (from_at, at, width) in runs {
+                        let moved =
+                            columns(rows, width, (from_width, from_at), (node.width, at), false);
+                        ops.copy_columns(&mut out.layers[0], from, moved)?;
+                    }
+                }
+                Op::FirstOrder => {
+                    let product = Product::new([rows, net.features, 1]);
+                    ops.matmul(&mut out.layers[0], &batch.wide, &ws.ones, product)?;
+                }
+                Op::Mlp { .. } => {
+                    let read = node.reads[0];
+                    for (l, layer) in layers(node, net.nodes[read].width).iter().enumerate() {
+                        let (before, after) = out.layers.split_at_mut(l);
+                        let x = before.last().map_or_else(|| value(read), Ok)?;
+                        let product = Product::new([rows, layer.inputs, layer.outputs]);
+                        ops.matmul(&mut after[0], x, param(params, &layer.weight)?, product)?;
+                        let bias = param(params, &layer.bias)?;
+                        let shape = [rows, layer.outputs];
+                        ops.bias_activation(&mut after[0], bias, shape, layer.relu)?;
+                    }
+                }
+                Op::Concat | Op::Add => {
+                    let mut at = 0;
+                    for (k, &r) in node.reads.iter().enumerate() {
+                        let width = net.nodes[r].width;
+                        let moved = match node.op {
+                            Op::Concat => columns(rows, width, (width, 0), (node.width, at), false),
+                            _ => columns(rows, width, (width, 0), (width, 0), k > 0),
+                        };
+                        ops.copy_columns(&mut out.layers[0], value(r)?, moved)?;
+                        at += width;
+                    }
+                }
+                Op::Dot { dim, vectors } => {
+                    let shape = DotShape {
+                        rows,
+                        dim: *dim,
+                        vectors: *vectors,
+                    };
+                    let first = value(node.reads[0])?;
+                    if dot_reads_directly(node) {
+                        let rest = value(node.reads[1])?;
+                        ops.dots_forward(shape, first, rest, &mut out.layers[0])?;
+                        continue;
+                    }
+                    let Values {
+                        layers, gathered, ..
+                    } = out;
+                    let [rest, _] = gathered.as_mut().ok_or_else(|| {
+                        ModelError::Params(format!("{}: no buffer for its vectors", node.name))
+                    })?;
+                    let rest_width = (vectors - 1) * dim;
+                    let mut at = 0;
+                    for &r in &node.reads[1..] {
+                        let width = net.nodes[r].width;
+                        let moved = columns(rows, width, (width, 0), (rest_width, at), false);
+                        ops.copy_columns(rest, value(r)?, moved)?;
+                        at += width;
+                    }
+                    ops.dots_forward(shape, first, rest, &mut layers[0])?;
+                }
+                Op::Fm { .. } | Op::Cross(_) => {
+                    return Err(ModelError::NotOnDevice {
+                        node: node.name.clone(),
+                        reason: "FM and cross blocks have no device form yet".into(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn heads(&mut self) -> Result<(), ModelError> {
+        let net = self.net;
+        let direct = self.direct_embedded;
+        let Self { ops, ws, .. } = self;
+        let ws = workspace(ws)?;
+        ws.written.iter_mut().for_each(|w| *w = false);
+        if direct.is_none() {
+            ops.fill_zero(&mut ws.embedded_grad)?;
+        }
+        ops.fill_zero(&mut ws.wide_grad)?;
+        for (h, head) in net.heads.iter().enumerate() {
+            let z = value(net, head.node, &ws.values, &ws.batch)?;
+            let accumulate = std::mem::replace(&mut ws.written[head.node], true);
+            ops.head_loss(
+                (z, &ws.batch.labels[h]),
+                ws.rows,
+                (head_loss(head.loss), head.weight),
+                (&mut ws.grads[head.node], accumulate),
+                (&mut ws.predictions[h], &mut ws.losses[h]),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn backward(&mut self) -> Result<(), ModelError> {
+        let net = self.net;
+        for i in (0..net.nodes.len()).rev() {
+            if !workspace(&mut self.ws)?.written[i] {
+                continue;
+            }
+            match &net.nodes[i].op {
+                Op::Mlp { .. } => self.mlp_backward(i)?,
+                Op::Dot { dim, vectors } => self.dot_backward(i, *dim, *vectors)?,
+                Op::Embeddings { .. } if self.direct_embedded == Some(i) => {}
+                Op::Embeddings { .. } | Op::FirstOrder => self.sparse_backward(i)?,
+                Op::Concat | Op::Add => self.spread_backward(i)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// An input's gradient added into the pooled embeddings' or first-order weights'.
+    fn sparse_backward(&mut self, i: usize) -> Result<(), ModelError> {
+        let net = self.net;
+        let node = &net.nodes[i];
+        let Self { ops, ws, .. } = self;
+        let ws = workspace(ws)?;
+        let rows = ws.rows;
+        if let Op::FirstOrder = node.op {
+            let product = Product::new([rows, 1, net.features]).accumulate(true);
+            return Ok(ops.matmul(&mut ws.wide_grad, &ws.grads[i], &ws.ones, product)?);
+        }
+        let (runs, to_width) = input_runs(net, node).unwrap_or_default();
+        for (to_at, at, width) in runs {
+            let moved = columns(rows, width, (node.width, at), (to_width, to_at), true);
+            ops.copy_columns(&mut ws.embedded_grad, &ws.grads[i], moved)?;
+        }
+        Ok(())
+    }
+
+    /// A concatenation's or sum's gradient handed to each of its reads that wants one.
+    fn spread_backward(&mut self, i: usize) -> Result<(), ModelError> {
+        let net = self.net;
+        let node = &net.nodes[i];
+        let Self { ops, ws, .. } = self;
+        let ws = workspace(ws)?;
+        let rows = ws.rows;
+        let mut at = 0;
+        for &r in &node.reads {
+            let width = net.nodes[r].width;
+            if net.wants_grad[r] {
+                let accumulate = std::mem::replace(&mut ws.written[r], true);
+                let moved = match node.op {
+                    Op::Concat => columns(rows, width, (node.width, at), (width, 0), accumulate),
+                    _ => columns(rows, width, (width, 0), (width, 0), accumulate),
+                };
+                let [into, grad] = disjoint(&mut ws.grads, [r, i], node)?;
+                ops.copy_columns(into, grad, moved)?;
+            }
+            at += width;
+        }
+        Ok(())
+    }
+
+    fn mlp_backward(&mut self, i: usize) -> Result<(), ModelError> {
+        let net = self.net;
+        let node = &net.nodes[i];
+        let read = node.reads[0];
+        let Self {
+            ops, params, ws, ..
+        } = self;
+        let ws = workspace(ws)?;
+        let rows = ws.rows;
+        let layers = layers(node, net.nodes[read].width);
+        // Where the current layer's output gradient is: the node's, then a scratch buffer.
+        let mut current: Option<usize> = None;
+        for (l, layer) in layers.iter().enumerate().rev() {
+            let [first, second] = &mut ws.scratch;
+            let (grad, next) = match current {
+                None => (&mut ws.grads[i], first),
+                Some(0) => (first, second),
+                Some(_) => (second, first),
+            };
+            let output = &ws.values[i].layers[l];
+            if layer.relu {
+                ops.relu_backward(grad, output, rows * layer.outputs)?;
+            }
+            let bias_grad = param_grad(&mut ws.param_grads, &layer.bias)?;
+            ops.column_sums(bias_grad, grad, [rows, layer.outputs])?;
+            let x = match l {
+                0 => value(net, read, &ws.values, &ws.batch)?,
+                _ => &ws.values[i].layers[l - 1],
+            };
+            let weight_grad = param_grad(&mut ws.param_grads, &layer.weight)?;
+            let product = Product::new([layer.inputs, rows, layer.outputs]).a(Stored::Transposed);
+            ops.matmul(weight_grad, x, grad, product)?;
+            let weight = param(params, &layer.weight)?;
+            let input = Product::new([rows, layer.outputs, layer.inputs]).b(Stored::Transposed);
+            if l > 0 {
+                ops.matmul(next, grad, weight, input)?;
+                current = Some(match current {
+                    Some(0) => 1,
+                    _ => 0,
+                });
+            } else if net.wants_grad[read] {
+                let accumulate = std::mem::replace(&mut ws.written[read], true);
+                let [into, grad] = disjoint(&mut ws.grads, [read, i], node)?;
+                let grad = match current {
+                    None => &*grad,
+                    Some(0) => &ws.scratch[0],
+                    Some(_) => &ws.scratch[1],
+                };
+                ops.matmul(into, grad, weight, input.accumulate(accumulate))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn dot_backward(&mut self, i: usize, dim: usize, vectors: usize) -> Result<(), ModelError> {
+        let net = self.net;
+        let node = &net.nodes[i];
+        let a = node.reads[0];
+        let Self { ops, ws, .. } = self;
+        let ws = workspace(ws)?;
+        let rows = ws.rows;
+        let shape = DotShape { rows, dim, vectors };
+        let wants_a = net.wants_grad[a];
+        let accumulate_a = wants_a && std::mem::replace(&mut ws.written[a], true);
+        if dot_reads_directly(node) {
+            let b = node.reads[1];
+            let first = value(net, a, &ws.values, &ws.batch)?;
+            let rest = value(net, b, &ws.values, &ws.batch)?;
+            let wants_b = net.wants_grad[b];
+            let accumulate_b = wants_b && std::mem::replace(&mut ws.written[b], true);
+            let [grad_a, grad_b, grad] = disjoint(&mut ws.grads, [a, b, i], node)?;
+            // A read that wants no gradient gets it in a scratch buffer, unread.
+            let [first_scratch, rest_scratch] = &mut ws.scratch;
+            let grad_a = if wants_a { grad_a } else { first_scratch };
+            let grad_b = if wants_b { grad_b } else { rest_scratch };
+            let (into_a, into_b) = ((grad_a, accumulate_a), (grad_b, accumulate_b));
+            return Ok(ops.dots_backward(shape, (first, rest), grad, into_a, into_b)?);
+        }
+        let (done, later) = ws.values.split_at_mut(i);
+        let first = value(net, a, done, &ws.batch)?;
+        let [rest, rest_grad] = later[0].gathered.as_mut().ok_or_else(|| {
+            ModelError::Params(format!("{}: no buffer for its vectors", node.name))
+        })?;
+        let [grad_a, grad] = disjoint(&mut ws.grads, [a, i], node)?;
+        let grad_a = if wants_a { grad_a } else { &mut ws.scratch[0] };
+        let into_rest = (&mut *rest_grad, false);
+        ops.dots_backward(
+            shape,
+            (first, rest),
+            grad,
+            (grad_a, accumulate_a),
+            into_rest,
+        )?;
+        let rest_width = (vectors - 1) * dim;
+        let mut at = 0;
+        for &r in &node.reads[1..] {
+            let width = net.nodes[r].width;
+            if net.wants_grad[r] {
+                let accumulate = std::mem::replace(&mut ws.written[r], true);
+                let moved = columns(rows, width, (rest_width, at), (width, 0), accumulate);
+                ops.copy_columns(&mut ws.grads[r], rest_grad, moved)?;
+            }
+            at += width;
+        }
+        Ok(())
+    }
+
+    /// The last step's losses, predictions and gradients, copied to the host.
+    pub fn results(&mut self) -> Result<GraphStep, ModelError> {
+        let net = self.net;
+        let direct = self.direct_embedded;
+        let Self { ops, ws, order, .. } = self;
+        let ws = workspace(ws)?;
+        let rows = ws.rows;
+        let mut heads = Vec::with_capacity(net.heads.len());
+        let mut total = 0.0f32;
+        for (h, head) in net.heads.iter().enumerate() {
+            let losses = ops.download(&ws.losses[h], rows)?;
+            let loss = (losses.iter().map(|l| f64::from(*l)).sum::<f64>() / rows as f64) as f32;
+            total += head.weight * loss;
+            heads.push(HeadOutput {
+                name: head.name.clone(),
+                loss,
+                predictions: ops.download(&ws.predictions[h], rows)?,
+            });
+        }
+        let mut dense_grads = Vec::with_capacity(net.shapes.len());
+        for shape in &net.shapes {
+            let len = shape.shape.iter().product();
+            let values = ops.download(param_grad(&mut ws.param_grads, &shape.name)?, len)?;
+            dense_grads.push(ParamTensor {
+                name: shape.name.clone(),
+                shape: shape.shape.clone(),
+                values,
+            });
+        }
+        let embedded_len = rows * net.embedding_width;
+        let embedded_grad = match direct {
+            Some(e) if ws.written[e] => ops.download(&ws.grads[e], embedded_len)?,
+            Some(_) => vec![0.0; embedded_len],
+            None => ops.download(&ws.embedded_grad, embedded_len)?,
+        };
+        let wide_grad = match net.reads_first_order() {
+            true => ops.download(&ws.wide_grad, rows * net.features)?,
+            false => Vec::new(),
+        };
+        Ok(GraphStep {
+            loss: total,
+            heads,
+            dense_grads: in_set_order(&names_only(order), dense_grads),
+            embedded_grad,
+            wide_grad,
+        })
+    }
+}
+
+/// A parameter set of these names (and no values), for ordering gradients as the set
+/// lists its tensors.
+fn names_only(order: &[String]) -> ParamSet {
+    let tensors = (order.iter())
+        .map(|name| ParamTensor {
+            name: name.clone(),
+            shape: Vec::new(),
+            values: Vec::new(),
+        })
+        .collect();
+    ParamSet { tensors }
+}
+
+/// Distinct nodes' gradients, mutably at once.
+fn disjoint<'a, B, const N: usize>(
+    grads: &'a mut [B],
+    nodes: [usize; N],
+    node: &Node,
+) -> Result<[&'a mut B; N], ModelError> {
+    grads
+        .get_disjoint_mut(nodes)
+        .map_err(|_| ModelError::Params(format!("{}: reads itself", node.name)))
+}

@@ -10,7 +10,7 @@ pub const KERNEL_SOURCE: &str =
     concat!(include_str!("kernels.cu"), include_str!("dense/kernels.cu"));
 
 /// Every `extern "C"` kernel in [`KERNEL_SOURCE`].
-pub const KERNEL_NAMES: [&str; 14] = [
+pub const KERNEL_NAMES: [&str; 18] = [
     "gather_pool_vec4",
     "gather_pool_scalar",
     "pool_backward_atomic",
@@ -25,6 +25,10 @@ pub const KERNEL_NAMES: [&str; 14] = [
     "dots_backward",
     "head_loss",
     "copy_columns",
+    "fm_forward",
+    "fm_backward",
+    "cross_forward",
+    "cross_backward",
 ];
 
 /// Whether the NVRTC library can be loaded (cudarc panics on first use otherwise).

@@ -9,7 +9,8 @@
 //! one table's rows on a GPU ([`DeviceRows`]) or, as its CPU reference, in host memory
 //! ([`HostRows`]), read, written and updated in batches by row id. A dense network's parts
 //! ([`dense`], launched by [`CudaDense`] on the same stream): cuBLAS's products, the bias
-//! and ReLU, DLRM's dot interaction and the heads' losses, forward and backward.
+//! and ReLU, DLRM's dot interaction, FM, DCN-v2's cross layers, column-block copies and
+//! the heads' losses, forward and backward.
 //!
 //! CUDA is loaded dynamically (cudarc `dynamic-loading`): this crate builds and runs on
 //! machines without a GPU. [`cuda_status`] says whether a device can be used; the NVRTC

@@ -5,7 +5,7 @@
 mod common;
 
 use common::random_floats;
-use primus_gpu::dense::{DotShape, HeadLoss, Product, Stored, reference};
+use primus_gpu::dense::{DotShape, FmShape, HeadLoss, Product, Stored, reference};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -135,4 +135,42 @@ fn a_heads_gradient_is_the_slope_of_its_weighted_mean_loss() {
             );
         }
     }
+}
+
+/// The FM term is quadratic: a central difference along any direction is its derivative.
+#[test]
+fn the_fm_backward_is_the_adjoint_of_the_forward() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let shape = FmShape {
+        rows: 4,
+        vectors: 5,
+        dim: 3,
+    };
+    let e = random_floats(&mut rng, shape.rows * shape.width());
+    let d = random_floats(&mut rng, e.len());
+    let g = random_floats(&mut rng, shape.rows);
+    let forward = |e: &[f32]| {
+        let mut out = vec![0.0; shape.rows];
+        reference::fm_forward(e, shape, &mut out);
+        inner(&g, &out)
+    };
+    let eps = 1e-2f32;
+    let shifted =
+        |sign: f32| -> Vec<f32> { e.iter().zip(&d).map(|(e, d)| e + sign * eps * d).collect() };
+    let slope = (forward(&shifted(1.0)) - forward(&shifted(-1.0))) / (2.0 * f64::from(eps));
+    let mut grad = vec![0.0; e.len()];
+    reference::fm_backward(&e, &g, shape, (&mut grad, false));
+    let adjoint = inner(&grad, &d);
+    assert!(
+        (slope - adjoint).abs() <= 1e-3 * adjoint.abs().max(1.0),
+        "slope {slope} against the backward's {adjoint}"
+    );
+    let mut known = [0.0];
+    let one_row = FmShape {
+        rows: 1,
+        vectors: 2,
+        dim: 2,
+    };
+    reference::fm_forward(&[1.0, 2.0, 3.0, 4.0], one_row, &mut known);
+    assert_eq!(known, [11.0], "the pair's dot product, 1*3 + 2*4");
 }

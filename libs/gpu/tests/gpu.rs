@@ -24,7 +24,7 @@ use rand::rngs::StdRng;
 
 type Check = fn(&CudaKernels, &mut StdRng) -> Result<(), String>;
 
-const CHECKS: [(&str, Check); 14] = [
+const CHECKS: [(&str, Check); 15] = [
     (
         "gather_pool: every output written, bitwise equal to the reference",
         gather_pool_matches,
@@ -76,6 +76,10 @@ const CHECKS: [(&str, Check); 14] = [
     (
         "dense copy_columns: written and added, bitwise equal to the reference",
         dense::columns_match,
+    ),
+    (
+        "dense fm (within 1e-5) and cross layer kernels (bitwise) against the reference",
+        dense::fm_and_cross_close,
     ),
     (
         "dense input checks: short buffers, one-vector interactions, columns past a row refused",

@@ -122,7 +122,7 @@ fn on_gpu(
     let dense = CudaKernels::new(0)
         .and_then(|kernels| kernels.dense())
         .expect("the dense operations on a present GPU");
-    let mut on_gpu = net.on_ops(dense).expect("DLRM's graph has a device form");
+    let mut on_gpu = net.on_ops(dense);
     on_gpu.load_params(params).expect("parameters");
     group.bench_function("graph on cuBLAS: train_step", |b| {
         b.iter(|| black_box(on_gpu.train_step(inputs, &[labels]).expect("step")))

@@ -99,14 +99,6 @@ pub enum ModelError {
         "the dense network cannot run on a GPU: this binary was built without primus-model's cuda feature"
     )]
     NoCudaBuild,
-    /// A block of the model's graph that cannot run where its operations were placed.
-    #[error("block {node:?} cannot run on the device: {reason}")]
-    NotOnDevice {
-        /// The block (or input).
-        node: String,
-        /// Why.
-        reason: String,
-    },
     /// The dense operations on a device failed (the device's error, as text).
     #[error("dense operations: {0}")]
     Ops(String),

@@ -126,3 +126,59 @@ extern "C" __global__ void copy_columns(float* __restrict__ dst, u32 dst_width, 
         *into = accumulate ? __fadd_rn(*into, v) : v;
     }
 }
+
+// The factorisation machine's second-order term over `vectors` vectors of `dim` per row:
+// out[r] = (|sum_v e_v|^2 - sum_v |e_v|^2) / 2.
+extern "C" __global__ void fm_forward(const float* __restrict__ e, u32 rows, u32 vectors, u32 dim,
+                                      float* __restrict__ out) {
+    GRID_STRIDE(r, (u64)rows) {
+        const float* row = e + r * vectors * dim;
+        float sums = 0.0f, squares = 0.0f;
+        for (u32 d = 0; d < dim; d++) {
+            float s = 0.0f;
+            for (u32 v = 0; v < vectors; v++) {
+                float x = row[(u64)v * dim + d];
+                s += x;
+                squares = fmaf(x, x, squares);
+            }
+            sums = fmaf(s, s, sums);
+        }
+        out[r] = 0.5f * (sums - squares);
+    }
+}
+
+// Its backward: grad[r, v, d] = grad_out[r] * (sum_u e[r, u, d] - e[r, v, d]), written or
+// added with accumulate.
+extern "C" __global__ void fm_backward(const float* __restrict__ e, const float* __restrict__ grad_out,
+                                       u32 rows, u32 vectors, u32 dim, int accumulate,
+                                       float* __restrict__ grad) {
+    GRID_STRIDE(i, (u64)rows * dim) {
+        u64 r = i / dim;
+        u32 d = (u32)(i % dim);
+        const float* row = e + r * vectors * dim;
+        float s = 0.0f;
+        for (u32 v = 0; v < vectors; v++) s += row[(u64)v * dim + d];
+        float g = grad_out[r];
+        for (u32 v = 0; v < vectors; v++) {
+            u64 at = r * vectors * dim + (u64)v * dim + d;
+            float x = g * (s - e[at]);
+            grad[at] = accumulate ? grad[at] + x : x;
+        }
+    }
+}
+
+// A DCN-v2 cross layer's output from its product z = W x + b: next = x0 * z + x.
+extern "C" __global__ void cross_forward(const float* __restrict__ x0, const float* __restrict__ z,
+                                         const float* __restrict__ x, u64 n, float* __restrict__ next) {
+    GRID_STRIDE(i, n) { next[i] = __fadd_rn(__fmul_rn(x0[i], z[i]), x[i]); }
+}
+
+// Its backward through the product: dz = g * x0, and grad_x0 += g * z.
+extern "C" __global__ void cross_backward(const float* __restrict__ g, const float* __restrict__ x0,
+                                          const float* __restrict__ z, u64 n, float* __restrict__ dz,
+                                          float* __restrict__ grad_x0) {
+    GRID_STRIDE(i, n) {
+        dz[i] = __fmul_rn(g[i], x0[i]);
+        grad_x0[i] = __fadd_rn(grad_x0[i], __fmul_rn(g[i], z[i]));
+    }
+}

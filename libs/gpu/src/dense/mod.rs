@@ -1,7 +1,9 @@
 //! A dense network's parts on a GPU: the shapes and checks shared by the launches
 //! ([`CudaDense`](crate::CudaDense): cuBLAS's products, and kernels.cu beside this file for
-//! the bias and activation, the ReLU's backward, DLRM's dot interaction forward and
-//! backward, and the heads' losses) and their CPU reference ([`reference`](mod@reference)).
+//! the bias and activation, the ReLU's backward, DLRM's dot interaction, FM, DCN-v2's
+//! cross layers, column-block copies and the heads' losses, forward and backward), their
+//! CPU reference ([`reference`](mod@reference)), and [`DenseOps`], the launches as one
+//! interface over a GPU or the host.
 
 mod ops;
 pub mod reference;
@@ -174,6 +176,36 @@ impl Columns {
             return Err(GpuError::invalid(
                 "columns",
                 format!("{floats} floats is past the kernels' 32-bit indices"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The factorisation machine's term over `vectors` vectors of `dim` per row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FmShape {
+    /// Rows of the minibatch.
+    pub rows: usize,
+    /// Vectors per row.
+    pub vectors: usize,
+    /// Floats per vector.
+    pub dim: usize,
+}
+
+impl FmShape {
+    /// Floats per row of its input.
+    pub fn width(&self) -> usize {
+        self.vectors * self.dim
+    }
+
+    pub(crate) fn check(&self, input: usize, output: usize) -> Result<(), GpuError> {
+        GpuError::check_len("input", input, self.rows * self.width())?;
+        GpuError::check_len("output", output, self.rows)?;
+        if self.rows.saturating_mul(self.width()) > u32::MAX as usize {
+            return Err(GpuError::invalid(
+                "fm",
+                "past the kernels' 32-bit row and column indices",
             ));
         }
         Ok(())

@@ -4,7 +4,7 @@
 //!
 //! [`CudaDense`]: crate::CudaDense
 
-use super::{Columns, DotShape, HeadLoss, Product, reference};
+use super::{Columns, DotShape, FmShape, HeadLoss, Product, reference};
 use crate::GpuError;
 
 /// A dense network's operations over buffers of floats in one place (a device, or the
@@ -77,6 +77,36 @@ pub trait DenseOps {
         grad_out: &Self::Buffer,
         grad_first: (&mut Self::Buffer, bool),
         grad_rest: (&mut Self::Buffer, bool),
+    ) -> Result<(), GpuError>;
+    /// The factorisation machine's term of each row of `input` into `out`.
+    fn fm_forward(
+        &mut self,
+        shape: FmShape,
+        input: &Self::Buffer,
+        out: &mut Self::Buffer,
+    ) -> Result<(), GpuError>;
+    /// Its backward into `grad` (shaped as `input`), written or added to.
+    fn fm_backward(
+        &mut self,
+        shape: FmShape,
+        input: &Self::Buffer,
+        grad_out: &Self::Buffer,
+        grad: (&mut Self::Buffer, bool),
+    ) -> Result<(), GpuError>;
+    /// A cross layer's output over `len` floats: `next = x0 * z + x`.
+    fn cross_forward(
+        &mut self,
+        len: usize,
+        inputs: (&Self::Buffer, &Self::Buffer, &Self::Buffer),
+        next: &mut Self::Buffer,
+    ) -> Result<(), GpuError>;
+    /// Its backward through the product: `dz = g * x0`, `grad_x0 += g * z`.
+    fn cross_backward(
+        &mut self,
+        len: usize,
+        inputs: (&Self::Buffer, &Self::Buffer, &Self::Buffer),
+        dz: &mut Self::Buffer,
+        grad_x0: &mut Self::Buffer,
     ) -> Result<(), GpuError>;
     /// A head over `values` (one per row) against `labels`: predictions and per-row losses,
     /// and the gradient of the weighted mean loss into `grad` (written or added to).
@@ -222,6 +252,64 @@ impl DenseOps for HostDense {
             (grad_first, accumulate_first),
             (grad_rest, accumulate_rest),
         );
+        Ok(())
+    }
+
+    fn fm_forward(
+        &mut self,
+        shape: FmShape,
+        input: &Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> Result<(), GpuError> {
+        shape.check(input.len(), out.len())?;
+        let len = shape.rows * shape.width();
+        reference::fm_forward(&input[..len], shape, &mut out[..shape.rows]);
+        Ok(())
+    }
+
+    fn fm_backward(
+        &mut self,
+        shape: FmShape,
+        input: &Vec<f32>,
+        grad_out: &Vec<f32>,
+        (grad, accumulate): (&mut Vec<f32>, bool),
+    ) -> Result<(), GpuError> {
+        shape.check(input.len(), grad_out.len())?;
+        let len = shape.rows * shape.width();
+        check("grad", grad, len)?;
+        let grad = (&mut grad[..len], accumulate);
+        reference::fm_backward(&input[..len], &grad_out[..shape.rows], shape, grad);
+        Ok(())
+    }
+
+    fn cross_forward(
+        &mut self,
+        len: usize,
+        (x0, z, x): (&Vec<f32>, &Vec<f32>, &Vec<f32>),
+        next: &mut Vec<f32>,
+    ) -> Result<(), GpuError> {
+        for (field, buffer) in [("x0", x0), ("z", z), ("x", x)] {
+            check(field, buffer, len)?;
+        }
+        check("next", next, len)?;
+        reference::cross_forward(&x0[..len], &z[..len], &x[..len], &mut next[..len]);
+        Ok(())
+    }
+
+    fn cross_backward(
+        &mut self,
+        len: usize,
+        (g, x0, z): (&Vec<f32>, &Vec<f32>, &Vec<f32>),
+        dz: &mut Vec<f32>,
+        grad_x0: &mut Vec<f32>,
+    ) -> Result<(), GpuError> {
+        for (field, buffer) in [("g", g), ("x0", x0), ("z", z)] {
+            check(field, buffer, len)?;
+        }
+        check("dz", dz, len)?;
+        check("grad_x0", grad_x0, len)?;
+        let (dz, grad_x0) = (&mut dz[..len], &mut grad_x0[..len]);
+        reference::cross_backward(&g[..len], &x0[..len], &z[..len], dz, grad_x0);
         Ok(())
     }
 

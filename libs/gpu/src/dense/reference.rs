@@ -2,7 +2,7 @@
 //! computing what its kernel (or cuBLAS's product) computes, for the GPU checks to compare
 //! against within a tolerance.
 
-use super::{Columns, DotShape, HeadLoss, Product, Stored};
+use super::{Columns, DotShape, FmShape, HeadLoss, Product, Stored};
 
 /// `dst = a · b` (or `dst += a · b`), as [`Product`] describes.
 pub fn matmul(dst: &mut [f32], a: &[f32], b: &[f32], product: Product) {
@@ -176,5 +176,57 @@ pub fn copy_columns(dst: &mut [f32], src: &[f32], columns: Columns) {
         for (d, s) in into.iter_mut().zip(from) {
             *d = if accumulate { *d + s } else { *s };
         }
+    }
+}
+
+/// `out[r]`: half the squared norm of the sum of row `r`'s vectors less the sum of their
+/// squared norms.
+pub fn fm_forward(e: &[f32], shape: FmShape, out: &mut [f32]) {
+    let FmShape { vectors, dim, .. } = shape;
+    for (o, row) in out.iter_mut().zip(e.chunks_exact(shape.width())) {
+        let (mut sums, mut squares) = (0.0f32, 0.0f32);
+        for d in 0..dim {
+            let column = (0..vectors).map(|v| row[v * dim + d]);
+            sums += column.clone().sum::<f32>().powi(2);
+            squares += column.map(|x| x * x).sum::<f32>();
+        }
+        *o = 0.5 * (sums - squares);
+    }
+}
+
+/// Its backward into `grad` (shaped as `e`), written or added with `accumulate`.
+pub fn fm_backward(
+    e: &[f32],
+    grad_out: &[f32],
+    shape: FmShape,
+    (grad, accumulate): (&mut [f32], bool),
+) {
+    let FmShape { vectors, dim, .. } = shape;
+    let rows = e.chunks_exact(shape.width());
+    let grads = grad.chunks_exact_mut(shape.width());
+    for ((row, into), g) in rows.zip(grads).zip(grad_out) {
+        for d in 0..dim {
+            let sum: f32 = (0..vectors).map(|v| row[v * dim + d]).sum();
+            for v in 0..vectors {
+                let x = g * (sum - row[v * dim + d]);
+                let at = &mut into[v * dim + d];
+                *at = if accumulate { *at + x } else { x };
+            }
+        }
+    }
+}
+
+/// A cross layer's output from its product `z`: `next = x0 * z + x`.
+pub fn cross_forward(x0: &[f32], z: &[f32], x: &[f32], next: &mut [f32]) {
+    for (((n, x0), z), x) in next.iter_mut().zip(x0).zip(z).zip(x) {
+        *n = x0 * z + x;
+    }
+}
+
+/// Its backward through the product: `dz = g * x0`, and `grad_x0 += g * z`.
+pub fn cross_backward(g: &[f32], x0: &[f32], z: &[f32], dz: &mut [f32], grad_x0: &mut [f32]) {
+    for ((((dz, gx0), g), x0), z) in dz.iter_mut().zip(grad_x0).zip(g).zip(x0).zip(z) {
+        *dz = g * x0;
+        *gx0 += g * z;
     }
 }

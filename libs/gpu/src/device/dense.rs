@@ -11,7 +11,7 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::CudaKernels;
-use crate::dense::{Columns, DenseOps, DotShape, HeadLoss, Product, Stored};
+use crate::dense::{Columns, DenseOps, DotShape, FmShape, HeadLoss, Product, Stored};
 use crate::{GpuError, cublas_available};
 
 const BLOCK: u32 = 256;
@@ -25,6 +25,10 @@ struct DenseFunctions {
     dots_backward: CudaFunction,
     head_loss: CudaFunction,
     copy_columns: CudaFunction,
+    fm_forward: CudaFunction,
+    fm_backward: CudaFunction,
+    cross_forward: CudaFunction,
+    cross_backward: CudaFunction,
 }
 
 /// cuBLAS and the dense kernels on one device and stream.
@@ -75,6 +79,10 @@ impl CudaKernels {
             dots_backward: function("dots_backward")?,
             head_loss: function("head_loss")?,
             copy_columns: function("copy_columns")?,
+            fm_forward: function("fm_forward")?,
+            fm_backward: function("fm_backward")?,
+            cross_forward: function("cross_forward")?,
+            cross_backward: function("cross_backward")?,
         };
         Ok(CudaDense {
             blas: CudaBlas::new(self.stream.clone())?,
@@ -238,6 +246,104 @@ impl CudaDense {
         // SAFETY: arguments match copy_columns; `Columns::check` verified that both blocks
         // lie inside their matrices, the buffers hold both matrices and indices fit 32 bits.
         unsafe { launch.launch(grid(u64::from(rows) * u64::from(width))) }?;
+        Ok(())
+    }
+
+    /// The factorisation machine's term of each row of `input` into `out`. Asynchronous.
+    pub fn fm_forward(
+        &self,
+        shape: FmShape,
+        input: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        shape.check(input.len(), out.len())?;
+        let [rows, vectors, dim] = [shape.rows, shape.vectors, shape.dim].map(|v| v as u32);
+        let mut launch = self.stream.launch_builder(&self.functions.fm_forward);
+        launch
+            .arg(input)
+            .arg(&rows)
+            .arg(&vectors)
+            .arg(&dim)
+            .arg(out);
+        // SAFETY: arguments match fm_forward; `FmShape::check` verified both lengths and
+        // that indices fit 32 bits.
+        unsafe { launch.launch(grid(u64::from(rows))) }?;
+        Ok(())
+    }
+
+    /// Its backward into `grad` (shaped as `input`), written over or added to with the
+    /// flag. Asynchronous.
+    pub fn fm_backward(
+        &self,
+        shape: FmShape,
+        input: &CudaSlice<f32>,
+        grad_out: &CudaSlice<f32>,
+        (grad, accumulate): (&mut CudaSlice<f32>, bool),
+    ) -> Result<(), GpuError> {
+        shape.check(input.len(), grad_out.len())?;
+        GpuError::check_len("grad", grad.len(), shape.rows * shape.width())?;
+        let [rows, vectors, dim] = [shape.rows, shape.vectors, shape.dim].map(|v| v as u32);
+        let accumulate = i32::from(accumulate);
+        let mut launch = self.stream.launch_builder(&self.functions.fm_backward);
+        launch
+            .arg(input)
+            .arg(grad_out)
+            .arg(&rows)
+            .arg(&vectors)
+            .arg(&dim)
+            .arg(&accumulate)
+            .arg(grad);
+        // SAFETY: arguments match fm_backward; every buffer's length was checked against
+        // the shape, whose indices fit 32 bits.
+        unsafe { launch.launch(grid(u64::from(rows) * u64::from(dim))) }?;
+        Ok(())
+    }
+
+    /// A cross layer's output over `len` floats: `next = x0 * z + x`. Asynchronous.
+    pub fn cross_forward(
+        &self,
+        len: usize,
+        (x0, z, x): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        next: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        for (field, have) in [
+            ("x0", x0.len()),
+            ("z", z.len()),
+            ("x", x.len()),
+            ("next", next.len()),
+        ] {
+            GpuError::check_len(field, have, len)?;
+        }
+        let n = len as u64;
+        let mut launch = self.stream.launch_builder(&self.functions.cross_forward);
+        launch.arg(x0).arg(z).arg(x).arg(&n).arg(next);
+        // SAFETY: arguments match cross_forward; every buffer holds `len` floats.
+        unsafe { launch.launch(grid(n)) }?;
+        Ok(())
+    }
+
+    /// Its backward through the product: `dz = g * x0`, `grad_x0 += g * z`. Asynchronous.
+    pub fn cross_backward(
+        &self,
+        len: usize,
+        (g, x0, z): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        dz: &mut CudaSlice<f32>,
+        grad_x0: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        for (field, have) in [
+            ("g", g.len()),
+            ("x0", x0.len()),
+            ("z", z.len()),
+            ("dz", dz.len()),
+            ("grad_x0", grad_x0.len()),
+        ] {
+            GpuError::check_len(field, have, len)?;
+        }
+        let n = len as u64;
+        let mut launch = self.stream.launch_builder(&self.functions.cross_backward);
+        launch.arg(g).arg(x0).arg(z).arg(&n).arg(dz).arg(grad_x0);
+        // SAFETY: arguments match cross_backward; every buffer holds `len` floats.
+        unsafe { launch.launch(grid(n)) }?;
         Ok(())
     }
 
@@ -483,6 +589,44 @@ impl DenseOps for CudaDense {
         columns: Columns,
     ) -> Result<(), GpuError> {
         CudaDense::copy_columns(self, dst, src, columns)
+    }
+
+    fn fm_forward(
+        &mut self,
+        shape: FmShape,
+        input: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        CudaDense::fm_forward(self, shape, input, out)
+    }
+
+    fn fm_backward(
+        &mut self,
+        shape: FmShape,
+        input: &CudaSlice<f32>,
+        grad_out: &CudaSlice<f32>,
+        grad: (&mut CudaSlice<f32>, bool),
+    ) -> Result<(), GpuError> {
+        CudaDense::fm_backward(self, shape, input, grad_out, grad)
+    }
+
+    fn cross_forward(
+        &mut self,
+        len: usize,
+        inputs: (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        next: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        CudaDense::cross_forward(self, len, inputs, next)
+    }
+
+    fn cross_backward(
+        &mut self,
+        len: usize,
+        inputs: (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        dz: &mut CudaSlice<f32>,
+        grad_x0: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        CudaDense::cross_backward(self, len, inputs, dz, grad_x0)
     }
 
     fn dots_forward(

@@ -3,7 +3,7 @@
 //! sums are compared by relative norm; element-wise kernels bit for bit.
 
 use cudarc::driver::CudaSlice;
-use primus_gpu::dense::{Columns, DotShape, HeadLoss, Product, Stored, reference};
+use primus_gpu::dense::{Columns, DotShape, FmShape, HeadLoss, Product, Stored, reference};
 use primus_gpu::{CudaDense, CudaKernels, GpuError};
 use rand::rngs::StdRng;
 
@@ -270,6 +270,84 @@ pub(crate) fn columns_match(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(
             if bits(&got) != bits(&want) {
                 return Err(format!("{columns:?}: {}", first_difference(&got, &want)));
             }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn fm_and_cross_close(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    let blas = dense(kernels)?;
+    for shape in [
+        FmShape {
+            rows: 1000,
+            vectors: 26,
+            dim: 16,
+        },
+        FmShape {
+            rows: 7,
+            vectors: 3,
+            dim: 5,
+        },
+    ] {
+        let e = random_floats(rng, shape.rows * shape.width());
+        let device_e = up(kernels, &e)?;
+        let mut out = up(kernels, &vec![f32::NAN; shape.rows])?;
+        blas.fm_forward(shape, &device_e, &mut out)
+            .map_err(|e| e.to_string())?;
+        let mut want = vec![0.0; shape.rows];
+        reference::fm_forward(&e, shape, &mut want);
+        close(
+            &format!("fm forward {shape:?}"),
+            &down(kernels, &out, shape.rows)?,
+            &want,
+            SUM_TOLERANCE,
+        )?;
+        let grad_out = random_floats(rng, shape.rows);
+        for accumulate in [false, true] {
+            let mut want = random_floats(rng, e.len());
+            let mut grad = up(kernels, &want)?;
+            blas.fm_backward(
+                shape,
+                &device_e,
+                &up(kernels, &grad_out)?,
+                (&mut grad, accumulate),
+            )
+            .map_err(|e| e.to_string())?;
+            reference::fm_backward(&e, &grad_out, shape, (&mut want, accumulate));
+            let what = format!("fm backward {shape:?}, accumulate {accumulate}");
+            close(&what, &down(kernels, &grad, e.len())?, &want, SUM_TOLERANCE)?;
+        }
+    }
+    let len = 4099;
+    let [x0, z, x, g] = [0, 1, 2, 3].map(|_| random_floats(rng, len));
+    let device = [&x0, &z, &x, &g].map(|v| up(kernels, v));
+    let [dx0, dz_in, dx, dg] = device;
+    let (dx0, dz_in, dx, dg) = (dx0?, dz_in?, dx?, dg?);
+    let mut next = up(kernels, &vec![f32::NAN; len])?;
+    blas.cross_forward(len, (&dx0, &dz_in, &dx), &mut next)
+        .map_err(|e| e.to_string())?;
+    let mut want = vec![0.0; len];
+    reference::cross_forward(&x0, &z, &x, &mut want);
+    let got = down(kernels, &next, len)?;
+    if bits(&got) != bits(&want) {
+        return Err(format!("cross forward: {}", first_difference(&got, &want)));
+    }
+    let mut want_x0 = random_floats(rng, len);
+    let mut grad_x0 = up(kernels, &want_x0)?;
+    let mut dz = up(kernels, &vec![f32::NAN; len])?;
+    blas.cross_backward(len, (&dg, &dx0, &dz_in), &mut dz, &mut grad_x0)
+        .map_err(|e| e.to_string())?;
+    let mut want_dz = vec![0.0; len];
+    reference::cross_backward(&g, &x0, &z, &mut want_dz, &mut want_x0);
+    for (what, got, want) in [
+        ("dz", down(kernels, &dz, len)?, want_dz),
+        ("grad_x0", down(kernels, &grad_x0, len)?, want_x0),
+    ] {
+        if bits(&got) != bits(&want) {
+            return Err(format!(
+                "cross backward {what}: {}",
+                first_difference(&got, &want)
+            ));
         }
     }
     Ok(())

@@ -22,7 +22,7 @@ pub(crate) fn wide_layout() -> ModelLayout {
 }
 
 /// Every block and both losses in one graph, two heads.
-fn every_block() -> GraphSpec {
+pub(crate) fn every_block() -> GraphSpec {
     graph(json!({
         "inputs": {
             "dense": {"kind": "dense"},

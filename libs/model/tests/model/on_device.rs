@@ -1,6 +1,6 @@
 //! A model graph placed on dense operations (`GraphNet::on_ops`) against the same graph on
-//! the CPU: the DLRM preset and a graph of every block with a device form, on the host
-//! reference everywhere, on cuBLAS and the dense kernels where a GPU is present.
+//! the CPU: the DLRM and DeepFM presets and a graph of every block, on the host reference
+//! everywhere, on cuBLAS and the dense kernels where a GPU is present.
 
 use primus_gpu::dense::{DenseOps, HostDense};
 use primus_gpu::{CudaKernels, CudaStatus, cuda_status};
@@ -8,9 +8,7 @@ use primus_model::presets::preset_graph;
 use primus_model::{GraphNet, GraphStep, GraphWorkspace, Inputs, ModelError, ModelLayout};
 use primus_spec::job::ModelKind;
 
-use serde_json::json;
-
-use crate::graph::{graph, wide_layout};
+use crate::graph::{self, wide_layout};
 use crate::{model, noise, random_batch, schema, shifted, table};
 
 /// A DLRM of the reference's shape, smaller: 4 dense features, 5 sparse of dim 8.
@@ -70,33 +68,20 @@ fn assert_close(got: &GraphStep, want: &GraphStep, tolerance: f64, what: &str) {
     }
 }
 
-/// Every block with a device form, inputs of some of the columns, both losses, two heads.
-fn every_device_block() -> (ModelLayout, GraphNet) {
-    let spec = graph(json!({
-        "inputs": {
-            "dense": {"kind": "dense"},
-            "emb": {"kind": "embeddings"},
-            "ab": {"kind": "embeddings", "features": ["a", "b"]},
-            "first": {"kind": "first_order"}
-        },
-        "blocks": {
-            "bottom": {"kind": "mlp", "input": "dense", "widths": [6, 4], "activate_last": true},
-            "dots": {"kind": "dot", "inputs": ["bottom", "emb", "ab"]},
-            "joined": {"kind": "concat", "inputs": ["dense", "emb"]},
-            "deep": {"kind": "mlp", "input": "joined", "widths": [8, 4]},
-            "deep_in": {"kind": "concat", "inputs": ["dots", "deep"]},
-            "top": {"kind": "mlp", "input": "deep_in", "widths": [8, 1]},
-            "linear": {"kind": "mlp", "input": "dense", "widths": [5, 1], "activation": "none"},
-            "logit": {"kind": "add", "inputs": ["top", "first", "linear"]},
-            "value": {"kind": "mlp", "input": "joined", "widths": [4, 1]}
-        },
-        "heads": {
-            "click": {"input": "logit", "label": "label"},
-            "time": {"input": "value", "label": "watch", "loss": "squared_error", "weight": 0.5}
-        }
-    }));
+/// Every block, inputs of some of the columns, both losses, two heads (the CPU graph's
+/// finite-difference test's graph).
+fn every_block() -> (ModelLayout, GraphNet) {
     let layout = wide_layout();
-    let net = GraphNet::new(&spec, &layout, "model.graph").expect("the graph fits");
+    let net = GraphNet::new(&graph::every_block(), &layout, "model.graph").expect("the graph fits");
+    (layout, net)
+}
+
+/// The DeepFM preset: first-order weights, FM, a deep MLP over the embeddings, a sum.
+fn deepfm() -> (ModelLayout, GraphNet) {
+    let spec = model(ModelKind::Deepfm, vec![table("t", 8)], &[], &[16, 1]);
+    let layout = ModelLayout::new(&spec, &schema(2, &[("a", "t"), ("b", "t")])).expect("layout");
+    let graph = preset_graph(&layout).expect("DeepFM has a preset graph");
+    let net = GraphNet::new(&graph, &layout, "model.graph").expect("the graph fits");
     (layout, net)
 }
 
@@ -108,7 +93,7 @@ fn steps_match<O: DenseOps>(
     what: &str,
 ) {
     let params = shifted(&net.init_params(5));
-    let mut on_ops = net.on_ops(ops).expect("the graph has a device form");
+    let mut on_ops = net.on_ops(ops);
     on_ops.load_params(&params).expect("parameters");
     let mut ws = GraphWorkspace::default();
     for rows in [300, 77, 77] {
@@ -131,34 +116,37 @@ fn steps_match<O: DenseOps>(
 
 #[test]
 fn a_graph_on_the_host_reference_operations_trains_like_the_cpu_graph() {
-    steps_match(HostDense, dlrm(), 1e-5, "DLRM on the host reference");
-    steps_match(
-        HostDense,
-        every_device_block(),
-        1e-5,
-        "every block on the host reference",
-    );
+    let graphs = [
+        ("DLRM", dlrm()),
+        ("DeepFM", deepfm()),
+        ("every block", every_block()),
+    ];
+    for (name, graph) in graphs {
+        steps_match(
+            HostDense,
+            graph,
+            1e-5,
+            &format!("{name} on the host reference"),
+        );
+    }
 }
 
 #[test]
-fn a_graph_with_blocks_that_have_no_device_form_is_refused_naming_the_block() {
-    let spec = model(ModelKind::Deepfm, vec![table("t", 8)], &[], &[16, 1]);
-    let layout = ModelLayout::new(&spec, &schema(2, &[("a", "t"), ("b", "t")])).expect("layout");
-    let graph = preset_graph(&layout).expect("DeepFM has a preset graph");
-    let net = GraphNet::new(&graph, &layout, "model.graph").expect("the graph fits");
-    match net.on_ops(HostDense) {
-        Err(ModelError::NotOnDevice { node, reason }) => {
-            assert!(
-                node == "fm" && reason.contains("no device form"),
-                "{node}: {reason}"
-            );
-        }
-        Err(other) => panic!("expected NotOnDevice, got {other}"),
-        Ok(_) => panic!("DeepFM's FM block has no device form"),
-    }
+fn a_step_before_its_parameters_or_minibatch_are_loaded_is_refused() {
     let (_, dlrm) = dlrm();
-    let mut on_ops = dlrm.on_ops(HostDense).expect("DLRM has a device form");
-    let (dense, embedded) = (vec![0.0; 4], vec![0.0; 40]);
+    let mut on_ops = dlrm.on_ops(HostDense);
+    assert!(
+        matches!(on_ops.step(), Err(ModelError::Params(_))),
+        "a step before parameters are loaded"
+    );
+    on_ops
+        .load_params(&dlrm.init_params(1))
+        .expect("parameters");
+    assert!(
+        matches!(on_ops.step(), Err(ModelError::Inputs(_))),
+        "a step before a minibatch is loaded"
+    );
+    let (dense, embedded) = (vec![0.0; 4], vec![0.0; 39]);
     let inputs = Inputs {
         rows: 1,
         dense: &dense,
@@ -168,9 +156,9 @@ fn a_graph_with_blocks_that_have_no_device_form_is_refused_naming_the_block() {
     assert!(
         matches!(
             on_ops.train_step(&inputs, &[&[1.0]]),
-            Err(ModelError::Params(_))
+            Err(ModelError::Inputs(_))
         ),
-        "a step before parameters are loaded is refused"
+        "a minibatch one value short"
     );
 }
 
@@ -180,13 +168,16 @@ fn a_graph_on_a_gpu_trains_like_the_cpu_graph_or_says_why_it_cannot() {
         println!("SKIPPED (no CUDA device): a model graph on cuBLAS and the dense kernels");
         return;
     }
-    let dense = CudaKernels::new(0)
-        .and_then(|kernels| kernels.dense())
-        .expect("the dense operations on a present GPU");
     // cuBLAS orders its sums as it likes; the tolerance is the dense launches' own.
-    steps_match(dense, dlrm(), 1e-4, "DLRM on cuBLAS");
-    let dense = CudaKernels::new(0)
-        .and_then(|kernels| kernels.dense())
-        .expect("the dense operations on a present GPU");
-    steps_match(dense, every_device_block(), 1e-4, "every block on cuBLAS");
+    let graphs = [
+        ("DLRM", dlrm()),
+        ("DeepFM", deepfm()),
+        ("every block", every_block()),
+    ];
+    for (name, graph) in graphs {
+        let dense = CudaKernels::new(0)
+            .and_then(|kernels| kernels.dense())
+            .expect("the dense operations on a present GPU");
+        steps_match(dense, graph, 1e-4, &format!("{name} on cuBLAS"));
+    }
 }

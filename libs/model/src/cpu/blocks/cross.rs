@@ -54,6 +54,11 @@ impl CrossNet {
         }
     }
 
+    /// Its parameters' prefix, width, layers and rank (none: full-rank weights).
+    pub(super) fn parts(&self) -> (&str, usize, usize, Option<usize>) {
+        (&self.prefix, self.dim, self.layers, self.rank)
+    }
+
     pub(crate) fn param_shapes(&self) -> Vec<ParamShape> {
         let d = self.dim;
         let mut shapes = Vec::new();

@@ -2,9 +2,9 @@
 //! live where the operations run (a GPU's memory through `primus_gpu::CudaDense`, or host
 //! vectors through the reference `HostDense`, which is how this composition is tested
 //! without a GPU). This file places a graph and holds its buffers; `on_device/step.rs`
-//! runs it. Every block but FM and DCN-v2's cross network has a form there; a graph with
-//! either is refused when it is placed, naming the block.
+//! runs it, `on_device/cross.rs` its cross networks. Every block has a form there.
 
+mod cross;
 mod step;
 
 use std::collections::HashMap;
@@ -16,13 +16,16 @@ use crate::ModelError;
 use crate::inputs::Inputs;
 use crate::params::ParamSet;
 
+/// Buffers by parameter name.
+type ByName<B> = HashMap<String, B>;
+
 /// A graph placed on [`DenseOps`], with its parameters and the buffers of one minibatch
 /// size kept across steps.
 pub struct DeviceGraph<'n, O: DenseOps> {
     net: &'n GraphNet,
     ops: O,
     /// Every parameter tensor by name, and the set's order of names.
-    params: HashMap<String, O::Buffer>,
+    params: ByName<O::Buffer>,
     order: Vec<String>,
     /// The one embeddings input when it takes every pooled column: its gradient is the
     /// pooled embeddings' gradient itself, not added into a buffer of its own.
@@ -45,6 +48,7 @@ struct Minibatch<B> {
 struct Values<B> {
     layers: Vec<B>,
     gathered: Option<[B; 2]>,
+    cross: Option<cross::CrossBuffers<B>>,
 }
 
 struct Workspace<B> {
@@ -55,7 +59,7 @@ struct Workspace<B> {
     written: Vec<bool>,
     /// Two buffers of the widest value, which an MLP's backward alternates between.
     scratch: [B; 2],
-    param_grads: HashMap<String, B>,
+    param_grads: ByName<B>,
     /// The pooled embeddings' and first-order weights' gradients, added into.
     embedded_grad: B,
     wide_grad: B,
@@ -66,16 +70,8 @@ struct Workspace<B> {
 }
 
 impl GraphNet {
-    /// This graph on `ops`, or the first block that has no form there.
-    pub fn on_ops<O: DenseOps>(&self, ops: O) -> Result<DeviceGraph<'_, O>, ModelError> {
-        if let Some(node) =
-            (self.nodes.iter()).find(|n| matches!(n.op, Op::Fm { .. } | Op::Cross(_)))
-        {
-            return Err(ModelError::NotOnDevice {
-                node: node.name.clone(),
-                reason: "FM and cross blocks have no device form yet".into(),
-            });
-        }
+    /// This graph on `ops`: its parameters, values and gradients held there.
+    pub fn on_ops<O: DenseOps>(&self, ops: O) -> DeviceGraph<'_, O> {
         let embeddings: Vec<usize> = (0..self.nodes.len())
             .filter(|i| matches!(self.nodes[*i].op, Op::Embeddings { .. }))
             .collect();
@@ -83,14 +79,14 @@ impl GraphNet {
             [only] if self.whole[only] => Some(only),
             _ => None,
         };
-        Ok(DeviceGraph {
+        DeviceGraph {
             net: self,
             ops,
             params: HashMap::new(),
             order: Vec::new(),
             direct_embedded,
             ws: None,
-        })
+        }
     }
 }
 
@@ -213,10 +209,15 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
         let mut widest = 1;
         for (i, node) in net.nodes.iter().enumerate() {
             widest = widest.max(node.width);
+            let mut cross_buffers = None;
             let layers = match &node.op {
                 Op::Mlp { widths, .. } => {
                     widest = widths.iter().fold(widest, |w, v| w.max(*v));
                     (widths.iter().map(|w| ops.zeros(rows * w))).collect::<Result<_, _>>()?
+                }
+                Op::Cross(net) => {
+                    cross_buffers = Some(cross::buffers(ops, net, rows)?);
+                    cross::outputs(ops, net, rows)?
                 }
                 Op::Dense(_) | Op::Embeddings { .. } if net.whole[i] => Vec::new(),
                 _ => vec![ops.zeros(rows * node.width)?],
@@ -228,7 +229,11 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
                 }
                 _ => None,
             };
-            values.push(Values { layers, gathered });
+            values.push(Values {
+                layers,
+                gathered,
+                cross: cross_buffers,
+            });
             grads.push(ops.zeros(rows * node.width)?);
         }
         let mut param_grads = HashMap::new();

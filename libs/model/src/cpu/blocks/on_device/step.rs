@@ -2,9 +2,9 @@
 //! every node's backward in reverse. A node's gradient is written by its first
 //! contributor and added to by the rest (the operations' accumulate flags), as on the CPU.
 
-use primus_gpu::dense::{DenseOps, DotShape, HeadLoss, Product, Stored};
+use primus_gpu::dense::{DenseOps, DotShape, FmShape, HeadLoss, Product, Stored};
 
-use super::{DeviceGraph, Values, columns, input_runs, param, param_grad, value, workspace};
+use super::{DeviceGraph, Values, columns, cross, input_runs, param, param_grad, value, workspace};
 use crate::ModelError;
 use crate::cpu::blocks::{GraphStep, HeadOutput, Loss, Node, Op};
 use crate::cpu::in_set_order;
@@ -147,9 +147,7 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
                     let Values {
                         layers, gathered, ..
                     } = out;
-                    let [rest, _] = gathered.as_mut().ok_or_else(|| {
-                        ModelError::Params(format!("{}: no buffer for its vectors", node.name))
-                    })?;
+                    let [rest, _] = gathered.as_mut().ok_or_else(|| no_buffers(node))?;
                     let rest_width = (vectors - 1) * dim;
                     let mut at = 0;
                     for &r in &node.reads[1..] {
@@ -160,11 +158,19 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
                     }
                     ops.dots_forward(shape, first, rest, &mut layers[0])?;
                 }
-                Op::Fm { .. } | Op::Cross(_) => {
-                    return Err(ModelError::NotOnDevice {
-                        node: node.name.clone(),
-                        reason: "FM and cross blocks have no device form yet".into(),
-                    });
+                Op::Fm { vectors, dim } => {
+                    let shape = FmShape {
+                        rows,
+                        vectors: *vectors,
+                        dim: *dim,
+                    };
+                    ops.fm_forward(shape, value(node.reads[0])?, &mut out.layers[0])?;
+                }
+                Op::Cross(net) => {
+                    let Values { layers, cross, .. } = out;
+                    let buffers = cross.as_mut().ok_or_else(|| no_buffers(node))?;
+                    let x0 = value(node.reads[0])?;
+                    cross::forward(ops, (net, params), rows, x0, (layers, buffers))?;
                 }
             }
         }
@@ -207,7 +213,9 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
                 Op::Embeddings { .. } if self.direct_embedded == Some(i) => {}
                 Op::Embeddings { .. } | Op::FirstOrder => self.sparse_backward(i)?,
                 Op::Concat | Op::Add => self.spread_backward(i)?,
-                _ => {}
+                Op::Fm { vectors, dim } => self.fm_backward(i, *vectors, *dim)?,
+                Op::Cross(_) => self.cross_backward(i)?,
+                Op::Dense(_) => {}
             }
         }
         Ok(())
@@ -252,6 +260,54 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
                 ops.copy_columns(into, grad, moved)?;
             }
             at += width;
+        }
+        Ok(())
+    }
+
+    fn fm_backward(&mut self, i: usize, vectors: usize, dim: usize) -> Result<(), ModelError> {
+        let net = self.net;
+        let node = &net.nodes[i];
+        let read = node.reads[0];
+        if !net.wants_grad[read] {
+            return Ok(());
+        }
+        let Self { ops, ws, .. } = self;
+        let ws = workspace(ws)?;
+        let shape = FmShape {
+            rows: ws.rows,
+            vectors,
+            dim,
+        };
+        let input = value(net, read, &ws.values, &ws.batch)?;
+        let accumulate = std::mem::replace(&mut ws.written[read], true);
+        let [into, grad] = disjoint(&mut ws.grads, [read, i], node)?;
+        Ok(ops.fm_backward(shape, input, grad, (into, accumulate))?)
+    }
+
+    fn cross_backward(&mut self, i: usize) -> Result<(), ModelError> {
+        let net = self.net;
+        let node = &net.nodes[i];
+        let Op::Cross(cross_net) = &node.op else {
+            return Ok(());
+        };
+        let read = node.reads[0];
+        let Self {
+            ops, params, ws, ..
+        } = self;
+        let ws = workspace(ws)?;
+        let rows = ws.rows;
+        let (done, later) = ws.values.split_at_mut(i);
+        let x0 = value(net, read, done, &ws.batch)?;
+        let Values { layers, cross, .. } = &mut later[0];
+        let buffers = cross.as_mut().ok_or_else(|| no_buffers(node))?;
+        let [grad, into] = disjoint(&mut ws.grads, [i, read], node)?;
+        let parts = (cross_net, &*params, &mut ws.param_grads);
+        let grad_x0 = cross::backward(ops, parts, rows, (x0, layers, grad), buffers)?;
+        if net.wants_grad[read] {
+            let accumulate = std::mem::replace(&mut ws.written[read], true);
+            let width = net.nodes[read].width;
+            let all = columns(rows, width, (width, 0), (width, 0), accumulate);
+            ops.copy_columns(into, grad_x0, all)?;
         }
         Ok(())
     }
@@ -336,9 +392,7 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
         }
         let (done, later) = ws.values.split_at_mut(i);
         let first = value(net, a, done, &ws.batch)?;
-        let [rest, rest_grad] = later[0].gathered.as_mut().ok_or_else(|| {
-            ModelError::Params(format!("{}: no buffer for its vectors", node.name))
-        })?;
+        let [rest, rest_grad] = later[0].gathered.as_mut().ok_or_else(|| no_buffers(node))?;
         let [grad_a, grad] = disjoint(&mut ws.grads, [a, i], node)?;
         let grad_a = if wants_a { grad_a } else { &mut ws.scratch[0] };
         let into_rest = (&mut *rest_grad, false);
@@ -423,6 +477,10 @@ fn names_only(order: &[String]) -> ParamSet {
         })
         .collect();
     ParamSet { tensors }
+}
+
+fn no_buffers(node: &Node) -> ModelError {
+    ModelError::Params(format!("{}: no buffers for its values", node.name))
 }
 
 /// Distinct nodes' gradients, mutably at once.

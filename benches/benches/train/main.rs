@@ -6,7 +6,7 @@
 //! 1. baseline: the dense network's forward/backward alone (no lookups, pooling, pushes);
 //! 2. in-process: the trainer's own step loop against tables and a dense store in this
 //!    process (lookup, pooling, forward/backward, push); then the same with pooling and
-//!    its backward on a GPU (`trainer.device: cuda`; the dense network stays on the CPU),
+//!    its backward on a GPU (`trainer.device: cuda`) and the dense network on cuBLAS,
 //!    printed as SKIPPED where no GPU is present;
 //!    the peer, right after on the same minibatches and as many threads as cores: TorchRec's
 //!    DLRM of the same shape, optimizers and initialisation ([`peer`]), where
@@ -343,8 +343,8 @@ async fn main() {
     }
     match EmbeddingDevice::open(Device::Cuda, 0) {
         Ok(gpu) => {
-            // The dense network too where this build has burn's CUDA backend
-            // (`--features primus-trainer/cuda`).
+            // The dense network too: the DLRM graph on cuBLAS (MTRM's would need the
+            // `primus-trainer/cuda` build; the reference model is DLRM).
             let model =
                 Model::on(model_layout.clone(), DenseDevice::Cuda(0)).unwrap_or_else(|_| {
                     Model::new(model_layout.clone()).expect("a model of the layout")

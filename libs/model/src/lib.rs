@@ -45,6 +45,7 @@ mod step;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use primus_batch::Minibatch;
+use primus_gpu::{CudaDense, CudaKernels};
 
 pub use cpu::blocks::{DeviceGraph, GraphNet, GraphStep, GraphWorkspace, HeadOutput};
 pub use inputs::{Inputs, Tower};
@@ -94,9 +95,9 @@ pub enum ModelError {
         /// The model kind.
         kind: String,
     },
-    /// This build has no CUDA backend for the dense network.
+    /// This build has no CUDA backend for MTRM's network (burn's).
     #[error(
-        "the dense network cannot run on a GPU: this binary was built without primus-model's cuda feature"
+        "model.kind mtrm runs on burn's CUDA backend on a GPU, and this binary was built without primus-model's cuda feature"
     )]
     NoCudaBuild,
     /// The dense operations on a device failed (the device's error, as text).
@@ -161,9 +162,27 @@ enum Engine {
         net: Arc<GraphNet>,
         pool: Arc<Mutex<Vec<GraphWorkspace>>>,
     },
+    /// The model's graph on a GPU (cuBLAS and primus-gpu's dense kernels), one placed
+    /// graph per concurrent caller.
+    Device {
+        net: Arc<GraphNet>,
+        ordinal: usize,
+        pool: Arc<Mutex<Vec<DeviceGraph<CudaDense>>>>,
+    },
     /// burn on a device.
     #[cfg(feature = "burn")]
     Burn(on_burn::BurnNets),
+}
+
+/// `net` on GPU `ordinal`, or why it cannot run there.
+fn placed(net: &GraphNet, ordinal: usize) -> Result<DeviceGraph<CudaDense>, ModelError> {
+    let dense = CudaKernels::new(ordinal)
+        .and_then(|kernels| kernels.dense())
+        .map_err(|e| ModelError::Device {
+            device: DenseDevice::Cuda(ordinal),
+            reason: e.to_string(),
+        })?;
+    Ok(net.on_ops(dense))
 }
 
 impl Model {
@@ -200,20 +219,54 @@ impl Model {
         }
     }
 
-    /// On `device`. A GPU needs the `cuda` feature and a usable CUDA device; without them
-    /// this says which is missing.
+    /// On `device`. On a GPU, DLRM, DeepFM and Wide&Deep run their graphs on cuBLAS and
+    /// primus-gpu's dense kernels; MTRM runs on burn's CUDA backend, which needs the `cuda`
+    /// feature. Without a usable device, or the feature MTRM needs, this says which is
+    /// missing.
     pub fn on(layout: ModelLayout, device: DenseDevice) -> Result<Self, ModelError> {
-        match device {
-            DenseDevice::Cpu => Self::new(layout),
-            #[cfg(feature = "burn")]
-            DenseDevice::Cuda(ordinal) => Ok(Self {
+        let DenseDevice::Cuda(ordinal) = device else {
+            return Self::new(layout);
+        };
+        if let Some(spec) = presets::preset_graph(&layout) {
+            let net = GraphNet::new(&spec, &layout, "model")?;
+            // Placed once now, so that a device that cannot be used is refused here.
+            let first = placed(&net, ordinal)?;
+            return Ok(Self {
                 layout,
                 device,
-                engine: Engine::Burn(on_burn::BurnNets::cuda(ordinal)?),
-            }),
-            #[cfg(not(feature = "burn"))]
-            DenseDevice::Cuda(_) => Err(ModelError::NoCudaBuild),
+                engine: Engine::Device {
+                    net: Arc::new(net),
+                    ordinal,
+                    pool: Arc::new(Mutex::new(vec![first])),
+                },
+            });
         }
+        #[cfg(feature = "burn")]
+        return Ok(Self {
+            layout,
+            device,
+            engine: Engine::Burn(on_burn::BurnNets::cuda(ordinal)?),
+        });
+        #[cfg(not(feature = "burn"))]
+        Err(ModelError::NoCudaBuild)
+    }
+
+    /// Runs `f` with a placed graph from the pool (placing one when all are in use),
+    /// returned to the pool after.
+    fn with_placed<T>(
+        (net, ordinal, pool): (&GraphNet, usize, &Mutex<Vec<DeviceGraph<CudaDense>>>),
+        f: impl FnOnce(&mut DeviceGraph<CudaDense>) -> Result<T, ModelError>,
+    ) -> Result<T, ModelError> {
+        let taken = pool.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let mut graph = match taken {
+            Some(graph) => graph,
+            None => placed(net, ordinal)?,
+        };
+        let out = f(&mut graph);
+        pool.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(graph);
+        out
     }
 
     /// Runs `f` with a workspace of the CPU graph, returned to the pool after.
@@ -302,6 +355,17 @@ impl Model {
                     net.train_step_with(params, inputs, &[labels], ws, on_embedding_grads)?;
                 Ok(single_head(step))
             }),
+            Engine::Device { net, ordinal, pool } => {
+                Self::with_placed((net, *ordinal, pool), |graph| {
+                    graph.load_params(params)?;
+                    let step = graph.train_step(inputs, &[labels])?;
+                    on_embedding_grads(EmbeddingGrads {
+                        embedded: &step.embedded_grad,
+                        wide: &step.wide_grad,
+                    });
+                    Ok(single_head(step))
+                })
+            }
             #[cfg(feature = "burn")]
             Engine::Burn(nets) => {
                 let output = nets.train_step(&self.layout, params, inputs, labels, tower);
@@ -329,6 +393,13 @@ impl Model {
                 let heads = net.predict(params, inputs, ws)?;
                 Ok(heads.into_iter().next().unwrap_or_default())
             }),
+            Engine::Device { net, ordinal, pool } => {
+                Self::with_placed((net, *ordinal, pool), |graph| {
+                    graph.load_params(params)?;
+                    let heads = graph.predict(inputs)?;
+                    Ok(heads.into_iter().next().unwrap_or_default())
+                })
+            }
             #[cfg(feature = "burn")]
             Engine::Burn(nets) => Ok(nets.predict(&self.layout, params, inputs, tower)),
         }

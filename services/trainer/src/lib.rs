@@ -142,8 +142,9 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a trainer looks for data executors that joined the job.
 const TOPOLOGY_POLL: Duration = Duration::from_secs(1);
 
-/// The dense network on the trainer's device. A GPU trainer whose binary has no CUDA
-/// backend for it (built without the `cuda` feature) keeps it on the CPU and says so.
+/// The dense network on the trainer's device. MTRM's network runs on a GPU through burn,
+/// which needs the `cuda` feature: a GPU trainer built without it keeps MTRM's network on
+/// the CPU and says so.
 fn dense_model(layout: ModelLayout, train: &primus_config::TrainSettings) -> anyhow::Result<Model> {
     let gpu = match train.device {
         Device::Cpu => return Model::new(layout).context("the trainer's dense network"),
@@ -153,7 +154,7 @@ fn dense_model(layout: ModelLayout, train: &primus_config::TrainSettings) -> any
         Ok(model) => Ok(model),
         Err(ModelError::NoCudaBuild) => {
             tracing::warn!(
-                "trainer.device is cuda, but this binary was built without the cuda feature: the dense network runs on the CPU"
+                "trainer.device is cuda, but model.kind mtrm's network needs the cuda feature, which this binary was built without: the dense network runs on the CPU"
             );
             Model::new(layout).context("the trainer's dense network")
         }

@@ -8,6 +8,7 @@ mod cross;
 mod step;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use primus_gpu::dense::{Columns, DenseOps};
 
@@ -21,8 +22,8 @@ type ByName<B> = HashMap<String, B>;
 
 /// A graph placed on [`DenseOps`], with its parameters and the buffers of one minibatch
 /// size kept across steps.
-pub struct DeviceGraph<'n, O: DenseOps> {
-    net: &'n GraphNet,
+pub struct DeviceGraph<O: DenseOps> {
+    net: Arc<GraphNet>,
     ops: O,
     /// Every parameter tensor by name, and the set's order of names.
     params: ByName<O::Buffer>,
@@ -71,7 +72,7 @@ struct Workspace<B> {
 
 impl GraphNet {
     /// This graph on `ops`: its parameters, values and gradients held there.
-    pub fn on_ops<O: DenseOps>(&self, ops: O) -> DeviceGraph<'_, O> {
+    pub fn on_ops<O: DenseOps>(&self, ops: O) -> DeviceGraph<O> {
         let embeddings: Vec<usize> = (0..self.nodes.len())
             .filter(|i| matches!(self.nodes[*i].op, Op::Embeddings { .. }))
             .collect();
@@ -80,7 +81,7 @@ impl GraphNet {
             _ => None,
         };
         DeviceGraph {
-            net: self,
+            net: Arc::new(self.clone()),
             ops,
             params: HashMap::new(),
             order: Vec::new(),
@@ -144,7 +145,7 @@ fn columns(
     }
 }
 
-impl<O: DenseOps> DeviceGraph<'_, O> {
+impl<O: DenseOps> DeviceGraph<O> {
     /// Copies `params` (checked against the graph) to where the operations run.
     pub fn load_params(&mut self, params: &ParamSet) -> Result<(), ModelError> {
         self.net.check_params(params)?;
@@ -176,7 +177,8 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
         inputs: &Inputs<'_>,
         labels: &[&[f32]],
     ) -> Result<(), ModelError> {
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         net.check_inputs(inputs)?;
         if labels.len() != net.heads.len() || labels.iter().any(|l| l.len() != inputs.rows) {
             return Err(ModelError::Inputs(format!(
@@ -202,7 +204,8 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
         if self.ws.as_ref().is_some_and(|ws| ws.rows == rows) {
             return Ok(());
         }
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         let ops = &mut self.ops;
         let mut values = Vec::with_capacity(net.nodes.len());
         let mut grads = Vec::with_capacity(net.nodes.len());

@@ -2,12 +2,15 @@
 //! every node's backward in reverse. A node's gradient is written by its first
 //! contributor and added to by the rest (the operations' accumulate flags), as on the CPU.
 
+use std::sync::Arc;
+
 use primus_gpu::dense::{DenseOps, DotShape, FmShape, HeadLoss, Product, Stored};
 
 use super::{DeviceGraph, Values, columns, cross, input_runs, param, param_grad, value, workspace};
 use crate::ModelError;
 use crate::cpu::blocks::{GraphStep, HeadOutput, Loss, Node, Op};
 use crate::cpu::in_set_order;
+use crate::inputs::Inputs;
 use crate::params::{ParamSet, ParamTensor};
 
 /// One layer of an MLP node: its parameter names, widths and activation.
@@ -62,7 +65,7 @@ pub(super) fn dot_reads_directly(node: &Node) -> bool {
     matches!(node.reads[..], [a, b] if a != b)
 }
 
-impl<O: DenseOps> DeviceGraph<'_, O> {
+impl<O: DenseOps> DeviceGraph<O> {
     /// Forward and backward on the loaded minibatch, all where the operations run (nothing
     /// is copied); returns when they are done.
     pub fn step(&mut self) -> Result<(), ModelError> {
@@ -79,7 +82,8 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
     }
 
     fn forward(&mut self) -> Result<(), ModelError> {
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         let Self {
             ops, params, ws, ..
         } = self;
@@ -178,7 +182,8 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
     }
 
     fn heads(&mut self) -> Result<(), ModelError> {
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         let direct = self.direct_embedded;
         let Self { ops, ws, .. } = self;
         let ws = workspace(ws)?;
@@ -202,7 +207,8 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
     }
 
     fn backward(&mut self) -> Result<(), ModelError> {
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         for i in (0..net.nodes.len()).rev() {
             if !workspace(&mut self.ws)?.written[i] {
                 continue;
@@ -223,7 +229,8 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
 
     /// An input's gradient added into the pooled embeddings' or first-order weights'.
     fn sparse_backward(&mut self, i: usize) -> Result<(), ModelError> {
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         let node = &net.nodes[i];
         let Self { ops, ws, .. } = self;
         let ws = workspace(ws)?;
@@ -242,7 +249,8 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
 
     /// A concatenation's or sum's gradient handed to each of its reads that wants one.
     fn spread_backward(&mut self, i: usize) -> Result<(), ModelError> {
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         let node = &net.nodes[i];
         let Self { ops, ws, .. } = self;
         let ws = workspace(ws)?;
@@ -265,7 +273,8 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
     }
 
     fn fm_backward(&mut self, i: usize, vectors: usize, dim: usize) -> Result<(), ModelError> {
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         let node = &net.nodes[i];
         let read = node.reads[0];
         if !net.wants_grad[read] {
@@ -285,7 +294,8 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
     }
 
     fn cross_backward(&mut self, i: usize) -> Result<(), ModelError> {
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         let node = &net.nodes[i];
         let Op::Cross(cross_net) = &node.op else {
             return Ok(());
@@ -313,7 +323,8 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
     }
 
     fn mlp_backward(&mut self, i: usize) -> Result<(), ModelError> {
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         let node = &net.nodes[i];
         let read = node.reads[0];
         let Self {
@@ -367,7 +378,8 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
     }
 
     fn dot_backward(&mut self, i: usize, dim: usize, vectors: usize) -> Result<(), ModelError> {
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         let node = &net.nodes[i];
         let a = node.reads[0];
         let Self { ops, ws, .. } = self;
@@ -417,9 +429,32 @@ impl<O: DenseOps> DeviceGraph<'_, O> {
         Ok(())
     }
 
+    /// Each head's predictions (probabilities of binary heads, values of regression
+    /// heads) on a minibatch of host values, for the loaded parameters: the forward pass
+    /// alone.
+    pub fn predict(&mut self, inputs: &Inputs<'_>) -> Result<Vec<Vec<f32>>, ModelError> {
+        let zeros = vec![0.0; inputs.rows];
+        let labels = vec![&zeros[..]; self.net.heads.len()];
+        self.load_minibatch(inputs, &labels)?;
+        if self.order.is_empty() {
+            return Err(ModelError::Params(
+                "no parameters loaded on the device".into(),
+            ));
+        }
+        self.forward()?;
+        // The heads turn values into predictions; their losses against zeros go unread.
+        self.heads()?;
+        let Self { ops, ws, .. } = self;
+        let ws = workspace(ws)?;
+        (ws.predictions.iter())
+            .map(|p| Ok(ops.download(p, ws.rows)?))
+            .collect()
+    }
+
     /// The last step's losses, predictions and gradients, copied to the host.
     pub fn results(&mut self) -> Result<GraphStep, ModelError> {
-        let net = self.net;
+        let net = Arc::clone(&self.net);
+        let net = &*net;
         let direct = self.direct_embedded;
         let Self { ops, ws, order, .. } = self;
         let ws = workspace(ws)?;

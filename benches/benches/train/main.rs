@@ -26,7 +26,9 @@
 //! `cargo build --release --bins && cargo bench -p primus-benches --bench train`
 //! (PRIMUS_BENCH_ROWS, default 204,800; PRIMUS_BENCH_MODEL=small for a quick run;
 //! PRIMUS_BENCH_SERVICES=0 skips (3) and needs no binaries). The last line:
-//! `train: in-process X samples/s = R.RRx TorchRec (AUC a vs b), services S.SSx in-process`.
+//! `train: in-process X samples/s = R.RRx TorchRec (AUC a vs b), services S.SSx in-process`,
+//! and where a GPU is present, after it: `train (cuda): N samples/s = Rx the CPU trainer,
+//! AUC a vs b` (the GPU trainer against the in-process CPU trainer).
 //! The machine's load average is printed beside each figure: the peer's OpenMP threads
 //! spin, and on a busy machine it slows several times over.
 #![allow(clippy::print_stdout, reason = "a benchmark prints its figures")]
@@ -341,7 +343,7 @@ async fn main() {
             share(peer_whole_ms)
         );
     }
-    match EmbeddingDevice::open(Device::Cuda, 0) {
+    let on_gpu_line = match EmbeddingDevice::open(Device::Cuda, 0) {
         Ok(gpu) => {
             // The dense network too: the DLRM graph on cuBLAS (MTRM's would need the
             // `primus-trainer/cuda` build; the reference model is DLRM).
@@ -358,11 +360,22 @@ async fn main() {
                 on_gpu.auc.unwrap_or(f64::NAN),
                 on_gpu.shares()
             );
+            Some(format!(
+                "train (cuda): {:.0} samples/s = {:.2}x the CPU trainer, AUC {:.4} vs {:.4}",
+                on_gpu.rate(),
+                on_gpu.rate() / in_process.rate(),
+                on_gpu.auc.unwrap_or(f64::NAN),
+                in_process.auc.unwrap_or(f64::NAN)
+            ))
         }
-        Err(e) => println!("in-process trainer, pooling on the GPU: SKIPPED ({e:#})"),
-    }
+        Err(e) => {
+            println!("in-process trainer, pooling on the GPU: SKIPPED ({e:#})");
+            None
+        }
+    };
     if !services {
         last_line(&in_process, peer.as_ref(), None);
+        on_gpu_line.into_iter().for_each(|line| println!("{line}"));
         return;
     }
     let (through, wall) =
@@ -399,6 +412,7 @@ async fn main() {
         hot.rate() / through.rate()
     );
     last_line(&in_process, peer.as_ref(), Some(&through));
+    on_gpu_line.into_iter().for_each(|line| println!("{line}"));
 }
 
 /// The bench's last line.

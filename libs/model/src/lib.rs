@@ -12,7 +12,8 @@
 //!   DCN-v2's cross network) and heads (binary cross-entropy, squared error) forward and
 //!   backward over a tuned sgemm; and [`DeviceGraph`], the same graph's step over
 //!   primus-gpu's dense operations (cuBLAS and the dense kernels on a GPU).
-//! - [`presets`]: DLRM, DeepFM and Wide&Deep as graphs, which [`Model`] runs on the CPU.
+//! - [`presets`]: DLRM, DeepFM and Wide&Deep as graphs, which [`Model`] runs on the CPU
+//!   and, placed on cuBLAS, on a GPU.
 //! - [`onnx`]: the dense network with its parameters as an ONNX model (for serving).
 //! - [`peak`]: the machine's measured FMA peak, the ceiling of the networks' speed.
 //! - [`pooling`]: unique keys per table of a minibatch, sum pooling of looked-up rows into

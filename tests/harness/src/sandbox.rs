@@ -51,33 +51,49 @@ impl Drop for Sandbox {
 
 impl Sandbox {
     /// Starts NATS, Redis and the API server; panics (the test fails) when one cannot start.
+    /// An API server that ends before it serves (its ports taken between their choice and
+    /// its bind, by another test's server) is started again on other ports, twice at most.
     pub async fn start() -> Self {
         let nats = NatsServer::start().expect("nats-server");
         let redis = RedisServer::start().expect("redis-server");
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("token"), format!("{TOKEN}\n")).expect("token");
-        let mut settings = ApiServerSettings::default();
-        settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
-        settings.nats.url = nats.url();
-        settings.redis.url = redis.url();
-        settings.auth.token_file = Some(dir.path().join("token"));
-        settings.store.watch_poll_interval_ms = 200;
-        settings.server.http_addr = Some(([127, 0, 0, 1], free_port().expect("port")).into());
-        let dashboard_addr = settings.server.http_addr.map(|addr| addr.to_string());
-        let api_addr = settings.server.grpc_addr.to_string();
-        let api_shutdown = Shutdown::new();
-        tokio::spawn(primus_api_server::run(settings, api_shutdown.clone()));
-        wait_for_health(&api_addr, ServingStatus::Serving, Duration::from_secs(20))
-            .await
-            .expect("api-server serving");
-        Self {
-            nats,
-            redis,
-            dir,
-            api_addr,
-            dashboard_addr,
-            api: ApiServer::InProcess(api_shutdown),
+        let mut ended = Vec::new();
+        for _ in 0..3 {
+            let mut settings = ApiServerSettings::default();
+            settings.server.grpc_addr = ([127, 0, 0, 1], free_port().expect("port")).into();
+            settings.nats.url = nats.url();
+            settings.redis.url = redis.url();
+            settings.auth.token_file = Some(dir.path().join("token"));
+            settings.store.watch_poll_interval_ms = 200;
+            settings.server.http_addr = Some(([127, 0, 0, 1], free_port().expect("port")).into());
+            let dashboard_addr = settings.server.http_addr.map(|addr| addr.to_string());
+            let api_addr = settings.server.grpc_addr.to_string();
+            let api_shutdown = Shutdown::new();
+            let mut server = tokio::spawn(primus_api_server::run(settings, api_shutdown.clone()));
+            let serving =
+                wait_for_health(&api_addr, ServingStatus::Serving, Duration::from_secs(20));
+            tokio::select! {
+                ready = serving => ready.expect("api-server serving"),
+                exited = &mut server => {
+                    ended.push(match exited {
+                        Ok(Ok(())) => "it returned before serving".to_owned(),
+                        Ok(Err(e)) => format!("{e:#}"),
+                        Err(e) => e.to_string(),
+                    });
+                    continue;
+                }
+            }
+            return Self {
+                nats,
+                redis,
+                dir,
+                api_addr,
+                dashboard_addr,
+                api: ApiServer::InProcess(api_shutdown),
+            };
         }
+        panic!("the API server ended before serving, three times: {ended:?}");
     }
 
     /// A sandbox whose API server is a process of its own and whose Redis persists what it

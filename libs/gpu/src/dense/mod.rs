@@ -156,6 +156,26 @@ pub struct Columns {
 }
 
 impl Columns {
+    /// `width` columns of `rows` rows, from `(src_width, src_at)` to `(dst_width, dst_at)`:
+    /// each matrix's columns per row and the block's first column in it.
+    pub fn new(
+        rows: usize,
+        width: usize,
+        (src_width, src_at): (usize, usize),
+        (dst_width, dst_at): (usize, usize),
+        accumulate: bool,
+    ) -> Self {
+        Self {
+            rows,
+            width,
+            src_width,
+            src_at,
+            dst_width,
+            dst_at,
+            accumulate,
+        }
+    }
+
     /// Checks the block against both matrices and the buffers' lengths.
     pub(crate) fn check(&self, dst: usize, src: usize) -> Result<(), GpuError> {
         for (field, at, width) in [

@@ -245,21 +245,14 @@ pub(crate) fn heads_close(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(),
 
 pub(crate) fn columns_match(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
     let blas = dense(kernels)?;
-    for (rows, width, src_width, src_at, dst_width, dst_at) in [
-        (1000, 16, 16, 0, 48, 32),
-        (517, 7, 30, 11, 7, 0),
-        (3, 1, 5, 4, 9, 8),
+    for (rows, width, (src_width, src_at), (dst_width, dst_at)) in [
+        (1000, 16, (16, 0), (48, 32)),
+        (517, 7, (30, 11), (7, 0)),
+        (3, 1, (5, 4), (9, 8)),
     ] {
         for accumulate in [false, true] {
-            let columns = Columns {
-                rows,
-                width,
-                src_width,
-                src_at,
-                dst_width,
-                dst_at,
-                accumulate,
-            };
+            let (from, into) = ((src_width, src_at), (dst_width, dst_at));
+            let columns = Columns::new(rows, width, from, into, accumulate);
             let src = random_floats(rng, rows * src_width);
             let mut want = random_floats(rng, rows * dst_width);
             let mut dst = up(kernels, &want)?;
@@ -375,14 +368,6 @@ pub(crate) fn dense_input_checks(kernels: &CudaKernels, _: &mut StdRng) -> Resul
         .map(|_| ()),
         "dots",
     )?;
-    let past_the_end = Columns {
-        rows: 1,
-        width: 3,
-        src_width: 5,
-        src_at: 3,
-        dst_width: 6,
-        dst_at: 0,
-        accumulate: false,
-    };
+    let past_the_end = Columns::new(1, 3, (5, 3), (6, 0), false);
     refused(blas.copy_columns(&mut dst, &short, past_the_end), "src")
 }

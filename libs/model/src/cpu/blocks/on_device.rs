@@ -10,7 +10,7 @@ mod step;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use primus_gpu::dense::{Columns, DenseOps};
+use primus_gpu::dense::DenseOps;
 
 use super::{GraphNet, GraphStep, Node, Op};
 use crate::ModelError;
@@ -122,26 +122,6 @@ fn input_runs(net: &GraphNet, node: &Node) -> Option<(Vec<Run>, usize)> {
             Some((runs, net.embedding_width))
         }
         _ => None,
-    }
-}
-
-/// Moving `width` columns of `rows` rows between matrices `src_width` and `dst_width`
-/// wide.
-fn columns(
-    rows: usize,
-    width: usize,
-    (src_width, src_at): (usize, usize),
-    (dst_width, dst_at): (usize, usize),
-    accumulate: bool,
-) -> Columns {
-    Columns {
-        rows,
-        width,
-        src_width,
-        src_at,
-        dst_width,
-        dst_at,
-        accumulate,
     }
 }
 

@@ -1,7 +1,7 @@
 //! DCN-v2's cross network on [`DenseOps`], as `blocks/cross.rs` computes it on the CPU:
 //! `x(l+1) = x0 * (W(l) x(l) + b(l)) + x(l)`, W full or low-rank `V U`.
 
-use primus_gpu::dense::{DenseOps, Product, Stored};
+use primus_gpu::dense::{Columns, DenseOps, Product, Stored};
 
 use super::{ByName, param, param_grad};
 use crate::ModelError;
@@ -156,7 +156,7 @@ pub(super) fn backward<'b, O: DenseOps>(
         ops.column_sums(grad_bias, &bufs.dz, [rows, d])?;
     }
     // x(0) is the input itself.
-    let all = super::columns(rows, d, (d, 0), (d, 0), true);
+    let all = Columns::new(rows, d, (d, 0), (d, 0), true);
     ops.copy_columns(&mut bufs.grad_x0, g, all)?;
     Ok(&bufs.grad_x0)
 }

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use primus_gpu::dense::{DenseOps, DotShape, FmShape, HeadLoss, Product, Stored};
+use primus_gpu::dense::{Columns, DenseOps, DotShape, FmShape, HeadLoss, Product, Stored};
 
-use super::{DeviceGraph, Values, columns, cross, input_runs, param, param_grad, value, workspace};
+use super::{DeviceGraph, Values, cross, input_runs, param, param_grad, value, workspace};
 use crate::ModelError;
 use crate::cpu::blocks::{GraphStep, HeadOutput, Loss, Node, Op};
 use crate::cpu::in_set_order;
@@ -103,8 +103,13 @@ impl<O: DenseOps> DeviceGraph<O> {
                         _ => &batch.embedded,
                     };
                     for (from_at, at, width) in runs {
-                        let moved =
-                            columns(rows, width, (from_width, from_at), (node.width, at), false);
+                        let moved = Columns::new(
+                            rows,
+                            width,
+                            (from_width, from_at),
+                            (node.width, at),
+                            false,
+                        );
                         ops.copy_columns(&mut out.layers[0], from, moved)?;
                     }
                 }
@@ -129,8 +134,10 @@ impl<O: DenseOps> DeviceGraph<O> {
                     for (k, &r) in node.reads.iter().enumerate() {
                         let width = net.nodes[r].width;
                         let moved = match node.op {
-                            Op::Concat => columns(rows, width, (width, 0), (node.width, at), false),
-                            _ => columns(rows, width, (width, 0), (width, 0), k > 0),
+                            Op::Concat => {
+                                Columns::new(rows, width, (width, 0), (node.width, at), false)
+                            }
+                            _ => Columns::new(rows, width, (width, 0), (width, 0), k > 0),
                         };
                         ops.copy_columns(&mut out.layers[0], value(r)?, moved)?;
                         at += width;
@@ -156,7 +163,7 @@ impl<O: DenseOps> DeviceGraph<O> {
                     let mut at = 0;
                     for &r in &node.reads[1..] {
                         let width = net.nodes[r].width;
-                        let moved = columns(rows, width, (width, 0), (rest_width, at), false);
+                        let moved = Columns::new(rows, width, (width, 0), (rest_width, at), false);
                         ops.copy_columns(rest, value(r)?, moved)?;
                         at += width;
                     }
@@ -241,7 +248,7 @@ impl<O: DenseOps> DeviceGraph<O> {
         }
         let (runs, to_width) = input_runs(net, node).unwrap_or_default();
         for (to_at, at, width) in runs {
-            let moved = columns(rows, width, (node.width, at), (to_width, to_at), true);
+            let moved = Columns::new(rows, width, (node.width, at), (to_width, to_at), true);
             ops.copy_columns(&mut ws.embedded_grad, &ws.grads[i], moved)?;
         }
         Ok(())
@@ -261,8 +268,10 @@ impl<O: DenseOps> DeviceGraph<O> {
             if net.wants_grad[r] {
                 let accumulate = std::mem::replace(&mut ws.written[r], true);
                 let moved = match node.op {
-                    Op::Concat => columns(rows, width, (node.width, at), (width, 0), accumulate),
-                    _ => columns(rows, width, (width, 0), (width, 0), accumulate),
+                    Op::Concat => {
+                        Columns::new(rows, width, (node.width, at), (width, 0), accumulate)
+                    }
+                    _ => Columns::new(rows, width, (width, 0), (width, 0), accumulate),
                 };
                 let [into, grad] = disjoint(&mut ws.grads, [r, i], node)?;
                 ops.copy_columns(into, grad, moved)?;
@@ -316,7 +325,7 @@ impl<O: DenseOps> DeviceGraph<O> {
         if net.wants_grad[read] {
             let accumulate = std::mem::replace(&mut ws.written[read], true);
             let width = net.nodes[read].width;
-            let all = columns(rows, width, (width, 0), (width, 0), accumulate);
+            let all = Columns::new(rows, width, (width, 0), (width, 0), accumulate);
             ops.copy_columns(into, grad_x0, all)?;
         }
         Ok(())
@@ -421,7 +430,7 @@ impl<O: DenseOps> DeviceGraph<O> {
             let width = net.nodes[r].width;
             if net.wants_grad[r] {
                 let accumulate = std::mem::replace(&mut ws.written[r], true);
-                let moved = columns(rows, width, (rest_width, at), (width, 0), accumulate);
+                let moved = Columns::new(rows, width, (rest_width, at), (width, 0), accumulate);
                 ops.copy_columns(&mut ws.grads[r], rest_grad, moved)?;
             }
             at += width;

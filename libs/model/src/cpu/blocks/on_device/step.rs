@@ -2,13 +2,13 @@
 //! every node's backward in reverse. A node's gradient is written by its first
 //! contributor and added to by the rest (the operations' accumulate flags), as on the CPU.
 
-use std::sync::Arc;
-
 use primus_gpu::dense::{Columns, DenseOps, DotShape, FmShape, HeadLoss, Product, Stored};
 
-use super::{DeviceGraph, Values, cross, input_runs, param, param_grad, value, workspace};
+use super::{
+    ByName, DeviceGraph, Values, Workspace, cross, input_runs, param, param_grad, value, workspace,
+};
 use crate::ModelError;
-use crate::cpu::blocks::{GraphStep, HeadOutput, Loss, Node, Op};
+use crate::cpu::blocks::{GraphNet, GraphStep, HeadOutput, Loss, Node, Op};
 use crate::cpu::in_set_order;
 use crate::inputs::Inputs;
 use crate::params::{ParamSet, ParamTensor};
@@ -74,20 +74,40 @@ impl<O: DenseOps> DeviceGraph<O> {
                 "no parameters loaded on the device".into(),
             ));
         }
-        workspace(&mut self.ws)?;
-        self.forward()?;
-        self.heads()?;
-        self.backward()?;
+        let mut passes = self.passes()?;
+        passes.forward()?;
+        passes.heads()?;
+        passes.backward()?;
         Ok(self.ops.finish()?)
     }
 
+    /// The graph and its buffers, borrowed apart for a step's passes.
+    fn passes(&mut self) -> Result<Passes<'_, O>, ModelError> {
+        let ws = workspace(&mut self.ws)?;
+        Ok(Passes {
+            net: &self.net,
+            ops: &mut self.ops,
+            params: &self.params,
+            ws,
+            direct_embedded: self.direct_embedded,
+        })
+    }
+}
+
+/// What a step's passes work on: the graph, and the operations, parameters and buffers
+/// where they run.
+struct Passes<'a, O: DenseOps> {
+    net: &'a GraphNet,
+    ops: &'a mut O,
+    params: &'a ByName<O::Buffer>,
+    ws: &'a mut Workspace<O::Buffer>,
+    direct_embedded: Option<usize>,
+}
+
+impl<O: DenseOps> Passes<'_, O> {
     fn forward(&mut self) -> Result<(), ModelError> {
-        let net = Arc::clone(&self.net);
-        let net = &*net;
-        let Self {
-            ops, params, ws, ..
-        } = self;
-        let ws = workspace(ws)?;
+        let net = self.net;
+        let (ops, params, ws) = (&mut *self.ops, self.params, &mut *self.ws);
         let rows = ws.rows;
         for (i, node) in net.nodes.iter().enumerate() {
             let (done, rest) = ws.values.split_at_mut(i);
@@ -189,11 +209,9 @@ impl<O: DenseOps> DeviceGraph<O> {
     }
 
     fn heads(&mut self) -> Result<(), ModelError> {
-        let net = Arc::clone(&self.net);
-        let net = &*net;
+        let net = self.net;
         let direct = self.direct_embedded;
-        let Self { ops, ws, .. } = self;
-        let ws = workspace(ws)?;
+        let (ops, ws) = (&mut *self.ops, &mut *self.ws);
         ws.written.iter_mut().for_each(|w| *w = false);
         if direct.is_none() {
             ops.fill_zero(&mut ws.embedded_grad)?;
@@ -214,10 +232,9 @@ impl<O: DenseOps> DeviceGraph<O> {
     }
 
     fn backward(&mut self) -> Result<(), ModelError> {
-        let net = Arc::clone(&self.net);
-        let net = &*net;
+        let net = self.net;
         for i in (0..net.nodes.len()).rev() {
-            if !workspace(&mut self.ws)?.written[i] {
+            if !self.ws.written[i] {
                 continue;
             }
             match &net.nodes[i].op {
@@ -236,11 +253,9 @@ impl<O: DenseOps> DeviceGraph<O> {
 
     /// An input's gradient added into the pooled embeddings' or first-order weights'.
     fn sparse_backward(&mut self, i: usize) -> Result<(), ModelError> {
-        let net = Arc::clone(&self.net);
-        let net = &*net;
+        let net = self.net;
         let node = &net.nodes[i];
-        let Self { ops, ws, .. } = self;
-        let ws = workspace(ws)?;
+        let (ops, ws) = (&mut *self.ops, &mut *self.ws);
         let rows = ws.rows;
         if let Op::FirstOrder = node.op {
             let product = Product::new([rows, 1, net.features]).accumulate(true);
@@ -256,11 +271,9 @@ impl<O: DenseOps> DeviceGraph<O> {
 
     /// A concatenation's or sum's gradient handed to each of its reads that wants one.
     fn spread_backward(&mut self, i: usize) -> Result<(), ModelError> {
-        let net = Arc::clone(&self.net);
-        let net = &*net;
+        let net = self.net;
         let node = &net.nodes[i];
-        let Self { ops, ws, .. } = self;
-        let ws = workspace(ws)?;
+        let (ops, ws) = (&mut *self.ops, &mut *self.ws);
         let rows = ws.rows;
         let mut at = 0;
         for &r in &node.reads {
@@ -282,15 +295,13 @@ impl<O: DenseOps> DeviceGraph<O> {
     }
 
     fn fm_backward(&mut self, i: usize, vectors: usize, dim: usize) -> Result<(), ModelError> {
-        let net = Arc::clone(&self.net);
-        let net = &*net;
+        let net = self.net;
         let node = &net.nodes[i];
         let read = node.reads[0];
         if !net.wants_grad[read] {
             return Ok(());
         }
-        let Self { ops, ws, .. } = self;
-        let ws = workspace(ws)?;
+        let (ops, ws) = (&mut *self.ops, &mut *self.ws);
         let shape = FmShape {
             rows: ws.rows,
             vectors,
@@ -303,24 +314,20 @@ impl<O: DenseOps> DeviceGraph<O> {
     }
 
     fn cross_backward(&mut self, i: usize) -> Result<(), ModelError> {
-        let net = Arc::clone(&self.net);
-        let net = &*net;
+        let net = self.net;
         let node = &net.nodes[i];
         let Op::Cross(cross_net) = &node.op else {
             return Ok(());
         };
         let read = node.reads[0];
-        let Self {
-            ops, params, ws, ..
-        } = self;
-        let ws = workspace(ws)?;
+        let (ops, params, ws) = (&mut *self.ops, self.params, &mut *self.ws);
         let rows = ws.rows;
         let (done, later) = ws.values.split_at_mut(i);
         let x0 = value(net, read, done, &ws.batch)?;
         let Values { layers, cross, .. } = &mut later[0];
         let buffers = cross.as_mut().ok_or_else(|| no_buffers(node))?;
         let [grad, into] = disjoint(&mut ws.grads, [i, read], node)?;
-        let parts = (cross_net, &*params, &mut ws.param_grads);
+        let parts = (cross_net, params, &mut ws.param_grads);
         let grad_x0 = cross::backward(ops, parts, rows, (x0, layers, grad), buffers)?;
         if net.wants_grad[read] {
             let accumulate = std::mem::replace(&mut ws.written[read], true);
@@ -332,14 +339,10 @@ impl<O: DenseOps> DeviceGraph<O> {
     }
 
     fn mlp_backward(&mut self, i: usize) -> Result<(), ModelError> {
-        let net = Arc::clone(&self.net);
-        let net = &*net;
+        let net = self.net;
         let node = &net.nodes[i];
         let read = node.reads[0];
-        let Self {
-            ops, params, ws, ..
-        } = self;
-        let ws = workspace(ws)?;
+        let (ops, params, ws) = (&mut *self.ops, self.params, &mut *self.ws);
         let rows = ws.rows;
         let layers = layers(node, net.nodes[read].width);
         // Where the current layer's output gradient is: the node's, then a scratch buffer.
@@ -387,12 +390,10 @@ impl<O: DenseOps> DeviceGraph<O> {
     }
 
     fn dot_backward(&mut self, i: usize, dim: usize, vectors: usize) -> Result<(), ModelError> {
-        let net = Arc::clone(&self.net);
-        let net = &*net;
+        let net = self.net;
         let node = &net.nodes[i];
         let a = node.reads[0];
-        let Self { ops, ws, .. } = self;
-        let ws = workspace(ws)?;
+        let (ops, ws) = (&mut *self.ops, &mut *self.ws);
         let rows = ws.rows;
         let shape = DotShape { rows, dim, vectors };
         let wants_a = net.wants_grad[a];
@@ -437,7 +438,9 @@ impl<O: DenseOps> DeviceGraph<O> {
         }
         Ok(())
     }
+}
 
+impl<O: DenseOps> DeviceGraph<O> {
     /// Each head's predictions (probabilities of binary heads, values of regression
     /// heads) on a minibatch of host values, for the loaded parameters: the forward pass
     /// alone.
@@ -450,9 +453,10 @@ impl<O: DenseOps> DeviceGraph<O> {
                 "no parameters loaded on the device".into(),
             ));
         }
-        self.forward()?;
+        let mut passes = self.passes()?;
+        passes.forward()?;
         // The heads turn values into predictions; their losses against zeros go unread.
-        self.heads()?;
+        passes.heads()?;
         let Self { ops, ws, .. } = self;
         let ws = workspace(ws)?;
         (ws.predictions.iter())
@@ -462,10 +466,14 @@ impl<O: DenseOps> DeviceGraph<O> {
 
     /// The last step's losses, predictions and gradients, copied to the host.
     pub fn results(&mut self) -> Result<GraphStep, ModelError> {
-        let net = Arc::clone(&self.net);
-        let net = &*net;
         let direct = self.direct_embedded;
-        let Self { ops, ws, order, .. } = self;
+        let Self {
+            net,
+            ops,
+            ws,
+            order,
+            ..
+        } = self;
         let ws = workspace(ws)?;
         let rows = ws.rows;
         let mut heads = Vec::with_capacity(net.heads.len());

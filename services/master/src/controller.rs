@@ -44,8 +44,9 @@ pub async fn run<B: ResourceBackend, C: Catalog>(context: Arc<Context<B, C>>, sh
         match event {
             None => break,
             Some(JobEvent::Listed(resources)) => {
-                let names: Vec<&str> = resources.iter().map(|r| r.name.as_str()).collect();
-                drivers.retain(|name, _| names.contains(&name.as_str()));
+                let names: Vec<String> = resources.iter().map(|r| r.name.clone()).collect();
+                drivers.retain(|name, _| names.contains(name));
+                context.backend.release_jobs_not_listed(&names).await;
                 for resource in resources {
                     observe(&context, &mut drivers, EventType::Added, resource).await;
                 }

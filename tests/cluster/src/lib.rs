@@ -331,8 +331,20 @@ impl KubeDeployment {
         while !self.job_objects(job).is_empty() {
             assert!(
                 Instant::now() < deadline,
-                "{job}: objects left: {:?}\n{}\n{}",
+                "{job}: objects left: {:?}\n{}\n{}\nmaster-0 (previous container): {}\nmaster-0: {}",
                 self.job_objects(job),
+                self.cluster
+                    .kubectl_run(&[
+                        "-n",
+                        NAMESPACE,
+                        "get",
+                        "pods",
+                        "-l",
+                        &format!("primus.dev/job={job}"),
+                        "-o",
+                        "custom-columns=NAME:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase,DELETING:.metadata.deletionTimestamp"
+                    ])
+                    .unwrap_or_default(),
                 self.cluster
                     .kubectl_run(&[
                         "-n",
@@ -344,6 +356,9 @@ impl KubeDeployment {
                         "-o",
                         "yaml"
                     ])
+                    .unwrap_or_default(),
+                self.cluster
+                    .kubectl_run(&["-n", NAMESPACE, "logs", "master-0", "--previous", "--tail=30"])
                     .unwrap_or_default(),
                 self.cluster
                     .kubectl_run(&["-n", NAMESPACE, "logs", "master-0", "--tail=40"])

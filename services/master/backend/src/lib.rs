@@ -193,6 +193,13 @@ pub trait ResourceBackend: Send + Sync + 'static {
         false
     }
 
+    /// Deletes what executors of Jobs absent from `listed` (every Job of this master's
+    /// shard) left: Jobs deleted while no master followed them, whose executors outlived
+    /// the master that started them.
+    fn release_jobs_not_listed(&self, _listed: &[String]) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
     /// Kills, and waits until they are gone, the executors of `job` with a role in `roles`
     /// that a previous master left running: a Job taken over resumes from its latest
     /// checkpoint, so nothing they did since may count.

@@ -271,11 +271,80 @@ async fn kubernetes_backend_conformance() {
         cluster,
     };
     conformance(&backend, &probe, &nats.url(), Duration::from_secs(120)).await;
+    objects_of_a_job_deleted_meanwhile_go_at_once(cluster, &nats.url()).await;
     eprintln!(
         "resource backend conformance: kubernetes backend PASSED on the test cluster \
          ({} nodes, real containers, in-place resize seen in the pod status and its cgroup)",
         cluster.node_names().len()
     );
+}
+
+/// A master that finds a Job absent from its listing (deleted while no master followed
+/// it) deletes the pod, settings Secret and owner its executor left at once, without
+/// waiting for the adoption window or the garbage collector; a listed Job's pod stays.
+async fn objects_of_a_job_deleted_meanwhile_go_at_once(cluster: &KubeCluster, nats_url: &str) {
+    let connect =
+        || KubernetesBackend::connect(backend_settings(cluster), (0, 1), "127.0.0.1:1".into());
+    let (deleted, listed) = (
+        format!("deleted-{}", std::process::id()),
+        format!("listed-{}", std::process::id()),
+    );
+    let previous = connect().await.expect("the test cluster's API server");
+    for job in [&deleted, &listed] {
+        (previous.request(ps_shard(job, 0, nats_url)))
+            .await
+            .unwrap_or_else(|e| panic!("{job}'s ps-0 starts: {e}"));
+    }
+    // The master stops; the pods outlive it.
+    drop(previous);
+    let next = connect().await.expect("the test cluster's API server");
+    next.release_jobs_not_listed(std::slice::from_ref(&listed))
+        .await;
+    let exists = |kind: &str, name: &str| {
+        let args = [
+            "get",
+            kind,
+            name,
+            "-n",
+            "default",
+            "--ignore-not-found",
+            "-o",
+            "name",
+        ];
+        let found = cluster.kubectl_run(&args).expect("kubectl get");
+        !found.trim().is_empty()
+    };
+    let pods = next.pods();
+    assert!(
+        deleting(&pods, &deleted).await,
+        "the deleted Job's pod is not being deleted"
+    );
+    let secret = render::pod_name(&deleted, "ps-0");
+    assert!(
+        !exists("secret", &secret),
+        "the deleted Job's settings Secret is left"
+    );
+    let owner = render::owner_name(&deleted);
+    assert!(
+        !exists("configmap", &owner),
+        "the deleted Job's owner is left"
+    );
+    assert!(
+        !deleting(&pods, &listed).await,
+        "the listed Job's pod is being deleted"
+    );
+    next.release_job(&listed).await;
+    assert!(
+        deleting(&pods, &listed).await,
+        "the released Job's pod is not being deleted"
+    );
+}
+
+/// Whether `job`'s ps-0 pod is gone or being deleted.
+async fn deleting(pods: &kube::Api<Pod>, job: &str) -> bool {
+    let name = render::pod_name(job, "ps-0");
+    let pod = pods.get_opt(&name).await.expect("get the pod");
+    pod.is_none_or(|p| p.metadata.deletion_timestamp.is_some())
 }
 
 /// Gangs on the test cluster (under `operator::`, so `cargo test --workspace operator` runs

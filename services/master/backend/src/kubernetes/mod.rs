@@ -9,6 +9,7 @@ mod metrics;
 mod pods_watch;
 pub mod reconcile;
 pub mod render;
+mod sweep;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -64,8 +65,8 @@ struct State {
     observed: HashMap<Key, ObservedPod>,
     tracked: HashMap<Key, Tracked>,
     owners: HashMap<String, JobOwner>,
-    /// Jobs released whose owner could not be deleted yet (the API server was out of
-    /// reach): every resync tries again, so that the garbage collector removes what it owns.
+    /// Jobs released whose objects could not all be deleted yet (the API server was out of
+    /// reach): every resync tries again.
     owners_to_delete: BTreeSet<String>,
     /// The executors seen in a relist of the watch, while one is under way.
     relisted: Option<Vec<Key>>,
@@ -309,7 +310,7 @@ impl Inner {
         }
     }
 
-    /// Tries again to delete the owners of released Jobs that could not be deleted.
+    /// Tries again to delete the objects of released Jobs that could not all be deleted.
     async fn delete_owners_left(&self) {
         let jobs: Vec<String> = self.lock().owners_to_delete.iter().cloned().collect();
         for job in jobs {
@@ -317,8 +318,8 @@ impl Inner {
                 let state = self.lock();
                 state.owners_to_delete.contains(&job) && !state.owners.contains_key(&job)
             };
-            if still && self.delete_owner(&job).await.is_ok() {
-                tracing::info!(job, "the Job's owner deleted on a later try");
+            if still && self.delete_job_objects(&job).await.is_ok() {
+                tracing::info!(job, "the Job's objects deleted on a later try");
                 self.lock().owners_to_delete.remove(&job);
             }
         }
@@ -561,32 +562,20 @@ impl ResourceBackend for KubernetesBackend {
         self.delete_executor(job, id, Deletion::Kill).await
     }
 
-    /// Deletes each executor's pod and settings Secret itself, then the owner ConfigMap:
-    /// the garbage collector, which removes what the owner owns, is only the backstop (it
-    /// can lag, as after an API server restart).
+    async fn release_jobs_not_listed(&self, listed: &[String]) {
+        self.inner.delete_jobs_not_listed(listed).await;
+    }
+
+    /// Deletes the Job's pods, settings Secrets and owner ([`Inner::delete_job_objects`]).
     async fn release_job(&self, job: &str) {
         let inner = &self.inner;
-        let ids: BTreeSet<String> = {
+        {
             let mut state = inner.lock();
-            let ids = (state.wanted.keys().chain(state.observed.keys()))
-                .filter(|(j, _)| j == job)
-                .map(|(_, id)| id.clone())
-                .collect();
             state.wanted.retain(|(j, _), _| j != job);
             state.owners.remove(job);
-            ids
-        };
-        let deletions = ids.iter().map(|id| async move {
-            let name = render::pod_name(job, id);
-            let pod = inner.delete_pod(&name, Deletion::Graceful).await;
-            let secret = inner.delete_secret(&name).await;
-            if let Err(e) = pod.and(secret) {
-                tracing::warn!(job, id, error = %e, "deleting an executor's objects");
-            }
-        });
-        futures::future::join_all(deletions).await;
-        if let Err(e) = inner.delete_owner(job).await {
-            tracing::warn!(job, error = %kube_message(&e), "deleting the Job's owner; trying again every resync");
+        }
+        if let Err(e) = inner.delete_job_objects(job).await {
+            tracing::warn!(job, error = %kube_message(&e), "deleting the Job's objects; trying again every resync");
             inner.lock().owners_to_delete.insert(job.to_owned());
         }
         let grace = Duration::from_millis(inner.settings.stop_grace_ms) + RESYNC;

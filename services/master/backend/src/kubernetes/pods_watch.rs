@@ -1,63 +1,19 @@
 //! The watch on this master's pods: each event folded into the observed state and the
-//! executors it concerns reconciled, every executor again each `RESYNC`, and the objects
-//! of Jobs no master claimed within the adoption window swept.
+//! executors it concerns reconciled, every executor again each `RESYNC`.
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::DeleteParams;
 use kube::runtime::watcher;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::reconcile::ObservedPod;
-use super::{ADOPTION, Inner, Key, RESYNC, kube_message, render};
-
-/// Once the adoption window is over, deletes the owners (and so every object) of Jobs of
-/// this shard that no Job driven now claimed: Jobs that ended or were deleted while no
-/// master ran.
-async fn sweep_unclaimed_jobs(inner: Arc<Inner>) {
-    tokio::time::sleep(ADOPTION.saturating_sub(inner.started.elapsed())).await;
-    let params = kube::api::ListParams::default().labels(&inner.selector());
-    let owners = match inner.config_maps.list(&params).await {
-        Ok(owners) => owners,
-        Err(e) => {
-            tracing::warn!(error = %kube_message(&e), "listing Job owners to sweep");
-            return;
-        }
-    };
-    for owner in owners {
-        let Some(job) = (owner.metadata.annotations.as_ref())
-            .and_then(|a| a.get(render::ANNOTATION_JOB).cloned())
-        else {
-            continue;
-        };
-        let claimed = {
-            let state = inner.lock();
-            state.owners.contains_key(&job) || state.wanted.keys().any(|(j, _)| *j == job)
-        };
-        if claimed {
-            continue;
-        }
-        let name = owner.metadata.name.unwrap_or_default();
-        tracing::info!(
-            job,
-            owner = name,
-            "deleting the objects of a Job no longer driven"
-        );
-        if let Err(e) = inner
-            .config_maps
-            .delete(&name, &DeleteParams::foreground())
-            .await
-        {
-            tracing::warn!(job, error = %kube_message(&e), "deleting a Job's objects");
-        }
-    }
-}
+use super::{Inner, Key, RESYNC};
 
 /// Follows this master's pods, reconciling each executor whose pod changed, and every
 /// executor every `RESYNC`.
 pub(super) async fn watch_pods(inner: Arc<Inner>) {
-    tokio::spawn(sweep_unclaimed_jobs(inner.clone()));
+    tokio::spawn(super::sweep::sweep_unclaimed_jobs(inner.clone()));
     let config = watcher::Config::default().labels(&inner.selector());
     let mut events = watcher::watcher(inner.pods.clone(), config).boxed();
     let mut resync = tokio::time::interval(RESYNC);

@@ -46,6 +46,7 @@ fn layout() -> (ModelLayout, OptimizerSpec) {
             bottom: vec![32, 16],
             top: vec![32, 1],
             optimizer: OptimizerSpec::adagrad(0.01),
+            graph: None,
         },
     };
     let layout = ModelLayout::new(&spec, &feature_schema(TABLE)).expect("layout");

@@ -15,7 +15,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use primus_gpu::{CudaKernels, CudaStatus, cuda_status};
-use primus_model::presets::preset_graph;
+use primus_model::presets::model_graph;
 use primus_model::{GraphNet, Inputs, Model, ModelLayout, ParamSet, Tower};
 use primus_spec::dataset::{DenseFeature, FeatureSchema, SparseFeature};
 use primus_spec::job::{DenseSpec, ModelKind, ModelSpec, OptimizerSpec, TableSpec};
@@ -82,7 +82,10 @@ fn step(c: &mut Criterion) {
             "cpu graph",
             Model::new(layout.clone()).expect("a model of the layout"),
         ),
-        ("burn (baseline)", Model::burn_cpu(layout.clone())),
+        (
+            "burn (baseline)",
+            Model::burn_cpu(layout.clone()).expect("DLRM runs on burn"),
+        ),
     ];
     for (engine, model) in &engines {
         group.bench_function(format!("{engine}: predict"), |b| {
@@ -117,7 +120,7 @@ fn on_gpu(
         println!("graph on cuBLAS: train_step SKIPPED (no CUDA device)");
         return;
     }
-    let graph = preset_graph(layout).expect("DLRM has a preset graph");
+    let graph = model_graph(layout).expect("DLRM has a preset graph");
     let net = GraphNet::new(&graph, layout, "model.graph").expect("the graph fits");
     let dense = CudaKernels::new(0)
         .and_then(|kernels| kernels.dense())

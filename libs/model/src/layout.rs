@@ -3,13 +3,18 @@
 //! the PS must hold, and the checks that the two fit.
 
 use primus_spec::dataset::FeatureSchema;
+use primus_spec::job::graph::GraphInput;
 use primus_spec::job::{DenseSpec, Initializer, ModelKind, ModelSpec, TableSpec};
 
 use crate::ModelError;
+use crate::cpu::blocks::{GraphNet, ParamShape};
 
 /// Suffix of the one-wide companion table holding first-order (wide) weights of a table's
-/// keys, for Wide&Deep and DeepFM.
+/// keys, for Wide&Deep, DeepFM and graphs with a first-order input.
 pub const WIDE_SUFFIX: &str = "_wide";
+
+/// Where a Job's graph is in its spec (what its errors name).
+pub const GRAPH_PATH: &str = "spec.model.dense.graph";
 
 /// A sparse feature of the schema as the model sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,13 +63,29 @@ pub struct ModelLayout {
     /// model's logit is shifted by its log.
     pub negative_sample_rate: Option<f64>,
     table_specs: Vec<TableSpec>,
+    /// `kind: graph`: the graph's parameters (compiled and checked against the schema
+    /// when the layout was made); empty for the other kinds.
+    pub(crate) graph_params: Vec<ParamShape>,
 }
 
 impl ModelLayout {
     /// The layout of `model` over `schema`, or the feature that does not fit.
     pub fn new(model: &ModelSpec, schema: &FeatureSchema) -> Result<Self, ModelError> {
-        check_output_layer(model)?;
-        let wide = matches!(model.kind, ModelKind::WideDeep | ModelKind::Deepfm);
+        let wide = match (model.kind, &model.dense.graph) {
+            (ModelKind::Graph, Some(graph)) => {
+                (graph.inputs.values()).any(|input| matches!(input, GraphInput::FirstOrder))
+            }
+            (ModelKind::Graph, None) => {
+                return Err(ModelError::Spec {
+                    field: "spec.model.dense.graph".into(),
+                    message: "kind graph needs the graph of its blocks".into(),
+                });
+            }
+            (kind, _) => {
+                check_output_layer(model)?;
+                matches!(kind, ModelKind::WideDeep | ModelKind::Deepfm)
+            }
+        };
         let mut tables: Vec<TableSlot> = Vec::new();
         let mut features = Vec::with_capacity(schema.sparse.len());
         let mut offset = 0;
@@ -107,7 +128,7 @@ impl ModelLayout {
                 message: "the model needs at least one sparse feature".into(),
             });
         }
-        let layout = Self {
+        let mut layout = Self {
             kind: model.kind,
             dense_spec: model.dense.clone(),
             dense_inputs: schema.dense.len(),
@@ -118,9 +139,40 @@ impl ModelLayout {
             embedding_width: offset,
             negative_sample_rate: schema.negative_sample_rate,
             table_specs: model.tables.clone(),
+            graph_params: Vec::new(),
         };
         layout.check_dims()?;
+        if let (ModelKind::Graph, Some(graph)) = (model.kind, &model.dense.graph) {
+            let net = GraphNet::new(graph, &layout, GRAPH_PATH)?;
+            layout.check_head_labels(&net)?;
+            layout.graph_params = net.param_shapes().to_vec();
+        }
         Ok(layout)
+    }
+
+    /// Each head of a graph trains on the Dataset's label column, the one a minibatch
+    /// carries.
+    fn check_head_labels(&self, net: &GraphNet) -> Result<(), ModelError> {
+        let heads = net.heads();
+        if let [_, second, ..] = heads[..] {
+            return Err(ModelError::Spec {
+                field: format!("{GRAPH_PATH}.heads.{}", second.0),
+                message: format!(
+                    "a minibatch carries one label column ({:?}), so a graph has one head",
+                    self.label
+                ),
+            });
+        }
+        match heads.iter().find(|(_, label)| *label != self.label) {
+            Some((name, label)) => Err(ModelError::Spec {
+                field: format!("{GRAPH_PATH}.heads.{name}.label"),
+                message: format!(
+                    "{label:?} is not the Dataset's label column, {:?}",
+                    self.label
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// DLRM and MTRM dot or concatenate embeddings with the bottom MLP's output; DeepFM's
@@ -139,7 +191,8 @@ impl ModelLayout {
                 Some((width, "the width of dlrm's last bottom layer"))
             }
             ModelKind::Deepfm => Some((first.dim, "the dim of every other feature (deepfm)")),
-            ModelKind::WideDeep | ModelKind::Mtrm => None,
+            // A graph's blocks check the widths they read.
+            ModelKind::WideDeep | ModelKind::Mtrm | ModelKind::Graph => None,
         };
         if let Some((width, what)) = needed
             && let Some(feature) = self.features.iter().find(|f| f.dim != width)

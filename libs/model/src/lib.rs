@@ -187,10 +187,10 @@ fn placed(net: &GraphNet, ordinal: usize) -> Result<DeviceGraph<CudaDense>, Mode
 }
 
 impl Model {
-    /// On the CPU: DLRM, DeepFM and Wide&Deep as their graphs ([`presets`]), MTRM on
-    /// burn (which a build without the `burn` feature lacks).
+    /// On the CPU: a graph model, and DLRM, DeepFM and Wide&Deep as their graphs
+    /// ([`presets`]); MTRM on burn (which a build without the `burn` feature lacks).
     pub fn new(layout: ModelLayout) -> Result<Self, ModelError> {
-        if let Some(spec) = presets::preset_graph(&layout) {
+        if let Some(spec) = presets::model_graph(&layout) {
             let net = GraphNet::new(&spec, &layout, "model")?;
             return Ok(Self {
                 layout,
@@ -202,25 +202,31 @@ impl Model {
             });
         }
         #[cfg(feature = "burn")]
-        return Ok(Self::burn_cpu(layout));
+        return Self::burn_cpu(layout);
         #[cfg(not(feature = "burn"))]
         Err(ModelError::NoBurnBuild {
             kind: format!("{:?}", layout.kind).to_lowercase(),
         })
     }
 
-    /// Every model kind on burn's CPU backend: the reference the CPU graphs are tested
-    /// against, and the dense step bench's baseline.
+    /// Every model kind but `graph` on burn's CPU backend: the reference the CPU graphs
+    /// are tested against, and the dense step bench's baseline.
     #[cfg(feature = "burn")]
-    pub fn burn_cpu(layout: ModelLayout) -> Self {
-        Self {
+    pub fn burn_cpu(layout: ModelLayout) -> Result<Self, ModelError> {
+        if layout.kind == primus_spec::job::ModelKind::Graph {
+            return Err(ModelError::Spec {
+                field: "spec.model.kind".into(),
+                message: "a graph runs on the graph engine; burn runs the four kinds".into(),
+            });
+        }
+        Ok(Self {
             layout,
             device: DenseDevice::Cpu,
             engine: Engine::Burn(on_burn::BurnNets::cpu()),
-        }
+        })
     }
 
-    /// On `device`. On a GPU, DLRM, DeepFM and Wide&Deep run their graphs on cuBLAS and
+    /// On `device`. On a GPU, graph models, DLRM, DeepFM and Wide&Deep run their graphs on cuBLAS and
     /// primus-gpu's dense kernels; MTRM runs on burn's CUDA backend, which needs the `cuda`
     /// feature. Without a usable device, or the feature MTRM needs, this says which is
     /// missing.
@@ -228,7 +234,7 @@ impl Model {
         let DenseDevice::Cuda(ordinal) = device else {
             return Self::new(layout);
         };
-        if let Some(spec) = presets::preset_graph(&layout) {
+        if let Some(spec) = presets::model_graph(&layout) {
             let net = GraphNet::new(&spec, &layout, "model")?;
             // Placed once now, so that a device that cannot be used is refused here.
             let first = placed(&net, ordinal)?;

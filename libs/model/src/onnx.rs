@@ -1,6 +1,7 @@
 //! ONNX export of a model's dense network with its current parameters, for the serving role
-//! (ONNX Runtime runs it there). The graph is built node by node from the same layout and
-//! parameter names the burn code in `crate::on_burn` reads, so the two compute the same function.
+//! (ONNX Runtime runs it there). A model graph (a Job's own, or a preset's) is written
+//! block by block by `cpu/blocks/onnx.rs` under the parameter names the graph reads; MTRM's
+//! towers are written here as `crate::on_burn` computes them.
 //!
 //! Inputs (f32, `N` rows): `dense` `[N, dense_inputs]`, `embedded` `[N, embedding_width]`
 //! (each feature's pooled embedding), and for wide models `wide` `[N, features]` (each
@@ -14,13 +15,15 @@ use primus_proto::onnx::{
     TensorProto, TensorShapeProto, TypeProto, ValueInfoProto, attribute_proto::AttributeType,
     tensor_proto::DataType, tensor_shape_proto, type_proto,
 };
-use primus_spec::job::ModelKind;
+use primus_spec::job::graph::Loss;
 use prost::Message;
 
 use crate::ModelError;
+use crate::cpu::blocks::GraphNet;
 use crate::inputs::Tower;
-use crate::layout::ModelLayout;
+use crate::layout::{GRAPH_PATH, ModelLayout};
 use crate::params::ParamSet;
+use crate::presets::model_graph;
 
 /// ONNX IR version 8 with the default operator set 17: read by every ONNX Runtime since 1.13.
 const IR_VERSION: i64 = 8;
@@ -32,7 +35,8 @@ pub const DENSE_INPUT: &str = "dense";
 pub const EMBEDDED_INPUT: &str = "embedded";
 /// Input: the summed first-order weights.
 pub const WIDE_INPUT: &str = "wide";
-/// Output: the click probability.
+/// Output: the click probability (a regression head's prediction, for a graph whose head
+/// is one).
 pub const OUTPUT: &str = "probability";
 /// Metadata key of the negative sample rate the output is corrected for.
 pub const NEGATIVE_SAMPLE_RATE_KEY: &str = "negative_sample_rate";
@@ -53,14 +57,37 @@ pub fn export(
     if layout.has_wide() {
         inputs.push(input(WIDE_INPUT, layout.features.len()));
     }
-    let mut logit = graph.logits(layout, tower)?;
-    if let Some(rate) = layout.negative_sample_rate.filter(|r| *r < 1.0) {
-        // Sampled negatives leave the odds 1/rate too high: the log-odds correction.
-        let shift = graph.constant_f32(&[rate.ln() as f32], vec![1]);
-        logit = graph.node("Add", &[&logit, &shift], vec![]);
-    }
-    let probability = graph.node("Sigmoid", &[&logit], vec![]);
-    graph.node_named("Identity", &[&probability], OUTPUT, vec![]);
+    let (mut logit, loss) = match model_graph(layout) {
+        Some(spec) => {
+            let net = GraphNet::new(&spec, layout, GRAPH_PATH)?;
+            let heads = net.onnx_heads(&mut graph)?;
+            match &heads[..] {
+                [(value, loss)] => (value.clone(), *loss),
+                _ => {
+                    return Err(ModelError::Spec {
+                        field: format!("{GRAPH_PATH}.heads"),
+                        message: format!(
+                            "the export takes one head, the graph has {}",
+                            heads.len()
+                        ),
+                    });
+                }
+            }
+        }
+        None => (graph.mtrm(layout, tower)?, Loss::BinaryCrossEntropy),
+    };
+    let output = match loss {
+        Loss::BinaryCrossEntropy => {
+            if let Some(rate) = layout.negative_sample_rate.filter(|r| *r < 1.0) {
+                // Sampled negatives leave the odds 1/rate too high: the log-odds correction.
+                let shift = graph.constant_f32(&[rate.ln() as f32], vec![1]);
+                logit = graph.node("Add", &[&logit, &shift], vec![]);
+            }
+            graph.node("Sigmoid", &[&logit], vec![])
+        }
+        Loss::SquaredError => logit,
+    };
+    graph.node_named("Identity", &[&output], OUTPUT, vec![]);
     let model = ModelProto {
         ir_version: Some(IR_VERSION),
         producer_name: Some("primus-rs".into()),
@@ -129,7 +156,8 @@ fn int(name: &str, value: i64) -> AttributeProto {
     }
 }
 
-struct Builder<'p> {
+/// An ONNX graph under construction: its nodes and initializers, each value named.
+pub(crate) struct Builder<'p> {
     params: &'p ParamSet,
     nodes: Vec<NodeProto>,
     initializers: Vec<TensorProto>,
@@ -151,13 +179,18 @@ impl<'p> Builder<'p> {
         format!("t{}", self.next)
     }
 
-    fn node(&mut self, op: &str, inputs: &[&str], attributes: Vec<AttributeProto>) -> String {
+    pub(crate) fn node(
+        &mut self,
+        op: &str,
+        inputs: &[&str],
+        attributes: Vec<AttributeProto>,
+    ) -> String {
         let output = self.fresh();
         self.node_named(op, inputs, &output, attributes);
         output
     }
 
-    fn node_named(
+    pub(crate) fn node_named(
         &mut self,
         op: &str,
         inputs: &[&str],
@@ -175,7 +208,7 @@ impl<'p> Builder<'p> {
     }
 
     /// A parameter tensor as an initializer named after it (each is added once).
-    fn param(&mut self, name: &str) -> Result<String, ModelError> {
+    pub(crate) fn param(&mut self, name: &str) -> Result<String, ModelError> {
         if self
             .initializers
             .iter()
@@ -197,7 +230,7 @@ impl<'p> Builder<'p> {
         Ok(name.to_owned())
     }
 
-    fn constant_f32(&mut self, values: &[f32], dims: Vec<i64>) -> String {
+    pub(crate) fn constant_f32(&mut self, values: &[f32], dims: Vec<i64>) -> String {
         let name = self.fresh();
         self.initializers.push(TensorProto {
             dims,
@@ -208,7 +241,7 @@ impl<'p> Builder<'p> {
         name
     }
 
-    fn constant_i64(&mut self, values: &[i64]) -> String {
+    pub(crate) fn constant_i64(&mut self, values: &[i64]) -> String {
         let name = self.fresh();
         self.initializers.push(TensorProto {
             dims: vec![values.len() as i64],
@@ -219,7 +252,7 @@ impl<'p> Builder<'p> {
         name
     }
 
-    fn linear(&mut self, x: &str, layer: &str) -> Result<String, ModelError> {
+    pub(crate) fn linear(&mut self, x: &str, layer: &str) -> Result<String, ModelError> {
         let weight = self.param(&format!("{layer}.weight"))?;
         let bias = self.param(&format!("{layer}.bias"))?;
         let product = self.node("MatMul", &[x, &weight], vec![]);
@@ -243,16 +276,16 @@ impl<'p> Builder<'p> {
         Ok(x)
     }
 
-    fn concat(&mut self, parts: &[&str]) -> String {
+    pub(crate) fn concat(&mut self, parts: &[&str]) -> String {
         self.node("Concat", parts, vec![int("axis", 1)])
     }
 
-    fn reshape(&mut self, x: &str, shape: &[i64]) -> String {
+    pub(crate) fn reshape(&mut self, x: &str, shape: &[i64]) -> String {
         let shape = self.constant_i64(shape);
         self.node("Reshape", &[x, &shape], vec![])
     }
 
-    fn reduce_sum(&mut self, x: &str, axis: i64, keep: bool) -> String {
+    pub(crate) fn reduce_sum(&mut self, x: &str, axis: i64, keep: bool) -> String {
         let axes = self.constant_i64(&[axis]);
         self.node(
             "ReduceSum",
@@ -261,46 +294,16 @@ impl<'p> Builder<'p> {
         )
     }
 
-    fn logits(&mut self, layout: &ModelLayout, tower: Tower) -> Result<String, ModelError> {
-        let spec = &layout.dense_spec;
-        match layout.kind {
-            ModelKind::Dlrm => {
-                let bottom = self.mlp(DENSE_INPUT, "bottom", spec.bottom.len(), true)?;
-                let interactions = self.dot_interactions(&bottom, layout);
-                let top_in = self.concat(&[&bottom, &interactions]);
-                self.mlp(&top_in, "top", spec.top.len(), false)
-            }
-            ModelKind::WideDeep => {
-                let deep_in = self.concat(&[DENSE_INPUT, EMBEDDED_INPUT]);
-                let deep = self.mlp(&deep_in, "deep", spec.top.len(), false)?;
-                let first = self.first_order(layout)?;
-                Ok(self.node("Add", &[&deep, &first], vec![]))
-            }
-            ModelKind::Deepfm => {
-                let deep_in = self.concat(&[DENSE_INPUT, EMBEDDED_INPUT]);
-                let deep = self.mlp(&deep_in, "deep", spec.top.len(), false)?;
-                let first = self.first_order(layout)?;
-                let fm = self.factorisation_machine(layout);
-                let sum = self.node("Add", &[&deep, &first], vec![]);
-                Ok(self.node("Add", &[&sum, &fm], vec![]))
-            }
-            ModelKind::Mtrm => self.mtrm(layout, tower),
-        }
+    /// The columns `columns` of `x`, in that order.
+    pub(crate) fn columns(&mut self, x: &str, columns: &[usize]) -> String {
+        let indices: Vec<i64> = columns.iter().map(|c| *c as i64).collect();
+        let indices = self.constant_i64(&indices);
+        self.node("Gather", &[x, &indices], vec![int("axis", 1)])
     }
 
-    fn first_order(&mut self, layout: &ModelLayout) -> Result<String, ModelError> {
-        let sparse = self.reduce_sum(WIDE_INPUT, 1, true);
-        if layout.dense_inputs == 0 {
-            return Ok(sparse);
-        }
-        let dense = self.linear(DENSE_INPUT, "wide_dense.0")?;
-        Ok(self.node("Add", &[&sparse, &dense], vec![]))
-    }
-
-    fn factorisation_machine(&mut self, layout: &ModelLayout) -> String {
-        let features = layout.features.len() as i64;
-        let dim = layout.features[0].dim as i64;
-        let e = self.reshape(EMBEDDED_INPUT, &[-1, features, dim]);
+    /// Rendle's second-order term over `x`'s `vectors` vectors of `dim`: width 1.
+    pub(crate) fn factorisation_machine(&mut self, x: &str, vectors: usize, dim: usize) -> String {
+        let e = self.reshape(x, &[-1, vectors as i64, dim as i64]);
         let sum = self.reduce_sum(&e, 1, false);
         let square_of_sum = self.node("Mul", &[&sum, &sum], vec![]);
         let squares = self.node("Mul", &[&e, &e], vec![]);
@@ -311,19 +314,17 @@ impl<'p> Builder<'p> {
         self.node("Mul", &[&total, &half], vec![])
     }
 
-    fn dot_interactions(&mut self, bottom: &str, layout: &ModelLayout) -> String {
-        let vectors = layout.features.len() + 1;
-        let dim = layout.dense_spec.bottom.last().copied().unwrap_or(0) as i64;
-        let joined = self.concat(&[bottom, EMBEDDED_INPUT]);
-        let stacked = self.reshape(&joined, &[-1, vectors as i64, dim]);
+    /// The dot product of every pair `i < j` of `x`'s `vectors` vectors of `dim`, in
+    /// row-major order of the upper triangle.
+    pub(crate) fn pair_dots(&mut self, x: &str, vectors: usize, dim: usize) -> String {
+        let stacked = self.reshape(x, &[-1, vectors as i64, dim as i64]);
         let transposed = self.node("Transpose", &[&stacked], vec![ints("perm", vec![0, 2, 1])]);
         let products = self.node("MatMul", &[&stacked, &transposed], vec![]);
         let flat = self.reshape(&products, &[-1, (vectors * vectors) as i64]);
-        let upper: Vec<i64> = (0..vectors)
-            .flat_map(|i| ((i + 1)..vectors).map(move |j| (i * vectors + j) as i64))
+        let upper: Vec<usize> = (0..vectors)
+            .flat_map(|i| ((i + 1)..vectors).map(move |j| i * vectors + j))
             .collect();
-        let indices = self.constant_i64(&upper);
-        self.node("Gather", &[&flat, &indices], vec![int("axis", 1)])
+        self.columns(&flat, &upper)
     }
 
     fn mtrm(&mut self, layout: &ModelLayout, tower: Tower) -> Result<String, ModelError> {

@@ -7,6 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::ModelError;
+use crate::cpu::blocks::ParamShape;
 use crate::layout::ModelLayout;
 
 /// One dense parameter: row-major values of `shape`.
@@ -89,6 +90,8 @@ pub(crate) fn linear_layers(layout: &ModelLayout) -> Vec<(String, LinearShape)> 
             }
             layers
         }
+        // A graph's parameters are its blocks' (`ModelLayout::graph_params`).
+        ModelKind::Graph => Vec::new(),
         ModelKind::Mtrm => {
             let mut layers = stack("bottom", dense, &spec.bottom);
             let bottom_out = spec.bottom.last().copied().unwrap_or(0) as usize;
@@ -124,6 +127,9 @@ pub struct ParamSet {
 impl ParamSet {
     /// Glorot-uniform weights and zero biases, the same for the same seed.
     pub fn init(layout: &ModelLayout, seed: u64) -> Self {
+        if layout.kind == ModelKind::Graph {
+            return Self::init_shapes(&layout.graph_params, seed);
+        }
         let mut rng = StdRng::seed_from_u64(seed);
         let mut tensors = Vec::new();
         for (name, shape) in linear_layers(layout) {
@@ -142,6 +148,29 @@ impl ParamSet {
                 values: vec![0.0; shape.outputs],
             });
         }
+        Self { tensors }
+    }
+
+    /// A model graph's parameters `shapes`: Glorot-uniform where they say, zeros elsewhere.
+    pub(crate) fn init_shapes(shapes: &[ParamShape], seed: u64) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let tensors = (shapes.iter().cloned())
+            .map(|p| {
+                let len = p.shape.iter().product();
+                let values = match p.glorot_fans {
+                    Some(fans) => {
+                        let limit = (6.0 / fans as f64).sqrt() as f32;
+                        (0..len).map(|_| rng.random_range(-limit..=limit)).collect()
+                    }
+                    None => vec![0.0; len],
+                };
+                ParamTensor {
+                    name: p.name,
+                    shape: p.shape,
+                    values,
+                }
+            })
+            .collect();
         Self { tensors }
     }
 

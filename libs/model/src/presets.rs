@@ -1,6 +1,6 @@
 //! DLRM, DeepFM and Wide&Deep (`model.kind`) as model graphs: what those kinds compute,
 //! block for block, with the parameter names their checkpoints hold (`bottom.0.weight`,
-//! `deep.1.bias`, ...).
+//! `deep.1.bias`, ...); `kind: graph` runs the Job's own.
 
 use std::collections::BTreeMap;
 
@@ -9,9 +9,10 @@ use primus_spec::job::graph::{Activation, Block, GraphInput, GraphSpec, Head, Lo
 
 use crate::layout::ModelLayout;
 
-/// The graph of `layout`'s kind with one binary head on its label; `None` for MTRM,
-/// whose two towers train on different data and run on burn.
-pub fn preset_graph(layout: &ModelLayout) -> Option<GraphSpec> {
+/// The graph `layout`'s model runs: the Job's own for `kind: graph`, else its kind's with
+/// one binary head on its label; `None` for MTRM, whose two towers train on different
+/// data and run on burn.
+pub fn model_graph(layout: &ModelLayout) -> Option<GraphSpec> {
     let spec = &layout.dense_spec;
     let mut inputs = BTreeMap::new();
     let mut blocks = BTreeMap::new();
@@ -73,6 +74,7 @@ pub fn preset_graph(layout: &ModelLayout) -> Option<GraphSpec> {
             "logit"
         }
         ModelKind::Mtrm => return None,
+        ModelKind::Graph => return spec.graph.clone(),
     };
     let head = Head {
         input: logit.into(),

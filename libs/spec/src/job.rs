@@ -80,6 +80,8 @@ pub enum ModelKind {
     WideDeep,
     /// Memory tower on batch data, adapt tower on stream data (Primus MTRM).
     Mtrm,
+    /// The blocks and heads of `dense.graph`.
+    Graph,
 }
 
 /// The model: embedding tables (on the PS) and the dense network (on the trainers).
@@ -257,11 +259,16 @@ pub struct DenseSpec {
     /// DLRM and MTRM: the MLP over dense features (its last width is the embedding dim).
     #[serde(default)]
     pub bottom: Vec<u32>,
-    /// The MLP after the interaction; the last width is 1 (the logit).
+    /// The MLP after the interaction; the last width is 1 (the logit). Every kind but
+    /// `graph` has one.
+    #[serde(default)]
     pub top: Vec<u32>,
     /// The optimizer the PS applies to the dense parameters.
     #[serde(default = "defaults::dense_optimizer")]
     pub optimizer: OptimizerSpec,
+    /// `kind: graph`: the network as named inputs, blocks and heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<graph::GraphSpec>,
 }
 
 impl DenseSpec {
@@ -271,6 +278,7 @@ impl DenseSpec {
             bottom,
             top,
             optimizer: defaults::dense_optimizer(),
+            graph: None,
         }
     }
 }
@@ -590,8 +598,33 @@ impl Validate for ModelSpec {
             table.validate(&index(&tables, i), errors);
         }
         let dense = field(path, "dense");
-        if self.dense.top.is_empty() {
-            fail(errors, field(&dense, "top"), "needs at least one layer");
+        match (self.kind, &self.dense.graph) {
+            (ModelKind::Graph, Some(graph)) => {
+                graph.validate(&field(&dense, "graph"), errors);
+                for (name, layers) in [("bottom", &self.dense.bottom), ("top", &self.dense.top)] {
+                    if !layers.is_empty() {
+                        fail(
+                            errors,
+                            field(&dense, name),
+                            "a graph model declares its layers in dense.graph",
+                        );
+                    }
+                }
+            }
+            (ModelKind::Graph, None) => fail(
+                errors,
+                field(&dense, "graph"),
+                "kind graph needs the graph of its blocks",
+            ),
+            (_, Some(_)) => fail(
+                errors,
+                field(&dense, "graph"),
+                "only kind graph reads a graph (the other kinds are presets of one)",
+            ),
+            (_, None) if self.dense.top.is_empty() => {
+                fail(errors, field(&dense, "top"), "needs at least one layer")
+            }
+            (_, None) => {}
         }
         if matches!(self.kind, ModelKind::Dlrm | ModelKind::Mtrm) && self.dense.bottom.is_empty() {
             fail(

@@ -647,3 +647,45 @@ heads:
     .expect_err("an unknown block kind");
     assert!(unknown.to_string().contains("attention"), "{unknown}");
 }
+
+#[test]
+fn a_graph_model_declares_its_graph_and_only_it_does() {
+    let graph = "graph: {inputs: {emb: {kind: embeddings}}, \
+                 blocks: {out: {kind: mlp, input: emb, widths: [1]}}, \
+                 heads: {click: {input: out, label: label}}}";
+    let with = |kind: &str, dense: &str| {
+        JOB.replace("kind: deepfm", &format!("kind: {kind}"))
+            .replace("dense: {top: [64, 1]}", &format!("dense: {{{dense}}}"))
+    };
+    let resources = parse_documents("job.yaml", &with("graph", graph)).expect("valid");
+    let [Resource::Job(job)] = &resources[..] else {
+        panic!("one job expected")
+    };
+    let declared = job.spec.model.dense.graph.as_ref().expect("the graph");
+    assert_eq!(declared.heads["click"].input, "out");
+    for (kind, dense, want) in [
+        (
+            "graph",
+            "top: [1]",
+            "spec.model.dense.graph: kind graph needs the graph of its blocks",
+        ),
+        (
+            "graph",
+            &format!("top: [8, 1], {graph}"),
+            "spec.model.dense.top: a graph model declares its layers in dense.graph",
+        ),
+        (
+            "dlrm",
+            &format!("bottom: [8], top: [8, 1], {graph}"),
+            "spec.model.dense.graph: only kind graph reads a graph",
+        ),
+        (
+            "graph",
+            &graph.replace("input: emb", "input: embs"),
+            "spec.model.dense.graph.blocks.out.input: \"embs\" is neither an input nor a block",
+        ),
+    ] {
+        let err = error_text(&with(kind, dense));
+        assert!(err.contains(want), "{kind} {dense}: {err}");
+    }
+}

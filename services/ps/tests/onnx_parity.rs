@@ -127,7 +127,7 @@ fn onnx_runtime_computes_what_burn_computes_for_every_example_model() {
         .iter()
         .map(|(_, l)| format!("{:?}", l.kind))
         .collect();
-    assert_eq!(kinds.len(), 4, "examples cover every model kind: {kinds:?}");
+    assert_eq!(kinds.len(), 5, "examples cover every model kind: {kinds:?}");
     let rows = 33;
     for (seed, (job, layout)) in layouts.iter().enumerate() {
         let params = ParamSet::init(layout, seed as u64 + 1);

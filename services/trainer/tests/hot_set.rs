@@ -34,6 +34,7 @@ fn layout() -> (ModelLayout, OptimizerSpec) {
             bottom: vec![16, 8],
             top: vec![16, 1],
             optimizer: OptimizerSpec::adagrad(0.01),
+            graph: None,
         },
     };
     let layout = ModelLayout::new(&spec, &schema).expect("layout");

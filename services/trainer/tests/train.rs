@@ -66,6 +66,7 @@ fn dlrm() -> (ModelSpec, FeatureSchema) {
                 beta2: 0.999,
                 epsilon: 1e-8,
             },
+            graph: None,
         },
     };
     (spec, schema)

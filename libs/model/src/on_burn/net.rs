@@ -99,6 +99,7 @@ impl Graph {
                 deep + self.first_order(layout) + self.factorisation_machine(layout)
             }
             ModelKind::Mtrm => self.mtrm(layout, tower),
+            ModelKind::Graph => unreachable!("burn runs the presets only (Model::burn_cpu)"),
         }
     }
 

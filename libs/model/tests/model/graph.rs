@@ -2,7 +2,7 @@
 //! presets' graphs written out as specs computing exactly what `Model` computes, and a
 //! graph that does not fit its layout refused with the path of what does not fit.
 
-use primus_model::presets::preset_graph;
+use primus_model::presets::model_graph;
 use primus_model::{GraphNet, GraphWorkspace, Inputs, Model, ModelError, ModelLayout, ParamSet};
 use primus_spec::job::ModelKind;
 use primus_spec::job::graph::GraphSpec;
@@ -180,7 +180,7 @@ fn network_as_graph(kind: ModelKind, top: &[u32]) -> GraphSpec {
                 "heads": {"label": {"input": "logit", "label": "label"}}
             }))
         }
-        ModelKind::Mtrm => unreachable!("MTRM's towers are not a single graph here"),
+        ModelKind::Mtrm | ModelKind::Graph => unreachable!("not a preset of one graph"),
     }
 }
 
@@ -198,7 +198,7 @@ fn graphs_written_as_the_presets_compute_exactly_what_the_model_computes() {
         let layout = ModelLayout::new(&spec, &schema(5, &features)).expect("layout");
         let spec = network_as_graph(kind, &top);
         assert_eq!(
-            preset_graph(&layout).as_ref(),
+            model_graph(&layout).as_ref(),
             Some(&spec),
             "{kind:?}: the preset"
         );

@@ -7,6 +7,7 @@
 )]
 
 mod graph;
+mod job_graph;
 mod on_device;
 mod pooling;
 
@@ -243,7 +244,7 @@ fn cpu_networks_compute_what_burn_computes() {
         };
         let tower = Tower::Memory;
         let cpu = Model::new(layout.clone()).expect("a model of the layout");
-        let burn = Model::burn_cpu(layout.clone());
+        let burn = Model::burn_cpu(layout.clone()).expect("every kind runs on burn");
         let mut early = Vec::new();
         let mut keep = |grads: EmbeddingGrads<'_>| {
             early.push((grads.embedded.to_vec(), grads.wide.to_vec()));

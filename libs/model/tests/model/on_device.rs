@@ -4,7 +4,7 @@
 
 use primus_gpu::dense::{DenseOps, HostDense};
 use primus_gpu::{CudaKernels, CudaStatus, cuda_status};
-use primus_model::presets::preset_graph;
+use primus_model::presets::model_graph;
 use primus_model::{GraphNet, GraphStep, GraphWorkspace, Inputs, ModelError, ModelLayout};
 use primus_spec::job::ModelKind;
 
@@ -21,7 +21,7 @@ fn dlrm() -> (ModelLayout, GraphNet) {
     );
     let features = [("a", "t"), ("b", "t"), ("c", "t"), ("d", "t"), ("e", "t")];
     let layout = ModelLayout::new(&spec, &schema(4, &features)).expect("layout");
-    let graph = preset_graph(&layout).expect("DLRM has a preset graph");
+    let graph = model_graph(&layout).expect("DLRM has a preset graph");
     let net = GraphNet::new(&graph, &layout, "model.graph").expect("the graph fits");
     (layout, net)
 }
@@ -80,7 +80,7 @@ fn every_block() -> (ModelLayout, GraphNet) {
 fn deepfm() -> (ModelLayout, GraphNet) {
     let spec = model(ModelKind::Deepfm, vec![table("t", 8)], &[], &[16, 1]);
     let layout = ModelLayout::new(&spec, &schema(2, &[("a", "t"), ("b", "t")])).expect("layout");
-    let graph = preset_graph(&layout).expect("DeepFM has a preset graph");
+    let graph = model_graph(&layout).expect("DeepFM has a preset graph");
     let net = GraphNet::new(&graph, &layout, "model.graph").expect("the graph fits");
     (layout, net)
 }

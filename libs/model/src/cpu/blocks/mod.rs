@@ -5,17 +5,16 @@
 
 mod cross;
 mod on_device;
+mod onnx;
 mod run;
 
 use std::collections::BTreeMap;
 
 use primus_spec::job::graph::{Activation, Block, GraphInput, GraphSpec, Loss};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 use crate::ModelError;
 use crate::layout::ModelLayout;
-use crate::params::{ParamSet, ParamTensor};
+use crate::params::ParamSet;
 
 pub use on_device::DeviceGraph;
 pub use run::{GraphStep, GraphWorkspace, HeadOutput};
@@ -230,25 +229,12 @@ impl GraphNet {
 
     /// Glorot-uniform weights and zero biases, the same for the same seed.
     pub fn init_params(&self, seed: u64) -> ParamSet {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let tensors = (self.shapes.iter().cloned())
-            .map(|p| {
-                let len = p.shape.iter().product();
-                let values = match p.glorot_fans {
-                    Some(fans) => {
-                        let limit = (6.0 / fans as f64).sqrt() as f32;
-                        (0..len).map(|_| rng.random_range(-limit..=limit)).collect()
-                    }
-                    None => vec![0.0; len],
-                };
-                ParamTensor {
-                    name: p.name,
-                    shape: p.shape,
-                    values,
-                }
-            })
-            .collect();
-        ParamSet { tensors }
+        ParamSet::init_shapes(&self.shapes, seed)
+    }
+
+    /// Every parameter tensor, in the order of the nodes.
+    pub(crate) fn param_shapes(&self) -> &[ParamShape] {
+        &self.shapes
     }
 }
 

@@ -1,0 +1,109 @@
+//! A compiled graph as ONNX nodes: each node's value built from the export's inputs
+//! (`dense`, `embedded`, `wide`) and the parameters under the names `run` reads, with the
+//! same column order, so ONNX Runtime computes what the trainer does.
+
+use primus_spec::job::graph::Loss;
+
+use super::{GraphNet, Node, Op};
+use crate::ModelError;
+use crate::onnx::{Builder, DENSE_INPUT, EMBEDDED_INPUT, WIDE_INPUT};
+
+impl GraphNet {
+    /// Adds the nodes of every value the heads need; each head's value (logit or
+    /// prediction) and loss, in head order.
+    pub(crate) fn onnx_heads(
+        &self,
+        builder: &mut Builder<'_>,
+    ) -> Result<Vec<(String, Loss)>, ModelError> {
+        let mut values: Vec<String> = Vec::with_capacity(self.nodes.len());
+        for node in &self.nodes {
+            let value = self.onnx_node(node, &values, builder)?;
+            values.push(value);
+        }
+        Ok((self.heads.iter())
+            .map(|head| (values[head.node].clone(), head.loss))
+            .collect())
+    }
+
+    fn onnx_node(
+        &self,
+        node: &Node,
+        values: &[String],
+        b: &mut Builder<'_>,
+    ) -> Result<String, ModelError> {
+        let reads: Vec<&str> = node.reads.iter().map(|r| values[*r].as_str()).collect();
+        Ok(match &node.op {
+            Op::Dense(columns) => match columns.iter().copied().eq(0..self.dense_width) {
+                true => DENSE_INPUT.to_owned(),
+                false => b.columns(DENSE_INPUT, columns),
+            },
+            Op::Embeddings { segments } => {
+                let columns: Vec<usize> = (segments.iter())
+                    .flat_map(|(offset, dim)| *offset..offset + dim)
+                    .collect();
+                match columns.iter().copied().eq(0..self.embedding_width) {
+                    true => EMBEDDED_INPUT.to_owned(),
+                    false => b.columns(EMBEDDED_INPUT, &columns),
+                }
+            }
+            Op::FirstOrder => b.reduce_sum(WIDE_INPUT, 1, true),
+            Op::Mlp {
+                prefix,
+                widths,
+                relu_hidden,
+                relu_last,
+            } => {
+                let mut x = reads[0].to_owned();
+                for i in 0..widths.len() {
+                    x = b.linear(&x, &format!("{prefix}.{i}"))?;
+                    let relu = match i + 1 == widths.len() {
+                        true => *relu_last,
+                        false => *relu_hidden,
+                    };
+                    if relu {
+                        x = b.node("Relu", &[&x], vec![]);
+                    }
+                }
+                x
+            }
+            Op::Concat => b.concat(&reads),
+            Op::Add => {
+                let mut sum = reads[0].to_owned();
+                for read in &reads[1..] {
+                    sum = b.node("Add", &[&sum, read], vec![]);
+                }
+                sum
+            }
+            Op::Dot { dim, vectors } => {
+                let all = b.concat(&reads);
+                let pairs = b.pair_dots(&all, *vectors, *dim);
+                b.concat(&[reads[0], &pairs])
+            }
+            Op::Fm { vectors, dim } => b.factorisation_machine(reads[0], *vectors, *dim),
+            Op::Cross(cross) => {
+                let (prefix, _, layers, rank) = cross.parts();
+                let x0 = reads[0];
+                let mut x = x0.to_owned();
+                for l in 0..layers {
+                    let product = match rank {
+                        None => {
+                            let w = b.param(&format!("{prefix}.{l}.weight"))?;
+                            b.node("MatMul", &[&x, &w], vec![])
+                        }
+                        Some(_) => {
+                            let v = b.param(&format!("{prefix}.{l}.v"))?;
+                            let u = b.param(&format!("{prefix}.{l}.u"))?;
+                            let t = b.node("MatMul", &[&x, &v], vec![]);
+                            b.node("MatMul", &[&t, &u], vec![])
+                        }
+                    };
+                    let bias = b.param(&format!("{prefix}.{l}.bias"))?;
+                    let z = b.node("Add", &[&product, &bias], vec![]);
+                    let scaled = b.node("Mul", &[x0, &z], vec![]);
+                    x = b.node("Add", &[&scaled, &x], vec![]);
+                }
+                x
+            }
+        })
+    }
+}

@@ -1,0 +1,118 @@
+//! A Job's own graph (`model.kind: graph`): its layout, parameters and steps are the
+//! compiled graph's, and a graph that does not fit the Dataset is refused when the layout
+//! is made, naming the path in the Job's spec.
+
+use primus_model::{GraphNet, GraphWorkspace, Inputs, Model, ModelError, ModelLayout, ParamSet};
+use primus_spec::job::ModelKind;
+use primus_spec::job::graph::GraphSpec;
+
+use crate::graph::every_block;
+use crate::{model, random_batch, schema, shifted, table};
+
+/// `every_block` with its one head on the Dataset's label.
+fn one_head() -> GraphSpec {
+    let mut spec = every_block();
+    spec.heads.remove("time");
+    spec.blocks.remove("value");
+    spec
+}
+
+fn layout_of(graph: Option<GraphSpec>) -> Result<ModelLayout, ModelError> {
+    let mut spec = model(ModelKind::Graph, vec![table("t", 4)], &[], &[]);
+    spec.dense.graph = graph;
+    let features = [("a", "t"), ("b", "t"), ("c", "t")];
+    ModelLayout::new(&spec, &schema(3, &features))
+}
+
+#[test]
+fn a_job_s_graph_trains_and_predicts_as_the_compiled_graph() {
+    let layout = layout_of(Some(one_head())).expect("the graph fits");
+    assert!(
+        layout.has_wide(),
+        "a first-order input gives every table its wide twin"
+    );
+    let net = GraphNet::new(&one_head(), &layout, "g").expect("fits");
+    assert_eq!(ParamSet::init(&layout, 5), net.init_params(5));
+    let params = shifted(&ParamSet::init(&layout, 5));
+    let rows = 64;
+    let (dense, embedded, wide, labels) = random_batch(&layout, rows);
+    let inputs = Inputs {
+        rows,
+        dense: &dense,
+        embedded: &embedded,
+        wide: &wide,
+    };
+    let model = Model::new(layout.clone()).expect("a model of the layout");
+    let step =
+        (model.train_step(&params, &inputs, &labels, primus_model::Tower::Memory)).expect("a step");
+    let mut workspace = GraphWorkspace::default();
+    let want = (net.train_step(&params, &inputs, &[&labels], &mut workspace)).expect("a step");
+    assert_eq!(step.loss, want.loss);
+    assert_eq!(step.dense_grads, want.dense_grads);
+    assert_eq!(step.embedded_grad, want.embedded_grad);
+    assert_eq!(step.wide_grad, want.wide_grad);
+    assert!(step.loss.is_finite() && step.loss > 0.0, "{}", step.loss);
+    let names: Vec<String> = params.names();
+    for block in [
+        "bottom.0.weight",
+        "cross.1.weight",
+        "cross_low.0.v",
+        "linear.1.bias",
+    ] {
+        assert!(names.iter().any(|n| n == block), "{block} in {names:?}");
+    }
+    #[cfg(feature = "burn")]
+    assert!(matches!(
+        Model::burn_cpu(layout),
+        Err(ModelError::Spec { ref field, .. }) if field == "spec.model.kind"
+    ));
+}
+
+#[test]
+fn a_job_s_graph_that_does_not_fit_its_dataset_is_refused_with_the_spec_s_path() {
+    let mut two_heads = every_block();
+    two_heads.heads.get_mut("time").expect("a time head").label = "label".into();
+    let mut other_label = one_head();
+    other_label
+        .heads
+        .get_mut("click")
+        .expect("a click head")
+        .label = "watch".into();
+    let mut unknown = one_head();
+    let Some(primus_spec::job::graph::GraphInput::Embeddings { features }) =
+        unknown.inputs.get_mut("ab")
+    else {
+        panic!("every_block has an `ab` embeddings input");
+    };
+    features[1] = "z".into();
+    let cases = [
+        (None, "spec.model.dense.graph", "needs the graph"),
+        (
+            Some(two_heads),
+            "spec.model.dense.graph.heads.time",
+            "one label column (\"label\")",
+        ),
+        (
+            Some(other_label),
+            "spec.model.dense.graph.heads.click.label",
+            "\"watch\" is not the Dataset's label column",
+        ),
+        (
+            Some(unknown),
+            "spec.model.dense.graph.inputs.ab.features[1]",
+            "no sparse feature \"z\"",
+        ),
+    ];
+    for (graph, path, says) in cases {
+        match layout_of(graph) {
+            Err(ModelError::Spec { field, message }) => {
+                assert_eq!(field, path, "{message}");
+                assert!(
+                    message.contains(says),
+                    "{path}: {message:?} does not say {says:?}"
+                );
+            }
+            other => panic!("{path}: expected a refusal, got {other:?}"),
+        }
+    }
+}

@@ -566,7 +566,7 @@ impl ResourceBackend for KubernetesBackend {
         self.inner.delete_jobs_not_listed(listed).await;
     }
 
-    /// Deletes the Job's pods, settings Secrets and owner ([`Inner::delete_job_objects`]).
+    /// Deletes the Job's pods, settings Secrets and owner, each by its labels.
     async fn release_job(&self, job: &str) {
         let inner = &self.inner;
         {

@@ -1,5 +1,6 @@
-//! The ApiService RPCs: validation with primus-spec, storage through [`Store`], change
-//! events on NATS, and Watch streams that replay from Redis.
+//! The ApiService RPCs: validation with primus-spec (and a Job's model against its
+//! Dataset's schema with primus-model), storage through [`Store`], change events on NATS,
+//! and Watch streams that replay from Redis.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -14,6 +15,7 @@ use primus_proto::v1::{
     WatchRequest,
 };
 use primus_service::Shutdown;
+use primus_spec::dataset::DatasetSpec;
 use primus_spec::metric::MetricSpec;
 use primus_spec::status::Status as ResourceStatus;
 use primus_spec::{Kind, MAX_DOCUMENT_BYTES, Metadata, check_resource_name};
@@ -95,11 +97,35 @@ impl Api {
         resource
     }
 
+    /// A Job is refused when its model does not fit its Dataset's schema (a graph's input
+    /// of a feature the schema lacks, a table no feature's, dims that do not match): the
+    /// error names the path in the spec or the feature. A missing Dataset is the
+    /// reference check's to refuse.
+    async fn check_model_fits(&self, job: &primus_spec::job::JobSpec) -> Result<(), Status> {
+        let Some(stored) = (self.store.get(Kind::Dataset, &job.dataset).await).map_err(status)?
+        else {
+            return Ok(());
+        };
+        let Ok(dataset) = serde_json::from_str::<DatasetSpec>(&stored.spec_json) else {
+            return Ok(());
+        };
+        match primus_model::ModelLayout::new(&job.model, &dataset.schema) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(Status::invalid_argument(format!(
+                "the model does not fit Dataset {:?}: {e}",
+                job.dataset
+            ))),
+        }
+    }
+
     async fn apply(&self, request: ApplyRequest) -> Result<ApplyResponse, Status> {
         let given = request
             .resource
             .ok_or_else(|| Status::invalid_argument("resource: missing"))?;
         let (kind, typed) = validate(&given)?;
+        if let primus_spec::Resource::Job(job) = &typed {
+            self.check_model_fits(&job.spec).await?;
+        }
         let reference = reference_of(&typed);
         let spec_json = typed
             .spec_json()

@@ -42,10 +42,10 @@ kind: Job
 metadata: {{name: {name}, labels: {{team: ads}}}}
 spec:
   model:
-    kind: dlrm
+    kind: wide_deep
     tables:
       - {{name: items, dim: {dim}, optimizer: {{kind: adagrad, learning_rate: 0.05}}}}
-    dense: {{bottom: [16], top: [16]}}
+    dense: {{top: [16, 1]}}
   dataset: {dataset}
   mode: batch
   topology:
@@ -513,6 +513,62 @@ async fn bad_resources_are_refused_naming_the_field_and_store_nothing() {
         &optimizer,
         Code::InvalidArgument,
         "optimizer",
+    )
+    .await;
+    // Valid alone, but not over the Dataset's schema.
+    let other_table = edit(&|v| v["model"]["tables"][0]["name"] = "users".into());
+    refused(
+        &client,
+        "Job",
+        &other_table,
+        Code::InvalidArgument,
+        "feature \"c1\": reads table \"items\", which is not in spec.model.tables",
+    )
+    .await;
+    let graph = |input: serde_json::Value, label: &str| {
+        edit(&|v| {
+            v["model"]["kind"] = "graph".into();
+            v["model"]["dense"] = serde_json::json!({"graph": {
+                "inputs": {"x": input.clone()},
+                "blocks": {"out": {"kind": "mlp", "input": "x", "widths": [1]}},
+                "heads": {"click": {"input": "out", "label": label}}
+            }});
+        })
+    };
+    let fits = graph(serde_json::json!({"kind": "embeddings"}), "label");
+    let stored = client.apply_raw(ApplyRequest {
+        resource: Some(Resource {
+            kind: "Job".into(),
+            name: "graph".into(),
+            spec_json: fits,
+            ..Resource::default()
+        }),
+        expected_version: 0,
+    });
+    stored.await.expect("a graph that fits the schema");
+    client
+        .delete(Kind::Job, "graph", 0)
+        .await
+        .expect("delete it");
+    let unknown_feature = graph(
+        serde_json::json!({"kind": "dense", "features": ["i9"]}),
+        "label",
+    );
+    refused(
+        &client,
+        "Job",
+        &unknown_feature,
+        Code::InvalidArgument,
+        "spec.model.dense.graph.inputs.x.features[0]: the Dataset has no dense feature \"i9\"",
+    )
+    .await;
+    let other_label = graph(serde_json::json!({"kind": "embeddings"}), "clicked");
+    refused(
+        &client,
+        "Job",
+        &other_label,
+        Code::InvalidArgument,
+        "spec.model.dense.graph.heads.click.label",
     )
     .await;
     let dangling = edit(&|v| v["dataset"] = "nope".into());

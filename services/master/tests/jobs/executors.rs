@@ -147,16 +147,37 @@ async fn a_job_trains_on_every_row_once_through_real_data_executors_and_trainer(
     master.stop();
 }
 
+/// A model that does not fit its Dataset's schema is refused at apply; a Job whose Dataset
+/// changed under it after apply fails when its master starts it, naming the feature.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_does_not_fit_the_schema_fails_the_job_naming_the_feature() {
     let sandbox = Sandbox::start().await;
     let data = sandbox.dir().join("data");
     write_partitions(&data, "2026-11-01", 1).await;
-    let mut model = small_wide_deep();
-    model.tables[0].name = "other".into();
     let window = ("2026-11-01T00", "2026-11-01T01");
+    let mut other = small_wide_deep();
+    other.tables[0].name = "other".into();
+    let [dataset, misfit] = id_job_with("misfit", &data, window, 1, other);
+    sandbox.apply([dataset.clone()]).await;
+    let client = sandbox.client().await;
+    let refused = client
+        .apply(&misfit, 0)
+        .await
+        .expect_err("refused at apply");
+    let message = refused.to_string();
+    assert!(
+        message.contains("feature \"c1\"") && message.contains("\"t\""),
+        "names the feature and its table: {message}"
+    );
+
+    let [_, fits] = id_job_with("misfit", &data, window, 1, small_wide_deep());
+    sandbox.apply([fits]).await;
+    let primus_spec::Resource::Dataset(mut changed) = dataset else {
+        panic!("id_job_with gives the Dataset first");
+    };
+    changed.spec.schema.sparse[0].table = "other".into();
     sandbox
-        .apply(id_job_with("misfit", &data, window, 1, model))
+        .apply([primus_spec::Resource::Dataset(changed)])
         .await;
     let master = start_master(&sandbox);
     let status = sandbox
@@ -165,7 +186,7 @@ async fn a_model_that_does_not_fit_the_schema_fails_the_job_naming_the_feature()
     let complete = condition(&status, "Complete");
     assert_eq!(complete.reason, "ModelMismatch", "{complete:?}");
     assert!(
-        complete.message.contains("\"c1\"") && complete.message.contains("\"t\""),
+        complete.message.contains("\"c1\"") && complete.message.contains("\"other\""),
         "names the feature and its table: {complete:?}"
     );
     assert!(sandbox.pids("misfit").is_empty(), "nothing was started");

@@ -74,7 +74,7 @@ pub fn resolve(args: &ConnectionArgs) -> Result<ClientSettings, Failure> {
     };
     Ok(ClientSettings {
         server,
-        token,
+        token: token.into(),
         ca_file: args.ca_file.clone().or(config.ca_file),
     })
 }

@@ -29,8 +29,8 @@ use tonic::{Status, Streaming};
 pub struct ClientSettings {
     /// `http://host:port`, or `https://host:port` for a TLS listener.
     pub server: String,
-    /// The bearer token.
-    pub token: String,
+    /// The bearer token (`Debug` shows it redacted).
+    pub token: primus_config::Secret,
     /// PEM of the CA that signed the server's certificate (default: the system's roots).
     pub ca_file: Option<PathBuf>,
 }
@@ -113,7 +113,7 @@ impl ClientSettings {
             .ok_or_else(|| ClientError::TokenFile(format!("{}: no token in it", path.display())))?;
         Ok(Self {
             server: api.server.clone(),
-            token: token.to_owned(),
+            token: token.into(),
             ca_file: api.ca_file.clone(),
         })
     }
@@ -178,7 +178,7 @@ impl ApiClient {
         } else if !settings.server.starts_with("http://") {
             return Err(address_error("must start with http:// or https://".into()));
         }
-        let authorization = format!("Bearer {}", settings.token)
+        let authorization = format!("Bearer {}", settings.token.expose())
             .parse()
             .map_err(|_| ClientError::Token)?;
         let channel = endpoint.connect().await.map_err(|e| ClientError::Connect {

@@ -15,14 +15,19 @@ mod data_executor;
 mod load;
 mod master;
 mod ps;
+mod secret;
 mod serving_sync;
 mod settings;
 mod trainer;
 
 pub use data_executor::*;
-pub use load::{ConfigError, ENV_PREFIX, is_settings_variable, load, load_from_process, to_toml};
+pub use load::{
+    ConfigError, ENV_PREFIX, is_settings_variable, load, load_from_process, to_toml,
+    to_toml_redacted,
+};
 pub use master::*;
 pub use ps::*;
+pub use secret::{REDACTED, Secret, redacting};
 pub use serving_sync::*;
 pub use settings::*;
 pub use trainer::*;
@@ -96,5 +101,31 @@ mod tests {
         );
         assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
         assert_eq!(redact_url("s3://bucket/a@b"), "s3://bucket/a@b");
+    }
+
+    #[test]
+    fn secrets_are_written_for_executors_and_redacted_everywhere_else() {
+        let mut settings = super::MasterSettings::default();
+        settings.storage.s3.secret_access_key = Some("planted-key-81f2".into());
+        settings.nats.url = "nats://user:planted-pw@nats:4222".into();
+        settings.redis.url = "redis://:planted-pw@redis:6379/0".into();
+        let full = super::to_toml(&settings).expect("toml");
+        assert!(
+            full.contains("planted-key-81f2") && full.contains("planted-pw"),
+            "{full}"
+        );
+        let loaded: super::MasterSettings = toml::from_str(&full).expect("loads back");
+        assert_eq!(loaded, settings);
+        let shown = super::to_toml_redacted(&settings).expect("toml");
+        assert!(!shown.contains("planted"), "{shown}");
+        assert!(
+            shown.contains("secret_access_key = \"<redacted>\""),
+            "{shown}"
+        );
+        assert!(shown.contains("nats://***@nats:4222"), "{shown}");
+        let debug = format!("{settings:?}");
+        assert!(!debug.contains("planted-key"), "{debug}");
+        // Redaction ends with the call: the next settings file is whole again.
+        assert_eq!(super::to_toml(&settings).expect("toml"), full);
     }
 }

@@ -49,9 +49,16 @@ pub fn is_settings_variable(name: &str) -> bool {
         .is_some_and(|rest| rest.contains(ENV_SECTION_SEPARATOR))
 }
 
-/// Renders settings as TOML (what `--print-settings` shows; loadable as a `--config` file).
+/// Renders settings as TOML, secrets included (a settings file for a process that needs
+/// them; loadable as a `--config` file).
 pub fn to_toml<T: Serialize>(settings: &T) -> Result<String, ConfigError> {
     toml::to_string(settings).map_err(|e| ConfigError::Other(e.to_string()))
+}
+
+/// Renders settings as TOML with every secret written as [`crate::REDACTED`] (what
+/// `--print-settings` shows).
+pub fn to_toml_redacted<T: Serialize>(settings: &T) -> Result<String, ConfigError> {
+    crate::redacting(|| to_toml(settings))
 }
 
 /// Loads settings over `defaults` from an optional file and the process environment.

@@ -55,7 +55,9 @@ impl ServerSettings {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct NatsSettings {
-    /// `nats://host:port` (credentials as `nats://user:password@host:port`).
+    /// `nats://host:port` (credentials as `nats://user:password@host:port`, which
+    /// `--print-settings` and logs leave out).
+    #[serde(serialize_with = "crate::secret::url_with_credentials")]
     pub url: String,
     /// First token of every subject (`primus.events...`), so clusters can share a server.
     pub subject_prefix: String,
@@ -80,7 +82,9 @@ impl Default for NatsSettings {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(default)]
 pub struct RedisSettings {
-    /// `redis://host:port/db` (password as `redis://:password@host:port`).
+    /// `redis://host:port/db` (password as `redis://:password@host:port`, which
+    /// `--print-settings` and logs leave out).
+    #[serde(serialize_with = "crate::secret::url_with_credentials")]
     pub url: String,
     /// Every key this cluster writes starts with this.
     pub key_prefix: String,
@@ -138,8 +142,9 @@ pub struct S3Settings {
     pub region: Option<String>,
     /// Access key id; unset: `AWS_ACCESS_KEY_ID`.
     pub access_key_id: Option<String>,
-    /// Secret key; unset: `AWS_SECRET_ACCESS_KEY`.
-    pub secret_access_key: Option<String>,
+    /// Secret key; unset: `AWS_SECRET_ACCESS_KEY`. Shown as `<redacted>` by
+    /// `--print-settings` and in logs.
+    pub secret_access_key: Option<crate::Secret>,
     /// Allow plain http endpoints (loopback servers, MinIO in compose); when false,
     /// `AWS_ALLOW_HTTP` decides.
     pub allow_http: bool,

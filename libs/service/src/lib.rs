@@ -141,9 +141,9 @@ pub fn main_with_flags<S: ServiceSettings>(
     })
 }
 
-/// `--print-settings`: the effective settings as TOML, on stdout.
+/// `--print-settings`: the effective settings as TOML, secrets redacted, on stdout.
 #[expect(clippy::print_stdout, reason = "--print-settings prints the settings")]
 fn print_settings<S: ServiceSettings>(settings: &S) -> anyhow::Result<()> {
-    print!("{}", primus_config::to_toml(settings)?);
+    print!("{}", primus_config::to_toml_redacted(settings)?);
     Ok(())
 }

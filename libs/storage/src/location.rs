@@ -228,7 +228,7 @@ fn s3_store(
         builder = builder.with_access_key_id(key);
     }
     if let Some(secret) = &s3.secret_access_key {
-        builder = builder.with_secret_access_key(secret);
+        builder = builder.with_secret_access_key(secret.expose());
     }
     let store = builder.build().map_err(|e| StorageError::InvalidUrl {
         url: url.to_owned(),

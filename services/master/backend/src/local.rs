@@ -207,6 +207,22 @@ impl PortPicker {
     }
 }
 
+/// Writes `text` to `path` readable by this user only (an executor's settings hold its
+/// storage keys), replacing what was there.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // A file left by an earlier run keeps its mode on open: set it.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(text.as_bytes())
+}
+
 impl ResourceBackend for LocalBackend {
     async fn request(&self, spec: ExecutorSpec) -> Result<Executor, BackendError> {
         let id = spec.id();
@@ -220,7 +236,7 @@ impl ResourceBackend for LocalBackend {
         let text = settings
             .to_toml()
             .map_err(|e| BackendError::Io(format!("{id}: {e}")))?;
-        std::fs::write(&config, text).map_err(|e| io(&config.display().to_string(), e))?;
+        write_private(&config, &text).map_err(|e| io(&config.display().to_string(), e))?;
         let launch = Launch {
             binary: self.binary(&spec),
             dir: job_dir.clone(),

@@ -11,6 +11,7 @@ mod executors;
 mod hdfs;
 mod planning;
 mod scaling;
+mod secrets;
 mod serving;
 mod streams;
 mod task_reads;

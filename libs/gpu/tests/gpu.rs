@@ -24,7 +24,7 @@ use rand::rngs::StdRng;
 
 type Check = fn(&CudaKernels, &mut StdRng) -> Result<(), String>;
 
-const CHECKS: [(&str, Check); 15] = [
+const CHECKS: [(&str, Check); 16] = [
     (
         "gather_pool: every output written, bitwise equal to the reference",
         gather_pool_matches,
@@ -84,6 +84,10 @@ const CHECKS: [(&str, Check); 15] = [
     (
         "dense input checks: short buffers, one-vector interactions, columns past a row refused",
         dense::dense_input_checks,
+    ),
+    (
+        "dense write: host values over the start of a device buffer, bitwise; too many refused",
+        dense::writes_match,
     ),
 ];
 

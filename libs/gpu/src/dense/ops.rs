@@ -17,6 +17,10 @@ pub trait DenseOps {
     fn zeros(&mut self, len: usize) -> Result<Self::Buffer, GpuError>;
     /// A copy of `values`.
     fn upload(&mut self, values: &[f32]) -> Result<Self::Buffer, GpuError>;
+    /// Copies `values` over the start of `buffer`, which holds at least as many floats.
+    fn write(&mut self, buffer: &mut Self::Buffer, values: &[f32]) -> Result<(), GpuError>;
+    /// How many floats `buffer` holds.
+    fn floats(buffer: &Self::Buffer) -> usize;
     /// The first `len` floats of `buffer`.
     fn download(&mut self, buffer: &Self::Buffer, len: usize) -> Result<Vec<f32>, GpuError>;
     /// Waits until every operation queued so far is done.
@@ -138,6 +142,16 @@ impl DenseOps for HostDense {
 
     fn upload(&mut self, values: &[f32]) -> Result<Vec<f32>, GpuError> {
         Ok(values.to_vec())
+    }
+
+    fn write(&mut self, buffer: &mut Vec<f32>, values: &[f32]) -> Result<(), GpuError> {
+        check("buffer", buffer, values.len())?;
+        buffer[..values.len()].copy_from_slice(values);
+        Ok(())
+    }
+
+    fn floats(buffer: &Vec<f32>) -> usize {
+        buffer.len()
     }
 
     fn download(&mut self, buffer: &Vec<f32>, len: usize) -> Result<Vec<f32>, GpuError> {

@@ -529,6 +529,18 @@ impl DenseOps for CudaDense {
         Ok(self.stream.clone_htod(values)?)
     }
 
+    fn write(&mut self, buffer: &mut CudaSlice<f32>, values: &[f32]) -> Result<(), GpuError> {
+        GpuError::check_len("buffer", buffer.len(), values.len())?;
+        if values.is_empty() {
+            return Ok(());
+        }
+        Ok(self.stream.memcpy_htod(values, buffer)?)
+    }
+
+    fn floats(buffer: &CudaSlice<f32>) -> usize {
+        buffer.len()
+    }
+
     fn download(&mut self, buffer: &CudaSlice<f32>, len: usize) -> Result<Vec<f32>, GpuError> {
         GpuError::check_len("buffer", buffer.len(), len)?;
         let mut host = self.stream.clone_dtoh(buffer)?;

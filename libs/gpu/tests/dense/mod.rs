@@ -3,7 +3,9 @@
 //! sums are compared by relative norm; element-wise kernels bit for bit.
 
 use cudarc::driver::CudaSlice;
-use primus_gpu::dense::{Columns, DotShape, FmShape, HeadLoss, Product, Stored, reference};
+use primus_gpu::dense::{
+    Columns, DenseOps, DotShape, FmShape, HeadLoss, Product, Stored, reference,
+};
 use primus_gpu::{CudaDense, CudaKernels, GpuError};
 use rand::rngs::StdRng;
 
@@ -241,6 +243,28 @@ pub(crate) fn heads_close(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(),
         close(&what, &down(kernels, &grad, rows)?, &want_grad, 1e-6)?;
     }
     Ok(())
+}
+
+/// `write` puts host values over the start of a device buffer, leaving the rest, and
+/// refuses more values than the buffer holds.
+pub(crate) fn writes_match(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {
+    let mut blas = dense(kernels)?;
+    let mut want = random_floats(rng, 1000);
+    let mut buffer = up(kernels, &want)?;
+    for len in [1000, 517, 1] {
+        let values = random_floats(rng, len);
+        blas.write(&mut buffer, &values)
+            .map_err(|e| e.to_string())?;
+        want[..len].copy_from_slice(&values);
+        let got = down(kernels, &buffer, want.len())?;
+        if bits(&got) != bits(&want) {
+            return Err(format!("{len} values: {}", first_difference(&got, &want)));
+        }
+    }
+    match blas.write(&mut buffer, &random_floats(rng, 1001)) {
+        Err(_) => Ok(()),
+        Ok(()) => Err("1001 values written into a buffer of 1000".into()),
+    }
 }
 
 pub(crate) fn columns_match(kernels: &CudaKernels, rng: &mut StdRng) -> Result<(), String> {

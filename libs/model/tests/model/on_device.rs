@@ -85,21 +85,30 @@ fn deepfm() -> (ModelLayout, GraphNet) {
     (layout, net)
 }
 
-/// Steps of two minibatch sizes (buffers made again), the second size twice (reused).
+/// Steps of two minibatch sizes (buffers made again), the second size twice (reused), each
+/// with parameters and values of its own, so that a reused buffer holding the previous
+/// step's values would show.
 fn steps_match<O: DenseOps>(
     ops: O,
     (layout, net): (ModelLayout, GraphNet),
     tolerance: f64,
     what: &str,
 ) {
-    let params = shifted(&net.init_params(5));
     let mut on_ops = net.on_ops(ops);
-    on_ops.load_params(&params).expect("parameters");
     let mut ws = GraphWorkspace::default();
-    for rows in [300, 77, 77] {
-        let (dense, embedded, wide, labels) = random_batch(&layout, rows);
-        let watch = noise(9, rows);
-        let labels: Vec<&[f32]> = [&labels[..], &watch[..]][..net.heads().len()].to_vec();
+    for (step, rows) in [300, 77, 77].into_iter().enumerate() {
+        let params = shifted(&net.init_params(5 + step as u64));
+        on_ops.load_params(&params).expect("parameters");
+        let scale = 1.0 + 0.5 * step as f32;
+        let scaled = |values: Vec<f32>| -> Vec<f32> { values.iter().map(|v| v * scale).collect() };
+        let (dense, embedded, wide, clicks) = random_batch(&layout, rows);
+        let (dense, embedded, wide) = (scaled(dense), scaled(embedded), scaled(wide));
+        let clicks: Vec<f32> = match step {
+            2 => clicks.iter().map(|c| 1.0 - c).collect(),
+            _ => clicks,
+        };
+        let watch = scaled(noise(9, rows));
+        let labels: Vec<&[f32]> = [&clicks[..], &watch[..]][..net.heads().len()].to_vec();
         let inputs = Inputs {
             rows,
             dense: &dense,
@@ -110,7 +119,12 @@ fn steps_match<O: DenseOps>(
             .train_step(&params, &inputs, &labels, &mut ws)
             .expect("CPU step");
         let got = on_ops.train_step(&inputs, &labels).expect("device step");
-        assert_close(&got, &want, tolerance, &format!("{what}, {rows} rows"));
+        assert_close(
+            &got,
+            &want,
+            tolerance,
+            &format!("{what}, step {step}, {rows} rows"),
+        );
     }
 }
 

@@ -126,13 +126,20 @@ fn input_runs(net: &GraphNet, node: &Node) -> Option<(Vec<Run>, usize)> {
 }
 
 impl<O: DenseOps> DeviceGraph<O> {
-    /// Copies `params` (checked against the graph) to where the operations run.
+    /// Copies `params` (checked against the graph) to where the operations run, into the
+    /// buffers of the previous load.
     pub fn load_params(&mut self, params: &ParamSet) -> Result<(), ModelError> {
         self.net.check_params(params)?;
-        self.params.clear();
+        self.params
+            .retain(|name, _| params.tensors.iter().any(|t| t.name == *name));
         for tensor in &params.tensors {
-            let buffer = self.ops.upload(&tensor.values)?;
-            self.params.insert(tensor.name.clone(), buffer);
+            match self.params.get_mut(&tensor.name) {
+                Some(buffer) => store(&mut self.ops, buffer, &tensor.values)?,
+                None => {
+                    let buffer = self.ops.upload(&tensor.values)?;
+                    self.params.insert(tensor.name.clone(), buffer);
+                }
+            }
         }
         self.order = params.tensors.iter().map(|t| t.name.clone()).collect();
         Ok(())
@@ -170,11 +177,11 @@ impl<O: DenseOps> DeviceGraph<O> {
         self.prepare(inputs.rows)?;
         let Self { ops, ws, .. } = self;
         let batch = &mut workspace(ws)?.batch;
-        batch.dense = ops.upload(inputs.dense)?;
-        batch.embedded = ops.upload(inputs.embedded)?;
-        batch.wide = ops.upload(inputs.wide)?;
+        store(ops, &mut batch.dense, inputs.dense)?;
+        store(ops, &mut batch.embedded, inputs.embedded)?;
+        store(ops, &mut batch.wide, inputs.wide)?;
         for (buffer, labels) in batch.labels.iter_mut().zip(labels) {
-            *buffer = ops.upload(labels)?;
+            store(ops, buffer, labels)?;
         }
         Ok(())
     }
@@ -285,4 +292,19 @@ fn param_grad<'a, B>(
     grads
         .get_mut(name)
         .ok_or_else(|| ModelError::Params(format!("no gradient buffer for {name:?}")))
+}
+
+/// Copies `values` into `buffer` where it has their length (every step after the first of
+/// a size), else into a new buffer: a step allocates nothing on the device once warm.
+fn store<O: DenseOps>(
+    ops: &mut O,
+    buffer: &mut O::Buffer,
+    values: &[f32],
+) -> Result<(), ModelError> {
+    if O::floats(buffer) == values.len() {
+        ops.write(buffer, values)?;
+    } else if !values.is_empty() {
+        *buffer = ops.upload(values)?;
+    }
+    Ok(())
 }

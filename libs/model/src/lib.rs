@@ -177,6 +177,12 @@ enum Engine {
 
 /// `net` on GPU `ordinal`, or why it cannot run there.
 fn placed(net: &GraphNet, ordinal: usize) -> Result<DeviceGraph<CudaDense>, ModelError> {
+    if let Some(block) = net.cpu_only_block() {
+        return Err(ModelError::Device {
+            device: DenseDevice::Cuda(ordinal),
+            reason: format!("block {block:?} is a layer norm, which runs on the CPU only"),
+        });
+    }
     let dense = CudaKernels::new(ordinal)
         .and_then(|kernels| kernels.dense())
         .map_err(|e| ModelError::Device {

@@ -294,6 +294,16 @@ impl<'p> Builder<'p> {
         )
     }
 
+    /// Each row's mean of `x`, kept as a column (`[N, 1]`; opset 17 takes the axes as an
+    /// attribute).
+    pub(crate) fn reduce_mean(&mut self, x: &str) -> String {
+        self.node(
+            "ReduceMean",
+            &[x],
+            vec![ints("axes", vec![1]), int("keepdims", 1)],
+        )
+    }
+
     /// The columns `columns` of `x`, in that order.
     pub(crate) fn columns(&mut self, x: &str, columns: &[usize]) -> String {
         let indices: Vec<i64> = columns.iter().map(|c| *c as i64).collect();

@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::ModelError;
-use crate::cpu::blocks::ParamShape;
+use crate::cpu::blocks::{ParamInit, ParamShape};
 use crate::layout::ModelLayout;
 
 /// One dense parameter: row-major values of `shape`.
@@ -151,18 +151,19 @@ impl ParamSet {
         Self { tensors }
     }
 
-    /// A model graph's parameters `shapes`: Glorot-uniform where they say, zeros elsewhere.
+    /// A model graph's parameters `shapes`, each started as it says.
     pub(crate) fn init_shapes(shapes: &[ParamShape], seed: u64) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
         let tensors = (shapes.iter().cloned())
             .map(|p| {
                 let len = p.shape.iter().product();
-                let values = match p.glorot_fans {
-                    Some(fans) => {
+                let values = match p.init {
+                    ParamInit::Glorot(fans) => {
                         let limit = (6.0 / fans as f64).sqrt() as f32;
                         (0..len).map(|_| rng.random_range(-limit..=limit)).collect()
                     }
-                    None => vec![0.0; len],
+                    ParamInit::Zeros => vec![0.0; len],
+                    ParamInit::Ones => vec![1.0; len],
                 };
                 ParamTensor {
                     name: p.name,

@@ -689,3 +689,26 @@ fn a_graph_model_declares_its_graph_and_only_it_does() {
         assert!(err.contains(want), "{kind} {dense}: {err}");
     }
 }
+
+#[test]
+fn a_layer_norm_block_has_no_activation_unless_given() {
+    use primus_spec::job::graph::{Activation, Block, GraphSpec};
+    let graph: GraphSpec = serde_yaml_ng::from_str(
+        r#"
+inputs: {emb: {kind: embeddings}}
+blocks:
+  plain: {kind: layer_norm, input: emb}
+  relu: {kind: layer_norm, input: plain, activation: relu}
+  out: {kind: mlp, input: relu, widths: [1]}
+heads: {click: {input: out, label: label}}
+"#,
+    )
+    .expect("parses");
+    let activation = |name: &str| match &graph.blocks[name] {
+        Block::LayerNorm { activation, .. } => *activation,
+        other => panic!("{name} is {other:?}"),
+    };
+    assert_eq!(activation("plain"), Activation::None);
+    assert_eq!(activation("relu"), Activation::Relu);
+    assert_eq!(graph.block_order(), Ok(vec!["plain", "relu", "out"]));
+}

@@ -198,3 +198,84 @@ fn a_sampled_schemas_model_serves_probabilities_corrected_by_the_rate() {
         );
     }
 }
+
+/// A graph of layer norms (with and without a ReLU, over an MLP's output and over the
+/// embeddings), which no example uses: its export computes what the trainer does.
+#[test]
+fn a_graph_of_layer_norms_exports_what_the_trainer_computes() {
+    const FILE: &str = r#"
+kind: Dataset
+metadata: {name: norms}
+spec:
+  streams:
+    - name: main
+      window: {unit: hourly, start: "2026-11-20T00", end: "2026-11-20T03"}
+      sources: [{name: logs, parquet: {uri: "memory://norms"}}]
+  schema:
+    label: label
+    dense: [{name: i1}, {name: i2}, {name: i3}]
+    sparse: [{name: a, table: t}, {name: b, table: t}, {name: c, table: t}]
+---
+kind: Job
+metadata: {name: norms}
+spec:
+  dataset: norms
+  mode: batch
+  model:
+    kind: graph
+    tables: [{name: t, dim: 4, optimizer: {kind: sgd, learning_rate: 0.1}}]
+    dense:
+      graph:
+        inputs:
+          dense: {kind: dense}
+          emb: {kind: embeddings}
+          first: {kind: first_order}
+        blocks:
+          hidden: {kind: mlp, input: dense, widths: [6], activation: none}
+          hidden_norm: {kind: layer_norm, input: hidden, activation: relu}
+          emb_norm: {kind: layer_norm, input: emb}
+          joined: {kind: concat, inputs: [hidden_norm, emb_norm]}
+          top: {kind: mlp, input: joined, widths: [4, 1]}
+          logit: {kind: add, inputs: [top, first]}
+        heads: {click: {input: logit, label: label}}
+  topology:
+    data_executors: {replicas: 1}
+    trainers: {replicas: 1}
+    ps: {replicas: 1}
+"#;
+    let library = library();
+    let resources = primus_spec::parse_documents("norms.yaml", FILE).expect("valid");
+    let (primus_spec::Resource::Dataset(dataset), primus_spec::Resource::Job(job)) =
+        (&resources[0], &resources[1])
+    else {
+        panic!("a Dataset, then a Job");
+    };
+    let layout = ModelLayout::new(&job.spec.model, &dataset.spec.schema).expect("layout");
+    let mut params = ParamSet::init(&layout, 4);
+    // Scales and shifts away from their starting ones and zeros.
+    let moved: Vec<_> = (params.tensors().iter().enumerate())
+        .map(|(i, t)| {
+            let mut t = t.clone();
+            let offsets = noise(40 + i as u64, t.values.len());
+            for (v, n) in t.values.iter_mut().zip(offsets) {
+                *v += 0.2 * n;
+            }
+            t
+        })
+        .collect();
+    params.assign(moved).expect("the same tensors");
+    let rows = 29;
+    let batch = Batch {
+        rows,
+        dense: noise(1, rows * layout.dense_inputs),
+        embedded: noise(2, rows * layout.embedding_width),
+        wide: noise(3, rows * layout.features.len()),
+    };
+    let (trained, served) = burn_and_onnx(&library, &layout, &params, Tower::Memory, &batch);
+    let worst = (trained.iter().zip(&served))
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst <= 1e-5, "max |trainer - onnx| = {worst}");
+    let spread = (trained.iter()).fold(0.0f32, |m, p| m.max((p - trained[0]).abs()));
+    assert!(spread > 1e-3, "the inputs must move the output ({spread})");
+}

@@ -52,13 +52,45 @@ pub(crate) fn every_block() -> GraphSpec {
 
 #[test]
 fn every_block_s_gradients_match_finite_differences() {
-    let layout = wide_layout();
-    let net = GraphNet::new(&every_block(), &layout, "model.graph").expect("the graph fits");
+    let net = GraphNet::new(&every_block(), &wide_layout(), "model.graph").expect("fits");
     assert_eq!(net.heads(), [("click", "label"), ("time", "watch")]);
+    gradients_match_finite_differences(&every_block());
+}
+
+/// Layer norms with and without a ReLU, over an MLP's output and over the embeddings.
+pub(crate) fn layer_norms() -> GraphSpec {
+    graph(json!({
+        "inputs": {
+            "dense": {"kind": "dense"},
+            "emb": {"kind": "embeddings"},
+            "first": {"kind": "first_order"}
+        },
+        "blocks": {
+            "hidden": {"kind": "mlp", "input": "dense", "widths": [6], "activation": "none"},
+            "hidden_norm": {"kind": "layer_norm", "input": "hidden", "activation": "relu"},
+            "emb_norm": {"kind": "layer_norm", "input": "emb"},
+            "joined": {"kind": "concat", "inputs": ["hidden_norm", "emb_norm"]},
+            "top": {"kind": "mlp", "input": "joined", "widths": [4, 1]},
+            "logit": {"kind": "add", "inputs": ["top", "first"]}
+        },
+        "heads": {"click": {"input": "logit", "label": "label"}}
+    }))
+}
+
+#[test]
+fn layer_norm_gradients_match_finite_differences() {
+    gradients_match_finite_differences(&layer_norms());
+}
+
+/// Every parameter's gradient (at three of its values) and the sparse inputs' against
+/// central differences of the loss, over `wide_layout`, each head on a label of its own.
+fn gradients_match_finite_differences(spec: &GraphSpec) {
+    let layout = wide_layout();
+    let net = GraphNet::new(spec, &layout, "model.graph").expect("the graph fits");
     let rows = 5;
     let (dense, mut embedded, mut wide, clicks) = random_batch(&layout, rows);
     let watch = noise(9, rows);
-    let labels = [&clicks[..], &watch[..]];
+    let labels = &[&clicks[..], &watch[..]][..spec.heads.len()];
     let mut params = shifted(&net.init_params(7));
     let mut ws = GraphWorkspace::default();
     let loss = |params: &ParamSet, embedded: &[f32], wide: &[f32], ws: &mut GraphWorkspace| {
@@ -69,7 +101,7 @@ fn every_block_s_gradients_match_finite_differences() {
             wide,
         };
         f64::from(
-            net.train_step(params, &inputs, &labels, ws)
+            net.train_step(params, &inputs, labels, ws)
                 .expect("step")
                 .loss,
         )
@@ -81,9 +113,11 @@ fn every_block_s_gradients_match_finite_differences() {
         wide: &wide,
     };
     let step = net
-        .train_step(&params, &inputs, &labels, &mut ws)
+        .train_step(&params, &inputs, labels, &mut ws)
         .expect("step");
-    let weighted = step.heads[0].loss + 0.5 * step.heads[1].loss;
+    let weighted: f32 = (step.heads.iter().zip(spec.heads.values()))
+        .map(|(head, declared)| head.loss * declared.weight as f32)
+        .sum();
     assert!((step.loss - weighted).abs() < 1e-6, "{step:?}");
     let eps = 1e-3f32;
     let close = |numeric: f64, analytic: f32, what: &str| {
@@ -305,6 +339,13 @@ fn a_graph_that_does_not_fit_is_refused_naming_the_path() {
                 "out": {"kind": "fm", "input": "dense"}}, "heads": head}),
             "model.graph.blocks.out.input",
             "\"dense\" is one vector of 3; a factorisation machine crosses two or more",
+        ),
+        (
+            json!({"inputs": {"dense": dense}, "blocks": {
+                "one": {"kind": "mlp", "input": "dense", "widths": [1]},
+                "out": {"kind": "layer_norm", "input": "one"}}, "heads": head}),
+            "model.graph.blocks.out.input",
+            "\"one\" is 1 wide; normalising a row needs 2 or more values",
         ),
     ];
     for (spec, field, message) in cases {

@@ -94,6 +94,17 @@ pub enum Block {
         /// Vectors of one width (an `embeddings` input).
         input: String,
     },
+    /// Layer normalisation: each row of its input to mean 0 and variance 1 (`(x - mean) /
+    /// sqrt(var + 1e-5)`), then scaled and shifted by learned per-column weights, then
+    /// `activation` (none unless given). Put after an MLP of `activation: none`, it is
+    /// that MLP's layer norm.
+    LayerNorm {
+        /// The value it reads (at least 2 wide).
+        input: String,
+        /// After the scale and shift.
+        #[serde(default = "no_activation")]
+        activation: Activation,
+    },
     /// A DCN-v2 cross network: `x(l+1) = x0 * (W x(l) + b) + x(l)`, W full or of rank `rank`.
     Cross {
         /// The value it reads (`x0`).
@@ -126,6 +137,10 @@ fn one() -> f64 {
     1.0
 }
 
+fn no_activation() -> Activation {
+    Activation::None
+}
+
 /// A head's loss.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -141,9 +156,10 @@ impl Block {
     /// The names of the values it reads, with each one's field name.
     pub fn reads(&self) -> Vec<(String, &str)> {
         match self {
-            Block::Mlp { input, .. } | Block::Fm { input } | Block::Cross { input, .. } => {
-                vec![("input".to_owned(), input.as_str())]
-            }
+            Block::Mlp { input, .. }
+            | Block::Fm { input }
+            | Block::Cross { input, .. }
+            | Block::LayerNorm { input, .. } => vec![("input".to_owned(), input.as_str())],
             Block::Concat { inputs } | Block::Add { inputs } | Block::Dot { inputs } => {
                 (inputs.iter().enumerate())
                     .map(|(i, name)| (index("inputs", i), name.as_str()))
@@ -280,7 +296,7 @@ impl Validate for Block {
                     fail(errors, field(path, "inputs"), "needs at least one input");
                 }
             }
-            Block::Fm { .. } => {}
+            Block::Fm { .. } | Block::LayerNorm { .. } => {}
             Block::Cross { layers, rank, .. } => {
                 if *layers == 0 {
                     fail(errors, field(path, "layers"), "must be at least 1");

@@ -6,7 +6,7 @@ use crate::ModelError;
 use crate::cpu::linalg::{Stored, bias_activation, bias_grad, matmul, sized};
 use crate::params::{ParamSet, ParamTensor};
 
-use super::ParamShape;
+use super::{ParamInit, ParamShape};
 
 /// A cross network's shape and parameter names.
 #[derive(Debug, Clone)]
@@ -68,25 +68,25 @@ impl CrossNet {
                 None => shapes.push(ParamShape {
                     name: name("weight"),
                     shape: vec![d, d],
-                    glorot_fans: Some(2 * d),
+                    init: ParamInit::Glorot(2 * d),
                 }),
                 Some(r) => {
                     shapes.push(ParamShape {
                         name: name("v"),
                         shape: vec![d, r],
-                        glorot_fans: Some(d + r),
+                        init: ParamInit::Glorot(d + r),
                     });
                     shapes.push(ParamShape {
                         name: name("u"),
                         shape: vec![r, d],
-                        glorot_fans: Some(d + r),
+                        init: ParamInit::Glorot(d + r),
                     });
                 }
             }
             shapes.push(ParamShape {
                 name: name("bias"),
                 shape: vec![1, d],
-                glorot_fans: None,
+                init: ParamInit::Zeros,
             });
         }
         shapes

@@ -4,6 +4,7 @@
 //! them forward and backward over this module's kernels.
 
 mod cross;
+mod norm;
 mod on_device;
 mod onnx;
 mod run;
@@ -20,6 +21,7 @@ pub use on_device::DeviceGraph;
 pub use run::{GraphStep, GraphWorkspace, HeadOutput};
 
 use cross::CrossNet;
+use norm::LayerNorm;
 
 /// A model graph compiled against a layout, ready to run on the CPU.
 #[derive(Debug, Clone)]
@@ -93,6 +95,7 @@ enum Op {
         dim: usize,
     },
     Cross(CrossNet),
+    LayerNorm(LayerNorm),
 }
 
 /// A head: the node whose single value per row it reads, and its loss.
@@ -110,8 +113,16 @@ struct HeadNode {
 pub(crate) struct ParamShape {
     pub(crate) name: String,
     pub(crate) shape: Vec<usize>,
-    /// Glorot-uniform with this fan sum; zeros when `None`.
-    pub(crate) glorot_fans: Option<usize>,
+    pub(crate) init: ParamInit,
+}
+
+/// A parameter's starting values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ParamInit {
+    /// Glorot-uniform with this sum of fans.
+    Glorot(usize),
+    Zeros,
+    Ones,
 }
 
 fn spec_error(field: String, message: impl Into<String>) -> ModelError {
@@ -232,6 +243,14 @@ impl GraphNet {
         ParamSet::init_shapes(&self.shapes, seed)
     }
 
+    /// A block that runs on the CPU only (a layer norm), by name; none: the graph can be
+    /// placed on the dense operations of a device.
+    pub fn cpu_only_block(&self) -> Option<&str> {
+        (self.nodes.iter())
+            .find(|node| matches!(node.op, Op::LayerNorm(_)))
+            .map(|node| node.name.as_str())
+    }
+
     /// Every parameter tensor, in the order of the nodes.
     pub(crate) fn param_shapes(&self) -> &[ParamShape] {
         &self.shapes
@@ -249,17 +268,18 @@ fn param_shapes(nodes: &[Node]) -> Vec<ParamShape> {
                     shapes.push(ParamShape {
                         name: format!("{prefix}.{i}.weight"),
                         shape: vec![inputs, outputs],
-                        glorot_fans: Some(inputs + outputs),
+                        init: ParamInit::Glorot(inputs + outputs),
                     });
                     shapes.push(ParamShape {
                         name: format!("{prefix}.{i}.bias"),
                         shape: vec![1, outputs],
-                        glorot_fans: None,
+                        init: ParamInit::Zeros,
                     });
                     inputs = outputs;
                 }
             }
             Op::Cross(cross) => shapes.extend(cross.param_shapes()),
+            Op::LayerNorm(norm) => shapes.extend(norm.param_shapes()),
             _ => {}
         }
     }
@@ -273,7 +293,7 @@ fn gradient_flow(nodes: &[Node]) -> (Vec<bool>, Vec<bool>) {
     let mut wants = Vec::with_capacity(nodes.len());
     for node in nodes {
         let sparse = matches!(node.op, Op::Embeddings { .. } | Op::FirstOrder);
-        let params = matches!(node.op, Op::Mlp { .. } | Op::Cross(_));
+        let params = matches!(node.op, Op::Mlp { .. } | Op::Cross(_) | Op::LayerNorm(_));
         leads.push(sparse || node.reads.iter().any(|r| leads[*r]));
         wants.push(sparse || params || node.reads.iter().any(|r| wants[*r]));
     }
@@ -463,6 +483,20 @@ fn block_node(
             }
             let dim = read(0).vector_width();
             (1, 1, Op::Fm { vectors, dim })
+        }
+        Block::LayerNorm { activation, .. } => {
+            let dim = read(0).width;
+            if dim < 2 {
+                return Err(spec_error(
+                    format!("{at}.input"),
+                    format!(
+                        "{:?} is {dim} wide; normalising a row needs 2 or more values",
+                        block.reads()[0].1
+                    ),
+                ));
+            }
+            let relu = *activation == Activation::Relu;
+            (dim, 1, Op::LayerNorm(LayerNorm::new(name, dim, relu)))
         }
         Block::Cross { layers, rank, .. } => {
             if *layers == 0 || *rank == Some(0) {

@@ -80,6 +80,26 @@ impl GraphNet {
                 b.concat(&[reads[0], &pairs])
             }
             Op::Fm { vectors, dim } => b.factorisation_machine(reads[0], *vectors, *dim),
+            Op::LayerNorm(norm) => {
+                let (prefix, relu) = norm.parts();
+                let x = reads[0];
+                let mean = b.reduce_mean(x);
+                let centered = b.node("Sub", &[x, &mean], vec![]);
+                let squares = b.node("Mul", &[&centered, &centered], vec![]);
+                let var = b.reduce_mean(&squares);
+                let epsilon = b.constant_f32(&[super::norm::EPSILON], vec![]);
+                let shifted_var = b.node("Add", &[&var, &epsilon], vec![]);
+                let std = b.node("Sqrt", &[&shifted_var], vec![]);
+                let normalized = b.node("Div", &[&centered, &std], vec![]);
+                let scale = b.param(&format!("{prefix}.scale"))?;
+                let shift = b.param(&format!("{prefix}.shift"))?;
+                let scaled = b.node("Mul", &[&normalized, &scale], vec![]);
+                let y = b.node("Add", &[&scaled, &shift], vec![]);
+                match relu {
+                    true => b.node("Relu", &[&y], vec![]),
+                    false => y,
+                }
+            }
             Op::Cross(cross) => {
                 let (prefix, _, layers, rank) = cross.parts();
                 let x0 = reads[0];

@@ -15,6 +15,7 @@ use crate::params::{ParamSet, ParamTensor};
 use crate::{EmbeddingGrads, ModelError};
 
 use super::cross::CrossActs;
+use super::norm::NormActs;
 use super::{GraphNet, Loss, Node, Op};
 
 /// One training step of a graph.
@@ -51,6 +52,7 @@ pub struct GraphWorkspace {
     grads: NodeGrads,
     mlp: Vec<Activations>,
     cross: Vec<CrossActs>,
+    norm: Vec<NormActs>,
     buffers: GradBuffers,
     /// A dot block's vectors after its first input, gathered.
     gathered: Vec<f32>,
@@ -333,6 +335,7 @@ impl GraphNet {
         ws.values.resize_with(count, Vec::new);
         ws.mlp.resize_with(count, Activations::default);
         ws.cross.resize_with(count, CrossActs::default);
+        ws.norm.resize_with(count, NormActs::default);
         for (i, node) in self.nodes.iter().enumerate() {
             if self.whole[i] {
                 continue;
@@ -407,6 +410,7 @@ impl GraphNet {
                     cross.forward(params, read(0), rows, &mut ws.cross[i])?;
                     out.copy_from_slice(ws.cross[i].last());
                 }
+                Op::LayerNorm(norm) => norm.forward(params, read(0), &mut ws.norm[i], out)?,
             }
         }
         Ok(())
@@ -537,6 +541,15 @@ impl GraphNet {
                 let grad_x0 = sized(&mut ws.scratch, rows * node.width);
                 grad_x0.fill(0.0);
                 params_grads = cross.backward(params, rows, &ws.cross[i], &grad, grad_x0)?;
+                if wanted[0] {
+                    ws.grads.add(read, &ws.scratch);
+                }
+            }
+            Op::LayerNorm(norm) => {
+                let read = node.reads[0];
+                let grad_x = sized(&mut ws.scratch, rows * node.width);
+                let output = &ws.values[i];
+                params_grads = norm.backward(params, &ws.norm[i], output, &grad, grad_x)?;
                 if wanted[0] {
                     ws.grads.add(read, &ws.scratch);
                 }

@@ -203,6 +203,7 @@ impl<O: DenseOps> Passes<'_, O> {
                     let x0 = value(node.reads[0])?;
                     cross::forward(ops, (net, params), rows, x0, (layers, buffers))?;
                 }
+                Op::LayerNorm(_) => return Err(cpu_only(node)),
             }
         }
         Ok(())
@@ -245,6 +246,7 @@ impl<O: DenseOps> Passes<'_, O> {
                 Op::Concat | Op::Add => self.spread_backward(i)?,
                 Op::Fm { vectors, dim } => self.fm_backward(i, *vectors, *dim)?,
                 Op::Cross(_) => self.cross_backward(i)?,
+                Op::LayerNorm(_) => return Err(cpu_only(&net.nodes[i])),
                 Op::Dense(_) => {}
             }
         }
@@ -529,6 +531,14 @@ fn names_only(order: &[String]) -> ParamSet {
         })
         .collect();
     ParamSet { tensors }
+}
+
+/// A block with no form over the dense operations.
+fn cpu_only(node: &Node) -> ModelError {
+    ModelError::Ops(format!(
+        "block {:?}: a layer norm runs on the CPU only",
+        node.name
+    ))
 }
 
 fn no_buffers(node: &Node) -> ModelError {

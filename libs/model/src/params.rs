@@ -125,7 +125,8 @@ pub struct ParamSet {
 }
 
 impl ParamSet {
-    /// Glorot-uniform weights and zero biases, the same for the same seed.
+    /// Glorot-uniform weights and zero biases (a graph's parameters as its blocks start
+    /// them), the same for the same seed.
     pub fn init(layout: &ModelLayout, seed: u64) -> Self {
         if layout.kind == ModelKind::Graph {
             return Self::init_shapes(&layout.graph_params, seed);

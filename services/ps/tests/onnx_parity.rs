@@ -1,5 +1,6 @@
 //! The ONNX export of every example model, run in ONNX Runtime (the serving role's
-//! `DenseModel`), against the burn forward pass on random inputs. Needs libonnxruntime.so
+//! `DenseModel`), against the trainer's forward pass (`Model::predict`: the graph engine, MTRM on
+//! burn) on random inputs. Needs libonnxruntime.so
 //! (ORT_DYLIB_PATH, set by scripts/env.sh after scripts/install-deps.sh); fails without it.
 
 #![expect(
@@ -82,9 +83,9 @@ struct Batch {
     wide: Vec<f32>,
 }
 
-/// `layout`'s probabilities for `batch` from burn's forward pass and from its ONNX export
+/// `layout`'s probabilities for `batch` from the trainer's forward pass and from its ONNX export
 /// run in ONNX Runtime (the serving role's `DenseModel`).
-fn burn_and_onnx(
+fn trained_and_onnx(
     library: &Path,
     layout: &ModelLayout,
     params: &ParamSet,
@@ -97,10 +98,10 @@ fn burn_and_onnx(
         embedded: &batch.embedded,
         wide: &batch.wide,
     };
-    let burn = (Model::new(layout.clone())
+    let trained = (Model::new(layout.clone())
         .expect("a model of the layout")
         .predict(params, &inputs, tower))
-    .expect("burn predict");
+    .expect("the trainer's predict");
     let onnx = primus_model::onnx::export(layout, params, tower, 1).expect("export");
     let model = DenseModel::load(library, 1, &onnx, 1).expect("ONNX Runtime loads it");
     let ort = model
@@ -115,12 +116,12 @@ fn burn_and_onnx(
         })
         .expect("ONNX Runtime predict");
     assert_eq!(ort.len(), batch.rows);
-    (burn, ort)
+    (trained, ort)
 }
 
 /// Burn's forward pass, log-odds corrected for the example Datasets that sample negatives.
 #[test]
-fn onnx_runtime_computes_what_burn_computes_for_every_example_model() {
+fn onnx_runtime_computes_what_the_trainer_computes_for_every_example_model() {
     let library = library();
     let layouts = example_layouts();
     let kinds: std::collections::BTreeSet<String> = layouts
@@ -143,19 +144,19 @@ fn onnx_runtime_computes_what_burn_computes_for_every_example_model() {
             wide: noise(3 * seed as u64 + 3, rows * wide_width),
         };
         for tower in [Tower::Memory, Tower::Adapt] {
-            let (burn, ort) = burn_and_onnx(&library, layout, &params, tower, &batch);
+            let (trained, ort) = trained_and_onnx(&library, layout, &params, tower, &batch);
             let rate = layout.negative_sample_rate.unwrap_or(1.0) as f32;
-            let burn: Vec<f32> = burn.iter().map(|p| corrected(*p, rate)).collect();
-            let worst = burn
+            let trained: Vec<f32> = trained.iter().map(|p| corrected(*p, rate)).collect();
+            let worst = trained
                 .iter()
                 .zip(&ort)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0f32, f32::max);
             assert!(
                 worst <= 1e-5,
-                "{job} {tower:?}: max |burn - onnx| = {worst}"
+                "{job} {tower:?}: max |trainer - onnx| = {worst}"
             );
-            let spread = burn.iter().fold(0.0f32, |m, p| m.max((p - burn[0]).abs()));
+            let spread = (trained.iter()).fold(0.0f32, |m, p| m.max((p - trained[0]).abs()));
             assert!(
                 spread > 1e-3,
                 "{job}: the inputs must move the output ({spread})"
@@ -164,7 +165,7 @@ fn onnx_runtime_computes_what_burn_computes_for_every_example_model() {
     }
 }
 
-/// A schema with a negative sample rate r: the exported model answers the burn network's
+/// A schema with a negative sample rate r: the exported model answers the trainer's
 /// probability with its odds multiplied by r.
 #[test]
 fn a_sampled_schemas_model_serves_probabilities_corrected_by_the_rate() {
@@ -185,12 +186,12 @@ fn a_sampled_schemas_model_serves_probabilities_corrected_by_the_rate() {
         embedded: small(12, rows * layout.embedding_width),
         wide: small(13, rows * layout.features.len()),
     };
-    let (burn, served) = burn_and_onnx(&library, &layout, &params, Tower::Memory, &batch);
-    for (p, q) in burn.iter().zip(&served) {
+    let (trained, served) = trained_and_onnx(&library, &layout, &params, Tower::Memory, &batch);
+    for (p, q) in trained.iter().zip(&served) {
         let expected = corrected(*p, rate);
         assert!(
             (q - expected).abs() <= 1e-5,
-            "{job}: burn {p} corrected to {expected}, served {q}"
+            "{job}: trained {p} corrected to {expected}, served {q}"
         );
         assert!(
             p - q > 0.01,
@@ -271,7 +272,7 @@ spec:
         embedded: noise(2, rows * layout.embedding_width),
         wide: noise(3, rows * layout.features.len()),
     };
-    let (trained, served) = burn_and_onnx(&library, &layout, &params, Tower::Memory, &batch);
+    let (trained, served) = trained_and_onnx(&library, &layout, &params, Tower::Memory, &batch);
     let worst = (trained.iter().zip(&served))
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);

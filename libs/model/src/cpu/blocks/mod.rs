@@ -238,7 +238,8 @@ impl GraphNet {
             .collect()
     }
 
-    /// Glorot-uniform weights and zero biases, the same for the same seed.
+    /// Each parameter as its block starts it (Glorot-uniform weights, zero biases and
+    /// shifts, unit scales), the same for the same seed.
     pub fn init_params(&self, seed: u64) -> ParamSet {
         ParamSet::init_shapes(&self.shapes, seed)
     }

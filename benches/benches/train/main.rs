@@ -49,7 +49,7 @@ use primus_datagen::criteo::CriteoOptions;
 use primus_datagen::write::Layout;
 use primus_harness::Sandbox;
 use primus_harness::resources::{dataset, hourly, job, parquet};
-use primus_model::{DenseDevice, Inputs, Model, ModelLayout, ParamSet, Tower};
+use primus_model::{DenseDevice, Inputs, Model, ModelLayout, ParamSet, StepTimes, Tower};
 use primus_proto::v1::{MetricsReport, SourceKind};
 use primus_service::Shutdown;
 use primus_spec::Resource;
@@ -104,6 +104,8 @@ struct Stages {
     auc: Option<f64>,
     /// The latest hot-set size and share of accesses it served.
     hot: Option<(f64, f64)>,
+    /// The compute's parts, summed (in-process trainers report them).
+    times: StepTimes,
 }
 
 impl Stages {
@@ -132,9 +134,30 @@ impl Stages {
         let of = |s: f64| 100.0 * s / self.seconds.max(1e-9);
         let (compute, push) = (of(self.compute), of(self.push));
         format!(
-            "step loop: compute {compute:.0}%, push {push:.0}% (with the next minibatch's rows where no hot set is on), rest {:.0}% (dense pulls, waiting for the next minibatch); lookups {:.0}% (the prefetcher's, beside compute)",
+            "step loop: compute {compute:.0}%, push {push:.0}% (with the next minibatch's rows where no hot set is on), rest {:.0}% (dense pulls, waiting for the next minibatch); lookups {:.0}% (the prefetcher's, beside compute){}",
             (100.0 - compute - push).max(0.0),
             of(self.lookup),
+            self.compute_parts(),
+        )
+    }
+
+    /// The compute's parts as shares of it, where the trainer reported them.
+    fn compute_parts(&self) -> String {
+        let t = &self.times;
+        let total = (t.pooling + t.dense + t.scatter).as_secs_f64();
+        if total <= 0.0 {
+            return String::new();
+        }
+        let of = |d: Duration| 100.0 * d.as_secs_f64() / total;
+        let copies = match t.dense_copies.is_zero() {
+            true => String::new(),
+            false => format!(" (copies to and from the GPU {:.0}%)", of(t.dense_copies)),
+        };
+        format!(
+            "; compute: pooling {:.0}%, dense network {:.0}%{copies}, scatter {:.0}%",
+            of(t.pooling),
+            of(t.dense),
+            of(t.scatter),
         )
     }
 }
@@ -146,6 +169,11 @@ impl Reporter for Collect {
     async fn report(&self, report: &Report) {
         let shares = [report.lookup_share, report.compute_share, report.push_share];
         let mut stages = self.0.lock().expect("stages");
+        let times = &mut stages.times;
+        times.pooling += report.step_times.pooling;
+        times.dense += report.step_times.dense;
+        times.dense_copies += report.step_times.dense_copies;
+        times.scatter += report.step_times.scatter;
         stages.add(
             report.samples,
             report.samples_per_second,

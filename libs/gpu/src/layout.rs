@@ -132,6 +132,97 @@ impl PoolingInput {
             })
             .collect()
     }
+
+    /// Every pooled row's contributions (work item `feature * samples + sample`, one per
+    /// bag entry) grouped by row, rows in ascending order (table, then row id), each
+    /// group's items ascending: the order the deterministic backward sums them in, which
+    /// is the reference's. A counting sort over the tables' rows, so linear in the
+    /// entries; `self` must be valid for `tables`.
+    pub fn contributions_by_row(&self, tables: &[TableShape]) -> RowContributions {
+        let mut first_row = Vec::with_capacity(tables.len());
+        let mut total_rows = 0usize;
+        for table in tables {
+            first_row.push(total_rows);
+            total_rows += table.rows as usize;
+        }
+        let mut counts = vec![0u32; total_rows];
+        self.for_each_entry(&first_row, |row, _| counts[row] += 1);
+        let mut plan = RowContributions::default();
+        // Where each used row's contributions start, and its place among the used rows.
+        let mut next = vec![0u32; total_rows];
+        let mut placed = 0u32;
+        for (t, table) in tables.iter().enumerate() {
+            for row in 0..table.rows as usize {
+                let global = first_row[t] + row;
+                if counts[global] == 0 {
+                    continue;
+                }
+                plan.row_offsets.push(placed);
+                plan.row_table.push(t as u32);
+                plan.row_id.push(row as u32);
+                next[global] = placed;
+                placed += counts[global];
+            }
+        }
+        plan.row_offsets.push(placed);
+        plan.contrib_item = vec![0; placed as usize];
+        self.for_each_entry(&first_row, |row, item| {
+            plan.contrib_item[next[row] as usize] = item;
+            next[row] += 1;
+        });
+        let used = plan.row_id.len();
+        plan.row_feature = (plan.row_offsets[..used].iter())
+            .map(|&start| plan.contrib_item[start as usize] / self.samples.max(1) as u32)
+            .collect();
+        plan
+    }
+}
+
+impl PoolingInput {
+    /// Calls `visit(first_row[table] + row, item)` for every bag entry, in item order
+    /// (feature, then sample, then position in the bag).
+    fn for_each_entry(&self, first_row: &[usize], mut visit: impl FnMut(usize, u32)) {
+        for (f, feature) in self.features.iter().enumerate() {
+            let base = first_row[feature.table];
+            let first_item = f * self.samples;
+            match feature.inverse {
+                // Bag b is sample b's: the rows in order are the entries in order.
+                None => {
+                    for (b, bag) in feature.offsets.windows(2).enumerate() {
+                        let item = (first_item + b) as u32;
+                        for &row in &feature.rows[bag[0] as usize..bag[1] as usize] {
+                            visit(base + row as usize, item);
+                        }
+                    }
+                }
+                Some(_) => {
+                    for b in 0..self.samples {
+                        let item = (first_item + b) as u32;
+                        for &row in feature.bag(feature.bag_of(b)) {
+                            visit(base + row as usize, item);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The contributions of [`PoolingInput::contributions_by_row`]: used row `r` (of table
+/// `row_table[r]`, id `row_id[r]`) sums items `contrib_item[row_offsets[r] ..
+/// row_offsets[r + 1]]`; `row_feature[r]` is the feature of its first item.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RowContributions {
+    /// The table of each used row.
+    pub row_table: Vec<u32>,
+    /// Its id in that table.
+    pub row_id: Vec<u32>,
+    /// The feature of its first contribution.
+    pub row_feature: Vec<u32>,
+    /// Used rows + 1 entries into `contrib_item`.
+    pub row_offsets: Vec<u32>,
+    /// Work items, grouped by row.
+    pub contrib_item: Vec<u32>,
 }
 
 fn validate_feature(

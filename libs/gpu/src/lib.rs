@@ -32,7 +32,9 @@ pub use device::{
     CudaDense, CudaKernels, CudaStatus, DeviceDots, DeviceIds, DevicePooling, DeviceTable,
     DeviceTables, cuda_status,
 };
-pub use layout::{Accumulation, FeatureBags, Pooling, PoolingInput, RowOptimizer, TableShape};
+pub use layout::{
+    Accumulation, FeatureBags, Pooling, PoolingInput, RowContributions, RowOptimizer, TableShape,
+};
 pub use reference::{CpuKernels, EmbeddingKernels, update_row};
 pub use rows::{DeviceRows, HostRows, RowStore};
 

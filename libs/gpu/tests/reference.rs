@@ -276,3 +276,48 @@ fn a_host_row_store_refuses_bad_ids_and_widths_naming_the_field() {
         "grads"
     );
 }
+
+/// The deterministic backward's plan, by a stable sort of every entry by its row: what
+/// the counting sort must give.
+fn contributions_by_sorting(input: &PoolingInput) -> Vec<(u32, u32, u32)> {
+    let mut entries = Vec::new();
+    for (f, feature) in input.features.iter().enumerate() {
+        for b in 0..input.samples {
+            let item = (f * input.samples + b) as u32;
+            for &row in feature.bag(feature.bag_of(b)) {
+                entries.push((feature.table as u32, row, item));
+            }
+        }
+    }
+    entries.sort_by_key(|&(table, row, _)| (table, row));
+    entries
+}
+
+#[test]
+fn the_backward_plan_groups_every_entry_by_row_in_the_references_order() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for (samples, ikjt) in [(1, false), (37, false), (64, true), (0, false)] {
+        let case = random_case(&mut rng, &[4, 3, 8], 50, samples, 5, ikjt);
+        let plan = case.input.contributions_by_row(&case.tables);
+        let sorted = contributions_by_sorting(&case.input);
+        let mut flat = Vec::new();
+        for r in 0..plan.row_id.len() {
+            let (start, end) = (
+                plan.row_offsets[r] as usize,
+                plan.row_offsets[r + 1] as usize,
+            );
+            assert!(start < end, "row {r} has no contribution");
+            let first = plan.contrib_item[start];
+            assert_eq!(
+                plan.row_feature[r],
+                first / samples as u32,
+                "row {r}'s feature"
+            );
+            for &item in &plan.contrib_item[start..end] {
+                flat.push((plan.row_table[r], plan.row_id[r], item));
+            }
+        }
+        assert_eq!(flat, sorted, "{samples} samples, ikjt {ikjt}");
+        assert_eq!(plan.row_offsets.len(), plan.row_id.len() + 1);
+    }
+}

@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 
 mod cpu;
+mod device_step;
 mod inputs;
 pub mod layout;
 #[cfg(feature = "burn")]
@@ -44,11 +45,14 @@ pub mod presets;
 mod step;
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use primus_batch::Minibatch;
 use primus_gpu::{CudaDense, CudaKernels};
 
-pub use cpu::blocks::{DeviceGraph, GraphNet, GraphStep, GraphWorkspace, HeadOutput};
+pub use cpu::blocks::{
+    DeviceGraph, EmbeddingGradBuffers, GraphNet, GraphStep, GraphWorkspace, HeadOutput,
+};
 pub use inputs::{Inputs, Tower};
 pub use layout::{FeatureSlot, ModelLayout, TableSlot};
 pub use params::{ParamSet, ParamTensor};
@@ -130,10 +134,27 @@ pub struct StepOutput {
     /// Gradient of every dense parameter the step trained, by name; a tower that did not
     /// take part has none.
     pub dense_grads: Vec<ParamTensor>,
-    /// `rows x embedding_width`: gradient of each sample's pooled embeddings.
+    /// `rows x embedding_width`: gradient of each sample's pooled embeddings (empty where
+    /// they stayed on a GPU: [`Model::train_minibatch`]).
     pub embedded_grad: Vec<f32>,
     /// `rows x features`: gradient of each pooled first-order weight (wide models).
     pub wide_grad: Vec<f32>,
+    /// Where the step's time went.
+    pub times: StepTimes,
+}
+
+/// Where a step's compute time went: what a trainer reports, to show what bounds it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// Pooling the looked-up rows into each sample's embeddings and first-order weights.
+    pub pooling: Duration,
+    /// The dense network's forward and backward, its copies to and from a device included.
+    pub dense: Duration,
+    /// The share of `dense` spent copying parameters, the minibatch and the results
+    /// between the host and a GPU (zero on the CPU).
+    pub dense_copies: Duration,
+    /// Summing the embeddings' gradients onto each table's unique keys.
+    pub scatter: Duration,
 }
 
 /// The gradients a step computes for the embeddings, handed out by
@@ -168,28 +189,37 @@ enum Engine {
     Device {
         net: Arc<GraphNet>,
         ordinal: usize,
-        pool: Arc<Mutex<Vec<DeviceGraph<CudaDense>>>>,
+        pool: Arc<Mutex<Vec<Placed>>>,
     },
     /// burn on a device.
     #[cfg(feature = "burn")]
     Burn(on_burn::BurnNets),
 }
 
+/// A graph placed on a GPU, with the embedding kernels on the stream its operations use.
+struct Placed {
+    kernels: CudaKernels,
+    graph: DeviceGraph<CudaDense>,
+}
+
 /// `net` on GPU `ordinal`, or why it cannot run there.
-fn placed(net: &GraphNet, ordinal: usize) -> Result<DeviceGraph<CudaDense>, ModelError> {
+fn placed(net: &GraphNet, ordinal: usize) -> Result<Placed, ModelError> {
     if let Some(block) = net.cpu_only_block() {
         return Err(ModelError::Device {
             device: DenseDevice::Cuda(ordinal),
             reason: format!("block {block:?} is a layer norm, which runs on the CPU only"),
         });
     }
-    let dense = CudaKernels::new(ordinal)
-        .and_then(|kernels| kernels.dense())
-        .map_err(|e| ModelError::Device {
-            device: DenseDevice::Cuda(ordinal),
-            reason: e.to_string(),
-        })?;
-    Ok(net.on_ops(dense))
+    let unusable = |e: primus_gpu::GpuError| ModelError::Device {
+        device: DenseDevice::Cuda(ordinal),
+        reason: e.to_string(),
+    };
+    let kernels = CudaKernels::new(ordinal).map_err(unusable)?;
+    let dense = kernels.dense().map_err(unusable)?;
+    Ok(Placed {
+        kernels,
+        graph: net.on_ops(dense),
+    })
 }
 
 impl Model {
@@ -267,18 +297,18 @@ impl Model {
     /// Runs `f` with a placed graph from the pool (placing one when all are in use),
     /// returned to the pool after.
     fn with_placed<T>(
-        (net, ordinal, pool): (&GraphNet, usize, &Mutex<Vec<DeviceGraph<CudaDense>>>),
-        f: impl FnOnce(&mut DeviceGraph<CudaDense>) -> Result<T, ModelError>,
+        (net, ordinal, pool): (&GraphNet, usize, &Mutex<Vec<Placed>>),
+        f: impl FnOnce(&mut Placed) -> Result<T, ModelError>,
     ) -> Result<T, ModelError> {
         let taken = pool.lock().unwrap_or_else(PoisonError::into_inner).pop();
-        let mut graph = match taken {
-            Some(graph) => graph,
+        let mut placed = match taken {
+            Some(placed) => placed,
             None => placed(net, ordinal)?,
         };
-        let out = f(&mut graph);
+        let out = f(&mut placed);
         pool.lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(graph);
+            .push(placed);
         out
     }
 
@@ -369,14 +399,22 @@ impl Model {
                 Ok(single_head(step))
             }),
             Engine::Device { net, ordinal, pool } => {
-                Self::with_placed((net, *ordinal, pool), |graph| {
+                Self::with_placed((net, *ordinal, pool), |Placed { graph, .. }| {
+                    let copying_in = Instant::now();
                     graph.load_params(params)?;
-                    let step = graph.train_step(inputs, &[labels])?;
+                    graph.load_minibatch(inputs, &[labels])?;
+                    let stepping = Instant::now();
+                    graph.step()?;
+                    let copying_out = Instant::now();
+                    let step = graph.results()?;
+                    let copies = (stepping - copying_in) + copying_out.elapsed();
                     on_embedding_grads(EmbeddingGrads {
                         embedded: &step.embedded_grad,
                         wide: &step.wide_grad,
                     });
-                    Ok(single_head(step))
+                    let mut output = single_head(step);
+                    output.times.dense_copies = copies;
+                    Ok(output)
                 })
             }
             #[cfg(feature = "burn")]
@@ -407,7 +445,7 @@ impl Model {
                 Ok(heads.into_iter().next().unwrap_or_default())
             }),
             Engine::Device { net, ordinal, pool } => {
-                Self::with_placed((net, *ordinal, pool), |graph| {
+                Self::with_placed((net, *ordinal, pool), |Placed { graph, .. }| {
                     graph.load_params(params)?;
                     let heads = graph.predict(inputs)?;
                     Ok(heads.into_iter().next().unwrap_or_default())
@@ -441,5 +479,6 @@ fn single_head(step: GraphStep) -> StepOutput {
         dense_grads: step.dense_grads,
         embedded_grad: step.embedded_grad,
         wide_grad: step.wide_grad,
+        times: StepTimes::default(),
     }
 }

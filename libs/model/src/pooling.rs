@@ -224,11 +224,11 @@ impl BatchKeys {
             .collect()
     }
 
-    fn embedding_shapes(&self, layout: &ModelLayout) -> Vec<TableShape> {
+    pub(crate) fn embedding_shapes(&self, layout: &ModelLayout) -> Vec<TableShape> {
         self.shapes(layout.tables.iter().map(|t| t.dim))
     }
 
-    fn wide_shapes(&self) -> Vec<TableShape> {
+    pub(crate) fn wide_shapes(&self) -> Vec<TableShape> {
         self.shapes(std::iter::repeat(1))
     }
 
@@ -280,7 +280,7 @@ impl BatchKeys {
     }
 
     /// The one part when every feature is pooled per sample, in layout order.
-    fn per_sample_only(&self) -> Option<&PoolingInput> {
+    pub(crate) fn per_sample_only(&self) -> Option<&PoolingInput> {
         match self.parts.as_slice() {
             [part] if part.inverse.is_none() => Some(&part.input),
             _ => None,

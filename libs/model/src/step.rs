@@ -4,12 +4,15 @@
 //! handed out as soon as they are known, so that a caller pushes them while the rest of
 //! the backward computes.
 
+use std::time::{Duration, Instant};
+
 use primus_batch::Minibatch;
 
+use crate::device_step::DeviceMinibatch;
 use crate::inputs::{Inputs, Tower};
 use crate::params::ParamSet;
 use crate::pooling::{BatchKeys, EmbeddingKernels};
-use crate::{EmbeddingGrads, Model, ModelError, StepOutput};
+use crate::{EmbeddingGrads, Engine, Model, ModelError, StepOutput};
 
 /// The rows a minibatch looked up for its unique keys.
 #[derive(Debug, Clone, Copy)]
@@ -35,7 +38,9 @@ impl Model {
     /// One step of `batch` (of `tower`) from the rows it `looked_up`, pooling and
     /// scattering with `kernels`: `on_sparse_grads` gets the embeddings' gradients on the
     /// unique keys as soon as they are known; the output carries the predictions, the loss
-    /// and the dense gradients.
+    /// and the dense gradients. With the dense network on a GPU and every feature pooled
+    /// per sample, the pooling and its backward run there too, on the graph's stream
+    /// (`device_step.rs`), and the output's `embedded_grad` and `wide_grad` are empty.
     pub fn train_minibatch(
         &self,
         params: &ParamSet,
@@ -47,6 +52,19 @@ impl Model {
     ) -> Result<StepOutput, ModelError> {
         let layout = self.layout();
         let keys = looked_up.keys;
+        if let (Engine::Device { net, ordinal, pool }, Some(input)) =
+            (&self.engine, keys.per_sample_only())
+        {
+            let minibatch = DeviceMinibatch {
+                batch,
+                looked_up,
+                input,
+            };
+            return Self::with_placed((net, *ordinal, pool), |placed| {
+                self.train_on_device(placed, params, minibatch, on_sparse_grads)
+            });
+        }
+        let pooling = Instant::now();
         let embedded = keys.pool(kernels, layout, looked_up.rows)?;
         let wide = match layout.has_wide() {
             true => keys.pool_wide(kernels, looked_up.wide)?,
@@ -58,10 +76,20 @@ impl Model {
             embedded: &embedded,
             wide: &wide,
         };
+        let dense = Instant::now();
+        let mut scatter_time = Duration::ZERO;
         let scatter = |grads: EmbeddingGrads<'_>| {
-            on_sparse_grads(self.scatter(kernels, keys, grads));
+            let scattering = Instant::now();
+            let sparse = self.scatter(kernels, keys, grads);
+            scatter_time = scattering.elapsed();
+            on_sparse_grads(sparse);
         };
-        self.train_step_with(params, &inputs, &batch.labels, tower, scatter)
+        let mut output = self.train_step_with(params, &inputs, &batch.labels, tower, scatter)?;
+        let times = &mut output.times;
+        times.pooling = dense - pooling;
+        times.dense = dense.elapsed().saturating_sub(scatter_time);
+        times.scatter = scatter_time;
+        Ok(output)
     }
 
     /// The pooling backward: the embeddings' gradients summed onto each table's unique keys.

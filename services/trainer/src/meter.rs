@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use primus_data_client::TrainerTotals;
 use primus_metrics::{EvalWindow, Evaluation};
+use primus_model::StepTimes;
 
 /// Counters since the trainer started and since the last report.
 #[derive(Debug, Clone)]
@@ -31,6 +32,8 @@ pub struct Meter {
     pub(crate) lookup: Duration,
     pub(crate) compute: Duration,
     pub(crate) push: Duration,
+    /// The interval's compute, part by part.
+    pub(crate) step_times: StepTimes,
     pub(crate) interval_accesses: u64,
     pub(crate) interval_hot_accesses: u64,
     pub(crate) hot_rows: usize,
@@ -56,6 +59,8 @@ pub struct Report {
     pub lookup_share: f64,
     pub compute_share: f64,
     pub push_share: f64,
+    /// The interval's compute time by part, summed over its steps.
+    pub step_times: StepTimes,
     /// Rows replicated in the hot set (0 without one).
     pub hot_rows: usize,
     /// Share of the interval's key accesses the hot rows served (`None` without a hot set).
@@ -78,6 +83,7 @@ impl Meter {
             lookup: Duration::ZERO,
             compute: Duration::ZERO,
             push: Duration::ZERO,
+            step_times: StepTimes::default(),
             interval_accesses: 0,
             interval_hot_accesses: 0,
             hot_rows: 0,
@@ -109,6 +115,15 @@ impl Meter {
         }
     }
 
+    /// Adds one step's compute times to the interval's.
+    pub(crate) fn add_step_times(&mut self, times: &StepTimes) {
+        let sum = &mut self.step_times;
+        sum.pooling += times.pooling;
+        sum.dense += times.dense;
+        sum.dense_copies += times.dense_copies;
+        sum.scatter += times.scatter;
+    }
+
     /// Counts a trained minibatch of `rows` samples from `source`.
     pub(crate) fn count(&mut self, source: &str, rows: u64) {
         self.samples += rows;
@@ -134,6 +149,7 @@ impl Meter {
             lookup_share: share(self.lookup),
             compute_share: share(self.compute),
             push_share: share(self.push),
+            step_times: std::mem::take(&mut self.step_times),
             hot_rows: self.hot_rows,
             hot_share: (self.hot_rows > 0 && self.interval_accesses > 0)
                 .then(|| self.interval_hot_accesses as f64 / self.interval_accesses as f64),

@@ -324,8 +324,10 @@ impl<S: ParameterStore> Trainer<S> {
             .push_sparse(gradients, &pushing, next.as_deref_mut(), minibatch)
             .instrument(push_span);
         let dense_push = async {
-            let (prepared, mut output) = computing.await.context("the compute task")??;
-            let computed = Instant::now();
+            // When the compute task ended: the sparse push, polled first, may have kept
+            // this task from seeing it at once.
+            let (prepared, mut output, computed) =
+                computing.await.context("the compute task")??;
             let dense = std::mem::take(&mut output.dense_grads);
             (self.store.push_dense(dense, minibatch).await).context("pushing dense gradients")?;
             anyhow::Ok((prepared, output, computed))
@@ -351,6 +353,7 @@ impl<S: ParameterStore> Trainer<S> {
         }
         let meter = &mut self.meter;
         meter.compute += computed - started;
+        meter.add_step_times(&output.times);
         meter.push += computed.elapsed();
         meter.lookup += lookup_time;
         let rows = prepared.batch.rows() as u64;
@@ -641,7 +644,7 @@ async fn wanted(hot: &mut Option<HotSync>) {
     }
 }
 
-/// A step's compute-bound part in the model ([`Model::train_minibatch`]); the sparse
+/// A step's compute-bound part in the model ([`Model::train_minibatch`]), and when it ended; the sparse
 /// gradients go to `sparse_tx` as soon as they are known, before the rest of the dense
 /// network's backward.
 fn compute(
@@ -651,7 +654,7 @@ fn compute(
     prepared: Prepared,
     rows: Vec<Vec<f32>>,
     sparse_tx: oneshot::Sender<Result<SparseGrads, ModelError>>,
-) -> anyhow::Result<(Prepared, StepOutput)> {
+) -> anyhow::Result<(Prepared, StepOutput, Instant)> {
     let looked_up = LookedUp {
         keys: &prepared.keys,
         rows: &rows,
@@ -664,5 +667,5 @@ fn compute(
     let (batch, tower) = (&prepared.batch, prepared.tower);
     let output =
         model.train_minibatch(params, kernels, batch, looked_up, tower, on_sparse_grads)?;
-    Ok((prepared, output))
+    Ok((prepared, output, Instant::now()))
 }

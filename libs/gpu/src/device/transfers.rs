@@ -163,49 +163,46 @@ impl CudaKernels {
         })
     }
 
+    /// The pooling backward of `grad_out` (on the device) onto each table's rows, copied
+    /// to the host: one `rows x dim` gradient per table of `batch`.
+    pub fn pool_backward_to_host(
+        &self,
+        batch: &DevicePooling,
+        pooling: Pooling,
+        grad_out: &CudaSlice<f32>,
+        accumulation: Accumulation,
+    ) -> Result<Vec<Vec<f32>>, GpuError> {
+        let mut grads = self.zeros::<f32>(batch.grad_floats)?;
+        self.pool_backward_on_device(batch, pooling, grad_out, accumulation, &mut grads)?;
+        let flat = self.download(&grads, batch.grad_floats)?;
+        let tables = &batch.tables;
+        let (bases, _) = table_bases(tables.iter().map(|t| t.rows as usize * t.dim as usize));
+        Ok((tables.iter().zip(bases))
+            .map(|(t, base)| flat[base as usize..][..t.rows as usize * t.dim as usize].to_vec())
+            .collect())
+    }
+
     /// Contributions (work item per bag entry) grouped by gradient row, each group in
-    /// ascending item order: a stable sort of the reference's visiting order.
+    /// ascending item order: the reference's visiting order.
     fn sorted_rows(
         &self,
         input: &PoolingInput,
         tables: &[TableShape],
         grad_bases: &[u64],
     ) -> Result<SortedRows, GpuError> {
-        let mut pairs: Vec<(u64, u32)> = Vec::new();
-        for (f, feature) in input.features.iter().enumerate() {
-            let dim = u64::from(tables[feature.table].dim);
-            for b in 0..input.samples {
-                let item = (f * input.samples + b) as u32;
-                for &row in feature.bag(feature.bag_of(b)) {
-                    pairs.push((grad_bases[feature.table] + u64::from(row) * dim, item));
-                }
-            }
-        }
-        pairs.sort_by_key(|&(dst, _)| dst);
-        let mut row_dst = Vec::new();
-        let mut row_feature = Vec::new();
-        let mut row_offsets = vec![0u32];
-        let mut contrib_item = Vec::with_capacity(pairs.len());
-        for (k, &(dst, item)) in pairs.iter().enumerate() {
-            if k == 0 || pairs[k - 1].0 != dst {
-                if k > 0 {
-                    row_offsets.push(k as u32);
-                }
-                row_dst.push(dst);
-                row_feature.push(item / input.samples.max(1) as u32);
-            }
-            contrib_item.push(item);
-        }
-        row_offsets.push(pairs.len() as u32);
-        if pairs.is_empty() {
-            row_offsets.truncate(1);
-        }
+        let plan = input.contributions_by_row(tables);
+        let row_dst: Vec<u64> = (plan.row_table.iter().zip(&plan.row_id))
+            .map(|(&t, &row)| {
+                let t = t as usize;
+                grad_bases[t] + u64::from(row) * u64::from(tables[t].dim)
+            })
+            .collect();
         Ok(SortedRows {
             count: row_dst.len() as u32,
             row_dst: self.upload(&row_dst)?,
-            row_feature: self.upload(&row_feature)?,
-            row_offsets: self.upload(&row_offsets)?,
-            contrib_item: self.upload(&contrib_item)?,
+            row_feature: self.upload(&plan.row_feature)?,
+            row_offsets: self.upload(&plan.row_offsets)?,
+            contrib_item: self.upload(&plan.contrib_item)?,
         })
     }
 }
@@ -243,15 +240,7 @@ impl EmbeddingKernels for CudaKernels {
         let batch = self.upload_pooling(&shapes, input, accumulation)?;
         validate_grad_out(tables, input, grad_out)?;
         let grad_out = self.upload(grad_out)?;
-        let mut grads = self.zeros::<f32>(batch.grad_floats)?;
-        self.pool_backward_on_device(&batch, pooling, &grad_out, accumulation, &mut grads)?;
-        let flat = self.download(&grads, batch.grad_floats)?;
-        let (bases, _) = table_bases(tables.iter().map(|t| t.rows as usize * t.dim as usize));
-        Ok(tables
-            .iter()
-            .zip(bases)
-            .map(|(t, base)| flat[base as usize..][..t.rows as usize * t.dim as usize].to_vec())
-            .collect())
+        self.pool_backward_to_host(&batch, pooling, &grad_out, accumulation)
     }
 
     fn update_rows(

@@ -8,7 +8,7 @@ mod net;
 use crate::inputs::{Inputs, Tower};
 use crate::layout::ModelLayout;
 use crate::params::{ParamSet, ParamTensor};
-use crate::{ModelError, StepOutput};
+use crate::{ModelError, StepOutput, StepTimes};
 
 use backend::{Device, Tensor, sigmoid};
 use net::{Graph, bce_with_logits, matrix};
@@ -106,6 +106,7 @@ impl BurnNets {
             dense_grads,
             embedded_grad,
             wide_grad,
+            times: StepTimes::default(),
         }
     }
 

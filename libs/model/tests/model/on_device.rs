@@ -195,3 +195,77 @@ fn a_graph_on_a_gpu_trains_like_the_cpu_graph_or_says_why_it_cannot() {
         steps_match(dense, graph, 1e-4, &format!("{name} on cuBLAS"));
     }
 }
+
+/// A step whose pooled values are written where the operations run (the GPU trainer's
+/// path, on the host reference here): the same losses, predictions and dense gradients as
+/// the CPU graph, and the embeddings' gradients left in the device's buffers.
+#[test]
+fn a_minibatch_pooled_in_place_steps_like_one_copied_in() {
+    let graphs = [
+        ("DLRM", dlrm()),
+        ("DeepFM", deepfm()),
+        ("every block", every_block()),
+    ];
+    for (name, (layout, net)) in graphs {
+        let mut on_ops = net.on_ops(HostDense);
+        let mut ws = GraphWorkspace::default();
+        for (step, rows) in [40, 40, 9].into_iter().enumerate() {
+            let params = shifted(&net.init_params(3 + step as u64));
+            on_ops.load_params(&params).expect("parameters");
+            let (dense, embedded, wide, clicks) = random_batch(&layout, rows);
+            let watch = noise(4, rows);
+            let labels: Vec<&[f32]> = [&clicks[..], &watch[..]][..net.heads().len()].to_vec();
+            let inputs = Inputs {
+                rows,
+                dense: &dense,
+                embedded: &embedded,
+                wide: &wide,
+            };
+            let want = net
+                .train_step(&params, &inputs, &labels, &mut ws)
+                .expect("CPU step");
+            on_ops
+                .load_pooled_minibatch(rows, &dense, &labels, |ops, into, wide_into| {
+                    ops.write(into, &embedded)?;
+                    if let Some(wide_into) = wide_into {
+                        ops.write(wide_into, &wide)?;
+                    }
+                    Ok(())
+                })
+                .expect("a pooled minibatch");
+            on_ops.step().expect("step");
+            let grads = on_ops.embedding_grads().expect("the embeddings' gradients");
+            let on_device = |buffer: Option<&Vec<f32>>, len: usize| match buffer {
+                Some(values) => values[..len].to_vec(),
+                None => vec![0.0; len],
+            };
+            let embedded_grad = on_device(grads.embedded, embedded.len());
+            let wide_grad = match grads.wide {
+                Some(values) => values[..wide.len()].to_vec(),
+                None => Vec::new(),
+            };
+            let mut got = on_ops.dense_results().expect("results");
+            assert!(got.embedded_grad.is_empty() && got.wide_grad.is_empty());
+            (got.embedded_grad, got.wide_grad) = (embedded_grad, wide_grad);
+            assert_close(
+                &got,
+                &want,
+                1e-5,
+                &format!("{name}, step {step}, pooled in place"),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pooled_minibatch_of_the_wrong_size_is_refused() {
+    let (_, net) = dlrm();
+    let mut on_ops = net.on_ops(HostDense);
+    let untouched = |_: &mut HostDense, _: &mut Vec<f32>, _: Option<&mut Vec<f32>>| Ok(());
+    let refused = on_ops.load_pooled_minibatch(2, &[0.0; 7], &[&[1.0, 0.0]], untouched);
+    assert!(matches!(refused, Err(ModelError::Inputs(m)) if m.contains("dense holds 7 values")));
+    let refused = on_ops.load_pooled_minibatch(2, &[0.0; 8], &[&[1.0]], untouched);
+    assert!(matches!(refused, Err(ModelError::Inputs(m)) if m.contains("label column of 2 rows")));
+    let refused = on_ops.load_pooled_minibatch(0, &[], &[&[]], untouched);
+    assert!(matches!(refused, Err(ModelError::Inputs(_))), "no rows");
+}

@@ -230,3 +230,100 @@ fn one_call_trains_a_minibatch_as_pooling_the_network_and_the_scatter_do() {
         assert!(!called, "no gradients from a step that did not run");
     }
 }
+
+/// Root-mean-square difference relative to `want`'s norm.
+fn relative(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths");
+    let diff: f64 = (got.iter().zip(want))
+        .map(|(g, w)| f64::from(g - w).powi(2))
+        .sum();
+    let norm: f64 = want.iter().map(|w| f64::from(*w).powi(2)).sum();
+    (diff / norm.max(1e-30)).sqrt()
+}
+
+#[test]
+fn a_model_on_a_gpu_trains_a_looked_up_minibatch_like_the_cpu_or_says_why_it_cannot() {
+    let kinds = [ModelKind::Dlrm, ModelKind::Deepfm, ModelKind::WideDeep];
+    for kind in kinds {
+        let layout = small(kind);
+        let gpu = match Model::on(layout.clone(), DenseDevice::Cuda(0)) {
+            Ok(gpu) => gpu,
+            Err(refusal) => {
+                assert!(matches!(refusal, ModelError::Device { .. }), "{refusal}");
+                println!("SKIPPED a looked-up minibatch on the GPU: {refusal}");
+                return;
+            }
+        };
+        let cpu = Model::new(layout.clone()).expect("a model of the layout");
+        let params = ParamSet::init(&layout, 13);
+        for rows in [8, 300] {
+            let (batch, keys, table_rows, wide) = looked_up_batch(&layout, rows);
+            let looked_up = LookedUp {
+                keys: &keys,
+                rows: &table_rows,
+                wide: &wide,
+            };
+            let step = |model: &Model| {
+                let mut handed_out = None;
+                let output = (model.train_minibatch(
+                    &params,
+                    &CpuKernels,
+                    &batch,
+                    looked_up,
+                    Tower::Memory,
+                    |g| handed_out = Some(g),
+                ))
+                .expect("a step");
+                let sparse = handed_out.expect("sparse gradients").expect("scattered");
+                (output, sparse)
+            };
+            let ((want, want_sparse), (got, got_sparse)) = (step(&cpu), step(&gpu));
+            let what = format!("{kind:?}, {rows} rows");
+            // cuBLAS orders its sums as it likes: the dense launches' tolerance.
+            let mut pairs = vec![("probabilities", &got.probabilities, &want.probabilities)];
+            for (g, w) in got.dense_grads.iter().zip(&want.dense_grads) {
+                pairs.push((g.name.as_str(), &g.values, &w.values));
+            }
+            let sparse = (got_sparse.grads.iter().zip(&want_sparse.grads))
+                .chain(got_sparse.wide_grads.iter().zip(&want_sparse.wide_grads));
+            for (g, w) in sparse {
+                pairs.push(("a table's gradient rows", g, w));
+            }
+            for (name, g, w) in pairs {
+                let d = relative(g, w);
+                assert!(d < 1e-4, "{what}: {name} differs by {d:.2e}");
+            }
+            assert_eq!(got.dense_grads.len(), want.dense_grads.len(), "{what}");
+            assert_eq!(got_sparse.wide_grads.len(), want_sparse.wide_grads.len());
+            assert!(
+                (got.loss - want.loss).abs() < 1e-4 * want.loss.abs(),
+                "{what}: loss"
+            );
+            assert!(
+                got.embedded_grad.is_empty(),
+                "{what}: the pooled gradients stayed"
+            );
+            assert!(!got.times.dense.is_zero() && !got.times.scatter.is_zero());
+
+            let short: Vec<Vec<f32>> = table_rows.iter().map(|r| r[1..].to_vec()).collect();
+            let looked_up = LookedUp {
+                rows: &short,
+                ..looked_up
+            };
+            let refused = gpu.train_minibatch(
+                &params,
+                &CpuKernels,
+                &batch,
+                looked_up,
+                Tower::Memory,
+                |_| panic!("no gradients from a step that did not run"),
+            );
+            assert!(
+                matches!(&refused, Err(ModelError::Inputs(m)) if m.starts_with("embedding rows")),
+                "{what}: {:?}",
+                refused.err()
+            );
+        }
+    }
+    println!("ok      a looked-up minibatch on the GPU: pooling, graph and scatter as on the CPU");
+}

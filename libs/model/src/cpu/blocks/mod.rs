@@ -17,7 +17,7 @@ use crate::ModelError;
 use crate::layout::ModelLayout;
 use crate::params::ParamSet;
 
-pub use on_device::DeviceGraph;
+pub use on_device::{DeviceGraph, EmbeddingGradBuffers};
 pub use run::{GraphStep, GraphWorkspace, HeadOutput};
 
 use cross::CrossNet;

@@ -7,6 +7,8 @@
 mod cross;
 mod step;
 
+pub use step::EmbeddingGradBuffers;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -164,26 +166,65 @@ impl<O: DenseOps> DeviceGraph<O> {
         inputs: &Inputs<'_>,
         labels: &[&[f32]],
     ) -> Result<(), ModelError> {
+        self.net.check_inputs(inputs)?;
+        self.load(inputs.rows, inputs.dense, labels, |ops, batch| {
+            store(ops, &mut batch.embedded, inputs.embedded)?;
+            store(ops, &mut batch.wide, inputs.wide)
+        })
+    }
+
+    /// Copies a minibatch's dense values and labels to where the operations run, and has
+    /// `pool` write its pooled embeddings (`rows x embedding_width`) and, where the graph
+    /// reads them, its pooled first-order weights (`rows x features`) into their buffers
+    /// there (with the operations): the pooled values need not be on the host.
+    pub fn load_pooled_minibatch(
+        &mut self,
+        rows: usize,
+        dense: &[f32],
+        labels: &[&[f32]],
+        pool: impl FnOnce(&mut O, &mut O::Buffer, Option<&mut O::Buffer>) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
         let net = Arc::clone(&self.net);
-        let net = &*net;
-        net.check_inputs(inputs)?;
-        if labels.len() != net.heads.len() || labels.iter().any(|l| l.len() != inputs.rows) {
+        if dense.len() != rows * net.dense_width || rows == 0 {
             return Err(ModelError::Inputs(format!(
-                "{} heads need a label column of {} rows each",
-                net.heads.len(),
-                inputs.rows
+                "dense holds {} values, {rows} rows need {} (and at least one row)",
+                dense.len(),
+                rows * net.dense_width
             )));
         }
-        self.prepare(inputs.rows)?;
+        let wide = net.reads_first_order().then_some(rows * net.features);
+        self.load(rows, dense, labels, |ops, batch| {
+            sized(ops, &mut batch.embedded, rows * net.embedding_width)?;
+            if let Some(floats) = wide {
+                sized(ops, &mut batch.wide, floats)?;
+            }
+            pool(ops, &mut batch.embedded, wide.map(|_| &mut batch.wide))
+        })
+    }
+
+    /// Copies the dense values and labels of a checked minibatch of `rows` rows, then has
+    /// `fill` place its embeddings.
+    fn load(
+        &mut self,
+        rows: usize,
+        dense: &[f32],
+        labels: &[&[f32]],
+        fill: impl FnOnce(&mut O, &mut Minibatch<O::Buffer>) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        let heads = self.net.heads.len();
+        if labels.len() != heads || labels.iter().any(|l| l.len() != rows) {
+            return Err(ModelError::Inputs(format!(
+                "{heads} heads need a label column of {rows} rows each"
+            )));
+        }
+        self.prepare(rows)?;
         let Self { ops, ws, .. } = self;
         let batch = &mut workspace(ws)?.batch;
-        store(ops, &mut batch.dense, inputs.dense)?;
-        store(ops, &mut batch.embedded, inputs.embedded)?;
-        store(ops, &mut batch.wide, inputs.wide)?;
+        store(ops, &mut batch.dense, dense)?;
         for (buffer, labels) in batch.labels.iter_mut().zip(labels) {
             store(ops, buffer, labels)?;
         }
-        Ok(())
+        fill(ops, batch)
     }
 
     /// Buffers for minibatches of `rows` rows (kept while the size stays).
@@ -292,6 +333,18 @@ fn param_grad<'a, B>(
     grads
         .get_mut(name)
         .ok_or_else(|| ModelError::Params(format!("no gradient buffer for {name:?}")))
+}
+
+/// `buffer` with room for exactly `floats` values (a new one where its size differs).
+fn sized<O: DenseOps>(
+    ops: &mut O,
+    buffer: &mut O::Buffer,
+    floats: usize,
+) -> Result<(), ModelError> {
+    if O::floats(buffer) != floats {
+        *buffer = ops.zeros(floats)?;
+    }
+    Ok(())
 }
 
 /// Copies `values` into `buffer` where it has their length (every step after the first of

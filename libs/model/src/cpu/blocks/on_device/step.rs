@@ -468,6 +468,32 @@ impl<O: DenseOps> DeviceGraph<O> {
 
     /// The last step's losses, predictions and gradients, copied to the host.
     pub fn results(&mut self) -> Result<GraphStep, ModelError> {
+        self.results_with(true)
+    }
+
+    /// The last step's losses, predictions and dense gradients, copied to the host; the
+    /// embeddings' gradients stay where the operations run ([`Self::embedding_grads`]).
+    pub fn dense_results(&mut self) -> Result<GraphStep, ModelError> {
+        self.results_with(false)
+    }
+
+    /// After a step, where the operations run: the gradient of the pooled embeddings
+    /// (`rows x embedding_width`) and, where the graph reads them, of the pooled
+    /// first-order weights (`rows x features`); `None` for one the step left at zero.
+    pub fn embedding_grads(&self) -> Result<EmbeddingGradBuffers<'_, O::Buffer>, ModelError> {
+        let ws = self
+            .ws
+            .as_ref()
+            .ok_or_else(|| ModelError::Inputs("no minibatch loaded on the device".into()))?;
+        let embedded = match self.direct_embedded {
+            Some(e) => ws.written[e].then_some(&ws.grads[e]),
+            None => Some(&ws.embedded_grad),
+        };
+        let wide = self.net.reads_first_order().then_some(&ws.wide_grad);
+        Ok(EmbeddingGradBuffers { embedded, wide })
+    }
+
+    fn results_with(&mut self, embedding_grads: bool) -> Result<GraphStep, ModelError> {
         let direct = self.direct_embedded;
         let Self {
             net,
@@ -502,11 +528,12 @@ impl<O: DenseOps> DeviceGraph<O> {
         }
         let embedded_len = rows * net.embedding_width;
         let embedded_grad = match direct {
+            _ if !embedding_grads => Vec::new(),
             Some(e) if ws.written[e] => ops.download(&ws.grads[e], embedded_len)?,
             Some(_) => vec![0.0; embedded_len],
             None => ops.download(&ws.embedded_grad, embedded_len)?,
         };
-        let wide_grad = match net.reads_first_order() {
+        let wide_grad = match net.reads_first_order() && embedding_grads {
             true => ops.download(&ws.wide_grad, rows * net.features)?,
             false => Vec::new(),
         };
@@ -518,6 +545,15 @@ impl<O: DenseOps> DeviceGraph<O> {
             wide_grad,
         })
     }
+}
+
+/// The embeddings' gradients of a step where the operations run (see
+/// [`DeviceGraph::embedding_grads`]).
+pub struct EmbeddingGradBuffers<'a, B> {
+    /// The pooled embeddings' (`None`: zero).
+    pub embedded: Option<&'a B>,
+    /// The pooled first-order weights' (`None`: the graph reads none).
+    pub wide: Option<&'a B>,
 }
 
 /// A parameter set of these names (and no values), for ordering gradients as the set

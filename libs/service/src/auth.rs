@@ -1,26 +1,79 @@
-//! Static bearer tokens: a guarded call carries `authorization: Bearer <token>` (the API
-//! server's every call, a serving replica's Predict over gRPC and HTTP).
+//! Bearer tokens from a token file: a guarded call carries `authorization: Bearer <token>`
+//! (the API server's every call, a serving replica's Predict over gRPC and HTTP). The file
+//! is read again at most once a second as calls arrive, so tokens are added and revoked by
+//! editing it, without a restart.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use tonic::{Request, Status};
 
+/// How often, at most, a call looks at the token file again.
+const RELOAD_EVERY: Duration = Duration::from_secs(1);
+
 /// The tokens that may make a guarded call; cheap to clone into an interceptor.
 #[derive(Clone)]
-pub struct BearerTokens(Arc<Vec<Vec<u8>>>);
+pub struct BearerTokens(Arc<Tokens>);
+
+struct Tokens {
+    file: PathBuf,
+    /// The setting that names the file, for the log.
+    key: String,
+    current: RwLock<Arc<Vec<Vec<u8>>>>,
+    /// The file's text when last read: a read that finds it unchanged keeps the tokens.
+    text: Mutex<String>,
+    reload_every: Duration,
+    started: Instant,
+    /// Milliseconds after `started` of the last look at the file.
+    looked_ms: AtomicU64,
+}
 
 impl BearerTokens {
     /// Reads one token per line from `token_file`, which the setting `key` names.
     pub fn load(token_file: &Path, key: &str) -> anyhow::Result<Self> {
+        Self::load_every(token_file, key, RELOAD_EVERY)
+    }
+
+    fn load_every(token_file: &Path, key: &str, reload_every: Duration) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(token_file)
             .with_context(|| format!("cannot read {} (setting `{key}`)", token_file.display()))?;
         let tokens = parse(&text);
         if tokens.is_empty() {
             bail!("{} (setting `{key}`) holds no token", token_file.display());
         }
-        Ok(Self(Arc::new(tokens)))
+        Ok(Self(Arc::new(Tokens {
+            file: token_file.to_owned(),
+            key: key.to_owned(),
+            current: RwLock::new(Arc::new(tokens)),
+            text: Mutex::new(text),
+            reload_every,
+            started: Instant::now(),
+            looked_ms: AtomicU64::new(0),
+        })))
+    }
+
+    /// The tokens now: the file's, read again when the last look is older than the reload
+    /// interval (by one caller; the others use the tokens as they were).
+    fn current(&self) -> Arc<Vec<Vec<u8>>> {
+        let tokens = &self.0;
+        let now = tokens.started.elapsed().as_millis() as u64;
+        let looked = tokens.looked_ms.load(Ordering::Relaxed);
+        let due = now.saturating_sub(looked) >= tokens.reload_every.as_millis() as u64;
+        if due
+            && (tokens.looked_ms)
+                .compare_exchange(looked, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tokens.reload();
+        }
+        let current = tokens
+            .current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(&current)
     }
 
     /// Lets a gRPC call through if it carries one of the tokens.
@@ -41,7 +94,7 @@ impl BearerTokens {
             .strip_prefix("Bearer ")
             .ok_or_else(|| Status::unauthenticated("`authorization` must be `Bearer <token>`"))?;
         // Compare against every token without stopping early, so timing says nothing.
-        let known = self.0.iter().fold(false, |found, t| {
+        let known = self.current().iter().fold(false, |found, t| {
             found | constant_time_eq(t, token.as_bytes())
         });
         if known {
@@ -49,6 +102,34 @@ impl BearerTokens {
         } else {
             Err(Status::unauthenticated("unknown token"))
         }
+    }
+}
+
+impl Tokens {
+    /// Takes the file's tokens if its text changed. An unreadable file keeps the tokens
+    /// (a file being replaced); a file without tokens refuses every call until it has one.
+    fn reload(&self) {
+        let text = match std::fs::read_to_string(&self.file) {
+            Ok(text) => text,
+            Err(e) => {
+                tracing::warn!(file = %self.file.display(), setting = %self.key, error = %e,
+                    "cannot read the token file again; its previous tokens stay");
+                return;
+            }
+        };
+        let mut last = self.text.lock().unwrap_or_else(PoisonError::into_inner);
+        if *last == text {
+            return;
+        }
+        let tokens = parse(&text);
+        match tokens.len() {
+            0 => tracing::warn!(file = %self.file.display(), setting = %self.key,
+                "the token file holds no token: every guarded call is refused until it does"),
+            n => tracing::info!(file = %self.file.display(), setting = %self.key, tokens = n,
+                "token file read again"),
+        }
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(tokens);
+        *last = text;
     }
 }
 
@@ -80,7 +161,47 @@ mod tests {
     }
 
     fn tokens(text: &str) -> BearerTokens {
-        BearerTokens(Arc::new(parse(text)))
+        let file = tempfile::NamedTempFile::new().expect("a token file");
+        std::fs::write(file.path(), text).expect("write");
+        BearerTokens::load(file.path(), "auth.token_file").expect("tokens")
+    }
+
+    fn passes(tokens: &BearerTokens, token: &str) -> bool {
+        tokens
+            .check_header(Some(&format!("Bearer {token}")))
+            .is_ok()
+    }
+
+    #[test]
+    fn tokens_are_added_and_revoked_by_editing_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tokens");
+        std::fs::write(&file, "alpha\nbeta\n").expect("write");
+        let every = Duration::from_millis(50);
+        let tokens = BearerTokens::load_every(&file, "auth.token_file", every).expect("tokens");
+        let after_a_reload = || std::thread::sleep(every + Duration::from_millis(20));
+        assert!(passes(&tokens, "alpha") && passes(&tokens, "beta"));
+
+        std::fs::write(&file, "beta\ngamma\n").expect("rewrite");
+        after_a_reload();
+        assert!(!passes(&tokens, "alpha"), "a removed token is revoked");
+        assert!(
+            passes(&tokens, "beta") && passes(&tokens, "gamma"),
+            "an added one passes"
+        );
+
+        // A file being replaced (gone for a moment) keeps the tokens it held.
+        std::fs::remove_file(&file).expect("remove");
+        after_a_reload();
+        assert!(passes(&tokens, "gamma"));
+
+        std::fs::write(&file, "# every token revoked\n").expect("empty");
+        after_a_reload();
+        assert!(!passes(&tokens, "beta") && !passes(&tokens, "gamma"));
+        let clone = tokens.clone();
+        std::fs::write(&file, "delta\n").expect("rewrite");
+        after_a_reload();
+        assert!(passes(&clone, "delta"), "clones share the tokens");
     }
 
     #[test]

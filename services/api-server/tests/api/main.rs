@@ -626,6 +626,42 @@ async fn every_call_needs_a_known_token() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn tokens_are_revoked_and_added_by_editing_the_token_file_without_a_restart() {
+    let cluster = Cluster::start();
+    let server = cluster.server().await;
+    let (old, new) = (
+        server.client().await,
+        server.client_with("added-token").await,
+    );
+    let list = |client: &ApiClient| {
+        let client = client.clone();
+        async move {
+            match client.list(Kind::Job, HashMap::new()).await {
+                Ok(_) => Code::Ok,
+                Err(e) => e.code().expect("a gRPC status"),
+            }
+        }
+    };
+    assert_eq!(list(&old).await, Code::Ok);
+    assert_eq!(list(&new).await, Code::Unauthenticated);
+    let file = cluster.dir.path().join("tokens");
+    std::fs::write(&file, "# rotated\nadded-token\n").expect("rewrite the token file");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while list(&old).await == Code::Ok {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the old token still passes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(list(&old).await, Code::Unauthenticated, "the removed token");
+    assert_eq!(list(&new).await, Code::Ok, "the added token, same server");
+    let (watch, _) = code(old.watch(None, None, 0).await);
+    assert_eq!(watch, Code::Unauthenticated);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn changes_are_published_on_nats() {
     let cluster = Cluster::start();
     let server = cluster.server().await;

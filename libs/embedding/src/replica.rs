@@ -214,16 +214,12 @@ impl ReplicaTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use primus_spec::job::{AdmissionSpec, Initializer, OptimizerSpec};
+    use primus_spec::job::{Initializer, OptimizerSpec};
 
     fn spec(dim: u32) -> TableSpec {
         TableSpec {
-            name: "t".into(),
-            dim,
-            optimizer: OptimizerSpec::Sgd { learning_rate: 0.1 },
             initializer: Initializer::Uniform { scale: 0.05 },
-            admission: AdmissionSpec::default(),
-            ttl_seconds: None,
+            ..TableSpec::new("t", dim, OptimizerSpec::Sgd { learning_rate: 0.1 })
         }
     }
 

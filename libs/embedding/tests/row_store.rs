@@ -24,6 +24,7 @@ fn spec(optimizer: OptimizerSpec, min_count: u32) -> TableSpec {
             probability: 1.0,
         },
         ttl_seconds: Some(10),
+        ..TableSpec::new("ads", DIM, OptimizerSpec::adagrad(0.05))
     }
 }
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use primus_embedding::{EmbeddingError, ShardSnapshot, SnapshotError, Table, TableOptions};
-use primus_spec::job::{AdmissionSpec, Initializer, OptimizerSpec, TableSpec};
+use primus_spec::job::{AdmissionSpec, Initializer, OptimizerSpec, TablePooling, TableSpec};
 use proptest::prelude::*;
 
 const DIM: usize = 4;
@@ -24,6 +24,7 @@ fn spec(min_count: u32, probability: f64, ttl: Option<u64>) -> TableSpec {
             probability,
         },
         ttl_seconds: ttl,
+        pooling: TablePooling::Sum,
     }
 }
 

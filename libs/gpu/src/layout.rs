@@ -32,7 +32,7 @@ impl TableShape {
 }
 
 /// Sum or mean of a bag's rows. An empty bag pools to zeros either way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Pooling {
     /// The rows' sum.
     Sum,

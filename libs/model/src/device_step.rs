@@ -26,6 +26,7 @@ type DeviceBuffer = <CudaDense as DenseOps>::Buffer;
 struct PooledRows {
     tables: DeviceTables,
     bags: DevicePooling,
+    pooling: Pooling,
 }
 
 impl PooledRows {
@@ -33,7 +34,7 @@ impl PooledRows {
         kernels: &CudaKernels,
         shapes: &[TableShape],
         rows: &[Vec<f32>],
-        input: &PoolingInput,
+        (input, pooling): (&PoolingInput, Pooling),
         what: &str,
     ) -> Result<Self, ModelError> {
         let refused = |e: primus_gpu::GpuError| ModelError::Inputs(format!("{what}: {e}"));
@@ -42,11 +43,15 @@ impl PooledRows {
         let bags = kernels
             .upload_pooling(&tables, input, Accumulation::Deterministic)
             .map_err(refused)?;
-        Ok(Self { tables, bags })
+        Ok(Self {
+            tables,
+            bags,
+            pooling,
+        })
     }
 
     fn pool(&self, kernels: &CudaKernels, out: &mut DeviceBuffer) -> Result<(), ModelError> {
-        Ok(kernels.gather_pool_on_device(&self.tables, &self.bags, Pooling::Sum, out)?)
+        Ok(kernels.gather_pool_on_device(&self.tables, &self.bags, self.pooling, out)?)
     }
 
     /// Each table's gradient rows from the pooled values' gradient (`None`: zero).
@@ -59,7 +64,7 @@ impl PooledRows {
         match grad {
             Some(grad) => Ok(kernels.pool_backward_to_host(
                 &self.bags,
-                Pooling::Sum,
+                self.pooling,
                 grad,
                 Accumulation::Deterministic,
             )?),
@@ -74,8 +79,9 @@ impl PooledRows {
 pub(crate) struct DeviceMinibatch<'a> {
     pub batch: &'a Minibatch,
     pub looked_up: LookedUp<'a>,
-    /// Its bags when every feature is pooled per sample (no RecD groups).
+    /// Its bags when every feature is pooled per sample (no RecD groups) the same way.
     pub input: &'a PoolingInput,
+    pub pooling: Pooling,
 }
 
 impl Model {
@@ -92,6 +98,7 @@ impl Model {
             batch,
             looked_up,
             input,
+            pooling,
         } = minibatch;
         let Placed { kernels, graph } = placed;
         let layout = self.layout();
@@ -99,15 +106,20 @@ impl Model {
         let dense = self.dense_inputs(batch)?;
         let started = Instant::now();
         let shapes = keys.embedding_shapes(layout);
-        let embedded =
-            PooledRows::upload(kernels, &shapes, looked_up.rows, input, "embedding rows")?;
+        let embedded = PooledRows::upload(
+            kernels,
+            &shapes,
+            looked_up.rows,
+            (input, pooling),
+            "embedding rows",
+        )?;
         let wide_shapes = keys.wide_shapes();
         let wide = match layout.has_wide() {
             true => Some(PooledRows::upload(
                 kernels,
                 &wide_shapes,
                 looked_up.wide,
-                input,
+                (input, pooling),
                 "wide rows",
             )?),
             false => None,

@@ -4,7 +4,7 @@
 
 use primus_spec::dataset::FeatureSchema;
 use primus_spec::job::graph::GraphInput;
-use primus_spec::job::{DenseSpec, Initializer, ModelKind, ModelSpec, TableSpec};
+use primus_spec::job::{DenseSpec, Initializer, ModelKind, ModelSpec, TablePooling, TableSpec};
 
 use crate::ModelError;
 use crate::cpu::blocks::{GraphNet, ParamShape};
@@ -38,6 +38,8 @@ pub struct TableSlot {
     pub dim: usize,
     /// Name of the companion table of first-order weights, when the model has a wide part.
     pub wide: Option<String>,
+    /// How its features' keys pool.
+    pub pooling: TablePooling,
 }
 
 /// A Job's model over its Dataset's schema: the features and tables the dense network sees.
@@ -109,6 +111,7 @@ impl ModelLayout {
                         name: spec.name.clone(),
                         dim: spec.dim as usize,
                         wide: wide.then(|| format!("{}{WIDE_SUFFIX}", spec.name)),
+                        pooling: spec.pooling,
                     });
                     tables.len() - 1
                 }

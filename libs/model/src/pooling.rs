@@ -12,6 +12,8 @@ use primus_batch::{Ikjt, JaggedFeature, Kjt, Sparse};
 use primus_gpu::{Accumulation, FeatureBags, GpuError, Pooling, PoolingInput, TableShape};
 pub use primus_gpu::{CpuKernels, EmbeddingKernels};
 
+use primus_spec::job::TablePooling;
+
 use crate::ModelError;
 use crate::layout::ModelLayout;
 
@@ -29,7 +31,8 @@ pub struct BatchKeys {
     parts: Vec<Part>,
 }
 
-/// Features pooled together.
+/// Features pooled together: pooled the same way, per sample or per unique row of one
+/// dedup group.
 #[derive(Debug, Clone)]
 struct Part {
     /// Their bags, keys replaced by positions among the table's unique keys; one bag per
@@ -39,10 +42,12 @@ struct Part {
     features: Vec<usize>,
     /// A dedup group's: each sample's unique row.
     inverse: Option<Vec<u32>>,
+    /// Their tables' pooling.
+    pooling: Pooling,
 }
 
 impl Part {
-    fn new(samples: usize, inverse: Option<Vec<u32>>) -> Self {
+    fn new(samples: usize, inverse: Option<Vec<u32>>, pooling: Pooling) -> Self {
         Self {
             input: PoolingInput {
                 samples,
@@ -50,6 +55,7 @@ impl Part {
             },
             features: Vec::new(),
             inverse,
+            pooling,
         }
     }
 
@@ -104,9 +110,9 @@ impl BatchKeys {
     ) -> Result<Self, ModelError> {
         let mut maps: Vec<KeyMap<u32>> = vec![KeyMap::default(); layout.tables.len()];
         let mut tables: Vec<Vec<u64>> = vec![Vec::new(); layout.tables.len()];
-        let mut parts = vec![Part::new(samples, None)];
-        // Dedup group -> its part.
-        let mut group_parts: HashMap<usize, usize> = HashMap::new();
+        let mut parts: Vec<Part> = Vec::new();
+        // (dedup group, pooling) -> its part.
+        let mut part_of: HashMap<(Option<usize>, Pooling), usize> = HashMap::new();
         for (index, slot) in layout.features.iter().enumerate() {
             let (feature, group) =
                 feature_rows(&slot.name).ok_or_else(|| ModelError::Mismatch {
@@ -117,25 +123,31 @@ impl BatchKeys {
                 feature: slot.name.clone(),
                 message,
             };
-            let part = match group {
+            let pooling = match layout.tables[slot.table].pooling {
+                TablePooling::Sum => Pooling::Sum,
+                TablePooling::Mean => Pooling::Mean,
+            };
+            let (bags, inverse) = match group {
                 None if feature.rows() != samples => {
                     return Err(mismatch(format!(
                         "{} rows in a minibatch of {samples}",
                         feature.rows()
                     )));
                 }
-                None => 0,
+                None => (samples, None),
                 Some((_, inverse)) if inverse.len() != samples => {
                     return Err(mismatch(format!(
                         "an inverse index of {} rows in a minibatch of {samples}",
                         inverse.len()
                     )));
                 }
-                Some((g, inverse)) => *group_parts.entry(g).or_insert_with(|| {
-                    parts.push(Part::new(feature.rows(), Some(inverse.to_vec())));
-                    parts.len() - 1
-                }),
+                Some((_, inverse)) => (feature.rows(), Some(inverse)),
             };
+            let key = (group.map(|(g, _)| g), pooling);
+            let part = *part_of.entry(key).or_insert_with(|| {
+                parts.push(Part::new(bags, inverse.map(<[u32]>::to_vec), pooling));
+                parts.len() - 1
+            });
             let part = &mut parts[part];
             if feature.rows() != part.input.samples {
                 return Err(mismatch(format!(
@@ -279,10 +291,11 @@ impl BatchKeys {
             .map_err(|e| ModelError::Inputs(format!("wide gradient: {e}")))
     }
 
-    /// The one part when every feature is pooled per sample, in layout order.
-    pub(crate) fn per_sample_only(&self) -> Option<&PoolingInput> {
+    /// The one part, and its pooling, when every feature is pooled per sample and the
+    /// same way, in layout order.
+    pub(crate) fn per_sample_only(&self) -> Option<(&PoolingInput, Pooling)> {
         match self.parts.as_slice() {
-            [part] if part.inverse.is_none() => Some(&part.input),
+            [part] if part.inverse.is_none() => Some((&part.input, part.pooling)),
             _ => None,
         }
     }
@@ -306,13 +319,13 @@ impl BatchKeys {
         shapes: &[TableShape],
         weights: &[&[f32]],
     ) -> Result<Vec<f32>, GpuError> {
-        if let Some(input) = self.per_sample_only() {
-            return kernels.gather_pool(shapes, weights, input, Pooling::Sum);
+        if let Some((input, pooling)) = self.per_sample_only() {
+            return kernels.gather_pool(shapes, weights, input, pooling);
         }
         let (columns, width) = self.columns(shapes);
         let mut out = vec![0.0; self.samples * width];
         for part in self.parts.iter().filter(|p| !p.features.is_empty()) {
-            let pooled = kernels.gather_pool(shapes, weights, &part.input, Pooling::Sum)?;
+            let pooled = kernels.gather_pool(shapes, weights, &part.input, part.pooling)?;
             let (part_width, part_columns) =
                 (part.input.out_width(shapes), part.input.columns(shapes));
             for sample in 0..self.samples {
@@ -335,11 +348,11 @@ impl BatchKeys {
         shapes: &[TableShape],
         grad_out: &[f32],
     ) -> Result<Vec<Vec<f32>>, GpuError> {
-        if let Some(input) = self.per_sample_only() {
+        if let Some((input, pooling)) = self.per_sample_only() {
             return kernels.pool_backward(
                 shapes,
                 input,
-                Pooling::Sum,
+                pooling,
                 grad_out,
                 Accumulation::Deterministic,
             );
@@ -377,7 +390,7 @@ impl BatchKeys {
             let part_grads = kernels.pool_backward(
                 shapes,
                 &part.input,
-                Pooling::Sum,
+                part.pooling,
                 &part_grad,
                 Accumulation::Deterministic,
             )?;

@@ -52,13 +52,14 @@ impl Model {
     ) -> Result<StepOutput, ModelError> {
         let layout = self.layout();
         let keys = looked_up.keys;
-        if let (Engine::Device { net, ordinal, pool }, Some(input)) =
+        if let (Engine::Device { net, ordinal, pool }, Some((input, pooling))) =
             (&self.engine, keys.per_sample_only())
         {
             let minibatch = DeviceMinibatch {
                 batch,
                 looked_up,
                 input,
+                pooling,
             };
             return Self::with_placed((net, *ordinal, pool), |placed| {
                 self.train_on_device(placed, params, minibatch, on_sparse_grads)

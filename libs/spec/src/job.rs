@@ -115,6 +115,22 @@ pub struct TableSpec {
     /// Rows not updated for this long are evicted; unset keeps rows forever.
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
+    /// How a feature's keys in this table make its embedding (and its first-order weight
+    /// in a wide model), in training and serving alike.
+    #[serde(default)]
+    pub pooling: TablePooling,
+}
+
+/// How the rows of a sample's keys in one feature combine. One key gives its row either
+/// way; no key gives zeros.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TablePooling {
+    /// Their sum.
+    #[default]
+    Sum,
+    /// Their mean: a multi-hot feature's scale does not grow with its number of keys.
+    Mean,
 }
 
 /// An optimizer and its hyperparameters (`kind` selects it).
@@ -204,6 +220,7 @@ impl TableSpec {
             initializer: Initializer::default(),
             admission: AdmissionSpec::default(),
             ttl_seconds: None,
+            pooling: TablePooling::default(),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Resource files: the shipped examples, and every way a user gets one wrong.
-use primus_spec::job::{Device, OptimizerSpec};
+use primus_spec::job::{Device, OptimizerSpec, TablePooling};
 use primus_spec::{Kind, MAX_DOCUMENT_BYTES, Resource, SpecError, parse_documents};
 
 const JOB: &str = r#"
@@ -711,4 +711,19 @@ heads: {click: {input: out, label: label}}
     assert_eq!(activation("plain"), Activation::None);
     assert_eq!(activation("relu"), Activation::Relu);
     assert_eq!(graph.block_order(), Ok(vec!["plain", "relu", "out"]));
+}
+
+#[test]
+fn a_tables_pooling_is_sum_or_mean_and_another_names_the_field() {
+    let mean = JOB.replace("{name: c, dim: 8", "{name: c, pooling: mean, dim: 8");
+    let resources = parse_documents("job.yaml", &mean).expect("mean pooling parses");
+    let [Resource::Job(job)] = &resources[..] else {
+        panic!("one Job");
+    };
+    let pooling = |t: usize| job.spec.model.tables[t].pooling;
+    assert_eq!(pooling(2), TablePooling::Mean);
+    assert_eq!(pooling(0), TablePooling::Sum, "the default");
+    let err = error_text(&JOB.replace("{name: c, dim: 8", "{name: c, pooling: max, dim: 8"));
+    assert!(err.contains("spec.model.tables[2].pooling"), "{err}");
+    assert!(err.contains("max") && err.contains("mean"), "{err}");
 }

@@ -18,7 +18,7 @@ use primus_proto::v1::{
 };
 use primus_ps_client::PsClient;
 use primus_service::Shutdown;
-use primus_spec::job::{AdmissionSpec, Device, Initializer, OptimizerSpec, TableSpec};
+use primus_spec::job::{Device, Initializer, OptimizerSpec, TableSpec};
 use primus_testkit::service::{ServingStatus, wait_for_health};
 use primus_testkit::{NatsServer, S3Bucket, SeaweedS3, restartable_port};
 use tonic::Code;
@@ -39,16 +39,13 @@ const SEED: u64 = 5;
 
 fn table_spec(name: &str) -> TableSpec {
     TableSpec {
-        name: name.into(),
-        dim: DIM as u32,
         optimizer: OptimizerSpec::Adagrad {
             learning_rate: 0.05,
             initial_accumulator: 0.1,
             epsilon: 1e-8,
         },
         initializer: Initializer::Normal { std: 0.01 },
-        admission: AdmissionSpec::default(),
-        ttl_seconds: None,
+        ..TableSpec::new(name, DIM as u32, OptimizerSpec::adagrad(0.05))
     }
 }
 

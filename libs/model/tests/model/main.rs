@@ -18,7 +18,8 @@ use primus_model::{
 };
 use primus_spec::dataset::{DenseFeature, FeatureSchema, SparseFeature};
 use primus_spec::job::{
-    AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TableSpec,
+    AdmissionSpec, DenseSpec, Initializer, ModelKind, ModelSpec, OptimizerSpec, TablePooling,
+    TableSpec,
 };
 
 fn schema(dense: usize, sparse: &[(&str, &str)]) -> FeatureSchema {
@@ -52,6 +53,7 @@ fn table(name: &str, dim: u32) -> TableSpec {
         initializer: Initializer::default(),
         admission: AdmissionSpec::default(),
         ttl_seconds: None,
+        pooling: TablePooling::Sum,
     }
 }
 

@@ -243,9 +243,13 @@ fn relative(got: &[f32], want: &[f32]) -> f64 {
 
 #[test]
 fn a_model_on_a_gpu_trains_a_looked_up_minibatch_like_the_cpu_or_says_why_it_cannot() {
-    let kinds = [ModelKind::Dlrm, ModelKind::Deepfm, ModelKind::WideDeep];
-    for kind in kinds {
-        let layout = small(kind);
+    let layouts = [
+        ("DLRM", small(ModelKind::Dlrm)),
+        ("DeepFM", small(ModelKind::Deepfm)),
+        ("Wide&Deep", small(ModelKind::WideDeep)),
+        ("DLRM, mean pooling", mean_pooled(false)),
+    ];
+    for (kind, layout) in layouts {
         let gpu = match Model::on(layout.clone(), DenseDevice::Cuda(0)) {
             Ok(gpu) => gpu,
             Err(refusal) => {
@@ -278,7 +282,7 @@ fn a_model_on_a_gpu_trains_a_looked_up_minibatch_like_the_cpu_or_says_why_it_can
                 (output, sparse)
             };
             let ((want, want_sparse), (got, got_sparse)) = (step(&cpu), step(&gpu));
-            let what = format!("{kind:?}, {rows} rows");
+            let what = format!("{kind}, {rows} rows");
             // cuBLAS orders its sums as it likes: the dense launches' tolerance.
             let mut pairs = vec![("probabilities", &got.probabilities, &want.probabilities)];
             for (g, w) in got.dense_grads.iter().zip(&want.dense_grads) {
@@ -326,4 +330,90 @@ fn a_model_on_a_gpu_trains_a_looked_up_minibatch_like_the_cpu_or_says_why_it_can
         }
     }
     println!("ok      a looked-up minibatch on the GPU: pooling, graph and scatter as on the CPU");
+}
+
+/// DLRM over a mean-pooled table `t` (features `a`, one key, and `b`, two) and, with
+/// `with_sum`, a sum-pooled table `u` (feature `c`, three keys).
+fn mean_pooled(with_sum: bool) -> ModelLayout {
+    let mean = TableSpec {
+        pooling: TablePooling::Mean,
+        ..table("t", 4)
+    };
+    let (tables, features) = match with_sum {
+        true => (
+            vec![mean, table("u", 4)],
+            vec![("a", "t"), ("b", "t"), ("c", "u")],
+        ),
+        false => (vec![mean], vec![("a", "t"), ("b", "t")]),
+    };
+    let spec = model(ModelKind::Dlrm, tables, &[6, 4], &[8, 1]);
+    ModelLayout::new(&spec, &schema(3, &features)).expect("layout")
+}
+
+/// Each sample's keys per feature of [`mean_pooled`], and the minibatch's keys.
+fn mean_pooled_keys(layout: &ModelLayout, rows: usize) -> (Kjt, BatchKeys) {
+    let mut kjt = Kjt {
+        rows,
+        features: (layout.features.iter())
+            .map(|f| JaggedFeature::new(&f.name))
+            .collect(),
+    };
+    for r in 0..rows as u64 {
+        kjt.features[0].push_row(&[r % 3]);
+        kjt.features[1].push_row(&[100 + r % 5, 7]);
+        if let Some(c) = kjt.features.get_mut(2) {
+            c.push_row(&[200, 201 + r % 2, 203]);
+        }
+    }
+    let keys = BatchKeys::collect(layout, &kjt).expect("keys");
+    (kjt, keys)
+}
+
+#[test]
+fn a_mean_pooled_table_averages_each_features_keys_and_shares_their_gradient() {
+    for with_sum in [false, true] {
+        let layout = mean_pooled(with_sum);
+        let rows = 7;
+        let (kjt, keys) = mean_pooled_keys(&layout, rows);
+        let table_rows: Vec<Vec<f32>> = (keys.tables.iter().enumerate())
+            .map(|(t, k)| noise(30 + t as u64, k.len() * 4))
+            .collect();
+        let width = layout.embedding_width;
+        let pooled = keys.pool(&CpuKernels, &layout, &table_rows).expect("pool");
+        let grad = noise(40, rows * width);
+        let scattered = keys.scatter(&CpuKernels, &layout, &grad).expect("scatter");
+        let mut want_grads: Vec<Vec<f32>> = table_rows.iter().map(|r| vec![0.0; r.len()]).collect();
+        for (f, feature) in layout.features.iter().enumerate() {
+            let (t, offset) = (feature.table, feature.offset);
+            let scale = match layout.tables[t].pooling {
+                TablePooling::Mean => 1.0 / (kjt.features[f].row(0).len() as f32),
+                TablePooling::Sum => 1.0,
+            };
+            for r in 0..rows {
+                let bag = kjt.features[f].row(r);
+                for c in 0..4 {
+                    let mut sum = 0.0f32;
+                    for key in bag {
+                        let at = keys.tables[t].iter().position(|k| k == key).expect("key");
+                        sum += table_rows[t][at * 4 + c];
+                        want_grads[t][at * 4 + c] += grad[r * width + offset + c] * scale;
+                    }
+                    let got = pooled[r * width + offset + c];
+                    let want = sum * scale;
+                    assert!(
+                        (got - want).abs() < 1e-6,
+                        "{}: sample {r}, {got} vs {want}",
+                        feature.name
+                    );
+                }
+            }
+        }
+        for (t, (got, want)) in scattered.iter().zip(&want_grads).enumerate() {
+            let close = got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-5);
+            assert!(
+                close,
+                "table {t} (with a sum table: {with_sum}): {got:?}\n{want:?}"
+            );
+        }
+    }
 }

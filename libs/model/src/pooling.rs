@@ -1,7 +1,8 @@
 //! Between the minibatch and the dense network: the unique keys a minibatch needs from
-//! each table (each looked up and pushed once), sum pooling of a feature's looked-up rows
-//! into its slot of the sample's embedding row, and the backward pass of pooling, which
-//! adds each pooled gradient onto the unique key it came from. Pooling and its backward are
+//! each table (each looked up and pushed once), pooling of a feature's looked-up rows (their
+//! sum or mean, as its table says) into its slot of the sample's embedding row, and the
+//! backward pass of pooling, which adds each pooled gradient (a mean's share of it) onto
+//! the unique key it came from. Pooling and its backward are
 //! primus-gpu's kernels over the batch's unique rows, run by the caller's
 //! [`EmbeddingKernels`]: the CPU references, or the CUDA kernels.
 

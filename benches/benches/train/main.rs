@@ -169,11 +169,7 @@ impl Reporter for Collect {
     async fn report(&self, report: &Report) {
         let shares = [report.lookup_share, report.compute_share, report.push_share];
         let mut stages = self.0.lock().expect("stages");
-        let times = &mut stages.times;
-        times.pooling += report.step_times.pooling;
-        times.dense += report.step_times.dense;
-        times.dense_copies += report.step_times.dense_copies;
-        times.scatter += report.step_times.scatter;
+        stages.times += &report.step_times;
         stages.add(
             report.samples,
             report.samples_per_second,

@@ -157,6 +157,15 @@ pub struct StepTimes {
     pub scatter: Duration,
 }
 
+impl std::ops::AddAssign<&StepTimes> for StepTimes {
+    fn add_assign(&mut self, other: &StepTimes) {
+        self.pooling += other.pooling;
+        self.dense += other.dense;
+        self.dense_copies += other.dense_copies;
+        self.scatter += other.scatter;
+    }
+}
+
 /// The gradients a step computes for the embeddings, handed out by
 /// [`Model::train_step_with`] as soon as they are known.
 #[derive(Debug, Clone, Copy)]

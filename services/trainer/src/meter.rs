@@ -115,15 +115,6 @@ impl Meter {
         }
     }
 
-    /// Adds one step's compute times to the interval's.
-    pub(crate) fn add_step_times(&mut self, times: &StepTimes) {
-        let sum = &mut self.step_times;
-        sum.pooling += times.pooling;
-        sum.dense += times.dense;
-        sum.dense_copies += times.dense_copies;
-        sum.scatter += times.scatter;
-    }
-
     /// Counts a trained minibatch of `rows` samples from `source`.
     pub(crate) fn count(&mut self, source: &str, rows: u64) {
         self.samples += rows;

@@ -353,7 +353,7 @@ impl<S: ParameterStore> Trainer<S> {
         }
         let meter = &mut self.meter;
         meter.compute += computed - started;
-        meter.add_step_times(&output.times);
+        meter.step_times += &output.times;
         meter.push += computed.elapsed();
         meter.lookup += lookup_time;
         let rows = prepared.batch.rows() as u64;

@@ -301,6 +301,17 @@ fn cpu_networks_compute_what_burn_computes() {
     }
 }
 
+/// Root-mean-square difference relative to `want`'s norm.
+fn relative_difference(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths");
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (g, w) in got.iter().zip(want) {
+        diff += f64::from(g - w).powi(2);
+        norm += f64::from(*w).powi(2);
+    }
+    (diff / norm.max(1e-30)).sqrt()
+}
+
 /// Equal up to float summation order: relative to the largest magnitude of `want`.
 fn close(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");

@@ -9,7 +9,7 @@ use primus_model::{GraphNet, GraphStep, GraphWorkspace, Inputs, ModelError, Mode
 use primus_spec::job::ModelKind;
 
 use crate::graph::{self, wide_layout};
-use crate::{model, noise, random_batch, schema, shifted, table};
+use crate::{model, noise, random_batch, relative_difference, schema, shifted, table};
 
 /// A DLRM of the reference's shape, smaller: 4 dense features, 5 sparse of dim 8.
 fn dlrm() -> (ModelLayout, GraphNet) {
@@ -24,16 +24,6 @@ fn dlrm() -> (ModelLayout, GraphNet) {
     let graph = model_graph(&layout).expect("DLRM has a preset graph");
     let net = GraphNet::new(&graph, &layout, "model.graph").expect("the graph fits");
     (layout, net)
-}
-
-fn relative_difference(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "lengths");
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (g, w) in got.iter().zip(want) {
-        diff += f64::from(g - w).powi(2);
-        norm += f64::from(*w).powi(2);
-    }
-    (diff / norm.max(1e-30)).sqrt()
 }
 
 fn assert_close(got: &GraphStep, want: &GraphStep, tolerance: f64, what: &str) {
@@ -85,6 +75,15 @@ fn deepfm() -> (ModelLayout, GraphNet) {
     (layout, net)
 }
 
+/// The graphs every comparison here runs.
+fn every_graph() -> [(&'static str, (ModelLayout, GraphNet)); 3] {
+    [
+        ("DLRM", dlrm()),
+        ("DeepFM", deepfm()),
+        ("every block", every_block()),
+    ]
+}
+
 /// Steps of two minibatch sizes (buffers made again), the second size twice (reused), each
 /// with parameters and values of its own, so that a reused buffer holding the previous
 /// step's values would show.
@@ -130,12 +129,7 @@ fn steps_match<O: DenseOps>(
 
 #[test]
 fn a_graph_on_the_host_reference_operations_trains_like_the_cpu_graph() {
-    let graphs = [
-        ("DLRM", dlrm()),
-        ("DeepFM", deepfm()),
-        ("every block", every_block()),
-    ];
-    for (name, graph) in graphs {
+    for (name, graph) in every_graph() {
         steps_match(
             HostDense,
             graph,
@@ -183,12 +177,7 @@ fn a_graph_on_a_gpu_trains_like_the_cpu_graph_or_says_why_it_cannot() {
         return;
     }
     // cuBLAS orders its sums as it likes; the tolerance is the dense launches' own.
-    let graphs = [
-        ("DLRM", dlrm()),
-        ("DeepFM", deepfm()),
-        ("every block", every_block()),
-    ];
-    for (name, graph) in graphs {
+    for (name, graph) in every_graph() {
         let dense = CudaKernels::new(0)
             .and_then(|kernels| kernels.dense())
             .expect("the dense operations on a present GPU");
@@ -201,12 +190,7 @@ fn a_graph_on_a_gpu_trains_like_the_cpu_graph_or_says_why_it_cannot() {
 /// the CPU graph, and the embeddings' gradients left in the device's buffers.
 #[test]
 fn a_minibatch_pooled_in_place_steps_like_one_copied_in() {
-    let graphs = [
-        ("DLRM", dlrm()),
-        ("DeepFM", deepfm()),
-        ("every block", every_block()),
-    ];
-    for (name, (layout, net)) in graphs {
+    for (name, (layout, net)) in every_graph() {
         let mut on_ops = net.on_ops(HostDense);
         let mut ws = GraphWorkspace::default();
         for (step, rows) in [40, 40, 9].into_iter().enumerate() {

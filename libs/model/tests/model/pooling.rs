@@ -231,16 +231,6 @@ fn one_call_trains_a_minibatch_as_pooling_the_network_and_the_scatter_do() {
     }
 }
 
-/// Root-mean-square difference relative to `want`'s norm.
-fn relative(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "lengths");
-    let diff: f64 = (got.iter().zip(want))
-        .map(|(g, w)| f64::from(g - w).powi(2))
-        .sum();
-    let norm: f64 = want.iter().map(|w| f64::from(*w).powi(2)).sum();
-    (diff / norm.max(1e-30)).sqrt()
-}
-
 #[test]
 fn a_model_on_a_gpu_trains_a_looked_up_minibatch_like_the_cpu_or_says_why_it_cannot() {
     let layouts = [
@@ -294,7 +284,7 @@ fn a_model_on_a_gpu_trains_a_looked_up_minibatch_like_the_cpu_or_says_why_it_can
                 pairs.push(("a table's gradient rows", g, w));
             }
             for (name, g, w) in pairs {
-                let d = relative(g, w);
+                let d = relative_difference(g, w);
                 assert!(d < 1e-4, "{what}: {name} differs by {d:.2e}");
             }
             assert_eq!(got.dense_grads.len(), want.dense_grads.len(), "{what}");

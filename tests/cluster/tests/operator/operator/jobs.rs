@@ -246,9 +246,23 @@ async fn a_job_deleted_while_it_runs_is_held_until_its_executors_are_stopped() {
         &["delete", "pjob", job, "-n", namespace, "--timeout=60s"],
     );
     eprintln!("{job}: deleted in {:.1}s", started.elapsed().as_secs_f64());
-    let log = std::fs::read_to_string(sandbox.dir().join("master.log")).unwrap_or_default();
+    // The finalizer's removal is logged after the API server accepted it, so the line
+    // may reach the file a moment after `kubectl delete` returned.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = std::fs::read_to_string(sandbox.dir().join("master.log")).unwrap_or_default();
+        if log.contains("the master's finalizer removed") || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let stopped = log.find("Job deleted: executors stopped");
     let released = log.find("the master's finalizer removed");
+    assert!(
+        released.is_some(),
+        "the finalizer's removal was never logged:\n{}",
+        sandbox.logs(job)
+    );
     assert!(
         stopped.is_some() && stopped < released,
         "the finalizer goes only after the executors stopped:\n{}",

@@ -571,7 +571,7 @@ fn dense_only(layout: &ModelLayout, batches: &[Minibatch]) -> DenseTimes {
             .expect("predict");
         let predicted = Instant::now();
         model
-            .train_step(&params, &inputs, &batch.labels, Tower::Memory)
+            .train_step(&params, &inputs, &[&batch.labels], Tower::Memory)
             .expect("step");
         if i > 0 {
             forward.push(predicted - started);

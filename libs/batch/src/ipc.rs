@@ -1,6 +1,7 @@
 //! The wire format: one Arrow IPC stream holding one record batch.
 //!
-//! Columns: `label` (Float32); `dense` (`FixedSizeList<Float32>` of the dense features, only
+//! Columns: `label` (Float32); `target.<name>` (Float32) per further label column, in the
+//! schema's order; `dense` (`FixedSizeList<Float32>` of the dense features, only
 //! when there are some; their names in the schema metadata); `sparse.<feature>`
 //! (`List<UInt64>`) per jagged feature; `group.<group>` per dedup group, a dictionary
 //! column whose keys are the inverse index and whose values are a struct of the group's
@@ -24,9 +25,10 @@ use arrow_schema::{DataType, Field, Fields, Schema};
 use crate::BatchError;
 use crate::ikjt::{Ikjt, IkjtGroup};
 use crate::kjt::{JaggedFeature, Kjt};
-use crate::minibatch::{DenseMatrix, Minibatch, Sparse};
+use crate::minibatch::{DenseMatrix, Minibatch, Sparse, Target};
 
 const LABEL: &str = "label";
+const TARGET_PREFIX: &str = "target.";
 const DENSE: &str = "dense";
 const SPARSE_PREFIX: &str = "sparse.";
 const GROUP_PREFIX: &str = "group.";
@@ -72,6 +74,14 @@ fn jagged_from(name: &str, array: &dyn Array) -> Result<JaggedFeature, BatchErro
 pub fn encode(batch: &Minibatch) -> Result<Vec<u8>, BatchError> {
     let mut fields = vec![Field::new(LABEL, DataType::Float32, false)];
     let mut columns: Vec<ArrayRef> = vec![Arc::new(Float32Array::from(batch.labels.clone()))];
+    for target in &batch.targets {
+        fields.push(Field::new(
+            format!("{TARGET_PREFIX}{}", target.name),
+            DataType::Float32,
+            false,
+        ));
+        columns.push(Arc::new(Float32Array::from(target.values.clone())));
+    }
     let mut metadata = HashMap::new();
     metadata.insert(
         DENSE_NAMES_KEY.to_owned(),
@@ -215,10 +225,13 @@ pub fn decode(bytes: &[u8]) -> Result<Minibatch, BatchError> {
             names.len()
         )));
     }
+    let mut targets = Vec::new();
     let mut jagged = Vec::new();
     let mut groups = Vec::new();
     for (field, column) in schema.fields().iter().zip(record.columns()) {
-        if let Some(name) = field.name().strip_prefix(SPARSE_PREFIX) {
+        if let Some(name) = field.name().strip_prefix(TARGET_PREFIX) {
+            targets.push(target_from(name, column)?);
+        } else if let Some(name) = field.name().strip_prefix(SPARSE_PREFIX) {
             jagged.push(jagged_from(name, column)?);
         } else if let Some(name) = field.name().strip_prefix(GROUP_PREFIX) {
             groups.push(group_from(name, column)?);
@@ -246,8 +259,19 @@ pub fn decode(bytes: &[u8]) -> Result<Minibatch, BatchError> {
     };
     Ok(Minibatch {
         labels,
+        targets,
         dense: DenseMatrix { names, values },
         sparse,
+    })
+}
+
+fn target_from(name: &str, column: &ArrayRef) -> Result<Target, BatchError> {
+    let values = column
+        .as_primitive_opt::<Float32Type>()
+        .ok_or_else(|| BatchError::Encoding(format!("target `{name}` is not Float32")))?;
+    Ok(Target {
+        name: name.to_owned(),
+        values: values.values().to_vec(),
     })
 }
 

@@ -1,6 +1,6 @@
 //! Samples and minibatches (Primus §5, RecD §4).
 //!
-//! - [`Minibatch`]: labels, a row-major dense matrix, and sparse features either jagged
+//! - [`Minibatch`]: labels (and further [`Target`] columns), a row-major dense matrix, and sparse features either jagged
 //!   ([`Kjt`]: per feature, keys plus row offsets) or grouped ([`Ikjt`], RecD's inverse
 //!   KJT: per dedup group, unique rows plus one inverse index).
 //! - [`ipc`]: the lossless Arrow IPC wire encoding of both.
@@ -24,6 +24,6 @@ mod recent;
 pub use error::BatchError;
 pub use ikjt::{DedupGroups, Ikjt, IkjtGroup, RowHasher, row_hash};
 pub use kjt::{JaggedFeature, Kjt};
-pub use minibatch::{DenseMatrix, Minibatch, Sparse};
+pub use minibatch::{DenseMatrix, Minibatch, Sparse, Target};
 pub use pipeline::FeaturePipeline;
 pub use recent::RecentIdentities;

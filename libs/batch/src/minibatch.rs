@@ -1,4 +1,5 @@
-//! A minibatch: labels, a dense matrix and sparse features, jagged or grouped.
+//! A minibatch: labels (the label and any further targets), a dense matrix and sparse
+//! features, jagged or grouped.
 
 use std::ops::Range;
 
@@ -30,6 +31,15 @@ impl DenseMatrix {
     }
 }
 
+/// A further label column (a schema's `targets`): one value per sample.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Target {
+    /// The column's name.
+    pub name: String,
+    /// One value per sample.
+    pub values: Vec<f32>,
+}
+
 /// A minibatch's sparse features.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Sparse {
@@ -44,6 +54,8 @@ pub enum Sparse {
 pub struct Minibatch {
     /// One label per sample, 0 or 1.
     pub labels: Vec<f32>,
+    /// The schema's further label columns, in its order.
+    pub targets: Vec<Target>,
     /// The dense features.
     pub dense: DenseMatrix,
     /// The sparse features.
@@ -72,6 +84,7 @@ impl Minibatch {
         };
         Ok(Self {
             labels: self.labels.clone(),
+            targets: self.targets.clone(),
             dense: self.dense.clone(),
             sparse: Sparse::Grouped(ikjt),
         })
@@ -85,6 +98,12 @@ impl Minibatch {
         };
         Ok(Self {
             labels: self.labels[range.clone()].to_vec(),
+            targets: (self.targets.iter())
+                .map(|t| Target {
+                    name: t.name.clone(),
+                    values: t.values[range.clone()].to_vec(),
+                })
+                .collect(),
             dense: self.dense.slice(range),
             sparse: Sparse::Jagged(kjt),
         })
@@ -100,10 +119,17 @@ impl Minibatch {
             names: first.dense.names.clone(),
             values: Vec::new(),
         };
+        let mut targets: Vec<Target> = (first.targets.iter())
+            .map(|t| Target {
+                name: t.name.clone(),
+                values: Vec::new(),
+            })
+            .collect();
         let mut kjt = Kjt::default();
         for part in parts {
             let part_kjt = part.to_kjt()?;
             let same_features = part.dense.names == dense.names
+                && (targets.iter().map(|t| &t.name)).eq(part.targets.iter().map(|t| &t.name))
                 && (kjt.features.is_empty()
                     || kjt
                         .features
@@ -112,15 +138,19 @@ impl Minibatch {
                         .eq(part_kjt.features.iter().map(|f| &f.name)));
             if !same_features {
                 return Err(BatchError::Encoding(
-                    "minibatches with different features cannot be concatenated".into(),
+                    "minibatches with different features or targets cannot be concatenated".into(),
                 ));
             }
             labels.extend_from_slice(&part.labels);
+            for (all, target) in targets.iter_mut().zip(&part.targets) {
+                all.values.extend_from_slice(&target.values);
+            }
             dense.values.extend_from_slice(&part.dense.values);
             kjt.extend(&part_kjt);
         }
         Ok(Self {
             labels,
+            targets,
             dense,
             sparse: Sparse::Jagged(kjt),
         })

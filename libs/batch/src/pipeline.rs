@@ -13,7 +13,7 @@ use primus_spec::dataset::{DenseFeature, DenseTransform, FeatureSchema};
 use crate::BatchError;
 use crate::hash::{feature_seed, int_key, str_key};
 use crate::kjt::{JaggedFeature, Kjt};
-use crate::minibatch::{DenseMatrix, Minibatch, Sparse};
+use crate::minibatch::{DenseMatrix, Minibatch, Sparse, Target};
 
 struct SparseColumn {
     name: String,
@@ -24,6 +24,7 @@ struct SparseColumn {
 /// Turns record batches into minibatches. Built once per Dataset schema.
 pub struct FeaturePipeline {
     label: String,
+    targets: Vec<String>,
     dense: Vec<DenseFeature>,
     sparse: Vec<SparseColumn>,
     groups: Vec<(String, Vec<usize>)>,
@@ -124,6 +125,7 @@ impl FeaturePipeline {
         }
         Self {
             label: schema.label.clone(),
+            targets: schema.targets.clone(),
             dense: schema.dense.clone(),
             sparse: schema
                 .sparse
@@ -138,9 +140,10 @@ impl FeaturePipeline {
         }
     }
 
-    /// The columns a reader must project: label, dense, then sparse.
+    /// The columns a reader must project: label, targets, dense, then sparse.
     pub fn columns(&self) -> Vec<String> {
         std::iter::once(self.label.clone())
+            .chain(self.targets.iter().cloned())
             .chain(self.dense.iter().map(|d| d.name.clone()))
             .chain(self.sparse.iter().map(|s| s.name.clone()))
             .collect()
@@ -154,6 +157,9 @@ impl FeaturePipeline {
     /// The batch's rows as a jagged minibatch.
     pub fn minibatch(&self, batch: &RecordBatch) -> Result<Minibatch, BatchError> {
         let labels = self.labels(batch)?;
+        let targets = (self.targets.iter())
+            .map(|name| target(batch, name))
+            .collect::<Result<_, _>>()?;
         let dense = self.dense(batch)?;
         let features = self
             .sparse
@@ -162,6 +168,7 @@ impl FeaturePipeline {
             .collect::<Result<_, _>>()?;
         Ok(Minibatch {
             labels,
+            targets,
             dense,
             sparse: Sparse::Jagged(Kjt {
                 rows: batch.num_rows(),
@@ -217,6 +224,28 @@ impl FeaturePipeline {
             values,
         })
     }
+}
+
+/// Column `name`'s values as a target: numbers, none null or infinite.
+fn target(batch: &RecordBatch, name: &str) -> Result<Target, BatchError> {
+    let floats = numeric(name, column(batch, name)?, &DataType::Float32)?;
+    let floats = floats.as_primitive::<Float32Type>();
+    for (row, value) in floats.iter().enumerate() {
+        let message = match value {
+            None => "the target is null",
+            Some(v) if !v.is_finite() => "the target is not a finite number",
+            Some(_) => continue,
+        };
+        return Err(BatchError::BadValue {
+            column: name.to_owned(),
+            row,
+            message: message.into(),
+        });
+    }
+    Ok(Target {
+        name: name.to_owned(),
+        values: floats.values().to_vec(),
+    })
 }
 
 fn transform(transform: &DenseTransform, x: f64) -> f64 {

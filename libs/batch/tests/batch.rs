@@ -7,8 +7,8 @@ use arrow_array::builder::{ListBuilder, UInt64Builder};
 use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use primus_batch::{
-    BatchError, DenseMatrix, FeaturePipeline, Ikjt, JaggedFeature, Kjt, Minibatch, Sparse, hash,
-    ipc,
+    BatchError, DenseMatrix, FeaturePipeline, Ikjt, JaggedFeature, Kjt, Minibatch, Sparse, Target,
+    hash, ipc,
 };
 use primus_spec::dataset::{DenseFeature, DenseTransform, FeatureSchema, SparseFeature};
 use proptest::prelude::*;
@@ -59,6 +59,10 @@ fn batch_of(kjt: Kjt) -> Minibatch {
     let rows = kjt.rows;
     Minibatch {
         labels: (0..rows).map(|r| (r % 2) as f32).collect(),
+        targets: vec![Target {
+            name: "watch_time".into(),
+            values: (0..rows).map(|r| r as f32 * 1.5).collect(),
+        }],
         dense: DenseMatrix {
             names: vec!["x".into(), "y".into()],
             values: (0..rows * 2).map(|v| v as f32 * 0.5).collect(),
@@ -157,6 +161,7 @@ fn schema() -> FeatureSchema {
     FeatureSchema {
         label: "label".into(),
         negative_sample_rate: None,
+        targets: Vec::new(),
         dense: vec![
             DenseFeature {
                 name: "count".into(),
@@ -279,6 +284,69 @@ fn pipeline_transforms_rows() {
 }
 
 #[test]
+fn targets_are_read_beside_the_label_and_a_bad_one_is_named() {
+    let schema = FeatureSchema {
+        targets: vec!["watch".into(), "bought".into()],
+        ..schema()
+    };
+    let pipeline = FeaturePipeline::new(&schema);
+    assert_eq!(pipeline.columns()[..3], ["label", "watch", "bought"]);
+    let with = |watch: ArrayRef| {
+        let bought: ArrayRef = Arc::new(Int64Array::from(vec![0, 0, 1]));
+        let mut columns: Vec<(String, ArrayRef)> = (rows().schema().fields().iter())
+            .map(|f| f.name().clone())
+            .zip(rows().columns().iter().cloned())
+            .collect();
+        columns.push(("watch".into(), watch));
+        columns.push(("bought".into(), bought));
+        RecordBatch::try_from_iter(columns).expect("test step")
+    };
+    let batch = (pipeline.minibatch(&with(Arc::new(Float64Array::from(vec![2.5, 0.0, 40.0])))))
+        .expect("test step");
+    let targets: Vec<(&str, &[f32])> = (batch.targets.iter())
+        .map(|t| (t.name.as_str(), &t.values[..]))
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            ("watch", &[2.5, 0.0, 40.0][..]),
+            ("bought", &[0.0, 0.0, 1.0])
+        ]
+    );
+    assert_eq!(batch.labels, [1.0, 0.0, 1.0]);
+    let sliced = batch.slice(1..3).expect("test step");
+    assert_eq!(sliced.targets[0].values, [0.0, 40.0]);
+
+    for (watch, row, message) in [
+        (
+            Float64Array::from(vec![Some(1.0), Some(2.0), None]),
+            2,
+            "null",
+        ),
+        (
+            Float64Array::from(vec![1.0, f64::INFINITY, 0.0]),
+            1,
+            "finite",
+        ),
+    ] {
+        let error = pipeline
+            .minibatch(&with(Arc::new(watch)))
+            .expect_err("refused");
+        assert!(
+            matches!(&error, BatchError::BadValue { column, row: r, message: m }
+                if column == "watch" && *r == row && m.contains(message)),
+            "{error}"
+        );
+    }
+    let text: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c"]));
+    let error = pipeline.minibatch(&with(text)).expect_err("refused");
+    assert!(
+        matches!(&error, BatchError::ColumnType { column, .. } if column == "watch"),
+        "{error}"
+    );
+}
+
+#[test]
 fn pipeline_names_the_bad_column() {
     let pipeline = FeaturePipeline::new(&schema());
     let without_item = rows().project(&[0, 1, 2, 3, 4, 5]).expect("test step");
@@ -327,6 +395,7 @@ fn pipeline_names_the_bad_column() {
     let multi_hot = FeaturePipeline::new(&FeatureSchema {
         label: "history".into(),
         negative_sample_rate: None,
+        targets: Vec::new(),
         dense: vec![],
         sparse: vec![],
     });

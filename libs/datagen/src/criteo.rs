@@ -196,6 +196,7 @@ pub fn feature_schema(table: &str) -> FeatureSchema {
     FeatureSchema {
         label: "label".into(),
         negative_sample_rate: None,
+        targets: Vec::new(),
         dense: DENSE_LOG_MEANS
             .iter()
             .enumerate()

@@ -236,6 +236,7 @@ pub fn feature_schema(table: &str) -> FeatureSchema {
     FeatureSchema {
         label: "label".into(),
         negative_sample_rate: None,
+        targets: Vec::new(),
         dense: vec![DenseFeature {
             name: "item_price".into(),
             transform: DenseTransform::Log1p,

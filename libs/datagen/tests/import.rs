@@ -194,6 +194,7 @@ async fn movielens_ratings_become_daily_rows_in_time_order_with_user_and_movie_f
     );
     let rows = rows_of(&location).await;
     let mut seen = Vec::new();
+    let mut stars = Vec::new();
     for (file, record) in &rows {
         let column = |name: &str| {
             record
@@ -222,6 +223,11 @@ async fn movielens_ratings_become_daily_rows_in_time_order_with_user_and_movie_f
             .downcast_ref::<arrow_array::ListArray>()
             .expect("list");
         let (labels, times, ages) = (ints(MOVIELENS_LABEL), ints("timestamp"), ints("age"));
+        let ratings = column("rating")
+            .as_any()
+            .downcast_ref::<arrow_array::Float64Array>()
+            .expect("float64");
+        stars.extend_from_slice(ratings.values());
         let (users, items, years) = (
             strings("user_id"),
             strings("item_id"),
@@ -270,6 +276,11 @@ async fn movielens_ratings_become_daily_rows_in_time_order_with_user_and_movie_f
             ),
             (day2, 874800100, 1, "2".into(), "20".into(), 53, None, 1),
         ]
+    );
+    assert_eq!(
+        stars,
+        [4.0, 3.0, 1.0, 5.0],
+        "each row's rating, in time order"
     );
 }
 

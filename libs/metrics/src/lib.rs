@@ -1,5 +1,6 @@
-//! Evaluation metrics of binary classifiers, shared by the data generator (the best
-//! achievable AUC of a data set), the trainer (progressive validation) and the benchmarks.
+//! Evaluation metrics of binary classifiers and regressions, shared by the data generator
+//! (the best achievable AUC of a data set), the trainer (progressive validation) and the
+//! benchmarks.
 
 #![warn(missing_docs)]
 
@@ -7,7 +8,7 @@ pub mod auc;
 mod window;
 
 pub use auc::auc;
-pub use window::{EvalWindow, Evaluation};
+pub use window::{ErrorWindow, EvalWindow, Evaluation};
 
 /// Mean binary cross-entropy of probabilities against 0/1 labels; probabilities are clamped
 /// away from 0 and 1 so one confident miss gives a large but finite loss.

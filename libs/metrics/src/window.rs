@@ -65,9 +65,54 @@ impl EvalWindow {
     }
 }
 
+/// The most recent `capacity` (prediction, target) pairs of a regression.
+#[derive(Debug, Clone)]
+pub struct ErrorWindow {
+    capacity: usize,
+    pairs: VecDeque<(f64, f64)>,
+}
+
+impl ErrorWindow {
+    /// A window of the last `capacity` samples.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            pairs: VecDeque::with_capacity(capacity.max(1)),
+        }
+    }
+
+    /// Adds predictions (each made before the model trained on its sample) and targets.
+    pub fn add(&mut self, predictions: &[f32], targets: &[f32]) {
+        for (p, y) in predictions.iter().zip(targets) {
+            if self.pairs.len() == self.capacity {
+                self.pairs.pop_front();
+            }
+            self.pairs.push_back((f64::from(*p), f64::from(*y)));
+        }
+    }
+
+    /// Root mean squared error over the samples held (none without samples).
+    pub fn rmse(&self) -> Option<f64> {
+        let n = self.pairs.len();
+        let squares: f64 = self.pairs.iter().map(|(p, y)| (p - y) * (p - y)).sum();
+        (n > 0).then(|| (squares / n as f64).sqrt())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_error_window_scores_only_the_newest_samples() {
+        let mut window = ErrorWindow::new(2);
+        assert_eq!(window.rmse(), None);
+        window.add(&[10.0], &[0.0]);
+        assert_eq!(window.rmse(), Some(10.0));
+        // Errors 3 and 4 push the first out: sqrt((9 + 16) / 2).
+        window.add(&[1.0, -2.0], &[-2.0, 2.0]);
+        assert_eq!(window.rmse(), Some(12.5f64.sqrt()));
+    }
 
     #[test]
     fn keeps_only_the_newest_samples() {

@@ -36,6 +36,7 @@ fn reference_dlrm() -> ModelLayout {
     let schema = FeatureSchema {
         label: "label".into(),
         negative_sample_rate: None,
+        targets: Vec::new(),
         dense: (1..=13)
             .map(|i| DenseFeature {
                 name: format!("i{i}"),
@@ -99,7 +100,7 @@ fn step(c: &mut Criterion) {
         });
         group.bench_function(format!("{engine}: train_step"), |b| {
             b.iter(|| {
-                let out = model.train_step(&params, &inputs, &labels, Tower::Memory);
+                let out = model.train_step(&params, &inputs, &[&labels], Tower::Memory);
                 black_box(out.expect("step"))
             })
         });

@@ -16,7 +16,7 @@ use primus_gpu::{
 use crate::params::ParamSet;
 use crate::pooling::BatchKeys;
 use crate::step::{LookedUp, SparseGrads};
-use crate::{Model, ModelError, Placed, StepOutput, StepTimes, single_head};
+use crate::{Model, ModelError, Placed, StepOutput, StepTimes, graph_output};
 
 /// Values on the device, as the placed graph holds them.
 type DeviceBuffer = <CudaDense as DenseOps>::Buffer;
@@ -104,6 +104,7 @@ impl Model {
         let layout = self.layout();
         let keys: &BatchKeys = looked_up.keys;
         let dense = self.dense_inputs(batch)?;
+        let labels = self.head_labels(batch)?;
         let started = Instant::now();
         let shapes = keys.embedding_shapes(layout);
         let embedded = PooledRows::upload(
@@ -127,19 +128,14 @@ impl Model {
         let uploaded = Instant::now();
         graph.load_params(params)?;
         let loaded_params = Instant::now();
-        graph.load_pooled_minibatch(
-            batch.rows(),
-            dense,
-            &[&batch.labels],
-            |_, out, wide_out| {
-                embedded.pool(kernels, out)?;
-                if let (Some(wide), Some(out)) = (&wide, wide_out) {
-                    wide.pool(kernels, out)?;
-                }
-                // Done here, so that the step's time does not count it.
-                Ok(kernels.synchronize()?)
-            },
-        )?;
+        graph.load_pooled_minibatch(batch.rows(), dense, &labels, |_, out, wide_out| {
+            embedded.pool(kernels, out)?;
+            if let (Some(wide), Some(out)) = (&wide, wide_out) {
+                wide.pool(kernels, out)?;
+            }
+            // Done here, so that the step's time does not count it.
+            Ok(kernels.synchronize()?)
+        })?;
         let stepping = Instant::now();
         graph.step()?;
         let scattering = Instant::now();
@@ -153,7 +149,7 @@ impl Model {
         };
         on_sparse_grads(Ok(sparse));
         let copying_out = Instant::now();
-        let mut output = single_head(graph.dense_results()?);
+        let mut output = graph_output(graph.dense_results()?);
         let copies = (loaded_params - uploaded) + copying_out.elapsed();
         output.times = StepTimes {
             pooling: (uploaded - started) + (stepping - loaded_params),

@@ -3,7 +3,7 @@
 //! the PS must hold, and the checks that the two fit.
 
 use primus_spec::dataset::FeatureSchema;
-use primus_spec::job::graph::GraphInput;
+use primus_spec::job::graph::{GraphInput, Loss};
 use primus_spec::job::{DenseSpec, Initializer, ModelKind, ModelSpec, TablePooling, TableSpec};
 
 use crate::ModelError;
@@ -42,6 +42,28 @@ pub struct TableSlot {
     pub pooling: TablePooling,
 }
 
+/// Which of a minibatch's label columns a head trains on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabelColumn {
+    /// The Dataset's label (`schema.label`).
+    Label,
+    /// One of its further label columns (`schema.targets`), by index.
+    Target(usize),
+}
+
+/// A head of the dense network: what it predicts and from which column it learns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeadSlot {
+    /// The head's name (`label` for the four kinds' one head).
+    pub name: String,
+    /// The column holding its label.
+    pub column: LabelColumn,
+    /// The column's name.
+    pub column_name: String,
+    /// What it minimises.
+    pub loss: Loss,
+}
+
 /// A Job's model over its Dataset's schema: the features and tables the dense network sees.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelLayout {
@@ -55,6 +77,10 @@ pub struct ModelLayout {
     pub dense_names: Vec<String>,
     /// The Dataset's label column.
     pub label: String,
+    /// The Dataset's further label columns, in its order.
+    pub targets: Vec<String>,
+    /// The dense network's heads, in the order its steps report them.
+    pub heads: Vec<HeadSlot>,
     /// Tables the schema's sparse features read, in first-use order.
     pub tables: Vec<TableSlot>,
     /// Sparse features in schema order.
@@ -137,6 +163,13 @@ impl ModelLayout {
             dense_inputs: schema.dense.len(),
             dense_names: schema.dense.iter().map(|d| d.name.clone()).collect(),
             label: schema.label.clone(),
+            targets: schema.targets.clone(),
+            heads: vec![HeadSlot {
+                name: "label".into(),
+                column: LabelColumn::Label,
+                column_name: schema.label.clone(),
+                loss: Loss::BinaryCrossEntropy,
+            }],
             tables,
             features,
             embedding_width: offset,
@@ -147,35 +180,38 @@ impl ModelLayout {
         layout.check_dims()?;
         if let (ModelKind::Graph, Some(graph)) = (model.kind, &model.dense.graph) {
             let net = GraphNet::new(graph, &layout, GRAPH_PATH)?;
-            layout.check_head_labels(&net)?;
+            layout.heads = layout.head_slots(&net)?;
             layout.graph_params = net.param_shapes().to_vec();
         }
         Ok(layout)
     }
 
-    /// Each head of a graph trains on the Dataset's label column, the one a minibatch
-    /// carries.
-    fn check_head_labels(&self, net: &GraphNet) -> Result<(), ModelError> {
-        let heads = net.heads();
-        if let [_, second, ..] = heads[..] {
-            return Err(ModelError::Spec {
-                field: format!("{GRAPH_PATH}.heads.{}", second.0),
-                message: format!(
-                    "a minibatch carries one label column ({:?}), so a graph has one head",
-                    self.label
-                ),
-            });
-        }
-        match heads.iter().find(|(_, label)| *label != self.label) {
-            Some((name, label)) => Err(ModelError::Spec {
-                field: format!("{GRAPH_PATH}.heads.{name}.label"),
-                message: format!(
-                    "{label:?} is not the Dataset's label column, {:?}",
-                    self.label
-                ),
-            }),
-            None => Ok(()),
-        }
+    /// Each head of a graph and the label column it trains on: the Dataset's label or one
+    /// of its targets.
+    fn head_slots(&self, net: &GraphNet) -> Result<Vec<HeadSlot>, ModelError> {
+        let slot = |(name, label, loss): (&str, &str, Loss)| {
+            let column = match self.targets.iter().position(|t| t == label) {
+                _ if label == self.label => LabelColumn::Label,
+                Some(index) => LabelColumn::Target(index),
+                None => {
+                    return Err(ModelError::Spec {
+                        field: format!("{GRAPH_PATH}.heads.{name}.label"),
+                        message: format!(
+                            "{label:?} is neither the Dataset's label column ({:?}) nor one of \
+                             its schema.targets ({:?})",
+                            self.label, self.targets
+                        ),
+                    });
+                }
+            };
+            Ok(HeadSlot {
+                name: name.to_owned(),
+                column,
+                column_name: label.to_owned(),
+                loss,
+            })
+        };
+        net.heads().into_iter().map(slot).collect()
     }
 
     /// DLRM and MTRM dot or concatenate embeddings with the bottom MLP's output; DeepFM's

@@ -49,12 +49,13 @@ use std::time::{Duration, Instant};
 
 use primus_batch::Minibatch;
 use primus_gpu::{CudaDense, CudaKernels};
+use primus_spec::job::graph::Loss;
 
 pub use cpu::blocks::{
     DeviceGraph, EmbeddingGradBuffers, GraphNet, GraphStep, GraphWorkspace, HeadOutput,
 };
 pub use inputs::{Inputs, Tower};
-pub use layout::{FeatureSlot, ModelLayout, TableSlot};
+pub use layout::{FeatureSlot, HeadSlot, LabelColumn, ModelLayout, TableSlot};
 pub use params::{ParamSet, ParamTensor};
 pub use step::{LookedUp, SparseGrads};
 
@@ -127,10 +128,12 @@ impl From<primus_gpu::GpuError> for ModelError {
 /// The result of one training step.
 #[derive(Debug, Clone)]
 pub struct StepOutput {
-    /// Mean binary cross-entropy of the minibatch before the update.
+    /// The loss the step minimised (each head's mean loss times its weight, summed), before
+    /// the update.
     pub loss: f32,
-    /// Predicted probabilities of the minibatch before the update (progressive validation).
-    pub probabilities: Vec<f32>,
+    /// Each head's loss and predictions before the update (progressive validation), in
+    /// [`ModelLayout::heads`]' order.
+    pub heads: Vec<HeadOutput>,
     /// Gradient of every dense parameter the step trained, by name; a tower that did not
     /// take part has none.
     pub dense_grads: Vec<ParamTensor>,
@@ -141,6 +144,13 @@ pub struct StepOutput {
     pub wide_grad: Vec<f32>,
     /// Where the step's time went.
     pub times: StepTimes,
+}
+
+impl StepOutput {
+    /// The first head's predictions: the probabilities of the four kinds' one head.
+    pub fn probabilities(&self) -> &[f32] {
+        self.heads.first().map_or(&[], |head| &head.predictions)
+    }
 }
 
 /// Where a step's compute time went: what a trainer reports, to show what bounds it.
@@ -345,7 +355,7 @@ impl Model {
         &self.layout
     }
 
-    fn check(&self, inputs: &Inputs<'_>, labels: Option<&[f32]>) -> Result<(), ModelError> {
+    fn check(&self, inputs: &Inputs<'_>, labels: Option<&[&[f32]]>) -> Result<(), ModelError> {
         let rows = inputs.rows;
         let wide = if self.layout.has_wide() {
             self.layout.features.len()
@@ -360,9 +370,19 @@ impl Model {
                 rows * self.layout.embedding_width,
             ),
             ("wide", inputs.wide.len(), rows * wide),
-            ("labels", labels.map_or(rows, <[f32]>::len), rows),
         ];
-        for (what, got, want) in checks {
+        let heads = self.layout.heads.len();
+        if let Some(labels) = labels
+            && labels.len() != heads
+        {
+            return Err(ModelError::Inputs(format!(
+                "{} label columns for {heads} heads",
+                labels.len()
+            )));
+        }
+        let label_checks = (labels.unwrap_or_default().iter().zip(&self.layout.heads))
+            .map(|(labels, head)| (head.column_name.as_str(), labels.len(), rows));
+        for (what, got, want) in checks.into_iter().chain(label_checks) {
             if got != want {
                 return Err(ModelError::Inputs(format!(
                     "{what} holds {got} values, {rows} rows need {want}"
@@ -381,7 +401,7 @@ impl Model {
         &self,
         params: &ParamSet,
         inputs: &Inputs<'_>,
-        labels: &[f32],
+        labels: &[&[f32]],
         tower: Tower,
     ) -> Result<StepOutput, ModelError> {
         self.train_step_with(params, inputs, labels, tower, |_| {})
@@ -394,7 +414,7 @@ impl Model {
         &self,
         params: &ParamSet,
         inputs: &Inputs<'_>,
-        labels: &[f32],
+        labels: &[&[f32]],
         tower: Tower,
         on_embedding_grads: impl FnOnce(EmbeddingGrads<'_>),
     ) -> Result<StepOutput, ModelError> {
@@ -403,15 +423,14 @@ impl Model {
         let _only_mtrm_reads_it = tower;
         match &self.engine {
             Engine::Graph { net, pool } => Self::with_workspace(pool, |ws| {
-                let step =
-                    net.train_step_with(params, inputs, &[labels], ws, on_embedding_grads)?;
-                Ok(single_head(step))
+                let step = net.train_step_with(params, inputs, labels, ws, on_embedding_grads)?;
+                Ok(graph_output(step))
             }),
             Engine::Device { net, ordinal, pool } => {
                 Self::with_placed((net, *ordinal, pool), |Placed { graph, .. }| {
                     let copying_in = Instant::now();
                     graph.load_params(params)?;
-                    graph.load_minibatch(inputs, &[labels])?;
+                    graph.load_minibatch(inputs, labels)?;
                     let stepping = Instant::now();
                     graph.step()?;
                     let copying_out = Instant::now();
@@ -421,14 +440,14 @@ impl Model {
                         embedded: &step.embedded_grad,
                         wide: &step.wide_grad,
                     });
-                    let mut output = single_head(step);
+                    let mut output = graph_output(step);
                     output.times.dense_copies = copies;
                     Ok(output)
                 })
             }
             #[cfg(feature = "burn")]
             Engine::Burn(nets) => {
-                let output = nets.train_step(&self.layout, params, inputs, labels, tower);
+                let output = nets.train_step(&self.layout, params, inputs, labels[0], tower);
                 on_embedding_grads(EmbeddingGrads {
                     embedded: &output.embedded_grad,
                     wide: &output.wide_grad,
@@ -438,31 +457,71 @@ impl Model {
         }
     }
 
-    /// Probabilities of the minibatch, with the tower that serves it.
+    /// Probabilities of the minibatch (the first head's predictions), with the tower that
+    /// serves it.
     pub fn predict(
         &self,
         params: &ParamSet,
         inputs: &Inputs<'_>,
         tower: Tower,
     ) -> Result<Vec<f32>, ModelError> {
+        let heads = self.predict_heads(params, inputs, tower)?;
+        Ok(heads.into_iter().next().unwrap_or_default())
+    }
+
+    /// Each head's predictions of the minibatch (probabilities of binary heads, values of
+    /// regression heads), in [`ModelLayout::heads`]' order, with the tower that serves it.
+    pub fn predict_heads(
+        &self,
+        params: &ParamSet,
+        inputs: &Inputs<'_>,
+        tower: Tower,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         self.check(inputs, None)?;
         #[cfg(not(feature = "burn"))]
         let _only_mtrm_reads_it = tower;
         match &self.engine {
-            Engine::Graph { net, pool } => Self::with_workspace(pool, |ws| {
-                let heads = net.predict(params, inputs, ws)?;
-                Ok(heads.into_iter().next().unwrap_or_default())
-            }),
+            Engine::Graph { net, pool } => {
+                Self::with_workspace(pool, |ws| net.predict(params, inputs, ws))
+            }
             Engine::Device { net, ordinal, pool } => {
                 Self::with_placed((net, *ordinal, pool), |Placed { graph, .. }| {
                     graph.load_params(params)?;
-                    let heads = graph.predict(inputs)?;
-                    Ok(heads.into_iter().next().unwrap_or_default())
+                    graph.predict(inputs)
                 })
             }
             #[cfg(feature = "burn")]
-            Engine::Burn(nets) => Ok(nets.predict(&self.layout, params, inputs, tower)),
+            Engine::Burn(nets) => Ok(vec![nets.predict(&self.layout, params, inputs, tower)]),
         }
+    }
+
+    /// Each head's labels in `batch`, in the layout's order: the Dataset's label or one of
+    /// its targets, which must be the ones the layout names, in [0, 1] under a binary head.
+    pub fn head_labels<'a>(&self, batch: &'a Minibatch) -> Result<Vec<&'a [f32]>, ModelError> {
+        let layout = &self.layout;
+        let carried = || batch.targets.iter().map(|t| &t.name);
+        if !carried().eq(layout.targets.iter()) {
+            return Err(ModelError::Inputs(format!(
+                "targets {:?}, the model expects {:?}",
+                carried().collect::<Vec<_>>(),
+                layout.targets
+            )));
+        }
+        let column = |head: &HeadSlot| -> Result<&'a [f32], ModelError> {
+            let values = match head.column {
+                LabelColumn::Label => &batch.labels,
+                LabelColumn::Target(t) => &batch.targets[t].values,
+            };
+            let binary = head.loss == Loss::BinaryCrossEntropy;
+            if binary && let Some(v) = values.iter().find(|v| !(0.0..=1.0).contains(*v)) {
+                return Err(ModelError::Inputs(format!(
+                    "head {:?} is binary, and its label column {:?} holds {v}, not in [0, 1]",
+                    head.name, head.column_name
+                )));
+            }
+            Ok(values)
+        };
+        layout.heads.iter().map(column).collect()
     }
 
     /// The minibatch's dense features, checked against the layout's names.
@@ -477,14 +536,11 @@ impl Model {
     }
 }
 
-/// The step of a one-head graph (a preset's) as a step of its model.
-fn single_head(step: GraphStep) -> StepOutput {
-    let probabilities = (step.heads.into_iter().next())
-        .map(|head| head.predictions)
-        .unwrap_or_default();
+/// A graph's step as a step of its model.
+fn graph_output(step: GraphStep) -> StepOutput {
     StepOutput {
         loss: step.loss,
-        probabilities,
+        heads: step.heads,
         dense_grads: step.dense_grads,
         embedded_grad: step.embedded_grad,
         wide_grad: step.wide_grad,

@@ -5,10 +5,12 @@
 //!
 //! Inputs (f32, `N` rows): `dense` `[N, dense_inputs]`, `embedded` `[N, embedding_width]`
 //! (each feature's pooled embedding), and for wide models `wide` `[N, features]` (each
-//! feature's pooled first-order weight). Output: `probability` `[N, 1]`: for a schema with
-//! a negative sample rate r, sigmoid(logit + ln r), the probability over all rows rather
-//! than over the sampled ones the network was trained on (Monolith §2.2.2), so whoever
-//! runs the model needs no rate of their own.
+//! feature's pooled first-order weight). Output: `probability` `[N, 1]`, the first head's:
+//! for a schema with a negative sample rate r, sigmoid(logit + ln r), the probability over
+//! all rows rather than over the sampled ones the network was trained on (Monolith
+//! §2.2.2), so whoever runs the model needs no rate of their own; a regression head's is
+//! its value. A graph of several heads also has one output per head, `head.<name>`
+//! `[N, 1]`, in the graph's head order.
 
 use primus_proto::onnx::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
@@ -38,6 +40,14 @@ pub const WIDE_INPUT: &str = "wide";
 /// Output: the click probability (a regression head's prediction, for a graph whose head
 /// is one).
 pub const OUTPUT: &str = "probability";
+/// What the output of each head of a model with several heads is named after.
+pub const HEAD_OUTPUT_PREFIX: &str = "head.";
+
+/// The output of head `name` of a model with several heads.
+pub fn head_output(name: &str) -> String {
+    format!("{HEAD_OUTPUT_PREFIX}{name}")
+}
+
 /// Metadata key of the negative sample rate the output is corrected for.
 pub const NEGATIVE_SAMPLE_RATE_KEY: &str = "negative_sample_rate";
 
@@ -57,37 +67,22 @@ pub fn export(
     if layout.has_wide() {
         inputs.push(input(WIDE_INPUT, layout.features.len()));
     }
-    let (mut logit, loss) = match model_graph(layout) {
-        Some(spec) => {
-            let net = GraphNet::new(&spec, layout, GRAPH_PATH)?;
-            let heads = net.onnx_heads(&mut graph)?;
-            match &heads[..] {
-                [(value, loss)] => (value.clone(), *loss),
-                _ => {
-                    return Err(ModelError::Spec {
-                        field: format!("{GRAPH_PATH}.heads"),
-                        message: format!(
-                            "the export takes one head, the graph has {}",
-                            heads.len()
-                        ),
-                    });
-                }
-            }
-        }
-        None => (graph.mtrm(layout, tower)?, Loss::BinaryCrossEntropy),
+    let heads = match model_graph(layout) {
+        Some(spec) => GraphNet::new(&spec, layout, GRAPH_PATH)?.onnx_heads(&mut graph)?,
+        None => vec![(graph.mtrm(layout, tower)?, Loss::BinaryCrossEntropy)],
     };
-    let output = match loss {
-        Loss::BinaryCrossEntropy => {
-            if let Some(rate) = layout.negative_sample_rate.filter(|r| *r < 1.0) {
-                // Sampled negatives leave the odds 1/rate too high: the log-odds correction.
-                let shift = graph.constant_f32(&[rate.ln() as f32], vec![1]);
-                logit = graph.node("Add", &[&logit, &shift], vec![]);
-            }
-            graph.node("Sigmoid", &[&logit], vec![])
+    let predictions: Vec<String> = (heads.into_iter())
+        .map(|(value, loss)| graph.prediction(layout, value, loss))
+        .collect();
+    graph.node_named("Identity", &[&predictions[0]], OUTPUT, vec![]);
+    let mut outputs = vec![input(OUTPUT, 1)];
+    if predictions.len() > 1 {
+        for (head, prediction) in layout.heads.iter().zip(&predictions) {
+            let name = head_output(&head.name);
+            graph.node_named("Identity", &[prediction], &name, vec![]);
+            outputs.push(input(&name, 1));
         }
-        Loss::SquaredError => logit,
-    };
-    graph.node_named("Identity", &[&output], OUTPUT, vec![]);
+    }
     let model = ModelProto {
         ir_version: Some(IR_VERSION),
         producer_name: Some("primus-rs".into()),
@@ -99,7 +94,7 @@ pub fn export(
             name: Some("dense".into()),
             initializer: graph.initializers,
             input: inputs,
-            output: vec![input(OUTPUT, 1)],
+            output: outputs,
         }),
         opset_import: vec![OperatorSetIdProto {
             domain: Some(String::new()),
@@ -188,6 +183,24 @@ impl<'p> Builder<'p> {
         let output = self.fresh();
         self.node_named(op, inputs, &output, attributes);
         output
+    }
+
+    /// A head's prediction from its `value`: a binary head's probability (corrected for
+    /// a negative sample rate), a regression head's value as it is.
+    fn prediction(&mut self, layout: &ModelLayout, value: String, loss: Loss) -> String {
+        match loss {
+            Loss::BinaryCrossEntropy => {
+                let mut logit = value;
+                if let Some(rate) = layout.negative_sample_rate.filter(|r| *r < 1.0) {
+                    // Sampled negatives leave the odds 1/rate too high: the log-odds
+                    // correction.
+                    let shift = self.constant_f32(&[rate.ln() as f32], vec![1]);
+                    logit = self.node("Add", &[&logit, &shift], vec![]);
+                }
+                self.node("Sigmoid", &[&logit], vec![])
+            }
+            Loss::SquaredError => value,
+        }
     }
 
     pub(crate) fn node_named(

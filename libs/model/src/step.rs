@@ -85,7 +85,8 @@ impl Model {
             scatter_time = scattering.elapsed();
             on_sparse_grads(sparse);
         };
-        let mut output = self.train_step_with(params, &inputs, &batch.labels, tower, scatter)?;
+        let labels = self.head_labels(batch)?;
+        let mut output = self.train_step_with(params, &inputs, &labels, tower, scatter)?;
         let times = &mut output.times;
         times.pooling = dense - pooling;
         times.dense = dense.elapsed().saturating_sub(scatter_time);

@@ -157,6 +157,10 @@ pub struct FeatureSchema {
     /// then be a join source. Unset: every negative is trained.
     #[serde(default)]
     pub negative_sample_rate: Option<f64>,
+    /// Further label columns, numeric, for a model graph's heads beyond the one on `label`
+    /// (a conversion, a watch time): each minibatch carries them by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<String>,
     /// Dense (numeric) features, in the order the model sees them.
     #[serde(default)]
     pub dense: Vec<DenseFeature>,
@@ -289,10 +293,30 @@ impl Validate for DatasetSpec {
         if self.schema.negative_sample_rate.is_some() {
             self.check_sources_sample_negatives(&streams, errors);
         }
+        if !self.schema.targets.is_empty() {
+            self.check_sources_carry_targets(&streams, errors);
+        }
     }
 }
 
 impl DatasetSpec {
+    /// A join source's actions carry one label; targets come with batch and stream rows.
+    fn check_sources_carry_targets(&self, streams: &str, errors: &mut Vec<FieldError>) {
+        for (i, stream) in self.streams.iter().enumerate() {
+            let sources = field(&index(streams, i), "sources");
+            for (j, source) in stream.sources.iter().enumerate() {
+                if source.join.is_some() {
+                    fail(
+                        errors,
+                        field(&index(&sources, j), "join"),
+                        "schema.targets are read from a source's rows, and a join source's \
+                         actions carry only the label",
+                    );
+                }
+            }
+        }
+    }
+
     /// Only the joiner samples negatives: a source whose rows bypass it would train every
     /// negative, and the served model's correction would then overstate the odds.
     fn check_sources_sample_negatives(&self, streams: &str, errors: &mut Vec<FieldError>) {
@@ -412,6 +436,26 @@ fn check_subject(errors: &mut Vec<FieldError>, at: String, subject: &str) {
     }
 }
 
+impl FeatureSchema {
+    /// Each target a distinct column, neither the label nor a feature.
+    fn check_targets(&self, targets: &str, errors: &mut Vec<FieldError>) {
+        for (i, target) in self.targets.iter().enumerate() {
+            let at = index(targets, i);
+            check_name(errors, at.clone(), target, true);
+            if self.targets[..i].contains(target) {
+                fail(errors, at, format!("duplicate target {target:?}"));
+            } else if *target == self.label {
+                fail(errors, at, "the label column is already a label");
+            } else if (self.dense.iter().map(|d| &d.name))
+                .chain(self.sparse.iter().map(|s| &s.name))
+                .any(|name| name == target)
+            {
+                fail(errors, at, "a feature column cannot be a label");
+            }
+        }
+    }
+}
+
 impl Validate for FeatureSchema {
     fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
         if self.label.is_empty() {
@@ -437,6 +481,7 @@ impl Validate for FeatureSchema {
             .map(|d| d.name.as_str())
             .chain(self.sparse.iter().map(|s| s.name.as_str()));
         check_unique(errors, &field(path, "features"), "feature", names);
+        self.check_targets(&field(path, "targets"), errors);
         for (i, feature) in self.dense.iter().enumerate() {
             let at = index(&dense, i);
             check_name(errors, field(&at, "name"), &feature.name, true);

@@ -395,6 +395,60 @@ spec:
 }
 
 #[test]
+fn targets_are_distinct_columns_neither_label_nor_feature_and_not_of_a_join() {
+    let dataset = |targets: &str, source: &str| {
+        format!(
+            r#"
+kind: Dataset
+metadata: {{name: d}}
+spec:
+  streams:
+    - name: s
+      window: {{unit: hourly, start: "2026-01-01T00"}}
+      sources: [{source}]
+  schema:
+    label: click
+    targets: {targets}
+    dense: [{{name: price}}]
+    sparse: [{{name: item, table: t}}]
+"#
+        )
+    };
+    let parquet = "{name: logs, parquet: {uri: /data/logs}}";
+    let resources =
+        parse_documents("d.yaml", &dataset("[buy, watch_time]", parquet)).expect("valid targets");
+    let Resource::Dataset(parsed) = &resources[0] else {
+        panic!("a Dataset")
+    };
+    assert_eq!(parsed.spec.schema.targets, ["buy", "watch_time"]);
+
+    for (targets, path, message) in [
+        ("[buy, buy]", "spec.schema.targets[1]", "duplicate target"),
+        ("[click]", "spec.schema.targets[0]", "already a label"),
+        ("[buy, price]", "spec.schema.targets[1]", "a feature column"),
+        ("[item]", "spec.schema.targets[0]", "a feature column"),
+        ("[Buy]", "spec.schema.targets[0]", ""),
+    ] {
+        let Err(SpecError::Invalid { errors, .. }) =
+            parse_documents("d.yaml", &dataset(targets, parquet))
+        else {
+            panic!("targets {targets} must be refused")
+        };
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].path, path, "{errors:?}");
+        assert!(errors[0].to_string().contains(message), "{errors:?}");
+    }
+    let join =
+        "{name: joined, join: {stream: LOG, features: log.f, actions: log.a, request_id: rid}}";
+    let Err(SpecError::Invalid { errors, .. }) = parse_documents("d.yaml", &dataset("[buy]", join))
+    else {
+        panic!("targets with a join source must be refused")
+    };
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].path, "spec.streams[0].sources[0].join");
+}
+
+#[test]
 fn json_files_work_and_spec_json_round_trips() {
     let resources = parse_documents("job.yaml", JOB).expect("valid");
     let job = &resources[0];

@@ -30,6 +30,7 @@ const CAPACITY: usize = 65_536;
 fn rows(n: usize) -> Minibatch {
     Minibatch {
         labels: vec![0.0; n],
+        targets: Vec::new(),
         dense: DenseMatrix::default(),
         sparse: Sparse::Jagged(Kjt {
             rows: n,

@@ -31,6 +31,7 @@ fn chunk_rows(first: usize) -> Minibatch {
         .collect();
     Minibatch {
         labels: (0..CHUNK_ROWS).map(|i| (i % 4 == 0) as u8 as f32).collect(),
+        targets: Vec::new(),
         dense: DenseMatrix {
             names: (0..DENSE).map(|d| format!("i{d}")).collect(),
             values: (0..CHUNK_ROWS * DENSE).map(|v| v as f32).collect(),

@@ -311,6 +311,7 @@ mod tests {
     fn rows(n: usize, label: f32) -> Minibatch {
         Minibatch {
             labels: vec![label; n],
+            targets: Vec::new(),
             dense: DenseMatrix::default(),
             sparse: Sparse::Jagged(Kjt {
                 rows: n,
@@ -381,6 +382,7 @@ mod tests {
         Chunk {
             batch: Minibatch {
                 labels: ids.map(|id| id as f32).collect(),
+                targets: Vec::new(),
                 dense: DenseMatrix::default(),
                 sparse: Sparse::Jagged(Kjt {
                     rows: n,

@@ -159,6 +159,7 @@ mod tests {
             kind: SourceKind::Batch,
             batch: Minibatch {
                 labels: vec![0.0; rows],
+                targets: Vec::new(),
                 dense: DenseMatrix::default(),
                 sparse: Sparse::Jagged(Kjt {
                     rows,

@@ -224,6 +224,7 @@ pub(crate) mod tests {
         FeatureSchema {
             label: "label".into(),
             negative_sample_rate: None,
+            targets: Vec::new(),
             dense: vec![],
             sparse: vec![SparseFeature {
                 name: "c1".into(),

@@ -410,6 +410,7 @@ spec:
         ));
         let batch = Minibatch {
             labels: vec![0.0; rows],
+            targets: Vec::new(),
             dense: DenseMatrix {
                 names: vec!["id".into()],
                 values: (0..rows).map(|id| id as f32).collect(),

@@ -33,18 +33,23 @@ pub struct MetricsFold {
 /// A trainer's scores over the newest samples it trained (its progressive evaluation).
 const EVALUATION: [&str; 3] = ["auc", "logloss", "calibration"];
 
+/// A head's scores (`head.<name>.<score>`) of a model with several.
+const HEAD_EVALUATION: [&str; 3] = [".auc", ".logloss", ".rmse"];
+
+fn is_evaluation(gauge: &str) -> bool {
+    EVALUATION.contains(&gauge)
+        || (gauge.starts_with("head.") && HEAD_EVALUATION.iter().any(|s| gauge.ends_with(s)))
+}
+
 /// A trainer process that has scored nothing yet (one restarted, say) keeps the scores its
 /// executor last reported: the newest samples trained under its id are still those.
 fn keep_evaluation(previous: &MetricsReport, report: &mut MetricsReport) {
-    if EVALUATION
-        .iter()
-        .any(|name| report.gauges.contains_key(*name))
-    {
+    if report.gauges.keys().any(|name| is_evaluation(name)) {
         return;
     }
-    for name in EVALUATION {
-        if let Some(value) = previous.gauges.get(name) {
-            report.gauges.insert(name.to_owned(), *value);
+    for (name, value) in &previous.gauges {
+        if is_evaluation(name) {
+            report.gauges.insert(name.clone(), *value);
         }
     }
 }
@@ -379,12 +384,21 @@ mod tests {
     #[test]
     fn a_restarted_trainer_keeps_its_scores_until_it_scores_again() {
         let mut fold = MetricsFold::default();
-        fold.add(report("t0", 100.0, 0.7, 1000));
+        let mut first = report("t0", 100.0, 0.7, 1000);
+        first.gauges.insert("head.watch.rmse".into(), 1.5);
+        first.gauges.insert("head.watch.loss".into(), 2.25);
+        fold.add(first);
         let mut restarted = report("t0", 0.0, 0.0, 1000);
         restarted.gauges.remove("auc");
         fold.add(restarted);
         let progress = fold.progress().expect("trainers reported");
         assert_eq!(progress.auc, Some(0.7));
+        assert_eq!(
+            fold.gauge("t0", "head.watch.rmse"),
+            Some(1.5),
+            "a head's score"
+        );
+        assert_eq!(fold.gauge("t0", "head.watch.loss"), None, "a training loss");
         assert_eq!(progress.samples_per_second, 0.0, "rates are not kept");
         fold.add(report("t0", 90.0, 0.72, 1200));
         assert_eq!(fold.progress().and_then(|p| p.auc), Some(0.72));

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use primus_model::{Inputs, Model, ModelLayout, ParamSet, Tower};
 use primus_ps::serving::{DenseInputs, DenseModel};
+use primus_spec::job::graph::Loss;
 
 fn library() -> PathBuf {
     let path = std::env::var_os("ORT_DYLIB_PATH")
@@ -92,6 +93,19 @@ fn trained_and_onnx(
     tower: Tower,
     batch: &Batch,
 ) -> (Vec<f32>, Vec<f32>) {
+    let (trained, served) = trained_and_onnx_heads(library, layout, params, tower, batch);
+    (trained[0].clone(), served[0].clone())
+}
+
+/// Each head's predictions of `batch` from the trainer's forward pass and from ONNX
+/// Runtime, in the layout's head order.
+fn trained_and_onnx_heads(
+    library: &Path,
+    layout: &ModelLayout,
+    params: &ParamSet,
+    tower: Tower,
+    batch: &Batch,
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let inputs = Inputs {
         rows: batch.rows,
         dense: &batch.dense,
@@ -100,7 +114,7 @@ fn trained_and_onnx(
     };
     let trained = (Model::new(layout.clone())
         .expect("a model of the layout")
-        .predict(params, &inputs, tower))
+        .predict_heads(params, &inputs, tower))
     .expect("the trainer's predict");
     let onnx = primus_model::onnx::export(layout, params, tower, 1).expect("export");
     let model = DenseModel::load(library, 1, &onnx, 1).expect("ONNX Runtime loads it");
@@ -115,8 +129,26 @@ fn trained_and_onnx(
             wide_width: batch.wide.len() / batch.rows,
         })
         .expect("ONNX Runtime predict");
-    assert_eq!(ort.len(), batch.rows);
-    (trained, ort)
+    assert_eq!(ort.probabilities.len(), batch.rows);
+    let served = match &ort.heads[..] {
+        [] => vec![ort.probabilities],
+        heads => {
+            let names: Vec<&str> = heads.iter().map(|(name, _)| name.as_str()).collect();
+            let want: Vec<&str> = layout.heads.iter().map(|h| h.name.as_str()).collect();
+            assert_eq!(names, want, "an output per head, in the layout's order");
+            assert_eq!(
+                heads[0].1, ort.probabilities,
+                "`probability` is the first head's"
+            );
+            heads.iter().map(|(_, values)| values.clone()).collect()
+        }
+    };
+    assert_eq!(
+        served.len(),
+        trained.len(),
+        "a served output per trained head"
+    );
+    (trained, served)
 }
 
 /// Burn's forward pass, log-odds corrected for the example Datasets that sample negatives.
@@ -129,6 +161,10 @@ fn onnx_runtime_computes_what_the_trainer_computes_for_every_example_model() {
         .map(|(_, l)| format!("{:?}", l.kind))
         .collect();
     assert_eq!(kinds.len(), 5, "examples cover every model kind: {kinds:?}");
+    assert!(
+        layouts.iter().any(|(_, layout)| layout.heads.len() > 1),
+        "an example of several heads"
+    );
     let rows = 33;
     for (seed, (job, layout)) in layouts.iter().enumerate() {
         let params = ParamSet::init(layout, seed as u64 + 1);
@@ -144,23 +180,29 @@ fn onnx_runtime_computes_what_the_trainer_computes_for_every_example_model() {
             wide: noise(3 * seed as u64 + 3, rows * wide_width),
         };
         for tower in [Tower::Memory, Tower::Adapt] {
-            let (trained, ort) = trained_and_onnx(&library, layout, &params, tower, &batch);
+            let (trained, ort) = trained_and_onnx_heads(&library, layout, &params, tower, &batch);
             let rate = layout.negative_sample_rate.unwrap_or(1.0) as f32;
-            let trained: Vec<f32> = trained.iter().map(|p| corrected(*p, rate)).collect();
-            let worst = trained
-                .iter()
-                .zip(&ort)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
-            assert!(
-                worst <= 1e-5,
-                "{job} {tower:?}: max |trainer - onnx| = {worst}"
-            );
-            let spread = (trained.iter()).fold(0.0f32, |m, p| m.max((p - trained[0]).abs()));
-            assert!(
-                spread > 1e-3,
-                "{job}: the inputs must move the output ({spread})"
-            );
+            for ((trained, ort), head) in trained.iter().zip(&ort).zip(&layout.heads) {
+                let trained: Vec<f32> = match head.loss {
+                    Loss::BinaryCrossEntropy => {
+                        trained.iter().map(|p| corrected(*p, rate)).collect()
+                    }
+                    Loss::SquaredError => trained.clone(),
+                };
+                let worst = (trained.iter().zip(ort))
+                    .map(|(a, b)| (a - b).abs() / a.abs().max(1.0))
+                    .fold(0.0f32, f32::max);
+                let head = &head.name;
+                assert!(
+                    worst <= 1e-5,
+                    "{job} {tower:?} head {head}: max |trainer - onnx| = {worst}"
+                );
+                let spread = (trained.iter()).fold(0.0f32, |m, p| m.max((p - trained[0]).abs()));
+                assert!(
+                    spread > 1e-3,
+                    "{job} head {head}: the inputs must move the output ({spread})"
+                );
+            }
         }
     }
 }

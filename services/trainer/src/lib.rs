@@ -61,7 +61,7 @@ use tonic::transport::Channel;
 use device::EmbeddingDevice;
 use feed::{Feed, Incoming};
 use hot::{HotSync, RingEndpoint, RingInbox, TrainerDirectory};
-use meter::{Report, Reporter};
+use meter::{HeadReport, Report, Reporter};
 use primus_config::TrainerSettings;
 use store::RemoteStore;
 use train::Trainer;
@@ -436,7 +436,21 @@ async fn work(
         calibration = ?report.evaluation.calibration,
         "training ended"
     );
+    for head in &report.heads {
+        let [loss, auc, logloss, rmse] = head_gauges(head).map(|(_, value)| value);
+        tracing::info!(head = %head.name, ?loss, ?auc, ?logloss, ?rmse, "head at the end");
+    }
     result
+}
+
+/// A head's figures by the names of its gauges (`head.<name>.<figure>`).
+fn head_gauges(head: &HeadReport) -> [(&'static str, Option<f64>); 4] {
+    [
+        ("loss", head.loss),
+        ("auc", head.auc),
+        ("logloss", head.logloss),
+        ("rmse", head.rmse),
+    ]
 }
 
 /// The longest a PS call waited on a resharding since the last report, in milliseconds.
@@ -501,6 +515,13 @@ impl Reporter for Publisher {
         ] {
             if let Some(value) = value {
                 gauges.insert(name.to_owned(), value);
+            }
+        }
+        for head in &report.heads {
+            for (name, value) in head_gauges(head) {
+                if let Some(value) = value {
+                    gauges.insert(format!("head.{}.{name}", head.name), value);
+                }
             }
         }
         let message = MetricsReport {

@@ -1,5 +1,6 @@
 //! What a trainer counts and reports: samples, steps and samples per source since it
-//! started, the totals its confirmed pushes hold, progressive-validation metrics, and per
+//! started, the totals its confirmed pushes hold, progressive-validation metrics (of the
+//! head on the Dataset's label, and of each head of a model with several), and per
 //! interval the loss, the time shares of lookup, compute and push, and the hot set's
 //! share of accesses; and where the reports go ([`Reporter`]).
 
@@ -7,8 +8,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use primus_data_client::TrainerTotals;
-use primus_metrics::{EvalWindow, Evaluation};
-use primus_model::StepTimes;
+use primus_metrics::{ErrorWindow, EvalWindow, Evaluation};
+use primus_model::{HeadSlot, LabelColumn, StepOutput, StepTimes};
+use primus_spec::job::graph::Loss;
 
 /// Counters since the trainer started and since the last report.
 #[derive(Debug, Clone)]
@@ -21,7 +23,12 @@ pub struct Meter {
     /// say, so no count leaving the trainer holds a minibatch that is served again if it
     /// dies now.
     pub(crate) confirmed: TrainerTotals,
+    /// Scores the head on the Dataset's label (the four kinds' one head).
     pub(crate) window: EvalWindow,
+    /// That head's index, if the model has a binary one on the label.
+    main_head: Option<usize>,
+    /// Every head, where the model has another than the main one.
+    heads: Vec<HeadMeter>,
     /// When the interval began: the last report, or this trainer's first step.
     pub(crate) since: Instant,
     /// Whether this trainer has begun a step.
@@ -39,6 +46,33 @@ pub struct Meter {
     pub(crate) hot_rows: usize,
 }
 
+/// One head's interval loss and progressive scores.
+#[derive(Debug, Clone)]
+struct HeadMeter {
+    name: String,
+    interval_loss: f64,
+    scores: HeadScores,
+}
+
+#[derive(Debug, Clone)]
+enum HeadScores {
+    Binary(EvalWindow),
+    Regression(ErrorWindow),
+}
+
+/// One head's figures in a report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeadReport {
+    pub name: String,
+    /// Mean training loss of the interval's steps (unweighted).
+    pub loss: Option<f64>,
+    /// Progressive AUC and log loss of a binary head.
+    pub auc: Option<f64>,
+    pub logloss: Option<f64>,
+    /// Progressive root mean squared error of a regression head.
+    pub rmse: Option<f64>,
+}
+
 /// What one report says.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
@@ -52,7 +86,11 @@ pub struct Report {
     pub samples_per_second: f64,
     /// Mean training loss of the interval's steps.
     pub loss: Option<f64>,
+    /// The head on the Dataset's label, scored before each sample trained.
     pub evaluation: Evaluation,
+    /// Each head, where the model has several (or one that is not a binary one on the
+    /// Dataset's label).
+    pub heads: Vec<HeadReport>,
     /// Shares of the interval's wall time spent looking up (the prefetch, and the late
     /// lookups with the dense pull beside them), computing and pushing (with the next
     /// minibatch's rows, read in the same calls, where no hot set is on).
@@ -68,8 +106,29 @@ pub struct Report {
 }
 
 impl Meter {
-    pub fn new(eval_window: usize) -> Self {
+    /// A meter of a model with `heads`, each scored over its latest `eval_window` samples.
+    pub fn new(eval_window: usize, heads: &[HeadSlot]) -> Self {
+        let main_head = (heads.iter())
+            .position(|h| h.column == LabelColumn::Label && h.loss == Loss::BinaryCrossEntropy);
+        let only_main = heads.len() == 1 && main_head.is_some();
+        let heads = match only_main {
+            true => Vec::new(),
+            false => (heads.iter())
+                .map(|head| HeadMeter {
+                    name: head.name.clone(),
+                    interval_loss: 0.0,
+                    scores: match head.loss {
+                        Loss::BinaryCrossEntropy => {
+                            HeadScores::Binary(EvalWindow::new(eval_window))
+                        }
+                        Loss::SquaredError => HeadScores::Regression(ErrorWindow::new(eval_window)),
+                    },
+                })
+                .collect(),
+        };
         Self {
+            main_head,
+            heads,
             samples: 0,
             steps: 0,
             sources: BTreeMap::new(),
@@ -125,6 +184,25 @@ impl Meter {
         }
     }
 
+    /// Scores a step's predictions against each head's `labels` (before the step's
+    /// update reached the model: progressive validation) and adds its losses.
+    pub(crate) fn score(&mut self, output: &StepOutput, labels: &[&[f32]]) {
+        self.interval_loss += f64::from(output.loss);
+        if let Some(main) = self
+            .main_head
+            .and_then(|h| output.heads.get(h).zip(labels.get(h)))
+        {
+            self.window.add(&main.0.predictions, main.1);
+        }
+        for ((meter, head), labels) in self.heads.iter_mut().zip(&output.heads).zip(labels) {
+            meter.interval_loss += f64::from(head.loss);
+            match &mut meter.scores {
+                HeadScores::Binary(window) => window.add(&head.predictions, labels),
+                HeadScores::Regression(window) => window.add(&head.predictions, labels),
+            }
+        }
+    }
+
     /// The interval's figures; starts a new interval.
     pub fn report(&mut self) -> Report {
         let elapsed = self.since.elapsed().as_secs_f64().max(1e-9);
@@ -137,6 +215,9 @@ impl Meter {
             loss: (self.interval_steps > 0)
                 .then(|| self.interval_loss / self.interval_steps as f64),
             evaluation: self.window.evaluate(),
+            heads: (self.heads.iter_mut())
+                .map(|head| head.report(self.interval_steps))
+                .collect(),
             lookup_share: share(self.lookup),
             compute_share: share(self.compute),
             push_share: share(self.push),
@@ -155,6 +236,24 @@ impl Meter {
         self.interval_accesses = 0;
         self.interval_hot_accesses = 0;
         report
+    }
+}
+
+impl HeadMeter {
+    /// The interval's figures of `steps` steps; starts a new interval.
+    fn report(&mut self, steps: u64) -> HeadReport {
+        let loss = std::mem::take(&mut self.interval_loss);
+        let (evaluation, rmse) = match &self.scores {
+            HeadScores::Binary(window) => (Some(window.evaluate()), None),
+            HeadScores::Regression(window) => (None, window.rmse()),
+        };
+        HeadReport {
+            name: self.name.clone(),
+            loss: (steps > 0).then(|| loss / steps as f64),
+            auc: evaluation.and_then(|e| e.auc),
+            logloss: evaluation.and_then(|e| e.logloss),
+            rmse,
+        }
     }
 }
 

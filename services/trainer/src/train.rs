@@ -57,6 +57,7 @@ impl<S: ParameterStore> Trainer<S> {
         eval_window: usize,
     ) -> anyhow::Result<Self> {
         let params = ParamSet::init(model.layout(), seed);
+        let meter = Meter::new(eval_window, &model.layout().heads);
         store
             .init_dense(params.tensors())
             .await
@@ -71,7 +72,7 @@ impl<S: ParameterStore> Trainer<S> {
             device: EmbeddingDevice::Cpu,
             pushes: RecentPushes::default(),
             unconfirmed: Vec::new(),
-            meter: Meter::new(eval_window),
+            meter,
         };
         trainer.pull_dense().await?;
         Ok(trainer)
@@ -351,6 +352,8 @@ impl<S: ParameterStore> Trainer<S> {
                 .await?;
             self.meter.hot_rows = hot.status().rows;
         }
+        // Checked by the step.
+        let labels = self.model.head_labels(&prepared.batch)?;
         let meter = &mut self.meter;
         meter.compute += computed - started;
         meter.step_times += &output.times;
@@ -360,10 +363,7 @@ impl<S: ParameterStore> Trainer<S> {
         meter.count(&prepared.source, rows);
         meter.interval_samples += rows;
         meter.interval_steps += 1;
-        meter.interval_loss += f64::from(output.loss);
-        meter
-            .window
-            .add(&output.probabilities, &prepared.batch.labels);
+        meter.score(&output, &labels);
         Ok(output)
     }
 

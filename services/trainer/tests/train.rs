@@ -339,7 +339,7 @@ async fn a_cuda_trainer_trains_like_a_cpu_trainer_or_refuses_without_a_gpu() {
             let prepared = trainer.prepare(incoming).await.expect("prepare");
             keys.extend_from_slice(&prepared.keys().tables[0]);
             let output = trainer.step(prepared).await.expect("step");
-            scored.push(bits(&output.probabilities));
+            scored.push(bits(output.probabilities()));
         }
         let names = trainer.params().names();
         let dense = store.pull_dense(&names).await.expect("pull");

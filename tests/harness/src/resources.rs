@@ -67,6 +67,7 @@ pub fn id_schema() -> FeatureSchema {
     FeatureSchema {
         label: "label".into(),
         negative_sample_rate: None,
+        targets: Vec::new(),
         dense: Vec::new(),
         sparse: vec![SparseFeature {
             name: "c1".into(),

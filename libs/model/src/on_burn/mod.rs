@@ -8,7 +8,7 @@ mod net;
 use crate::inputs::{Inputs, Tower};
 use crate::layout::ModelLayout;
 use crate::params::{ParamSet, ParamTensor};
-use crate::{ModelError, StepOutput, StepTimes};
+use crate::{HeadOutput, ModelError, StepOutput, StepTimes};
 
 use backend::{Device, Tensor, sigmoid};
 use net::{Graph, bce_with_logits, matrix};
@@ -97,12 +97,14 @@ impl BurnNets {
                 .map_or_else(|| zeros(wide.shape().num_elements()), to_vec),
             None => Vec::new(),
         };
+        let loss = (to_vec(loss.reshape([1])).first().copied()).unwrap_or(f32::NAN);
         StepOutput {
-            loss: to_vec(loss.reshape([1]))
-                .first()
-                .copied()
-                .unwrap_or(f32::NAN),
-            probabilities: to_vec(probabilities),
+            loss,
+            heads: vec![HeadOutput {
+                name: layout.heads[0].name.clone(),
+                loss,
+                predictions: to_vec(probabilities),
+            }],
             dense_grads,
             embedded_grad,
             wide_grad,

@@ -5,7 +5,7 @@
 use primus_model::presets::model_graph;
 use primus_model::{GraphNet, GraphWorkspace, Inputs, Model, ModelError, ModelLayout, ParamSet};
 use primus_spec::job::ModelKind;
-use primus_spec::job::graph::GraphSpec;
+use primus_spec::job::graph::{GraphSpec, Loss};
 use serde_json::json;
 
 use crate::{model, noise, random_batch, schema, shifted, table};
@@ -53,7 +53,11 @@ pub(crate) fn every_block() -> GraphSpec {
 #[test]
 fn every_block_s_gradients_match_finite_differences() {
     let net = GraphNet::new(&every_block(), &wide_layout(), "model.graph").expect("fits");
-    assert_eq!(net.heads(), [("click", "label"), ("time", "watch")]);
+    let heads = [
+        ("click", "label", Loss::BinaryCrossEntropy),
+        ("time", "watch", Loss::SquaredError),
+    ];
+    assert_eq!(net.heads(), heads);
     gradients_match_finite_differences(&every_block());
 }
 
@@ -253,7 +257,7 @@ fn graphs_written_as_the_presets_compute_exactly_what_the_model_computes() {
         };
         let want = Model::new(layout.clone())
             .expect("model")
-            .train_step(&params, &inputs, &labels, primus_model::Tower::Memory)
+            .train_step(&params, &inputs, &[&labels], primus_model::Tower::Memory)
             .expect("network step");
         let mut early = Vec::new();
         let got = net
@@ -266,7 +270,7 @@ fn graphs_written_as_the_presets_compute_exactly_what_the_model_computes() {
             )
             .expect("graph step");
         assert_eq!(got.loss, want.loss, "{kind:?}");
-        assert_eq!(got.heads[0].predictions, want.probabilities, "{kind:?}");
+        assert_eq!(got.heads[0].predictions, want.probabilities(), "{kind:?}");
         assert_eq!(got.dense_grads, want.dense_grads, "{kind:?}");
         assert_eq!(got.embedded_grad, want.embedded_grad, "{kind:?}");
         assert_eq!(got.wide_grad, want.wide_grad, "{kind:?}");
@@ -278,7 +282,7 @@ fn graphs_written_as_the_presets_compute_exactly_what_the_model_computes() {
         let predicted = net
             .predict(&params, &inputs, &mut GraphWorkspace::default())
             .expect("predict");
-        assert_eq!(predicted, [want.probabilities], "{kind:?}");
+        assert_eq!(predicted, [want.probabilities()], "{kind:?}");
     }
 }
 

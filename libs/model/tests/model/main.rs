@@ -26,6 +26,7 @@ fn schema(dense: usize, sparse: &[(&str, &str)]) -> FeatureSchema {
     FeatureSchema {
         label: "label".into(),
         negative_sample_rate: None,
+        targets: Vec::new(),
         dense: (0..dense)
             .map(|i| DenseFeature {
                 name: format!("i{i}"),
@@ -109,7 +110,7 @@ fn loss(
 ) -> f64 {
     f64::from(
         model
-            .train_step(params, inputs, labels, tower)
+            .train_step(params, inputs, &[labels], tower)
             .expect("step")
             .loss,
     )
@@ -161,7 +162,7 @@ fn gradients_match_finite_differences_for_every_model() {
                 wide: &wide,
             };
             let step = model
-                .train_step(&params, &inputs, &labels, tower)
+                .train_step(&params, &inputs, &[&labels], tower)
                 .expect("step");
             // Small enough that no ReLU flips between the two probes.
             let eps = 1e-3f32;
@@ -252,10 +253,10 @@ fn cpu_networks_compute_what_burn_computes() {
             early.push((grads.embedded.to_vec(), grads.wide.to_vec()));
         };
         let got = cpu
-            .train_step_with(&params, &inputs, &labels, tower, &mut keep)
+            .train_step_with(&params, &inputs, &[&labels], tower, &mut keep)
             .expect("cpu step");
         let want = burn
-            .train_step_with(&params, &inputs, &labels, tower, &mut keep)
+            .train_step_with(&params, &inputs, &[&labels], tower, &mut keep)
             .expect("burn step");
         let case = format!("{kind:?} with {dense_features} dense features");
         // What the step hands out early is what it returns: the pushed gradients.
@@ -275,8 +276,8 @@ fn cpu_networks_compute_what_burn_computes() {
             want.loss
         );
         close(
-            &got.probabilities,
-            &want.probabilities,
+            got.probabilities(),
+            want.probabilities(),
             &format!("{case}: probabilities"),
         );
         close(
@@ -297,7 +298,11 @@ fn cpu_networks_compute_what_burn_computes() {
             close(&g.values, &w.values, &format!("{case}: {}", g.name));
         }
         let predicted = cpu.predict(&params, &inputs, tower).expect("cpu predict");
-        close(&predicted, &want.probabilities, &format!("{case}: predict"));
+        close(
+            &predicted,
+            want.probabilities(),
+            &format!("{case}: predict"),
+        );
     }
 }
 
@@ -341,7 +346,7 @@ fn mtrm_trains_each_tower_only_on_its_own_data() {
     let labels = [0.0, 1.0, 1.0, 0.0];
     let names = |tower| -> Vec<String> {
         let step = model
-            .train_step(&params, &inputs, &labels, tower)
+            .train_step(&params, &inputs, &[&labels], tower)
             .expect("step");
         step.dense_grads.into_iter().map(|g| g.name).collect()
     };
@@ -434,7 +439,7 @@ fn wrong_input_sizes_are_errors_not_panics() {
         embedded: &[0.0; 16],
         wide: &[],
     };
-    let error = model.train_step(&params, &inputs, &[0.0, 1.0], Tower::Memory);
+    let error = model.train_step(&params, &inputs, &[&[0.0, 1.0]], Tower::Memory);
     assert!(
         matches!(&error, Err(ModelError::Inputs(m)) if m.contains("dense")),
         "{error:?}"
@@ -514,9 +519,9 @@ fn every_model_learns_a_planted_signal() {
                 wide: &pooled_wide,
             };
             let out = model
-                .train_step(&params, &inputs, &labels, Tower::Memory)
+                .train_step(&params, &inputs, &[&labels], Tower::Memory)
                 .expect("step");
-            window.add(&out.probabilities, &labels);
+            window.add(out.probabilities(), &labels);
             let lr = 0.5f32;
             let mut tensors = params.tensors().to_vec();
             for g in &out.dense_grads {
@@ -699,14 +704,14 @@ fn a_model_on_a_gpu_computes_like_the_cpu_model_or_says_why_it_cannot() {
             }
         };
         let on_cpu = cpu
-            .train_step(&params, &inputs, &labels, Tower::Memory)
+            .train_step(&params, &inputs, &[&labels], Tower::Memory)
             .expect("cpu step");
         let on_gpu = gpu
-            .train_step(&params, &inputs, &labels, Tower::Memory)
+            .train_step(&params, &inputs, &[&labels], Tower::Memory)
             .expect("gpu step");
         close(
-            &on_cpu.probabilities,
-            &on_gpu.probabilities,
+            on_cpu.probabilities(),
+            on_gpu.probabilities(),
             "probabilities",
         );
         close(

@@ -142,6 +142,7 @@ fn looked_up_batch(
     let keys = BatchKeys::collect(layout, &kjt).expect("keys");
     let batch = Minibatch {
         labels: (0..rows).map(|i| (i % 2) as f32).collect(),
+        targets: Vec::new(),
         dense: DenseMatrix {
             names: layout.dense_names.clone(),
             values: noise(4, rows * layout.dense_names.len()),
@@ -175,7 +176,7 @@ fn one_call_trains_a_minibatch_as_pooling_the_network_and_the_scatter_do() {
             embedded: &embedded,
             wide: &pooled_wide,
         };
-        let parts = (model.train_step(&params, &inputs, &batch.labels, Tower::Memory))
+        let parts = (model.train_step(&params, &inputs, &[&batch.labels], Tower::Memory))
             .expect("step in parts");
         let scattered = SparseGrads {
             grads: (keys.scatter(&CpuKernels, &layout, &parts.embedded_grad)).expect("scatter"),
@@ -202,7 +203,7 @@ fn one_call_trains_a_minibatch_as_pooling_the_network_and_the_scatter_do() {
             )
             .expect("step in one call");
         assert_eq!(whole.loss, parts.loss, "{kind:?}");
-        assert_eq!(whole.probabilities, parts.probabilities, "{kind:?}");
+        assert_eq!(whole.probabilities(), parts.probabilities(), "{kind:?}");
         assert_eq!(whole.dense_grads, parts.dense_grads, "{kind:?}");
         let sparse = handed_out.expect("the sparse gradients handed out");
         assert_eq!(sparse, Ok(scattered), "{kind:?}");
@@ -274,14 +275,14 @@ fn a_model_on_a_gpu_trains_a_looked_up_minibatch_like_the_cpu_or_says_why_it_can
             let ((want, want_sparse), (got, got_sparse)) = (step(&cpu), step(&gpu));
             let what = format!("{kind}, {rows} rows");
             // cuBLAS orders its sums as it likes: the dense launches' tolerance.
-            let mut pairs = vec![("probabilities", &got.probabilities, &want.probabilities)];
+            let mut pairs = vec![("probabilities", got.probabilities(), want.probabilities())];
             for (g, w) in got.dense_grads.iter().zip(&want.dense_grads) {
-                pairs.push((g.name.as_str(), &g.values, &w.values));
+                pairs.push((g.name.as_str(), &g.values[..], &w.values[..]));
             }
             let sparse = (got_sparse.grads.iter().zip(&want_sparse.grads))
                 .chain(got_sparse.wide_grads.iter().zip(&want_sparse.wide_grads));
             for (g, w) in sparse {
-                pairs.push(("a table's gradient rows", g, w));
+                pairs.push(("a table's gradient rows", &g[..], &w[..]));
             }
             for (name, g, w) in pairs {
                 let d = relative_difference(g, w);

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::value::Tensor;
-use primus_model::onnx::{DENSE_INPUT, EMBEDDED_INPUT, OUTPUT, WIDE_INPUT};
+use primus_model::onnx::{DENSE_INPUT, EMBEDDED_INPUT, HEAD_OUTPUT_PREFIX, OUTPUT, WIDE_INPUT};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DenseError {
@@ -46,6 +46,17 @@ pub struct DenseModel {
     pub version: u64,
     sessions: Vec<Mutex<Session>>,
     wide: bool,
+    /// Each head's name and output (`head.<name>`), for a model of several heads.
+    heads: Vec<(String, String)>,
+}
+
+/// What a model predicted for a Predict's rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DensePredictions {
+    /// The first head's prediction per row.
+    pub probabilities: Vec<f32>,
+    /// A model of several heads: each head's name and predictions, in its order.
+    pub heads: Vec<(String, Vec<f32>)>,
 }
 
 /// Inputs of one Predict, row-major (see primus_model::onnx).
@@ -85,25 +96,31 @@ impl DenseModel {
                 .map_err(model_error)?;
             pool.push(Mutex::new(session));
         }
-        let wide = pool
+        let (wide, heads) = pool
             .first()
             .map(|s| {
-                s.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .inputs()
-                    .iter()
-                    .any(|i| i.name() == WIDE_INPUT)
+                let session = s.lock().unwrap_or_else(PoisonError::into_inner);
+                let wide = session.inputs().iter().any(|i| i.name() == WIDE_INPUT);
+                let heads = (session.outputs().iter())
+                    .filter_map(|o| {
+                        let head = o.name().strip_prefix(HEAD_OUTPUT_PREFIX)?;
+                        Some((head.to_owned(), o.name().to_owned()))
+                    })
+                    .collect();
+                (wide, heads)
             })
-            .unwrap_or(false);
+            .unwrap_or_default();
         Ok(Self {
             version,
             sessions: pool,
             wide,
+            heads,
         })
     }
 
-    /// Probabilities `[rows]`, on whichever session is free (blocking: call off the runtime).
-    pub fn predict(&self, inputs: DenseInputs) -> Result<Vec<f32>, DenseError> {
+    /// Probabilities `[rows]` (the first head's predictions) and, for a model of several
+    /// heads, each head's, on whichever session is free (blocking: call off the runtime).
+    pub fn predict(&self, inputs: DenseInputs) -> Result<DensePredictions, DenseError> {
         let run = |e: ort::Error| DenseError::Run(e.to_string());
         let session = self.free_session();
         let mut session = session.lock().unwrap_or_else(PoisonError::into_inner);
@@ -123,12 +140,20 @@ impl DenseModel {
             session.run(ort::inputs![DENSE_INPUT => dense, EMBEDDED_INPUT => embedded])
         }
         .map_err(run)?;
-        let (_, values) = outputs
-            .get(OUTPUT)
-            .ok_or_else(|| DenseError::Run(format!("the model has no output {OUTPUT:?}")))?
-            .try_extract_tensor::<f32>()
-            .map_err(run)?;
-        Ok(values.to_vec())
+        let values = |name: &str| -> Result<Vec<f32>, DenseError> {
+            let (_, values) = (outputs.get(name))
+                .ok_or_else(|| DenseError::Run(format!("the model has no output {name:?}")))?
+                .try_extract_tensor::<f32>()
+                .map_err(run)?;
+            Ok(values.to_vec())
+        };
+        let heads = (self.heads.iter())
+            .map(|(head, output)| Ok((head.clone(), values(output)?)))
+            .collect::<Result<_, DenseError>>()?;
+        Ok(DensePredictions {
+            probabilities: values(OUTPUT)?,
+            heads,
+        })
     }
 
     fn free_session(&self) -> &Mutex<Session> {

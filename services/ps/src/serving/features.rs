@@ -28,7 +28,8 @@ pub enum SampleError {
     Columns(String),
 }
 
-/// The samples as a record batch of the schema's columns (the label column zero).
+/// The samples as a record batch of the schema's columns (the label and target columns
+/// zero).
 pub fn record_batch(
     schema: &FeatureSchema,
     samples: &[Sample],
@@ -41,8 +42,12 @@ pub fn record_batch(
             });
         }
     }
-    let mut fields = vec![Field::new(&schema.label, DataType::Float32, false)];
-    let mut columns: Vec<ArrayRef> = vec![Arc::new(Float32Array::from(vec![0.0; samples.len()]))];
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for label in std::iter::once(&schema.label).chain(&schema.targets) {
+        fields.push(Field::new(label, DataType::Float32, false));
+        columns.push(Arc::new(Float32Array::from(vec![0.0; samples.len()])));
+    }
     for feature in &schema.dense {
         let values = samples
             .iter()

@@ -46,15 +46,20 @@ async fn predict(State(replica): State<Arc<Replica>>, headers: HeaderMap, body: 
         replica.answer(request).instrument(span).await
     };
     match answer.await {
-        Ok(answer) => json_reply(
-            StatusCode::OK,
-            json!({
+        Ok(answer) => {
+            let mut reply = json!({
                 "probabilities": answer.probabilities,
                 "sparse_version": answer.sparse_version,
                 "dense_version": answer.dense_version,
-            })
-            .to_string(),
-        ),
+            });
+            if !answer.heads.is_empty() {
+                let heads: serde_json::Map<String, Value> = (answer.heads.into_iter())
+                    .map(|head| (head.name, json!(head.values)))
+                    .collect();
+                reply["heads"] = Value::Object(heads);
+            }
+            json_reply(StatusCode::OK, reply.to_string())
+        }
         Err(status) => error_reply(&status),
     }
 }

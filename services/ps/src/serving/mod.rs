@@ -21,7 +21,7 @@ use primus_model::ModelLayout;
 use primus_model::pooling::{BatchKeys, CpuKernels};
 use primus_proto::v1::serving_service_server::{ServingService, ServingServiceServer};
 use primus_proto::v1::{
-    ApplyDeltaRequest, ApplyDeltaResponse, DumpRowsRequest, DumpRowsResponse,
+    ApplyDeltaRequest, ApplyDeltaResponse, DumpRowsRequest, DumpRowsResponse, HeadPredictions,
     LoadCheckpointRequest, LoadCheckpointResponse, LoadDenseRequest, LoadDenseResponse,
     PredictRequest, PredictResponse, ReplicaStateRequest, ReplicaStateResponse, SourceVersion,
     TableDelta,
@@ -30,7 +30,7 @@ use primus_service::{BearerTokens, Node, Services, Shutdown};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-pub use dense::{DenseError, DenseInputs, DenseModel};
+pub use dense::{DenseError, DenseInputs, DenseModel, DensePredictions};
 pub use features::{SampleError, record_batch};
 use primus_config::{PsSettings, ServingSettings, StorageSettings};
 use primus_proto::packed::{decode_f32, decode_keys, encode_f32, encode_keys};
@@ -205,13 +205,16 @@ impl Replica {
             span.record("primus.applied", self.applied_versions());
         }
         let replica = self.clone();
-        let probabilities = tokio::task::spawn_blocking(move || replica.predict(&request.samples))
+        let predicted = tokio::task::spawn_blocking(move || replica.predict(&request.samples))
             .await
             .map_err(|e| Status::internal(e.to_string()))??;
         Ok(PredictResponse {
-            probabilities,
+            probabilities: predicted.probabilities,
             sparse_version,
             dense_version,
+            heads: (predicted.heads.into_iter())
+                .map(|(name, values)| HeadPredictions { name, values })
+                .collect(),
         })
     }
 
@@ -278,7 +281,7 @@ impl Replica {
     }
 
     /// Keys, pooling and the dense model for `samples` (blocking).
-    fn predict(&self, samples: &[primus_proto::v1::Sample]) -> Result<Vec<f32>, Status> {
+    fn predict(&self, samples: &[primus_proto::v1::Sample]) -> Result<DensePredictions, Status> {
         let invalid = |e: &dyn std::fmt::Display| Status::invalid_argument(e.to_string());
         let batch = record_batch(self.pipeline_schema(), samples).map_err(|e| invalid(&e))?;
         let minibatch = self.pipeline.minibatch(&batch).map_err(|e| invalid(&e))?;

@@ -232,9 +232,9 @@ impl GraphNet {
 
     /// The heads' names and label columns, in the order [`GraphNet::train_step`] takes
     /// the labels and returns the heads' outputs.
-    pub fn heads(&self) -> Vec<(&str, &str)> {
+    pub fn heads(&self) -> Vec<(&str, &str, Loss)> {
         (self.heads.iter())
-            .map(|h| (h.name.as_str(), h.label.as_str()))
+            .map(|h| (h.name.as_str(), h.label.as_str(), h.loss))
             .collect()
     }
 

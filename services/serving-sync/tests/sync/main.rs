@@ -76,8 +76,44 @@ spec:
   serving_sync: {enabled: true, sparse_interval_ms: 500, dense_interval_seconds: 1}
 "#;
 
-fn specs() -> (JobSpec, FeatureSchema) {
-    let resources = primus_spec::parse_documents("test", RESOURCES).expect("valid resources");
+/// [`RESOURCES`] with a model graph of two heads: a click on the label and a regression
+/// on the target `watch`, over one shared layer.
+fn two_heads() -> String {
+    let graph = r#"kind: graph
+    tables:
+      - {name: items, dim: 4, optimizer: {kind: sgd, learning_rate: 0.5}, ttl_seconds: 3600}
+      - {name: tags, dim: 4, optimizer: {kind: sgd, learning_rate: 0.5}}
+    dense:
+      graph:
+        inputs:
+          dense: {kind: dense}
+          emb: {kind: embeddings}
+        blocks:
+          joined: {kind: concat, inputs: [dense, emb]}
+          shared: {kind: mlp, input: joined, widths: [8], activate_last: true}
+          click_logit: {kind: mlp, input: shared, widths: [1]}
+          watch_value: {kind: mlp, input: shared, widths: [1]}
+        heads:
+          click: {input: click_logit, label: label}
+          watch: {input: watch_value, label: watch, loss: squared_error}
+"#;
+    let (model_start, model_end) = (
+        RESOURCES.find("kind: dlrm").expect("the model"),
+        RESOURCES.find("  topology:").expect("the topology"),
+    );
+    let with_graph = format!(
+        "{}{graph}{}",
+        &RESOURCES[..model_start],
+        &RESOURCES[model_end..]
+    );
+    with_graph.replace(
+        "    label: label\n",
+        "    label: label\n    targets: [watch]\n",
+    )
+}
+
+fn specs(resources: &str) -> (JobSpec, FeatureSchema) {
+    let resources = primus_spec::parse_documents("test", resources).expect("valid resources");
     let (mut job, mut schema) = (None, None);
     for resource in resources {
         match resource {
@@ -164,8 +200,13 @@ fn port_of(addr: &str) -> u16 {
 
 impl Cluster {
     async fn start() -> Self {
+        Self::start_with(RESOURCES).await
+    }
+
+    /// A cluster of the Job in `resources` (named [`JOB`]).
+    async fn start_with(resources: &str) -> Self {
         let nats = NatsServer::start().expect("nats-server");
-        let (job, schema) = specs();
+        let (job, schema) = specs(resources);
         let layout = ModelLayout::new(&job.model, &schema).expect("layout");
         let mut shards = Vec::new();
         for i in 0..2 {

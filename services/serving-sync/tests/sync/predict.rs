@@ -101,6 +101,7 @@ fn parity_columns(rows: usize) -> RecordBatch {
     }
     let columns: Vec<(&str, ArrayRef)> = vec![
         ("label", Arc::new(Float32Array::from(vec![0.0f32; rows]))),
+        ("watch", Arc::new(Float32Array::from(vec![0.0f32; rows]))),
         ("price", Arc::new(price)),
         ("age", Arc::new(age)),
         ("item", Arc::new(item)),
@@ -113,6 +114,12 @@ fn parity_columns(rows: usize) -> RecordBatch {
 /// What the trainer's forward pass gives `batch`: the training pipeline, the rows looked
 /// up from the training PS, pooled, through the dense parameters the PS holds.
 async fn trainer_forward(cluster: &Cluster, batch: &RecordBatch) -> Vec<f32> {
+    let heads = trainer_forward_heads(cluster, batch).await;
+    heads.into_iter().next().expect("a head")
+}
+
+/// [`trainer_forward`] of every head, in the layout's order.
+async fn trainer_forward_heads(cluster: &Cluster, batch: &RecordBatch) -> Vec<Vec<f32>> {
     let minibatch = FeaturePipeline::new(&cluster.schema)
         .minibatch(batch)
         .expect("minibatch");
@@ -147,8 +154,67 @@ async fn trainer_forward(cluster: &Cluster, batch: &RecordBatch) -> Vec<f32> {
         wide: &[],
     };
     model
-        .predict(&params, &inputs, Tower::Adapt)
+        .predict_heads(&params, &inputs, Tower::Adapt)
         .expect("forward")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn predict_answers_each_head_of_a_graph_by_name_as_the_trainer_computes_it() {
+    let cluster = Cluster::start_with(&super::two_heads()).await;
+    let rows = 12;
+    let _sync = cluster.synced().await;
+    let samples: Vec<Sample> = (0..rows)
+        .map(|i| {
+            let mut s = sample(i as i64);
+            s.features.retain(|feature, _| !null_in_row(i, feature));
+            s
+        })
+        .collect();
+    let mut client = serving_client(&cluster.replicas[0].addr).await;
+    let answer = (client.predict(PredictRequest {
+        job: JOB.into(),
+        samples: samples.clone(),
+    }))
+    .await
+    .expect("predict")
+    .into_inner();
+    let trained = trainer_forward_heads(&cluster, &parity_columns(rows)).await;
+    let names: Vec<&str> = answer.heads.iter().map(|h| h.name.as_str()).collect();
+    assert_eq!(names, ["click", "watch"]);
+    assert_eq!(
+        answer.probabilities, answer.heads[0].values,
+        "the first head's"
+    );
+    for ((head, trained), name) in answer.heads.iter().zip(&trained).zip(names) {
+        assert_eq!(head.values.len(), rows, "{name}");
+        for (i, (s, t)) in head.values.iter().zip(trained).enumerate() {
+            assert!(
+                (s - t).abs() <= 1e-5 * t.abs().max(1.0),
+                "{name} row {i}: Predict {s}, the trainer's forward pass {t}"
+            );
+        }
+    }
+    assert_ne!(answer.heads[0].values, answer.heads[1].values);
+
+    let body = serde_json::json!({
+        "job": JOB,
+        "samples": [{"price": 3.0, "item": 4, "tags": ["sale"]}],
+    })
+    .to_string();
+    let (status, reply) = http_request(
+        &cluster.replicas[0].addr,
+        "POST",
+        "/v1/predict",
+        &[("content-type", "application/json")],
+        &body,
+    )
+    .await
+    .expect("http");
+    assert_eq!(status, 200, "{reply}");
+    let reply: serde_json::Value = serde_json::from_str(&reply).expect("json");
+    let heads = reply["heads"].as_object().expect("heads by name");
+    assert_eq!(heads.keys().collect::<Vec<_>>(), ["click", "watch"]);
+    assert_eq!(reply["heads"]["click"], reply["probabilities"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

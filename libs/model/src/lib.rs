@@ -9,7 +9,7 @@
 //!   the reference for the rest.
 //! - `cpu`: [`GraphNet`], a model graph (`primus_spec::job::graph`) on the CPU: its
 //!   blocks (MLP, concatenation, sum, DLRM's dot interaction, the factorisation machine,
-//!   DCN-v2's cross network) and heads (binary cross-entropy, squared error) forward and
+//!   DCN-v2's cross network, layer norm, MMoE's gate) and heads (binary cross-entropy, squared error) forward and
 //!   backward over a tuned sgemm; and [`DeviceGraph`], the same graph's step over
 //!   primus-gpu's dense operations (cuBLAS and the dense kernels on a GPU).
 //! - [`presets`]: DLRM, DeepFM and Wide&Deep as graphs, which [`Model`] runs on the CPU
@@ -223,10 +223,10 @@ struct Placed {
 
 /// `net` on GPU `ordinal`, or why it cannot run there.
 fn placed(net: &GraphNet, ordinal: usize) -> Result<Placed, ModelError> {
-    if let Some(block) = net.cpu_only_block() {
+    if let Some((block, kind)) = net.cpu_only_block() {
         return Err(ModelError::Device {
             device: DenseDevice::Cuda(ordinal),
-            reason: format!("block {block:?} is a layer norm, which runs on the CPU only"),
+            reason: format!("block {block:?} is {kind}, which runs on the CPU only"),
         });
     }
     let unusable = |e: primus_gpu::GpuError| ModelError::Device {

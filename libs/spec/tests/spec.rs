@@ -670,6 +670,8 @@ blocks:
   b: {kind: mlp, input: a, widths: [4, 0]}
   emb: {kind: fm, input: missing}
   c: {kind: cross, input: emb, layers: 0, rank: 0}
+  g: {kind: gate, input: emb, experts: [b, nobody]}
+  g0: {kind: gate, input: emb, experts: []}
 heads:
   h: {input: nowhere, label: "", weight: 0}
 "#,
@@ -685,6 +687,8 @@ heads:
         "spec.model.graph.blocks.emb.input: \"missing\" is neither an input nor a block",
         "spec.model.graph.blocks.c.layers: must be at least 1",
         "spec.model.graph.blocks.c.rank: must be at least 1 when set",
+        "spec.model.graph.blocks.g.experts[1]: \"nobody\" is neither an input nor a block",
+        "spec.model.graph.blocks.g0.experts: needs at least one expert",
         "spec.model.graph.blocks.a: the blocks read each other in a cycle: a -> b -> a",
         "spec.model.graph.heads.h.input: \"nowhere\" is neither an input nor a block",
         "spec.model.graph.heads.h.label: must name the label column",

@@ -86,6 +86,64 @@ fn layer_norm_gradients_match_finite_differences() {
     gradients_match_finite_differences(&layer_norms());
 }
 
+/// MMoE: three experts over the dense features and embeddings, a gate per task, a tower
+/// per task over its gate (the click's with first-order weights).
+pub(crate) fn mixture_of_experts() -> GraphSpec {
+    graph(json!({
+        "inputs": {
+            "dense": {"kind": "dense"},
+            "emb": {"kind": "embeddings"},
+            "first": {"kind": "first_order"}
+        },
+        "blocks": {
+            "joined": {"kind": "concat", "inputs": ["dense", "emb"]},
+            "expert_a": {"kind": "mlp", "input": "joined", "widths": [5], "activate_last": true},
+            "expert_b": {"kind": "mlp", "input": "joined", "widths": [5]},
+            "expert_c": {"kind": "mlp", "input": "emb", "widths": [5]},
+            "click_gate": {"kind": "gate", "input": "joined", "experts": ["expert_a", "expert_b", "expert_c"]},
+            "time_gate": {"kind": "gate", "input": "dense", "experts": ["expert_a", "expert_b", "expert_c"]},
+            "click_tower": {"kind": "mlp", "input": "click_gate", "widths": [4, 1]},
+            "time_tower": {"kind": "mlp", "input": "time_gate", "widths": [1]},
+            "click_logit": {"kind": "add", "inputs": ["click_tower", "first"]}
+        },
+        "heads": {
+            "click": {"input": "click_logit", "label": "label"},
+            "time": {"input": "time_tower", "label": "watch", "loss": "squared_error"}
+        }
+    }))
+}
+
+#[test]
+fn gate_gradients_match_finite_differences() {
+    gradients_match_finite_differences(&mixture_of_experts());
+}
+
+#[test]
+fn a_gate_of_experts_of_different_widths_is_refused_naming_the_expert() {
+    let mut spec = mixture_of_experts();
+    spec.blocks.insert(
+        "expert_c".into(),
+        graph(json!({
+            "inputs": {},
+            "blocks": {"x": {"kind": "mlp", "input": "emb", "widths": [6]}},
+            "heads": {}
+        }))
+        .blocks
+        .remove("x")
+        .expect("a block"),
+    );
+    match GraphNet::new(&spec, &wide_layout(), "g") {
+        Err(ModelError::Spec { field, message }) => {
+            assert_eq!(field, "g.blocks.click_gate.experts[2]", "{message}");
+            assert!(
+                message.contains("a gate mixes experts of one width"),
+                "{message}"
+            );
+        }
+        other => panic!("experts of 5 and 6 mixed: {other:?}"),
+    }
+}
+
 /// Every parameter's gradient (at three of its values) and the sparse inputs' against
 /// central differences of the loss, over `wide_layout`, each head on a label of its own.
 fn gradients_match_finite_differences(spec: &GraphSpec) {

@@ -219,6 +219,38 @@ fn a_job_s_graph_that_does_not_fit_its_dataset_is_refused_with_the_spec_s_path()
 }
 
 #[test]
+fn a_graph_with_gates_trains_on_the_cpu_and_is_refused_for_a_gpu() {
+    let graph = crate::graph::mixture_of_experts();
+    let layout = layout_with_targets(Some(graph), &["watch"]).expect("the graph fits");
+    let model = Model::new(layout.clone()).expect("on the CPU");
+    let rows = 16;
+    let (dense, embedded, wide, labels) = random_batch(&layout, rows);
+    let watch: Vec<f32> = (0..rows).map(|i| i as f32).collect();
+    let inputs = Inputs {
+        rows,
+        dense: &dense,
+        embedded: &embedded,
+        wide: &wide,
+    };
+    let step = (model.train_step(
+        &ParamSet::init(&layout, 3),
+        &inputs,
+        &[&labels, &watch],
+        primus_model::Tower::Memory,
+    ))
+    .expect("a step");
+    assert!(step.loss.is_finite(), "{}", step.loss);
+    match Model::on(layout, primus_model::DenseDevice::Cuda(0)) {
+        Err(ModelError::Device { reason, .. }) => assert!(
+            reason.contains("\"click_gate\" is a gate, which runs on the CPU only"),
+            "{reason}"
+        ),
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("a gate placed on a GPU"),
+    }
+}
+
+#[test]
 fn a_graph_with_a_layer_norm_trains_on_the_cpu_and_is_refused_for_a_gpu() {
     let layout = layout_of(Some(crate::graph::layer_norms())).expect("the graph fits");
     let params = ParamSet::init(&layout, 3);

@@ -105,6 +105,15 @@ pub enum Block {
         #[serde(default = "no_activation")]
         activation: Activation,
     },
+    /// One task's gate over a mixture of experts (MMoE): the softmax of a linear map of
+    /// `input` weights the `experts`' values (all of one width), summed. Gates over the
+    /// same experts, one per task, each feeding that task's tower, make an MMoE layer.
+    Gate {
+        /// The value the gate reads (the shared input, as in MMoE).
+        input: String,
+        /// The experts: values of one width (MLP blocks, typically).
+        experts: Vec<String>,
+    },
     /// A DCN-v2 cross network: `x(l+1) = x0 * (W x(l) + b) + x(l)`, W full or of rank `rank`.
     Cross {
         /// The value it reads (`x0`).
@@ -163,6 +172,13 @@ impl Block {
             Block::Concat { inputs } | Block::Add { inputs } | Block::Dot { inputs } => {
                 (inputs.iter().enumerate())
                     .map(|(i, name)| (index("inputs", i), name.as_str()))
+                    .collect()
+            }
+            Block::Gate { input, experts } => {
+                let experts = (experts.iter().enumerate())
+                    .map(|(i, name)| (index("experts", i), name.as_str()));
+                std::iter::once(("input".to_owned(), input.as_str()))
+                    .chain(experts)
                     .collect()
             }
         }
@@ -294,6 +310,11 @@ impl Validate for Block {
             Block::Concat { inputs } | Block::Add { inputs } | Block::Dot { inputs } => {
                 if inputs.is_empty() {
                     fail(errors, field(path, "inputs"), "needs at least one input");
+                }
+            }
+            Block::Gate { experts, .. } => {
+                if experts.is_empty() {
+                    fail(errors, field(path, "experts"), "needs at least one expert");
                 }
             }
             Block::Fm { .. } | Block::LayerNorm { .. } => {}

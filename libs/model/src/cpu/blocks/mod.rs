@@ -4,6 +4,7 @@
 //! them forward and backward over this module's kernels.
 
 mod cross;
+mod gate;
 mod norm;
 mod on_device;
 mod onnx;
@@ -21,6 +22,7 @@ pub use on_device::{DeviceGraph, EmbeddingGradBuffers};
 pub use run::{GraphStep, GraphWorkspace, HeadOutput};
 
 use cross::CrossNet;
+use gate::Gate;
 use norm::LayerNorm;
 
 /// A model graph compiled against a layout, ready to run on the CPU.
@@ -96,6 +98,8 @@ enum Op {
     },
     Cross(CrossNet),
     LayerNorm(LayerNorm),
+    /// The first read gates the others (the experts).
+    Gate(Gate),
 }
 
 /// A head: the node whose single value per row it reads, and its loss.
@@ -244,12 +248,17 @@ impl GraphNet {
         ParamSet::init_shapes(&self.shapes, seed)
     }
 
-    /// A block that runs on the CPU only (a layer norm), by name; none: the graph can be
-    /// placed on the dense operations of a device.
-    pub fn cpu_only_block(&self) -> Option<&str> {
-        (self.nodes.iter())
-            .find(|node| matches!(node.op, Op::LayerNorm(_)))
-            .map(|node| node.name.as_str())
+    /// A block that runs on the CPU only (a layer norm or a gate), by name and kind; none:
+    /// the graph can be placed on the dense operations of a device.
+    pub fn cpu_only_block(&self) -> Option<(&str, &str)> {
+        self.nodes.iter().find_map(|node| {
+            let kind = match node.op {
+                Op::LayerNorm(_) => "a layer norm",
+                Op::Gate(_) => "a gate",
+                _ => return None,
+            };
+            Some((node.name.as_str(), kind))
+        })
     }
 
     /// Every parameter tensor, in the order of the nodes.
@@ -281,6 +290,7 @@ fn param_shapes(nodes: &[Node]) -> Vec<ParamShape> {
             }
             Op::Cross(cross) => shapes.extend(cross.param_shapes()),
             Op::LayerNorm(norm) => shapes.extend(norm.param_shapes()),
+            Op::Gate(gate) => shapes.extend(gate.param_shapes()),
             _ => {}
         }
     }
@@ -294,7 +304,10 @@ fn gradient_flow(nodes: &[Node]) -> (Vec<bool>, Vec<bool>) {
     let mut wants = Vec::with_capacity(nodes.len());
     for node in nodes {
         let sparse = matches!(node.op, Op::Embeddings { .. } | Op::FirstOrder);
-        let params = matches!(node.op, Op::Mlp { .. } | Op::Cross(_) | Op::LayerNorm(_));
+        let params = matches!(
+            node.op,
+            Op::Mlp { .. } | Op::Cross(_) | Op::LayerNorm(_) | Op::Gate(_)
+        );
         leads.push(sparse || node.reads.iter().any(|r| leads[*r]));
         wants.push(sparse || params || node.reads.iter().any(|r| wants[*r]));
     }
@@ -498,6 +511,22 @@ fn block_node(
             }
             let relu = *activation == Activation::Relu;
             (dim, 1, Op::LayerNorm(LayerNorm::new(name, dim, relu)))
+        }
+        Block::Gate { experts, .. } => {
+            let width = read(1).width;
+            if let Some(i) = (1..reads.len()).find(|i| read(*i).width != width) {
+                return Err(spec_error(
+                    format!("{at}.experts[{}]", i - 1),
+                    format!(
+                        "{:?} is {} wide, {:?} {width}: a gate mixes experts of one width",
+                        experts[i - 1],
+                        read(i).width,
+                        experts[0]
+                    ),
+                ));
+            }
+            let gate = Gate::new(name, read(0).width, experts.len(), width);
+            (width, 1, Op::Gate(gate))
         }
         Block::Cross { layers, rank, .. } => {
             if *layers == 0 || *rank == Some(0) {

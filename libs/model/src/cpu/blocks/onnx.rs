@@ -2,6 +2,8 @@
 //! (`dense`, `embedded`, `wide`) and the parameters under the names `run` reads, with the
 //! same column order, so ONNX Runtime computes what the trainer does.
 
+use primus_proto::onnx::AttributeProto;
+use primus_proto::onnx::attribute_proto::AttributeType;
 use primus_spec::job::graph::Loss;
 
 use super::{GraphNet, Node, Op};
@@ -99,6 +101,28 @@ impl GraphNet {
                     true => b.node("Relu", &[&y], vec![]),
                     false => y,
                 }
+            }
+            Op::Gate(gate) => {
+                let logits = b.linear(reads[0], gate.prefix())?;
+                let axis = AttributeProto {
+                    name: Some("axis".into()),
+                    r#type: Some(AttributeType::Int as i32),
+                    i: Some(1),
+                    ..AttributeProto::default()
+                };
+                let weights = b.node("Softmax", &[&logits], vec![axis]);
+                let mut mixed: Option<String> = None;
+                for (i, expert) in reads[1..].iter().enumerate() {
+                    let weight = b.columns(&weights, &[i]);
+                    let term = b.node("Mul", &[&weight, expert], vec![]);
+                    mixed = Some(match mixed {
+                        Some(sum) => b.node("Add", &[&sum, &term], vec![]),
+                        None => term,
+                    });
+                }
+                mixed.ok_or_else(|| {
+                    ModelError::Params(format!("gate {} has no expert", node.name))
+                })?
             }
             Op::Cross(cross) => {
                 let (prefix, _, layers, rank) = cross.parts();

@@ -15,6 +15,7 @@ use crate::params::{ParamSet, ParamTensor};
 use crate::{EmbeddingGrads, ModelError};
 
 use super::cross::CrossActs;
+use super::gate::{Gate, GateActs};
 use super::norm::NormActs;
 use super::{GraphNet, Loss, Node, Op};
 
@@ -53,6 +54,9 @@ pub struct GraphWorkspace {
     mlp: Vec<Activations>,
     cross: Vec<CrossActs>,
     norm: Vec<NormActs>,
+    gate: Vec<GateActs>,
+    /// A gate's experts' gradients.
+    expert_grads: Vec<Vec<f32>>,
     buffers: GradBuffers,
     /// A dot block's vectors after its first input, gathered.
     gathered: Vec<f32>,
@@ -336,6 +340,7 @@ impl GraphNet {
         ws.mlp.resize_with(count, Activations::default);
         ws.cross.resize_with(count, CrossActs::default);
         ws.norm.resize_with(count, NormActs::default);
+        ws.gate.resize_with(count, GateActs::default);
         for (i, node) in self.nodes.iter().enumerate() {
             if self.whole[i] {
                 continue;
@@ -411,6 +416,10 @@ impl GraphNet {
                     out.copy_from_slice(ws.cross[i].last());
                 }
                 Op::LayerNorm(norm) => norm.forward(params, read(0), &mut ws.norm[i], out)?,
+                Op::Gate(gate) => {
+                    let experts: Vec<&[f32]> = (1..node.reads.len()).map(read).collect();
+                    gate.forward(params, read(0), &experts, &mut ws.gate[i], out)?;
+                }
             }
         }
         Ok(())
@@ -545,6 +554,9 @@ impl GraphNet {
                     ws.grads.add(read, &ws.scratch);
                 }
             }
+            Op::Gate(gate) => {
+                params_grads = self.gate_backward(i, gate, params, &grad, inputs, ws)?
+            }
             Op::LayerNorm(norm) => {
                 let read = node.reads[0];
                 let grad_x = sized(&mut ws.scratch, rows * node.width);
@@ -556,6 +568,48 @@ impl GraphNet {
             }
         }
         ws.grads.put(i, grad);
+        Ok(params_grads)
+    }
+
+    /// A gate's backward: its parameters' gradients (returned), its input's and each
+    /// expert's added into theirs.
+    fn gate_backward(
+        &self,
+        i: usize,
+        gate: &Gate,
+        params: &ParamSet,
+        grad: &[f32],
+        inputs: &Inputs<'_>,
+        ws: &mut GraphWorkspace,
+    ) -> Result<Vec<ParamTensor>, ModelError> {
+        let node = &self.nodes[i];
+        let rows = inputs.rows;
+        let experts = node.reads.len() - 1;
+        ws.expert_grads.resize_with(experts, Vec::new);
+        for (e, r) in ws.expert_grads.iter_mut().zip(&node.reads[1..]) {
+            sized(e, rows * self.nodes[*r].width);
+        }
+        let input = node.reads[0];
+        let grad_x = sized(&mut ws.scratch, rows * self.nodes[input].width);
+        let x = self.value(input, &ws.values, inputs);
+        let expert_values: Vec<&[f32]> = (node.reads[1..].iter())
+            .map(|r| self.value(*r, &ws.values, inputs))
+            .collect();
+        let params_grads = gate.backward(
+            params,
+            (x, &expert_values),
+            &ws.gate[i],
+            grad,
+            (grad_x, &mut ws.expert_grads),
+        )?;
+        if self.wants_grad[input] {
+            ws.grads.add(input, &ws.scratch);
+        }
+        for (r, g) in node.reads[1..].iter().zip(&ws.expert_grads) {
+            if self.wants_grad[*r] {
+                ws.grads.add(*r, g);
+            }
+        }
         Ok(params_grads)
     }
 

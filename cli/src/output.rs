@@ -230,6 +230,19 @@ pub fn describe(resource: &Resource) -> anyhow::Result<String> {
             ));
         }
         field("Progress:", parts.join(", "));
+        if !p.heads.is_empty() {
+            let heads: Vec<String> = (p.heads.iter())
+                .map(|head| {
+                    let score = match (head.auc, head.rmse) {
+                        (Some(auc), _) => format!(" AUC {auc:.4}"),
+                        (None, Some(rmse)) => format!(" RMSE {rmse:.4}"),
+                        (None, None) => String::new(),
+                    };
+                    format!("{}{score}", head.name)
+                })
+                .collect();
+            field("Heads:", heads.join(", "));
+        }
         for source in &p.sources {
             let mut line = format!(
                 "{}: {} rows read, {} samples trained",

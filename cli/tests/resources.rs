@@ -7,7 +7,7 @@ use std::time::Duration;
 use primus_api_client::ApiClient;
 use primus_harness::{Sandbox, TOKEN};
 use primus_spec::Kind;
-use primus_spec::status::{Condition, Phase, Progress, SourceProgress, Status};
+use primus_spec::status::{Condition, HeadProgress, Phase, Progress, SourceProgress, Status};
 
 fn primus_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_primus"))
@@ -135,6 +135,7 @@ async fn apply_get_describe_delete_an_example() {
         "Kind:        Job",
         "Phase:       Running",
         "300 samples trained again after rollbacks",
+        "Heads:       click AUC 0.7500, watch_time RMSE 1.2500",
         "  source     criteo-parquet: 800 rows read, 500 samples trained, 300 trained again after rollbacks",
         "Spec:",
         "dataset: criteo-like",
@@ -266,6 +267,18 @@ fn job_status(phase: Phase, fraction: f64, reason: &str) -> Status {
             samples_per_second: 500.0,
             auc: Some(0.75),
             retrained_samples: 300,
+            heads: vec![
+                HeadProgress {
+                    name: "click".into(),
+                    auc: Some(0.75),
+                    rmse: None,
+                },
+                HeadProgress {
+                    name: "watch_time".into(),
+                    auc: None,
+                    rmse: Some(1.25),
+                },
+            ],
             sources: vec![SourceProgress {
                 source: "criteo-parquet".into(),
                 rows_read: 800,

@@ -75,6 +75,23 @@ pub struct Progress {
     /// The batch data tasks planned so far, by state (a Job that reads batch sources).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<TaskProgress>,
+    /// A model of several heads: each head's progressive-validation score, in its order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub heads: Vec<HeadProgress>,
+}
+
+/// One head's progressive-validation score over the trainers' evaluation windows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeadProgress {
+    /// The head's name.
+    pub name: String,
+    /// A binary head's AUC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auc: Option<f64>,
+    /// A regression head's root mean squared error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rmse: Option<f64>,
 }
 
 /// A Job's batch data tasks by state.

@@ -8,7 +8,7 @@ use crate::resources::Resources;
 use primus_bus::Bus;
 use primus_proto::v1::{Endpoint, MetricsReport, Role};
 use primus_spec::metric::{MetricPoint, MetricSeries, MetricSpec};
-use primus_spec::status::{Progress, SourceProgress};
+use primus_spec::status::{HeadProgress, Progress, SourceProgress};
 
 /// Points kept per series (older ones are dropped).
 pub const MAX_POINTS: usize = 720;
@@ -241,6 +241,7 @@ impl MetricsFold {
             auc: (!aucs.is_empty()).then(|| aucs.iter().sum::<f64>() / aucs.len() as f64),
             retrained_samples: 0,
             tasks: None,
+            heads: head_scores(&trainers),
             sources: source_samples(&trainers)
                 .into_iter()
                 .map(|(source, samples)| SourceProgress {
@@ -251,6 +252,37 @@ impl MetricsFold {
                 .collect(),
         })
     }
+}
+
+/// Each head's scores (`head.<name>.auc`, `.rmse`), averaged over the trainers that
+/// report them, by head name.
+fn head_scores(trainers: &[&MetricsReport]) -> Vec<HeadProgress> {
+    let mut names: Vec<&str> = Vec::new();
+    for report in trainers {
+        for gauge in report.gauges.keys() {
+            let head = gauge.strip_prefix("head.").and_then(|g| g.rsplit_once('.'));
+            if let Some((name, _)) = head
+                && !names.contains(&name)
+            {
+                names.push(name);
+            }
+        }
+    }
+    names.sort_unstable();
+    let mean = |head: &str, score: &str| {
+        let gauge = format!("head.{head}.{score}");
+        let values: Vec<f64> = (trainers.iter())
+            .filter_map(|r| r.gauges.get(&gauge).copied())
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+    };
+    (names.into_iter())
+        .map(|name| HeadProgress {
+            name: name.to_owned(),
+            auc: mean(name, "auc"),
+            rmse: mean(name, "rmse"),
+        })
+        .collect()
 }
 
 /// The trainers' samples per source, summed.
@@ -399,6 +431,13 @@ mod tests {
             "a head's score"
         );
         assert_eq!(fold.gauge("t0", "head.watch.loss"), None, "a training loss");
+        let heads = fold.progress().expect("trainers reported").heads;
+        let want = HeadProgress {
+            name: "watch".into(),
+            auc: None,
+            rmse: Some(1.5),
+        };
+        assert_eq!(heads, [want], "each head's score in the Job's progress");
         assert_eq!(progress.samples_per_second, 0.0, "rates are not kept");
         fold.add(report("t0", 90.0, 0.72, 1200));
         assert_eq!(fold.progress().and_then(|p| p.auc), Some(0.72));

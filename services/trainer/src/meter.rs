@@ -271,3 +271,94 @@ pub trait Reporter: Sync {
         totals: &TrainerTotals,
     ) -> impl std::future::Future<Output = ()> + Send;
 }
+
+#[cfg(test)]
+mod tests {
+    use primus_model::HeadOutput;
+
+    use super::*;
+
+    fn slot(name: &str, column: LabelColumn, loss: Loss) -> HeadSlot {
+        HeadSlot {
+            name: name.into(),
+            column,
+            column_name: name.into(),
+            loss,
+        }
+    }
+
+    fn step(loss: f32, heads: Vec<HeadOutput>) -> StepOutput {
+        StepOutput {
+            loss,
+            heads,
+            dense_grads: Vec::new(),
+            embedded_grad: Vec::new(),
+            wide_grad: Vec::new(),
+            times: StepTimes::default(),
+        }
+    }
+
+    fn head(name: &str, loss: f32, predictions: &[f32]) -> HeadOutput {
+        HeadOutput {
+            name: name.into(),
+            loss,
+            predictions: predictions.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_model_of_several_heads_is_scored_head_by_head() {
+        let slots = [
+            slot("click", LabelColumn::Label, Loss::BinaryCrossEntropy),
+            slot("watch", LabelColumn::Target(0), Loss::SquaredError),
+        ];
+        let mut meter = Meter::new(100, &slots);
+        let output = step(
+            3.0,
+            vec![
+                head("click", 0.5, &[0.9, 0.2, 0.7, 0.1]),
+                head("watch", 5.0, &[1.0, 2.0, 3.0, 4.0]),
+            ],
+        );
+        meter.interval_steps += 1;
+        meter.score(&output, &[&[1.0, 0.0, 1.0, 0.0], &[1.0, 2.0, 3.0, 6.0]]);
+        let report = meter.report();
+        assert_eq!(report.loss, Some(3.0));
+        assert_eq!(
+            report.evaluation.auc,
+            Some(1.0),
+            "the click head is the Job's"
+        );
+        let click = HeadReport {
+            name: "click".into(),
+            loss: Some(0.5),
+            auc: Some(1.0),
+            logloss: report.evaluation.logloss,
+            rmse: None,
+        };
+        // Errors 0, 0, 0 and 2: sqrt(4 / 4).
+        let watch = HeadReport {
+            name: "watch".into(),
+            loss: Some(5.0),
+            auc: None,
+            logloss: None,
+            rmse: Some(1.0),
+        };
+        assert_eq!(report.heads, [click, watch]);
+        assert_eq!(meter.report().heads[0].loss, None, "a new interval");
+    }
+
+    #[test]
+    fn the_one_head_of_the_four_kinds_is_the_job_s_evaluation_alone() {
+        let slots = [slot("label", LabelColumn::Label, Loss::BinaryCrossEntropy)];
+        let mut meter = Meter::new(100, &slots);
+        meter.interval_steps += 1;
+        meter.score(
+            &step(0.4, vec![head("label", 0.4, &[0.8, 0.3])]),
+            &[&[1.0, 0.0]],
+        );
+        let report = meter.report();
+        assert_eq!(report.evaluation.auc, Some(1.0));
+        assert!(report.heads.is_empty(), "{:?}", report.heads);
+    }
+}

@@ -25,6 +25,8 @@ pub struct Throughputs {
     /// Each running task's offset at the last observation.
     offsets: HashMap<String, u64>,
     served: HashMap<String, (u64, Duration)>,
+    /// The executors holding a task at the last observation.
+    holding: BTreeSet<String>,
     observed_at: Option<Instant>,
 }
 
@@ -58,12 +60,16 @@ impl Throughputs {
             .keys()
             .map(|task| (task.clone(), offsets.get(task).copied().unwrap_or(0)))
             .collect();
+        self.holding = running.values().cloned().collect();
     }
 
-    /// Rows per second `executor` served while it held tasks, once it held them a while.
+    /// Rows per second `executor` served while it held tasks, once it held them a while,
+    /// or once it served rows and holds none (a fast executor that read its tasks to the
+    /// end sooner: whole tasks are its measurement).
     pub fn rate(&self, executor: &str) -> Option<f64> {
         let (rows, busy) = self.served.get(executor)?;
-        (*busy >= MIN_BUSY).then(|| *rows as f64 / busy.as_secs_f64())
+        let finished = *rows > 0 && !busy.is_zero() && !self.holding.contains(executor);
+        (*busy >= MIN_BUSY || finished).then(|| *rows as f64 / busy.as_secs_f64())
     }
 }
 
@@ -214,6 +220,36 @@ mod tests {
         assert_eq!(found[0].0, "slow");
         assert!(found[0].1.contains("150 rows/s"), "{}", found[0].1);
         assert!(stragglers(&ids(&["fast", "slow"]), &rates, 20.0).is_empty());
+    }
+
+    #[test]
+    fn an_executor_that_read_its_tasks_to_the_end_sooner_than_min_busy_has_a_rate() {
+        let mut rates = Throughputs::default();
+        let start = Instant::now();
+        let both = running(&[("t1", "fast"), ("t2", "slow")]);
+        rates.observe(&both, &offsets(&[("t1", 0), ("t2", 0)]), start);
+        rates.observe(
+            &both,
+            &offsets(&[("t1", 8_000), ("t2", 0)]),
+            start + Duration::from_secs(2),
+        );
+        assert_eq!(
+            rates.rate("fast"),
+            None,
+            "still holding t1, for under MIN_BUSY"
+        );
+        // t1 is done: the fast executor holds nothing, its 2 s are its measurement.
+        let slow_only = running(&[("t2", "slow")]);
+        rates.observe(
+            &slow_only,
+            &offsets(&[("t2", 100)]),
+            start + Duration::from_secs(6),
+        );
+        assert_eq!(rates.rate("fast"), Some(4_000.0));
+        assert_eq!(rates.rate("slow"), Some(100.0 / 6.0));
+        let found = stragglers(&ids(&["fast", "slow"]), &rates, 3.0);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "slow");
     }
 
     #[test]

@@ -318,7 +318,8 @@ async fn a_straggling_data_executor_gives_its_task_to_a_faster_one() {
         found
             .iter()
             .any(|m| m.starts_with("data_executor-1 served ") && m.contains("median")),
-        "{status:?}"
+        "{status:?}\n{}",
+        sandbox.logs("straggling")
     );
     let moved = events(&status, "StragglerTaskMoved");
     assert!(

@@ -309,7 +309,11 @@ async fn a_killed_ps_shard_under_rollback_returns_the_job_to_its_checkpoint_and_
 async fn a_killed_trainer_or_data_executor_under_rollback_loses_and_repeats_no_row() {
     let sandbox = Sandbox::start().await;
     let best = apply_criteo_dataset(&sandbox).await;
-    let master = start_master_with(&sandbox, &data_executor());
+    let mut settings = master_settings(&sandbox, &data_executor());
+    // Each Parquet read (7 row groups a file) waits 1 s: a Job outlasts its first
+    // checkpoint (3 s) on any machine, so the kill lands mid-job.
+    settings.master.fault_injection.data_read_delay_ms = 1_000;
+    let master = start(&sandbox, &settings);
     for (job, killed) in [
         ("dlrm-trainer-rollback", "trainer-0"),
         ("dlrm-data-rollback", "data_executor-0"),

@@ -4,11 +4,33 @@
 
 use std::collections::VecDeque;
 
+/// The most recent `capacity` values pushed.
+#[derive(Debug, Clone)]
+struct Recent<T> {
+    capacity: usize,
+    values: VecDeque<T>,
+}
+
+impl<T> Recent<T> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            values: VecDeque::with_capacity(capacity.max(1)),
+        }
+    }
+
+    fn push(&mut self, value: T) {
+        if self.values.len() == self.capacity {
+            self.values.pop_front();
+        }
+        self.values.push_back(value);
+    }
+}
+
 /// The most recent `capacity` (probability, label) pairs.
 #[derive(Debug, Clone)]
 pub struct EvalWindow {
-    capacity: usize,
-    pairs: VecDeque<(f64, bool)>,
+    pairs: Recent<(f64, bool)>,
 }
 
 /// Metrics over the window's samples.
@@ -28,34 +50,31 @@ impl EvalWindow {
     /// A window of the last `capacity` samples.
     pub fn new(capacity: usize) -> Self {
         Self {
-            capacity: capacity.max(1),
-            pairs: VecDeque::with_capacity(capacity.max(1)),
+            pairs: Recent::new(capacity),
         }
     }
 
     /// Adds scored samples (each scored before it was trained on).
     pub fn add(&mut self, probabilities: &[f32], labels: &[f32]) {
         for (p, y) in probabilities.iter().zip(labels) {
-            if self.pairs.len() == self.capacity {
-                self.pairs.pop_front();
-            }
-            self.pairs.push_back((f64::from(*p), *y >= 0.5));
+            self.pairs.push((f64::from(*p), *y >= 0.5));
         }
     }
 
     /// Samples held.
     pub fn len(&self) -> usize {
-        self.pairs.len()
+        self.pairs.values.len()
     }
 
     /// Whether no sample is held.
     pub fn is_empty(&self) -> bool {
-        self.pairs.is_empty()
+        self.pairs.values.is_empty()
     }
 
     /// AUC, log loss and calibration over the samples held.
     pub fn evaluate(&self) -> Evaluation {
-        let (probabilities, labels): (Vec<f64>, Vec<bool>) = self.pairs.iter().copied().unzip();
+        let (probabilities, labels): (Vec<f64>, Vec<bool>) =
+            self.pairs.values.iter().copied().unzip();
         Evaluation {
             samples: probabilities.len(),
             auc: crate::auc(&probabilities, &labels),
@@ -68,33 +87,33 @@ impl EvalWindow {
 /// The most recent `capacity` (prediction, target) pairs of a regression.
 #[derive(Debug, Clone)]
 pub struct ErrorWindow {
-    capacity: usize,
-    pairs: VecDeque<(f64, f64)>,
+    pairs: Recent<(f64, f64)>,
 }
 
 impl ErrorWindow {
     /// A window of the last `capacity` samples.
     pub fn new(capacity: usize) -> Self {
         Self {
-            capacity: capacity.max(1),
-            pairs: VecDeque::with_capacity(capacity.max(1)),
+            pairs: Recent::new(capacity),
         }
     }
 
     /// Adds predictions (each made before the model trained on its sample) and targets.
     pub fn add(&mut self, predictions: &[f32], targets: &[f32]) {
         for (p, y) in predictions.iter().zip(targets) {
-            if self.pairs.len() == self.capacity {
-                self.pairs.pop_front();
-            }
-            self.pairs.push_back((f64::from(*p), f64::from(*y)));
+            self.pairs.push((f64::from(*p), f64::from(*y)));
         }
     }
 
     /// Root mean squared error over the samples held (none without samples).
     pub fn rmse(&self) -> Option<f64> {
-        let n = self.pairs.len();
-        let squares: f64 = self.pairs.iter().map(|(p, y)| (p - y) * (p - y)).sum();
+        let n = self.pairs.values.len();
+        let squares: f64 = self
+            .pairs
+            .values
+            .iter()
+            .map(|(p, y)| (p - y) * (p - y))
+            .sum();
         (n > 0).then(|| (squares / n as f64).sqrt())
     }
 }

@@ -133,10 +133,12 @@ impl Fault {
         )
     }
 
+    /// Who trains the Job it is injected into: small minibatches where the Job must still
+    /// be reading or checkpointing seconds after the fault.
     fn training(self) -> Training {
         match self {
             Fault::KillHotSetTrainer => Training::HotSet,
-            Fault::FillHdfsCheckpoints => Training::SmallBatches,
+            Fault::FillHdfsCheckpoints | Fault::DeleteParquetFile => Training::SmallBatches,
             _ => Training::OneTrainer,
         }
     }
@@ -224,8 +226,8 @@ async fn every_fault_loses_and_repeats_no_row() {
     println!("{}", Outcome::header(width));
     for (i, fault) in faults {
         // Somewhere between 10% and 80% of the rows, after the first checkpoint. A deleted
-        // file fails the Job only while unread, and a data executor may read far ahead of
-        // the trainer: the last hour's file goes once the first sample is trained. A full
+        // file fails the Job only while unread: the last hour's file goes once the first
+        // sample is trained, in a Job of small minibatches that reads it seconds later. A full
         // checkpoint folder must meet another checkpoint, and a Job near its end takes none.
         let latest = match fault {
             Fault::FillHdfsCheckpoints => 20,

@@ -177,8 +177,9 @@ pub(crate) enum Training {
     OneTrainer,
     /// Two trainers replicating a hot set of 1,000 rows after 10 minibatches of warm-up.
     HotSet,
-    /// One trainer, minibatches of 64 rows instead of 256: four times the steps, so that
-    /// checkpoints keep coming while it trains.
+    /// One trainer, minibatches of 16 rows instead of 256: sixteen times the steps, so that
+    /// the Job lasts many checkpoint intervals and reads its last files well after its start
+    /// on any machine.
     SmallBatches,
 }
 
@@ -188,7 +189,7 @@ impl Training {
         match self {
             Training::OneTrainer => "undisturbed",
             Training::HotSet => "with a hot set",
-            Training::SmallBatches => "with minibatches of 64",
+            Training::SmallBatches => "with minibatches of 16",
         }
     }
 }
@@ -236,7 +237,7 @@ pub(crate) fn job_resource(
                 checkpoint.on_worker_failure = on_worker_failure;
             }
             if training == Training::SmallBatches {
-                spec.training.batch_size = 64;
+                spec.training.batch_size = 16;
             }
             if training == Training::HotSet {
                 let hot_set = &mut spec.training.hot_set;

@@ -16,6 +16,8 @@ use crate::Failure;
 pub enum DatagenCommand {
     /// Criteo-like clicks: label, i1..i13 counts, c1..c26 Zipf ids; prints the best achievable
     /// AUC. With --drift-per-day the hidden model drifts over time (online/mixture data).
+    /// With --tasks two more labels correlated with the click: `conversion` (0/1, only
+    /// among clicks) and `log_watch_seconds` (continuous), and each one's best score.
     Criteo {
         #[command(flatten)]
         layout: LayoutArgs,
@@ -30,6 +32,9 @@ pub enum DatagenCommand {
         /// Radians the hidden weights rotate per day (0: no drift).
         #[arg(long, default_value_t = 0.0)]
         drift_per_day: f64,
+        /// Adds the `conversion` and `log_watch_seconds` labels.
+        #[arg(long)]
+        tasks: bool,
     },
     /// RecD sessions: user features (dedup group `user`) change between a session's samples
     /// with --change-probability; item features are new for every sample.
@@ -120,6 +125,7 @@ pub async fn datagen(command: DatagenCommand) -> Result<(), Failure> {
             cardinality_scale,
             zipf,
             drift_per_day,
+            tasks,
         } => {
             let spec = layout.layout()?;
             let location = open(&layout.out)?;
@@ -129,6 +135,7 @@ pub async fn datagen(command: DatagenCommand) -> Result<(), Failure> {
                 zipf_exponent: zipf,
                 drift_radians_per_day: drift_per_day,
                 epoch_unix_s: spec.start_unix_s,
+                tasks,
             };
             let summary = criteo(&location, &spec, rows_per_window, options)
                 .await
@@ -186,6 +193,15 @@ fn report(out: &str, summary: &Summary) {
     );
     if let Some(auc) = summary.best_auc {
         println!("best achievable AUC (the hidden model's own): {auc:.4}");
+    }
+    if let Some(tasks) = summary.tasks {
+        if let Some(auc) = tasks.conversion_auc {
+            println!("conversion: best achievable AUC {auc:.4}");
+        }
+        println!(
+            "log_watch_seconds: best achievable RMSE {:.4} (the best constant's {:.4})",
+            tasks.watch_rmse, tasks.watch_deviation
+        );
     }
     if summary.sessions > 0 {
         println!(

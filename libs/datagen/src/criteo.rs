@@ -2,15 +2,22 @@
 //! categorical `c1`..`c26` (Zipf-distributed ids). Labels are Bernoulli draws from a hidden
 //! logistic model over the ids and log1p of the counts; the model's probabilities are
 //! returned with the rows so the data's best achievable AUC can be computed.
+//!
+//! With `tasks`, two more labels correlated with the click: `conversion` (a click that
+//! converted: among clicks, a Bernoulli draw from a second logistic model that shares part
+//! of the click's logit and adds weights of its own over `c1`..`c8`) and
+//! `log_watch_seconds` (every row: a linear model sharing part of the click's logit, with
+//! weights of its own over `c9`..`c16`, plus Gaussian noise). Their hidden expectations
+//! come back too, for each task's best achievable AUC or RMSE.
 
 use std::sync::Arc;
 
 use arrow_array::builder::Int64Builder;
-use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rand_distr::{Distribution, Normal, Zipf};
+use rand_distr::{Distribution, Normal, StandardNormal, Zipf};
 
 use primus_spec::dataset::{DenseFeature, DenseTransform, FeatureSchema, SparseFeature};
 
@@ -39,6 +46,26 @@ const BIAS: f64 = -1.4;
 const CATEGORICAL_SCALE: f64 = 0.27;
 const DENSE_SCALE: f64 = 0.2;
 
+/// The conversion label's column (with `tasks`).
+pub const CONVERSION: &str = "conversion";
+/// The continuous target's column (with `tasks`).
+pub const WATCH: &str = "log_watch_seconds";
+/// Conversion given a click: its logit's bias (rare: ~9% of clicks convert), the share of
+/// the click's centred logit it carries, and the categorical columns (`c1`..) with weights
+/// of its own.
+const CONVERSION_BIAS: f64 = -4.0;
+const CONVERSION_SHARE: f64 = 1.0;
+const CONVERSION_COLUMNS: std::ops::Range<usize> = 0..8;
+/// The watch time's mean at a centred click logit of 0, its share of that logit, its own
+/// columns, and the standard deviation of the noise around its hidden mean.
+const WATCH_BASE: f64 = 3.0;
+const WATCH_SHARE: f64 = 0.5;
+const WATCH_COLUMNS: std::ops::Range<usize> = 8..16;
+const WATCH_NOISE: f64 = 0.5;
+/// Seeds of the two tasks' own weights, apart from the click's.
+const CONVERSION_SEED: u64 = 0xc0_4e12;
+const WATCH_SEED: u64 = 0x3a7c_4000;
+
 /// How the Criteo-like data is generated.
 #[derive(Debug, Clone)]
 pub struct CriteoOptions {
@@ -52,6 +79,8 @@ pub struct CriteoOptions {
     pub drift_radians_per_day: f64,
     /// Unix seconds where the drift angle is 0.
     pub epoch_unix_s: i64,
+    /// Adds the `conversion` and `log_watch_seconds` labels.
+    pub tasks: bool,
 }
 
 impl Default for CriteoOptions {
@@ -62,6 +91,7 @@ impl Default for CriteoOptions {
             zipf_exponent: 1.1,
             drift_radians_per_day: 0.0,
             epoch_unix_s: 0,
+            tasks: false,
         }
     }
 }
@@ -74,6 +104,31 @@ pub struct Generated {
     pub probabilities: Vec<f64>,
     /// The labels drawn from those probabilities.
     pub labels: Vec<bool>,
+    /// With `tasks`: the further labels and their hidden expectations.
+    pub tasks: Option<Tasks>,
+}
+
+/// The further labels of rows generated with `tasks`, and what generated them.
+#[derive(Debug, Clone, Default)]
+pub struct Tasks {
+    /// The hidden probability of a conversion: of a click times of converting once clicked.
+    pub conversion_probabilities: Vec<f64>,
+    /// The `conversion` labels.
+    pub conversions: Vec<bool>,
+    /// The hidden mean of each row's `log_watch_seconds`.
+    pub watch_means: Vec<f64>,
+    /// The `log_watch_seconds` values drawn around those means.
+    pub watch: Vec<f64>,
+}
+
+impl Tasks {
+    /// Appends `other`'s rows.
+    pub fn extend(&mut self, other: Tasks) {
+        (self.conversion_probabilities).extend(other.conversion_probabilities);
+        self.conversions.extend(other.conversions);
+        self.watch_means.extend(other.watch_means);
+        self.watch.extend(other.watch);
+    }
 }
 
 /// A generator of Criteo-like rows whose labels come from a hidden logistic model.
@@ -115,12 +170,17 @@ impl Criteo {
         })
     }
 
-    /// The Arrow schema of the generated rows (`label`, `I1`..`I13`, `C1`..`C26`).
-    pub fn schema() -> SchemaRef {
+    /// The Arrow schema of the generated rows: `label`, `i1`..`i13`, `c1`..`c26`, then with
+    /// `tasks` `conversion` and `log_watch_seconds`.
+    pub fn schema(tasks: bool) -> SchemaRef {
         let mut fields = vec![Field::new("label", DataType::Int64, false)];
         fields.extend((1..=DENSE).map(|i| Field::new(format!("i{i}"), DataType::Int64, true)));
         fields
             .extend((1..=CATEGORICAL).map(|i| Field::new(format!("c{i}"), DataType::Int64, false)));
+        if tasks {
+            fields.push(Field::new(CONVERSION, DataType::Int64, false));
+            fields.push(Field::new(WATCH, DataType::Float64, false));
+        }
         Arc::new(Schema::new(fields))
     }
 
@@ -163,12 +223,16 @@ impl Criteo {
             dense_columns.push(Arc::new(column.finish()) as ArrayRef);
         }
         let mut categorical = Vec::with_capacity(CATEGORICAL);
+        let mut ids = Vec::with_capacity(CATEGORICAL);
         for c in 0..CATEGORICAL {
             let mut values = Vec::with_capacity(rows);
             for logit in logits.iter_mut() {
                 let id = self.ids[c].sample(&mut self.rng) as u64;
                 *logit += self.weight(c, id, angle);
                 values.push(id as i64);
+            }
+            if self.options.tasks {
+                ids.push(values.clone());
             }
             categorical.push(Arc::new(Int64Array::from(values)) as ArrayRef);
         }
@@ -182,16 +246,59 @@ impl Criteo {
         )));
         columns.extend(dense_columns);
         columns.extend(categorical);
+        let tasks = self
+            .options
+            .tasks
+            .then(|| self.tasks(&logits, &probabilities, &labels, &ids));
+        if let Some(tasks) = &tasks {
+            let conversions = tasks.conversions.iter().map(|&c| i64::from(c));
+            columns.push(Arc::new(Int64Array::from_iter_values(conversions)));
+            columns.push(Arc::new(Float64Array::from(tasks.watch.clone())));
+        }
         Ok(Generated {
-            batch: RecordBatch::try_new(Self::schema(), columns)?,
+            batch: RecordBatch::try_new(Self::schema(self.options.tasks), columns)?,
             probabilities,
             labels,
+            tasks,
         })
+    }
+
+    /// The further labels of rows with click `logits` (and so `probabilities` and
+    /// `labels`) and categorical `ids` (per column, per row).
+    fn tasks(
+        &mut self,
+        logits: &[f64],
+        probabilities: &[f64],
+        labels: &[bool],
+        ids: &[Vec<i64>],
+    ) -> Tasks {
+        let own = |seed: u64, columns: std::ops::Range<usize>, row: usize| -> f64 {
+            (columns.map(|c| CATEGORICAL_SCALE * normal(seed, c as u64, ids[c][row] as u64))).sum()
+        };
+        let seed = self.options.seed;
+        let mut tasks = Tasks::default();
+        for (row, &logit) in logits.iter().enumerate() {
+            let shared = logit - BIAS;
+            let converting = sigmoid(
+                CONVERSION_BIAS
+                    + CONVERSION_SHARE * shared
+                    + own(seed ^ CONVERSION_SEED, CONVERSION_COLUMNS, row),
+            );
+            let converted = self.rng.random::<f64>() < converting;
+            tasks.conversions.push(labels[row] && converted);
+            (tasks.conversion_probabilities).push(probabilities[row] * converting);
+            let mean =
+                WATCH_BASE + WATCH_SHARE * shared + own(seed ^ WATCH_SEED, WATCH_COLUMNS, row);
+            let noise: f64 = StandardNormal.sample(&mut self.rng);
+            tasks.watch_means.push(mean);
+            tasks.watch.push(mean + WATCH_NOISE * noise);
+        }
+        tasks
     }
 }
 
 /// The Dataset feature schema for these columns: log1p counts (null -> the column's typical
-/// count), every categorical column looked up in `table`.
+/// count), every categorical column looked up in `table`; the click is the label.
 pub fn feature_schema(table: &str) -> FeatureSchema {
     FeatureSchema {
         label: "label".into(),

@@ -9,7 +9,7 @@ use primus_spec::dataset::WindowUnit;
 use primus_spec::time::{partition, window_seconds};
 use primus_storage::Location;
 
-use crate::criteo::{Criteo, CriteoOptions};
+use crate::criteo::{Criteo, CriteoOptions, Tasks};
 use crate::sessions::{SessionOptions, Sessions};
 use crate::{DatagenError, invalid};
 
@@ -60,6 +60,34 @@ pub struct Summary {
     pub best_auc: Option<f64>,
     /// Sessions written (session data).
     pub sessions: u64,
+    /// With the Criteo-like data's `tasks`: what no model can beat on its further labels.
+    pub tasks: Option<TaskBests>,
+}
+
+/// The best achievable scores of the further labels of Criteo-like data with `tasks`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TaskBests {
+    /// AUC of the hidden conversion probabilities (none with a single class).
+    pub conversion_auc: Option<f64>,
+    /// RMSE of the hidden watch-time means: the noise's.
+    pub watch_rmse: f64,
+    /// RMSE of the best constant (the values' mean): their standard deviation.
+    pub watch_deviation: f64,
+}
+
+impl TaskBests {
+    fn of(tasks: &Tasks) -> Self {
+        let n = tasks.watch.len().max(1) as f64;
+        let rms =
+            |errors: &mut dyn Iterator<Item = f64>| (errors.map(|e| e * e).sum::<f64>() / n).sqrt();
+        let mean = tasks.watch.iter().sum::<f64>() / n;
+        let pairs = tasks.watch.iter().zip(&tasks.watch_means);
+        Self {
+            conversion_auc: auc(&tasks.conversion_probabilities, &tasks.conversions),
+            watch_rmse: rms(&mut pairs.map(|(value, hidden)| value - hidden)),
+            watch_deviation: rms(&mut tasks.watch.iter().map(|value| value - mean)),
+        }
+    }
 }
 
 /// Writes one file; returns its size in bytes.
@@ -94,10 +122,12 @@ pub async fn criteo(
     options: CriteoOptions,
 ) -> Result<Summary, DatagenError> {
     layout.check()?;
+    let options_tasks = options.tasks;
     let mut generator = Criteo::new(options)?;
     let mut summary = Summary::default();
     let mut probabilities = Vec::new();
     let mut labels = Vec::new();
+    let mut tasks = Tasks::default();
     for window in 0..layout.windows {
         for file in 0..layout.files_per_window {
             let rows = share(rows_per_window, layout.files_per_window, file);
@@ -107,6 +137,9 @@ pub async fn criteo(
             let generated = generator.generate(rows, layout.window_start(window))?;
             probabilities.extend(generated.probabilities);
             labels.extend(generated.labels);
+            if let Some(generated) = generated.tasks {
+                tasks.extend(generated);
+            }
             let name = file_name(layout, window, file);
             summary.bytes +=
                 write_file(location, &name, generated.batch, layout.row_group_rows).await?;
@@ -115,6 +148,7 @@ pub async fn criteo(
         }
     }
     summary.best_auc = auc(&probabilities, &labels);
+    summary.tasks = options_tasks.then(|| TaskBests::of(&tasks));
     Ok(summary)
 }
 

@@ -4,7 +4,7 @@
 
 use futures::TryStreamExt;
 use primus_batch::{FeaturePipeline, Minibatch, Sparse};
-use primus_datagen::criteo::{Criteo, CriteoOptions};
+use primus_datagen::criteo::{CONVERSION, Criteo, CriteoOptions, WATCH};
 use primus_datagen::sessions::{RowOrder, SessionLength, SessionOptions, Sessions};
 use primus_datagen::write::{Layout, criteo, sessions, write_file};
 use primus_metrics::auc;
@@ -115,6 +115,76 @@ fn drift_moves_the_hidden_model() {
         })
         .is_err()
     );
+}
+
+#[tokio::test]
+async fn criteo_like_tasks_are_correlated_labels_read_back_as_targets() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = dir.path().to_str().expect("UTF-8 temp path").to_owned();
+    let location = primus_storage::open(&url, &Default::default()).expect("test step");
+    let layout = Layout {
+        unit: WindowUnit::Hourly,
+        start_unix_s: primus_spec::time::parse_window_time("2026-11-20T00").expect("test step"),
+        windows: 1,
+        files_per_window: 1,
+        row_group_rows: 10_000,
+    };
+    let options = CriteoOptions {
+        cardinality_scale: 0.001,
+        tasks: true,
+        ..Default::default()
+    };
+    let summary = criteo(&location, &layout, 40_000, options.clone())
+        .await
+        .expect("test step");
+    let bests = summary.tasks.expect("the tasks' best scores");
+    let conversion_auc = bests.conversion_auc.expect("both classes");
+    assert!(
+        conversion_auc > 0.75,
+        "best conversion AUC {conversion_auc}"
+    );
+    assert!(
+        (0.45..0.55).contains(&bests.watch_rmse),
+        "best watch-time RMSE {}: the noise's 0.5",
+        bests.watch_rmse
+    );
+    assert!(
+        bests.watch_deviation > bests.watch_rmse * 1.5,
+        "the hidden means explain little: {bests:?}"
+    );
+
+    let mut schema = primus_datagen::criteo::feature_schema("categorical");
+    schema.targets = vec![CONVERSION.into(), WATCH.into()];
+    let batches = read_all(&url, &schema).await;
+    let all = Minibatch::concat(&batches).expect("test step");
+    let [conversion, watch] = &all.targets[..] else {
+        panic!("two targets: {:?}", all.targets.len());
+    };
+    assert_eq!(
+        (conversion.name.as_str(), watch.name.as_str()),
+        (CONVERSION, WATCH)
+    );
+    let clicks: f32 = all.labels.iter().sum();
+    let converted: f32 = conversion.values.iter().sum();
+    let outside_clicks = (all.labels.iter().zip(&conversion.values))
+        .filter(|(click, conversion)| **click == 0.0 && **conversion != 0.0)
+        .count();
+    assert_eq!(outside_clicks, 0, "a conversion without a click");
+    let rate = converted / clicks;
+    assert!((0.04..0.15).contains(&rate), "conversions per click {rate}");
+    // The click data is the data without tasks: the further labels draw after it.
+    let mut plain = Criteo::new(CriteoOptions {
+        tasks: false,
+        ..options.clone()
+    })
+    .expect("test step");
+    let mut with_tasks = Criteo::new(options).expect("test step");
+    let (plain, with_tasks) = (
+        plain.generate(1000, 0).expect("test step"),
+        with_tasks.generate(1000, 0).expect("test step"),
+    );
+    assert_eq!(plain.batch.columns(), &with_tasks.batch.columns()[..40]);
+    assert_eq!(with_tasks.batch.num_columns(), 42);
 }
 
 fn grouped_factor(batches: &[Minibatch], schema: &FeatureSchema) -> f64 {

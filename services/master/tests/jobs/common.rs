@@ -19,7 +19,7 @@ use primus_master::checkpoint::{self, CheckpointRecord};
 use primus_spec::Resource;
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::job::{ModelSpec, TrainingMode};
-use primus_spec::status::{Phase, Status};
+use primus_spec::status::{Phase, Progress, Status};
 
 pub(crate) use primus_harness::partitions::{FILES_PER_HOUR, ROWS_PER_FILE, write_partitions};
 
@@ -270,6 +270,18 @@ pub(crate) async fn checkpoint_where(
 /// after the previous window's (so the last window is trained last), checks that it
 /// trained `samples` samples, and returns its reported AUC.
 pub(crate) async fn train_in_window_order(sandbox: &Sandbox, job: &str, samples: u64) -> f64 {
+    (train_in_window_order_to_the_end(sandbox, job, samples)
+        .await
+        .auc)
+        .expect("an AUC")
+}
+
+/// [`train_in_window_order`]'s run; the Job's progress at its end.
+pub(crate) async fn train_in_window_order_to_the_end(
+    sandbox: &Sandbox,
+    job: &str,
+    samples: u64,
+) -> Progress {
     let mut settings = master_settings(sandbox, &data_executor());
     settings.master.tasks.max_lead_hours = 1;
     let master = start(sandbox, &settings);
@@ -279,5 +291,5 @@ pub(crate) async fn train_in_window_order(sandbox: &Sandbox, job: &str, samples:
     let progress = status.progress.expect("trainer progress");
     assert_eq!(progress.samples, samples, "{progress:?}");
     master.stop();
-    progress.auc.expect("an AUC")
+    progress
 }

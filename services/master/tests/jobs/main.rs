@@ -9,6 +9,7 @@ mod checkpoints;
 mod common;
 mod executors;
 mod hdfs;
+mod multitask;
 mod planning;
 mod scaling;
 mod secrets;

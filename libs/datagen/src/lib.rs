@@ -4,7 +4,9 @@
 //! - [`criteo`]: 13 count-like dense and 26 categorical columns, Zipf-distributed ids with
 //!   Criteo's cardinalities (scalable), labels drawn from a hidden logistic model whose
 //!   probabilities are kept, so the best achievable AUC of the data is known exactly.
-//!   With `drift_radians_per_day > 0` the hidden weights rotate over time (drift data).
+//!   With `drift_radians_per_day > 0` the hidden weights rotate over time (drift data);
+//!   with `tasks`, a rare conversion among clicks and a continuous watch time, correlated
+//!   with the click, come with their own best achievable scores.
 //! - [`sessions`]: RecD-style sessions (mean ~16.5 samples, heavy tail): user features
 //!   that change between a session's samples with a set probability, item features
 //!   redrawn per sample; rows ordered by time or clustered by session.

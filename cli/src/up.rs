@@ -40,7 +40,8 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
         redis.dir().display()
     );
 
-    let token_file = ensure_token(&data)?;
+    let token_file = ensure_token(&data, "token")?;
+    let predict_token_file = ensure_token(&data, "predict-token")?;
     let nats_settings = format!("nats:\n  url: {}\n", nats.url());
     let api_settings = format!(
         "{nats_settings}redis:\n  url: {}\nauth:\n  token_file: {}\n",
@@ -48,10 +49,11 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
         token_file.display()
     );
     let master_settings = format!(
-        "{nats_settings}redis:\n  url: {}\napi:\n  server: http://127.0.0.1:{}\n  token_file: {}\nlocal:\n  work_dir: {}\n{}",
+        "{nats_settings}redis:\n  url: {}\napi:\n  server: http://127.0.0.1:{}\n  token_file: {}\nmaster:\n  predict_token_file: {}\nlocal:\n  work_dir: {}\n{}",
         redis.url(),
         primus_config::DEFAULT_PORTS.api_server,
         token_file.display(),
+        predict_token_file.display(),
         data.join("work").display(),
         executor_environment()
     );
@@ -103,6 +105,10 @@ pub async fn up(options: UpOptions) -> anyhow::Result<()> {
         "API token in {0}; for the CLI: export PRIMUS_SERVER=http://127.0.0.1:{1} PRIMUS_TOKEN=$(cat {0})",
         token_file.display(),
         primus_config::DEFAULT_PORTS.api_server
+    );
+    println!(
+        "Predict token in {}: serving replicas answer Predict only with `authorization: Bearer <it>`",
+        predict_token_file.display()
     );
     let dashboard = dashboard_addr();
     match primus_testkit::service::http_request(&dashboard, "GET", "/", &[], "").await {
@@ -200,19 +206,20 @@ fn executor_environment() -> String {
     }
 }
 
-/// The local cluster's API token: made once (random, readable by this user only), then kept
-/// so CLI sessions survive a restart of the cluster.
-fn ensure_token(data: &Path) -> anyhow::Result<PathBuf> {
+/// A token of the local cluster in file `name` of `data` (the API's, Predict's): made once
+/// (random, readable by this user only), then kept so clients survive a restart of the
+/// cluster.
+fn ensure_token(data: &Path, name: &str) -> anyhow::Result<PathBuf> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    let path = data.join("token");
+    let path = data.join(name);
     if path.is_file() {
         return Ok(path);
     }
     let mut random = [0u8; 24];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut random))
-        .context("reading /dev/urandom for an API token")?;
+        .with_context(|| format!("reading /dev/urandom for {}", path.display()))?;
     let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
     let mut file = std::fs::OpenOptions::new()
         .write(true)

@@ -79,6 +79,30 @@ fn up_check_starts_every_service_healthy_and_stops_them_cleanly() {
         settings.contains(&format!("ORT_DYLIB_PATH = \"{ort}\"")),
         "{settings}"
     );
+    // Predict is closed: the master gives its serving replicas a token of their own,
+    // readable by this user only and not the API's.
+    let predict_tokens = data.path().join("predict-token");
+    assert!(
+        settings.contains(&format!(
+            "predict_token_file = \"{}\"",
+            predict_tokens.display()
+        )),
+        "{settings}"
+    );
+    assert!(
+        stdout.contains(&format!("Predict token in {}", predict_tokens.display())),
+        "{stdout}"
+    );
+    let mode = std::fs::metadata(&predict_tokens)
+        .expect("the Predict token file")
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
+    let read = |name: &str| std::fs::read_to_string(data.path().join(name)).expect(name);
+    assert_eq!(read("predict-token").trim().len(), 48);
+    assert_ne!(read("predict-token"), read("token"));
 }
 
 /// The child of `parent` running `name`.

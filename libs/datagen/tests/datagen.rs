@@ -31,18 +31,27 @@ async fn read_all(url: &str, schema: &FeatureSchema) -> Vec<Minibatch> {
     batches
 }
 
+/// Hourly windows from 2026-11-20T00.
+fn hourly_from_2026_11_20(
+    windows: usize,
+    files_per_window: usize,
+    row_group_rows: usize,
+) -> Layout {
+    Layout {
+        unit: WindowUnit::Hourly,
+        start_unix_s: primus_spec::time::parse_window_time("2026-11-20T00").expect("test step"),
+        windows,
+        files_per_window,
+        row_group_rows,
+    }
+}
+
 #[tokio::test]
 async fn criteo_like_data_reads_back_with_its_best_auc() {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = dir.path().to_str().expect("UTF-8 temp path").to_owned();
     let location = primus_storage::open(&url, &Default::default()).expect("test step");
-    let layout = Layout {
-        unit: WindowUnit::Hourly,
-        start_unix_s: primus_spec::time::parse_window_time("2026-11-20T00").expect("test step"),
-        windows: 2,
-        files_per_window: 2,
-        row_group_rows: 1000,
-    };
+    let layout = hourly_from_2026_11_20(2, 2, 1000);
     let options = CriteoOptions {
         cardinality_scale: 0.001,
         ..Default::default()
@@ -122,13 +131,7 @@ async fn criteo_like_tasks_are_correlated_labels_read_back_as_targets() {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = dir.path().to_str().expect("UTF-8 temp path").to_owned();
     let location = primus_storage::open(&url, &Default::default()).expect("test step");
-    let layout = Layout {
-        unit: WindowUnit::Hourly,
-        start_unix_s: primus_spec::time::parse_window_time("2026-11-20T00").expect("test step"),
-        windows: 1,
-        files_per_window: 1,
-        row_group_rows: 10_000,
-    };
+    let layout = hourly_from_2026_11_20(1, 1, 10_000);
     let options = CriteoOptions {
         cardinality_scale: 0.001,
         tasks: true,

@@ -132,7 +132,7 @@ impl FeaturePipeline {
                 .iter()
                 .map(|f| SparseColumn {
                     name: f.name.clone(),
-                    seed: feature_seed(&f.name),
+                    seed: feature_seed(f.key_feature()),
                     multi_hot: f.multi_hot,
                 })
                 .collect(),

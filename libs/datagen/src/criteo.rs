@@ -321,6 +321,8 @@ pub fn feature_schema(table: &str) -> FeatureSchema {
                 table: table.into(),
                 multi_hot: false,
                 dedup_group: None,
+                sequence: None,
+                same_ids_as: None,
             })
             .collect(),
     }

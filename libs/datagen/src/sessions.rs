@@ -232,6 +232,8 @@ pub fn feature_schema(table: &str) -> FeatureSchema {
         table: table.into(),
         multi_hot,
         dedup_group: group.map(str::to_owned),
+        sequence: None,
+        same_ids_as: None,
     };
     FeatureSchema {
         label: "label".into(),

@@ -10,7 +10,8 @@ use arrow_schema::{DataType, Field, Schema};
 use futures::TryStreamExt;
 use primus_datagen::DatagenError;
 use primus_datagen::import::{
-    ADULT_CATEGORICAL, ADULT_LABEL, ADULT_NUMERIC, AdultOptions, MOVIELENS_LABEL, adult, movielens,
+    ADULT_CATEGORICAL, ADULT_LABEL, ADULT_NUMERIC, AdultOptions, HISTORY_LENGTH, MOVIELENS_LABEL,
+    adult, movielens,
 };
 use primus_storage::parquet::{ReadOptions, read};
 
@@ -195,7 +196,9 @@ async fn movielens_ratings_become_daily_rows_in_time_order_with_user_and_movie_f
     let rows = rows_of(&location).await;
     let mut seen = Vec::new();
     let mut stars = Vec::new();
+    let mut history = Vec::new();
     for (file, record) in &rows {
+        let histories = histories(record);
         let column = |name: &str| {
             record
                 .column_by_name(name)
@@ -235,6 +238,7 @@ async fn movielens_ratings_become_daily_rows_in_time_order_with_user_and_movie_f
         );
         for row in 0..record.num_rows() {
             let genre_count = genres.value(row).len();
+            history.push(histories[row].clone());
             seen.push((
                 file.rsplit('/').nth(1).expect("partition").to_owned(),
                 times[row],
@@ -247,6 +251,11 @@ async fn movielens_ratings_become_daily_rows_in_time_order_with_user_and_movie_f
             ));
         }
     }
+    assert_eq!(
+        history,
+        [vec![], vec![], vec!["10".to_owned()], vec!["10".to_owned()]],
+        "each rating's history: the user's movies before it"
+    );
     let day1 = "date=1997-09-20".to_owned();
     let day2 = "date=1997-09-21".to_owned();
     let year = Some("1995".to_owned());
@@ -282,6 +291,54 @@ async fn movielens_ratings_become_daily_rows_in_time_order_with_user_and_movie_f
         [4.0, 3.0, 1.0, 5.0],
         "each row's rating, in time order"
     );
+}
+
+/// Each row's `history` list.
+fn histories(record: &RecordBatch) -> Vec<Vec<String>> {
+    let lists = (record.column_by_name("history"))
+        .and_then(|c| c.as_any().downcast_ref::<arrow_array::ListArray>())
+        .expect("history: a list column");
+    (0..lists.len())
+        .map(|row| {
+            let list = lists.value(row);
+            let items = list.as_any().downcast_ref::<StringArray>().expect("utf8");
+            (0..items.len())
+                .map(|i| items.value(i).to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_movielens_history_keeps_the_user_s_last_movies_oldest_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rated = HISTORY_LENGTH + 5;
+    // User 1 rates movies 1.. one second apart, on the first day.
+    let inter: String = (1..=rated)
+        .map(|i| format!("1\t{i}\t4\t{}\n", 874713600 + i))
+        .collect();
+    write_movielens(dir.path(), &inter);
+    let items: String = (1..=rated)
+        .map(|i| format!("{i}\tM\t1990\tDrama\n"))
+        .collect();
+    let header = ML_ITEMS.lines().next().expect("the items' header");
+    std::fs::write(
+        dir.path().join("ml-100k.item"),
+        format!("{header}\n{items}"),
+    )
+    .expect("item");
+    let location = primus_storage::open("memory://", &Default::default()).expect("location");
+    movielens(dir.path(), &location).await.expect("import");
+    let rows = rows_of(&location).await;
+    let history: Vec<Vec<String>> = rows.iter().flat_map(|(_, r)| histories(r)).collect();
+    assert_eq!(history.len(), rated);
+    let movies = |range: std::ops::RangeInclusive<usize>| -> Vec<String> {
+        range.map(|i| i.to_string()).collect()
+    };
+    assert_eq!(history[0], movies(1..=0));
+    assert_eq!(history[3], movies(1..=3));
+    let last = rated - 1;
+    assert_eq!(history[last], movies(last - HISTORY_LENGTH + 1..=last));
 }
 
 #[tokio::test]

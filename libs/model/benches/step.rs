@@ -50,6 +50,8 @@ fn reference_dlrm() -> ModelLayout {
                 table: "categorical".into(),
                 multi_hot: false,
                 dedup_group: None,
+                sequence: None,
+                same_ids_as: None,
             })
             .collect(),
     };

@@ -27,6 +27,26 @@ pub struct FeatureSlot {
     pub dim: usize,
     /// First column of this feature's pooled embedding in a sample's embedding row.
     pub offset: usize,
+    /// A sequence feature's slot: one position of its kept ids.
+    pub position: Option<SequencePosition>,
+}
+
+/// One position of a sequence feature's slots: the `index`-th of the last `length` ids
+/// of its list (oldest first), empty when the list is shorter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequencePosition {
+    /// Which position.
+    pub index: usize,
+    /// How many positions the feature keeps (`sequence.max_length`).
+    pub length: usize,
+}
+
+impl SequencePosition {
+    /// Where this position's id is in a list of `ids` ids, if it has one.
+    pub fn in_list(self, ids: usize) -> Option<usize> {
+        let kept = ids.min(self.length);
+        (self.index < kept).then(|| ids - kept + self.index)
+    }
 }
 
 /// An embedding table the trainer looks keys up in.
@@ -143,13 +163,33 @@ impl ModelLayout {
                 }
             };
             let dim = spec.dim as usize;
-            features.push(FeatureSlot {
-                name: feature.name.clone(),
-                table,
-                dim,
-                offset,
-            });
-            offset += dim;
+            let positions = match feature.sequence {
+                None => vec![None],
+                Some(_) if model.kind != ModelKind::Graph => {
+                    return Err(ModelError::Mismatch {
+                        feature: feature.name.clone(),
+                        message: "is a sequence, which only model.kind graph reads (a \
+                                  sequence input and an attention block)"
+                            .into(),
+                    });
+                }
+                Some(sequence) => {
+                    let length = sequence.max_length as usize;
+                    (0..length)
+                        .map(|index| Some(SequencePosition { index, length }))
+                        .collect()
+                }
+            };
+            for position in positions {
+                features.push(FeatureSlot {
+                    name: feature.name.clone(),
+                    table,
+                    dim,
+                    offset,
+                    position,
+                });
+                offset += dim;
+            }
         }
         if features.is_empty() {
             return Err(ModelError::Spec {

@@ -9,7 +9,7 @@
 //!   the reference for the rest.
 //! - `cpu`: [`GraphNet`], a model graph (`primus_spec::job::graph`) on the CPU: its
 //!   blocks (MLP, concatenation, sum, DLRM's dot interaction, the factorisation machine,
-//!   DCN-v2's cross network, layer norm, MMoE's gate) and heads (binary cross-entropy, squared error) forward and
+//!   DCN-v2's cross network, layer norm, MMoE's gate, DIN's attention) and heads (binary cross-entropy, squared error) forward and
 //!   backward over a tuned sgemm; and [`DeviceGraph`], the same graph's step over
 //!   primus-gpu's dense operations (cuBLAS and the dense kernels on a GPU).
 //! - [`presets`]: DLRM, DeepFM and Wide&Deep as graphs, which [`Model`] runs on the CPU
@@ -55,7 +55,7 @@ pub use cpu::blocks::{
     DeviceGraph, EmbeddingGradBuffers, GraphNet, GraphStep, GraphWorkspace, HeadOutput,
 };
 pub use inputs::{Inputs, Tower};
-pub use layout::{FeatureSlot, HeadSlot, LabelColumn, ModelLayout, TableSlot};
+pub use layout::{FeatureSlot, HeadSlot, LabelColumn, ModelLayout, SequencePosition, TableSlot};
 pub use params::{ParamSet, ParamTensor};
 pub use step::{LookedUp, SparseGrads};
 

@@ -272,7 +272,9 @@ impl<'p> Builder<'p> {
         Ok(self.node("Add", &[&product, &bias], vec![]))
     }
 
-    fn mlp(
+    /// Layers `{prefix}.0 ..` over `x`, ReLU between them (and after the last with
+    /// `relu_last`).
+    pub(crate) fn mlp(
         &mut self,
         x: &str,
         prefix: &str,
@@ -290,7 +292,11 @@ impl<'p> Builder<'p> {
     }
 
     pub(crate) fn concat(&mut self, parts: &[&str]) -> String {
-        self.node("Concat", parts, vec![int("axis", 1)])
+        self.concat_on(parts, 1)
+    }
+
+    pub(crate) fn concat_on(&mut self, parts: &[&str], axis: i64) -> String {
+        self.node("Concat", parts, vec![int("axis", axis)])
     }
 
     pub(crate) fn reshape(&mut self, x: &str, shape: &[i64]) -> String {

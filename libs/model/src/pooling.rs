@@ -1,6 +1,7 @@
 //! Between the minibatch and the dense network: the unique keys a minibatch needs from
 //! each table (each looked up and pushed once), pooling of a feature's looked-up rows (their
-//! sum or mean, as its table says) into its slot of the sample's embedding row, and the
+//! sum or mean, as its table says) into its slot of the sample's embedding row (a sequence
+//! feature's position: its one id's row, or zeros), and the
 //! backward pass of pooling, which adds each pooled gradient (a mean's share of it) onto
 //! the unique key it came from. Pooling and its backward are
 //! primus-gpu's kernels over the batch's unique rows, run by the caller's
@@ -16,7 +17,7 @@ pub use primus_gpu::{CpuKernels, EmbeddingKernels};
 use primus_spec::job::TablePooling;
 
 use crate::ModelError;
-use crate::layout::ModelLayout;
+use crate::layout::{ModelLayout, SequencePosition};
 
 /// A minibatch's sparse features, resolved to unique keys per table.
 #[derive(Debug, Clone)]
@@ -69,6 +70,22 @@ impl Part {
 /// A feature of a minibatch as pooling reads it: one row per sample, or (RecD's IKJT) one
 /// row per unique row of dedup group `g`, with each sample's row in its inverse index.
 type FeatureRows<'a> = (&'a JaggedFeature, Option<(usize, &'a [u32])>);
+
+/// One position of a sequence feature as bags: per row, the key at `position` of its
+/// list's kept ids, or an empty bag.
+fn position_bags(feature: &JaggedFeature, position: SequencePosition) -> (Vec<u32>, Vec<u64>) {
+    let mut offsets = Vec::with_capacity(feature.offsets.len());
+    let mut keys = Vec::new();
+    offsets.push(0);
+    for bounds in feature.offsets.windows(2) {
+        let list = &feature.values[bounds[0] as usize..bounds[1] as usize];
+        if let Some(at) = position.in_list(list.len()) {
+            keys.push(list[at]);
+        }
+        offsets.push(keys.len() as u32);
+    }
+    (offsets, keys)
+}
 
 impl BatchKeys {
     /// Every feature of `layout` must be in `kjt` with one row per sample.
@@ -158,19 +175,25 @@ impl BatchKeys {
                 )));
             }
             let (map, keys) = (&mut maps[slot.table], &mut tables[slot.table]);
-            let rows = feature
-                .values
-                .iter()
-                .map(|key| {
-                    *map.entry(*key).or_insert_with(|| {
-                        keys.push(*key);
-                        (keys.len() - 1) as u32
-                    })
+            let mut row_of = |key: u64| {
+                *map.entry(key).or_insert_with(|| {
+                    keys.push(key);
+                    (keys.len() - 1) as u32
                 })
-                .collect();
+            };
+            let (offsets, rows) = match slot.position {
+                None => (
+                    feature.offsets.clone(),
+                    feature.values.iter().map(|key| row_of(*key)).collect(),
+                ),
+                Some(position) => {
+                    let (offsets, keys) = position_bags(feature, position);
+                    (offsets, keys.into_iter().map(row_of).collect())
+                }
+            };
             part.input.features.push(FeatureBags {
                 table: slot.table,
-                offsets: feature.offsets.clone(),
+                offsets,
                 rows,
                 inverse: None,
             });

@@ -221,7 +221,37 @@ pub struct SparseFeature {
     /// RecD dedup group: features of a group are deduplicated together per session.
     #[serde(default)]
     pub dedup_group: Option<String>,
+    /// Kept as a sequence rather than pooled (a `multi_hot` list whose order means
+    /// something, oldest first: a user's behaviour history). A model reads it with a
+    /// graph's `sequence` input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<SequenceSpec>,
+    /// Another feature of the same table whose ids this column holds: its ids are keyed as
+    /// that feature's, so an id is the same embedding row in both (a history of items
+    /// beside the item). Unset: the feature's own keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_ids_as: Option<String>,
 }
+
+impl SparseFeature {
+    /// The feature whose name keys this one's ids.
+    pub fn key_feature(&self) -> &str {
+        self.same_ids_as.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// How a sequence feature is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SequenceSpec {
+    /// The most ids kept: a longer list keeps its last (most recent) `max_length`, a
+    /// shorter one leaves the rest empty.
+    pub max_length: u32,
+}
+
+/// The longest sequence a feature may keep: each position is a slot of the sample's
+/// embedding row.
+pub const MAX_SEQUENCE_LENGTH: u32 = 1024;
 
 /// Checks `YYYY-MM-DD` (and `THH` when `hourly`) without a calendar library: month 1-12,
 /// day within the month (leap years counted), hour 0-23.
@@ -511,6 +541,44 @@ impl Validate for FeatureSchema {
             check_name(errors, field(&at, "table"), &feature.table, true);
             if let Some(group) = &feature.dedup_group {
                 check_name(errors, field(&at, "dedup_group"), group, true);
+            }
+            if let Some(other) = &feature.same_ids_as {
+                let at = field(&at, "same_ids_as");
+                match self.sparse.iter().find(|f| f.name == *other) {
+                    None => fail(
+                        errors,
+                        at,
+                        format!("the schema has no sparse feature {other:?}"),
+                    ),
+                    Some(o) if o.name == feature.name => {
+                        fail(errors, at, "names the feature itself")
+                    }
+                    Some(o) if o.table != feature.table => fail(
+                        errors,
+                        at,
+                        format!(
+                            "{other:?} reads table {:?}, this feature {:?}: shared ids share a table",
+                            o.table, feature.table
+                        ),
+                    ),
+                    Some(_) => {}
+                }
+            }
+            if let Some(sequence) = feature.sequence {
+                if !feature.multi_hot {
+                    fail(
+                        errors,
+                        field(&at, "sequence"),
+                        "a sequence is a list of ids: set multi_hot: true",
+                    );
+                }
+                if !(1..=MAX_SEQUENCE_LENGTH).contains(&sequence.max_length) {
+                    fail(
+                        errors,
+                        field(&field(&at, "sequence"), "max_length"),
+                        format!("must be 1 to {MAX_SEQUENCE_LENGTH}"),
+                    );
+                }
             }
         }
     }

@@ -231,6 +231,8 @@ pub(crate) mod tests {
                 table: "t".into(),
                 multi_hot: false,
                 dedup_group: None,
+                sequence: None,
+                same_ids_as: None,
             }],
         }
     }

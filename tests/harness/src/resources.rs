@@ -74,6 +74,8 @@ pub fn id_schema() -> FeatureSchema {
             table: "t".into(),
             multi_hot: false,
             dedup_group: None,
+            sequence: None,
+            same_ids_as: None,
         }],
     }
 }

@@ -12,7 +12,7 @@ mod movielens;
 use std::path::Path;
 
 pub use adult::{ADULT_CATEGORICAL, ADULT_LABEL, ADULT_NUMERIC, AdultOptions, Imported, adult};
-pub use movielens::{MOVIELENS_LABEL, MovieLensImported, movielens};
+pub use movielens::{HISTORY_LENGTH, MOVIELENS_LABEL, MovieLensImported, movielens};
 
 use crate::DatagenError;
 

@@ -2,11 +2,12 @@
 //! `dataset_example/ml-100k`: RecBole "atomic" files, tab-separated, with typed headers
 //! (`user_id:token`). Every rating becomes one row labelled `rating_ge_4` (1 for a rating
 //! of 4 or 5), with the rating itself (`rating`, 1 to 5) and the user's and the movie's
-//! features joined in. Rows are ordered by
-//! time and written one partition per UTC day of their own timestamps, so a Job reads
-//! them in the order they happened.
+//! features joined in, and `history`: the movies the user rated before, oldest first (the
+//! last [`HISTORY_LENGTH`]), for a sequence feature. Rows are ordered by time and written
+//! one partition per UTC day of their own timestamps, so a Job reads them in the order
+//! they happened.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -22,6 +23,9 @@ use crate::write::write_file;
 
 /// The MovieLens label column: 1 when the rating is 4 or more.
 pub const MOVIELENS_LABEL: &str = "rating_ge_4";
+
+/// The most movies a row's `history` holds: the user's last ratings before this one.
+pub const HISTORY_LENGTH: usize = 20;
 
 /// What a MovieLens import wrote.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,6 +120,8 @@ struct Rating<'a> {
     stars: f64,
     user: &'a [String],
     item: &'a [String],
+    /// The movies the user rated before, oldest first (filled once in time order).
+    history: Vec<&'a str>,
 }
 
 /// Where each output column comes from in the user and item files.
@@ -147,6 +153,7 @@ pub async fn movielens(dir: &Path, location: &Location) -> Result<MovieLensImpor
     };
     let mut ratings = join(&inter, &users.by_key("user_id")?, &items.by_key("item_id")?)?;
     ratings.sort_by_key(|r| r.unix_s);
+    fill_histories(&mut ratings, &columns);
     for (line, fields) in &users.lines {
         let age = &fields[columns.age];
         if age.parse::<i64>().is_err() {
@@ -213,9 +220,28 @@ fn join<'a>(
             stars,
             user: lookup(users, user_id, "user_id")?,
             item: lookup(items, item_id, "item_id")?,
+            history: Vec::new(),
         });
     }
     Ok(ratings)
+}
+
+/// Each rating's history: its user's last [`HISTORY_LENGTH`] movies before it, in the
+/// order of `ratings` (time; a second's ties in the file's order).
+fn fill_histories(ratings: &mut [Rating<'_>], c: &Columns) {
+    let mut by_user: HashMap<&str, VecDeque<&str>> = HashMap::new();
+    for rating in ratings {
+        let rated = by_user.entry(rating.user[c.user_id].as_str()).or_default();
+        rating.history = rated.iter().copied().collect();
+        let item = rating.item[c.item_id].trim();
+        if item.is_empty() {
+            continue;
+        }
+        if rated.len() == HISTORY_LENGTH {
+            rated.pop_front();
+        }
+        rated.push_back(item);
+    }
 }
 
 /// One day's rows: label, rating, timestamp, user and movie features (genres as a list).
@@ -226,6 +252,7 @@ fn to_batch(day: &[Rating<'_>], c: &Columns) -> Result<RecordBatch, DatagenError
     let mut age = Int64Builder::new();
     let mut strings: Vec<StringBuilder> = (0..6).map(|_| StringBuilder::new()).collect();
     let mut genres = ListBuilder::new(StringBuilder::new());
+    let mut history = ListBuilder::new(StringBuilder::new());
     for rating in day {
         label.append_value(rating.label);
         stars.append_value(rating.stars);
@@ -248,6 +275,10 @@ fn to_batch(day: &[Rating<'_>], c: &Columns) -> Result<RecordBatch, DatagenError
             genres.values().append_value(genre);
         }
         genres.append(true);
+        for item in &rating.history {
+            history.values().append_value(item);
+        }
+        history.append(true);
     }
     let mut columns: Vec<(&str, ArrayRef)> = vec![
         (MOVIELENS_LABEL, Arc::new(label.finish())),
@@ -267,5 +298,6 @@ fn to_batch(day: &[Rating<'_>], c: &Columns) -> Result<RecordBatch, DatagenError
         columns.push((name, Arc::new(builder.finish())));
     }
     columns.push(("genres", Arc::new(genres.finish())));
+    columns.push(("history", Arc::new(history.finish())));
     Ok(RecordBatch::try_from_iter(columns)?)
 }

@@ -144,10 +144,20 @@ fn a_gate_of_experts_of_different_widths_is_refused_naming_the_expert() {
     }
 }
 
-/// Every parameter's gradient (at three of its values) and the sparse inputs' against
-/// central differences of the loss, over `wide_layout`, each head on a label of its own.
+/// [`gradients_match_finite_differences_over`] `wide_layout`.
 fn gradients_match_finite_differences(spec: &GraphSpec) {
-    let layout = wide_layout();
+    gradients_match_finite_differences_over(spec, &wide_layout(), &[]);
+}
+
+/// Every parameter's gradient (at three of its values) and the sparse inputs' (at four
+/// places and at `embedded_at`) against central differences of the loss over `layout`
+/// (a wide one), each head on a label of its own.
+pub(crate) fn gradients_match_finite_differences_over(
+    spec: &GraphSpec,
+    layout: &ModelLayout,
+    embedded_at: &[usize],
+) {
+    let layout = layout.clone();
     let net = GraphNet::new(spec, &layout, "model.graph").expect("the graph fits");
     let rows = 5;
     let (dense, mut embedded, mut wide, clicks) = random_batch(&layout, rows);
@@ -213,7 +223,8 @@ fn gradients_match_finite_differences(spec: &GraphSpec) {
             );
         }
     }
-    for index in [0, 5, embedded.len() / 2, embedded.len() - 1] {
+    let places = [0, 5, embedded.len() / 2, embedded.len() - 1];
+    for &index in places.iter().chain(embedded_at) {
         let original = embedded[index];
         embedded[index] = original + eps;
         let up = loss(&params, &embedded, &wide, &mut ws);

@@ -10,6 +10,7 @@ mod graph;
 mod job_graph;
 mod on_device;
 mod pooling;
+mod sequence;
 
 use primus_batch::{Ikjt, JaggedFeature, Kjt, Sparse};
 use primus_model::pooling::{BatchKeys, CpuKernels};
@@ -41,6 +42,8 @@ fn schema(dense: usize, sparse: &[(&str, &str)]) -> FeatureSchema {
                 table: (*table).into(),
                 multi_hot: false,
                 dedup_group: None,
+                sequence: None,
+                same_ids_as: None,
             })
             .collect(),
     }

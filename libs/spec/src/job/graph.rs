@@ -42,6 +42,12 @@ pub enum GraphInput {
     /// The sum of the sparse features' first-order weights (a wide model's linear part;
     /// every table needs its wide twin).
     FirstOrder,
+    /// A sequence feature (`schema.sparse[].sequence`) kept as its sequence: one embedding
+    /// per position, empty positions zero. Only an `attention` block reads it.
+    Sequence {
+        /// The feature.
+        feature: String,
+    },
 }
 
 /// An activation function.
@@ -114,6 +120,18 @@ pub enum Block {
         /// The experts: values of one width (MLP blocks, typically).
         experts: Vec<String>,
     },
+    /// DIN's target attention: each position `k` of `sequence` is weighted by an MLP of
+    /// `[q, k, q - k, q * k]` (hidden layers of `widths` with ReLU, then one linear output)
+    /// and the weighted positions summed, unnormalised as in DIN. Empty positions add
+    /// nothing; an empty sequence gives zeros.
+    Attention {
+        /// The value attending (the candidate item's embedding), as wide as one position.
+        query: String,
+        /// A `sequence` input.
+        sequence: String,
+        /// The hidden layers' widths of the weighting MLP.
+        widths: Vec<u32>,
+    },
     /// A DCN-v2 cross network: `x(l+1) = x0 * (W x(l) + b) + x(l)`, W full or of rank `rank`.
     Cross {
         /// The value it reads (`x0`).
@@ -174,6 +192,12 @@ impl Block {
                     .map(|(i, name)| (index("inputs", i), name.as_str()))
                     .collect()
             }
+            Block::Attention {
+                query, sequence, ..
+            } => vec![
+                ("query".to_owned(), query.as_str()),
+                ("sequence".to_owned(), sequence.as_str()),
+            ],
             Block::Gate { input, experts } => {
                 let experts = (experts.iter().enumerate())
                     .map(|(i, name)| (index("experts", i), name.as_str()));
@@ -293,6 +317,17 @@ impl Validate for GraphSpec {
 impl Validate for Block {
     fn validate(&self, path: &str, errors: &mut Vec<FieldError>) {
         match self {
+            Block::Attention { widths, .. } => {
+                for (i, width) in widths.iter().enumerate() {
+                    if *width == 0 {
+                        fail(
+                            errors,
+                            index(&field(path, "widths"), i),
+                            "must be at least 1",
+                        );
+                    }
+                }
+            }
             Block::Mlp { widths, .. } => {
                 if widths.is_empty() {
                     fail(errors, field(path, "widths"), "needs at least one layer");

@@ -3,6 +3,7 @@
 //! reference and width checked with the spec's path of what does not fit. `run` computes
 //! them forward and backward over this module's kernels.
 
+mod attention;
 mod cross;
 mod gate;
 mod norm;
@@ -21,6 +22,7 @@ use crate::params::ParamSet;
 pub use on_device::{DeviceGraph, EmbeddingGradBuffers};
 pub use run::{GraphStep, GraphWorkspace, HeadOutput};
 
+use attention::Attention;
 use cross::CrossNet;
 use gate::Gate;
 use norm::LayerNorm;
@@ -48,12 +50,14 @@ pub struct GraphNet {
     wants_grad: Vec<bool>,
 }
 
-/// One value of the graph: `width` floats per row, `vectors` vectors of `width / vectors`.
+/// One value of the graph: `width` floats per row, `vectors` vectors of `width / vectors`
+/// (a sequence's positions, with `sequence`).
 #[derive(Debug, Clone)]
 struct Node {
     name: String,
     width: usize,
     vectors: usize,
+    sequence: bool,
     op: Op,
     /// The nodes it reads, in order.
     reads: Vec<usize>,
@@ -100,6 +104,8 @@ enum Op {
     LayerNorm(LayerNorm),
     /// The first read gates the others (the experts).
     Gate(Gate),
+    /// The first read (the query) attends to the second (a sequence).
+    Attention(Attention),
 }
 
 /// A head: the node whose single value per row it reads, and its loss.
@@ -170,6 +176,26 @@ impl GraphNet {
                         format!("{read:?} is neither an input nor a block"),
                     )
                 })?;
+                let takes_sequence =
+                    matches!(block, Block::Attention { .. }) && field == "sequence";
+                match (nodes[index].sequence, takes_sequence) {
+                    (true, false) => {
+                        return Err(spec_error(
+                            format!("{at}.{field}"),
+                            format!(
+                                "{read:?} is a sequence; only an attention block's sequence \
+                                 reads one (attend to it, then use the result)"
+                            ),
+                        ));
+                    }
+                    (false, true) => {
+                        return Err(spec_error(
+                            format!("{at}.{field}"),
+                            format!("{read:?} is not a sequence input"),
+                        ));
+                    }
+                    _ => {}
+                }
                 reads.push(index);
             }
             let node = block_node(name, block, reads, &nodes, &at)?;
@@ -185,7 +211,7 @@ impl GraphNet {
                     format!("{:?} is neither an input nor a block", head.input),
                 )
             })?;
-            if nodes[node].width != 1 {
+            if nodes[node].width != 1 || nodes[node].sequence {
                 return Err(spec_error(
                     at,
                     format!(
@@ -248,13 +274,14 @@ impl GraphNet {
         ParamSet::init_shapes(&self.shapes, seed)
     }
 
-    /// A block that runs on the CPU only (a layer norm or a gate), by name and kind; none:
+    /// A block that runs on the CPU only (a layer norm, a gate or an attention), by name and kind; none:
     /// the graph can be placed on the dense operations of a device.
     pub fn cpu_only_block(&self) -> Option<(&str, &str)> {
         self.nodes.iter().find_map(|node| {
             let kind = match node.op {
                 Op::LayerNorm(_) => "a layer norm",
                 Op::Gate(_) => "a gate",
+                Op::Attention(_) => "an attention block",
                 _ => return None,
             };
             Some((node.name.as_str(), kind))
@@ -291,6 +318,7 @@ fn param_shapes(nodes: &[Node]) -> Vec<ParamShape> {
             Op::Cross(cross) => shapes.extend(cross.param_shapes()),
             Op::LayerNorm(norm) => shapes.extend(norm.param_shapes()),
             Op::Gate(gate) => shapes.extend(gate.param_shapes()),
+            Op::Attention(attention) => shapes.extend(attention.param_shapes()),
             _ => {}
         }
     }
@@ -306,7 +334,7 @@ fn gradient_flow(nodes: &[Node]) -> (Vec<bool>, Vec<bool>) {
         let sparse = matches!(node.op, Op::Embeddings { .. } | Op::FirstOrder);
         let params = matches!(
             node.op,
-            Op::Mlp { .. } | Op::Cross(_) | Op::LayerNorm(_) | Op::Gate(_)
+            Op::Mlp { .. } | Op::Cross(_) | Op::LayerNorm(_) | Op::Gate(_) | Op::Attention(_)
         );
         leads.push(sparse || node.reads.iter().any(|r| leads[*r]));
         wants.push(sparse || params || node.reads.iter().any(|r| wants[*r]));
@@ -325,6 +353,7 @@ fn input_node(
         name: name.to_owned(),
         width,
         vectors,
+        sequence: false,
         op,
         reads: Vec::new(),
     };
@@ -356,25 +385,36 @@ fn input_node(
         }
         GraphInput::Embeddings { features } => {
             let slots: Vec<_> = if features.is_empty() {
-                layout.features.iter().collect()
+                (layout.features.iter())
+                    .filter(|slot| slot.position.is_none())
+                    .collect()
             } else {
                 (features.iter().enumerate())
                     .map(|(i, feature)| {
-                        (layout.features.iter())
+                        let slot = (layout.features.iter())
                             .find(|slot| slot.name == *feature)
                             .ok_or_else(|| {
                                 spec_error(
                                     format!("{at}.features[{i}]"),
                                     format!("the Dataset has no sparse feature {feature:?}"),
                                 )
-                            })
+                            })?;
+                        match slot.position {
+                            None => Ok(slot),
+                            Some(_) => Err(spec_error(
+                                format!("{at}.features[{i}]"),
+                                format!(
+                                    "{feature:?} is a sequence feature; a sequence input reads it"
+                                ),
+                            )),
+                        }
                     })
                     .collect::<Result<_, _>>()?
             };
             if slots.is_empty() {
                 return Err(spec_error(
                     at.to_owned(),
-                    "the Dataset has no sparse features",
+                    "the Dataset has no sparse features but sequences",
                 ));
             }
             let segments: Vec<(usize, usize)> = slots.iter().map(|s| (s.offset, s.dim)).collect();
@@ -392,6 +432,36 @@ fn input_node(
                 ));
             }
             Ok(node(1, 1, Op::FirstOrder))
+        }
+        GraphInput::Sequence { feature } => {
+            let slots: Vec<_> = (layout.features.iter())
+                .filter(|slot| slot.name == *feature)
+                .collect();
+            let (first, length) = match slots.first() {
+                None => {
+                    return Err(spec_error(
+                        format!("{at}.feature"),
+                        format!("the Dataset has no sparse feature {feature:?}"),
+                    ));
+                }
+                Some(slot) if slot.position.is_none() => {
+                    return Err(spec_error(
+                        format!("{at}.feature"),
+                        format!(
+                            "{feature:?} is not a sequence feature (the Dataset's \
+                             schema.sparse[].sequence)"
+                        ),
+                    ));
+                }
+                Some(slot) => (slot, slots.len()),
+            };
+            // A feature's positions sit side by side in the embedding row.
+            let width = length * first.dim;
+            let segments = vec![(first.offset, width)];
+            Ok(Node {
+                sequence: true,
+                ..node(width, length, Op::Embeddings { segments })
+            })
         }
     }
 }
@@ -528,6 +598,30 @@ fn block_node(
             let gate = Gate::new(name, read(0).width, experts.len(), width);
             (width, 1, Op::Gate(gate))
         }
+        Block::Attention { widths, .. } => {
+            if widths.contains(&0) {
+                return Err(spec_error(
+                    format!("{at}.widths"),
+                    "each hidden layer is at least 1 wide",
+                ));
+            }
+            let (query, sequence) = (read(0), read(1));
+            let dim = sequence.vector_width();
+            if query.width != dim {
+                return Err(spec_error(
+                    format!("{at}.query"),
+                    format!(
+                        "{:?} is {} wide, the sequence's positions {dim}: the query is as \
+                         wide as one position",
+                        block.reads()[0].1,
+                        query.width
+                    ),
+                ));
+            }
+            let hidden = widths.iter().map(|w| *w as usize).collect();
+            let attention = Attention::new(name, dim, sequence.vectors, hidden);
+            (dim, 1, Op::Attention(attention))
+        }
         Block::Cross { layers, rank, .. } => {
             if *layers == 0 || *rank == Some(0) {
                 return Err(spec_error(
@@ -544,6 +638,7 @@ fn block_node(
         name: name.to_owned(),
         width,
         vectors,
+        sequence: false,
         op,
         reads,
     })

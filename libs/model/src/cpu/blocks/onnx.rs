@@ -124,6 +124,23 @@ impl GraphNet {
                     ModelError::Params(format!("gate {} has no expert", node.name))
                 })?
             }
+            Op::Attention(attention) => {
+                let (dim, length) = attention.shape();
+                let (d, l) = (dim as i64, length as i64);
+                let query = b.reshape(reads[0], &[-1, 1, d]);
+                let keys = b.reshape(reads[1], &[-1, l, d]);
+                let each = b.constant_i64(&[1, l, d]);
+                let query = b.node("Expand", &[&query, &each], vec![]);
+                let difference = b.node("Sub", &[&query, &keys], vec![]);
+                let product = b.node("Mul", &[&query, &keys], vec![]);
+                let features = b.concat_on(&[&query, &keys, &difference, &product], 2);
+                let features = b.reshape(&features, &[-1, 4 * d]);
+                let (prefix, widths) = attention.layers();
+                let scores = b.mlp(&features, prefix, widths.len(), false)?;
+                let scores = b.reshape(&scores, &[-1, l, 1]);
+                let weighted = b.node("Mul", &[&scores, &keys], vec![]);
+                b.reduce_sum(&weighted, 1, false)
+            }
             Op::Cross(cross) => {
                 let (prefix, _, layers, rank) = cross.parts();
                 let x0 = reads[0];

@@ -14,6 +14,7 @@ use crate::inputs::Inputs;
 use crate::params::{ParamSet, ParamTensor};
 use crate::{EmbeddingGrads, ModelError};
 
+use super::attention::{AttentionActs, AttentionGrads};
 use super::cross::CrossActs;
 use super::gate::{Gate, GateActs};
 use super::norm::NormActs;
@@ -55,6 +56,9 @@ pub struct GraphWorkspace {
     cross: Vec<CrossActs>,
     norm: Vec<NormActs>,
     gate: Vec<GateActs>,
+    attention: Vec<AttentionActs>,
+    /// An attention block's query's and sequence's gradients.
+    attention_grads: (Vec<f32>, Vec<f32>),
     /// A gate's experts' gradients.
     expert_grads: Vec<Vec<f32>>,
     buffers: GradBuffers,
@@ -341,6 +345,7 @@ impl GraphNet {
         ws.cross.resize_with(count, CrossActs::default);
         ws.norm.resize_with(count, NormActs::default);
         ws.gate.resize_with(count, GateActs::default);
+        ws.attention.resize_with(count, AttentionActs::default);
         for (i, node) in self.nodes.iter().enumerate() {
             if self.whole[i] {
                 continue;
@@ -419,6 +424,10 @@ impl GraphNet {
                 Op::Gate(gate) => {
                     let experts: Vec<&[f32]> = (1..node.reads.len()).map(read).collect();
                     gate.forward(params, read(0), &experts, &mut ws.gate[i], out)?;
+                }
+                Op::Attention(attention) => {
+                    let reads = (read(0), read(1));
+                    attention.forward(params, reads, &mut ws.attention[i], out)?;
                 }
             }
         }
@@ -556,6 +565,32 @@ impl GraphNet {
             }
             Op::Gate(gate) => {
                 params_grads = self.gate_backward(i, gate, params, &grad, inputs, ws)?
+            }
+            Op::Attention(attention) => {
+                let (query, sequence) = (node.reads[0], node.reads[1]);
+                let (grad_query, grad_sequence) = &mut ws.attention_grads;
+                let grads = AttentionGrads {
+                    query: sized(grad_query, rows * self.nodes[query].width),
+                    sequence: sized(grad_sequence, rows * self.nodes[sequence].width),
+                };
+                let reads = (
+                    self.value(query, &ws.values, inputs),
+                    self.value(sequence, &ws.values, inputs),
+                );
+                params_grads = attention.backward(
+                    params,
+                    reads,
+                    &ws.attention[i],
+                    &grad,
+                    &mut ws.buffers,
+                    grads,
+                )?;
+                if wanted[0] {
+                    ws.grads.add(query, &ws.attention_grads.0);
+                }
+                if wanted[1] {
+                    ws.grads.add(sequence, &ws.attention_grads.1);
+                }
             }
             Op::LayerNorm(norm) => {
                 let read = node.reads[0];

@@ -203,7 +203,7 @@ impl<O: DenseOps> Passes<'_, O> {
                     let x0 = value(node.reads[0])?;
                     cross::forward(ops, (net, params), rows, x0, (layers, buffers))?;
                 }
-                Op::LayerNorm(_) | Op::Gate(_) => return Err(cpu_only(node)),
+                Op::LayerNorm(_) | Op::Gate(_) | Op::Attention(_) => return Err(cpu_only(node)),
             }
         }
         Ok(())
@@ -246,7 +246,9 @@ impl<O: DenseOps> Passes<'_, O> {
                 Op::Concat | Op::Add => self.spread_backward(i)?,
                 Op::Fm { vectors, dim } => self.fm_backward(i, *vectors, *dim)?,
                 Op::Cross(_) => self.cross_backward(i)?,
-                Op::LayerNorm(_) | Op::Gate(_) => return Err(cpu_only(&net.nodes[i])),
+                Op::LayerNorm(_) | Op::Gate(_) | Op::Attention(_) => {
+                    return Err(cpu_only(&net.nodes[i]));
+                }
                 Op::Dense(_) => {}
             }
         }
@@ -572,7 +574,7 @@ fn names_only(order: &[String]) -> ParamSet {
 /// A block with no form over the dense operations.
 fn cpu_only(node: &Node) -> ModelError {
     ModelError::Ops(format!(
-        "block {:?} runs on the CPU only (a layer norm or a gate)",
+        "block {:?} runs on the CPU only (a layer norm, a gate or an attention)",
         node.name
     ))
 }

@@ -335,7 +335,7 @@ async fn a_movielens_history_keeps_the_user_s_last_movies_oldest_first() {
     let movies = |range: std::ops::RangeInclusive<usize>| -> Vec<String> {
         range.map(|i| i.to_string()).collect()
     };
-    assert_eq!(history[0], movies(1..=0));
+    assert!(history[0].is_empty(), "{:?}", history[0]);
     assert_eq!(history[3], movies(1..=3));
     let last = rated - 1;
     assert_eq!(history[last], movies(last - HISTORY_LENGTH + 1..=last));

@@ -700,10 +700,10 @@ heads:
         );
     }
     let unknown = serde_yaml_ng::from_str::<GraphSpec>(
-        "inputs: {}\nblocks: {x: {kind: attention, input: y}}\nheads: {}\n",
+        "inputs: {}\nblocks: {x: {kind: transformer, input: y}}\nheads: {}\n",
     )
     .expect_err("an unknown block kind");
-    assert!(unknown.to_string().contains("attention"), "{unknown}");
+    assert!(unknown.to_string().contains("transformer"), "{unknown}");
 }
 
 #[test]

@@ -64,12 +64,13 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-/// The bearer tokens in a token file (`auth.token_file`, the CLI's `token_file`): one per
-/// line, surrounding whitespace ignored, blank lines and `#` comments skipped.
+/// The bearer tokens in a token file (`auth.token_file`, the CLI's `token_file`): the first
+/// word of each line (what follows it is the token's scope and labels, which the server
+/// reads), blank lines and `#` comments skipped.
 pub fn tokens_in(text: &str) -> impl Iterator<Item = &str> {
     text.lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|token| !token.starts_with('#'))
 }
 
 fn redact_authority(authority: &str) -> String {
@@ -85,7 +86,7 @@ mod tests {
 
     #[test]
     fn token_files_skip_comments_and_blank_lines() {
-        let tokens: Vec<&str> = tokens_in("# ops\n\n  alpha  \nbeta\n").collect();
+        let tokens: Vec<&str> = tokens_in("# ops\n\n  alpha  \nbeta read team=ads\n").collect();
         assert_eq!(tokens, ["alpha", "beta"]);
     }
 

@@ -1,7 +1,12 @@
 //! Bearer tokens from a token file: a guarded call carries `authorization: Bearer <token>`
-//! (the API server's every call, a serving replica's Predict over gRPC and HTTP). The file
-//! is read again at most once a second as calls arrive, so tokens are added and revoked by
-//! editing it, without a restart.
+//! (the API server's every call, a serving replica's Predict over gRPC and HTTP). Each
+//! token's line may narrow what it grants ([`Grant`]: a scope, labels), which the API
+//! server enforces. The file is read again at most once a second as calls arrive, so
+//! tokens are added, narrowed and revoked by editing it, without a restart.
+
+mod grant;
+
+pub use grant::{Grant, Scope, labels_text};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +19,9 @@ use tonic::{Request, Status};
 /// How often, at most, a call looks at the token file again.
 const RELOAD_EVERY: Duration = Duration::from_secs(1);
 
+/// Each token with what it grants.
+type Granted = Vec<(Vec<u8>, Grant)>;
+
 /// The tokens that may make a guarded call; cheap to clone into an interceptor.
 #[derive(Clone)]
 pub struct BearerTokens(Arc<Tokens>);
@@ -22,7 +30,7 @@ struct Tokens {
     file: PathBuf,
     /// The setting that names the file, for the log.
     key: String,
-    current: RwLock<Arc<Vec<Vec<u8>>>>,
+    current: RwLock<Arc<Granted>>,
     /// The file's text when last read: a read that finds it unchanged keeps the tokens.
     text: Mutex<String>,
     reload_every: Duration,
@@ -40,14 +48,21 @@ impl BearerTokens {
     fn load_every(token_file: &Path, key: &str, reload_every: Duration) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(token_file)
             .with_context(|| format!("cannot read {} (setting `{key}`)", token_file.display()))?;
-        let tokens = parse(&text);
-        if tokens.is_empty() {
+        let read = grant::parse(&text);
+        if !read.problems.is_empty() {
+            bail!(
+                "{} (setting `{key}`): {}",
+                token_file.display(),
+                read.problems.join("; ")
+            );
+        }
+        if read.tokens.is_empty() {
             bail!("{} (setting `{key}`) holds no token", token_file.display());
         }
         Ok(Self(Arc::new(Tokens {
             file: token_file.to_owned(),
             key: key.to_owned(),
-            current: RwLock::new(Arc::new(tokens)),
+            current: RwLock::new(Arc::new(read.tokens)),
             text: Mutex::new(text),
             reload_every,
             started: Instant::now(),
@@ -57,7 +72,7 @@ impl BearerTokens {
 
     /// The tokens now: the file's, read again when the last look is older than the reload
     /// interval (by one caller; the others use the tokens as they were).
-    fn current(&self) -> Arc<Vec<Vec<u8>>> {
+    fn current(&self) -> Arc<Granted> {
         let tokens = &self.0;
         let now = tokens.started.elapsed().as_millis() as u64;
         let looked = tokens.looked_ms.load(Ordering::Relaxed);
@@ -76,33 +91,43 @@ impl BearerTokens {
         Arc::clone(&current)
     }
 
-    /// Lets a gRPC call through if it carries one of the tokens.
-    pub fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
+    /// Lets a gRPC call through if it carries one of the tokens, with the token's
+    /// [`Grant`] in the request's extensions (see [`grant_of`]).
+    pub fn check(&self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let header = request
             .metadata()
             .get("authorization")
             .map(|value| value.to_str().unwrap_or(""));
-        self.check_header(header)?;
+        let grant = self.check_header(header)?;
+        request.extensions_mut().insert(grant);
         Ok(request)
     }
 
-    /// Whether an `authorization` header's value (None: no header) holds one of the tokens.
-    pub fn check_header(&self, header: Option<&str>) -> Result<(), Status> {
+    /// The grant of the token an `authorization` header's value (None: no header) holds,
+    /// if it is one of the tokens.
+    pub fn check_header(&self, header: Option<&str>) -> Result<Grant, Status> {
         let header = header
             .ok_or_else(|| Status::unauthenticated("missing `authorization: Bearer <token>`"))?;
         let token = header
             .strip_prefix("Bearer ")
             .ok_or_else(|| Status::unauthenticated("`authorization` must be `Bearer <token>`"))?;
         // Compare against every token without stopping early, so timing says nothing.
-        let known = self.current().iter().fold(false, |found, t| {
-            found | constant_time_eq(t, token.as_bytes())
+        let tokens = self.current();
+        let found = tokens.iter().fold(None, |found, (known, grant)| {
+            let equal = constant_time_eq(known, token.as_bytes());
+            found.or(equal.then_some(grant))
         });
-        if known {
-            Ok(())
-        } else {
-            Err(Status::unauthenticated("unknown token"))
-        }
+        found
+            .cloned()
+            .ok_or_else(|| Status::unauthenticated("unknown token"))
     }
+}
+
+/// The grant [`BearerTokens::check`] put on a call; a call that passed no check gets
+/// none (UNAUTHENTICATED), so a service wired without the check refuses everything.
+pub fn grant_of<T>(request: &Request<T>) -> Result<Grant, Status> {
+    (request.extensions().get::<Grant>().cloned())
+        .ok_or_else(|| Status::unauthenticated("the call's token was not checked"))
 }
 
 impl Tokens {
@@ -121,22 +146,21 @@ impl Tokens {
         if *last == text {
             return;
         }
-        let tokens = parse(&text);
-        match tokens.len() {
+        let read = grant::parse(&text);
+        if !read.problems.is_empty() {
+            tracing::warn!(file = %self.file.display(), setting = %self.key,
+                problems = %read.problems.join("; "),
+                "lines of the token file are wrong: their tokens are refused");
+        }
+        match read.tokens.len() {
             0 => tracing::warn!(file = %self.file.display(), setting = %self.key,
                 "the token file holds no token: every guarded call is refused until it does"),
             n => tracing::info!(file = %self.file.display(), setting = %self.key, tokens = n,
                 "token file read again"),
         }
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(tokens);
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(read.tokens);
         *last = text;
     }
-}
-
-fn parse(text: &str) -> Vec<Vec<u8>> {
-    primus_config::tokens_in(text)
-        .map(|token| token.as_bytes().to_vec())
-        .collect()
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -205,14 +229,6 @@ mod tests {
     }
 
     #[test]
-    fn comments_and_blank_lines_are_not_tokens() {
-        assert_eq!(
-            parse("# ops\n\n  alpha  \nbeta\n"),
-            vec![b"alpha".to_vec(), b"beta".to_vec()]
-        );
-    }
-
-    #[test]
     fn only_a_listed_bearer_token_passes() {
         let tokens = tokens("alpha\nbeta\n");
         assert!(tokens.check(request(Some("Bearer beta"))).is_ok());
@@ -242,5 +258,24 @@ mod tests {
             .expect("empty");
         assert!(err.to_string().contains("holds no token"), "{err}");
         assert!(err.to_string().contains("serving.token_file"), "{err}");
+        std::fs::write(&empty, "fine read\nsecret-token reed\n").expect("write");
+        let err = BearerTokens::load(&empty, "auth.token_file")
+            .err()
+            .expect("a wrong line");
+        let message = err.to_string();
+        assert!(message.contains("auth.token_file") && message.contains("line 2: word 2"));
+        assert!(!message.contains("secret-token"), "{message}");
+    }
+
+    #[test]
+    fn a_checked_call_carries_its_token_s_grant() {
+        let tokens = tokens("root\nviewer read team=ads\n");
+        let checked = tokens.check(request(Some("Bearer viewer"))).expect("known");
+        let grant = grant_of(&checked).expect("a grant");
+        assert_eq!(grant.to_string(), "read team=ads");
+        let root = tokens.check(request(Some("Bearer root"))).expect("known");
+        assert_eq!(grant_of(&root).expect("a grant"), Grant::admin());
+        let unchecked = grant_of(&request(Some("Bearer root"))).expect_err("unchecked");
+        assert_eq!(unchecked.code(), tonic::Code::Unauthenticated);
     }
 }

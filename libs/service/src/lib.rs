@@ -17,7 +17,7 @@ mod services;
 mod shutdown;
 pub mod usage;
 
-pub use auth::BearerTokens;
+pub use auth::{BearerTokens, Grant, Scope, grant_of, labels_text};
 pub use identity::{ExecutorIdentity, setting_or_env};
 pub use node::{Node, serve_nats_node};
 pub use services::Services;

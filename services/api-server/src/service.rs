@@ -1,6 +1,7 @@
 //! The ApiService RPCs: validation with primus-spec (and a Job's model against its
 //! Dataset's schema with primus-model), storage through [`Store`], change events on NATS,
-//! and Watch streams that replay from Redis.
+//! and Watch streams that replay from Redis. Each call is bounded by its token's [`Grant`]:
+//! its scope by call, its labels by resource (a resource outside them is as absent).
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -14,7 +15,7 @@ use primus_proto::v1::{
     ListRequest, ListResponse, Resource, ResourceEvent, UpdateStatusRequest, UpdateStatusResponse,
     WatchRequest,
 };
-use primus_service::Shutdown;
+use primus_service::{Grant, Scope, Shutdown, grant_of, labels_text};
 use primus_spec::dataset::DatasetSpec;
 use primus_spec::metric::MetricSpec;
 use primus_spec::status::Status as ResourceStatus;
@@ -118,12 +119,45 @@ impl Api {
         }
     }
 
-    async fn apply(&self, request: ApplyRequest) -> Result<ApplyResponse, Status> {
+    /// A Job of a label-limited token may only use a Dataset within its labels: another
+    /// is refused as if it did not exist.
+    async fn check_dataset_reachable(
+        &self,
+        job: &str,
+        dataset: &str,
+        grant: &Grant,
+    ) -> Result<(), Status> {
+        let stored = (self.store.get(Kind::Dataset, dataset).await).map_err(status)?;
+        match stored {
+            Some(stored) if !grant.covers(&stored.labels) => {
+                Err(status(StoreError::DanglingReference {
+                    kind: Kind::Job,
+                    name: job.to_owned(),
+                    target_kind: Kind::Dataset,
+                    target: dataset.to_owned(),
+                }))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn apply(&self, request: ApplyRequest, grant: &Grant) -> Result<ApplyResponse, Status> {
+        grant.require(Scope::Write, "Apply")?;
         let given = request
             .resource
             .ok_or_else(|| Status::invalid_argument("resource: missing"))?;
         let (kind, typed) = validate(&given)?;
+        if !grant.covers(&given.labels) {
+            return Err(Status::permission_denied(format!(
+                "metadata.labels: this token writes only resources labelled {}",
+                labels_text(&grant.labels)
+            )));
+        }
         if let primus_spec::Resource::Job(job) = &typed {
+            if grant.is_limited() {
+                self.check_dataset_reachable(&given.name, &job.spec.dataset, grant)
+                    .await?;
+            }
             self.check_model_fits(&job.spec).await?;
         }
         let reference = reference_of(&typed);
@@ -132,6 +166,15 @@ impl Api {
             .map_err(|e| Status::internal(format!("re-encoding the spec: {e}")))?;
         for _ in 0..WRITE_ATTEMPTS {
             let current = self.store.get(kind, &given.name).await.map_err(status)?;
+            if let Some(current) = &current
+                && !grant.covers(&current.labels)
+            {
+                return Err(Status::permission_denied(format!(
+                    "{kind} {:?} exists outside this token's labels ({}); it cannot change it",
+                    given.name,
+                    labels_text(&grant.labels)
+                )));
+            }
             let current_version = current.as_ref().map_or(0, |c| c.resource_version);
             check_expected(kind, &given.name, request.expected_version, current_version)?;
             if let Some(current) = &current
@@ -197,12 +240,14 @@ impl Api {
     async fn update_status(
         &self,
         request: UpdateStatusRequest,
+        grant: &Grant,
     ) -> Result<UpdateStatusResponse, Status> {
+        grant.require(Scope::Admin, "UpdateStatus")?;
         let kind = parse_kind(&request.kind)?;
         check_name(&request.name)?;
         let status_json = canonical_status(&request.status_json)?;
         for _ in 0..WRITE_ATTEMPTS {
-            let current = self.get_existing(kind, &request.name).await?;
+            let current = self.get_reachable(kind, &request.name, grant).await?;
             check_expected(
                 kind,
                 &request.name,
@@ -239,11 +284,16 @@ impl Api {
         Err(too_contended(kind, &request.name))
     }
 
-    async fn delete(&self, request: DeleteRequest) -> Result<DeleteResponse, Status> {
+    async fn delete(
+        &self,
+        request: DeleteRequest,
+        grant: &Grant,
+    ) -> Result<DeleteResponse, Status> {
+        grant.require(Scope::Write, "Delete")?;
         let kind = parse_kind(&request.kind)?;
         check_name(&request.name)?;
         for _ in 0..WRITE_ATTEMPTS {
-            let current = self.get_existing(kind, &request.name).await?;
+            let current = self.get_reachable(kind, &request.name, grant).await?;
             check_expected(
                 kind,
                 &request.name,
@@ -267,28 +317,36 @@ impl Api {
         Err(too_contended(kind, &request.name))
     }
 
-    async fn get_existing(&self, kind: Kind, name: &str) -> Result<Resource, Status> {
-        self.store
-            .get(kind, name)
-            .await
+    /// Resource `name` of `kind` if it exists within the token's labels; NOT_FOUND alike
+    /// when it does not exist and when it lies outside them.
+    async fn get_reachable(
+        &self,
+        kind: Kind,
+        name: &str,
+        grant: &Grant,
+    ) -> Result<Resource, Status> {
+        (self.store.get(kind, name).await)
             .map_err(status)?
+            .filter(|resource| grant.covers(&resource.labels))
             .ok_or_else(|| Status::not_found(format!("{kind} {name:?} does not exist")))
     }
 
-    pub(crate) async fn get(&self, request: GetRequest) -> Result<Resource, Status> {
+    pub(crate) async fn get(&self, request: GetRequest, grant: &Grant) -> Result<Resource, Status> {
         let kind = parse_kind(&request.kind)?;
         check_name(&request.name)?;
-        self.get_existing(kind, &request.name).await
+        self.get_reachable(kind, &request.name, grant).await
     }
 
-    pub(crate) async fn list(&self, request: ListRequest) -> Result<ListResponse, Status> {
+    pub(crate) async fn list(
+        &self,
+        request: ListRequest,
+        grant: &Grant,
+    ) -> Result<ListResponse, Status> {
         let kind = parse_kind(&request.kind)?;
         let (mut resources, version) = self.store.list(kind).await.map_err(status)?;
         resources.retain(|r| {
-            request
-                .label_selector
-                .iter()
-                .all(|(k, v)| r.labels.get(k) == Some(v))
+            grant.covers(&r.labels)
+                && (request.label_selector.iter()).all(|(k, v)| r.labels.get(k) == Some(v))
         });
         resources.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(ListResponse {
@@ -297,7 +355,11 @@ impl Api {
         })
     }
 
-    pub(crate) async fn open_watch(&self, request: WatchRequest) -> Result<EventStream, Status> {
+    pub(crate) async fn open_watch(
+        &self,
+        request: WatchRequest,
+        grant: &Grant,
+    ) -> Result<EventStream, Status> {
         let kind = match request.kind.as_str() {
             "" => None,
             text => Some(parse_kind(text)?),
@@ -322,6 +384,7 @@ impl Api {
             store: self.store.clone(),
             kind,
             name: request.name,
+            grant: grant.clone(),
             since,
             wakeups,
             poll_interval: self.poll_interval,
@@ -340,6 +403,8 @@ struct Watcher {
     store: Store,
     kind: Option<Kind>,
     name: String,
+    /// Changes of resources outside its labels are not sent.
+    grant: Grant,
     since: u64,
     wakeups: watch::Receiver<u64>,
     poll_interval: Duration,
@@ -393,6 +458,7 @@ impl Watcher {
     fn wants(&self, resource: &Resource) -> bool {
         self.kind.is_none_or(|k| k.as_str() == resource.kind)
             && (self.name.is_empty() || self.name == resource.name)
+            && self.grant.covers(&resource.labels)
     }
 }
 
@@ -402,34 +468,37 @@ impl ApiService for Api {
         &self,
         request: Request<ApplyRequest>,
     ) -> Result<Response<ApplyResponse>, Status> {
-        self.apply(request.into_inner()).await.map(Response::new)
+        let grant = grant_of(&request)?;
+        (self.apply(request.into_inner(), &grant).await).map(Response::new)
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
-        let resource = self.get(request.into_inner()).await?;
+        let grant = grant_of(&request)?;
+        let resource = self.get(request.into_inner(), &grant).await?;
         Ok(Response::new(GetResponse {
             resource: Some(resource),
         }))
     }
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
-        self.list(request.into_inner()).await.map(Response::new)
+        let grant = grant_of(&request)?;
+        (self.list(request.into_inner(), &grant).await).map(Response::new)
     }
 
     async fn delete(
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
-        self.delete(request.into_inner()).await.map(Response::new)
+        let grant = grant_of(&request)?;
+        (self.delete(request.into_inner(), &grant).await).map(Response::new)
     }
 
     async fn update_status(
         &self,
         request: Request<UpdateStatusRequest>,
     ) -> Result<Response<UpdateStatusResponse>, Status> {
-        self.update_status(request.into_inner())
-            .await
-            .map(Response::new)
+        let grant = grant_of(&request)?;
+        (self.update_status(request.into_inner(), &grant).await).map(Response::new)
     }
 
     type WatchStream = EventStream;
@@ -438,9 +507,8 @@ impl ApiService for Api {
         &self,
         request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        self.open_watch(request.into_inner())
-            .await
-            .map(Response::new)
+        let grant = grant_of(&request)?;
+        (self.open_watch(request.into_inner(), &grant).await).map(Response::new)
     }
 }
 

@@ -316,10 +316,15 @@ pub async fn follow(bus: Bus, job: String, reports: tokio::sync::mpsc::Sender<Me
     }
 }
 
-/// Applies `job`'s Metric resource from the fold; a failure is logged (the next write
-/// carries every point).
-pub(crate) async fn write(resources: &Resources, job: &str, fold: &MetricsFold) {
-    if let Err(e) = resources.write_metric(job, fold.spec(job)).await {
+/// Applies `job`'s Metric resource, labelled `labels`, from the fold; a failure is logged
+/// (the next write carries every point).
+pub(crate) async fn write(
+    resources: &Resources,
+    job: &str,
+    labels: BTreeMap<String, String>,
+    fold: &MetricsFold,
+) {
+    if let Err(e) = resources.write_metric(job, labels, fold.spec(job)).await {
         tracing::warn!(%job, error = %e, "writing the Metric resource");
     }
 }

@@ -156,6 +156,7 @@ fn source(name: &str) -> DataSource {
 /// A Job under construction: one data executor, one trainer, one PS.
 pub struct JobBuilder {
     name: String,
+    labels: BTreeMap<String, String>,
     spec: JobSpec,
 }
 
@@ -163,6 +164,7 @@ pub struct JobBuilder {
 pub fn job(name: &str, dataset: &str, mode: TrainingMode, model: ModelSpec) -> JobBuilder {
     JobBuilder {
         name: name.to_owned(),
+        labels: BTreeMap::new(),
         spec: JobSpec {
             model,
             dataset: dataset.to_owned(),
@@ -210,8 +212,16 @@ impl JobBuilder {
         self
     }
 
+    /// Label `key` with `value`.
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
     pub fn build(self) -> Resource {
-        Resource::Job(Box::new(object(&self.name, self.spec)))
+        let mut job = object(&self.name, self.spec);
+        job.metadata.labels = self.labels;
+        Resource::Job(Box::new(job))
     }
 }
 

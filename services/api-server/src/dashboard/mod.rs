@@ -1,6 +1,7 @@
 //! The web dashboard on `server.http_addr`: its pages, compiled into the binary
 //! ([`assets`]), and the JSON they read from this server's resources or Kubernetes'
-//! ([`source`], `dashboard.resources`), behind the gRPC API's bearer tokens:
+//! ([`source`], `dashboard.resources`), behind the gRPC API's bearer tokens and bounded
+//! by their labels as the gRPC API is:
 //! - `GET /api/v1/<Kind>[?labels=k=v,...]`: `{"resource_version": n, "items": [...]}`;
 //! - `GET /api/v1/<Kind>/<name>`: one resource;
 //! - `GET /api/v1/watch?kind=&name=&since=`: the Watch as server-sent events, one per
@@ -88,9 +89,9 @@ async fn list(
     Query(query): Query<ListQuery>,
 ) -> Response {
     let listed = async {
-        dashboard.tokens.check_header(authorization(&headers))?;
+        let grant = dashboard.tokens.check_header(authorization(&headers))?;
         let labels = label_selector(&query.labels)?;
-        dashboard.source.list(kind, labels).await
+        dashboard.source.list(kind, labels, &grant).await
     };
     match listed.await {
         Ok((version, resources)) => {
@@ -108,8 +109,8 @@ async fn get_one(
     Path((kind, name)): Path<(String, String)>,
 ) -> Response {
     let found = async {
-        dashboard.tokens.check_header(authorization(&headers))?;
-        dashboard.source.get(kind, name).await
+        let grant = dashboard.tokens.check_header(authorization(&headers))?;
+        dashboard.source.get(kind, name, &grant).await
     };
     match found.await {
         Ok(resource) => json_reply(StatusCode::OK, document(&resource).to_string()),
@@ -123,13 +124,14 @@ async fn job_traces(
     Path(job): Path<String>,
 ) -> Response {
     let found = async {
-        dashboard.tokens.check_header(authorization(&headers))?;
+        let grant = dashboard.tokens.check_header(authorization(&headers))?;
         let jaeger = dashboard.jaeger.as_ref().ok_or_else(|| {
             Status::failed_precondition(
                 "this API server reads no traces: set traces.jaeger_query_url (Jaeger's query service, http://jaeger:16686)",
             )
         })?;
-        let resource = dashboard.source.get("Job".into(), job.clone()).await?;
+        let resource = dashboard.source.get("Job".into(), job.clone(), &grant);
+        let resource = resource.await?;
         jaeger.step_path(&job, resource.created_unix_ms).await
     };
     match found.await {
@@ -158,13 +160,13 @@ async fn watch(
     Query(query): Query<WatchQuery>,
 ) -> Response {
     let opened = async {
-        dashboard.tokens.check_header(authorization(&headers))?;
+        let grant = dashboard.tokens.check_header(authorization(&headers))?;
         let request = WatchRequest {
             kind: query.kind,
             name: query.name,
             since_version: query.since,
         };
-        dashboard.source.watch(request).await
+        dashboard.source.watch(request, &grant).await
     };
     match opened.await {
         Ok(events) => Sse::new(server_events(events))

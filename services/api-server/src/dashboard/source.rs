@@ -1,7 +1,7 @@
 //! Where the dashboard reads resources (`dashboard.resources`): this API server's own
 //! store, or the Primus custom resources of a Kubernetes namespace. Either answers list,
 //! get and watch with the API's `Resource` and `ResourceEvent`, so the pages read both
-//! alike.
+//! alike, each bounded by the caller's token's labels as the gRPC API bounds them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use futures::StreamExt;
 #[cfg(feature = "kubernetes")]
 use primus_kube_resources::client::{CustomResources, KubeError};
 use primus_proto::v1::{GetRequest, ListRequest, Resource, WatchRequest};
+use primus_service::Grant;
 use tonic::Status;
 
 #[cfg(feature = "kubernetes")]
@@ -30,6 +31,7 @@ impl Source {
         &self,
         kind: String,
         labels: HashMap<String, String>,
+        grant: &Grant,
     ) -> Result<(u64, Vec<Resource>), Status> {
         match self {
             Self::Store(api) => {
@@ -37,31 +39,44 @@ impl Source {
                     kind,
                     label_selector: labels,
                 };
-                let listed = api.list(request).await?;
+                let listed = api.list(request, grant).await?;
                 Ok((listed.resource_version, listed.resources))
             }
             #[cfg(feature = "kubernetes")]
             Self::Kubernetes(custom) => {
-                (custom.list_at(parse_kind(&kind)?, &labels).await).map_err(kube_status)
+                let (version, mut resources) =
+                    (custom.list_at(parse_kind(&kind)?, &labels).await).map_err(kube_status)?;
+                resources.retain(|resource| grant.covers(&resource.labels));
+                Ok((version, resources))
             }
         }
     }
 
-    pub(super) async fn get(&self, kind: String, name: String) -> Result<Resource, Status> {
+    pub(super) async fn get(
+        &self,
+        kind: String,
+        name: String,
+        grant: &Grant,
+    ) -> Result<Resource, Status> {
         match self {
-            Self::Store(api) => api.get(GetRequest { kind, name }).await,
+            Self::Store(api) => api.get(GetRequest { kind, name }, grant).await,
             #[cfg(feature = "kubernetes")]
             Self::Kubernetes(custom) => {
                 let found = (custom.get(parse_kind(&kind)?, &name).await).map_err(kube_status)?;
-                found.ok_or_else(|| Status::not_found(format!("{kind} {name} not found")))
+                (found.filter(|resource| grant.covers(&resource.labels)))
+                    .ok_or_else(|| Status::not_found(format!("{kind} {name} not found")))
             }
         }
     }
 
     /// The changes after version `since` (0: from now).
-    pub(super) async fn watch(&self, request: WatchRequest) -> Result<EventStream, Status> {
+    pub(super) async fn watch(
+        &self,
+        request: WatchRequest,
+        grant: &Grant,
+    ) -> Result<EventStream, Status> {
         match self {
-            Self::Store(api) => api.open_watch(request).await,
+            Self::Store(api) => api.open_watch(request, grant).await,
             #[cfg(feature = "kubernetes")]
             Self::Kubernetes(custom) => {
                 if request.kind.is_empty() {
@@ -73,12 +88,20 @@ impl Source {
                 let name = (!request.name.is_empty()).then_some(request.name.as_str());
                 let since = request.since_version.to_string();
                 let changes = (custom.watch(kind, name, &since).await).map_err(kube_status)?;
-                Ok(Box::pin(changes.map(|change| {
-                    let (kind_of_change, resource) = change.map_err(kube_status)?;
-                    Ok(primus_proto::v1::ResourceEvent {
-                        r#type: kind_of_change as i32,
-                        resource: Some(resource),
-                    })
+                let grant = grant.clone();
+                Ok(Box::pin(changes.filter_map(move |change| {
+                    let event = match change {
+                        Err(error) => Some(Err(kube_status(error))),
+                        Ok((kind_of_change, resource)) => {
+                            grant.covers(&resource.labels).then(|| {
+                                Ok(primus_proto::v1::ResourceEvent {
+                                    r#type: kind_of_change as i32,
+                                    resource: Some(resource),
+                                })
+                            })
+                        }
+                    };
+                    std::future::ready(event)
                 })))
             }
         }

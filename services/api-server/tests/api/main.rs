@@ -2,6 +2,7 @@
 //! the dashboard's view of it).
 
 mod dashboard;
+mod scopes;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -96,7 +96,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
             self.writer.write().await;
         }
         if metrics_changed {
-            metrics::write(&self.context.resources, &self.name, &self.fold).await;
+            self.write_metric().await;
         }
     }
 
@@ -127,6 +127,15 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         Some(progress)
     }
 
+    /// Applies the Job's Metric resource from the fold, labelled as the Job is (a token
+    /// limited to the Job's labels reads both).
+    async fn write_metric(&self) {
+        let labels = (self.specs.borrow().labels.iter())
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        metrics::write(&self.context.resources, &self.name, labels, &self.fold).await;
+    }
+
     /// Folds the reports still in flight (a trainer's last one is sent just before it
     /// exits) into the Job's final progress and its Metric resource: those that come
     /// before a pause of [`REPORTS_SETTLED`], within [`FINAL_REPORTS_WAIT`] at most (the
@@ -143,7 +152,7 @@ impl<B: ResourceBackend, C: Catalog> JobRun<'_, B, C> {
         self.fold.tick(unix_ms());
         let progress = self.progress(counts, true).await;
         self.writer.status.progress = progress.or(self.writer.status.progress.take());
-        metrics::write(&self.context.resources, &self.name, &self.fold).await;
+        self.write_metric().await;
     }
 
     /// The rows served to trainers per source, from the task queue.

@@ -12,6 +12,8 @@ mod kueue;
 #[cfg(feature = "kubernetes")]
 mod lease;
 
+use std::collections::BTreeMap;
+
 use primus_api_client::{ApiClient, ClientError};
 use primus_proto::v1::{EventType, Resource};
 use primus_service::Shutdown;
@@ -104,12 +106,17 @@ impl Resources {
         }
     }
 
-    /// Creates or replaces Job `job`'s Metric resource.
-    pub(crate) async fn write_metric(&self, job: &str, spec: MetricSpec) -> Result<(), String> {
+    /// Creates or replaces Job `job`'s Metric resource, labelled `labels` (the Job's).
+    pub(crate) async fn write_metric(
+        &self,
+        job: &str,
+        labels: BTreeMap<String, String>,
+        spec: MetricSpec,
+    ) -> Result<(), String> {
         let resource = primus_spec::Resource::Metric(Box::new(primus_spec::Object {
             metadata: primus_spec::Metadata {
                 name: job.to_owned(),
-                labels: Default::default(),
+                labels,
             },
             spec,
         }));

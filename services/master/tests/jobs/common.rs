@@ -179,6 +179,7 @@ pub(crate) fn online_job(
     change: impl FnOnce(&mut primus_spec::job::JobSpec),
 ) -> JobBuilder {
     job(name, "live-data", TrainingMode::Stream, small_wide_deep())
+        .label("team", "ads")
         .batch_size(64)
         .with(change)
 }

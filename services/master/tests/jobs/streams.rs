@@ -59,6 +59,12 @@ async fn an_online_job_trains_on_every_row_published_to_its_jetstream_subject() 
             latest("stream_lag_seconds.clicks"),
         ) == (Some(0.0), Some(0.0));
         if caught_up {
+            let labels = metric.map(|m| m.labels).unwrap_or_default();
+            assert_eq!(
+                labels.get("team").map(String::as_str),
+                Some("ads"),
+                "the Job's"
+            );
             break;
         }
         assert!(

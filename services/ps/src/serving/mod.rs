@@ -168,10 +168,11 @@ impl Replica {
         versions.join(" ")
     }
 
-    /// Whether a Predict with this `authorization` header value (None: no header) may run.
+    /// Whether a Predict with this `authorization` header value (None: no header) may run:
+    /// any listed token may, whatever scope and labels its line gives.
     fn authorize(&self, header: Option<&str>) -> Result<(), Status> {
         match &self.tokens {
-            Some(tokens) => tokens.check_header(header),
+            Some(tokens) => tokens.check_header(header).map(drop),
             None => Ok(()),
         }
     }
